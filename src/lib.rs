@@ -1,0 +1,16 @@
+//! agentry: a team server that runs AI coding agents in git worktrees, keeps every event
+//! they produce in PostgreSQL and streams it live over Server-Sent Events.
+
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod domain;
+pub mod events;
+pub mod git;
+pub mod process;
+pub mod providers;
+pub mod runtime;
+pub mod server;
+pub mod services;
+pub mod store;
+pub mod telemetry;

@@ -1,0 +1,1 @@
+//! The ACP adapter.

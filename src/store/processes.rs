@@ -1,0 +1,1 @@
+//! Queries on the `managed_processes` ledger.
