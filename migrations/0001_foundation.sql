@@ -72,7 +72,7 @@ CREATE TABLE workspaces (
     team_id      uuid NOT NULL REFERENCES teams(id),
     kind         text NOT NULL CHECK (kind IN ('worktree', 'directory')),
     title        text,
-    path         text NOT NULL UNIQUE,
+    path         text NOT NULL,
     branch       text,
     base_ref     text,
     base_commit  text,
@@ -82,6 +82,7 @@ CREATE TABLE workspaces (
     archived_at  timestamptz
 );
 CREATE INDEX workspaces_project ON workspaces (project_id, id);
+CREATE UNIQUE INDEX workspaces_worktree_path ON workspaces (path) WHERE kind = 'worktree';
 CREATE INDEX workspaces_team ON workspaces (team_id, id);
 
 CREATE TABLE agents (

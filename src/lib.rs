@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod bench;
 pub mod config;
 pub mod domain;
 pub mod events;

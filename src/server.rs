@@ -1,1 +1,343 @@
-//! server
+//! Application wiring: settings → database (embedded or external) → migrations → boot
+//! reconciliation → event writer, runtime and HTTP server. `main` and the tests build the
+//! same `Application`; tests hand it a listener on port 0 and their own pool.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::{App, HttpServer, web};
+use anyhow::Context;
+use sqlx::PgPool;
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+use utoipa_actix_web::AppExt;
+
+use crate::api;
+use crate::auth::tokens;
+use crate::config::Settings;
+use crate::events::{Bus, EventWriter};
+use crate::process::Ledger;
+use crate::providers::ProviderRegistry;
+use crate::providers::acp::{AcpProvider, AcpProviderConfig};
+use crate::providers::mock::mock_provider;
+use crate::providers::{ModeInfo, Provider};
+use crate::runtime::{AgentManager, reconcile_at_boot};
+use crate::store;
+use crate::store::embedded::{EmbeddedOptions, EmbeddedPostgres};
+
+/// Shared by every request handler.
+pub struct AppState {
+    pub pool: PgPool,
+    pub settings: Settings,
+    pub bus: Arc<Bus>,
+    pub writer: EventWriter,
+    pub agents: AgentManager,
+    /// The main runtime: long-lived tasks go here, not on an HTTP worker's.
+    pub runtime: Handle,
+    /// Flips to true when the server stops, so open streams end.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// Resolves once the server starts shutting down.
+pub async fn stopping(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+pub struct Application {
+    port: u16,
+    server: actix_web::dev::Server,
+    state: web::Data<AppState>,
+    shutdown: watch::Sender<bool>,
+    embedded: Option<EmbeddedPostgres>,
+    bootstrap_token: Option<String>,
+}
+
+/// Connect to the configured database, or start the embedded one.
+pub async fn open_database(
+    settings: &Settings,
+) -> anyhow::Result<(PgPool, Option<EmbeddedPostgres>)> {
+    match &settings.database.url {
+        Some(url) => {
+            let opts: sqlx::postgres::PgConnectOptions = url
+                .expose()
+                .parse()
+                .context("invalid setting `database.url`")?;
+            let pool = store::connect(opts, settings.database.max_connections)
+                .await
+                .context("cannot connect to the database at `database.url`")?;
+            Ok((pool, None))
+        }
+        None => {
+            std::fs::create_dir_all(&settings.data_dir).with_context(|| {
+                format!("cannot create data_dir {}", settings.data_dir.display())
+            })?;
+            let pg = EmbeddedPostgres::start(EmbeddedOptions {
+                data_dir: settings.data_dir.clone(),
+                ephemeral: false,
+            })
+            .await?;
+            pg.ensure_database("agentry").await?;
+            let pool = store::connect(
+                pg.connect_options("agentry"),
+                settings.database.max_connections,
+            )
+            .await?;
+            Ok((pool, Some(pg)))
+        }
+    }
+}
+
+/// The providers this server offers: `mock`, plus every `extends = "acp"` table.
+pub fn build_registry(settings: &Settings) -> anyhow::Result<ProviderRegistry> {
+    let mut registry = ProviderRegistry::new();
+    let mock_cfg = settings.providers.get("mock");
+    if mock_cfg.and_then(|p| p.enabled) != Some(false) {
+        let exe = match mock_cfg
+            .and_then(|p| p.command.as_ref())
+            .and_then(|c| c.first())
+        {
+            Some(program) => program.into(),
+            None => std::env::current_exe()
+                .context("cannot find the agentry executable for the mock provider")?,
+        };
+        registry.register(Arc::new(mock_provider(exe)));
+    }
+    for (id, p) in &settings.providers {
+        if p.extends.as_deref() != Some("acp") || p.enabled == Some(false) {
+            continue;
+        }
+        let mut command = p.command.clone().unwrap_or_else(|| vec![id.clone()]);
+        command.extend(p.args.iter().cloned());
+        let provider: Arc<dyn Provider> = Arc::new(AcpProvider::new(AcpProviderConfig {
+            id: id.clone(),
+            label: p.label.clone().unwrap_or_else(|| id.clone()),
+            command,
+            env: p.env.clone(),
+            modes: p
+                .modes
+                .iter()
+                .map(|m| ModeInfo {
+                    id: m.id.clone(),
+                    label: m.label.clone().unwrap_or_else(|| m.id.clone()),
+                    description: m.description.clone(),
+                    unattended: m.unattended,
+                })
+                .collect(),
+            default_mode: p.default_mode.clone(),
+        }));
+        registry.register(provider);
+    }
+    Ok(registry)
+}
+
+impl Application {
+    /// Build from settings alone: the database from settings, the listener on `listen`.
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let (pool, embedded) = open_database(&settings).await?;
+        let addr = settings.listen_addr()?;
+        let listener =
+            TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
+        Self::build_with(settings, pool, embedded, listener).await
+    }
+
+    pub async fn build_with(
+        settings: Settings,
+        pool: PgPool,
+        embedded: Option<EmbeddedPostgres>,
+        listener: TcpListener,
+    ) -> anyhow::Result<Self> {
+        store::migrate(&pool)
+            .await
+            .context("cannot apply database migrations")?;
+        std::fs::create_dir_all(settings.data_dir.join("worktrees"))
+            .with_context(|| format!("cannot create {}/worktrees", settings.data_dir.display()))?;
+        let bootstrap_token = bootstrap_admin(&pool, &settings.data_dir).await?;
+
+        let bus = Arc::new(Bus::new(settings.events.subscriber_buffer));
+        let writer = EventWriter::spawn(
+            pool.clone(),
+            bus.clone(),
+            settings.events.batch_max_events,
+            Duration::from_millis(settings.events.batch_linger_ms),
+        );
+        let ledger = Ledger::new(pool.clone(), settings.replica());
+        let report = reconcile_at_boot(&pool, &writer, &ledger).await?;
+        if report.agents_closed + report.processes_killed + report.turns_failed > 0 {
+            tracing::info!(?report, "reconciled what the previous run left");
+        }
+        let registry = build_registry(&settings)?;
+        let agents = AgentManager::new(
+            pool.clone(),
+            writer.clone(),
+            registry,
+            ledger,
+            Handle::current(),
+        );
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let state = web::Data::new(AppState {
+            pool,
+            settings: settings.clone(),
+            bus,
+            writer,
+            agents,
+            runtime: Handle::current(),
+            shutdown: shutdown_rx,
+        });
+
+        let port = listener.local_addr()?.port();
+        let data = state.clone();
+        let max_body = settings.limits.max_body_bytes;
+        let server = HttpServer::new(move || {
+            let (app, _) = App::new()
+                .into_utoipa_app()
+                .openapi(api::docs::base())
+                .app_data(data.clone())
+                .configure(|cfg| api::configure(cfg, max_body))
+                .split_for_parts();
+            app.wrap(actix_web::middleware::from_fn(api::middleware::request_id))
+                .service(api::docs::swagger())
+                .route("/docs", web::get().to(api::docs::redirect_to_ui))
+                .default_service(web::to(api::docs::fallback))
+        })
+        .workers(
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2)
+                .min(4),
+        )
+        .disable_signals()
+        .shutdown_timeout(10)
+        .listen(listener)?
+        .run();
+
+        Ok(Self {
+            port,
+            server,
+            state,
+            shutdown: shutdown_tx,
+            embedded,
+            bootstrap_token,
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The bootstrap admin token, when this start created it.
+    pub fn bootstrap_token(&self) -> Option<&str> {
+        self.bootstrap_token.as_deref()
+    }
+
+    pub fn state(&self) -> web::Data<AppState> {
+        self.state.clone()
+    }
+
+    /// Serve until `stop` resolves, then shut down in order: streams, agents (their
+    /// processes end), the HTTP server, the embedded database.
+    pub async fn run_until(
+        self,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> anyhow::Result<()> {
+        let handle = self.server.handle();
+        let server = tokio::spawn(self.server);
+        stop.await;
+        tracing::info!("shutting down");
+        let _ = self.shutdown.send(true);
+        self.state.agents.shutdown().await;
+        handle.stop(true).await;
+        let _ = server.await;
+        self.state.pool.close().await;
+        if let Some(pg) = self.embedded {
+            pg.stop().await?;
+        }
+        Ok(())
+    }
+}
+
+/// In local mode: on first start, create the admin, the default team and a bootstrap
+/// token; print the token once and write it to `<data_dir>/admin-token` (0600).
+async fn bootstrap_admin(pool: &PgPool, data_dir: &Path) -> anyhow::Result<Option<String>> {
+    let mut tx = pool.begin().await?;
+    // Serialise concurrent first starts.
+    sqlx::query("SELECT pg_advisory_xact_lock(7243001)")
+        .execute(&mut *tx)
+        .await?;
+    if store::identity::find_user_by_email(&mut *tx, ADMIN_EMAIL)
+        .await?
+        .is_some()
+    {
+        return Ok(None);
+    }
+    let user = uuid::Uuid::now_v7();
+    store::identity::insert_user(&mut *tx, user, ADMIN_EMAIL, "Local admin", true).await?;
+    let team = match store::identity::find_team_by_name(&mut *tx, "default").await? {
+        Some(t) => t,
+        None => {
+            let t = uuid::Uuid::now_v7();
+            store::identity::insert_team(&mut *tx, t, "default").await?;
+            t
+        }
+    };
+    store::identity::upsert_member(&mut *tx, team, user, "owner").await?;
+    let token = tokens::generate();
+    store::identity::insert_token(
+        &mut *tx,
+        uuid::Uuid::now_v7(),
+        user,
+        None,
+        None,
+        "bootstrap admin",
+        &tokens::shown_prefix(&token),
+        &tokens::hash(&token),
+        &[],
+        None,
+    )
+    .await?;
+    tx.commit().await?;
+    write_admin_token(data_dir, &token)?;
+    Ok(Some(token))
+}
+
+pub const ADMIN_EMAIL: &str = "admin@localhost";
+
+pub fn write_admin_token(data_dir: &Path, token: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::create_dir_all(data_dir)?;
+    let path = data_dir.join("admin-token");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    writeln!(f, "{token}")?;
+    Ok(())
+}
+
+/// Issue a new admin token straight in the database (`agentry token create --admin`).
+pub async fn create_admin_token(pool: &PgPool, name: &str) -> anyhow::Result<String> {
+    let user = match store::identity::find_user_by_email(pool, ADMIN_EMAIL).await? {
+        Some(u) => u.id,
+        None => anyhow::bail!("no local admin exists yet: start the server once first"),
+    };
+    let token = tokens::generate();
+    store::identity::insert_token(
+        pool,
+        uuid::Uuid::now_v7(),
+        user,
+        None,
+        None,
+        name,
+        &tokens::shown_prefix(&token),
+        &tokens::hash(&token),
+        &[],
+        None,
+    )
+    .await?;
+    Ok(token)
+}

@@ -1,1 +1,136 @@
-//! api
+//! The HTTP API: one module per resource, each handler registered with `.service()` and
+//! `#[utoipa::path]` so the OpenAPI document cannot miss it. Handlers are thin: extract,
+//! authenticate (the `Principal` extractor), call a service, map the result.
+
+pub mod agents;
+pub mod docs;
+pub mod error;
+pub mod health;
+pub mod identity;
+pub mod middleware;
+pub mod projects;
+pub mod providers;
+pub mod sse;
+pub mod workspaces;
+
+use actix_web::error::{JsonPayloadError, PathError, QueryPayloadError};
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, web};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_actix_web::service_config::ServiceConfig;
+
+use error::ApiError;
+
+/// Register every route (and the extractor error handlers) on `cfg`.
+pub fn configure(cfg: &mut ServiceConfig, max_body_bytes: usize) {
+    cfg.app_data(
+        web::JsonConfig::default()
+            .limit(max_body_bytes)
+            .content_type_required(false)
+            .error_handler(json_error),
+    )
+    .app_data(web::PayloadConfig::new(max_body_bytes))
+    .app_data(web::QueryConfig::default().error_handler(query_error))
+    .app_data(web::PathConfig::default().error_handler(path_error));
+    health::configure(cfg);
+    cfg.service(
+        utoipa_actix_web::scope("/v1")
+            .configure(identity::configure)
+            .configure(projects::configure)
+            .configure(workspaces::configure)
+            .configure(agents::configure)
+            .configure(providers::configure)
+            .configure(sse::configure),
+    );
+}
+
+fn json_error(err: JsonPayloadError, _req: &HttpRequest) -> actix_web::Error {
+    let e = match &err {
+        JsonPayloadError::OverflowKnownLength { .. } | JsonPayloadError::Overflow { .. } => {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                err.to_string(),
+            )
+        }
+        JsonPayloadError::ContentType => ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send the body as application/json",
+        ),
+        JsonPayloadError::Deserialize(de) if de.is_data() => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_failed",
+            de.to_string(),
+        ),
+        JsonPayloadError::Deserialize(de) => {
+            ApiError::bad_request("invalid_json", format!("malformed JSON: {de}"))
+        }
+        _ => ApiError::bad_request("invalid_body", err.to_string()),
+    };
+    e.into()
+}
+
+fn query_error(err: QueryPayloadError, _req: &HttpRequest) -> actix_web::Error {
+    ApiError::bad_request("invalid_query", err.to_string()).into()
+}
+
+fn path_error(err: PathError, _req: &HttpRequest) -> actix_web::Error {
+    ApiError::not_found(&format!("resource ({err})")).into()
+}
+
+/// Parse a prefixed id from a path; a malformed id is a missing resource.
+pub fn parse_id<T: std::str::FromStr>(raw: &str, what: &str) -> Result<T, ApiError> {
+    raw.parse().map_err(|_| ApiError::not_found(what))
+}
+
+/// `?limit=&cursor=` on every list.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PageQuery {
+    /// Items per page (default 50, at most 200).
+    pub limit: Option<u32>,
+    /// `next_cursor` from the previous page.
+    pub cursor: Option<String>,
+}
+
+impl PageQuery {
+    pub fn limit(&self) -> i64 {
+        i64::from(self.limit.unwrap_or(50).clamp(1, 200))
+    }
+
+    /// The cursor as an id of type `T`; a cursor that is not one is a client error.
+    pub fn after<T: std::str::FromStr>(&self) -> Result<Option<T>, ApiError> {
+        match &self.cursor {
+            None => Ok(None),
+            Some(c) => c.parse().map(Some).map_err(|_| {
+                ApiError::bad_request("invalid_cursor", "the cursor is not one this list returned")
+            }),
+        }
+    }
+}
+
+/// A page of a list.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub next_cursor: Option<String>,
+}
+
+impl<T> Page<T> {
+    /// Build a page from `limit + 1` fetched rows; the cursor is the last item's id.
+    pub fn from_rows(mut rows: Vec<T>, limit: i64, cursor_of: impl Fn(&T) -> String) -> Self {
+        let more = rows.len() as i64 > limit;
+        rows.truncate(limit as usize);
+        let next_cursor = if more {
+            rows.last().map(cursor_of)
+        } else {
+            None
+        };
+        Self {
+            items: rows,
+            next_cursor,
+        }
+    }
+}

@@ -181,7 +181,10 @@ pub enum ToolStatus {
 
 impl ToolStatus {
     pub fn is_final(self) -> bool {
-        matches!(self, ToolStatus::Completed | ToolStatus::Failed | ToolStatus::Canceled)
+        matches!(
+            self,
+            ToolStatus::Completed | ToolStatus::Failed | ToolStatus::Canceled
+        )
     }
 }
 

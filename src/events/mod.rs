@@ -1,1 +1,9 @@
-//! events
+//! The event pipeline: the `EventWriter` gives events their per-agent `seq`, commits them
+//! to Postgres in batches and only then publishes them on the in-process `Bus`, from which
+//! SSE connections read. Durable before visible, always.
+
+mod bus;
+mod writer;
+
+pub use bus::{Bus, Published, TeamActivity};
+pub use writer::{EventWriter, NewTeamEvent, WriteError};

@@ -2,15 +2,34 @@
 //! cwd, a minimal environment and argv (never a shell string), recorded in the
 //! `managed_processes` ledger before use and ended through that record.
 
+pub mod framing;
+
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::ExitStatus;
+use std::ffi::OsString;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use sqlx::PgPool;
+use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 use uuid::Uuid;
 
 use crate::domain::AgentId;
+use crate::store::processes as store;
+
+pub use crate::store::processes::LedgerRow;
+
+/// Variables copied from agentry's own environment into every child, when set.
+pub const BASE_ENV: &[&str] = &[
+    "PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME",
+];
+
+/// How long `reconcile` gives a leftover process between TERM and KILL.
+const RECONCILE_GRACE: Duration = Duration::from_secs(2);
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
 
 /// What to run. `program` is looked up on PATH unless it contains a `/`.
 #[derive(Debug, Clone)]
@@ -27,7 +46,10 @@ pub enum ProcessError {
     #[error("`{0}` was not found on PATH")]
     NotFound(String),
     #[error("could not start `{program}`: {source}")]
-    Spawn { program: String, source: std::io::Error },
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
     #[error("could not record the process in the ledger: {0}")]
     Ledger(#[from] sqlx::Error),
 }
@@ -51,10 +73,17 @@ pub struct Ledger {
 }
 
 /// A started, recorded child with piped stdin/stdout/stderr.
+///
+/// Dropping it without [`ManagedChild::terminate`] kills the whole group at once
+/// (SIGKILL) and deletes its ledger row in the background.
 pub struct ManagedChild {
     pub child: tokio::process::Child,
     pub identity: ProcessIdentity,
     ledger: Option<(Ledger, Uuid)>,
+    /// The leader has been reaped (its exit status is known).
+    reaped: bool,
+    /// `terminate` has run to completion: nothing is left to clean up.
+    finished: bool,
 }
 
 impl ManagedChild {
@@ -62,34 +91,300 @@ impl ManagedChild {
         self.identity.pid
     }
 
+    pub fn pgid(&self) -> i32 {
+        self.identity.pgid
+    }
+
+    /// The ledger row recording this child, if it was started through [`Ledger::launch`].
+    pub fn ledger_id(&self) -> Option<Uuid> {
+        self.ledger.as_ref().map(|(_, id)| *id)
+    }
+
+    pub fn take_stdin(&mut self) -> Option<ChildStdin> {
+        self.child.stdin.take()
+    }
+
+    pub fn take_stdout(&mut self) -> Option<ChildStdout> {
+        self.child.stdout.take()
+    }
+
+    pub fn take_stderr(&mut self) -> Option<ChildStderr> {
+        self.child.stderr.take()
+    }
+
+    /// Waits for the group leader to exit (closing its stdin first if still held).
+    /// Other members of the group may outlive it: call `terminate` afterwards (it returns
+    /// at once for an exited leader) to end them and delete the ledger row.
+    pub async fn wait(&mut self) -> io::Result<ExitStatus> {
+        let status = self.child.wait().await?;
+        self.reaped = true;
+        Ok(status)
+    }
+
     /// TERM the group, wait up to `grace`, KILL the group, reap, drop the ledger row.
+    ///
+    /// When the leader has already exited no TERM is sent, but members of the group that
+    /// outlived it are still killed. Calling it again is harmless.
     pub async fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
-        let _ = (grace, &self.ledger);
-        todo!()
+        let status = match self.child.try_wait() {
+            Ok(Some(status)) => Some(status),
+            Ok(None) => {
+                self.signal(libc::SIGTERM);
+                match tokio::time::timeout(grace, self.child.wait()).await {
+                    Ok(Ok(status)) => Some(status),
+                    Ok(Err(e)) => {
+                        tracing::warn!(pid = self.pid(), error = %e, "waiting for a child failed");
+                        None
+                    }
+                    Err(_) => {
+                        self.signal(libc::SIGKILL);
+                        match self.child.wait().await {
+                            Ok(status) => Some(status),
+                            Err(e) => {
+                                tracing::warn!(pid = self.pid(), error = %e, "waiting for a killed child failed");
+                                None
+                            }
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(pid = self.pid(), error = %e, "checking a child's status failed");
+                None
+            }
+        };
+        if status.is_some() {
+            self.reaped = true;
+        }
+
+        // A CLI may leave grandchildren behind in its group after the leader exits.
+        if self.group_is_ours() && group_has_members(self.pgid()) {
+            send_to_group(self.pgid(), libc::SIGKILL);
+        }
+
+        if let Some((ledger, id)) = self.ledger.take() {
+            if status.is_some() {
+                if let Err(e) = store::delete(&ledger.pool, id).await {
+                    tracing::warn!(pid = self.pid(), row = %id, error = %e, "could not delete a ledger row");
+                }
+            } else {
+                tracing::warn!(
+                    pid = self.pid(),
+                    row = %id,
+                    "the child's exit could not be confirmed; its ledger row is kept"
+                );
+            }
+        }
+        self.finished = true;
+        status
+    }
+
+    /// Signals the group (and the leader itself if it moved to another group).
+    fn signal(&self, signal: libc::c_int) {
+        if self.group_is_ours() {
+            send_to_group(self.pgid(), signal);
+        }
+        if !self.reaped
+            && identity_of(self.pid()).is_some_and(|now| {
+                now.start_ticks == self.identity.start_ticks && now.pgid != self.pgid()
+            })
+        {
+            send_to_pid(self.pid(), signal);
+        }
+    }
+
+    /// Whether a signal to our pgid can only reach our own processes. While the leader
+    /// exists (even as a zombie) its group number cannot be reused; once it is reaped the
+    /// number stays taken as long as any member remains. Only a different process now
+    /// holding the leader's pid means the number was reused.
+    fn group_is_ours(&self) -> bool {
+        match read_stat(self.pid()) {
+            Ok(stat) => stat.start_ticks == self.identity.start_ticks,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => true,
+            Err(_) => !self.reaped,
+        }
+    }
+}
+
+impl Drop for ManagedChild {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        if self.group_is_ours() {
+            send_to_group(self.pgid(), libc::SIGKILL);
+        }
+        if let Some((ledger, id)) = self.ledger.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(handle) => {
+                    handle.spawn(async move {
+                        if let Err(e) = store::delete(&ledger.pool, id).await {
+                            tracing::warn!(row = %id, error = %e, "could not delete a ledger row");
+                        }
+                    });
+                }
+                Err(_) => {
+                    tracing::warn!(row = %id, "no runtime to delete a ledger row; it is left for reconcile");
+                }
+            }
+        }
     }
 }
 
 /// Spawn `spec` in a new process group (not yet recorded).
 pub fn spawn(spec: &CommandSpec) -> Result<ManagedChild, ProcessError> {
-    let _ = spec;
-    todo!()
+    let env = child_env(|name| std::env::var_os(name), &spec.env);
+    let path_var = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.clone());
+    let program = resolve_program(&spec.program, path_var.as_deref(), &spec.cwd)
+        .ok_or_else(|| ProcessError::NotFound(spec.program.clone()))?;
+
+    let spawn_error = |source: io::Error| ProcessError::Spawn {
+        program: spec.program.clone(),
+        source,
+    };
+    if !spec.cwd.is_dir() {
+        return Err(spawn_error(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "working directory {} is not a directory",
+                spec.cwd.display()
+            ),
+        )));
+    }
+
+    let mut command = tokio::process::Command::new(&program);
+    command
+        .arg0(&spec.program)
+        .args(&spec.args)
+        .current_dir(&spec.cwd)
+        .env_clear()
+        .envs(env)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = command.spawn().map_err(spawn_error)?;
+
+    let Some(pid) = child.id() else {
+        return Err(spawn_error(io::Error::other(
+            "the child exited before it could be identified",
+        )));
+    };
+    let start_ticks = match read_stat(pid) {
+        Ok(stat) => stat.start_ticks,
+        Err(e) => {
+            // Its group is its own (process_group(0)) and the leader is not reaped yet.
+            send_to_group(pid as i32, libc::SIGKILL);
+            let _ = child.start_kill();
+            return Err(spawn_error(io::Error::new(
+                e.kind(),
+                format!("could not read /proc/{pid}/stat: {e}"),
+            )));
+        }
+    };
+    Ok(ManagedChild {
+        child,
+        identity: ProcessIdentity {
+            pid,
+            pgid: pid as i32,
+            start_ticks,
+            boot_id: boot_id().unwrap_or_default().to_owned(),
+        },
+        ledger: None,
+        reaped: false,
+        finished: false,
+    })
+}
+
+/// The identity of a live (or zombie) process, read from /proc.
+pub fn identity_of(pid: u32) -> Option<ProcessIdentity> {
+    let stat = read_stat(pid).ok()?;
+    Some(ProcessIdentity {
+        pid,
+        pgid: stat.pgid,
+        start_ticks: stat.start_ticks,
+        boot_id: boot_id()?.to_owned(),
+    })
 }
 
 impl Ledger {
+    pub fn new(pool: PgPool, replica: impl Into<String>) -> Self {
+        Self {
+            pool,
+            replica: replica.into(),
+        }
+    }
+
     /// Spawn and record before returning: the child is never used unrecorded.
     pub async fn launch(
         &self,
         spec: &CommandSpec,
         agent_id: Option<AgentId>,
     ) -> Result<ManagedChild, ProcessError> {
-        let _ = (spec, agent_id);
-        todo!()
+        let mut child = spawn(spec)?;
+        let id = Uuid::now_v7();
+        let command: Vec<String> = std::iter::once(spec.program.clone())
+            .chain(spec.args.iter().cloned())
+            .collect();
+        let row = store::NewLedgerRow {
+            id,
+            pid: child.identity.pid as i32,
+            pgid: child.identity.pgid,
+            start_ticks: i64::try_from(child.identity.start_ticks).unwrap_or(i64::MAX),
+            boot_id: &child.identity.boot_id,
+            command: &command,
+            agent_id: agent_id.map(|a| a.uuid()),
+            replica: &self.replica,
+        };
+        if let Err(e) = store::insert(&self.pool, &row).await {
+            child.terminate(Duration::ZERO).await;
+            return Err(e.into());
+        }
+        child.ledger = Some((self.clone(), id));
+        Ok(child)
+    }
+
+    /// Every row of this replica.
+    pub async fn list(&self) -> Result<Vec<LedgerRow>, sqlx::Error> {
+        store::list_for_replica(&self.pool, &self.replica).await
     }
 
     /// At boot: end the leftovers of this replica that are positively identified (pid,
     /// start time and boot id match), drop rows whose process is gone; leave the rest.
     pub async fn reconcile(&self) -> Result<ReconcileReport, sqlx::Error> {
-        todo!()
+        let rows = self.list().await?;
+        let current_boot = boot_id();
+        let mut report = ReconcileReport::default();
+        for row in rows {
+            let probe = if row.pid > 0 {
+                probe(row.pid as u32)
+            } else {
+                Probe::Unreadable
+            };
+            match judge(&row, current_boot, &probe) {
+                Verdict::Gone => {
+                    store::delete(&self.pool, row.id).await?;
+                    report.gone += 1;
+                }
+                Verdict::Ours => {
+                    let pid = row.pid as u32;
+                    let start = row.start_ticks as u64;
+                    tracing::info!(pid, pgid = row.pgid, command = ?row.command, "ending a leftover process");
+                    end_leftover(pid, row.pgid, start).await;
+                    store::delete(&self.pool, row.id).await?;
+                    report.killed.push(pid);
+                }
+                Verdict::LeaveAlone => {
+                    tracing::warn!(pid = row.pid, row = %row.id, "cannot identify a recorded process; its row is kept");
+                    report.left_alone += 1;
+                }
+            }
+        }
+        Ok(report)
     }
 }
 
@@ -98,4 +393,521 @@ pub struct ReconcileReport {
     pub killed: Vec<u32>,
     pub gone: usize,
     pub left_alone: usize,
+}
+
+/// The environment of a child: the base variables taken from `parent`, then `extra`.
+fn child_env(
+    parent: impl Fn(&str) -> Option<OsString>,
+    extra: &BTreeMap<String, String>,
+) -> Vec<(OsString, OsString)> {
+    let mut env: Vec<(OsString, OsString)> = BASE_ENV
+        .iter()
+        .filter(|name| !extra.contains_key(**name))
+        .filter_map(|name| parent(name).map(|value| (OsString::from(name), value)))
+        .collect();
+    env.extend(
+        extra
+            .iter()
+            .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+    );
+    env
+}
+
+/// Where `program` would be executed from: itself when it contains a `/` (relative to
+/// `cwd`), else the first executable file named so in an absolute PATH directory.
+fn resolve_program(program: &str, path: Option<&std::ffi::OsStr>, cwd: &Path) -> Option<PathBuf> {
+    if program.is_empty() {
+        return None;
+    }
+    if program.contains('/') {
+        let candidate = cwd.join(program);
+        return is_executable(&candidate).then_some(candidate);
+    }
+    std::env::split_paths(path?)
+        .filter(|dir| dir.is_absolute())
+        .map(|dir| dir.join(program))
+        .find(|candidate| is_executable(candidate))
+}
+
+fn is_executable(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The fields of /proc/<pid>/stat that matter here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stat {
+    state: u8,
+    pgid: i32,
+    start_ticks: u64,
+}
+
+fn read_stat(pid: u32) -> io::Result<Stat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    parse_stat(&text)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed /proc stat"))
+}
+
+/// Parses `pid (comm) state ppid pgrp … starttime …`; `comm` may hold spaces and `)`.
+fn parse_stat(text: &str) -> Option<Stat> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `fields[0]` is field 3 of the file (state), so field N is `fields[N - 3]`.
+    Some(Stat {
+        state: *fields.first()?.as_bytes().first()?,
+        pgid: fields.get(2)?.parse().ok()?,
+        start_ticks: fields.get(19)?.parse().ok()?,
+    })
+}
+
+/// This boot's id, read once.
+fn boot_id() -> Option<&'static str> {
+    static BOOT_ID: OnceLock<String> = OnceLock::new();
+    if let Some(id) = BOOT_ID.get() {
+        return Some(id);
+    }
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let id = id.trim();
+    if id.is_empty() {
+        return None;
+    }
+    Some(BOOT_ID.get_or_init(|| id.to_owned()))
+}
+
+/// A group number that may be signalled: never 0, 1 or our own group.
+fn signallable_group(pgid: i32) -> bool {
+    // SAFETY: getpgrp has no preconditions.
+    pgid > 1 && pgid != unsafe { libc::getpgrp() }
+}
+
+fn send_to_group(pgid: i32, signal: libc::c_int) -> bool {
+    if !signallable_group(pgid) {
+        tracing::warn!(pgid, "refusing to signal a process group");
+        return false;
+    }
+    // SAFETY: kill has no memory-safety preconditions; a negative pid names a group.
+    unsafe { libc::kill(-pgid, signal) == 0 }
+}
+
+fn send_to_pid(pid: u32, signal: libc::c_int) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: as above; `pid` is positive and not ours.
+    pid > 1 && pid as u32 != std::process::id() && unsafe { libc::kill(pid, signal) == 0 }
+}
+
+/// Whether any process (zombies included) is in the group.
+fn group_has_members(pgid: i32) -> bool {
+    // SAFETY: signal 0 only checks existence and permission.
+    signallable_group(pgid) && unsafe { libc::kill(-pgid, 0) == 0 }
+}
+
+/// What /proc says about a pid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Probe {
+    Absent,
+    Present(Stat),
+    Unreadable,
+}
+
+fn probe(pid: u32) -> Probe {
+    match read_stat(pid) {
+        Ok(stat) => Probe::Present(stat),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Probe::Absent,
+        Err(_) => Probe::Unreadable,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// The recorded process no longer exists: drop the row.
+    Gone,
+    /// The recorded process is running and positively identified: end it.
+    Ours,
+    /// Not enough is known to decide.
+    LeaveAlone,
+}
+
+fn judge(row: &LedgerRow, current_boot: Option<&str>, probe: &Probe) -> Verdict {
+    let Some(current_boot) = current_boot else {
+        return Verdict::LeaveAlone;
+    };
+    if row.boot_id != current_boot {
+        return Verdict::Gone;
+    }
+    if row.pid <= 1 || row.pgid <= 1 || row.start_ticks < 0 {
+        return Verdict::LeaveAlone;
+    }
+    match probe {
+        Probe::Absent => Verdict::Gone,
+        Probe::Unreadable => Verdict::LeaveAlone,
+        Probe::Present(stat) if stat.start_ticks != row.start_ticks as u64 => Verdict::Gone,
+        Probe::Present(stat) if stat.state == b'Z' || stat.state == b'X' => Verdict::Gone,
+        Probe::Present(_) => Verdict::Ours,
+    }
+}
+
+/// Whether `pid` is still the process that started at `start_ticks` and has not exited.
+fn still_running(pid: u32, start_ticks: u64) -> bool {
+    match read_stat(pid) {
+        Ok(stat) => stat.start_ticks == start_ticks && stat.state != b'Z' && stat.state != b'X',
+        Err(_) => false,
+    }
+}
+
+/// Whether signals to `pgid` (the group of a leader `pid` == `pgid` that started at
+/// `start_ticks`) can reach only that leader's group.
+fn leftover_group_is_ours(pid: u32, pgid: i32, start_ticks: u64) -> bool {
+    if pid as i32 != pgid {
+        return false;
+    }
+    match read_stat(pid) {
+        Ok(stat) => stat.start_ticks == start_ticks,
+        Err(e) => e.kind() == io::ErrorKind::NotFound,
+    }
+}
+
+/// TERM, up to `RECONCILE_GRACE` for the leader to go, then KILL, for a positively
+/// identified leftover of an earlier server instance.
+async fn end_leftover(pid: u32, pgid: i32, start_ticks: u64) {
+    let signal = |sig: libc::c_int| {
+        if leftover_group_is_ours(pid, pgid, start_ticks) {
+            send_to_group(pgid, sig);
+        }
+        // The leader itself, should it have left its group.
+        if still_running(pid, start_ticks) {
+            send_to_pid(pid, sig);
+        }
+    };
+    signal(libc::SIGTERM);
+    let deadline = tokio::time::Instant::now() + RECONCILE_GRACE;
+    while still_running(pid, start_ticks) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+    signal(libc::SIGKILL);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use tokio::io::AsyncReadExt;
+
+    fn spec(program: &str, args: &[&str]) -> CommandSpec {
+        CommandSpec {
+            program: program.to_owned(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            cwd: std::env::temp_dir(),
+            env: BTreeMap::new(),
+        }
+    }
+
+    /// Gone, or a zombie nobody has reaped yet.
+    fn is_dead(pid: u32) -> bool {
+        match read_stat(pid) {
+            Ok(stat) => stat.state == b'Z' || stat.state == b'X',
+            Err(_) => true,
+        }
+    }
+
+    async fn wait_dead(pid: u32) -> bool {
+        for _ in 0..100 {
+            if is_dead(pid) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
+    async fn read_line(stdout: &mut ChildStdout) -> String {
+        let mut out = Vec::new();
+        let mut byte = [0u8; 1];
+        while stdout.read(&mut byte).await.unwrap() == 1 && byte[0] != b'\n' {
+            out.push(byte[0]);
+        }
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn parses_stat_with_odd_comm() {
+        let line = "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 \
+                    1000 100 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0\n";
+        assert_eq!(
+            parse_stat(line),
+            Some(Stat {
+                state: b'S',
+                pgid: 1234,
+                start_ticks: 987654
+            })
+        );
+        assert_eq!(parse_stat("1234 (x"), None);
+        assert_eq!(parse_stat("1234 (x) S 1 2"), None);
+    }
+
+    #[test]
+    fn identity_of_self() {
+        let me = identity_of(std::process::id()).expect("own identity");
+        // SAFETY: getpgrp has no preconditions.
+        assert_eq!(me.pgid, unsafe { libc::getpgrp() });
+        assert!(!me.boot_id.is_empty());
+        assert_eq!(me, identity_of(std::process::id()).unwrap());
+    }
+
+    #[test]
+    fn child_env_is_base_plus_extra() {
+        let parent = |name: &str| match name {
+            "PATH" => Some(OsString::from("/bin")),
+            "HOME" => Some(OsString::from("/root")),
+            "AGENTRY_SECRET_TEST" => Some(OsString::from("secret")),
+            _ => None,
+        };
+        let extra = BTreeMap::from([
+            ("HOME".to_owned(), "/work".to_owned()),
+            ("FOO".to_owned(), "bar".to_owned()),
+        ]);
+        let mut env = child_env(parent, &extra);
+        env.sort();
+        assert_eq!(
+            env,
+            vec![
+                (OsString::from("FOO"), OsString::from("bar")),
+                (OsString::from("HOME"), OsString::from("/work")),
+                (OsString::from("PATH"), OsString::from("/bin")),
+            ]
+        );
+    }
+
+    #[test]
+    fn resolves_programs() {
+        let path = OsString::from("relative:/nonexistent:/usr/bin:/bin");
+        let cwd = Path::new("/");
+        let sh = resolve_program("sh", Some(&path), cwd).unwrap();
+        assert!(sh.is_absolute() && sh.ends_with("sh"));
+        assert_eq!(resolve_program("sh", None, cwd), None);
+        assert_eq!(resolve_program("", Some(&path), cwd), None);
+        assert_eq!(
+            resolve_program("no-such-program-agentry", Some(&path), cwd),
+            None
+        );
+        // Not executable.
+        assert_eq!(
+            resolve_program("passwd", Some(&OsString::from("/etc")), cwd),
+            None
+        );
+        assert_eq!(
+            resolve_program("usr/bin/env", None, cwd),
+            Some(PathBuf::from("/usr/bin/env"))
+        );
+    }
+
+    #[test]
+    fn judges_rows() {
+        let boot = "b1";
+        let row = LedgerRow {
+            id: Uuid::now_v7(),
+            pid: 4242,
+            pgid: 4242,
+            start_ticks: 100,
+            boot_id: boot.to_owned(),
+            command: vec!["x".to_owned()],
+            agent_id: None,
+            replica: "r".to_owned(),
+            started_at: chrono::Utc::now(),
+        };
+        let running = |start_ticks, state| {
+            Probe::Present(Stat {
+                state,
+                pgid: 4242,
+                start_ticks,
+            })
+        };
+        assert_eq!(judge(&row, Some(boot), &running(100, b'S')), Verdict::Ours);
+        assert_eq!(judge(&row, Some(boot), &running(101, b'S')), Verdict::Gone);
+        assert_eq!(judge(&row, Some(boot), &running(100, b'Z')), Verdict::Gone);
+        assert_eq!(judge(&row, Some(boot), &Probe::Absent), Verdict::Gone);
+        assert_eq!(
+            judge(&row, Some(boot), &Probe::Unreadable),
+            Verdict::LeaveAlone
+        );
+        assert_eq!(judge(&row, Some("b2"), &running(100, b'S')), Verdict::Gone);
+        assert_eq!(judge(&row, None, &running(100, b'S')), Verdict::LeaveAlone);
+        let bad = LedgerRow {
+            pgid: 0,
+            ..row.clone()
+        };
+        assert_eq!(
+            judge(&bad, Some(boot), &running(100, b'S')),
+            Verdict::LeaveAlone
+        );
+    }
+
+    #[tokio::test]
+    async fn spawn_uses_its_own_group() {
+        let mut child = spawn(&spec("sleep", &["30"])).unwrap();
+        let pid = child.pid();
+        assert_eq!(child.pgid(), pid as i32);
+        // SAFETY: getpgrp has no preconditions.
+        assert_ne!(child.pgid(), unsafe { libc::getpgrp() });
+        let seen = identity_of(pid).unwrap();
+        assert_eq!(seen, child.identity);
+        assert_eq!(seen.pgid, pid as i32);
+        assert!(child.ledger_id().is_none());
+        assert!(child.take_stdin().is_some() && child.take_stdout().is_some());
+        assert!(child.take_stderr().is_some() && child.take_stdin().is_none());
+
+        let status = child.terminate(Duration::from_secs(5)).await.unwrap();
+        assert!(!status.success());
+        assert!(wait_dead(pid).await);
+        // Idempotent.
+        assert_eq!(child.terminate(Duration::from_secs(5)).await, Some(status));
+    }
+
+    #[tokio::test]
+    async fn env_is_minimal() {
+        // SAFETY: only this test reads or writes this variable.
+        unsafe { std::env::set_var("AGENTRY_SECRET_TEST", "hunter2") };
+        let mut s = spec("/usr/bin/env", &[]);
+        s.env.insert("AGENTRY_EXTRA".to_owned(), "yes".to_owned());
+        let mut child = spawn(&s).unwrap();
+        let mut stdout = child.take_stdout().unwrap();
+        let mut out = String::new();
+        stdout.read_to_string(&mut out).await.unwrap();
+        assert!(child.wait().await.unwrap().success());
+        child.terminate(Duration::from_secs(1)).await;
+
+        let names: Vec<&str> = out.lines().filter_map(|l| l.split('=').next()).collect();
+        assert!(out.lines().any(|l| l == "AGENTRY_EXTRA=yes"), "{out}");
+        assert!(!out.contains("AGENTRY_SECRET_TEST"), "{out}");
+        for name in &names {
+            assert!(
+                BASE_ENV.contains(name) || *name == "AGENTRY_EXTRA",
+                "unexpected {name}"
+            );
+        }
+        if std::env::var_os("PATH").is_some() {
+            assert!(names.contains(&"PATH"));
+        }
+    }
+
+    #[tokio::test]
+    async fn runs_in_cwd_with_argv() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = spec(
+            "sh",
+            &["-c", "pwd; printf '%s|' \"$0\" \"$1\"", "a b", "c;d"],
+        );
+        s.cwd = dir.path().to_owned();
+        let mut child = spawn(&s).unwrap();
+        let mut out = String::new();
+        child
+            .take_stdout()
+            .unwrap()
+            .read_to_string(&mut out)
+            .await
+            .unwrap();
+        child.wait().await.unwrap();
+        let expected = format!("{}\na b|c;d|", dir.path().canonicalize().unwrap().display());
+        assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn missing_program_is_not_found() {
+        match spawn(&spec("no-such-program-agentry", &[])) {
+            Err(ProcessError::NotFound(p)) => assert_eq!(p, "no-such-program-agentry"),
+            Err(e) => panic!("unexpected error {e}"),
+            Ok(_) => panic!("spawned a missing program"),
+        }
+        assert!(matches!(
+            spawn(&spec("/nonexistent/prog", &[])),
+            Err(ProcessError::NotFound(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn missing_cwd_is_a_spawn_error() {
+        let mut s = spec("sleep", &["1"]);
+        s.cwd = PathBuf::from("/nonexistent-agentry-dir");
+        assert!(matches!(spawn(&s), Err(ProcessError::Spawn { .. })));
+    }
+
+    #[tokio::test]
+    async fn terminate_kills_grandchildren() {
+        let mut child = spawn(&spec("sh", &["-c", "sleep 60 & echo $!; sleep 60"])).unwrap();
+        let mut stdout = child.take_stdout().unwrap();
+        let grandchild: u32 = read_line(&mut stdout).await.parse().unwrap();
+        assert_eq!(identity_of(grandchild).unwrap().pgid, child.pgid());
+
+        child.terminate(Duration::from_secs(5)).await.unwrap();
+        assert!(wait_dead(child.pid()).await);
+        assert!(wait_dead(grandchild).await);
+    }
+
+    #[tokio::test]
+    async fn terminate_kills_members_that_outlive_the_leader() {
+        // The grandchild ignores TERM; the leader does not.
+        let script = "(trap '' TERM; exec sleep 60) & echo $!; exec sleep 60";
+        let mut child = spawn(&spec("sh", &["-c", script])).unwrap();
+        let mut stdout = child.take_stdout().unwrap();
+        let grandchild: u32 = read_line(&mut stdout).await.parse().unwrap();
+        // Let the subshell install its disposition and exec.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+
+        let started = std::time::Instant::now();
+        child.terminate(Duration::from_secs(10)).await.unwrap();
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(wait_dead(grandchild).await);
+    }
+
+    #[tokio::test]
+    async fn terminate_escalates_to_kill() {
+        let mut child = spawn(&spec(
+            "sh",
+            &["-c", "trap '' TERM; echo ready; exec sleep 60"],
+        ))
+        .unwrap();
+        let mut stdout = child.take_stdout().unwrap();
+        assert_eq!(read_line(&mut stdout).await, "ready");
+        let started = std::time::Instant::now();
+        let status = child.terminate(Duration::from_millis(300)).await.unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        assert!(started.elapsed() >= Duration::from_millis(300));
+    }
+
+    #[tokio::test]
+    async fn terminate_after_exit_sends_nothing() {
+        let mut child = spawn(&spec("true", &[])).unwrap();
+        assert!(child.wait().await.unwrap().success());
+        assert!(
+            child
+                .terminate(Duration::from_secs(1))
+                .await
+                .unwrap()
+                .success()
+        );
+    }
+
+    #[tokio::test]
+    async fn drop_kills_the_group() {
+        let mut child = spawn(&spec("sh", &["-c", "sleep 60 & echo $!; sleep 60"])).unwrap();
+        let mut stdout = child.take_stdout().unwrap();
+        let grandchild: u32 = read_line(&mut stdout).await.parse().unwrap();
+        let pid = child.pid();
+        drop(child);
+        assert!(wait_dead(pid).await);
+        assert!(wait_dead(grandchild).await);
+    }
+
+    #[tokio::test]
+    async fn end_leftover_only_kills_a_matching_process() {
+        let mut child = spawn(&spec("sleep", &["60"])).unwrap();
+        let id = child.identity.clone();
+        // A wrong start time must leave the process alone.
+        end_leftover(id.pid, id.pgid, id.start_ticks + 1).await;
+        assert!(!is_dead(id.pid));
+        end_leftover(id.pid, id.pgid, id.start_ticks).await;
+        assert!(wait_dead(id.pid).await);
+        child.terminate(Duration::from_secs(1)).await.unwrap();
+    }
 }

@@ -1,1 +1,1873 @@
-//! The ACP adapter.
+//! The generic ACP adapter: runs any agent that speaks the Agent Client Protocol on stdio
+//! (Gemini, Copilot, OpenCode, codex-acp, the built-in mock) as a child process, drives
+//! one session over the `agent-client-protocol` crate and turns its session updates, tool
+//! calls and permission requests into `ProviderEvent`s.
+//!
+//! Ordering: every inbound message is handled in the connection's dispatch loop, one at a
+//! time, and each handler hands its events to the sink before the next message is looked
+//! at. The `session/prompt` response is consumed by an ordered callback, so `TurnEnded`
+//! follows every update the agent sent before answering. `Exited` is sent once, last,
+//! after the connection has ended and the process has been reaped.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::future::Future;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Component, Path, PathBuf};
+use std::process::ExitStatus;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent_client_protocol::v1::schema as proto;
+use agent_client_protocol::{self as acp, Dispatch, HandleDispatchFrom, Handled, UntypedMessage};
+use async_trait::async_trait;
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use tokio::io::AsyncReadExt;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+
+use super::{
+    Availability, EventSink, ModeInfo, PermissionDecision, PermissionRequest, PlanEntry,
+    ProcessLauncher, Provider, ProviderCapabilities, ProviderError, ProviderEvent, ProviderInfo,
+    ProviderSession, SessionInfo, SessionSpec, ToolCallUpdate, TurnInput, Usage,
+};
+use crate::domain::{
+    Behavior, PermissionKind, PermissionOption, ToolKind, ToolStatus, TurnOutcome,
+};
+use crate::process::{CommandSpec, ManagedChild};
+
+/// How long the agent may take to initialize and open its session.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+/// TERM → KILL grace when the session is closed or the agent has to be stopped.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+/// After the process exits, how long its remaining output may take to be read.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
+/// After the connection ends, how long the process may take to exit on its own.
+const EXIT_AFTER_EOF: Duration = Duration::from_millis(500);
+/// How long to wait for the last stderr bytes once the process is gone.
+const STDERR_FLUSH: Duration = Duration::from_millis(500);
+/// Bytes of stderr kept for error messages.
+const STDERR_RING_BYTES: usize = 8 * 1024;
+/// Lines of stderr quoted in an exit reason.
+const STDERR_TAIL_LINES: usize = 5;
+
+/// Configuration of one ACP provider (built in or from the providers config).
+#[derive(Debug, Clone)]
+pub struct AcpProviderConfig {
+    pub id: String,
+    pub label: String,
+    /// argv of the agent; the first element is looked up on PATH.
+    pub command: Vec<String>,
+    /// Extra environment for the child.
+    pub env: BTreeMap<String, String>,
+    pub modes: Vec<ModeInfo>,
+    pub default_mode: Option<String>,
+}
+
+/// A provider that runs an ACP agent over stdio.
+pub struct AcpProvider {
+    cfg: AcpProviderConfig,
+}
+
+impl AcpProvider {
+    pub fn new(cfg: AcpProviderConfig) -> Self {
+        Self { cfg }
+    }
+
+    pub fn config(&self) -> &AcpProviderConfig {
+        &self.cfg
+    }
+}
+
+#[async_trait]
+impl Provider for AcpProvider {
+    fn info(&self) -> ProviderInfo {
+        ProviderInfo {
+            id: self.cfg.id.clone(),
+            label: self.cfg.label.clone(),
+            protocol: "acp".to_owned(),
+            capabilities: ProviderCapabilities {
+                resume: true,
+                set_mode: true,
+                set_model: true,
+                permissions: true,
+                mcp_servers: true,
+            },
+            modes: self.cfg.modes.clone(),
+            default_mode: self.cfg.default_mode.clone(),
+        }
+    }
+
+    async fn availability(&self) -> Availability {
+        match self.cfg.command.first() {
+            None => Availability::Unavailable("no command is configured".to_owned()),
+            Some(program) if find_program(program).is_some() => Availability::Available,
+            Some(program) => {
+                Availability::Unavailable(format!("`{program}` was not found on PATH"))
+            }
+        }
+    }
+
+    async fn start(
+        &self,
+        spec: SessionSpec,
+        launcher: Arc<dyn ProcessLauncher>,
+        events: EventSink,
+    ) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
+        start_session(&self.cfg, spec, launcher, events).await
+    }
+}
+
+/// Where `program` would be run from: a path containing `/` as given, else the first
+/// executable match on PATH.
+fn find_program(program: &str) -> Option<PathBuf> {
+    fn is_executable(path: &Path) -> bool {
+        std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    }
+    if program.contains('/') {
+        let path = Path::new(program);
+        return is_executable(path).then(|| path.to_path_buf());
+    }
+    let path_var = std::env::var_os("PATH")?;
+    std::env::split_paths(&path_var)
+        .map(|dir| dir.join(program))
+        .find(|candidate| is_executable(candidate))
+}
+
+// ---------------------------------------------------------------------------------------
+// Events out
+// ---------------------------------------------------------------------------------------
+
+/// The adapter's side of the event sink. Once `finish` has sent `Exited` (or `close` has
+/// run) nothing more goes out.
+struct Emitter {
+    sink: tokio::sync::Mutex<Option<EventSink>>,
+}
+
+impl Emitter {
+    fn new(sink: EventSink) -> Self {
+        Self {
+            sink: tokio::sync::Mutex::new(Some(sink)),
+        }
+    }
+
+    async fn emit(&self, event: ProviderEvent) {
+        let guard = self.sink.lock().await;
+        if let Some(sink) = guard.as_ref() {
+            // A gone receiver means nobody listens any more; that is not our failure.
+            let _ = sink.send(event).await;
+        }
+    }
+
+    /// Send the last event.
+    async fn finish(&self, event: ProviderEvent) {
+        let sink = self.sink.lock().await.take();
+        if let Some(sink) = sink {
+            let _ = sink.send(event).await;
+        }
+    }
+
+    /// Stop sending without a last event (the session never started).
+    async fn close(&self) {
+        self.sink.lock().await.take();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Per-session state shared by the handlers, the session handle and the supervisor
+// ---------------------------------------------------------------------------------------
+
+struct Shared {
+    events: Emitter,
+    /// The session's workspace, canonical; file requests must stay inside it.
+    root: PathBuf,
+    /// `session/load` is replaying history: drop every update until it answers.
+    replaying: AtomicBool,
+    tools: Mutex<ToolTracker>,
+    config: Mutex<ConfigState>,
+    /// Bumped by `interrupt`: every permission request waiting at that moment is answered
+    /// with `cancelled`.
+    permission_epoch: watch::Sender<u64>,
+    turn_active: AtomicBool,
+    interrupted: AtomicBool,
+    /// The session is being closed on purpose.
+    closing: AtomicBool,
+    stderr: Arc<Mutex<StderrRing>>,
+}
+
+impl Shared {
+    fn stderr_tail(&self) -> String {
+        lock(&self.stderr).tail(STDERR_TAIL_LINES)
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Modes and the model as the agent reported them.
+#[derive(Default)]
+struct ConfigState {
+    current_mode: Option<String>,
+    /// The agent reported `modes` (so `session/set_mode` applies).
+    has_modes: bool,
+    /// A config option that selects the mode (for agents without `modes`).
+    mode_option: Option<String>,
+    /// The config option that selects the model.
+    model_option: Option<String>,
+    current_model: Option<String>,
+    /// Bumped whenever the agent itself reports a change.
+    mode_reports: u64,
+    model_reports: u64,
+}
+
+/// What absorbing an agent's config options changed.
+#[derive(Default)]
+struct ConfigChanges {
+    mode: Option<String>,
+    model: Option<String>,
+}
+
+impl ConfigState {
+    fn absorb_modes(&mut self, modes: Option<&proto::SessionModeState>) {
+        if let Some(modes) = modes {
+            self.has_modes = true;
+            self.current_mode = Some(modes.current_mode_id.to_string());
+        }
+    }
+
+    /// Take in the agent's config options; report the mode/model values that changed.
+    fn absorb_options(&mut self, options: &[proto::SessionConfigOption]) -> ConfigChanges {
+        let mut changes = ConfigChanges::default();
+        for option in options {
+            let category = option.category.as_ref();
+            let is_model = matches!(category, Some(proto::SessionConfigOptionCategory::Model))
+                || (category.is_none() && &*option.id.0 == "model");
+            let is_mode = matches!(category, Some(proto::SessionConfigOptionCategory::Mode))
+                || (category.is_none() && &*option.id.0 == "mode");
+            let current = match &option.kind {
+                proto::SessionConfigKind::Select(select) => Some(select.current_value.to_string()),
+                _ => None,
+            };
+            if is_model
+                && (self.model_option.is_none()
+                    || self.model_option.as_deref() == Some(&option.id.0))
+            {
+                self.model_option = Some(option.id.to_string());
+                if current.is_some() && current != self.current_model {
+                    self.current_model.clone_from(&current);
+                    changes.model = current;
+                }
+            } else if is_mode
+                && (self.mode_option.is_none() || self.mode_option.as_deref() == Some(&option.id.0))
+            {
+                self.mode_option = Some(option.id.to_string());
+                if !self.has_modes && current.is_some() && current != self.current_mode {
+                    self.current_mode.clone_from(&current);
+                    changes.mode = current;
+                }
+            }
+        }
+        changes
+    }
+}
+
+/// The last stderr bytes of the agent.
+#[derive(Default)]
+struct StderrRing {
+    bytes: VecDeque<u8>,
+}
+
+impl StderrRing {
+    fn push(&mut self, chunk: &[u8]) {
+        let chunk = &chunk[chunk.len().saturating_sub(STDERR_RING_BYTES)..];
+        let overflow = (self.bytes.len() + chunk.len()).saturating_sub(STDERR_RING_BYTES);
+        self.bytes.drain(..overflow);
+        self.bytes.extend(chunk);
+    }
+
+    /// The last `lines` non-empty lines.
+    fn tail(&self, lines: usize) -> String {
+        let (a, b) = self.bytes.as_slices();
+        let mut raw = Vec::with_capacity(a.len() + b.len());
+        raw.extend_from_slice(a);
+        raw.extend_from_slice(b);
+        let text = String::from_utf8_lossy(&raw);
+        let mut tail: Vec<&str> = text
+            .lines()
+            .map(str::trim_end)
+            .filter(|l| !l.trim().is_empty())
+            .rev()
+            .take(lines)
+            .collect();
+        tail.reverse();
+        tail.join("\n")
+    }
+}
+
+async fn drain_stderr(mut stderr: tokio::process::ChildStderr, ring: Arc<Mutex<StderrRing>>) {
+    let mut buf = vec![0u8; 4096];
+    let mut line = Vec::new();
+    loop {
+        let n = match stderr.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        lock(&ring).push(&buf[..n]);
+        for &byte in &buf[..n] {
+            if byte == b'\n' {
+                tracing::debug!(target: "agentry::providers::acp::stderr", "{}", String::from_utf8_lossy(&line));
+                line.clear();
+            } else if line.len() < 4096 {
+                line.push(byte);
+            }
+        }
+    }
+    if !line.is_empty() {
+        tracing::debug!(target: "agentry::providers::acp::stderr", "{}", String::from_utf8_lossy(&line));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Tool calls
+// ---------------------------------------------------------------------------------------
+
+/// What is known of each tool call, so that partial updates yield complete events.
+#[derive(Default)]
+struct ToolTracker {
+    calls: HashMap<String, ToolState>,
+}
+
+#[derive(Clone)]
+struct ToolState {
+    name: String,
+    explicit_name: bool,
+    title: Option<String>,
+    acp_kind: Option<String>,
+    status: ToolStatus,
+    input: Value,
+    output: Option<Value>,
+    error: Option<String>,
+    diff: Option<Value>,
+}
+
+impl ToolState {
+    fn new() -> Self {
+        Self {
+            name: String::new(),
+            explicit_name: false,
+            title: None,
+            acp_kind: None,
+            status: ToolStatus::Pending,
+            input: Value::Object(Map::new()),
+            output: None,
+            error: None,
+            diff: None,
+        }
+    }
+
+    fn tool_kind(&self) -> ToolKind {
+        match self.acp_kind.as_deref() {
+            Some("execute") => ToolKind::Shell,
+            Some("read") => ToolKind::Read,
+            Some("edit") if self.diff.as_ref().is_some_and(diff_creates_files) => ToolKind::Write,
+            Some("edit" | "delete" | "move") => ToolKind::Edit,
+            Some("search") => ToolKind::Search,
+            Some("fetch") => ToolKind::Fetch,
+            _ => ToolKind::Other,
+        }
+    }
+
+    fn to_update(&self, call_id: &str) -> ToolCallUpdate {
+        ToolCallUpdate {
+            call_id: call_id.to_owned(),
+            name: self.name.clone(),
+            title: self.title.clone().unwrap_or_else(|| self.name.clone()),
+            tool_kind: self.tool_kind(),
+            status: self.status,
+            input: self.input.clone(),
+            output: self.output.clone(),
+            error: self.error.clone(),
+            diff: self.diff.clone(),
+        }
+    }
+}
+
+/// Every diff item has no old text: the call writes new files.
+fn diff_creates_files(diff: &Value) -> bool {
+    diff.as_array().is_some_and(|items| {
+        !items.is_empty()
+            && items
+                .iter()
+                .all(|item| item.get("oldText").is_none_or(Value::is_null))
+    })
+}
+
+fn tool_kind_name(kind: ToolKind) -> &'static str {
+    match kind {
+        ToolKind::Shell => "shell",
+        ToolKind::Read => "read",
+        ToolKind::Edit => "edit",
+        ToolKind::Write => "write",
+        ToolKind::Search => "search",
+        ToolKind::Fetch => "fetch",
+        ToolKind::Mcp => "mcp",
+        ToolKind::Other => "other",
+    }
+}
+
+fn tool_status(status: &str) -> Option<ToolStatus> {
+    Some(match status {
+        "pending" => ToolStatus::Pending,
+        "in_progress" => ToolStatus::Running,
+        "completed" => ToolStatus::Completed,
+        "failed" => ToolStatus::Failed,
+        "cancelled" | "canceled" => ToolStatus::Canceled,
+        _ => return None,
+    })
+}
+
+/// An id that may arrive as a string or a number.
+fn id_string(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn take_string(value: Option<&mut Value>) -> Option<String> {
+    match value.map(Value::take) {
+        Some(Value::String(s)) => Some(s),
+        Some(Value::Number(n)) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// The text of `{"type":"content","content":{"type":"text","text":…}}` items.
+fn content_text(items: &[Value]) -> Option<String> {
+    let mut text = String::new();
+    for item in items {
+        if item.get("type").and_then(Value::as_str) != Some("content") {
+            continue;
+        }
+        let Some(block) = item.get("content") else {
+            continue;
+        };
+        if block.get("type").and_then(Value::as_str) == Some("text")
+            && let Some(t) = block.get("text").and_then(Value::as_str)
+        {
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(t);
+        }
+    }
+    (!text.is_empty()).then_some(text)
+}
+
+impl ToolTracker {
+    /// Merge one ACP tool call (`tool_call` when `replace`, else `tool_call_update` or the
+    /// `toolCall` of a permission request) into the known state. Returns the complete
+    /// update and whether anything a reader would notice changed.
+    fn apply(
+        &mut self,
+        call: &mut Map<String, Value>,
+        replace: bool,
+    ) -> Option<(ToolCallUpdate, bool)> {
+        let call_id = call.get("toolCallId").and_then(id_string)?;
+        let previous = self.calls.get(&call_id).cloned();
+        let mut state = match (&previous, replace) {
+            (Some(prev), false) => prev.clone(),
+            _ => ToolState::new(),
+        };
+
+        if let Some(title) = take_string(call.get_mut("title")) {
+            state.title = Some(title);
+        }
+        if let Some(kind) = call.get("kind").and_then(Value::as_str) {
+            state.acp_kind = Some(kind.to_owned());
+        }
+        if let Some(status) = call
+            .get("status")
+            .and_then(Value::as_str)
+            .and_then(tool_status)
+        {
+            state.status = status;
+        }
+        if let Some(input) = call.get_mut("rawInput").map(Value::take)
+            && !input.is_null()
+        {
+            state.input = input;
+        }
+        let content = call.get("content").and_then(Value::as_array);
+        if let Some(items) = content {
+            let diffs: Vec<Value> = items
+                .iter()
+                .filter(|item| item.get("type").and_then(Value::as_str) == Some("diff"))
+                .cloned()
+                .collect();
+            if !diffs.is_empty() {
+                state.diff = Some(Value::Array(diffs));
+            }
+        }
+        let text = content.and_then(|items| content_text(items));
+        match call.get_mut("rawOutput").map(Value::take) {
+            Some(output) if !output.is_null() => state.output = Some(output),
+            _ => {
+                if let Some(text) = &text {
+                    state.output = Some(Value::String(text.clone()));
+                }
+            }
+        }
+        state.error = if state.status == ToolStatus::Failed {
+            text.or_else(|| {
+                state.output.as_ref().and_then(|out| match out {
+                    Value::String(s) => Some(s.clone()),
+                    Value::Object(o) => o
+                        .get("error")
+                        .or_else(|| o.get("message"))
+                        .and_then(Value::as_str)
+                        .map(str::to_owned),
+                    _ => None,
+                })
+            })
+        } else {
+            None
+        };
+        if let Some(name) = take_string(call.get_mut("name")) {
+            state.name = name;
+            state.explicit_name = true;
+        } else if state.name.is_empty() || (!state.explicit_name && previous.is_none()) {
+            state.name = tool_kind_name(state.tool_kind()).to_owned();
+        }
+
+        let changed = match &previous {
+            None => true,
+            Some(prev) => {
+                prev.status != state.status
+                    || prev.title != state.title
+                    || prev.input != state.input
+                    || prev.acp_kind != state.acp_kind
+            }
+        };
+        let update = state.to_update(&call_id);
+        self.calls.insert(call_id, state);
+        Some((update, changed))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Inbound messages: session updates and permission requests
+// ---------------------------------------------------------------------------------------
+
+/// Claims `session/update` notifications and `session/request_permission` requests. Both
+/// are read leniently from the raw JSON so that an agent's extra or unusual fields never
+/// cost an event.
+struct InboundHandler {
+    shared: Arc<Shared>,
+}
+
+impl HandleDispatchFrom<acp::Agent> for InboundHandler {
+    async fn handle_dispatch_from(
+        &mut self,
+        message: Dispatch,
+        connection: acp::ConnectionTo<acp::Agent>,
+    ) -> Result<Handled<Dispatch>, acp::Error> {
+        match message {
+            Dispatch::Notification(notification) if notification.method == "session/update" => {
+                let (_, params) = notification.into_parts();
+                self.on_session_update(params).await;
+                Ok(Handled::Yes)
+            }
+            Dispatch::Request(request, responder)
+                if request.method == "session/request_permission" =>
+            {
+                let (_, params) = request.into_parts();
+                self.on_permission_request(params, responder, &connection)
+                    .await;
+                Ok(Handled::Yes)
+            }
+            other => Ok(Handled::No {
+                message: other,
+                retry: false,
+            }),
+        }
+    }
+
+    fn describe_chain(&self) -> impl std::fmt::Debug {
+        "agentry ACP session handler"
+    }
+}
+
+impl InboundHandler {
+    async fn on_session_update(&self, mut params: Value) {
+        if self.shared.replaying.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(update) = params.get_mut("update").and_then(Value::as_object_mut) else {
+            tracing::trace!("session/update without an update");
+            return;
+        };
+        let tag = match update.get("sessionUpdate").and_then(Value::as_str) {
+            Some(tag) => UpdateTag::of(tag),
+            None => UpdateTag::Other,
+        };
+        let event = match tag {
+            UpdateTag::MessageChunk | UpdateTag::ThoughtChunk => {
+                let Some(text) = take_text_chunk(update) else {
+                    return;
+                };
+                let id = take_string(update.get_mut("messageId"));
+                if tag == UpdateTag::MessageChunk {
+                    ProviderEvent::AssistantDelta {
+                        message_id: id,
+                        text,
+                    }
+                } else {
+                    ProviderEvent::ReasoningDelta { id, text }
+                }
+            }
+            UpdateTag::ToolCall | UpdateTag::ToolCallUpdate => {
+                let replace = tag == UpdateTag::ToolCall;
+                let Some((call, _)) = lock(&self.shared.tools).apply(update, replace) else {
+                    tracing::trace!("tool call update without a toolCallId");
+                    return;
+                };
+                ProviderEvent::ToolCall(call)
+            }
+            UpdateTag::Plan => {
+                let entries = update
+                    .get("entries")
+                    .and_then(Value::as_array)
+                    .map(|entries| {
+                        entries
+                            .iter()
+                            .filter_map(|entry| {
+                                Some(PlanEntry {
+                                    text: entry.get("content")?.as_str()?.to_owned(),
+                                    status: entry
+                                        .get("status")
+                                        .and_then(Value::as_str)
+                                        .unwrap_or("pending")
+                                        .to_owned(),
+                                })
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                ProviderEvent::Plan { entries }
+            }
+            UpdateTag::ModeUpdate => {
+                let Some(mode) = update
+                    .get("currentModeId")
+                    .or_else(|| update.get("modeId"))
+                    .and_then(Value::as_str)
+                else {
+                    return;
+                };
+                {
+                    let mut config = lock(&self.shared.config);
+                    if config.current_mode.as_deref() == Some(mode) {
+                        return;
+                    }
+                    config.current_mode = Some(mode.to_owned());
+                    config.mode_reports += 1;
+                }
+                ProviderEvent::ModeChanged {
+                    mode: mode.to_owned(),
+                }
+            }
+            UpdateTag::ConfigUpdate => {
+                let options = update
+                    .get("configOptions")
+                    .and_then(|v| Vec::<proto::SessionConfigOption>::deserialize(v).ok())
+                    .unwrap_or_default();
+                let changes = {
+                    let mut config = lock(&self.shared.config);
+                    let changes = config.absorb_options(&options);
+                    if changes.mode.is_some() {
+                        config.mode_reports += 1;
+                    }
+                    if changes.model.is_some() {
+                        config.model_reports += 1;
+                    }
+                    changes
+                };
+                if let Some(mode) = changes.mode {
+                    self.shared
+                        .events
+                        .emit(ProviderEvent::ModeChanged { mode })
+                        .await;
+                }
+                match changes.model {
+                    Some(model) => ProviderEvent::ModelChanged { model },
+                    None => return,
+                }
+            }
+            UpdateTag::Usage => {
+                let used = update.get("used").and_then(Value::as_u64);
+                let size = update.get("size").and_then(Value::as_u64);
+                let cost = update.get("cost").and_then(|cost| {
+                    let currency = cost.get("currency").and_then(Value::as_str);
+                    if currency.is_none_or(|c| c.eq_ignore_ascii_case("usd")) {
+                        cost.get("amount").and_then(Value::as_f64)
+                    } else {
+                        None
+                    }
+                });
+                ProviderEvent::Usage(Usage {
+                    context_window_used: used,
+                    context_window_max: size,
+                    cost_usd: cost,
+                    ..Usage::default()
+                })
+            }
+            UpdateTag::UserChunk | UpdateTag::Other => {
+                tracing::trace!(kind = ?update.get("sessionUpdate"), "session update ignored");
+                return;
+            }
+        };
+        self.shared.events.emit(event).await;
+    }
+
+    async fn on_permission_request(
+        &self,
+        mut params: Value,
+        responder: acp::Responder<Value>,
+        connection: &acp::ConnectionTo<acp::Agent>,
+    ) {
+        if self.shared.replaying.load(Ordering::Acquire) {
+            let _ = responder.respond(permission_outcome(None));
+            return;
+        }
+        let options: Vec<PermissionOption> = params
+            .get("options")
+            .and_then(Value::as_array)
+            .map(|options| options.iter().filter_map(permission_option).collect())
+            .unwrap_or_default();
+        let mut call = match params.get_mut("toolCall").map(Value::take) {
+            Some(Value::Object(call)) => call,
+            _ => Map::new(),
+        };
+        let title = call.get("title").and_then(Value::as_str).map(str::to_owned);
+        let call_id = call.get("toolCallId").and_then(id_string);
+        let input = call.get("rawInput").filter(|v| !v.is_null()).cloned();
+        // Some agents (Gemini) announce the tool call only here: report it first.
+        let tool_update = lock(&self.shared.tools).apply(&mut call, false);
+        if let Some((update, true)) = tool_update {
+            self.shared
+                .events
+                .emit(ProviderEvent::ToolCall(update))
+                .await;
+        }
+        if options.is_empty() {
+            tracing::warn!("permission request without usable options; answering cancelled");
+            let _ = responder.respond(permission_outcome(None));
+            return;
+        }
+
+        let (reply, decision) = oneshot::channel();
+        let mut epoch = self.shared.permission_epoch.subscribe();
+        let asked_at = *epoch.borrow_and_update();
+        self.shared
+            .events
+            .emit(ProviderEvent::PermissionRequested(PermissionRequest {
+                provider_request_id: responder.raw_id().to_string(),
+                kind: PermissionKind::Tool,
+                title: title.unwrap_or_else(|| "Permission requested".to_owned()),
+                call_id,
+                input,
+                options,
+                reply,
+            }))
+            .await;
+
+        // Wait for the answer off the dispatch loop: updates keep flowing meanwhile.
+        let waiting = async move {
+            let chosen = tokio::select! {
+                decision = decision => match decision {
+                    Ok(PermissionDecision::Selected { option_id, .. }) => Some(option_id),
+                    Ok(PermissionDecision::Cancelled) | Err(_) => None,
+                },
+                _ = epoch.wait_for(|now| *now != asked_at) => None,
+            };
+            let _ = responder.respond(permission_outcome(chosen));
+            Ok(())
+        };
+        if let Err(e) = connection.spawn(waiting) {
+            tracing::warn!(error = %e.message, "could not wait for a permission answer");
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum UpdateTag {
+    MessageChunk,
+    ThoughtChunk,
+    UserChunk,
+    ToolCall,
+    ToolCallUpdate,
+    Plan,
+    ModeUpdate,
+    ConfigUpdate,
+    Usage,
+    Other,
+}
+
+impl UpdateTag {
+    fn of(tag: &str) -> Self {
+        match tag {
+            "agent_message_chunk" => Self::MessageChunk,
+            "agent_thought_chunk" => Self::ThoughtChunk,
+            "user_message_chunk" => Self::UserChunk,
+            "tool_call" => Self::ToolCall,
+            "tool_call_update" => Self::ToolCallUpdate,
+            "plan" => Self::Plan,
+            "current_mode_update" => Self::ModeUpdate,
+            "config_option_update" => Self::ConfigUpdate,
+            "usage_update" => Self::Usage,
+            _ => Self::Other,
+        }
+    }
+}
+
+/// The text of a chunk's `content`, when it is a non-empty text block.
+fn take_text_chunk(update: &mut Map<String, Value>) -> Option<String> {
+    let content = update.get_mut("content")?;
+    if content.get("type").and_then(Value::as_str) != Some("text") {
+        return None;
+    }
+    match content.get_mut("text").map(Value::take) {
+        Some(Value::String(text)) if !text.is_empty() => Some(text),
+        _ => None,
+    }
+}
+
+fn permission_option(option: &Value) -> Option<PermissionOption> {
+    let id = option.get("optionId").and_then(id_string)?;
+    let label = option
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or(&id)
+        .to_owned();
+    let kind = option
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let behavior = if kind.starts_with("allow") {
+        Behavior::Allow
+    } else if kind.starts_with("reject") {
+        Behavior::Deny
+    } else {
+        // Unknown kinds: judge by the words agents use for refusing.
+        let words = format!("{id} {label}").to_ascii_lowercase();
+        if ["reject", "deny", "cancel", "abort", "no"]
+            .iter()
+            .any(|w| words.split(|c: char| !c.is_alphanumeric()).any(|t| t == *w))
+        {
+            Behavior::Deny
+        } else {
+            Behavior::Allow
+        }
+    };
+    Some(PermissionOption {
+        id,
+        label,
+        behavior,
+    })
+}
+
+fn permission_outcome(option_id: Option<String>) -> Value {
+    let outcome = match option_id {
+        Some(id) => {
+            proto::RequestPermissionOutcome::Selected(proto::SelectedPermissionOutcome::new(id))
+        }
+        None => proto::RequestPermissionOutcome::Cancelled,
+    };
+    serde_json::to_value(proto::RequestPermissionResponse::new(outcome))
+        .unwrap_or_else(|_| json!({"outcome": {"outcome": "cancelled"}}))
+}
+
+// ---------------------------------------------------------------------------------------
+// File requests, confined to the workspace
+// ---------------------------------------------------------------------------------------
+
+fn outside_error(path: &Path) -> acp::Error {
+    acp::Error::new(
+        acp::ErrorCode::INVALID_PARAMS,
+        format!("{} is outside the session's workspace", path.display()),
+    )
+}
+
+fn io_error(path: &Path, e: &std::io::Error) -> acp::Error {
+    let code = if e.kind() == std::io::ErrorKind::NotFound {
+        acp::ErrorCode::RESOURCE_NOT_FOUND
+    } else {
+        acp::ErrorCode::INTERNAL_ERROR
+    };
+    acp::Error::new(code, format!("{}: {e}", path.display()))
+}
+
+/// `path` resolved (symlinks included) to a place inside `root`, which may not exist yet.
+fn resolve_inside(root: &Path, path: &Path) -> Result<PathBuf, acp::Error> {
+    let joined = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        root.join(path)
+    };
+    let mut existing = joined.as_path();
+    let mut rest = Vec::new();
+    let resolved = loop {
+        match std::fs::canonicalize(existing) {
+            Ok(canonical) => break canonical,
+            Err(_) => {
+                let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else {
+                    return Err(outside_error(path));
+                };
+                rest.push(name.to_owned());
+                existing = parent;
+            }
+        }
+    };
+    let mut full = resolved;
+    for name in rest.into_iter().rev() {
+        if matches!(
+            Path::new(&name).components().next(),
+            Some(Component::ParentDir | Component::CurDir)
+        ) {
+            return Err(outside_error(path));
+        }
+        full.push(name);
+    }
+    if full.starts_with(root) {
+        Ok(full)
+    } else {
+        Err(outside_error(path))
+    }
+}
+
+async fn read_text_file(
+    root: &Path,
+    request: &proto::ReadTextFileRequest,
+) -> Result<String, acp::Error> {
+    let path = resolve_inside(root, &request.path)?;
+    let text = tokio::fs::read_to_string(&path)
+        .await
+        .map_err(|e| io_error(&request.path, &e))?;
+    if request.line.is_none() && request.limit.is_none() {
+        return Ok(text);
+    }
+    let skip = request
+        .line
+        .map_or(0, |line| line.saturating_sub(1) as usize);
+    let take = request.limit.map_or(usize::MAX, |limit| limit as usize);
+    Ok(text.split_inclusive('\n').skip(skip).take(take).collect())
+}
+
+async fn write_text_file(
+    root: &Path,
+    request: &proto::WriteTextFileRequest,
+) -> Result<(), acp::Error> {
+    let path = resolve_inside(root, &request.path)?;
+    if let Some(parent) = path.parent() {
+        tokio::fs::create_dir_all(parent)
+            .await
+            .map_err(|e| io_error(&request.path, &e))?;
+    }
+    tokio::fs::write(&path, request.content.as_bytes())
+        .await
+        .map_err(|e| io_error(&request.path, &e))
+}
+
+// ---------------------------------------------------------------------------------------
+// Starting a session
+// ---------------------------------------------------------------------------------------
+
+/// What the handshake established.
+struct Established {
+    connection: acp::v1::ConnectionTo<acp::Agent>,
+    session_id: String,
+    resumed: bool,
+}
+
+/// Turn the `mcp_servers` of a spec into ACP declarations, skipping what cannot be sent.
+fn mcp_servers(
+    servers: &BTreeMap<String, Value>,
+    caps: &proto::McpCapabilities,
+) -> Vec<proto::McpServer> {
+    fn pairs(value: Option<&Value>) -> Vec<(String, String)> {
+        let text = |v: &Value| match v {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        match value {
+            Some(Value::Object(map)) => map.iter().map(|(k, v)| (k.clone(), text(v))).collect(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .filter_map(|item| {
+                    Some((
+                        item.get("name")?.as_str()?.to_owned(),
+                        text(item.get("value")?),
+                    ))
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    let mut out = Vec::new();
+    for (name, server) in servers {
+        let kind = server.get("type").and_then(Value::as_str);
+        match kind {
+            Some("http" | "sse") => {
+                let Some(url) = server.get("url").and_then(Value::as_str) else {
+                    tracing::warn!(server = %name, "MCP server without a url; skipped");
+                    continue;
+                };
+                let headers: Vec<proto::HttpHeader> = pairs(server.get("headers"))
+                    .into_iter()
+                    .map(|(k, v)| proto::HttpHeader::new(k, v))
+                    .collect();
+                if kind == Some("http") {
+                    if !caps.http {
+                        tracing::warn!(server = %name, "the agent does not take HTTP MCP servers; skipped");
+                        continue;
+                    }
+                    out.push(proto::McpServer::Http(
+                        proto::McpServerHttp::new(name, url).headers(headers),
+                    ));
+                } else {
+                    if !caps.sse {
+                        tracing::warn!(server = %name, "the agent does not take SSE MCP servers; skipped");
+                        continue;
+                    }
+                    out.push(proto::McpServer::Sse(
+                        proto::McpServerSse::new(name, url).headers(headers),
+                    ));
+                }
+            }
+            None | Some("stdio" | "local") => {
+                let Some(command) = server.get("command").and_then(Value::as_str) else {
+                    tracing::warn!(server = %name, "MCP server without a command; skipped");
+                    continue;
+                };
+                let args = server
+                    .get("args")
+                    .and_then(Value::as_array)
+                    .map(|args| {
+                        args.iter()
+                            .map(|a| a.as_str().map_or_else(|| a.to_string(), str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let env = pairs(server.get("env"))
+                    .into_iter()
+                    .map(|(k, v)| proto::EnvVariable::new(k, v))
+                    .collect();
+                out.push(proto::McpServer::Stdio(
+                    proto::McpServerStdio::new(name, command)
+                        .args(args)
+                        .env(env),
+                ));
+            }
+            Some(other) => {
+                tracing::warn!(server = %name, kind = other, "unknown MCP server type; skipped");
+            }
+        }
+    }
+    out
+}
+
+fn request_error(what: &str, e: &acp::Error) -> ProviderError {
+    if acp::is_incoming_transport_closed(e) || acp::is_connection_terminated(e) {
+        ProviderError::Gone
+    } else {
+        ProviderError::Protocol(format!("{what}: {}", e.message))
+    }
+}
+
+/// Initialize the agent and open (or reopen) the session.
+async fn establish(
+    connection: &acp::v1::ConnectionTo<acp::Agent>,
+    spec: &SessionSpec,
+    shared: &Arc<Shared>,
+) -> Result<Established, ProviderError> {
+    let init = connection
+        .send_request(
+            proto::InitializeRequest::new(acp::schema::ProtocolVersion::V1)
+                .client_capabilities(
+                    proto::ClientCapabilities::new()
+                        .fs(proto::FileSystemCapabilities::new()
+                            .read_text_file(true)
+                            .write_text_file(true))
+                        .terminal(false),
+                )
+                .client_info(proto::Implementation::new(
+                    "agentry",
+                    env!("CARGO_PKG_VERSION"),
+                )),
+        )
+        .block_task()
+        .await
+        .map_err(|e| request_error("initialize failed", &e))?;
+    let caps = init.agent_capabilities;
+    let servers = mcp_servers(&spec.mcp_servers, &caps.mcp_capabilities);
+    let system_prompt = match &spec.system_prompt {
+        Some(text) if caps.session_capabilities.system_prompt.is_some() => Some(
+            proto::SystemPrompt::new(vec![proto::ContentBlock::from(text.clone())]),
+        ),
+        Some(_) => {
+            tracing::debug!("the agent takes no system prompt; it is not sent");
+            None
+        }
+        None => None,
+    };
+
+    let resume_id = spec
+        .resume
+        .as_ref()
+        .and_then(|handle| handle.get("session_id"))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let mut opened: Option<(
+        String,
+        Option<proto::SessionModeState>,
+        Option<Vec<proto::SessionConfigOption>>,
+    )> = None;
+    if let Some(id) = resume_id {
+        let attempt = if caps.load_session {
+            load_session(connection, shared, &id, spec, &servers, &system_prompt).await
+        } else if caps.session_capabilities.resume.is_some() {
+            let request = proto::ResumeSessionRequest::new(id.clone(), spec.cwd.clone())
+                .mcp_servers(servers.clone())
+                .system_prompt(system_prompt.clone());
+            connection
+                .send_request(request)
+                .block_task()
+                .await
+                .map(|r| (r.modes, r.config_options))
+                .map_err(|e| e.message)
+        } else {
+            Err("the agent cannot reopen sessions".to_owned())
+        };
+        match attempt {
+            Ok((modes, options)) => opened = Some((id, modes, options)),
+            Err(message) => {
+                if connection.termination().is_some() || connection.is_incoming_closed() {
+                    return Err(ProviderError::Gone);
+                }
+                tracing::warn!(session = %id, error = %message, "could not reopen the session; starting a new one");
+                shared
+                    .events
+                    .emit(ProviderEvent::Error {
+                        message: format!(
+                            "the earlier conversation could not be loaded ({message}); a new session was started"
+                        ),
+                        code: Some("resume_failed".to_owned()),
+                    })
+                    .await;
+            }
+        }
+    }
+    let resumed = opened.is_some();
+    let (session_id, modes, options) = match opened {
+        Some(opened) => opened,
+        None => {
+            let response = connection
+                .send_request(
+                    proto::NewSessionRequest::new(spec.cwd.clone())
+                        .mcp_servers(servers)
+                        .system_prompt(system_prompt),
+                )
+                .block_task()
+                .await
+                .map_err(|e| request_error("session/new failed", &e))?;
+            (
+                response.session_id.to_string(),
+                response.modes,
+                response.config_options,
+            )
+        }
+    };
+    {
+        let mut config = lock(&shared.config);
+        config.absorb_modes(modes.as_ref());
+        config.absorb_options(options.as_deref().unwrap_or_default());
+    }
+
+    if let Some(mode) = &spec.mode
+        && lock(&shared.config).current_mode.as_deref() != Some(mode.as_str())
+        && let Err(e) = change_mode(connection, shared, &session_id, mode).await
+    {
+        shared
+            .events
+            .emit(ProviderEvent::Error {
+                message: format!("the mode `{mode}` could not be set: {e}"),
+                code: Some("set_mode_failed".to_owned()),
+            })
+            .await;
+    }
+    if let Some(model) = &spec.model
+        && lock(&shared.config).current_model.as_deref() != Some(model.as_str())
+    {
+        let option = lock(&shared.config).model_option.clone();
+        let result = match option {
+            Some(option) => change_model(connection, shared, &session_id, &option, model).await,
+            None => Err(ProviderError::Unsupported("changing the model")),
+        };
+        if let Err(e) = result {
+            shared
+                .events
+                .emit(ProviderEvent::Error {
+                    message: format!("the model `{model}` could not be set: {e}"),
+                    code: Some("set_model_failed".to_owned()),
+                })
+                .await;
+        }
+    }
+    Ok(Established {
+        connection: connection.clone(),
+        session_id,
+        resumed,
+    })
+}
+
+type Reopened = (
+    Option<proto::SessionModeState>,
+    Option<Vec<proto::SessionConfigOption>>,
+);
+
+/// `session/load`, dropping the history the agent replays before it answers.
+async fn load_session(
+    connection: &acp::v1::ConnectionTo<acp::Agent>,
+    shared: &Arc<Shared>,
+    id: &str,
+    spec: &SessionSpec,
+    servers: &[proto::McpServer],
+    system_prompt: &Option<proto::SystemPrompt>,
+) -> Result<Reopened, String> {
+    let request = proto::LoadSessionRequest::new(id.to_owned(), spec.cwd.clone())
+        .mcp_servers(servers.to_vec())
+        .system_prompt(system_prompt.clone());
+    let (answered, answer) = oneshot::channel();
+    shared.replaying.store(true, Ordering::Release);
+    let replay_flag = shared.clone();
+    // An ordered callback: the flag drops exactly where the answer sits in the stream.
+    let sent = connection
+        .prepare_request(request)
+        .on_receiving_result(move |result| async move {
+            replay_flag.replaying.store(false, Ordering::Release);
+            let _ = answered.send(result);
+            Ok(())
+        });
+    let result = match sent {
+        Ok(()) => answer
+            .await
+            .unwrap_or_else(|_| Err(acp::Error::internal_error())),
+        Err(e) => Err(e),
+    };
+    shared.replaying.store(false, Ordering::Release);
+    lock(&shared.tools).calls.clear();
+    result
+        .map(|r| (r.modes, r.config_options))
+        .map_err(|e| e.message)
+}
+
+/// Ask the agent for another mode, through `session/set_mode` or its mode config option.
+/// Emits `ModeChanged` unless the agent already reported the change itself.
+async fn change_mode(
+    connection: &acp::v1::ConnectionTo<acp::Agent>,
+    shared: &Shared,
+    session_id: &str,
+    mode: &str,
+) -> Result<(), ProviderError> {
+    let (option, reports_before) = {
+        let config = lock(&shared.config);
+        let option = if config.has_modes {
+            None
+        } else {
+            config.mode_option.clone()
+        };
+        (option, config.mode_reports)
+    };
+    match option {
+        Some(option) => {
+            let response = connection
+                .send_request(proto::SetSessionConfigOptionRequest::new(
+                    session_id.to_owned(),
+                    option,
+                    mode,
+                ))
+                .block_task()
+                .await
+                .map_err(|e| request_error("session/set_config_option failed", &e))?;
+            let model = {
+                let mut config = lock(&shared.config);
+                let changes = config.absorb_options(&response.config_options);
+                changes.model
+            };
+            if let Some(model) = model {
+                shared
+                    .events
+                    .emit(ProviderEvent::ModelChanged { model })
+                    .await;
+            }
+        }
+        None => {
+            connection
+                .send_request(proto::SetSessionModeRequest::new(
+                    session_id.to_owned(),
+                    mode.to_owned(),
+                ))
+                .block_task()
+                .await
+                .map_err(|e| request_error("session/set_mode failed", &e))?;
+        }
+    }
+    let report = {
+        let mut config = lock(&shared.config);
+        let already =
+            config.mode_reports != reports_before && config.current_mode.as_deref() == Some(mode);
+        config.current_mode = Some(mode.to_owned());
+        !already
+    };
+    if report {
+        shared
+            .events
+            .emit(ProviderEvent::ModeChanged {
+                mode: mode.to_owned(),
+            })
+            .await;
+    }
+    Ok(())
+}
+
+/// Set the model through the agent's model config option. Emits `ModelChanged` unless
+/// the agent already reported the change itself.
+async fn change_model(
+    connection: &acp::v1::ConnectionTo<acp::Agent>,
+    shared: &Shared,
+    session_id: &str,
+    option: &str,
+    model: &str,
+) -> Result<(), ProviderError> {
+    let reports_before = lock(&shared.config).model_reports;
+    let response = connection
+        .send_request(proto::SetSessionConfigOptionRequest::new(
+            session_id.to_owned(),
+            option.to_owned(),
+            proto::SessionConfigOptionValue::value_id(model.to_owned()),
+        ))
+        .block_task()
+        .await
+        .map_err(|e| request_error("session/set_config_option failed", &e))?;
+    let (report, mode) = {
+        let mut config = lock(&shared.config);
+        let already = config.model_reports != reports_before
+            && config.current_model.as_deref() == Some(model);
+        let changes = config.absorb_options(&response.config_options);
+        config.current_model = Some(model.to_owned());
+        (!already, changes.mode)
+    };
+    if let Some(mode) = mode {
+        shared
+            .events
+            .emit(ProviderEvent::ModeChanged { mode })
+            .await;
+    }
+    if report {
+        shared
+            .events
+            .emit(ProviderEvent::ModelChanged {
+                model: model.to_owned(),
+            })
+            .await;
+    }
+    Ok(())
+}
+
+async fn start_session(
+    cfg: &AcpProviderConfig,
+    spec: SessionSpec,
+    launcher: Arc<dyn ProcessLauncher>,
+    events: EventSink,
+) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
+    let Some((program, args)) = cfg.command.split_first() else {
+        return Err(ProviderError::Unavailable(
+            "no command is configured".to_owned(),
+        ));
+    };
+    let mut child = launcher
+        .launch(CommandSpec {
+            program: program.clone(),
+            args: args.to_vec(),
+            cwd: spec.cwd.clone(),
+            env: cfg.env.clone(),
+        })
+        .await?;
+    let pid = child.pid();
+    let (Some(stdin), Some(stdout), Some(stderr)) =
+        (child.take_stdin(), child.take_stdout(), child.take_stderr())
+    else {
+        child.terminate(STOP_GRACE).await;
+        return Err(ProviderError::Protocol(
+            "the agent process has no piped stdio".to_owned(),
+        ));
+    };
+
+    let stderr_ring = Arc::new(Mutex::new(StderrRing::default()));
+    let stderr_task = tokio::spawn(drain_stderr(stderr, stderr_ring.clone()));
+    let shared = Arc::new(Shared {
+        events: Emitter::new(events),
+        root: std::fs::canonicalize(&spec.cwd).unwrap_or_else(|_| spec.cwd.clone()),
+        replaying: AtomicBool::new(false),
+        tools: Mutex::new(ToolTracker::default()),
+        config: Mutex::new(ConfigState::default()),
+        permission_epoch: watch::channel(0).0,
+        turn_active: AtomicBool::new(false),
+        interrupted: AtomicBool::new(false),
+        closing: AtomicBool::new(false),
+        stderr: stderr_ring,
+    });
+
+    let (established_tx, established_rx) = oneshot::channel::<Result<Established, ProviderError>>();
+    let (close_tx, close_rx) = oneshot::channel::<()>();
+    let transport = acp::ByteStreams::new(stdin.compat_write(), stdout.compat());
+    let read_root = shared.clone();
+    let write_root = shared.clone();
+    let foreground_shared = shared.clone();
+    let connection =
+        acp::Client
+            .v1()
+            .name("agentry")
+            .with_handler(InboundHandler {
+                shared: shared.clone(),
+            })
+            .on_receive_request(
+                async move |request: proto::ReadTextFileRequest, responder, _cx| {
+                    match read_text_file(&read_root.root, &request).await {
+                        Ok(content) => responder.respond(proto::ReadTextFileResponse::new(content)),
+                        Err(e) => responder.respond_with_error(e),
+                    }
+                },
+                acp::on_receive_request!(),
+            )
+            .on_receive_request(
+                async move |request: proto::WriteTextFileRequest, responder, _cx| {
+                    match write_text_file(&write_root.root, &request).await {
+                        Ok(()) => responder.respond(proto::WriteTextFileResponse::new()),
+                        Err(e) => responder.respond_with_error(e),
+                    }
+                },
+                acp::on_receive_request!(),
+            )
+            .connect_with(transport, async move |cx| {
+                match establish(&cx, &spec, &foreground_shared).await {
+                    Ok(established) => {
+                        if established_tx.send(Ok(established)).is_err() {
+                            return Ok(());
+                        }
+                    }
+                    Err(e) => {
+                        let _ = established_tx.send(Err(e));
+                        return Ok(());
+                    }
+                }
+                // Serve until we close the session or the agent's output ends.
+                tokio::select! {
+                    _ = close_rx => {}
+                    () = cx.incoming_closed() => {}
+                }
+                Ok(())
+            });
+
+    let (done_tx, done_rx) = oneshot::channel();
+    tokio::spawn(supervise(
+        connection,
+        child,
+        stderr_task,
+        shared.clone(),
+        done_tx,
+    ));
+
+    let failure = match tokio::time::timeout(START_TIMEOUT, established_rx).await {
+        Ok(Ok(Ok(established))) => {
+            let (current_mode, current_model) = {
+                let config = lock(&shared.config);
+                (config.current_mode.clone(), config.current_model.clone())
+            };
+            let info = SessionInfo {
+                provider_session_id: Some(established.session_id.clone()),
+                persistence: Some(json!({ "session_id": established.session_id })),
+                pid: Some(pid),
+                resumed: established.resumed,
+                current_mode,
+                current_model,
+            };
+            let session = AcpSession {
+                session_id: established.session_id,
+                connection: established.connection,
+                shared,
+                close_tx: Some(close_tx),
+                done_rx: Some(done_rx),
+            };
+            return Ok((Box::new(session), info));
+        }
+        Ok(Ok(Err(e))) => Some(e),
+        Ok(Err(_)) => None,
+        Err(_) => Some(ProviderError::Protocol(format!(
+            "the agent did not start within {} s",
+            START_TIMEOUT.as_secs()
+        ))),
+    };
+    // The session never started: no events, stop the process, explain why.
+    shared.events.close().await;
+    shared.closing.store(true, Ordering::Release);
+    let _ = close_tx.send(());
+    let exit = done_rx.await.unwrap_or_default();
+    Err(match failure {
+        Some(ProviderError::Gone) | None => ProviderError::Protocol(if exit.is_empty() {
+            "the agent stopped while starting".to_owned()
+        } else {
+            format!("the agent stopped while starting: {exit}")
+        }),
+        Some(ProviderError::Protocol(message)) if !exit.is_empty() => {
+            ProviderError::Protocol(format!("{message} ({exit})"))
+        }
+        Some(other) => other,
+    })
+}
+
+/// Owns the connection and the process: runs them until either ends, reaps the process,
+/// then reports how it ended (to `done` and, last of all, as `Exited`).
+async fn supervise<F>(
+    connection: F,
+    mut child: ManagedChild,
+    stderr_task: JoinHandle<()>,
+    shared: Arc<Shared>,
+    done: oneshot::Sender<String>,
+) where
+    F: Future<Output = Result<(), acp::Error>> + Send,
+{
+    let mut connection = Box::pin(connection);
+    let mut status: Option<ExitStatus> = None;
+    let mut broken: Option<String> = None;
+    tokio::select! {
+        result = &mut connection => {
+            if let Err(e) = result {
+                broken = Some(e.message);
+            }
+        }
+        waited = child.wait() => {
+            status = waited.ok();
+            // Let the connection read what the process wrote before it ended.
+            if let Ok(Err(e)) = tokio::time::timeout(DRAIN_AFTER_EXIT, &mut connection).await {
+                broken = Some(e.message);
+            }
+        }
+    }
+    // Dropping the connection closes the agent's stdin.
+    drop(connection);
+    if status.is_none()
+        && let Ok(Ok(exited)) = tokio::time::timeout(EXIT_AFTER_EOF, child.wait()).await
+    {
+        status = Some(exited);
+    }
+    let terminated = child.terminate(STOP_GRACE).await;
+    let status = status.or(terminated);
+    let _ = tokio::time::timeout(STDERR_FLUSH, stderr_task).await;
+
+    let reason = describe_exit(status, broken.as_deref(), &shared.stderr_tail());
+    let _ = done.send(reason.clone());
+    let reason = if shared.closing.load(Ordering::Acquire) {
+        "closed".to_owned()
+    } else {
+        reason
+    };
+    tracing::debug!(%reason, "ACP agent ended");
+    shared.events.finish(ProviderEvent::Exited { reason }).await;
+}
+
+fn describe_exit(status: Option<ExitStatus>, broken: Option<&str>, stderr_tail: &str) -> String {
+    let mut reason = match (status, broken) {
+        (Some(status), _) => match (status.signal(), status.code()) {
+            (Some(signal), _) => format!("the agent process was killed by signal {signal}"),
+            (None, Some(0)) => "the agent process exited".to_owned(),
+            (None, Some(code)) => format!("the agent process exited with status {code}"),
+            (None, None) => "the agent process ended".to_owned(),
+        },
+        (None, Some(error)) => format!("the connection to the agent broke: {error}"),
+        (None, None) => "the agent process ended".to_owned(),
+    };
+    if !stderr_tail.is_empty() {
+        reason.push_str("; last stderr:\n");
+        reason.push_str(stderr_tail);
+    }
+    reason
+}
+
+// ---------------------------------------------------------------------------------------
+// The live session
+// ---------------------------------------------------------------------------------------
+
+struct AcpSession {
+    session_id: String,
+    connection: acp::v1::ConnectionTo<acp::Agent>,
+    shared: Arc<Shared>,
+    close_tx: Option<oneshot::Sender<()>>,
+    done_rx: Option<oneshot::Receiver<String>>,
+}
+
+impl AcpSession {
+    fn is_gone(&self) -> bool {
+        self.connection.termination().is_some() || self.connection.is_incoming_closed()
+    }
+}
+
+/// The usage an agent put in its `session/prompt` answer (Copilot, OpenCode).
+fn prompt_usage(response: &Value) -> Option<Usage> {
+    let usage = response.get("usage")?.as_object()?;
+    let number = |key: &str| usage.get(key).and_then(Value::as_u64).unwrap_or(0);
+    Some(Usage {
+        input_tokens: number("inputTokens"),
+        output_tokens: number("outputTokens"),
+        cached_input_tokens: number("cachedReadTokens"),
+        ..Usage::default()
+    })
+}
+
+/// How a `session/prompt` answer ends the turn; `None` when the connection is gone (the
+/// supervisor reports that as `Exited`).
+fn turn_end(result: Result<Value, acp::Error>, interrupted: bool) -> Option<ProviderEvent> {
+    let (outcome, error, usage) = match result {
+        Ok(response) => {
+            let usage = prompt_usage(&response);
+            match response.get("stopReason").and_then(Value::as_str) {
+                Some("cancelled") => (TurnOutcome::Canceled, None, usage),
+                Some("refusal") => (
+                    TurnOutcome::Failed,
+                    Some("the agent refused".to_owned()),
+                    usage,
+                ),
+                Some("max_tokens") => (
+                    TurnOutcome::Completed,
+                    Some("the agent stopped at its token limit".to_owned()),
+                    usage,
+                ),
+                Some("max_turn_requests") => (
+                    TurnOutcome::Completed,
+                    Some("the agent stopped at its limit of requests per turn".to_owned()),
+                    usage,
+                ),
+                _ => (TurnOutcome::Completed, None, usage),
+            }
+        }
+        Err(e) if acp::is_incoming_transport_closed(&e) || acp::is_connection_terminated(&e) => {
+            return None;
+        }
+        Err(e) if interrupted || e.code == acp::ErrorCode::REQUEST_CANCELLED => {
+            (TurnOutcome::Canceled, None, None)
+        }
+        Err(e) => (TurnOutcome::Failed, Some(e.message), None),
+    };
+    Some(ProviderEvent::TurnEnded {
+        outcome,
+        error,
+        usage,
+    })
+}
+
+#[async_trait]
+impl ProviderSession for AcpSession {
+    async fn prompt(&mut self, input: TurnInput) -> Result<(), ProviderError> {
+        if self.is_gone() {
+            return Err(ProviderError::Gone);
+        }
+        if self.shared.turn_active.swap(true, Ordering::AcqRel) {
+            return Err(ProviderError::Protocol(
+                "a turn is already running".to_owned(),
+            ));
+        }
+        self.shared.interrupted.store(false, Ordering::Release);
+        let request = proto::PromptRequest::new(
+            self.session_id.clone(),
+            vec![proto::ContentBlock::Text(proto::TextContent::new(
+                input.text,
+            ))],
+        );
+        // Sent untyped so that fields outside the stable schema (usage) are kept.
+        let request = match UntypedMessage::new("session/prompt", request) {
+            Ok(request) => request,
+            Err(e) => {
+                self.shared.turn_active.store(false, Ordering::Release);
+                return Err(ProviderError::Protocol(e.message));
+            }
+        };
+        let shared = self.shared.clone();
+        let sent = self
+            .connection
+            .prepare_request(request)
+            .on_receiving_result(move |result| async move {
+                shared.turn_active.store(false, Ordering::Release);
+                lock(&shared.tools).calls.clear();
+                if let Some(event) = turn_end(result, shared.interrupted.load(Ordering::Acquire)) {
+                    shared.events.emit(event).await;
+                }
+                Ok(())
+            });
+        sent.map_err(|e| {
+            self.shared.turn_active.store(false, Ordering::Release);
+            request_error("session/prompt failed", &e)
+        })
+    }
+
+    async fn interrupt(&mut self) -> Result<(), ProviderError> {
+        self.shared.interrupted.store(true, Ordering::Release);
+        let sent = self
+            .connection
+            .send_notification(proto::CancelNotification::new(self.session_id.clone()));
+        // The protocol wants every pending permission request answered `cancelled`.
+        self.shared
+            .permission_epoch
+            .send_modify(|epoch| *epoch += 1);
+        sent.map_err(|e| request_error("session/cancel failed", &e))
+    }
+
+    async fn set_mode(&mut self, mode: &str) -> Result<(), ProviderError> {
+        change_mode(&self.connection, &self.shared, &self.session_id, mode).await
+    }
+
+    async fn set_model(&mut self, model: &str) -> Result<(), ProviderError> {
+        let option = lock(&self.shared.config).model_option.clone();
+        let Some(option) = option else {
+            return Err(ProviderError::Unsupported("changing the model"));
+        };
+        change_model(
+            &self.connection,
+            &self.shared,
+            &self.session_id,
+            &option,
+            model,
+        )
+        .await
+    }
+
+    async fn close(mut self: Box<Self>) {
+        self.shared.closing.store(true, Ordering::Release);
+        if let Some(close) = self.close_tx.take() {
+            let _ = close.send(());
+        }
+        if let Some(done) = self.done_rx.take() {
+            let _ = done.await;
+        }
+    }
+}
+
+impl Drop for AcpSession {
+    fn drop(&mut self) {
+        // Dropping the close sender stops the connection; the process goes with it.
+        self.shared.closing.store(true, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn update(value: Value) -> Map<String, Value> {
+        match value {
+            Value::Object(map) => map,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn partial_updates_complete_from_earlier_state() {
+        let mut tools = ToolTracker::default();
+        let (first, _) = tools
+            .apply(
+                &mut update(json!({"toolCallId": "c1", "title": "ls", "kind": "execute", "status": "in_progress",
+                    "rawInput": {"command": "ls"}})),
+                true,
+            )
+            .unwrap();
+        assert_eq!(first.tool_kind, ToolKind::Shell);
+        assert_eq!(first.status, ToolStatus::Running);
+        assert_eq!(first.name, "shell");
+        let (second, _) = tools
+            .apply(&mut update(json!({"toolCallId": "c1", "status": "completed", "rawOutput": {"stdout": "x"}})), false)
+            .unwrap();
+        assert_eq!(second.title, "ls");
+        assert_eq!(second.tool_kind, ToolKind::Shell);
+        assert_eq!(second.input, json!({"command": "ls"}));
+        assert_eq!(second.output, Some(json!({"stdout": "x"})));
+        assert_eq!(second.status, ToolStatus::Completed);
+    }
+
+    #[test]
+    fn edit_of_new_files_is_a_write() {
+        let mut tools = ToolTracker::default();
+        let diff = json!([{"type": "diff", "path": "/w/a", "oldText": null, "newText": "x"}]);
+        let (call, _) = tools
+            .apply(
+                &mut update(
+                    json!({"toolCallId": 7, "title": "Write a", "kind": "edit", "content": diff}),
+                ),
+                true,
+            )
+            .unwrap();
+        assert_eq!(call.call_id, "7");
+        assert_eq!(call.tool_kind, ToolKind::Write);
+        assert_eq!(call.diff, Some(diff));
+        let (edit, _) = tools
+            .apply(
+                &mut update(json!({"toolCallId": "e", "kind": "edit",
+                    "content": [{"type": "diff", "path": "/w/a", "oldText": "a", "newText": "b"}]})),
+                false,
+            )
+            .unwrap();
+        assert_eq!(edit.tool_kind, ToolKind::Edit);
+    }
+
+    #[test]
+    fn option_kinds_map_to_behaviors() {
+        let allow = permission_option(
+            &json!({"optionId": "proceed_once", "name": "Yes", "kind": "allow_once"}),
+        )
+        .unwrap();
+        assert_eq!(allow.behavior, Behavior::Allow);
+        let deny =
+            permission_option(&json!({"optionId": "cancel", "name": "No", "kind": "reject_once"}))
+                .unwrap();
+        assert_eq!(deny.behavior, Behavior::Deny);
+        let odd = permission_option(&json!({"optionId": "abort", "name": "Abort"})).unwrap();
+        assert_eq!(odd.behavior, Behavior::Deny);
+    }
+
+    #[test]
+    fn paths_must_stay_in_the_workspace() {
+        let dir = std::env::temp_dir().join(format!("agentry-acp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let root = std::fs::canonicalize(&dir).unwrap();
+        assert!(resolve_inside(&root, &root.join("new/file.txt")).is_ok());
+        assert!(resolve_inside(&root, &root.join("../escape.txt")).is_err());
+        assert!(resolve_inside(&root, Path::new("/etc/passwd")).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn stderr_ring_keeps_the_last_lines() {
+        let mut ring = StderrRing::default();
+        for i in 0..5000 {
+            ring.push(format!("line {i}\n").as_bytes());
+        }
+        assert!(ring.bytes.len() <= STDERR_RING_BYTES);
+        assert_eq!(ring.tail(2), "line 4998\nline 4999");
+    }
+}

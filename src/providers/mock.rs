@@ -1,1 +1,681 @@
-//! The mock agent.
+//! The built-in `mock` provider: a scripted ACP agent run as a real subprocess
+//! (`agentry mock-agent`), driven by the prompt text (see CONTRACT.md), and the provider
+//! configuration that runs it through the ACP adapter.
+
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent_client_protocol::v1::schema as proto;
+use agent_client_protocol::{self as acp, Agent, Client};
+use futures::AsyncBufReadExt as _;
+use serde_json::json;
+use tokio::io::AsyncWriteExt as _;
+use tokio::sync::watch;
+use tokio_util::compat::TokioAsyncReadCompatExt;
+use uuid::Uuid;
+
+use super::ModeInfo;
+use super::acp::{AcpProvider, AcpProviderConfig};
+
+/// The mock's modes: `default` asks for `/ask`, `unattended` allows it without asking.
+const MODES: [(&str, &str, &str); 2] = [
+    (
+        "default",
+        "Default",
+        "Asks for permission when a prompt says /ask",
+    ),
+    (
+        "unattended",
+        "Unattended",
+        "Allows everything without asking",
+    ),
+];
+const MODELS: [(&str, &str); 2] = [("mock-small", "Mock small"), ("mock-large", "Mock large")];
+/// Messages `/load` may have queued ahead of the writer before it waits.
+const LOAD_QUEUE_HIGH: u64 = 1024;
+const LOAD_QUEUE_LOW: u64 = 256;
+
+/// The `mock` provider: the ACP adapter running `<agentry_exe> mock-agent`.
+pub fn mock_provider(agentry_exe: PathBuf) -> AcpProvider {
+    AcpProvider::new(AcpProviderConfig {
+        id: "mock".to_owned(),
+        label: "Mock agent".to_owned(),
+        command: vec![
+            agentry_exe.to_string_lossy().into_owned(),
+            "mock-agent".to_owned(),
+        ],
+        env: Default::default(),
+        modes: MODES
+            .iter()
+            .map(|(id, label, description)| ModeInfo {
+                id: (*id).to_owned(),
+                label: (*label).to_owned(),
+                description: Some((*description).to_owned()),
+                unattended: *id == "unattended",
+            })
+            .collect(),
+        default_mode: Some("default".to_owned()),
+    })
+}
+
+/// Run the mock ACP agent on stdin/stdout until stdin closes.
+pub async fn run_stdio() -> anyhow::Result<()> {
+    let (input, output) = stdio()?;
+    let written = Arc::new(watch::channel(0u64).0);
+    let incoming = futures::io::BufReader::with_capacity(64 * 1024, input.compat()).lines();
+    let outgoing = futures::sink::unfold(
+        (output, written.clone()),
+        |(mut output, written), mut line: String| async move {
+            line.push('\n');
+            output.write_all(line.as_bytes()).await?;
+            output.flush().await?;
+            written.send_modify(|n| *n += 1);
+            Ok::<_, std::io::Error>((output, written))
+        },
+    );
+    let mock = Arc::new(MockAgent {
+        sessions: Mutex::new(HashMap::new()),
+        written,
+    });
+    serve(mock, acp::Lines::new(Box::pin(outgoing), incoming))
+        .await
+        .map_err(|e| anyhow::anyhow!("mock agent connection failed: {}", e.message))
+}
+
+type Reader = Pin<Box<dyn tokio::io::AsyncRead + Send>>;
+type Writer = Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
+
+/// stdin/stdout, polled without blocking when they are pipes (the usual case) or
+/// terminals; plain files are read and written directly.
+fn stdio() -> std::io::Result<(Reader, Writer)> {
+    use std::os::fd::AsFd;
+    use tokio::net::unix::pipe;
+    let stdin = std::io::stdin().as_fd().try_clone_to_owned()?;
+    let input: Reader = match pipe::Receiver::from_owned_fd(stdin.try_clone()?) {
+        Ok(pipe) => Box::pin(pipe),
+        Err(_) => match pipe::Receiver::from_owned_fd_unchecked(stdin.try_clone()?) {
+            Ok(pollable) => Box::pin(pollable),
+            Err(_) => Box::pin(PlainFile(std::fs::File::from(stdin))),
+        },
+    };
+    let stdout = std::io::stdout().as_fd().try_clone_to_owned()?;
+    let output: Writer = match pipe::Sender::from_owned_fd(stdout.try_clone()?) {
+        Ok(pipe) => Box::pin(pipe),
+        Err(_) => match pipe::Sender::from_owned_fd_unchecked(stdout.try_clone()?) {
+            Ok(pollable) => Box::pin(pollable),
+            Err(_) => Box::pin(PlainFile(std::fs::File::from(stdout))),
+        },
+    };
+    Ok((input, output))
+}
+
+/// A regular file as stdin/stdout: never blocks for long, so it is used synchronously.
+struct PlainFile(std::fs::File);
+
+impl tokio::io::AsyncRead for PlainFile {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::io::Read as _;
+        let n = self.get_mut().0.read(buf.initialize_unfilled())?;
+        buf.advance(n);
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+impl tokio::io::AsyncWrite for PlainFile {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        use std::io::Write as _;
+        std::task::Poll::Ready(self.get_mut().0.write(buf))
+    }
+
+    fn poll_flush(
+        self: Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::io::Write as _;
+        std::task::Poll::Ready(self.get_mut().0.flush())
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.poll_flush(cx)
+    }
+}
+
+struct MockAgent {
+    sessions: Mutex<HashMap<String, MockSession>>,
+    /// Lines written to stdout so far (for `/load` backpressure).
+    written: Arc<watch::Sender<u64>>,
+}
+
+struct MockSession {
+    cwd: PathBuf,
+    mode: String,
+    model: String,
+    busy: bool,
+    /// Bumped by `session/cancel`; a turn stops when it moves.
+    cancel: watch::Sender<u64>,
+}
+
+impl MockSession {
+    fn new(cwd: PathBuf) -> Self {
+        Self {
+            cwd,
+            mode: "default".to_owned(),
+            model: MODELS[0].0.to_owned(),
+            busy: false,
+            cancel: watch::channel(0).0,
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn modes(current: &str) -> proto::SessionModeState {
+    proto::SessionModeState::new(
+        current.to_owned(),
+        MODES
+            .iter()
+            .map(|(id, label, description)| {
+                proto::SessionMode::new(*id, *label).description(*description)
+            })
+            .collect(),
+    )
+}
+
+fn config_options(model: &str) -> Vec<proto::SessionConfigOption> {
+    vec![
+        proto::SessionConfigOption::select(
+            "model",
+            "Model",
+            model.to_owned(),
+            MODELS
+                .iter()
+                .map(|(id, label)| proto::SessionConfigSelectOption::new(*id, *label))
+                .collect::<Vec<_>>(),
+        )
+        .category(proto::SessionConfigOptionCategory::Model),
+    ]
+}
+
+fn unknown_session(id: &proto::SessionId) -> acp::Error {
+    proto::Error::session_not_found(id.clone()).into()
+}
+
+fn invalid(message: impl Into<String>) -> acp::Error {
+    acp::Error::new(acp::ErrorCode::INVALID_PARAMS, message)
+}
+
+async fn serve(
+    mock: Arc<MockAgent>,
+    transport: impl acp::ConnectTo<Agent> + 'static,
+) -> acp::Result<()> {
+    let (m1, m2, m3, m4, m5, m6) = (
+        mock.clone(),
+        mock.clone(),
+        mock.clone(),
+        mock.clone(),
+        mock.clone(),
+        mock,
+    );
+    Agent
+        .v1()
+        .name("agentry-mock")
+        .on_receive_request(
+            async move |_request: proto::InitializeRequest, responder, _cx| {
+                responder.respond(
+                    proto::InitializeResponse::new(acp::schema::ProtocolVersion::V1)
+                        .agent_capabilities(proto::AgentCapabilities::new().load_session(true))
+                        .agent_info(proto::Implementation::new(
+                            "agentry-mock",
+                            env!("CARGO_PKG_VERSION"),
+                        )),
+                )
+            },
+            acp::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: proto::NewSessionRequest, responder, _cx| {
+                let id = Uuid::now_v7().to_string();
+                lock(&m1.sessions).insert(id.clone(), MockSession::new(request.cwd));
+                responder.respond(
+                    proto::NewSessionResponse::new(id)
+                        .modes(modes("default"))
+                        .config_options(config_options(MODELS[0].0)),
+                )
+            },
+            acp::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: proto::LoadSessionRequest, responder, _cx| {
+                // The mock keeps no history: any id reopens as a fresh session.
+                let session = MockSession::new(request.cwd);
+                let response = proto::LoadSessionResponse::new()
+                    .modes(modes(&session.mode))
+                    .config_options(config_options(&session.model));
+                lock(&m2.sessions).insert(request.session_id.to_string(), session);
+                responder.respond(response)
+            },
+            acp::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: proto::SetSessionModeRequest, responder, cx| {
+                let mode = request.mode_id.to_string();
+                if !MODES.iter().any(|(id, ..)| *id == mode) {
+                    return responder.respond_with_error(invalid(format!("unknown mode `{mode}`")));
+                }
+                match lock(&m3.sessions).get_mut(&*request.session_id.0) {
+                    Some(session) => session.mode.clone_from(&mode),
+                    None => {
+                        return responder.respond_with_error(unknown_session(&request.session_id));
+                    }
+                }
+                cx.send_notification(proto::SessionNotification::new(
+                    request.session_id,
+                    proto::SessionUpdate::CurrentModeUpdate(proto::CurrentModeUpdate::new(mode)),
+                ))?;
+                responder.respond(proto::SetSessionModeResponse::new())
+            },
+            acp::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: proto::SetSessionConfigOptionRequest, responder, cx| {
+                if &*request.config_id.0 != "model" {
+                    return responder.respond_with_error(invalid(format!(
+                        "unknown config option `{}`",
+                        request.config_id
+                    )));
+                }
+                let Some(model) = request.value.as_value_id().map(ToString::to_string) else {
+                    return responder
+                        .respond_with_error(invalid("the model must be one of the listed values"));
+                };
+                if !MODELS.iter().any(|(id, _)| *id == model) {
+                    return responder
+                        .respond_with_error(invalid(format!("unknown model `{model}`")));
+                }
+                match lock(&m4.sessions).get_mut(&*request.session_id.0) {
+                    Some(session) => session.model.clone_from(&model),
+                    None => {
+                        return responder.respond_with_error(unknown_session(&request.session_id));
+                    }
+                }
+                cx.send_notification(proto::SessionNotification::new(
+                    request.session_id,
+                    proto::SessionUpdate::ConfigOptionUpdate(proto::ConfigOptionUpdate::new(
+                        config_options(&model),
+                    )),
+                ))?;
+                responder.respond(proto::SetSessionConfigOptionResponse::new(config_options(
+                    &model,
+                )))
+            },
+            acp::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: proto::PromptRequest, responder, cx| {
+                let text = request
+                    .prompt
+                    .iter()
+                    .find_map(|block| match block {
+                        proto::ContentBlock::Text(text) => Some(text.text.clone()),
+                        _ => None,
+                    })
+                    .unwrap_or_default();
+                let turn = {
+                    let mut sessions = lock(&m5.sessions);
+                    let Some(session) = sessions.get_mut(&*request.session_id.0) else {
+                        return responder.respond_with_error(unknown_session(&request.session_id));
+                    };
+                    if session.busy {
+                        return responder
+                            .respond_with_error(invalid("a prompt is already running"));
+                    }
+                    session.busy = true;
+                    let cancel = session.cancel.subscribe();
+                    let started = *cancel.borrow();
+                    Turn {
+                        cx: cx.clone(),
+                        session_id: request.session_id.clone(),
+                        cwd: session.cwd.clone(),
+                        unattended: session.mode == "unattended",
+                        cancel,
+                        started,
+                        written: m5.written.subscribe(),
+                    }
+                };
+                let mock = m5.clone();
+                cx.spawn(async move {
+                    let session_id = turn.session_id.clone();
+                    let result = turn.run(&text).await;
+                    if let Some(session) = lock(&mock.sessions).get_mut(&*session_id.0) {
+                        session.busy = false;
+                    }
+                    let _ = responder.respond_with_result(result.map(proto::PromptResponse::new));
+                    Ok(())
+                })
+            },
+            acp::on_receive_request!(),
+        )
+        .on_receive_notification(
+            async move |notification: proto::CancelNotification, _cx| {
+                if let Some(session) = lock(&m6.sessions).get(&*notification.session_id.0) {
+                    session.cancel.send_modify(|epoch| *epoch += 1);
+                }
+                Ok(())
+            },
+            acp::on_receive_notification!(),
+        )
+        .connect_to(transport)
+        .await
+}
+
+/// One running prompt.
+struct Turn {
+    cx: acp::v1::ConnectionTo<Client>,
+    session_id: proto::SessionId,
+    cwd: PathBuf,
+    unattended: bool,
+    cancel: watch::Receiver<u64>,
+    started: u64,
+    written: watch::Receiver<u64>,
+}
+
+/// The turn was cancelled; it ends with `stopReason: cancelled`.
+struct Cancelled;
+
+impl Turn {
+    async fn run(mut self, text: &str) -> acp::Result<proto::StopReason> {
+        let text = text.trim();
+        let (command, rest) = match text.split_once(char::is_whitespace) {
+            Some((command, rest)) => (command, rest.trim()),
+            None => (text, ""),
+        };
+        let outcome = match command {
+            "/tool" => self.tool(rest).await,
+            "/ask" => self.ask(rest).await,
+            "/fail" => return Err(acp::Error::new(acp::ErrorCode::INTERNAL_ERROR, rest)),
+            "/sleep" => self.sleep(rest).await,
+            "/load" => self.load(rest).await,
+            "/write" => self.write(rest).await,
+            _ => self.reply(&format!("You said: {text}")).map(Ok),
+        };
+        match outcome? {
+            Ok(()) => Ok(proto::StopReason::EndTurn),
+            Err(Cancelled) => Ok(proto::StopReason::Cancelled),
+        }
+    }
+
+    fn is_cancelled(&self) -> bool {
+        *self.cancel.borrow() != self.started
+    }
+
+    /// Resolves when `session/cancel` arrives for this turn.
+    async fn cancelled(&mut self) {
+        let started = self.started;
+        if self
+            .cancel
+            .wait_for(|epoch| *epoch != started)
+            .await
+            .is_err()
+        {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    fn update(&self, update: proto::SessionUpdate) -> acp::Result<()> {
+        self.cx.send_notification(proto::SessionNotification::new(
+            self.session_id.clone(),
+            update,
+        ))
+    }
+
+    fn chunk(&self, message_id: &str, text: &str) -> acp::Result<()> {
+        self.update(proto::SessionUpdate::AgentMessageChunk(
+            proto::ContentChunk::new(proto::ContentBlock::Text(proto::TextContent::new(text)))
+                .message_id(proto::MessageId::new(message_id)),
+        ))
+    }
+
+    /// One assistant message, streamed word by word.
+    fn reply(&self, text: &str) -> acp::Result<()> {
+        let message_id = Uuid::now_v7().to_string();
+        for piece in text.split_inclusive(' ') {
+            self.chunk(&message_id, piece)?;
+        }
+        Ok(())
+    }
+
+    fn tool_update(&self, call_id: &str, fields: proto::ToolCallUpdateFields) -> acp::Result<()> {
+        self.update(proto::SessionUpdate::ToolCallUpdate(
+            proto::ToolCallUpdate::new(call_id.to_owned(), fields),
+        ))
+    }
+
+    async fn tool(&mut self, command: &str) -> acp::Result<Result<(), Cancelled>> {
+        let call_id = format!("call_{}", Uuid::now_v7().simple());
+        self.update(proto::SessionUpdate::ToolCall(
+            proto::ToolCall::new(call_id.clone(), command)
+                .kind(proto::ToolKind::Execute)
+                .status(proto::ToolCallStatus::InProgress)
+                .raw_input(json!({ "command": command })),
+        ))?;
+        // Nothing is run: the mock only reports what a shell tool would.
+        self.tool_update(
+            &call_id,
+            proto::ToolCallUpdateFields::new()
+                .status(proto::ToolCallStatus::Completed)
+                .raw_output(json!({ "stdout": format!("{command}\n"), "exit_code": 0 })),
+        )?;
+        self.reply(&format!("Ran `{command}`: exit code 0."))?;
+        Ok(Ok(()))
+    }
+
+    async fn ask(&mut self, title: &str) -> acp::Result<Result<(), Cancelled>> {
+        let call_id = format!("call_{}", Uuid::now_v7().simple());
+        let input = json!({ "title": title });
+        self.update(proto::SessionUpdate::ToolCall(
+            proto::ToolCall::new(call_id.clone(), title)
+                .kind(proto::ToolKind::Execute)
+                .status(proto::ToolCallStatus::Pending)
+                .raw_input(input.clone()),
+        ))?;
+        let option_id = if self.unattended {
+            "allow".to_owned()
+        } else {
+            let request = proto::RequestPermissionRequest::new(
+                self.session_id.clone(),
+                proto::ToolCallUpdate::new(
+                    call_id.clone(),
+                    proto::ToolCallUpdateFields::new()
+                        .title(title.to_owned())
+                        .kind(proto::ToolKind::Execute)
+                        .status(proto::ToolCallStatus::Pending)
+                        .raw_input(input),
+                ),
+                vec![
+                    proto::PermissionOption::new(
+                        "allow",
+                        "Allow",
+                        proto::PermissionOptionKind::AllowOnce,
+                    ),
+                    proto::PermissionOption::new(
+                        "deny",
+                        "Deny",
+                        proto::PermissionOptionKind::RejectOnce,
+                    ),
+                ],
+            );
+            let asked = self.cx.send_request(request).block_task();
+            let answer = tokio::select! {
+                answer = asked => Some(answer?),
+                () = self.cancelled() => None,
+            };
+            match answer.map(|a| a.outcome) {
+                Some(proto::RequestPermissionOutcome::Selected(selected)) => {
+                    selected.option_id.to_string()
+                }
+                _ => {
+                    self.tool_update(
+                        &call_id,
+                        proto::ToolCallUpdateFields::new().status(proto::ToolCallStatus::Failed),
+                    )?;
+                    return Ok(Err(Cancelled));
+                }
+            }
+        };
+        let behavior = if option_id == "allow" {
+            "allow"
+        } else {
+            "deny"
+        };
+        let status = if behavior == "allow" {
+            proto::ToolCallStatus::Completed
+        } else {
+            proto::ToolCallStatus::Failed
+        };
+        self.tool_update(&call_id, proto::ToolCallUpdateFields::new().status(status))?;
+        self.reply(&format!(
+            "Permission for {title}: {behavior} (option {option_id})"
+        ))?;
+        Ok(Ok(()))
+    }
+
+    async fn sleep(&mut self, millis: &str) -> acp::Result<Result<(), Cancelled>> {
+        let Ok(millis) = millis.parse::<u64>() else {
+            return Err(invalid(format!(
+                "/sleep needs a number of milliseconds, not `{millis}`"
+            )));
+        };
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(millis)) => {}
+            () = self.cancelled() => return Ok(Err(Cancelled)),
+        }
+        self.reply(&format!("Slept for {millis} ms."))?;
+        Ok(Ok(()))
+    }
+
+    async fn load(&mut self, args: &str) -> acp::Result<Result<(), Cancelled>> {
+        let mut numbers = args.split_whitespace().map(str::parse::<u64>);
+        let (Some(Ok(events)), interval) = (numbers.next(), numbers.next()) else {
+            return Err(invalid("/load needs <events> <interval_ms>"));
+        };
+        let Ok(interval) = interval.unwrap_or(Ok(0)) else {
+            return Err(invalid("/load needs <events> <interval_ms>"));
+        };
+        let message_id = Uuid::now_v7().to_string();
+        let mut target = *self.written.borrow();
+        for i in 0..events {
+            if self.is_cancelled() {
+                return Ok(Err(Cancelled));
+            }
+            self.chunk(&message_id, &format!("{i} "))?;
+            target += 1;
+            if interval > 0 {
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(interval)) => {}
+                    () = self.cancelled() => return Ok(Err(Cancelled)),
+                }
+            } else if target.saturating_sub(*self.written.borrow()) > LOAD_QUEUE_HIGH {
+                // Let the writer catch up instead of queueing the whole burst in memory.
+                let low = target - LOAD_QUEUE_LOW;
+                let mut written = self.written.clone();
+                tokio::select! {
+                    _ = written.wait_for(|written| *written >= low) => {}
+                    () = self.cancelled() => return Ok(Err(Cancelled)),
+                }
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    async fn write(&mut self, args: &str) -> acp::Result<Result<(), Cancelled>> {
+        let (path, content) = args.split_once(' ').unwrap_or((args, ""));
+        let call_id = format!("call_{}", Uuid::now_v7().simple());
+        let title = format!("Write {path}");
+        let input = json!({ "path": path, "content": content });
+        let relative = Path::new(path);
+        let inside = !path.is_empty()
+            && relative
+                .components()
+                .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+        if !inside {
+            self.update(proto::SessionUpdate::ToolCall(
+                proto::ToolCall::new(call_id, title)
+                    .kind(proto::ToolKind::Edit)
+                    .status(proto::ToolCallStatus::Failed)
+                    .raw_input(input)
+                    .content(vec![
+                        "the path must be relative and stay inside the workspace".into(),
+                    ]),
+            ))?;
+            self.reply(&format!(
+                "Could not write {path}: the path must be relative and stay inside the workspace."
+            ))?;
+            return Ok(Ok(()));
+        }
+        let target = self.cwd.join(relative);
+        self.update(proto::SessionUpdate::ToolCall(
+            proto::ToolCall::new(call_id.clone(), title)
+                .kind(proto::ToolKind::Edit)
+                .status(proto::ToolCallStatus::InProgress)
+                .raw_input(input)
+                .content(vec![proto::Diff::new(target.clone(), content).into()]),
+        ))?;
+        match write_inside(&self.cwd, &target, content).await {
+            Ok(()) => {
+                self.tool_update(
+                    &call_id,
+                    proto::ToolCallUpdateFields::new().status(proto::ToolCallStatus::Completed),
+                )?;
+                self.reply(&format!("Wrote {} bytes to {path}.", content.len()))?;
+            }
+            Err(e) => {
+                self.tool_update(
+                    &call_id,
+                    proto::ToolCallUpdateFields::new()
+                        .status(proto::ToolCallStatus::Failed)
+                        .content(vec![e.clone().into()]),
+                )?;
+                self.reply(&format!("Could not write {path}: {e}"))?;
+            }
+        }
+        Ok(Ok(()))
+    }
+}
+
+/// Write `content` to `target`, refusing a target that a symlink moves out of `cwd`.
+async fn write_inside(cwd: &Path, target: &Path, content: &str) -> Result<(), String> {
+    let parent = target.parent().unwrap_or(cwd);
+    tokio::fs::create_dir_all(parent)
+        .await
+        .map_err(|e| e.to_string())?;
+    let root = tokio::fs::canonicalize(cwd)
+        .await
+        .map_err(|e| e.to_string())?;
+    let real_parent = tokio::fs::canonicalize(parent)
+        .await
+        .map_err(|e| e.to_string())?;
+    if !real_parent.starts_with(&root) {
+        return Err("the path leads outside the workspace".to_owned());
+    }
+    tokio::fs::write(target, content)
+        .await
+        .map_err(|e| e.to_string())
+}

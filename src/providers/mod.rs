@@ -23,7 +23,9 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use utoipa::ToSchema;
 
-use crate::domain::{Behavior, PermissionKind, PermissionOption, ToolKind, ToolStatus, TurnOutcome};
+use crate::domain::{
+    Behavior, PermissionKind, PermissionOption, ToolKind, ToolStatus, TurnOutcome,
+};
 use crate::process::{CommandSpec, ManagedChild, ProcessError};
 
 /// What a provider is and what it can do; served by `GET /v1/providers`.
@@ -163,22 +165,46 @@ pub struct Usage {
 pub enum ProviderEvent {
     /// A chunk of assistant text. `message_id` is the provider's, when it has one: a new id
     /// closes the previous message.
-    AssistantDelta { message_id: Option<String>, text: String },
+    AssistantDelta {
+        message_id: Option<String>,
+        text: String,
+    },
     /// A whole assistant message (for protocols that send text only whole).
-    AssistantMessage { message_id: Option<String>, text: String },
-    ReasoningDelta { id: Option<String>, text: String },
+    AssistantMessage {
+        message_id: Option<String>,
+        text: String,
+    },
+    ReasoningDelta {
+        id: Option<String>,
+        text: String,
+    },
     ToolCall(ToolCallUpdate),
     PermissionRequested(PermissionRequest),
-    Plan { entries: Vec<PlanEntry> },
+    Plan {
+        entries: Vec<PlanEntry>,
+    },
     Usage(Usage),
-    ModeChanged { mode: String },
-    ModelChanged { model: String },
+    ModeChanged {
+        mode: String,
+    },
+    ModelChanged {
+        model: String,
+    },
     /// The current turn ended.
-    TurnEnded { outcome: TurnOutcome, error: Option<String>, usage: Option<Usage> },
+    TurnEnded {
+        outcome: TurnOutcome,
+        error: Option<String>,
+        usage: Option<Usage>,
+    },
     /// Something went wrong that does not end the turn by itself.
-    Error { message: String, code: Option<String> },
+    Error {
+        message: String,
+        code: Option<String>,
+    },
     /// The provider process is gone (or the connection to it broke).
-    Exited { reason: String },
+    Exited {
+        reason: String,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -232,7 +258,7 @@ pub trait Provider: Send + Sync {
 /// A live session. Methods return once the command is handed to the provider; their
 /// effects arrive as events.
 #[async_trait]
-pub trait ProviderSession: Send {
+pub trait ProviderSession: Send + Sync {
     async fn prompt(&mut self, input: TurnInput) -> Result<(), ProviderError>;
     /// Ask the provider to stop the current turn; it ends with `TurnEnded { Canceled }`.
     async fn interrupt(&mut self) -> Result<(), ProviderError>;

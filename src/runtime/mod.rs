@@ -1,1 +1,406 @@
-//! runtime
+//! The agent runtime: one actor per live agent owns its provider session and process,
+//! runs the turn state machine and brokers permission requests. Everything else talks to
+//! an agent through `AgentManager`, which sends the actor commands on its mailbox.
+
+mod actor;
+mod reconcile;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use sqlx::PgPool;
+use tokio::runtime::Handle;
+use tokio::sync::{mpsc, oneshot, watch};
+use uuid::Uuid;
+
+pub use reconcile::reconcile_at_boot;
+
+use crate::domain::{AgentId, AgentStatus, Behavior, PermissionId, TurnId, TurnOutcome};
+use crate::events::EventWriter;
+use crate::process::{CommandSpec, Ledger, ManagedChild, ProcessError};
+use crate::providers::{ProcessLauncher, Provider, ProviderRegistry};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("a turn is running; wait for it to finish or interrupt it")]
+    Busy,
+    #[error("the agent could not be started: {0}")]
+    StartFailed(String),
+    #[error("unknown provider `{0}`")]
+    UnknownProvider(String),
+    #[error("permission request not found")]
+    PermissionNotFound,
+    #[error("this permission request was already answered")]
+    PermissionAlreadyResolved,
+    #[error("this permission request expired: {0}")]
+    PermissionExpired(String),
+    #[error("option `{0}` is not one of the request's options")]
+    UnknownOption(String),
+    #[error("option `{option}` is a `{actual}` option, not `{requested}`")]
+    BehaviorMismatch {
+        option: String,
+        actual: &'static str,
+        requested: &'static str,
+    },
+    #[error("the request offers no `{0}` option")]
+    NoOptionForBehavior(&'static str),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    #[error("the agent stopped while handling the request")]
+    ActorGone,
+    #[error(transparent)]
+    Store(#[from] sqlx::Error),
+    #[error("the event store failed: {0}")]
+    Events(#[from] crate::events::WriteError),
+}
+
+/// What the runtime knows about a live agent, for reads that should not wait on it.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub status: AgentStatus,
+    pub pid: Option<u32>,
+    pub provider_session_id: Option<String>,
+    /// Bumped whenever a turn ends, so waiters can tell one turn from the next.
+    pub turns_completed: u64,
+}
+
+/// The answer a person gave to a permission request.
+#[derive(Debug, Clone)]
+pub struct PermissionAnswer {
+    pub behavior: Behavior,
+    pub option_id: Option<String>,
+    pub message: Option<String>,
+    pub updated_input: Option<Value>,
+    pub resolved_by: Uuid,
+}
+
+/// Everything an actor needs to know about its agent, read from the database.
+#[derive(Debug, Clone)]
+pub struct AgentContext {
+    pub id: AgentId,
+    pub team_id: Uuid,
+    pub project_id: Uuid,
+    pub workspace_id: Uuid,
+    pub cwd: PathBuf,
+    pub provider: String,
+    pub model: Option<String>,
+    pub mode: Option<String>,
+    pub system_prompt: Option<String>,
+    pub mcp_servers: Value,
+    pub persistence: Option<Value>,
+}
+
+pub(crate) enum Command {
+    Prompt {
+        text: String,
+        client_message_id: Option<String>,
+        reply: oneshot::Sender<Result<TurnId, RuntimeError>>,
+    },
+    Interrupt {
+        reply: oneshot::Sender<()>,
+    },
+    SetMode {
+        mode: String,
+        reply: oneshot::Sender<Result<(), RuntimeError>>,
+    },
+    SetModel {
+        model: String,
+        reply: oneshot::Sender<Result<(), RuntimeError>>,
+    },
+    Answer {
+        id: PermissionId,
+        answer: PermissionAnswer,
+        reply: oneshot::Sender<Result<(), RuntimeError>>,
+    },
+    Close {
+        reason: String,
+        reply: oneshot::Sender<()>,
+    },
+}
+
+#[derive(Clone)]
+struct ActorHandle {
+    generation: u64,
+    tx: mpsc::Sender<Command>,
+    snapshot: watch::Receiver<Snapshot>,
+}
+
+pub(crate) struct Shared {
+    pub pool: PgPool,
+    pub writer: EventWriter,
+    pub registry: ProviderRegistry,
+    pub ledger: Ledger,
+    pub interrupt_grace: Duration,
+    actors: Mutex<HashMap<AgentId, ActorHandle>>,
+    generation: AtomicU64,
+    shutting_down: AtomicBool,
+    rt: Handle,
+}
+
+/// Entry point to live agents.
+#[derive(Clone)]
+pub struct AgentManager {
+    shared: Arc<Shared>,
+}
+
+impl AgentManager {
+    pub fn new(
+        pool: PgPool,
+        writer: EventWriter,
+        registry: ProviderRegistry,
+        ledger: Ledger,
+        rt: Handle,
+    ) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                pool,
+                writer,
+                registry,
+                ledger,
+                interrupt_grace: Duration::from_secs(5),
+                actors: Mutex::new(HashMap::new()),
+                generation: AtomicU64::new(1),
+                shutting_down: AtomicBool::new(false),
+                rt,
+            }),
+        }
+    }
+
+    pub fn registry(&self) -> &ProviderRegistry {
+        &self.shared.registry
+    }
+
+    fn provider(&self, id: &str) -> Result<Arc<dyn Provider>, RuntimeError> {
+        self.shared
+            .registry
+            .get(id)
+            .ok_or_else(|| RuntimeError::UnknownProvider(id.to_owned()))
+    }
+
+    /// The live actor of `ctx.id`, started (opening or resuming its session) when none runs.
+    fn actor(&self, ctx: &AgentContext) -> Result<ActorHandle, RuntimeError> {
+        if self.shared.shutting_down.load(Ordering::SeqCst) {
+            return Err(RuntimeError::ShuttingDown);
+        }
+        let provider = self.provider(&ctx.provider)?;
+        let mut actors = self.shared.actors.lock().expect("actors lock");
+        if let Some(h) = actors.get(&ctx.id)
+            && !h.tx.is_closed()
+        {
+            return Ok(h.clone());
+        }
+        let generation = self.shared.generation.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(64);
+        let (snap_tx, snap_rx) = watch::channel(Snapshot {
+            status: AgentStatus::Starting,
+            pid: None,
+            provider_session_id: None,
+            turns_completed: 0,
+        });
+        let handle = ActorHandle {
+            generation,
+            tx,
+            snapshot: snap_rx,
+        };
+        actors.insert(ctx.id, handle.clone());
+        let actor = actor::Actor::new(
+            self.shared.clone(),
+            ctx.clone(),
+            provider,
+            snap_tx,
+            generation,
+        );
+        self.shared.rt.spawn(actor.run(rx));
+        Ok(handle)
+    }
+
+    /// Start a new agent's session (and its first prompt, if any).
+    pub async fn start(
+        &self,
+        ctx: &AgentContext,
+        prompt: Option<String>,
+    ) -> Result<Option<TurnId>, RuntimeError> {
+        let handle = self.actor(ctx)?;
+        match prompt {
+            Some(text) => send(&handle, |reply| Command::Prompt {
+                text,
+                client_message_id: None,
+                reply,
+            })
+            .await?
+            .map(Some),
+            None => Ok(None),
+        }
+    }
+
+    pub async fn prompt(
+        &self,
+        ctx: &AgentContext,
+        text: String,
+        client_message_id: Option<String>,
+    ) -> Result<TurnId, RuntimeError> {
+        let handle = self.actor(ctx)?;
+        send(&handle, |reply| Command::Prompt {
+            text,
+            client_message_id,
+            reply,
+        })
+        .await?
+    }
+
+    /// Interrupt the running turn, if any (a no-op when the agent is idle or closed).
+    pub async fn interrupt(&self, id: AgentId) {
+        if let Some(h) = self.live(id) {
+            let _ = send(&h, |reply| Command::Interrupt { reply }).await;
+        }
+    }
+
+    /// Change the mode of a live agent. `Ok(false)` when no actor runs (the caller records
+    /// the change for the next session).
+    pub async fn set_mode(&self, id: AgentId, mode: String) -> Result<bool, RuntimeError> {
+        match self.live(id) {
+            Some(h) => send(&h, |reply| Command::SetMode { mode, reply })
+                .await?
+                .map(|_| true),
+            None => Ok(false),
+        }
+    }
+
+    pub async fn set_model(&self, id: AgentId, model: String) -> Result<bool, RuntimeError> {
+        match self.live(id) {
+            Some(h) => send(&h, |reply| Command::SetModel { model, reply })
+                .await?
+                .map(|_| true),
+            None => Ok(false),
+        }
+    }
+
+    /// Answer a permission request. `None` when the agent has no live actor.
+    pub async fn answer(
+        &self,
+        id: AgentId,
+        request: PermissionId,
+        answer: PermissionAnswer,
+    ) -> Option<Result<(), RuntimeError>> {
+        let h = self.live(id)?;
+        Some(
+            send(&h, |reply| Command::Answer {
+                id: request,
+                answer,
+                reply,
+            })
+            .await
+            .and_then(|r| r),
+        )
+    }
+
+    /// Stop the agent's process; the agent stays resumable.
+    pub async fn close(&self, id: AgentId, reason: &str) {
+        if let Some(h) = self.live(id) {
+            let reason = reason.to_owned();
+            let _ = send(&h, |reply| Command::Close { reason, reply }).await;
+            // The actor is gone once it answered; wait for its mailbox to close.
+            h.tx.closed().await;
+        }
+    }
+
+    pub fn snapshot(&self, id: AgentId) -> Option<Snapshot> {
+        self.live(id).map(|h| h.snapshot.borrow().clone())
+    }
+
+    pub fn watch(&self, id: AgentId) -> Option<watch::Receiver<Snapshot>> {
+        self.live(id).map(|h| h.snapshot)
+    }
+
+    fn live(&self, id: AgentId) -> Option<ActorHandle> {
+        let actors = self.shared.actors.lock().expect("actors lock");
+        actors.get(&id).filter(|h| !h.tx.is_closed()).cloned()
+    }
+
+    /// Close every live agent (their processes end) and flush the event writer.
+    pub async fn shutdown(&self) {
+        self.shared.shutting_down.store(true, Ordering::SeqCst);
+        let ids: Vec<AgentId> = self
+            .shared
+            .actors
+            .lock()
+            .expect("actors lock")
+            .keys()
+            .copied()
+            .collect();
+        let closes = ids.into_iter().map(|id| {
+            let this = self.clone();
+            async move {
+                if tokio::time::timeout(
+                    Duration::from_secs(15),
+                    this.close(id, "server shutting down"),
+                )
+                .await
+                .is_err()
+                {
+                    tracing::warn!(agent_id = %id, "agent did not close in time during shutdown");
+                }
+            }
+        });
+        futures::future::join_all(closes).await;
+        if let Err(e) = self.shared.writer.flush().await {
+            tracing::warn!(error = %e, "could not flush events at shutdown");
+        }
+    }
+
+    pub fn live_count(&self) -> usize {
+        self.shared.actors.lock().expect("actors lock").len()
+    }
+}
+
+impl Shared {
+    /// Called by an actor as it stops: drop its handle unless a newer actor replaced it.
+    pub(crate) fn remove_actor(&self, id: AgentId, generation: u64) {
+        let mut actors = self.actors.lock().expect("actors lock");
+        if actors.get(&id).is_some_and(|h| h.generation == generation) {
+            actors.remove(&id);
+        }
+    }
+}
+
+async fn send<T>(
+    handle: &ActorHandle,
+    make: impl FnOnce(oneshot::Sender<T>) -> Command,
+) -> Result<T, RuntimeError> {
+    let (tx, rx) = oneshot::channel();
+    handle
+        .tx
+        .send(make(tx))
+        .await
+        .map_err(|_| RuntimeError::ActorGone)?;
+    rx.await.map_err(|_| RuntimeError::ActorGone)
+}
+
+/// Starts an agent's provider processes through the ledger.
+pub(crate) struct AgentLauncher {
+    pub ledger: Ledger,
+    pub agent: AgentId,
+}
+
+#[async_trait]
+impl ProcessLauncher for AgentLauncher {
+    async fn launch(&self, spec: CommandSpec) -> Result<ManagedChild, ProcessError> {
+        self.ledger.launch(&spec, Some(self.agent)).await
+    }
+}
+
+/// The wire name of an outcome.
+pub fn outcome_str(o: TurnOutcome) -> &'static str {
+    match o {
+        TurnOutcome::Completed => "completed",
+        TurnOutcome::Failed => "failed",
+        TurnOutcome::Canceled => "canceled",
+    }
+}

@@ -1,4 +1,47 @@
 //! SQL, grouped by aggregate; every function takes an executor or a transaction.
+//! Visibility is part of every query that lists or loads a team resource: `teams` is the
+//! caller's team ids, or `None` for a server admin who sees every team.
 
+pub mod agents;
 pub mod embedded;
+pub mod events;
+pub mod idempotency;
+pub mod identity;
+pub mod permissions;
 pub mod processes;
+pub mod projects;
+pub mod workspaces;
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+/// Migrations embedded in the binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Connect a pool with the settings every agentry pool shares.
+pub async fn connect(
+    options: PgConnectOptions,
+    max_connections: u32,
+) -> Result<PgPool, sqlx::Error> {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .min_connections(1)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+}
+
+/// Apply pending migrations (they take an advisory lock, so replicas can race safely).
+pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
+    MIGRATOR.run(pool).await
+}
+
+/// Keyset pagination helper: fetch `limit + 1` rows, return the first `limit` and whether
+/// more exist.
+pub fn split_page<T>(mut rows: Vec<T>, limit: usize) -> (Vec<T>, bool) {
+    let more = rows.len() > limit;
+    rows.truncate(limit);
+    (rows, more)
+}

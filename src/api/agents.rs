@@ -1,0 +1,554 @@
+//! Agents: create, list, prompt, interrupt, mode/model, close, archive, wait, timeline
+//! pages and permission requests.
+
+use std::time::Duration;
+
+use actix_web::{HttpRequest, HttpResponse, delete, get, post, put, web};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_actix_web::service_config::ServiceConfig;
+
+use super::error::{ApiError, ApiResult, Problem};
+use super::{Page, PageQuery, parse_id};
+use crate::auth::Principal;
+use crate::domain::{
+    AgentEvent, AgentId, AgentStatus, Behavior, PermissionId, ProjectId, TurnId, UserId,
+    WorkspaceId,
+};
+use crate::server::AppState;
+use crate::services::{agents, idempotency};
+use crate::store;
+
+pub fn configure(cfg: &mut ServiceConfig) {
+    cfg.service(create_agent)
+        .service(list_agents)
+        .service(get_agent)
+        .service(send_message)
+        .service(interrupt_agent)
+        .service(set_mode)
+        .service(set_model)
+        .service(close_agent)
+        .service(archive_agent)
+        .service(wait_agent)
+        .service(timeline)
+        .service(list_permissions)
+        .service(answer_permission);
+}
+
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewWorkspaceSpec {
+    pub project_id: ProjectId,
+    pub base_ref: Option<String>,
+    pub branch: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"workspace_id": "wsp_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "provider": "mock",
+    "labels": {"ci_run": "1234"}, "prompt": "hello"}))]
+pub struct CreateAgent {
+    pub workspace_id: Option<WorkspaceId>,
+    /// Create a new worktree workspace in the same call (instead of `workspace_id`).
+    pub workspace: Option<NewWorkspaceSpec>,
+    pub provider: String,
+    pub model: Option<String>,
+    pub mode: Option<String>,
+    pub title: Option<String>,
+    #[serde(default = "empty_object")]
+    #[schema(value_type = Object)]
+    pub labels: Value,
+    /// A first prompt, started as soon as the session is up.
+    pub prompt: Option<String>,
+    pub system_prompt: Option<String>,
+    #[serde(default = "empty_object")]
+    #[schema(value_type = Object)]
+    pub mcp_servers: Value,
+}
+
+fn empty_object() -> Value {
+    Value::Object(Default::default())
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AgentRuntime {
+    /// The provider process's pid while one runs.
+    pub pid: Option<u32>,
+    pub provider_session_id: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"id": "agt_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "workspace_id": "wsp_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c",
+    "provider": "mock", "model": "mock-small", "mode": "default", "title": null, "labels": {"ci_run": "1234"},
+    "status": "idle", "status_reason": null, "last_seq": 12, "created_by": "usr_0193a1b2c3d47e8f9a0b1c2d3e4f5a6d",
+    "created_at": "2026-11-30T12:00:00Z", "archived_at": null, "pending_permissions": 0,
+    "runtime": {"pid": 4242, "provider_session_id": "3b1f…"}}))]
+pub struct Agent {
+    pub id: AgentId,
+    pub workspace_id: WorkspaceId,
+    pub provider: String,
+    pub model: Option<String>,
+    pub mode: Option<String>,
+    pub title: Option<String>,
+    #[schema(value_type = Object)]
+    pub labels: Value,
+    pub status: AgentStatus,
+    pub status_reason: Option<String>,
+    pub last_seq: i64,
+    pub created_by: Option<UserId>,
+    pub created_at: DateTime<Utc>,
+    pub archived_at: Option<DateTime<Utc>>,
+    pub pending_permissions: i64,
+    pub runtime: AgentRuntime,
+}
+
+/// Open an agent in a workspace (or a new worktree), optionally with a first prompt.
+#[utoipa::path(tag = "agents", security(("bearer" = [])),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Retry-safe creation")),
+    request_body = CreateAgent,
+    responses((status = 201, body = Agent), (status = 200, description = "Replayed", body = Agent),
+        (status = 404, body = Problem), (status = 409, body = Problem), (status = 422, body = Problem)))]
+#[post("/agents")]
+async fn create_agent(
+    state: web::Data<AppState>,
+    principal: Principal,
+    req: HttpRequest,
+    body: web::Json<CreateAgent>,
+) -> ApiResult<HttpResponse> {
+    let body = body.into_inner();
+    idempotency::respond(&state, &principal, &req, &body, || {
+        agents::create(&state, &principal, &body)
+    })
+    .await
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct AgentFilter {
+    pub workspace_id: Option<String>,
+    pub status: Option<String>,
+    /// `key:value`; only agents with that label.
+    pub label: Option<String>,
+    pub include_archived: Option<bool>,
+}
+
+#[utoipa::path(tag = "agents", security(("bearer" = [])), params(AgentFilter, PageQuery),
+    responses((status = 200, body = Page<Agent>), (status = 400, body = Problem)))]
+#[get("/agents")]
+async fn list_agents(
+    state: web::Data<AppState>,
+    principal: Principal,
+    filter: web::Query<AgentFilter>,
+    page: web::Query<PageQuery>,
+) -> ApiResult<web::Json<Page<Agent>>> {
+    let workspace: Option<WorkspaceId> = filter
+        .workspace_id
+        .as_deref()
+        .map(|w| parse_id(w, "workspace"))
+        .transpose()?;
+    if let Some(s) = &filter.status
+        && AgentStatus::parse(s).is_none()
+    {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            format!("unknown status `{s}`"),
+        ));
+    }
+    let labels = match &filter.label {
+        None => None,
+        Some(l) => {
+            let (k, v) = l.split_once(':').ok_or_else(|| {
+                ApiError::bad_request("invalid_query", "label must be `key:value`")
+            })?;
+            Some(serde_json::json!({ k: v }))
+        }
+    };
+    let after: Option<AgentId> = page.after()?;
+    let teams = principal.visible_teams();
+    let rows = store::agents::list(
+        &state.pool,
+        store::agents::AgentFilter {
+            teams: teams.as_deref(),
+            workspace_id: workspace.map(|w| w.uuid()),
+            status: filter.status.as_deref(),
+            labels: labels.as_ref(),
+            include_archived: filter.include_archived.unwrap_or(false),
+            after: after.map(|a| a.uuid()),
+            limit: page.limit() + 1,
+        },
+    )
+    .await?;
+    let items = rows
+        .into_iter()
+        .map(|r| agents::to_agent(&state, r))
+        .collect();
+    Ok(web::Json(Page::from_rows(
+        items,
+        page.limit(),
+        |a: &Agent| a.id.to_string(),
+    )))
+}
+
+#[utoipa::path(tag = "agents", security(("bearer" = [])), params(("id" = String, Path)),
+    responses((status = 200, body = Agent), (status = 404, body = Problem)))]
+#[get("/agents/{id}")]
+async fn get_agent(
+    state: web::Data<AppState>,
+    principal: Principal,
+    id: web::Path<String>,
+) -> ApiResult<web::Json<Agent>> {
+    let id: AgentId = parse_id(&id, "agent")?;
+    let row = agents::load(&state, &principal, id).await?;
+    Ok(web::Json(agents::to_agent(&state, row)))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"text": "/ask deploy?", "client_message_id": "ci-42-1"}))]
+pub struct PromptBody {
+    pub text: String,
+    pub client_message_id: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TurnAccepted {
+    pub turn_id: TurnId,
+}
+
+/// Send a prompt; a closed agent is reopened first. 409 `agent_busy` while a turn runs.
+#[utoipa::path(tag = "agents", security(("bearer" = [])), params(("id" = String, Path)), request_body = PromptBody,
+    responses((status = 202, body = TurnAccepted), (status = 404, body = Problem), (status = 409, body = Problem),
+        (status = 413, body = Problem)))]
+#[post("/agents/{id}/messages")]
+async fn send_message(
+    state: web::Data<AppState>,
+    principal: Principal,
+    id: web::Path<String>,
+    body: web::Json<PromptBody>,
+) -> ApiResult<HttpResponse> {
+    let id: AgentId = parse_id(&id, "agent")?;
+    let body = body.into_inner();
+    let turn_id = agents::prompt(&state, &principal, id, body.text, body.client_message_id).await?;
+    Ok(HttpResponse::Accepted().json(TurnAccepted { turn_id }))
+}
+
+/// Interrupt the running turn; it ends with outcome `canceled`.
+#[utoipa::path(tag = "agents", security(("bearer" = [])), params(("id" = String, Path)),
+    responses((status = 202, description = "Interrupt sent"), (status = 404, body = Problem)))]
+#[post("/agents/{id}/interrupt")]
+async fn interrupt_agent(
+    state: web::Data<AppState>,
+    principal: Principal,
+    id: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    let id: AgentId = parse_id(&id, "agent")?;
+    agents::interrupt(&state, &principal, id).await?;
+    Ok(HttpResponse::Accepted().finish())
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"mode": "unattended"}))]
+pub struct ModeBody {
+    pub mode: String,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"model": "mock-large"}))]
+pub struct ModelBody {
+    pub model: String,
+}
+
+#[utoipa::path(tag = "agents", security(("bearer" = [])), params(("id" = String, Path)), request_body = ModeBody,
+    responses((status = 200, body = Agent), (status = 404, body = Problem), (status = 422, body = Problem)))]
+#[put("/agents/{id}/mode")]
+async fn set_mode(
+    state: web::Data<AppState>,
+    principal: Principal,
+    id: web::Path<String>,
+    body: web::Json<ModeBody>,
+) -> ApiResult<web::Json<Agent>> {
+    let id: AgentId = parse_id(&id, "agent")?;
+    Ok(web::Json(
+        agents::set_mode(&state, &principal, id, body.into_inner().mode).await?,
+    ))
+}
+
+#[utoipa::path(tag = "agents", security(("bearer" = [])), params(("id" = String, Path)), request_body = ModelBody,
+    responses((status = 200, body = Agent), (status = 404, body = Problem), (status = 422, body = Problem)))]
+#[put("/agents/{id}/model")]
+async fn set_model(
+    state: web::Data<AppState>,
+    principal: Principal,
+    id: web::Path<String>,
+    body: web::Json<ModelBody>,
+) -> ApiResult<web::Json<Agent>> {
+    let id: AgentId = parse_id(&id, "agent")?;
+    Ok(web::Json(
+        agents::set_model(&state, &principal, id, body.into_inner().model).await?,
+    ))
+}
+
+/// Stop the agent's process; the agent stays resumable (the next prompt reopens it).
+#[utoipa::path(tag = "agents", security(("bearer" = [])), params(("id" = String, Path)),
+    responses((status = 200, body = Agent), (status = 404, body = Problem)))]
+#[post("/agents/{id}/close")]
+async fn close_agent(
+    state: web::Data<AppState>,
+    principal: Principal,
+    id: web::Path<String>,
+) -> ApiResult<web::Json<Agent>> {
+    let id: AgentId = parse_id(&id, "agent")?;
+    Ok(web::Json(agents::close(&state, &principal, id).await?))
+}
+
+/// Archive: close the agent and hide it from default lists; the timeline is kept.
+#[utoipa::path(tag = "agents", security(("bearer" = [])), params(("id" = String, Path)),
+    responses((status = 204, description = "Archived"), (status = 404, body = Problem)))]
+#[delete("/agents/{id}")]
+async fn archive_agent(
+    state: web::Data<AppState>,
+    principal: Principal,
+    id: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    let id: AgentId = parse_id(&id, "agent")?;
+    agents::archive(&state, &principal, id).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct WaitQuery {
+    /// Seconds to wait at most (default 600; capped by the server's `limits.max_wait_s`).
+    pub timeout_s: Option<u64>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LastTurn {
+    pub turn_id: TurnId,
+    /// `completed`, `failed`, `canceled`; null while it runs.
+    pub outcome: Option<String>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"status": "idle", "timed_out": false,
+    "last_turn": {"turn_id": "trn_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "outcome": "completed", "error": null},
+    "pending_permissions": []}))]
+pub struct WaitResult {
+    pub status: AgentStatus,
+    pub timed_out: bool,
+    pub last_turn: Option<LastTurn>,
+    pub pending_permissions: Vec<PermissionView>,
+}
+
+/// Long-poll until the agent is neither `running` nor `starting` (or the timeout passes).
+#[utoipa::path(tag = "agents", security(("bearer" = [])), params(("id" = String, Path), WaitQuery),
+    responses((status = 200, body = WaitResult), (status = 404, body = Problem)))]
+#[get("/agents/{id}/wait")]
+async fn wait_agent(
+    state: web::Data<AppState>,
+    principal: Principal,
+    id: web::Path<String>,
+    q: web::Query<WaitQuery>,
+) -> ApiResult<web::Json<WaitResult>> {
+    let id: AgentId = parse_id(&id, "agent")?;
+    let timeout = q
+        .timeout_s
+        .unwrap_or(600)
+        .min(state.settings.limits.max_wait_s);
+    Ok(web::Json(
+        agents::wait(&state, &principal, id, Duration::from_secs(timeout)).await?,
+    ))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TimelineQuery {
+    /// Oldest first, starting after this seq.
+    pub after_seq: Option<i64>,
+    /// Newest first, starting before this seq (for a tail).
+    pub before_seq: Option<i64>,
+    /// Events per page (default 100, at most 1000; pages also stop at 4 MiB).
+    pub limit: Option<u32>,
+    /// `next_cursor` of the previous page: continues in the same direction.
+    pub cursor: Option<String>,
+}
+
+const TIMELINE_PAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// A page of the agent's durable timeline.
+#[utoipa::path(tag = "agents", security(("bearer" = [])), params(("id" = String, Path), TimelineQuery),
+    responses((status = 200, body = Page<AgentEvent>), (status = 400, body = Problem), (status = 404, body = Problem)))]
+#[get("/agents/{id}/timeline")]
+async fn timeline(
+    state: web::Data<AppState>,
+    principal: Principal,
+    id: web::Path<String>,
+    q: web::Query<TimelineQuery>,
+) -> ApiResult<web::Json<Page<AgentEvent>>> {
+    let id: AgentId = parse_id(&id, "agent")?;
+    agents::load(&state, &principal, id).await?;
+    let limit = i64::from(q.limit.unwrap_or(100).clamp(1, 1000));
+    let bad_cursor = || {
+        ApiError::bad_request(
+            "invalid_cursor",
+            "the cursor is not one this timeline returned",
+        )
+    };
+    let (forward, from) = match (&q.cursor, q.after_seq, q.before_seq) {
+        (Some(c), None, None) => {
+            let (dir, n) = c.split_at(1.min(c.len()));
+            let n: i64 = n.parse().map_err(|_| bad_cursor())?;
+            match dir {
+                "a" => (true, n),
+                "b" => (false, n),
+                _ => return Err(bad_cursor()),
+            }
+        }
+        (None, after, None) => (true, after.unwrap_or(0)),
+        (None, None, Some(before)) => (false, before),
+        _ => {
+            return Err(ApiError::bad_request(
+                "invalid_query",
+                "use one of after_seq, before_seq or cursor",
+            ));
+        }
+    };
+    let rows = if forward {
+        store::events::page_after(&state.pool, id.uuid(), from, limit + 1).await?
+    } else {
+        store::events::page_before(&state.pool, id.uuid(), from, limit + 1).await?
+    };
+    let mut more = rows.len() as i64 > limit;
+    let mut items = Vec::with_capacity(rows.len().min(limit as usize));
+    let mut bytes = 0usize;
+    for row in rows.into_iter().take(limit as usize) {
+        bytes += row.data.to_string().len() + 160;
+        if bytes > TIMELINE_PAGE_BYTES && !items.is_empty() {
+            more = true;
+            break;
+        }
+        items.push(row.into_event());
+    }
+    let next_cursor = if more {
+        items
+            .last()
+            .map(|e: &AgentEvent| format!("{}{}", if forward { "a" } else { "b" }, e.seq))
+    } else {
+        None
+    };
+    Ok(web::Json(Page { items, next_cursor }))
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PermissionView {
+    pub request_id: PermissionId,
+    pub kind: String,
+    pub title: String,
+    pub call_id: Option<String>,
+    #[schema(value_type = Object)]
+    pub input: Option<Value>,
+    #[schema(value_type = Vec<crate::domain::PermissionOption>)]
+    pub options: Value,
+    /// `pending`, `resolved` or `expired`.
+    pub status: String,
+    #[schema(value_type = Object)]
+    pub resolution: Option<Value>,
+    pub created_at: DateTime<Utc>,
+    pub resolved_at: Option<DateTime<Utc>>,
+    pub resolved_by: Option<UserId>,
+}
+
+impl From<store::permissions::PermissionRow> for PermissionView {
+    fn from(r: store::permissions::PermissionRow) -> Self {
+        Self {
+            request_id: r.id.into(),
+            kind: r.kind,
+            title: r.title,
+            call_id: r.call_id,
+            input: r.input,
+            options: r.options,
+            status: r.status,
+            resolution: r.resolution,
+            created_at: r.created_at,
+            resolved_at: r.resolved_at,
+            resolved_by: r.resolved_by.map(Into::into),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PermissionFilter {
+    /// `pending`, `resolved` or `expired`.
+    pub status: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PermissionList {
+    pub items: Vec<PermissionView>,
+}
+
+#[utoipa::path(tag = "permissions", security(("bearer" = [])), params(("id" = String, Path), PermissionFilter),
+    responses((status = 200, body = PermissionList), (status = 404, body = Problem)))]
+#[get("/agents/{id}/permissions")]
+async fn list_permissions(
+    state: web::Data<AppState>,
+    principal: Principal,
+    id: web::Path<String>,
+    q: web::Query<PermissionFilter>,
+) -> ApiResult<web::Json<PermissionList>> {
+    let id: AgentId = parse_id(&id, "agent")?;
+    if let Some(s) = &q.status
+        && !matches!(s.as_str(), "pending" | "resolved" | "expired")
+    {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            "status is pending, resolved or expired",
+        ));
+    }
+    let row = agents::load(&state, &principal, id).await?;
+    let rows = store::permissions::list(&state.pool, row.id, q.status.as_deref()).await?;
+    Ok(web::Json(PermissionList {
+        items: rows.into_iter().map(PermissionView::from).collect(),
+    }))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"behavior": "allow"}))]
+pub struct PermissionAnswerBody {
+    pub behavior: Behavior,
+    /// A specific option; without it, the first option of `behavior`.
+    pub option_id: Option<String>,
+    pub message: Option<String>,
+    #[schema(value_type = Object)]
+    pub updated_input: Option<Value>,
+}
+
+/// Answer a permission request. Twice: 409 `permission_already_resolved`; after its turn
+/// ended or its agent closed: 409 `permission_expired`.
+#[utoipa::path(tag = "permissions", security(("bearer" = [])),
+    params(("id" = String, Path), ("request_id" = String, Path)), request_body = PermissionAnswerBody,
+    responses((status = 200, body = PermissionView), (status = 404, body = Problem), (status = 409, body = Problem),
+        (status = 422, body = Problem)))]
+#[post("/agents/{id}/permissions/{request_id}")]
+async fn answer_permission(
+    state: web::Data<AppState>,
+    principal: Principal,
+    path: web::Path<(String, String)>,
+    body: web::Json<PermissionAnswerBody>,
+) -> ApiResult<web::Json<PermissionView>> {
+    let (id, request) = path.into_inner();
+    let id: AgentId = parse_id(&id, "agent")?;
+    let request: PermissionId = parse_id(&request, "permission request")?;
+    agents::answer_permission(&state, &principal, id, request, body.into_inner()).await?;
+    let row = store::permissions::get(&state.pool, id.uuid(), request.uuid())
+        .await?
+        .ok_or_else(|| ApiError::not_found("permission request"))?;
+    Ok(web::Json(row.into()))
+}

@@ -1,0 +1,340 @@
+//! Server-Sent Event streams. Per ARCHITECTURE.md: subscribe to the bus first, replay
+//! from Postgres after the client's last id, then go live, dropping anything at or below
+//! the last id sent — no gaps, no duplicates, in order. Each connection has a bounded
+//! buffer; when it falls behind the bus it resynchronises from the database, so a slow
+//! client never slows the writer. `: ping` every `events.ping_interval_s` seconds.
+
+use std::time::Duration;
+
+use actix_web::web::Bytes;
+use actix_web::{HttpRequest, HttpResponse, get, http::header, web};
+use serde::Deserialize;
+use tokio::sync::{broadcast, mpsc};
+use utoipa::IntoParams;
+use utoipa_actix_web::service_config::ServiceConfig;
+use uuid::Uuid;
+
+use super::error::{ApiError, ApiResult, Problem};
+use super::parse_id;
+use crate::auth::Principal;
+use crate::domain::{AgentId, ProjectId, WorkspaceId};
+use crate::events::TeamActivity;
+use crate::server::AppState;
+use crate::store;
+
+pub fn configure(cfg: &mut ServiceConfig) {
+    cfg.service(agent_events).service(team_events);
+}
+
+const REPLAY_PAGE: i64 = 1000;
+const COALESCE: usize = 256;
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct StreamQuery {
+    /// Resume after this id (the `Last-Event-ID` header wins when both are sent).
+    pub after_seq: Option<i64>,
+}
+
+fn resume_point(req: &HttpRequest, query: Option<i64>) -> ApiResult<i64> {
+    match req.headers().get("last-event-id") {
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok())
+            .filter(|n| *n >= 0)
+            .ok_or_else(|| {
+                ApiError::bad_request(
+                    "invalid_last_event_id",
+                    "Last-Event-ID must be a non-negative integer",
+                )
+            }),
+        None => Ok(query.unwrap_or(0).max(0)),
+    }
+}
+
+fn stream_response(rx: mpsc::Receiver<Bytes>) -> HttpResponse {
+    let body = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, actix_web::Error>(b), rx))
+    });
+    HttpResponse::Ok()
+        .insert_header((header::CONTENT_TYPE, "text/event-stream"))
+        .insert_header((header::CACHE_CONTROL, "no-cache"))
+        .insert_header(("x-accel-buffering", "no"))
+        .streaming(body)
+}
+
+fn frame(out: &mut String, id: i64, kind: &str, json: &str) {
+    use std::fmt::Write;
+    let _ = write!(out, "id: {id}\nevent: {kind}\ndata: {json}\n\n");
+}
+
+/// Every event of one agent, replayed after `Last-Event-ID` and then live.
+#[utoipa::path(tag = "streams", security(("bearer" = [])), params(("id" = String, Path), StreamQuery,
+    ("Last-Event-ID" = Option<String>, Header, description = "Resume after this seq")),
+    responses((status = 200, content_type = "text/event-stream",
+        description = "`id: <seq>`, `event: <kind>`, `data: <event JSON>` per event; `: ping` comments",
+        example = "retry: 3000\n\nid: 1\nevent: status\ndata: {\"seq\":1,\"agent_id\":\"agt_…\",\"turn_id\":null,\"at\":\"2026-11-30T12:00:00Z\",\"kind\":\"status\",\"data\":{\"status\":\"starting\"}}\n\n"),
+        (status = 404, body = Problem)))]
+#[get("/agents/{id}/events")]
+async fn agent_events(
+    state: web::Data<AppState>,
+    principal: Principal,
+    req: HttpRequest,
+    id: web::Path<String>,
+    q: web::Query<StreamQuery>,
+) -> ApiResult<HttpResponse> {
+    let id: AgentId = parse_id(&id, "agent")?;
+    crate::services::agents::load(&state, &principal, id).await?;
+    let after = resume_point(&req, q.after_seq)?;
+    // Subscribe before replaying, so nothing committed in between is missed.
+    let live = state.bus.subscribe(id);
+    let (tx, rx) = mpsc::channel(64);
+    let state2 = state.clone();
+    state.runtime.spawn(async move {
+        if let Err(e) = pump_agent(&state2, id, after, live, tx).await {
+            tracing::debug!(agent_id = %id, error = %e, "event stream ended");
+        }
+    });
+    Ok(stream_response(rx))
+}
+
+async fn pump_agent(
+    state: &AppState,
+    id: AgentId,
+    mut last: i64,
+    mut live: broadcast::Receiver<std::sync::Arc<crate::events::Published>>,
+    tx: mpsc::Sender<Bytes>,
+) -> anyhow::Result<()> {
+    tx.send(Bytes::from_static(b"retry: 3000\n\n")).await?;
+    replay_agent(state, id, &mut last, &tx).await?;
+    let mut shutdown = state.shutdown.clone();
+    let mut ping =
+        tokio::time::interval(Duration::from_secs(state.settings.events.ping_interval_s));
+    ping.tick().await;
+    loop {
+        tokio::select! {
+            _ = tx.closed() => return Ok(()),
+            _ = crate::server::stopping(&mut shutdown) => return Ok(()),
+            _ = ping.tick() => tx.send(Bytes::from_static(b": ping\n\n")).await?,
+            msg = live.recv() => {
+                let mut out = String::new();
+                let mut next = Some(msg);
+                let mut n = 0;
+                while let Some(msg) = next.take() {
+                    match msg {
+                        Ok(p) => {
+                            let seq = p.event.seq;
+                            if seq > last + 1 {
+                                // A gap: fetch what we missed from the database first.
+                                flush(&tx, &mut out).await?;
+                                replay_agent(state, id, &mut last, &tx).await?;
+                            }
+                            if seq == last + 1 {
+                                frame(&mut out, seq, p.event.kind.as_str(), p.json());
+                                last = seq;
+                            }
+                        }
+                        Err(broadcast::error::RecvError::Lagged(_)) => {
+                            flush(&tx, &mut out).await?;
+                            replay_agent(state, id, &mut last, &tx).await?;
+                        }
+                        Err(broadcast::error::RecvError::Closed) => {
+                            flush(&tx, &mut out).await?;
+                            return Ok(());
+                        }
+                    }
+                    n += 1;
+                    if n < COALESCE {
+                        next = match live.try_recv() {
+                            Ok(p) => Some(Ok(p)),
+                            Err(broadcast::error::TryRecvError::Lagged(k)) => Some(Err(broadcast::error::RecvError::Lagged(k))),
+                            Err(_) => None,
+                        };
+                    }
+                }
+                flush(&tx, &mut out).await?;
+            }
+        }
+    }
+}
+
+async fn flush(tx: &mpsc::Sender<Bytes>, out: &mut String) -> anyhow::Result<()> {
+    if !out.is_empty() {
+        tx.send(Bytes::from(std::mem::take(out))).await?;
+    }
+    Ok(())
+}
+
+/// Send every committed event after `last`, advancing it.
+async fn replay_agent(
+    state: &AppState,
+    id: AgentId,
+    last: &mut i64,
+    tx: &mpsc::Sender<Bytes>,
+) -> anyhow::Result<()> {
+    loop {
+        let rows = store::events::page_after(&state.pool, id.uuid(), *last, REPLAY_PAGE).await?;
+        let n = rows.len() as i64;
+        let mut out = String::new();
+        for row in rows {
+            let e = row.into_event();
+            let json = serde_json::to_string(&e)?;
+            frame(&mut out, e.seq, e.kind.as_str(), &json);
+            *last = e.seq;
+        }
+        if !out.is_empty() {
+            tx.send(Bytes::from(out)).await?;
+        }
+        if n < REPLAY_PAGE {
+            return Ok(());
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TeamStreamQuery {
+    pub project_id: Option<String>,
+    pub workspace_id: Option<String>,
+    /// Resume after this id (the `Last-Event-ID` header wins when both are sent).
+    pub after_id: Option<i64>,
+}
+
+struct TeamFilter {
+    teams: Option<Vec<Uuid>>,
+    project: Option<Uuid>,
+    workspace: Option<Uuid>,
+}
+
+impl TeamFilter {
+    fn admits(&self, a: &TeamActivity) -> bool {
+        self.teams.as_ref().is_none_or(|t| t.contains(&a.team_id))
+            && self.project.is_none_or(|p| a.project_id == Some(p))
+            && self.workspace.is_none_or(|w| a.workspace_id == Some(w))
+    }
+}
+
+/// The activity of your teams: agents created, status changes, permission requests and
+/// answers, archives, workspaces. Resumable with `Last-Event-ID`.
+#[utoipa::path(tag = "streams", security(("bearer" = [])), params(TeamStreamQuery,
+    ("Last-Event-ID" = Option<String>, Header, description = "Resume after this id")),
+    responses((status = 200, content_type = "text/event-stream",
+        description = "`id: <n>`, `event: <kind>`, `data: {\"id\", \"kind\", \"at\", \"data\"}`",
+        example = "id: 12\nevent: agent_status\ndata: {\"id\":12,\"kind\":\"agent_status\",\"at\":\"2026-11-30T12:00:00Z\",\"data\":{\"agent_id\":\"agt_…\",\"status\":\"running\"}}\n\n")))]
+#[get("/events")]
+async fn team_events(
+    state: web::Data<AppState>,
+    principal: Principal,
+    req: HttpRequest,
+    q: web::Query<TeamStreamQuery>,
+) -> ApiResult<HttpResponse> {
+    let project: Option<ProjectId> = q
+        .project_id
+        .as_deref()
+        .map(|p| parse_id(p, "project"))
+        .transpose()?;
+    let workspace: Option<WorkspaceId> = q
+        .workspace_id
+        .as_deref()
+        .map(|w| parse_id(w, "workspace"))
+        .transpose()?;
+    if let Some(p) = project {
+        crate::services::projects::get(&state, &principal, p).await?;
+    }
+    if let Some(w) = workspace {
+        crate::services::workspaces::get(&state, &principal, w).await?;
+    }
+    let after = resume_point(&req, q.after_id)?;
+    let filter = TeamFilter {
+        teams: principal.visible_teams(),
+        project: project.map(|p| p.uuid()),
+        workspace: workspace.map(|w| w.uuid()),
+    };
+    let live = state.bus.subscribe_team();
+    let (tx, rx) = mpsc::channel(64);
+    let state2 = state.clone();
+    state.runtime.spawn(async move {
+        if let Err(e) = pump_team(&state2, filter, after, live, tx).await {
+            tracing::debug!(error = %e, "team stream ended");
+        }
+    });
+    Ok(stream_response(rx))
+}
+
+async fn pump_team(
+    state: &AppState,
+    filter: TeamFilter,
+    mut last: i64,
+    mut live: broadcast::Receiver<std::sync::Arc<TeamActivity>>,
+    tx: mpsc::Sender<Bytes>,
+) -> anyhow::Result<()> {
+    tx.send(Bytes::from_static(b"retry: 3000\n\n")).await?;
+    replay_team(state, &filter, &mut last, &tx).await?;
+    let mut shutdown = state.shutdown.clone();
+    let mut ping =
+        tokio::time::interval(Duration::from_secs(state.settings.events.ping_interval_s));
+    ping.tick().await;
+    loop {
+        tokio::select! {
+            _ = tx.closed() => return Ok(()),
+            _ = crate::server::stopping(&mut shutdown) => return Ok(()),
+            _ = ping.tick() => tx.send(Bytes::from_static(b": ping\n\n")).await?,
+            msg = live.recv() => match msg {
+                Ok(a) => {
+                    if a.id <= last {
+                        continue;
+                    }
+                    if filter.admits(&a) {
+                        let mut out = String::new();
+                        frame(&mut out, a.id, &a.kind, &serde_json::to_string(&*a)?);
+                        tx.send(Bytes::from(out)).await?;
+                    }
+                    last = a.id;
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => replay_team(state, &filter, &mut last, &tx).await?,
+                Err(broadcast::error::RecvError::Closed) => return Ok(()),
+            },
+        }
+    }
+}
+
+async fn replay_team(
+    state: &AppState,
+    filter: &TeamFilter,
+    last: &mut i64,
+    tx: &mpsc::Sender<Bytes>,
+) -> anyhow::Result<()> {
+    loop {
+        let rows = store::events::team_events_after(
+            &state.pool,
+            filter.teams.as_deref(),
+            *last,
+            REPLAY_PAGE,
+        )
+        .await?;
+        let n = rows.len() as i64;
+        let mut out = String::new();
+        for r in rows {
+            *last = r.id;
+            let a = TeamActivity {
+                id: r.id,
+                team_id: r.team_id,
+                project_id: r.project_id,
+                workspace_id: r.workspace_id,
+                kind: r.kind,
+                at: r.at,
+                data: r.data,
+            };
+            if filter.admits(&a) {
+                frame(&mut out, a.id, &a.kind, &serde_json::to_string(&a)?);
+            }
+        }
+        if !out.is_empty() {
+            tx.send(Bytes::from(out)).await?;
+        }
+        if n < REPLAY_PAGE {
+            return Ok(());
+        }
+    }
+}

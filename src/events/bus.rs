@@ -1,0 +1,95 @@
+//! In-process fan-out of committed events: one broadcast channel per agent with
+//! subscribers, and one for team activity. Senders never block; a receiver that falls
+//! behind sees `Lagged` and resynchronises from the database.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use tokio::sync::broadcast;
+use uuid::Uuid;
+
+use crate::domain::{AgentEvent, AgentId};
+
+/// A committed agent event, serialised at most once however many clients read it.
+#[derive(Debug)]
+pub struct Published {
+    pub event: AgentEvent,
+    json: OnceLock<String>,
+}
+
+impl Published {
+    pub fn new(event: AgentEvent) -> Self {
+        Self {
+            event,
+            json: OnceLock::new(),
+        }
+    }
+
+    pub fn json(&self) -> &str {
+        self.json
+            .get_or_init(|| serde_json::to_string(&self.event).unwrap_or_default())
+    }
+}
+
+/// A committed team activity event (`GET /v1/events`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TeamActivity {
+    pub id: i64,
+    #[serde(skip)]
+    pub team_id: Uuid,
+    #[serde(skip)]
+    pub project_id: Option<Uuid>,
+    #[serde(skip)]
+    pub workspace_id: Option<Uuid>,
+    pub kind: String,
+    pub at: DateTime<Utc>,
+    pub data: Value,
+}
+
+pub struct Bus {
+    agents: Mutex<HashMap<AgentId, broadcast::Sender<Arc<Published>>>>,
+    team: broadcast::Sender<Arc<TeamActivity>>,
+    capacity: usize,
+}
+
+impl Bus {
+    pub fn new(capacity: usize) -> Self {
+        let (team, _) = broadcast::channel(capacity);
+        Self {
+            agents: Mutex::new(HashMap::new()),
+            team,
+            capacity,
+        }
+    }
+
+    pub fn subscribe(&self, agent: AgentId) -> broadcast::Receiver<Arc<Published>> {
+        let mut map = self.agents.lock().expect("bus lock");
+        map.entry(agent)
+            .or_insert_with(|| broadcast::channel(self.capacity).0)
+            .subscribe()
+    }
+
+    pub fn subscribe_team(&self) -> broadcast::Receiver<Arc<TeamActivity>> {
+        self.team.subscribe()
+    }
+
+    /// Publish a batch of committed events (in order).
+    pub fn publish(&self, events: impl IntoIterator<Item = Arc<Published>>) {
+        let mut map = self.agents.lock().expect("bus lock");
+        for p in events {
+            let id = p.event.agent_id;
+            if let Some(tx) = map.get(&id)
+                && tx.send(p).is_err()
+            {
+                // Nobody listens any more: drop the channel so the map stays small.
+                map.remove(&id);
+            }
+        }
+    }
+
+    pub fn publish_team(&self, activity: Arc<TeamActivity>) {
+        let _ = self.team.send(activity);
+    }
+}

@@ -1,0 +1,284 @@
+//! The single writer of timelines. It assigns each agent's next `seq`, commits events in
+//! batches (flush at `batch_max_events` or after `batch_linger_ms`, whichever comes first;
+//! one transaction and one fsync per batch), then publishes them. Producers are never
+//! blocked by readers; they only wait for channel capacity, which is the backpressure
+//! when the database cannot keep up.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use serde_json::Value;
+use sqlx::PgPool;
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+use super::bus::{Bus, Published, TeamActivity};
+use crate::domain::{AgentEvent, AgentId, NewEvent};
+use crate::store;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum WriteError {
+    #[error("the event store is unavailable: {0}")]
+    Store(String),
+    #[error("the event writer has stopped")]
+    Stopped,
+}
+
+/// A team activity event to append alongside agent events.
+#[derive(Debug, Clone)]
+pub struct NewTeamEvent {
+    pub team_id: Uuid,
+    pub project_id: Option<Uuid>,
+    pub workspace_id: Option<Uuid>,
+    pub kind: &'static str,
+    pub data: Value,
+}
+
+type Done = oneshot::Sender<Result<Vec<AgentEvent>, WriteError>>;
+
+enum WriteOp {
+    Append {
+        events: Vec<NewEvent>,
+        team: Vec<NewTeamEvent>,
+        done: Option<Done>,
+    },
+    /// The agent's actor stopped: drop its cached seq (memory stays flat).
+    Forget(AgentId),
+}
+
+#[derive(Clone)]
+pub struct EventWriter {
+    tx: mpsc::Sender<WriteOp>,
+}
+
+impl EventWriter {
+    /// Start the writer task on the current runtime.
+    pub fn spawn(pool: PgPool, bus: Arc<Bus>, max_batch: usize, linger: Duration) -> Self {
+        let (tx, rx) = mpsc::channel(max_batch.max(1024) * 4);
+        tokio::spawn(run(pool, bus, rx, max_batch, linger));
+        Self { tx }
+    }
+
+    /// Queue one event; it becomes visible once committed. Waits only for queue space.
+    pub async fn append(&self, event: NewEvent) -> Result<(), WriteError> {
+        self.tx
+            .send(WriteOp::Append {
+                events: vec![event],
+                team: Vec::new(),
+                done: None,
+            })
+            .await
+            .map_err(|_| WriteError::Stopped)
+    }
+
+    /// Append events (and team activity) and wait until they are committed.
+    pub async fn append_committed(
+        &self,
+        events: Vec<NewEvent>,
+        team: Vec<NewTeamEvent>,
+    ) -> Result<Vec<AgentEvent>, WriteError> {
+        let (done, rx) = oneshot::channel();
+        self.tx
+            .send(WriteOp::Append {
+                events,
+                team,
+                done: Some(done),
+            })
+            .await
+            .map_err(|_| WriteError::Stopped)?;
+        rx.await.map_err(|_| WriteError::Stopped)?
+    }
+
+    /// Wait until everything queued before this call is committed.
+    pub async fn flush(&self) -> Result<(), WriteError> {
+        self.append_committed(Vec::new(), Vec::new())
+            .await
+            .map(|_| ())
+    }
+
+    pub async fn forget(&self, agent: AgentId) {
+        let _ = self.tx.send(WriteOp::Forget(agent)).await;
+    }
+}
+
+/// Add an operation to the batch; returns how many events it brought.
+fn push(op: WriteOp, batch: &mut Vec<Pending>) -> usize {
+    match op {
+        WriteOp::Append { events, team, done } => {
+            let n = events.len() + team.len();
+            batch.push(Pending {
+                events,
+                team,
+                done,
+                forget: None,
+            });
+            n
+        }
+        // Applied in order with the batch, after the events queued before it got their seq.
+        WriteOp::Forget(id) => {
+            batch.push(Pending {
+                events: Vec::new(),
+                team: Vec::new(),
+                done: None,
+                forget: Some(id),
+            });
+            0
+        }
+    }
+}
+
+struct Pending {
+    events: Vec<NewEvent>,
+    team: Vec<NewTeamEvent>,
+    done: Option<Done>,
+    forget: Option<AgentId>,
+}
+
+async fn run(
+    pool: PgPool,
+    bus: Arc<Bus>,
+    mut rx: mpsc::Receiver<WriteOp>,
+    max_batch: usize,
+    linger: Duration,
+) {
+    let mut next_seq: HashMap<AgentId, i64> = HashMap::new();
+    let mut batch: Vec<Pending> = Vec::new();
+    loop {
+        let Some(first) = rx.recv().await else { break };
+        let mut count = push(first, &mut batch);
+        let deadline = tokio::time::Instant::now() + linger;
+        while count < max_batch {
+            match rx.try_recv() {
+                Ok(op) => count += push(op, &mut batch),
+                Err(mpsc::error::TryRecvError::Empty) if !linger.is_zero() => {
+                    match tokio::time::timeout_at(deadline, rx.recv()).await {
+                        Ok(Some(op)) => count += push(op, &mut batch),
+                        _ => break,
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        if !batch.is_empty() {
+            commit(&pool, &bus, &mut next_seq, std::mem::take(&mut batch)).await;
+        }
+    }
+}
+
+async fn commit(
+    pool: &PgPool,
+    bus: &Bus,
+    next_seq: &mut HashMap<AgentId, i64>,
+    batch: Vec<Pending>,
+) {
+    // Assign sequence numbers.
+    let mut assigned: Vec<Vec<AgentEvent>> = Vec::with_capacity(batch.len());
+    let now = Utc::now();
+    for p in &batch {
+        let mut out = Vec::with_capacity(p.events.len());
+        for e in &p.events {
+            let seq = match next_seq.get(&e.agent_id) {
+                Some(s) => *s,
+                None => match store::events::last_seq(pool, e.agent_id.uuid()).await {
+                    Ok(last) => last + 1,
+                    Err(err) => {
+                        fail(batch, next_seq, WriteError::Store(err.to_string()));
+                        return;
+                    }
+                },
+            };
+            next_seq.insert(e.agent_id, seq + 1);
+            out.push(AgentEvent {
+                seq,
+                agent_id: e.agent_id,
+                turn_id: e.turn_id,
+                at: now,
+                kind: e.kind,
+                data: e.data.clone(),
+            });
+        }
+        assigned.push(out);
+        if let Some(id) = p.forget {
+            next_seq.remove(&id);
+        }
+    }
+    let all: Vec<AgentEvent> = assigned.iter().flatten().cloned().collect();
+    let team: Vec<&NewTeamEvent> = batch.iter().flat_map(|p| p.team.iter()).collect();
+
+    let mut attempt = 0;
+    let team_rows = loop {
+        match try_commit(pool, &all, &team).await {
+            Ok(rows) => break rows,
+            Err(err) if attempt < 3 => {
+                attempt += 1;
+                tracing::warn!(error = %err, attempt, "event batch commit failed; retrying");
+                tokio::time::sleep(Duration::from_millis(100 * 4u64.pow(attempt))).await;
+            }
+            Err(err) => {
+                tracing::error!(error = %err, events = all.len(), "event batch could not be committed");
+                fail(batch, next_seq, WriteError::Store(err.to_string()));
+                return;
+            }
+        }
+    };
+
+    // Committed: now, and only now, visible.
+    bus.publish(all.into_iter().map(|e| Arc::new(Published::new(e))));
+    for row in team_rows {
+        bus.publish_team(Arc::new(TeamActivity {
+            id: row.id,
+            team_id: row.team_id,
+            project_id: row.project_id,
+            workspace_id: row.workspace_id,
+            kind: row.kind,
+            at: row.at,
+            data: row.data,
+        }));
+    }
+    for (p, events) in batch.into_iter().zip(assigned) {
+        if let Some(done) = p.done {
+            let _ = done.send(Ok(events));
+        }
+    }
+}
+
+async fn try_commit(
+    pool: &PgPool,
+    events: &[AgentEvent],
+    team: &[&NewTeamEvent],
+) -> Result<Vec<store::events::TeamEventRow>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    if !events.is_empty() {
+        store::events::insert_batch(&mut tx, events).await?;
+    }
+    let mut rows = Vec::with_capacity(team.len());
+    for t in team {
+        rows.push(
+            store::events::insert_team_event(
+                &mut tx,
+                t.team_id,
+                t.project_id,
+                t.workspace_id,
+                t.kind,
+                &t.data,
+            )
+            .await?,
+        );
+    }
+    tx.commit().await?;
+    Ok(rows)
+}
+
+fn fail(batch: Vec<Pending>, next_seq: &mut HashMap<AgentId, i64>, err: WriteError) {
+    for p in batch {
+        for e in &p.events {
+            // Re-read from the database next time: nothing of this batch was stored.
+            next_seq.remove(&e.agent_id);
+        }
+        if let Some(done) = p.done {
+            let _ = done.send(Err(err.clone()));
+        }
+    }
+}

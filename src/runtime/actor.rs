@@ -1,0 +1,914 @@
+//! One agent's actor: owns its provider session (and so its process), turns provider
+//! events into timeline events, and runs the turn state machine:
+//! idle → running ⇄ waiting_permission → idle, with every accepted prompt producing one
+//! `turn_started`, one `user_message` and exactly one `turn_completed`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use super::{
+    AgentContext, AgentLauncher, Command, PermissionAnswer, RuntimeError, Shared, Snapshot,
+    outcome_str,
+};
+use crate::domain::{
+    AgentId, AgentStatus, Behavior, EventKind, MessageId, NewEvent, PermissionId, PermissionOption,
+    ToolStatus, TurnId, TurnOutcome,
+};
+use crate::events::NewTeamEvent;
+use crate::providers::{
+    PermissionDecision, PermissionRequest, Provider, ProviderError, ProviderEvent, ProviderSession,
+    SessionSpec, ToolCallUpdate, TurnInput, Usage,
+};
+use crate::store;
+
+struct OpenMessage {
+    provider_id: Option<String>,
+    id: MessageId,
+    text: String,
+}
+
+struct Turn {
+    id: TurnId,
+    message: Option<OpenMessage>,
+    reasoning: Option<OpenMessage>,
+    open_tools: BTreeMap<String, ToolCallUpdate>,
+    interrupt_deadline: Option<Instant>,
+}
+
+struct PendingPermission {
+    reply: oneshot::Sender<PermissionDecision>,
+    options: Vec<PermissionOption>,
+}
+
+pub(crate) struct Actor {
+    shared: Arc<Shared>,
+    ctx: AgentContext,
+    provider: Arc<dyn Provider>,
+    snapshot: watch::Sender<Snapshot>,
+    generation: u64,
+    session: Option<Box<dyn ProviderSession>>,
+    provider_events: Option<mpsc::Receiver<ProviderEvent>>,
+    status: AgentStatus,
+    turn: Option<Turn>,
+    pending: HashMap<PermissionId, PendingPermission>,
+    stop: bool,
+}
+
+impl Actor {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        ctx: AgentContext,
+        provider: Arc<dyn Provider>,
+        snapshot: watch::Sender<Snapshot>,
+        generation: u64,
+    ) -> Self {
+        Self {
+            shared,
+            ctx,
+            provider,
+            snapshot,
+            generation,
+            session: None,
+            provider_events: None,
+            status: AgentStatus::Closed,
+            turn: None,
+            pending: HashMap::new(),
+            stop: false,
+        }
+    }
+
+    fn id(&self) -> AgentId {
+        self.ctx.id
+    }
+
+    pub(crate) async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+        if let Err(e) = self.open_session().await {
+            tracing::warn!(agent_id = %self.id(), error = %e, "agent session did not start");
+            // Answer what is already queued, then stop: the agent stays in `error`.
+            commands.close();
+            while let Some(cmd) = commands.recv().await {
+                self.reject(cmd, &e.to_string());
+            }
+            self.finish().await;
+            return;
+        }
+        loop {
+            let deadline = self.turn.as_ref().and_then(|t| t.interrupt_deadline);
+            tokio::select! {
+                cmd = commands.recv() => match cmd {
+                    Some(cmd) => self.handle_command(cmd).await,
+                    None => self.close("the server dropped the agent").await,
+                },
+                ev = next_event(&mut self.provider_events) => self.handle_provider_event(ev).await,
+                _ = sleep_until(deadline) => self.interrupt_timed_out().await,
+            }
+            if self.stop {
+                break;
+            }
+        }
+        // Answer commands that raced with the stop; a new actor serves later ones.
+        commands.close();
+        while let Some(cmd) = commands.recv().await {
+            self.reject(cmd, "the agent was closed");
+        }
+        self.finish().await;
+    }
+
+    fn reject(&self, cmd: Command, why: &str) {
+        match cmd {
+            Command::Prompt { reply, .. } => {
+                let _ = reply.send(Err(RuntimeError::StartFailed(why.to_owned())));
+            }
+            Command::Interrupt { reply } | Command::Close { reply, .. } => {
+                let _ = reply.send(());
+            }
+            Command::SetMode { reply, .. } | Command::SetModel { reply, .. } => {
+                let _ = reply.send(Err(RuntimeError::ActorGone));
+            }
+            Command::Answer { reply, .. } => {
+                let _ = reply.send(Err(RuntimeError::PermissionExpired(
+                    "the agent was closed".into(),
+                )));
+            }
+        }
+    }
+
+    async fn finish(&mut self) {
+        self.shared.writer.forget(self.id()).await;
+        self.shared.remove_actor(self.id(), self.generation);
+    }
+
+    // ---- session lifecycle -------------------------------------------------------------
+
+    async fn open_session(&mut self) -> Result<(), RuntimeError> {
+        self.set_status(AgentStatus::Starting, None).await?;
+        let mcp_servers = match &self.ctx.mcp_servers {
+            Value::Object(m) => m.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            _ => BTreeMap::new(),
+        };
+        let spec = SessionSpec {
+            cwd: self.ctx.cwd.clone(),
+            model: self.ctx.model.clone(),
+            mode: self.ctx.mode.clone(),
+            system_prompt: self.ctx.system_prompt.clone(),
+            mcp_servers,
+            resume: self.ctx.persistence.clone(),
+        };
+        let launcher = Arc::new(AgentLauncher {
+            ledger: self.shared.ledger.clone(),
+            agent: self.id(),
+        });
+        let (tx, rx) = mpsc::channel(1024);
+        match self.provider.start(spec, launcher, tx).await {
+            Ok((session, info)) => {
+                self.session = Some(session);
+                self.provider_events = Some(rx);
+                if info.persistence.is_some() {
+                    self.ctx.persistence = info.persistence.clone();
+                }
+                store::agents::set_session(
+                    &self.shared.pool,
+                    self.id().uuid(),
+                    info.provider_session_id.as_deref(),
+                    info.persistence.as_ref(),
+                )
+                .await?;
+                if let Some(mode) = &info.current_mode
+                    && self.ctx.mode.as_ref() != Some(mode)
+                {
+                    self.ctx.mode = Some(mode.clone());
+                    store::agents::set_mode(&self.shared.pool, self.id().uuid(), mode).await?;
+                }
+                if let Some(model) = &info.current_model
+                    && self.ctx.model.as_ref() != Some(model)
+                {
+                    self.ctx.model = Some(model.clone());
+                    store::agents::set_model(&self.shared.pool, self.id().uuid(), model).await?;
+                }
+                self.snapshot.send_modify(|s| {
+                    s.pid = info.pid;
+                    s.provider_session_id = info.provider_session_id.clone();
+                });
+                self.emit(
+                    EventKind::SessionStarted,
+                    json!({"provider_session_id": info.provider_session_id, "resumed": info.resumed, "pid": info.pid}),
+                )
+                .await;
+                self.set_status(AgentStatus::Idle, None).await?;
+                Ok(())
+            }
+            Err(e) => {
+                let message = e.to_string();
+                self.emit(
+                    EventKind::Error,
+                    json!({"message": message, "code": "provider_start_failed"}),
+                )
+                .await;
+                self.set_status(AgentStatus::Error, Some(&message)).await?;
+                Err(RuntimeError::StartFailed(message))
+            }
+        }
+    }
+
+    /// Stop the session and the actor. The agent stays resumable.
+    async fn close(&mut self, reason: &str) {
+        self.stop_session().await;
+        if self.turn.is_some() {
+            self.finish_turn(
+                TurnOutcome::Canceled,
+                Some(format!("the agent was closed: {reason}")),
+                None,
+            )
+            .await;
+        }
+        let _ = self.set_status(AgentStatus::Closed, Some(reason)).await;
+        self.stop = true;
+    }
+
+    /// End the provider session and process; handle what it reported before it ended.
+    async fn stop_session(&mut self) {
+        if let Some(session) = self.session.take() {
+            session.close().await;
+        }
+        if let Some(mut rx) = self.provider_events.take() {
+            while let Ok(ev) = rx.try_recv() {
+                if !matches!(
+                    ev,
+                    ProviderEvent::Exited { .. } | ProviderEvent::TurnEnded { .. }
+                ) {
+                    self.handle_provider_event(Some(ev)).await;
+                }
+            }
+        }
+        self.snapshot.send_modify(|s| s.pid = None);
+    }
+
+    // ---- commands ----------------------------------------------------------------------
+
+    async fn handle_command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Prompt {
+                text,
+                client_message_id,
+                reply,
+            } => {
+                let r = self.start_turn(text, client_message_id).await;
+                let _ = reply.send(r);
+            }
+            Command::Interrupt { reply } => {
+                self.interrupt().await;
+                let _ = reply.send(());
+            }
+            Command::SetMode { mode, reply } => {
+                let r = match self.session.as_mut() {
+                    Some(s) => s.set_mode(&mode).await.map_err(unsupported),
+                    None => Err(RuntimeError::ActorGone),
+                };
+                let _ = reply.send(r);
+            }
+            Command::SetModel { model, reply } => {
+                let r = match self.session.as_mut() {
+                    Some(s) => s.set_model(&model).await.map_err(unsupported),
+                    None => Err(RuntimeError::ActorGone),
+                };
+                let _ = reply.send(r);
+            }
+            Command::Answer { id, answer, reply } => {
+                let r = self.answer(id, answer).await;
+                let _ = reply.send(r);
+            }
+            Command::Close { reason, reply } => {
+                self.close(&reason).await;
+                let _ = reply.send(());
+            }
+        }
+    }
+
+    async fn start_turn(
+        &mut self,
+        text: String,
+        client_message_id: Option<String>,
+    ) -> Result<TurnId, RuntimeError> {
+        if self.turn.is_some() {
+            return Err(RuntimeError::Busy);
+        }
+        if self.session.is_none() {
+            return Err(RuntimeError::StartFailed(
+                "the agent has no running session".into(),
+            ));
+        }
+        let turn_id = TurnId::new();
+        self.turn = Some(Turn {
+            id: turn_id,
+            message: None,
+            reasoning: None,
+            open_tools: BTreeMap::new(),
+            interrupt_deadline: None,
+        });
+        store::agents::turn_started(&self.shared.pool, self.id().uuid(), turn_id.uuid()).await?;
+        let mut user = json!({"message_id": MessageId::new(), "text": text});
+        if let Some(c) = &client_message_id {
+            user["client_message_id"] = json!(c);
+        }
+        self.shared
+            .writer
+            .append_committed(
+                vec![
+                    self.event(EventKind::TurnStarted, json!({"turn_id": turn_id})),
+                    self.event(EventKind::UserMessage, user),
+                ],
+                Vec::new(),
+            )
+            .await?;
+        self.set_status(AgentStatus::Running, None).await?;
+        let sent = match self.session.as_mut() {
+            Some(s) => s.prompt(TurnInput { text }).await,
+            None => Err(ProviderError::Gone),
+        };
+        if let Err(e) = sent {
+            self.finish_turn(
+                TurnOutcome::Failed,
+                Some(format!("the prompt could not be delivered: {e}")),
+                None,
+            )
+            .await;
+        }
+        Ok(turn_id)
+    }
+
+    async fn interrupt(&mut self) {
+        let Some(turn) = self.turn.as_mut() else {
+            return;
+        };
+        if turn.interrupt_deadline.is_none() {
+            turn.interrupt_deadline = Some(Instant::now() + self.shared.interrupt_grace);
+        }
+        if let Some(s) = self.session.as_mut()
+            && let Err(e) = s.interrupt().await
+        {
+            tracing::warn!(agent_id = %self.ctx.id, error = %e, "interrupt failed");
+        }
+    }
+
+    /// The provider did not end the turn after an interrupt: stop it the hard way.
+    async fn interrupt_timed_out(&mut self) {
+        tracing::warn!(agent_id = %self.id(), "the agent ignored the interrupt; stopping its process");
+        self.stop_session().await;
+        self.finish_turn(
+            TurnOutcome::Canceled,
+            Some("the agent did not stop in time; its process was stopped".into()),
+            None,
+        )
+        .await;
+        let _ = self
+            .set_status(
+                AgentStatus::Closed,
+                Some("stopped after an interrupt timed out"),
+            )
+            .await;
+        self.stop = true;
+    }
+
+    async fn answer(
+        &mut self,
+        id: PermissionId,
+        answer: PermissionAnswer,
+    ) -> Result<(), RuntimeError> {
+        let Some(pending) = self.pending.get(&id) else {
+            return Err(permission_state_error(&self.shared, self.id(), id).await);
+        };
+        let option = pick_option(
+            &pending.options,
+            answer.behavior,
+            answer.option_id.as_deref(),
+        )?;
+        let mut resolution = json!({"behavior": answer.behavior, "option_id": option.id});
+        if let Some(m) = &answer.message {
+            resolution["message"] = json!(m);
+        }
+        if let Some(u) = &answer.updated_input {
+            resolution["updated_input"] = u.clone();
+        }
+        if !store::permissions::resolve(
+            &self.shared.pool,
+            id.uuid(),
+            &resolution,
+            answer.resolved_by,
+        )
+        .await?
+        {
+            self.pending.remove(&id);
+            return Err(RuntimeError::PermissionAlreadyResolved);
+        }
+        let pending = self.pending.remove(&id).expect("checked above");
+        let mut data = json!({
+            "request_id": id, "behavior": answer.behavior, "option_id": option.id,
+            "resolved_by": crate::domain::UserId::from(answer.resolved_by),
+        });
+        if let Some(m) = &answer.message {
+            data["message"] = json!(m);
+        }
+        let team = self.team_event(
+            "permission_resolved",
+            json!({"agent_id": self.id(), "request_id": id, "behavior": answer.behavior}),
+        );
+        self.shared
+            .writer
+            .append_committed(
+                vec![self.event(EventKind::PermissionResolved, data)],
+                vec![team],
+            )
+            .await?;
+        let _ = pending.reply.send(PermissionDecision::Selected {
+            option_id: option.id,
+            behavior: answer.behavior,
+            message: answer.message,
+            updated_input: answer.updated_input,
+        });
+        if self.pending.is_empty() && self.turn.is_some() {
+            self.set_status(AgentStatus::Running, None).await?;
+        }
+        Ok(())
+    }
+
+    // ---- provider events ---------------------------------------------------------------
+
+    async fn handle_provider_event(&mut self, ev: Option<ProviderEvent>) {
+        let ev = ev.unwrap_or(ProviderEvent::Exited {
+            reason: "the connection to the agent closed".into(),
+        });
+        match ev {
+            ProviderEvent::AssistantDelta { message_id, text } => {
+                self.delta(false, message_id, text).await
+            }
+            ProviderEvent::ReasoningDelta { id, text } => self.delta(true, id, text).await,
+            ProviderEvent::AssistantMessage { message_id, text } => {
+                // Whole messages become one delta plus the message, keeping the invariant
+                // that deltas concatenate to the message.
+                self.close_message(false).await;
+                self.delta(false, message_id, text).await;
+                self.close_message(false).await;
+            }
+            ProviderEvent::ToolCall(update) => {
+                self.close_message(false).await;
+                self.close_message(true).await;
+                if let Some(turn) = self.turn.as_mut() {
+                    if update.status.is_final() {
+                        turn.open_tools.remove(&update.call_id);
+                    } else {
+                        turn.open_tools
+                            .insert(update.call_id.clone(), update.clone());
+                    }
+                }
+                self.emit(EventKind::ToolCall, tool_json(&update)).await;
+            }
+            ProviderEvent::PermissionRequested(req) => self.permission_requested(req).await,
+            ProviderEvent::Plan { entries } => {
+                self.emit(EventKind::Plan, json!({"entries": entries}))
+                    .await
+            }
+            ProviderEvent::Usage(u) => self.emit(EventKind::Usage, json!(u)).await,
+            ProviderEvent::ModeChanged { mode } => {
+                self.ctx.mode = Some(mode.clone());
+                if let Err(e) =
+                    store::agents::set_mode(&self.shared.pool, self.id().uuid(), &mode).await
+                {
+                    tracing::warn!(error = %e, "could not store the mode");
+                }
+                self.emit(EventKind::ModeChanged, json!({"mode": mode}))
+                    .await;
+            }
+            ProviderEvent::ModelChanged { model } => {
+                self.ctx.model = Some(model.clone());
+                if let Err(e) =
+                    store::agents::set_model(&self.shared.pool, self.id().uuid(), &model).await
+                {
+                    tracing::warn!(error = %e, "could not store the model");
+                }
+                self.emit(EventKind::ModelChanged, json!({"model": model}))
+                    .await;
+            }
+            ProviderEvent::Error { message, code } => {
+                self.emit(EventKind::Error, json!({"message": message, "code": code}))
+                    .await
+            }
+            ProviderEvent::TurnEnded {
+                outcome,
+                error,
+                usage,
+            } => {
+                if self.turn.is_some() {
+                    let outcome = match self.turn.as_ref().and_then(|t| t.interrupt_deadline) {
+                        // An interrupted turn that the agent ended any other way still reads as canceled.
+                        Some(_) if outcome == TurnOutcome::Completed => TurnOutcome::Canceled,
+                        _ => outcome,
+                    };
+                    self.finish_turn(outcome, error, usage).await;
+                }
+            }
+            ProviderEvent::Exited { reason } => {
+                self.provider_events = None;
+                if let Some(session) = self.session.take() {
+                    session.close().await;
+                }
+                self.snapshot.send_modify(|s| s.pid = None);
+                if self.turn.is_some() {
+                    self.finish_turn(
+                        TurnOutcome::Failed,
+                        Some(format!("the agent process exited: {reason}")),
+                        None,
+                    )
+                    .await;
+                }
+                let _ = self
+                    .set_status(
+                        AgentStatus::Error,
+                        Some(&format!("the agent process exited: {reason}")),
+                    )
+                    .await;
+                self.stop = true;
+            }
+        }
+    }
+
+    async fn delta(&mut self, reasoning: bool, provider_id: Option<String>, text: String) {
+        let needs_new = {
+            let slot = self.message_slot(reasoning);
+            match slot {
+                Some(m) => {
+                    provider_id.is_some() && m.provider_id.is_some() && m.provider_id != provider_id
+                }
+                None => true,
+            }
+        };
+        if needs_new {
+            self.close_message(reasoning).await;
+            let m = OpenMessage {
+                provider_id: provider_id.clone(),
+                id: MessageId::new(),
+                text: String::new(),
+            };
+            self.set_message_slot(reasoning, Some(m));
+        }
+        let (id, in_turn) = {
+            let in_turn = self.turn.is_some();
+            match self.message_slot_mut(reasoning) {
+                Some(m) => {
+                    m.text.push_str(&text);
+                    (m.id, in_turn)
+                }
+                None => return,
+            }
+        };
+        let _ = in_turn;
+        if reasoning {
+            self.emit(EventKind::ReasoningDelta, json!({"id": id, "text": text}))
+                .await;
+        } else {
+            self.emit(
+                EventKind::AssistantDelta,
+                json!({"message_id": id, "text": text}),
+            )
+            .await;
+        }
+    }
+
+    fn message_slot(&self, reasoning: bool) -> Option<&OpenMessage> {
+        let turn = self.turn.as_ref()?;
+        if reasoning {
+            turn.reasoning.as_ref()
+        } else {
+            turn.message.as_ref()
+        }
+    }
+
+    fn message_slot_mut(&mut self, reasoning: bool) -> Option<&mut OpenMessage> {
+        let turn = self.turn.as_mut()?;
+        if reasoning {
+            turn.reasoning.as_mut()
+        } else {
+            turn.message.as_mut()
+        }
+    }
+
+    fn set_message_slot(&mut self, reasoning: bool, m: Option<OpenMessage>) {
+        if let Some(turn) = self.turn.as_mut() {
+            if reasoning {
+                turn.reasoning = m;
+            } else {
+                turn.message = m;
+            }
+        }
+    }
+
+    /// Close the open assistant message (or reasoning block) with its whole text.
+    async fn close_message(&mut self, reasoning: bool) {
+        let Some(turn) = self.turn.as_mut() else {
+            return;
+        };
+        let taken = if reasoning {
+            turn.reasoning.take()
+        } else {
+            turn.message.take()
+        };
+        if let Some(m) = taken {
+            if reasoning {
+                self.emit(EventKind::Reasoning, json!({"id": m.id, "text": m.text}))
+                    .await;
+            } else {
+                self.emit(
+                    EventKind::AssistantMessage,
+                    json!({"message_id": m.id, "text": m.text}),
+                )
+                .await;
+            }
+        }
+    }
+
+    async fn permission_requested(&mut self, req: PermissionRequest) {
+        self.close_message(false).await;
+        self.close_message(true).await;
+        let id = PermissionId::new();
+        let options = json!(req.options);
+        let kind = serde_json::to_value(req.kind)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let stored = store::permissions::insert(
+            &self.shared.pool,
+            store::permissions::NewPermission {
+                id: id.uuid(),
+                agent_id: self.id().uuid(),
+                turn_id: self.turn.as_ref().map(|t| t.id.uuid()),
+                provider_request_id: &req.provider_request_id,
+                kind: &kind,
+                title: &req.title,
+                call_id: req.call_id.as_deref(),
+                input: req.input.as_ref(),
+                options: &options,
+            },
+        )
+        .await;
+        if let Err(e) = stored {
+            tracing::error!(agent_id = %self.id(), error = %e, "could not store a permission request; denying it");
+            let _ = req.reply.send(PermissionDecision::Cancelled);
+            return;
+        }
+        let mut data =
+            json!({"request_id": id, "kind": kind, "title": req.title, "options": options});
+        if let Some(c) = &req.call_id {
+            data["call_id"] = json!(c);
+        }
+        if let Some(i) = &req.input {
+            data["input"] = i.clone();
+        }
+        let team = self.team_event(
+            "permission_requested",
+            json!({"agent_id": self.id(), "request_id": id, "title": req.title}),
+        );
+        if let Err(e) = self
+            .shared
+            .writer
+            .append_committed(
+                vec![self.event(EventKind::PermissionRequested, data)],
+                vec![team],
+            )
+            .await
+        {
+            tracing::error!(error = %e, "could not record a permission request");
+        }
+        self.pending.insert(
+            id,
+            PendingPermission {
+                reply: req.reply,
+                options: req.options,
+            },
+        );
+        if self.turn.is_some() {
+            let _ = self.set_status(AgentStatus::WaitingPermission, None).await;
+        }
+    }
+
+    async fn finish_turn(
+        &mut self,
+        outcome: TurnOutcome,
+        error: Option<String>,
+        usage: Option<Usage>,
+    ) {
+        self.close_message(true).await;
+        self.close_message(false).await;
+        let Some(turn) = self.turn.take() else { return };
+        for (_, mut tool) in turn.open_tools {
+            tool.status = if outcome == TurnOutcome::Canceled {
+                ToolStatus::Canceled
+            } else {
+                ToolStatus::Failed
+            };
+            tool.error = Some("the turn ended before the tool call finished".into());
+            self.emit_in(Some(turn.id), EventKind::ToolCall, tool_json(&tool))
+                .await;
+        }
+        // Requests nobody answered expire with the turn; the provider hears "cancelled".
+        for (_, p) in self.pending.drain() {
+            let _ = p.reply.send(PermissionDecision::Cancelled);
+        }
+        if let Err(e) =
+            store::permissions::expire_pending(&self.shared.pool, self.id().uuid()).await
+        {
+            tracing::warn!(error = %e, "could not expire permission requests");
+        }
+        let mut data = json!({"turn_id": turn.id, "outcome": outcome});
+        if let Some(e) = &error {
+            data["error"] = json!(e);
+        }
+        if let Some(u) = &usage {
+            data["usage"] = json!(u);
+        }
+        let ev = NewEvent {
+            agent_id: self.id(),
+            turn_id: Some(turn.id),
+            kind: EventKind::TurnCompleted,
+            data,
+        };
+        if let Err(e) = self
+            .shared
+            .writer
+            .append_committed(vec![ev], Vec::new())
+            .await
+        {
+            tracing::error!(error = %e, "could not record the end of a turn");
+        }
+        if let Err(e) = store::agents::turn_finished(
+            &self.shared.pool,
+            self.id().uuid(),
+            turn.id.uuid(),
+            outcome_str(outcome),
+            error.as_deref(),
+        )
+        .await
+        {
+            tracing::warn!(error = %e, "could not store the turn outcome");
+        }
+        if self.session.is_some() {
+            let _ = self.set_status(AgentStatus::Idle, None).await;
+        }
+        self.snapshot.send_modify(|s| s.turns_completed += 1);
+    }
+
+    // ---- writing -----------------------------------------------------------------------
+
+    fn event(&self, kind: EventKind, data: Value) -> NewEvent {
+        NewEvent {
+            agent_id: self.id(),
+            turn_id: self.turn.as_ref().map(|t| t.id),
+            kind,
+            data,
+        }
+    }
+
+    async fn emit(&self, kind: EventKind, data: Value) {
+        let ev = self.event(kind, data);
+        if let Err(e) = self.shared.writer.append(ev).await {
+            tracing::error!(agent_id = %self.id(), error = %e, "could not queue an event");
+        }
+    }
+
+    async fn emit_in(&self, turn: Option<TurnId>, kind: EventKind, data: Value) {
+        let ev = NewEvent {
+            agent_id: self.id(),
+            turn_id: turn,
+            kind,
+            data,
+        };
+        if let Err(e) = self.shared.writer.append(ev).await {
+            tracing::error!(agent_id = %self.id(), error = %e, "could not queue an event");
+        }
+    }
+
+    fn team_event(&self, kind: &'static str, data: Value) -> NewTeamEvent {
+        NewTeamEvent {
+            team_id: self.ctx.team_id,
+            project_id: Some(self.ctx.project_id),
+            workspace_id: Some(self.ctx.workspace_id),
+            kind,
+            data,
+        }
+    }
+
+    async fn set_status(
+        &mut self,
+        status: AgentStatus,
+        reason: Option<&str>,
+    ) -> Result<(), RuntimeError> {
+        if self.status == status && reason.is_none() {
+            return Ok(());
+        }
+        self.status = status;
+        store::agents::set_status(&self.shared.pool, self.id().uuid(), status.as_str(), reason)
+            .await?;
+        let mut data = json!({"status": status});
+        if let Some(r) = reason {
+            data["reason"] = json!(r);
+        }
+        let team = self.team_event(
+            "agent_status",
+            json!({"agent_id": self.id(), "status": status}),
+        );
+        self.shared
+            .writer
+            .append_committed(vec![self.event(EventKind::Status, data)], vec![team])
+            .await?;
+        self.snapshot.send_modify(|s| s.status = status);
+        Ok(())
+    }
+}
+
+async fn next_event(rx: &mut Option<mpsc::Receiver<ProviderEvent>>) -> Option<ProviderEvent> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn unsupported(e: ProviderError) -> RuntimeError {
+    match e {
+        ProviderError::Unsupported(what) => {
+            RuntimeError::Unsupported(format!("this provider does not support {what}"))
+        }
+        other => RuntimeError::Unsupported(other.to_string()),
+    }
+}
+
+pub(crate) fn tool_json(t: &ToolCallUpdate) -> Value {
+    let mut v = json!({
+        "call_id": t.call_id, "name": t.name, "title": t.title, "tool_kind": t.tool_kind,
+        "status": t.status, "input": t.input,
+    });
+    if let Some(o) = &t.output {
+        v["output"] = o.clone();
+    }
+    if let Some(e) = &t.error {
+        v["error"] = json!(e);
+    }
+    if let Some(d) = &t.diff {
+        v["diff"] = d.clone();
+    }
+    v
+}
+
+/// The option an answer selects: the named one (whose behavior must match), or the first
+/// option of the requested behavior.
+pub(crate) fn pick_option(
+    options: &[PermissionOption],
+    behavior: Behavior,
+    option_id: Option<&str>,
+) -> Result<PermissionOption, RuntimeError> {
+    match option_id {
+        Some(id) => {
+            let o = options
+                .iter()
+                .find(|o| o.id == id)
+                .ok_or_else(|| RuntimeError::UnknownOption(id.to_owned()))?;
+            if o.behavior != behavior {
+                return Err(RuntimeError::BehaviorMismatch {
+                    option: id.to_owned(),
+                    actual: o.behavior.as_str(),
+                    requested: behavior.as_str(),
+                });
+            }
+            Ok(o.clone())
+        }
+        None => options
+            .iter()
+            .find(|o| o.behavior == behavior)
+            .cloned()
+            .ok_or(RuntimeError::NoOptionForBehavior(behavior.as_str())),
+    }
+}
+
+/// Why a request that is not pending in the actor cannot be answered.
+pub(crate) async fn permission_state_error(
+    shared: &Shared,
+    agent: AgentId,
+    id: PermissionId,
+) -> RuntimeError {
+    match store::permissions::get(&shared.pool, agent.uuid(), id.uuid()).await {
+        Ok(Some(row)) if row.status == "resolved" => RuntimeError::PermissionAlreadyResolved,
+        Ok(Some(_)) => {
+            RuntimeError::PermissionExpired("its turn ended before it was answered".into())
+        }
+        Ok(None) => RuntimeError::PermissionNotFound,
+        Err(e) => RuntimeError::Store(e),
+    }
+}

@@ -1,0 +1,255 @@
+//! Agents: one provider session each, with its status, persistence handle and the
+//! summary of its last turn. The timeline itself is in `events`.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::{FromRow, PgExecutor};
+use uuid::Uuid;
+
+#[derive(Debug, Clone, FromRow)]
+pub struct AgentRow {
+    pub id: Uuid,
+    pub workspace_id: Uuid,
+    pub team_id: Uuid,
+    pub project_id: Uuid,
+    pub workspace_path: String,
+    pub provider: String,
+    pub model: Option<String>,
+    pub mode: Option<String>,
+    pub title: Option<String>,
+    pub labels: Value,
+    pub system_prompt: Option<String>,
+    pub mcp_servers: Value,
+    pub status: String,
+    pub status_reason: Option<String>,
+    pub last_seq: i64,
+    pub persistence: Option<Value>,
+    pub provider_session_id: Option<String>,
+    pub last_turn_id: Option<Uuid>,
+    pub last_turn_outcome: Option<String>,
+    pub last_turn_error: Option<String>,
+    pub created_by: Option<Uuid>,
+    pub created_at: DateTime<Utc>,
+    pub archived_at: Option<DateTime<Utc>>,
+    pub pending_permissions: i64,
+}
+
+macro_rules! select_agents {
+    ($where:literal) => {
+        concat!(
+            "SELECT a.id, a.workspace_id, a.team_id, w.project_id, w.path AS workspace_path, a.provider, a.model, a.mode,
+                    a.title, a.labels, a.system_prompt, a.mcp_servers, a.status, a.status_reason, a.last_seq,
+                    a.persistence, a.provider_session_id, a.last_turn_id, a.last_turn_outcome, a.last_turn_error,
+                    a.created_by, a.created_at, a.archived_at,
+                    (SELECT count(*) FROM permission_requests p WHERE p.agent_id = a.id AND p.status = 'pending')
+                        AS pending_permissions
+             FROM agents a JOIN workspaces w ON w.id = a.workspace_id ",
+            $where
+        )
+    };
+}
+
+pub struct NewAgent<'a> {
+    pub id: Uuid,
+    pub workspace_id: Uuid,
+    pub team_id: Uuid,
+    pub provider: &'a str,
+    pub model: Option<&'a str>,
+    pub mode: Option<&'a str>,
+    pub title: Option<&'a str>,
+    pub labels: &'a Value,
+    pub system_prompt: Option<&'a str>,
+    pub mcp_servers: &'a Value,
+    pub created_by: Uuid,
+}
+
+pub async fn insert(db: impl PgExecutor<'_>, a: NewAgent<'_>) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO agents (id, workspace_id, team_id, provider, model, mode, title, labels, system_prompt,
+                             mcp_servers, status, created_by)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'starting', $11)",
+    )
+    .bind(a.id)
+    .bind(a.workspace_id)
+    .bind(a.team_id)
+    .bind(a.provider)
+    .bind(a.model)
+    .bind(a.mode)
+    .bind(a.title)
+    .bind(a.labels)
+    .bind(a.system_prompt)
+    .bind(a.mcp_servers)
+    .bind(a.created_by)
+    .execute(db)
+    .await
+    .map(|_| ())
+}
+
+pub async fn get(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    teams: Option<&[Uuid]>,
+) -> Result<Option<AgentRow>, sqlx::Error> {
+    sqlx::query_as(select_agents!(
+        "WHERE a.id = $1 AND ($2::uuid[] IS NULL OR a.team_id = ANY($2))"
+    ))
+    .bind(id)
+    .bind(teams)
+    .fetch_optional(db)
+    .await
+}
+
+pub struct AgentFilter<'a> {
+    pub teams: Option<&'a [Uuid]>,
+    pub workspace_id: Option<Uuid>,
+    pub status: Option<&'a str>,
+    /// `{"key": "value"}` containment on labels.
+    pub labels: Option<&'a Value>,
+    pub include_archived: bool,
+    pub after: Option<Uuid>,
+    pub limit: i64,
+}
+
+pub async fn list(
+    db: impl PgExecutor<'_>,
+    f: AgentFilter<'_>,
+) -> Result<Vec<AgentRow>, sqlx::Error> {
+    sqlx::query_as(select_agents!(
+        "WHERE ($1::uuid[] IS NULL OR a.team_id = ANY($1)) AND ($2::uuid IS NULL OR a.workspace_id = $2)
+           AND ($3::text IS NULL OR a.status = $3) AND ($4::jsonb IS NULL OR a.labels @> $4)
+           AND ($5 OR a.archived_at IS NULL) AND ($6::uuid IS NULL OR a.id > $6)
+         ORDER BY a.id LIMIT $7"
+    ))
+    .bind(f.teams)
+    .bind(f.workspace_id)
+    .bind(f.status)
+    .bind(f.labels)
+    .bind(f.include_archived)
+    .bind(f.after)
+    .bind(f.limit)
+    .fetch_all(db)
+    .await
+}
+
+pub async fn ids_in_workspace(
+    db: impl PgExecutor<'_>,
+    workspace_id: Uuid,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM agents WHERE workspace_id = $1")
+        .bind(workspace_id)
+        .fetch_all(db)
+        .await
+}
+
+pub async fn set_status(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    status: &str,
+    reason: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE agents SET status = $2, status_reason = $3 WHERE id = $1")
+        .bind(id)
+        .bind(status)
+        .bind(reason)
+        .execute(db)
+        .await
+        .map(|_| ())
+}
+
+pub async fn set_session(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    provider_session_id: Option<&str>,
+    persistence: Option<&Value>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE agents SET provider_session_id = COALESCE($2, provider_session_id),
+                           persistence = COALESCE($3, persistence) WHERE id = $1",
+    )
+    .bind(id)
+    .bind(provider_session_id)
+    .bind(persistence)
+    .execute(db)
+    .await
+    .map(|_| ())
+}
+
+pub async fn set_mode(db: impl PgExecutor<'_>, id: Uuid, mode: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE agents SET mode = $2 WHERE id = $1")
+        .bind(id)
+        .bind(mode)
+        .execute(db)
+        .await
+        .map(|_| ())
+}
+
+pub async fn set_model(db: impl PgExecutor<'_>, id: Uuid, model: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE agents SET model = $2 WHERE id = $1")
+        .bind(id)
+        .bind(model)
+        .execute(db)
+        .await
+        .map(|_| ())
+}
+
+pub async fn turn_started(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    turn: Uuid,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE agents SET last_turn_id = $2, last_turn_outcome = NULL, last_turn_error = NULL WHERE id = $1",
+    )
+    .bind(id)
+    .bind(turn)
+    .execute(db)
+    .await
+    .map(|_| ())
+}
+
+pub async fn turn_finished(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    turn: Uuid,
+    outcome: &str,
+    error: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE agents SET last_turn_outcome = $3, last_turn_error = $4 WHERE id = $1 AND last_turn_id = $2",
+    )
+    .bind(id)
+    .bind(turn)
+    .bind(outcome)
+    .bind(error)
+    .execute(db)
+    .await
+    .map(|_| ())
+}
+
+pub async fn mark_archived(db: impl PgExecutor<'_>, id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE agents SET archived_at = COALESCE(archived_at, now()) WHERE id = $1")
+        .bind(id)
+        .execute(db)
+        .await
+        .map(|_| ())
+}
+
+/// Agents a previous run of this server left open (not closed), for the boot reconciler.
+#[derive(Debug, Clone, FromRow)]
+pub struct OpenAgent {
+    pub id: Uuid,
+    pub team_id: Uuid,
+    pub workspace_id: Uuid,
+    pub status: String,
+    pub last_turn_id: Option<Uuid>,
+    pub last_turn_outcome: Option<String>,
+}
+
+pub async fn open_agents(db: impl PgExecutor<'_>) -> Result<Vec<OpenAgent>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, team_id, workspace_id, status, last_turn_id, last_turn_outcome FROM agents
+         WHERE status <> 'closed' OR (last_turn_id IS NOT NULL AND last_turn_outcome IS NULL)",
+    )
+    .fetch_all(db)
+    .await
+}

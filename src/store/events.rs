@@ -1,0 +1,182 @@
+//! The durable timelines: `agent_events` (append-only, dense `seq` per agent) and
+//! `team_events` (the team activity stream). Writes come only from the `EventWriter`.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::{FromRow, PgExecutor, Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::domain::{AgentEvent, EventKind};
+
+#[derive(Debug, Clone, FromRow)]
+pub struct EventRow {
+    pub agent_id: Uuid,
+    pub seq: i64,
+    pub turn_id: Option<Uuid>,
+    pub kind: String,
+    pub data: Value,
+    pub created_at: DateTime<Utc>,
+}
+
+impl EventRow {
+    pub fn into_event(self) -> AgentEvent {
+        AgentEvent {
+            seq: self.seq,
+            agent_id: self.agent_id.into(),
+            turn_id: self.turn_id.map(Into::into),
+            at: self.created_at,
+            kind: EventKind::parse(&self.kind).unwrap_or(EventKind::Error),
+            data: self.data,
+        }
+    }
+}
+
+/// Insert a batch of events and advance each agent's `last_seq`, in one statement each.
+pub async fn insert_batch(
+    tx: &mut Transaction<'_, Postgres>,
+    events: &[AgentEvent],
+) -> Result<(), sqlx::Error> {
+    let n = events.len();
+    let mut agent_ids = Vec::with_capacity(n);
+    let mut seqs = Vec::with_capacity(n);
+    let mut turns: Vec<Option<Uuid>> = Vec::with_capacity(n);
+    let mut kinds = Vec::with_capacity(n);
+    let mut data = Vec::with_capacity(n);
+    let mut ats = Vec::with_capacity(n);
+    for e in events {
+        agent_ids.push(e.agent_id.uuid());
+        seqs.push(e.seq);
+        turns.push(e.turn_id.map(|t| t.uuid()));
+        kinds.push(e.kind.as_str());
+        data.push(sqlx::types::Json(&e.data));
+        ats.push(e.at);
+    }
+    sqlx::query(
+        "INSERT INTO agent_events (agent_id, seq, turn_id, kind, data, created_at)
+         SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], $4::text[], $5::jsonb[], $6::timestamptz[])",
+    )
+    .bind(&agent_ids)
+    .bind(&seqs)
+    .bind(&turns)
+    .bind(&kinds)
+    .bind(&data)
+    .bind(&ats)
+    .execute(&mut **tx)
+    .await?;
+    // The last event of each agent in the batch carries its new last_seq.
+    let mut last: Vec<(Uuid, i64)> = Vec::new();
+    for e in events.iter().rev() {
+        let id = e.agent_id.uuid();
+        if !last.iter().any(|(a, _)| *a == id) {
+            last.push((id, e.seq));
+        }
+    }
+    let (ids, maxes): (Vec<Uuid>, Vec<i64>) = last.into_iter().unzip();
+    sqlx::query(
+        "UPDATE agents a SET last_seq = v.seq FROM UNNEST($1::uuid[], $2::int8[]) AS v(id, seq)
+         WHERE a.id = v.id AND a.last_seq < v.seq",
+    )
+    .bind(&ids)
+    .bind(&maxes)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+pub async fn last_seq(db: impl PgExecutor<'_>, agent_id: Uuid) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT COALESCE(max(seq), 0) FROM agent_events WHERE agent_id = $1")
+        .bind(agent_id)
+        .fetch_one(db)
+        .await
+}
+
+/// Events after `after_seq`, oldest first.
+pub async fn page_after(
+    db: impl PgExecutor<'_>,
+    agent_id: Uuid,
+    after_seq: i64,
+    limit: i64,
+) -> Result<Vec<EventRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT agent_id, seq, turn_id, kind, data, created_at FROM agent_events
+         WHERE agent_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+    )
+    .bind(agent_id)
+    .bind(after_seq)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// Events before `before_seq`, newest first.
+pub async fn page_before(
+    db: impl PgExecutor<'_>,
+    agent_id: Uuid,
+    before_seq: i64,
+    limit: i64,
+) -> Result<Vec<EventRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT agent_id, seq, turn_id, kind, data, created_at FROM agent_events
+         WHERE agent_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3",
+    )
+    .bind(agent_id)
+    .bind(before_seq)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+#[derive(Debug, Clone, FromRow)]
+pub struct TeamEventRow {
+    pub id: i64,
+    pub team_id: Uuid,
+    pub project_id: Option<Uuid>,
+    pub workspace_id: Option<Uuid>,
+    pub kind: String,
+    pub data: Value,
+    pub at: DateTime<Utc>,
+}
+
+pub async fn insert_team_event(
+    tx: &mut Transaction<'_, Postgres>,
+    team_id: Uuid,
+    project_id: Option<Uuid>,
+    workspace_id: Option<Uuid>,
+    kind: &str,
+    data: &Value,
+) -> Result<TeamEventRow, sqlx::Error> {
+    sqlx::query_as(
+        "INSERT INTO team_events (team_id, project_id, workspace_id, kind, data) VALUES ($1, $2, $3, $4, $5)
+         RETURNING id, team_id, project_id, workspace_id, kind, data, at",
+    )
+    .bind(team_id)
+    .bind(project_id)
+    .bind(workspace_id)
+    .bind(kind)
+    .bind(data)
+    .fetch_one(&mut **tx)
+    .await
+}
+
+pub async fn team_events_after(
+    db: impl PgExecutor<'_>,
+    teams: Option<&[Uuid]>,
+    after_id: i64,
+    limit: i64,
+) -> Result<Vec<TeamEventRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, team_id, project_id, workspace_id, kind, data, at FROM team_events
+         WHERE ($1::uuid[] IS NULL OR team_id = ANY($1)) AND id > $2 ORDER BY id LIMIT $3",
+    )
+    .bind(teams)
+    .bind(after_id)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+pub async fn last_team_event_id(db: impl PgExecutor<'_>) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT COALESCE(max(id), 0) FROM team_events")
+        .fetch_one(db)
+        .await
+}

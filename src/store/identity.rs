@@ -1,0 +1,217 @@
+//! Users, teams, memberships and API tokens.
+
+use chrono::{DateTime, Utc};
+use sqlx::{FromRow, PgExecutor};
+use uuid::Uuid;
+
+#[derive(Debug, Clone, FromRow)]
+pub struct UserRow {
+    pub id: Uuid,
+    pub email: String,
+    pub name: String,
+    pub is_admin: bool,
+}
+
+#[derive(Debug, Clone, FromRow)]
+pub struct MembershipRow {
+    pub team_id: Uuid,
+    pub team_name: String,
+    pub role: String,
+}
+
+#[derive(Debug, Clone, FromRow)]
+pub struct TokenRow {
+    pub id: Uuid,
+    pub user_id: Uuid,
+    pub team_id: Option<Uuid>,
+    pub role: Option<String>,
+    pub name: String,
+    pub prefix: String,
+    pub scopes: Vec<String>,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub last_used_at: Option<DateTime<Utc>>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+pub async fn find_user_by_email(
+    db: impl PgExecutor<'_>,
+    email: &str,
+) -> Result<Option<UserRow>, sqlx::Error> {
+    sqlx::query_as("SELECT id, email, name, is_admin FROM users WHERE email = $1")
+        .bind(email)
+        .fetch_optional(db)
+        .await
+}
+
+pub async fn get_user(db: impl PgExecutor<'_>, id: Uuid) -> Result<Option<UserRow>, sqlx::Error> {
+    sqlx::query_as("SELECT id, email, name, is_admin FROM users WHERE id = $1")
+        .bind(id)
+        .fetch_optional(db)
+        .await
+}
+
+pub async fn insert_user(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    email: &str,
+    name: &str,
+    is_admin: bool,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO users (id, email, name, is_admin) VALUES ($1, $2, $3, $4)")
+        .bind(id)
+        .bind(email)
+        .bind(name)
+        .bind(is_admin)
+        .execute(db)
+        .await
+        .map(|_| ())
+}
+
+pub async fn find_team_by_name(
+    db: impl PgExecutor<'_>,
+    name: &str,
+) -> Result<Option<Uuid>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM teams WHERE name = $1")
+        .bind(name)
+        .fetch_optional(db)
+        .await
+}
+
+pub async fn insert_team(db: impl PgExecutor<'_>, id: Uuid, name: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO teams (id, name) VALUES ($1, $2)")
+        .bind(id)
+        .bind(name)
+        .execute(db)
+        .await
+        .map(|_| ())
+}
+
+pub async fn upsert_member(
+    db: impl PgExecutor<'_>,
+    team: Uuid,
+    user: Uuid,
+    role: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO team_members (team_id, user_id, role) VALUES ($1, $2, $3)
+         ON CONFLICT (team_id, user_id) DO UPDATE SET role = EXCLUDED.role",
+    )
+    .bind(team)
+    .bind(user)
+    .bind(role)
+    .execute(db)
+    .await
+    .map(|_| ())
+}
+
+pub async fn memberships(
+    db: impl PgExecutor<'_>,
+    user: Uuid,
+) -> Result<Vec<MembershipRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT m.team_id, t.name AS team_name, m.role FROM team_members m JOIN teams t ON t.id = m.team_id
+         WHERE m.user_id = $1 ORDER BY t.name",
+    )
+    .bind(user)
+    .fetch_all(db)
+    .await
+}
+
+pub async fn team_name(db: impl PgExecutor<'_>, team: Uuid) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT name FROM teams WHERE id = $1")
+        .bind(team)
+        .fetch_optional(db)
+        .await
+}
+
+#[allow(clippy::too_many_arguments)]
+pub async fn insert_token(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    user_id: Uuid,
+    team_id: Option<Uuid>,
+    role: Option<&str>,
+    name: &str,
+    prefix: &str,
+    hash: &[u8],
+    scopes: &[String],
+    expires_at: Option<DateTime<Utc>>,
+) -> Result<TokenRow, sqlx::Error> {
+    sqlx::query_as(
+        "INSERT INTO api_tokens (id, user_id, team_id, role, name, prefix, token_hash, scopes, expires_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+         RETURNING id, user_id, team_id, role, name, prefix, scopes, created_at, expires_at, last_used_at, revoked_at",
+    )
+    .bind(id)
+    .bind(user_id)
+    .bind(team_id)
+    .bind(role)
+    .bind(name)
+    .bind(prefix)
+    .bind(hash)
+    .bind(scopes)
+    .bind(expires_at)
+    .fetch_one(db)
+    .await
+}
+
+pub async fn token_by_hash(
+    db: impl PgExecutor<'_>,
+    hash: &[u8],
+) -> Result<Option<TokenRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, user_id, team_id, role, name, prefix, scopes, created_at, expires_at, last_used_at, revoked_at
+         FROM api_tokens WHERE token_hash = $1",
+    )
+    .bind(hash)
+    .fetch_optional(db)
+    .await
+}
+
+/// Record use, at most once a minute per token (keeps writes off the hot path).
+pub async fn touch_token(db: impl PgExecutor<'_>, id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE api_tokens SET last_used_at = now()
+         WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')",
+    )
+    .bind(id)
+    .execute(db)
+    .await
+    .map(|_| ())
+}
+
+pub async fn list_tokens(
+    db: impl PgExecutor<'_>,
+    user_id: Uuid,
+    after: Option<Uuid>,
+    limit: i64,
+) -> Result<Vec<TokenRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, user_id, team_id, role, name, prefix, scopes, created_at, expires_at, last_used_at, revoked_at
+         FROM api_tokens WHERE user_id = $1 AND revoked_at IS NULL AND ($2::uuid IS NULL OR id > $2)
+         ORDER BY id LIMIT $3",
+    )
+    .bind(user_id)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// Revoke a token of `user_id` (any token when `user_id` is None). True when one was revoked.
+pub async fn revoke_token(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    user_id: Option<Uuid>,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE api_tokens SET revoked_at = now()
+         WHERE id = $1 AND revoked_at IS NULL AND ($2::uuid IS NULL OR user_id = $2)",
+    )
+    .bind(id)
+    .bind(user_id)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}

@@ -1,0 +1,321 @@
+//! Agent lifecycle: turns, permissions, failures, interrupts, close/reopen, crashes and
+//! restarts.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn every_turn_has_one_start_one_user_message_one_completion() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    for text in ["hello", "/tool ls -la", "second message"] {
+        let turn = app.prompt(&id, text).await;
+        assert_eq!(app.wait(&id).await["last_turn"]["turn_id"], turn.as_str());
+    }
+    let events = app.timeline(&id).await;
+    let turns: Vec<&str> = events
+        .iter()
+        .filter(|e| e["kind"] == "turn_started")
+        .map(|e| e["turn_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(turns.len(), 3);
+    for turn in turns {
+        let of: Vec<_> = events.iter().filter(|e| e["turn_id"] == turn).collect();
+        let count = |k: &str| of.iter().filter(|e| e["kind"] == k).count();
+        assert_eq!(count("turn_started"), 1);
+        assert_eq!(count("user_message"), 1);
+        assert_eq!(count("turn_completed"), 1);
+        assert_eq!(
+            of.last().unwrap()["kind"],
+            "turn_completed",
+            "nothing of a turn comes after its completion"
+        );
+        // Deltas of each message concatenate to the message.
+        for msg in of.iter().filter(|e| e["kind"] == "assistant_message") {
+            let mid = &msg["data"]["message_id"];
+            let joined: String = of
+                .iter()
+                .filter(|e| e["kind"] == "assistant_delta" && &e["data"]["message_id"] == mid)
+                .map(|e| e["data"]["text"].as_str().unwrap())
+                .collect();
+            assert_eq!(joined, msg["data"]["text"].as_str().unwrap());
+            assert!(!joined.is_empty());
+        }
+    }
+    let tool: Vec<_> = events.iter().filter(|e| e["kind"] == "tool_call").collect();
+    assert_eq!(tool.first().unwrap()["data"]["tool_kind"], "shell");
+    assert_eq!(tool.last().unwrap()["data"]["status"], "completed");
+    let seqs: Vec<i64> = events.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as i64).collect::<Vec<_>>(),
+        "seq is dense"
+    );
+}
+
+#[tokio::test]
+async fn permission_answers_busy_and_expiry() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    app.prompt(&id, "/ask ship it?").await;
+    let w = app.wait(&id).await;
+    assert_eq!(w["status"], "waiting_permission");
+    let req = w["pending_permissions"][0]["request_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // A prompt during the turn is refused.
+    let busy = app
+        .post(
+            &format!("/v1/agents/{id}/messages"),
+            json!({"text": "again"}),
+        )
+        .await;
+    assert_eq!(expect_status(busy, 409).await["code"], "agent_busy");
+
+    let path = format!("/v1/agents/{id}/permissions/{req}");
+    let bad = app
+        .post(&path, json!({"behavior": "allow", "option_id": "deny"}))
+        .await;
+    assert_eq!(expect_status(bad, 422).await["code"], "validation_failed");
+    app.post_ok(&path, json!({"behavior": "deny"}), 200).await;
+    let twice = app.post(&path, json!({"behavior": "deny"})).await;
+    assert_eq!(
+        expect_status(twice, 409).await["code"],
+        "permission_already_resolved"
+    );
+    let w = app.wait(&id).await;
+    assert_eq!(w["last_turn"]["outcome"], "completed");
+    let events = app.timeline(&id).await;
+    let reply = events
+        .iter()
+        .rev()
+        .find(|e| e["kind"] == "assistant_message")
+        .unwrap();
+    assert!(reply["data"]["text"].as_str().unwrap().contains("deny"));
+    let resolved = events
+        .iter()
+        .find(|e| e["kind"] == "permission_resolved")
+        .unwrap();
+    assert_eq!(resolved["data"]["behavior"], "deny");
+
+    // A request left pending when the agent closes expires.
+    app.prompt(&id, "/ask another?").await;
+    let w = app.wait(&id).await;
+    let req = w["pending_permissions"][0]["request_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    app.post_ok(&format!("/v1/agents/{id}/close"), json!({}), 200)
+        .await;
+    let late = app
+        .post(
+            &format!("/v1/agents/{id}/permissions/{req}"),
+            json!({"behavior": "allow"}),
+        )
+        .await;
+    assert_eq!(expect_status(late, 409).await["code"], "permission_expired");
+    let perms = app
+        .get_ok(&format!("/v1/agents/{id}/permissions?status=expired"))
+        .await;
+    assert_eq!(perms["items"][0]["request_id"], req.as_str());
+    let unknown = app
+        .post(
+            &format!("/v1/agents/{id}/permissions/perm_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b"),
+            json!({"behavior": "allow"}),
+        )
+        .await;
+    assert_eq!(expect_status(unknown, 404).await["code"], "not_found");
+}
+
+#[tokio::test]
+async fn failed_and_interrupted_turns() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    app.prompt(&id, "/fail the tests are red").await;
+    let w = app.wait(&id).await;
+    assert_eq!(w["last_turn"]["outcome"], "failed");
+    assert_eq!(w["last_turn"]["error"], "the tests are red");
+    let done = app
+        .timeline(&id)
+        .await
+        .into_iter()
+        .rev()
+        .find(|e| e["kind"] == "turn_completed")
+        .unwrap();
+    assert_eq!(done["data"]["error"], "the tests are red");
+
+    app.prompt(&id, "/sleep 30000").await;
+    let started = Instant::now();
+    let r = app
+        .post(&format!("/v1/agents/{id}/interrupt"), json!({}))
+        .await;
+    assert_eq!(r.status(), 202);
+    let w = app.wait(&id).await;
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(w["last_turn"]["outcome"], "canceled");
+    app.prompt(&id, "still there?").await;
+    assert_eq!(app.wait(&id).await["last_turn"]["outcome"], "completed");
+}
+
+#[tokio::test]
+async fn close_ends_the_process_and_a_prompt_reopens() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    app.wait(&id).await;
+    let agent = app.get_ok(&format!("/v1/agents/{id}")).await;
+    let pid = agent["runtime"]["pid"].as_i64().expect("a live pid") as i32;
+    assert!(pid_alive(pid));
+    let closed = app
+        .post_ok(&format!("/v1/agents/{id}/close"), json!({}), 200)
+        .await;
+    assert_eq!(closed["status"], "closed");
+    assert!(closed["runtime"]["pid"].is_null());
+    eventually("the process group is gone", Duration::from_secs(5), || {
+        !pid_alive(pid)
+    })
+    .await;
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM managed_processes")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the ledger row goes with the process");
+
+    app.prompt(&id, "are you back?").await;
+    let w = app.wait(&id).await;
+    assert_eq!(w["last_turn"]["outcome"], "completed");
+    let agent = app.get_ok(&format!("/v1/agents/{id}")).await;
+    assert_ne!(
+        agent["runtime"]["pid"].as_i64().unwrap() as i32,
+        pid,
+        "a new process"
+    );
+    let starts = app
+        .timeline(&id)
+        .await
+        .into_iter()
+        .filter(|e| e["kind"] == "session_started")
+        .collect::<Vec<_>>();
+    assert_eq!(starts.len(), 2);
+    assert_eq!(
+        starts[1]["data"]["resumed"], true,
+        "the session was resumed from its handle"
+    );
+
+    // Archive hides it from the default list and keeps the timeline.
+    let r = app.delete(&format!("/v1/agents/{id}")).await;
+    assert_eq!(r.status(), 204);
+    let list = app.get_ok("/v1/agents").await;
+    assert!(list["items"].as_array().unwrap().is_empty());
+    let list = app
+        .get_ok("/v1/agents?include_archived=true&label=ci_run:1")
+        .await;
+    assert!(
+        list["items"].as_array().unwrap().is_empty(),
+        "label filter applies"
+    );
+    assert!(!app.timeline(&id).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_killed_agent_process_fails_the_turn_quickly() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    app.wait(&id).await;
+    app.prompt(&id, "/sleep 60000").await;
+    let pid = app.get_ok(&format!("/v1/agents/{id}")).await["runtime"]["pid"]
+        .as_i64()
+        .unwrap() as i32;
+    let killed = Instant::now();
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let w = app.wait(&id).await;
+    assert!(
+        killed.elapsed() < Duration::from_secs(2),
+        "the turn failed within 2 s ({:?})",
+        killed.elapsed()
+    );
+    assert_eq!(w["last_turn"]["outcome"], "failed");
+    let err = w["last_turn"]["error"].as_str().unwrap();
+    assert!(err.contains("exited"), "a clear error: {err}");
+    assert_ne!(w["status"], "running");
+    app.prompt(&id, "usable again?").await;
+    assert_eq!(app.wait(&id).await["last_turn"]["outcome"], "completed");
+}
+
+#[tokio::test]
+async fn a_restart_keeps_timelines_and_leaves_nothing_running() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    app.prompt(&id, "before the restart").await;
+    app.wait(&id).await;
+    app.prompt(&id, "/sleep 60000").await;
+    let before = app.timeline(&id).await;
+
+    // A leftover of "an earlier run": a live process recorded in the ledger.
+    use std::os::unix::process::CommandExt;
+    let mut leftover = std::process::Command::new("sleep")
+        .arg("600")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let lpid = leftover.id();
+    let stat = std::fs::read_to_string(format!("/proc/{lpid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    let start_ticks: i64 = fields[19].parse().unwrap();
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .unwrap()
+        .trim()
+        .to_owned();
+    let replica = agentry::config::Settings::default().replica();
+    sqlx::query("INSERT INTO managed_processes (id, pid, pgid, start_ticks, boot_id, command, replica) VALUES ($1, $2, $2, $3, $4, '{sleep}', $5)")
+        .bind(uuid::Uuid::now_v7()).bind(lpid as i32).bind(start_ticks).bind(&boot_id).bind(&replica)
+        .execute(&app.pool).await.unwrap();
+    // The agent row still says running, as after a crash.
+    let (db, dir, token) = app.stop().await;
+    sqlx::query("UPDATE agents SET status = 'running', last_turn_outcome = NULL")
+        .execute(&agentry::store::connect(db.clone(), 2).await.unwrap())
+        .await
+        .unwrap();
+
+    let app = spawn_on(db, dir, Some(token)).await;
+    let status = leftover.wait().unwrap();
+    assert!(
+        !status.success(),
+        "the leftover was ended by the reconciler"
+    );
+    let agent = app.get_ok(&format!("/v1/agents/{id}")).await;
+    assert_eq!(agent["status"], "closed");
+    let after = app.timeline(&id).await;
+    assert_eq!(
+        &after[..before.len()],
+        &before[..],
+        "earlier events are untouched"
+    );
+    let done: Vec<_> = after
+        .iter()
+        .filter(|e| e["kind"] == "turn_completed")
+        .collect();
+    assert_eq!(done.last().unwrap()["data"]["outcome"], "failed");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM managed_processes")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
+    app.prompt(&id, "after the restart").await;
+    assert_eq!(app.wait(&id).await["last_turn"]["outcome"], "completed");
+}

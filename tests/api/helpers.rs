@@ -1,0 +1,388 @@
+//! The test harness: a throwaway cluster per test process (or `DATABASE_URL`), a fresh
+//! database per test, the app on port 0, a git repository fixture and an SSE reader.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use agentry::config::Settings;
+use agentry::server::Application;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use sqlx::postgres::PgConnectOptions;
+use tempfile::TempDir;
+use tokio::sync::oneshot;
+
+pub struct TestApp {
+    pub base: String,
+    pub token: String,
+    pub client: reqwest::Client,
+    pub pool: PgPool,
+    pub data_dir: TempDir,
+    pub db: PgConnectOptions,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+async fn fresh_database() -> PgConnectOptions {
+    let name = format!("t_{}", uuid::Uuid::now_v7().simple());
+    match std::env::var("DATABASE_URL") {
+        Ok(url) => {
+            let admin: PgConnectOptions = url.parse().expect("DATABASE_URL");
+            let pool = sqlx::PgPool::connect_with(admin.clone())
+                .await
+                .expect("connect DATABASE_URL");
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                .execute(&pool)
+                .await
+                .unwrap();
+            pool.close().await;
+            admin.database(&name)
+        }
+        Err(_) => {
+            let cluster = tokio::task::spawn_blocking(agentry::store::embedded::test_cluster)
+                .await
+                .unwrap();
+            cluster
+                .ensure_database(&name)
+                .await
+                .expect("create test database");
+            cluster.connect_options(&name)
+        }
+    }
+}
+
+pub fn settings(data_dir: &Path) -> Settings {
+    let mut s = Settings::default();
+    s.data_dir = data_dir.to_path_buf();
+    s.listen = "127.0.0.1:0".into();
+    s.providers.insert(
+        "mock".into(),
+        agentry::config::ProviderSettings {
+            command: Some(vec![env!("CARGO_BIN_EXE_agentry").into()]),
+            ..Default::default()
+        },
+    );
+    s.database.max_connections = 10;
+    s
+}
+
+pub async fn spawn_app() -> TestApp {
+    let db = fresh_database().await;
+    let data_dir = tempfile::tempdir().unwrap();
+    spawn_on(db, data_dir, None).await
+}
+
+/// Start an app on an existing database and data dir (for restarts).
+pub async fn spawn_on(db: PgConnectOptions, data_dir: TempDir, token: Option<String>) -> TestApp {
+    let pool = agentry::store::connect(db.clone(), 10).await.expect("pool");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let app = Application::build_with(settings(data_dir.path()), pool.clone(), None, listener)
+        .await
+        .expect("app builds");
+    let token = token
+        .or_else(|| app.bootstrap_token().map(str::to_owned))
+        .expect("a token");
+    let base = format!("http://127.0.0.1:{}", app.port());
+    let (stop_tx, stop_rx) = oneshot::channel();
+    let task = tokio::spawn(async move {
+        app.run_until(async {
+            let _ = stop_rx.await;
+        })
+        .await
+        .expect("app stops cleanly");
+    });
+    TestApp {
+        base,
+        token,
+        client: reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap(),
+        pool,
+        data_dir,
+        db,
+        stop: Some(stop_tx),
+        task: Some(task),
+    }
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.client
+            .get(self.url(path))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> reqwest::Response {
+        self.client
+            .post(self.url(path))
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn delete(&self, path: &str) -> reqwest::Response {
+        self.client
+            .delete(self.url(path))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// POST and expect `status`; returns the JSON body.
+    pub async fn post_ok(&self, path: &str, body: Value, status: u16) -> Value {
+        let res = self.post(path, body).await;
+        expect_status(res, status).await
+    }
+
+    pub async fn get_ok(&self, path: &str) -> Value {
+        expect_status(self.get(path).await, 200).await
+    }
+
+    /// Graceful stop (like SIGTERM): agents closed, processes ended.
+    pub async fn stop(mut self) -> (PgConnectOptions, TempDir, String) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.await.unwrap();
+        }
+        (self.db, self.data_dir, self.token)
+    }
+
+    pub async fn project(&self, repo: &Path) -> Value {
+        self.post_ok(
+            "/v1/projects",
+            json!({"name": "demo", "repo_path": repo}),
+            201,
+        )
+        .await
+    }
+
+    /// A project, a worktree workspace and a mock agent in it; returns the agent id.
+    pub async fn mock_agent(&self, repo: &Path) -> (String, String) {
+        let project = self.project(repo).await;
+        let ws = self
+            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+            .await;
+        let agent = self
+            .post_ok(
+                "/v1/agents",
+                json!({"workspace_id": ws["id"], "provider": "mock"}),
+                201,
+            )
+            .await;
+        (
+            agent["id"].as_str().unwrap().to_owned(),
+            ws["id"].as_str().unwrap().to_owned(),
+        )
+    }
+
+    pub async fn prompt(&self, agent: &str, text: &str) -> String {
+        let r = self
+            .post_ok(
+                &format!("/v1/agents/{agent}/messages"),
+                json!({"text": text}),
+                202,
+            )
+            .await;
+        r["turn_id"].as_str().unwrap().to_owned()
+    }
+
+    pub async fn wait(&self, agent: &str) -> Value {
+        self.get_ok(&format!("/v1/agents/{agent}/wait?timeout_s=30"))
+            .await
+    }
+
+    /// Every event of the agent's timeline, oldest first.
+    pub async fn timeline(&self, agent: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut path = format!("/v1/agents/{agent}/timeline?after_seq=0&limit=1000");
+        loop {
+            let page = self.get_ok(&path).await;
+            out.extend(page["items"].as_array().unwrap().iter().cloned());
+            match page["next_cursor"].as_str() {
+                Some(c) => path = format!("/v1/agents/{agent}/timeline?cursor={c}&limit=1000"),
+                None => return out,
+            }
+        }
+    }
+
+    /// Open the agent's SSE stream.
+    pub async fn events(&self, agent: &str, last_event_id: Option<i64>) -> SseReader {
+        let mut req = self
+            .client
+            .get(self.url(&format!("/v1/agents/{agent}/events")))
+            .bearer_auth(&self.token);
+        if let Some(id) = last_event_id {
+            req = req.header("Last-Event-ID", id.to_string());
+        }
+        let res = req.send().await.unwrap();
+        assert_eq!(res.status(), 200);
+        assert_eq!(res.headers()["content-type"], "text/event-stream");
+        SseReader::from_response(res)
+    }
+}
+
+pub async fn expect_status(res: reqwest::Response, status: u16) -> Value {
+    let got = res.status().as_u16();
+    let ct = res
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let text = res.text().await.unwrap();
+    assert_eq!(got, status, "unexpected status; body: {text}");
+    if got >= 400 {
+        assert_eq!(
+            ct, "application/problem+json",
+            "errors are problem+json: {text}"
+        );
+    }
+    if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or(Value::String(text))
+    }
+}
+
+/// One SSE message.
+#[derive(Debug, Clone)]
+pub struct SseEvent {
+    pub id: i64,
+    pub event: String,
+    pub data: Value,
+}
+
+pub struct SseReader {
+    stream: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
+    buf: Vec<u8>,
+}
+
+impl SseReader {
+    pub fn from_response(res: reqwest::Response) -> Self {
+        SseReader {
+            stream: Box::pin(res.bytes_stream()),
+            buf: Vec::new(),
+        }
+    }
+
+    /// The next event (comments and `retry:` skipped), or None when the stream ends or
+    /// nothing arrives within `timeout`.
+    pub async fn next(&mut self, timeout: Duration) -> Option<SseEvent> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(pos) = self.buf.windows(2).position(|w| w == b"\n\n") {
+                let block: Vec<u8> = self.buf.drain(..pos + 2).collect();
+                let text = String::from_utf8(block).unwrap();
+                let (mut id, mut event, mut data) = (None, None, None);
+                for line in text.lines() {
+                    if let Some(v) = line.strip_prefix("id: ") {
+                        id = v.parse().ok();
+                    } else if let Some(v) = line.strip_prefix("event: ") {
+                        event = Some(v.to_owned());
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        data = Some(serde_json::from_str(v).unwrap());
+                    }
+                }
+                if let (Some(id), Some(event), Some(data)) = (id, event, data) {
+                    return Some(SseEvent { id, event, data });
+                }
+                continue;
+            }
+            match tokio::time::timeout_at(deadline, self.stream.next()).await {
+                Ok(Some(Ok(chunk))) => self.buf.extend_from_slice(&chunk),
+                _ => return None,
+            }
+        }
+    }
+
+    /// Read events until one of `kind` arrives (inclusive); returns all read.
+    pub async fn until(&mut self, kind: &str, timeout: Duration) -> Vec<SseEvent> {
+        let mut out = Vec::new();
+        while let Some(e) = self.next(timeout).await {
+            let done = e.event == kind;
+            out.push(e);
+            if done {
+                return out;
+            }
+        }
+        panic!(
+            "no `{kind}` event within {timeout:?}; got {:?}",
+            out.iter().map(|e| &e.event).collect::<Vec<_>>()
+        );
+    }
+}
+
+/// A git repository with one commit on `main`.
+pub fn git_repo() -> TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    git(dir.path(), &["init", "-q", "-b", "main"]);
+    std::fs::write(dir.path().join("README.md"), "# demo\n").unwrap();
+    git(dir.path(), &["add", "."]);
+    git(dir.path(), &["commit", "-q", "-m", "initial"]);
+    dir
+}
+
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@example.com",
+            "-c",
+            "safe.directory=*",
+        ])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+pub fn pid_alive(pid: i32) -> bool {
+    // A zombie is gone for our purposes.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+pub async fn eventually<F: FnMut() -> bool>(what: &str, timeout: Duration, mut f: F) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !f() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub fn path_of(v: &Value) -> PathBuf {
+    PathBuf::from(v.as_str().unwrap())
+}

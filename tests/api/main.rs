@@ -1,0 +1,9 @@
+//! API tests: each test gets a fresh database on a throwaway PostgreSQL cluster and a real
+//! server on a random port, and talks to it over HTTP like a client would.
+
+mod agents;
+mod helpers;
+mod platform;
+mod story;
+mod streams;
+mod workspaces;

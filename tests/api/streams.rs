@@ -1,0 +1,123 @@
+//! SSE: resume at a random point under load, durability, and the team activity stream.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use rand::Rng;
+use serde_json::json;
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn resume_under_load_gives_every_event_exactly_once() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    app.wait(&id).await;
+    let mut sse = app.events(&id, None).await;
+    app.prompt(&id, "/load 2000 0").await;
+    let cut = rand::rng().random_range(20..1500);
+    let mut first = Vec::new();
+    while first.len() < cut {
+        first.push(
+            sse.next(Duration::from_secs(10))
+                .await
+                .expect("events flow"),
+        );
+    }
+    drop(sse);
+    let last = first.last().unwrap().id;
+    let mut sse = app.events(&id, Some(last)).await;
+    let second = sse.until("turn_completed", Duration::from_secs(20)).await;
+    let ids: Vec<i64> = first.iter().chain(second.iter()).map(|e| e.id).collect();
+    let expected: Vec<i64> = (1..=*ids.last().unwrap()).collect();
+    assert_eq!(
+        ids, expected,
+        "the union is exactly 1..N, in order, without duplicates"
+    );
+    let deltas = first
+        .iter()
+        .chain(second.iter())
+        .filter(|e| e.event == "assistant_delta")
+        .count();
+    assert_eq!(deltas, 2000);
+
+    // Durable: what SSE showed is what the database holds.
+    let rows: Vec<(i64, String, serde_json::Value)> =
+        sqlx::query_as("SELECT seq, kind, data FROM agent_events WHERE agent_id = $1 ORDER BY seq")
+            .bind(uuid::Uuid::parse_str(&id[4..]).unwrap())
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    for e in first.iter().chain(second.iter()) {
+        let row = &rows[(e.id - 1) as usize];
+        assert_eq!(row.0, e.id);
+        assert_eq!(row.1, e.event);
+        assert_eq!(row.2, e.data["data"]);
+    }
+    // `?after_seq=` resumes too.
+    let n = *ids.last().unwrap();
+    let res = app
+        .client
+        .get(app.url(&format!("/v1/agents/{id}/events?after_seq={}", n - 1)))
+        .bearer_auth(&app.token)
+        .send()
+        .await
+        .unwrap();
+    let mut r = SseReader::from_response(res);
+    assert_eq!(
+        r.next(Duration::from_secs(5))
+            .await
+            .expect("the last event")
+            .id,
+        n
+    );
+}
+
+#[tokio::test]
+async fn team_activity_stream_is_resumable() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let (id, ws) = app.mock_agent(repo.path()).await;
+    app.wait(&id).await;
+    let res = app
+        .client
+        .get(app.url("/v1/events"))
+        .bearer_auth(&app.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let mut r = SseReaderExt::from(res);
+    let evs = r.0.until("agent_status", Duration::from_secs(10)).await;
+    assert_eq!(evs[0].event, "workspace_created");
+    assert!(
+        evs.iter()
+            .any(|e| e.event == "agent_created" && e.data["data"]["agent_id"] == id.as_str())
+    );
+    let seen: BTreeSet<i64> = evs.iter().map(|e| e.id).collect();
+    let last = *seen.iter().last().unwrap();
+    let res = app
+        .client
+        .get(app.url(&format!("/v1/events?workspace_id={ws}")))
+        .bearer_auth(&app.token)
+        .header("Last-Event-ID", last.to_string())
+        .send()
+        .await
+        .unwrap();
+    let mut r = SseReaderExt::from(res);
+    app.post_ok(&format!("/v1/workspaces/{ws}/archive"), json!({}), 200)
+        .await;
+    let more =
+        r.0.until("workspace_archived", Duration::from_secs(10))
+            .await;
+    assert!(more.iter().all(|e| e.id > last));
+}
+
+pub struct SseReaderExt(pub SseReader);
+
+impl From<reqwest::Response> for SseReaderExt {
+    fn from(res: reqwest::Response) -> Self {
+        SseReaderExt(SseReader::from_response(res))
+    }
+}
