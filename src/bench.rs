@@ -51,6 +51,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     settings.listen = "127.0.0.1:0".into();
     settings.database.max_connections = 20;
     let (pool, pg) = crate::server::open_database(&settings).await?;
+    let cluster_dir = pg.as_ref().map(|p| p.cluster_dir.clone());
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let app = Application::build_with(settings, pool.clone(), pg, listener).await?;
     let token = app.bootstrap_token().context("fresh data dir has a bootstrap token")?.to_owned();
@@ -128,6 +129,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let _ = stop_tx.send(());
     server.await??;
     let _ = std::fs::remove_dir_all(&dir);
+    if let Some(c) = cluster_dir {
+        let _ = std::fs::remove_dir_all(c);
+    }
     Ok(())
 }
 

@@ -102,7 +102,7 @@ fn main() -> anyhow::Result<()> {
             let settings = load_settings(&config, None)?;
             agentry::telemetry::init(&settings.log);
             rt.block_on(async {
-                let (pool, pg) = agentry::server::open_database(&settings).await?;
+                let (pool, pg) = agentry::server::open_database_beside_server(&settings).await?;
                 agentry::store::migrate(&pool).await?;
                 pool.close().await;
                 if let Some(pg) = pg {
@@ -127,7 +127,7 @@ fn main() -> anyhow::Result<()> {
             let settings = load_settings(&config, None)?;
             agentry::telemetry::init(&settings.log);
             rt.block_on(async {
-                let (pool, pg) = agentry::server::open_database(&settings).await?;
+                let (pool, pg) = agentry::server::open_database_beside_server(&settings).await?;
                 agentry::store::migrate(&pool).await?;
                 let token = agentry::server::create_admin_token(&pool, &name).await?;
                 pool.close().await;

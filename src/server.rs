@@ -89,6 +89,18 @@ pub async fn open_database(
     }
 }
 
+/// For commands run beside a server (`migrate`, `token create`): use the embedded cluster
+/// the server is running, or start it when no server runs.
+pub async fn open_database_beside_server(settings: &Settings) -> anyhow::Result<(PgPool, Option<EmbeddedPostgres>)> {
+    if settings.database.url.is_none()
+        && let Some(opts) = EmbeddedPostgres::running(&settings.data_dir, "agentry")
+        && let Ok(pool) = store::connect(opts, 2).await
+    {
+        return Ok((pool, None));
+    }
+    open_database(settings).await
+}
+
 /// The providers this server offers: `mock`, plus every `extends = "acp"` table.
 pub fn build_registry(settings: &Settings) -> anyhow::Result<ProviderRegistry> {
     let mut registry = ProviderRegistry::new();

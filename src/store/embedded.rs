@@ -53,6 +53,10 @@ pub enum EmbeddedError {
         "PostgreSQL server binaries (initdb, postgres) were not found on PATH or in /usr/lib/postgresql/*/bin; install PostgreSQL or set DATABASE_URL to use an external database"
     )]
     BinariesNotFound,
+    #[error(
+        "the embedded database in {data_dir} is in use by another process (pid {pid}); is another agentry running with this data dir?"
+    )]
+    InUse { pid: i32, data_dir: PathBuf },
     #[error("embedded PostgreSQL: {0}")]
     Failed(String),
     #[error("embedded PostgreSQL I/O: {0}")]
@@ -120,6 +124,16 @@ impl EmbeddedPostgres {
     ) -> Result<Self, EmbeddedError> {
         let cluster_dir = cluster_dir.into();
         run_blocking(move || Self::start_blocking(cluster_dir, ephemeral)).await
+    }
+
+    /// Connection options for `database` on the cluster of `data_dir` when a server is
+    /// already running it (e.g. `agentry serve`), so a command can use it alongside.
+    pub fn running(data_dir: &Path, database: &str) -> Option<PgConnectOptions> {
+        let as_root = run_as().ok()?.is_some();
+        let cluster_dir = default_cluster_dir(data_dir, as_root).ok()?;
+        let pid = read_pid_file(&cluster_dir.join("data").join("postmaster.pid"))?;
+        (process_alive(pid) && is_postgres_process(pid))
+            .then(|| socket_connect_options(&socket_dir_for(&cluster_dir), PORT, database))
     }
 
     /// Connection options for `database` over the unix socket, as the cluster superuser.
@@ -590,6 +604,14 @@ fn process_alive(pid: i32) -> bool {
     }
 }
 
+/// The parent of `pid` when it is a live process other than init: a postmaster that still
+/// has its parent belongs to a running server, not to a crashed one.
+fn live_parent(pid: i32) -> Option<i32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let ppid: i32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+    (ppid > 1 && process_alive(ppid) && ppid != std::process::id() as i32).then_some(ppid)
+}
+
 fn is_postgres_process(pid: i32) -> bool {
     fs::read_to_string(format!("/proc/{pid}/comm"))
         .is_ok_and(|comm| matches!(comm.trim(), "postgres" | "postmaster"))
@@ -694,6 +716,9 @@ fn clear_stale_state(layout: &Layout) -> Result<(), EmbeddedError> {
                     && is_postgres_process(pid)
                     && process_runs_in(pid, &layout.data_dir) =>
             {
+                if let Some(owner) = live_parent(pid) {
+                    return Err(EmbeddedError::InUse { pid: owner, data_dir: layout.data_dir.clone() });
+                }
                 tracing::warn!(
                     pid,
                     data = %layout.data_dir.display(),
