@@ -42,19 +42,41 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let dir = tempfile_dir()?;
     let repo = dir.join("repo");
     std::fs::create_dir_all(&repo)?;
-    for a in [&["init", "-q", "-b", "main"][..], &["-c", "user.name=b", "-c", "user.email=b@b", "commit", "-q", "--allow-empty", "-m", "init"]] {
-        let ok = std::process::Command::new("git").args(a).current_dir(&repo).status()?.success();
+    for a in [
+        &["init", "-q", "-b", "main"][..],
+        &[
+            "-c",
+            "user.name=b",
+            "-c",
+            "user.email=b@b",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "init",
+        ],
+    ] {
+        let ok = std::process::Command::new("git")
+            .args(a)
+            .current_dir(&repo)
+            .status()?
+            .success();
         anyhow::ensure!(ok, "git {a:?} failed");
     }
-    let mut settings = Settings::default();
-    settings.data_dir = dir.join("data");
-    settings.listen = "127.0.0.1:0".into();
+    let mut settings = Settings {
+        data_dir: dir.join("data"),
+        listen: "127.0.0.1:0".into(),
+        ..Default::default()
+    };
     settings.database.max_connections = 20;
     let (pool, pg) = crate::server::open_database(&settings).await?;
     let cluster_dir = pg.as_ref().map(|p| p.cluster_dir.clone());
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let app = Application::build_with(settings, pool.clone(), pg, listener).await?;
-    let token = app.bootstrap_token().context("fresh data dir has a bootstrap token")?.to_owned();
+    let token = app
+        .bootstrap_token()
+        .context("fresh data dir has a bootstrap token")?
+        .to_owned();
     let base = format!("http://127.0.0.1:{}", app.port());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(app.run_until(async {
@@ -62,7 +84,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }));
     let client = reqwest::Client::new();
     let post = |path: String, body: Value| {
-        let req = client.post(format!("{base}{path}")).bearer_auth(&token).json(&body);
+        let req = client
+            .post(format!("{base}{path}"))
+            .bearer_auth(&token)
+            .json(&body);
         async move {
             let res = req.send().await?;
             let status = res.status();
@@ -71,15 +96,31 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Ok::<_, anyhow::Error>(v)
         }
     };
-    let project = post("/v1/projects".into(), json!({"name": "bench", "repo_path": repo})).await?;
-    let ws = post("/v1/workspaces".into(), json!({"project_id": project["id"], "kind": "directory"})).await?;
+    let project = post(
+        "/v1/projects".into(),
+        json!({"name": "bench", "repo_path": repo}),
+    )
+    .await?;
+    let ws = post(
+        "/v1/workspaces".into(),
+        json!({"project_id": project["id"], "kind": "directory"}),
+    )
+    .await?;
     let mut agents = Vec::new();
     for _ in 0..args.agents {
-        let a = post("/v1/agents".into(), json!({"workspace_id": ws["id"], "provider": "mock"})).await?;
+        let a = post(
+            "/v1/agents".into(),
+            json!({"workspace_id": ws["id"], "provider": "mock"}),
+        )
+        .await?;
         agents.push(a["id"].as_str().context("agent id")?.to_owned());
     }
     for a in &agents {
-        client.get(format!("{base}/v1/agents/{a}/wait?timeout_s=30")).bearer_auth(&token).send().await?;
+        client
+            .get(format!("{base}/v1/agents/{a}/wait?timeout_s=30"))
+            .bearer_auth(&token)
+            .send()
+            .await?;
     }
     let rss_before = rss_kib();
 
@@ -102,7 +143,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let started = Instant::now();
     for a in &agents {
-        post(format!("/v1/agents/{a}/messages"), json!({"text": format!("/load {} {}", args.events, args.interval_ms)})).await?;
+        post(
+            format!("/v1/agents/{a}/messages"),
+            json!({"text": format!("/load {} {}", args.events, args.interval_ms)}),
+        )
+        .await?;
     }
     let mut total = 0usize;
     let mut lat = Vec::new();
@@ -114,13 +159,35 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let elapsed = started.elapsed();
     let rss_after = rss_kib();
     lat.sort_unstable();
-    let pct = |p: f64| lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1))).copied().unwrap_or(0);
-    let durable: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_events").fetch_one(&pool).await?;
-    println!("agents: {}  events/agent: {}  interval: {} ms  subscribers/agent: {}", args.agents, args.events, args.interval_ms, args.subscribers);
-    println!("delivered over SSE: {total} events in {:.2} s = {:.0} events/s", elapsed.as_secs_f64(), total as f64 / elapsed.as_secs_f64());
+    let pct = |p: f64| {
+        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    };
+    let durable: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_events")
+        .fetch_one(&pool)
+        .await?;
+    println!(
+        "agents: {}  events/agent: {}  interval: {} ms  subscribers/agent: {}",
+        args.agents, args.events, args.interval_ms, args.subscribers
+    );
+    println!(
+        "delivered over SSE: {total} events in {:.2} s = {:.0} events/s",
+        elapsed.as_secs_f64(),
+        total as f64 / elapsed.as_secs_f64()
+    );
     println!("durable events in the database: {durable}");
-    println!("emit→SSE latency: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms", pct(0.50) as f64 / 1000.0, pct(0.99) as f64 / 1000.0, lat.last().copied().unwrap_or(0) as f64 / 1000.0);
-    println!("process RSS: {} MiB before, {} MiB after", rss_before / 1024, rss_after / 1024);
+    println!(
+        "emit→SSE latency: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        pct(0.50) as f64 / 1000.0,
+        pct(0.99) as f64 / 1000.0,
+        lat.last().copied().unwrap_or(0) as f64 / 1000.0
+    );
+    println!(
+        "process RSS: {} MiB before, {} MiB after",
+        rss_before / 1024,
+        rss_after / 1024
+    );
 
     if args.raw_rows > 0 {
         let rate = raw_insert_rate(&pool, args.raw_rows).await?;
@@ -139,7 +206,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 async fn subscribe(res: reqwest::Response) -> anyhow::Result<SubscriberResult> {
     let mut stream = res.bytes_stream();
     let mut buf: Vec<u8> = Vec::new();
-    let mut out = SubscriberResult { events: 0, latencies_us: Vec::new() };
+    let mut out = SubscriberResult {
+        events: 0,
+        latencies_us: Vec::new(),
+    };
     let mut turn_started = false;
     while let Some(chunk) = tokio::time::timeout(Duration::from_secs(120), stream.next()).await? {
         buf.extend_from_slice(&chunk?);
@@ -148,11 +218,22 @@ async fn subscribe(res: reqwest::Response) -> anyhow::Result<SubscriberResult> {
         while let Some(pos) = buf[start..].windows(2).position(|w| w == b"\n\n") {
             let block = &buf[start..start + pos];
             start += pos + 2;
-            let Some(data) = block.split(|b| *b == b'\n').find_map(|l| l.strip_prefix(b"data: ")) else { continue };
+            let Some(data) = block
+                .split(|b| *b == b'\n')
+                .find_map(|l| l.strip_prefix(b"data: "))
+            else {
+                continue;
+            };
             let ev: Value = serde_json::from_slice(data)?;
             out.events += 1;
-            if let Some(at) = ev["at"].as_str().and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok()) {
-                let us = (now - at.with_timezone(&Utc)).num_microseconds().unwrap_or(0).max(0) as u64;
+            if let Some(at) = ev["at"]
+                .as_str()
+                .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())
+            {
+                let us = (now - at.with_timezone(&Utc))
+                    .num_microseconds()
+                    .unwrap_or(0)
+                    .max(0) as u64;
                 out.latencies_us.push(us);
             }
             match ev["kind"].as_str() {
@@ -178,7 +259,10 @@ async fn raw_insert_rate(pool: &sqlx::PgPool, rows: usize) -> anyhow::Result<f64
         let seqs: Vec<i64> = (seq..seq + n as i64).collect();
         let ids = vec![agent; n];
         let kinds = vec!["assistant_delta"; n];
-        let data: Vec<Value> = seqs.iter().map(|s| json!({"message_id": "msg_x", "text": format!("{s} ")})).collect();
+        let data: Vec<Value> = seqs
+            .iter()
+            .map(|s| json!({"message_id": "msg_x", "text": format!("{s} ")}))
+            .collect();
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         sqlx::query("INSERT INTO bench_raw SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::text[], $4::jsonb[])")
             .bind(&ids)
@@ -196,7 +280,11 @@ async fn raw_insert_rate(pool: &sqlx::PgPool, rows: usize) -> anyhow::Result<f64
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
         .unwrap_or(0)
 }
 

@@ -95,12 +95,12 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Serve { config, listen } => {
             let settings = load_settings(&config, listen)?;
-            agentry::telemetry::init(&settings.log);
+            let _telemetry = agentry::telemetry::init(&settings.log);
             rt.block_on(serve(settings))
         }
         Command::Migrate { config } => {
             let settings = load_settings(&config, None)?;
-            agentry::telemetry::init(&settings.log);
+            let _telemetry = agentry::telemetry::init(&settings.log);
             rt.block_on(async {
                 let (pool, pg) = agentry::server::open_database_beside_server(&settings).await?;
                 agentry::store::migrate(&pool).await?;
@@ -125,7 +125,7 @@ fn main() -> anyhow::Result<()> {
                 "only `agentry token create --admin` is supported; create other tokens over the API"
             );
             let settings = load_settings(&config, None)?;
-            agentry::telemetry::init(&settings.log);
+            let _telemetry = agentry::telemetry::init(&settings.log);
             rt.block_on(async {
                 let (pool, pg) = agentry::server::open_database_beside_server(&settings).await?;
                 agentry::store::migrate(&pool).await?;

@@ -1,32 +1,86 @@
 //! Logging and tracing: human-readable text by default, JSON lines in production
-//! (`log.format = "json"`). `RUST_LOG` overrides `log.filter`. Secrets never reach a log:
-//! settings redact them in `Debug`, and tokens are only ever logged by id.
+//! (`log.format = "json"`); `RUST_LOG` overrides `log.filter`. When `log.otlp_endpoint` is
+//! set, spans are also exported over OTLP/HTTP (protobuf) to that collector; otherwise no
+//! exporter runs. Secrets never reach a log: settings redact them in `Debug`, and tokens
+//! are only ever logged by id.
 
-use tracing_subscriber::EnvFilter;
-use tracing_subscriber::fmt::format::FmtSpan;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig as _};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::config::LogSettings;
 
-/// Install the global subscriber. Safe to call more than once (later calls do nothing).
-pub fn init(settings: &LogSettings) {
+/// Flushes exported spans when dropped; keep it alive for the life of the process.
+pub struct TelemetryGuard(Option<SdkTracerProvider>);
+
+impl Drop for TelemetryGuard {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take()
+            && let Err(e) = p.shutdown()
+        {
+            eprintln!("agentry: could not flush traces: {e}");
+        }
+    }
+}
+
+/// Install the global subscriber (later calls do nothing).
+pub fn init(settings: &LogSettings) -> TelemetryGuard {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&settings.filter));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = if settings.format == "json" {
-        builder
+    let fmt = if settings.format == "json" {
+        tracing_subscriber::fmt::layer()
             .json()
             .with_current_span(true)
-            .with_span_events(FmtSpan::NONE)
-            .try_init()
+            .with_writer(std::io::stderr)
+            .boxed()
     } else {
-        builder.try_init()
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .boxed()
     };
-    if let Some(endpoint) = &settings.otlp_endpoint {
-        tracing::warn!(
-            %endpoint,
-            "log.otlp_endpoint is set, but this build exports no OTLP traces; logs go to stderr"
-        );
-    }
+    let (otel, provider) = match settings.otlp_endpoint.as_deref().map(otlp_provider) {
+        Some(Ok(provider)) => {
+            let tracer = provider.tracer("agentry");
+            (
+                Some(tracing_opentelemetry::layer().with_tracer(tracer).boxed()),
+                Some(provider),
+            )
+        }
+        Some(Err(e)) => {
+            eprintln!("agentry: OTLP export disabled: {e}");
+            (None, None)
+        }
+        None => (None, None),
+    };
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt)
+        .with(otel)
+        .try_init();
+    TelemetryGuard(provider)
+}
+
+fn otlp_provider(endpoint: &str) -> anyhow::Result<SdkTracerProvider> {
+    let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_endpoint(url)
+        .with_http_client(reqwest_blocking()?)
+        .build()?;
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(Resource::builder().with_service_name("agentry").build())
+        .build())
+}
+
+fn reqwest_blocking() -> anyhow::Result<reqwest::blocking::Client> {
+    // Built on its own thread: the blocking client must not be created inside a runtime.
+    std::thread::spawn(|| reqwest::blocking::Client::builder().build())
+        .join()
+        .map_err(|_| anyhow::anyhow!("the HTTP client for OTLP could not be built"))?
+        .map_err(Into::into)
 }

@@ -10,7 +10,11 @@ use std::time::{Duration, Instant};
 const EXE: &str = env!("CARGO_BIN_EXE_agentry");
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 struct Server {
@@ -42,17 +46,34 @@ fn serve(data_dir: &Path) -> Server {
         }
     }
     std::thread::spawn(move || for _ in lines {});
-    Server { child, base: format!("http://127.0.0.1:{port}"), printed_token }
+    Server {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+        printed_token,
+    }
 }
 
 fn get(url: &str, token: &str) -> u16 {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(async { reqwest::Client::new().get(url).bearer_auth(token).send().await.unwrap().status().as_u16() })
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        reqwest::Client::new()
+            .get(url)
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    })
 }
 
 fn postmaster_of(pid: u32) -> Option<(u32, PathBuf)> {
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
-        let children = std::fs::read_to_string(task.ok()?.path().join("children")).unwrap_or_default();
+        let children =
+            std::fs::read_to_string(task.ok()?.path().join("children")).unwrap_or_default();
         for c in children.split_whitespace() {
             let c: u32 = c.parse().ok()?;
             let comm = std::fs::read_to_string(format!("/proc/{c}/comm")).unwrap_or_default();
@@ -72,7 +93,10 @@ fn terminate(mut s: Server) -> std::process::ExitStatus {
         if let Some(st) = s.child.try_wait().unwrap() {
             return st;
         }
-        assert!(Instant::now() < deadline, "serve did not stop within 30 s of SIGTERM");
+        assert!(
+            Instant::now() < deadline,
+            "serve did not stop within 30 s of SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -85,12 +109,23 @@ fn serve_starts_with_no_setup_and_stops_cleanly() {
 
     let server = serve(&data);
     let token_file = data.join("admin-token");
-    let token = std::fs::read_to_string(&token_file).unwrap().trim().to_owned();
-    assert_eq!(server.printed_token.as_deref(), Some(token.as_str()), "the bootstrap token is printed once");
-    assert_eq!(std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777, 0o600);
+    let token = std::fs::read_to_string(&token_file)
+        .unwrap()
+        .trim()
+        .to_owned();
+    assert_eq!(
+        server.printed_token.as_deref(),
+        Some(token.as_str()),
+        "the bootstrap token is printed once"
+    );
+    assert_eq!(
+        std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
     assert_eq!(get(&format!("{}/healthz", server.base), ""), 200);
     assert_eq!(get(&format!("{}/v1/me", server.base), &token), 200);
-    let (pg, pg_data) = postmaster_of(server.child.id()).expect("the embedded database runs as a child");
+    let (pg, pg_data) =
+        postmaster_of(server.child.id()).expect("the embedded database runs as a child");
 
     // A second server on the same data dir refuses instead of taking the database away.
     let second = Command::new(EXE)
@@ -101,18 +136,41 @@ fn serve_starts_with_no_setup_and_stops_cleanly() {
         .output()
         .unwrap();
     assert!(!second.status.success());
-    assert!(String::from_utf8_lossy(&second.stderr).contains("in use"), "{}", String::from_utf8_lossy(&second.stderr));
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains("in use"),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
 
     // A new admin token, issued beside the running server.
-    let out = Command::new(EXE).args(["token", "create", "--admin", "--data-dir"]).arg(&data).env_remove("DATABASE_URL").output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(EXE)
+        .args(["token", "create", "--admin", "--data-dir"])
+        .arg(&data)
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let new_token = String::from_utf8(out.stdout).unwrap().trim().to_owned();
     assert_eq!(get(&format!("{}/v1/me", server.base), &new_token), 200);
-    assert_eq!(get(&format!("{}/readyz", server.base), ""), 200, "the server's database is untouched");
+    assert_eq!(
+        get(&format!("{}/readyz", server.base), ""),
+        200,
+        "the server's database is untouched"
+    );
 
     let status = terminate(server);
     assert!(status.success(), "SIGTERM exits 0: {status:?}");
-    assert!(!Path::new(&format!("/proc/{pg}")).exists() || std::fs::read_to_string(format!("/proc/{pg}/stat")).unwrap_or_default().contains(" Z "), "the database stopped");
+    assert!(
+        !Path::new(&format!("/proc/{pg}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pg}/stat"))
+                .unwrap_or_default()
+                .contains(" Z "),
+        "the database stopped"
+    );
 
     // A second start reuses everything and prints no new token.
     let server = serve(&data);
@@ -120,6 +178,96 @@ fn serve_starts_with_no_setup_and_stops_cleanly() {
     assert_eq!(get(&format!("{}/v1/me", server.base), &token), 200);
     assert!(terminate(server).success());
     if let Some(cluster) = pg_data.parent()
+        && cluster.starts_with("/var/lib/agentry")
+    {
+        let _ = std::fs::remove_dir_all(cluster);
+    }
+}
+
+/// With `log.otlp_endpoint` set, request spans reach an OTLP/HTTP collector (a fake one
+/// on 127.0.0.1 that this test owns); they are flushed at the latest on shutdown.
+#[test]
+fn traces_are_exported_over_otlp_when_configured() {
+    use std::io::{Read, Write};
+    let collector = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", collector.local_addr().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for conn in collector.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut buf = vec![0u8; 1 << 20];
+            let mut got = Vec::new();
+            // Read the head and the body (by Content-Length).
+            loop {
+                let n = conn.read(&mut buf).unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&got).to_string();
+                if let Some(head_end) = text.find("\r\n\r\n") {
+                    let len = text[..head_end]
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                        })
+                        .unwrap_or(0);
+                    if got.len() >= head_end + 4 + len {
+                        break;
+                    }
+                }
+            }
+            let head = String::from_utf8_lossy(&got)
+                .lines()
+                .take(12)
+                .collect::<Vec<_>>()
+                .join("\n");
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+            let _ = tx.send(head);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let data = dir.path().join("data");
+    let port = free_port();
+    let mut child = Command::new(EXE)
+        .args(["serve", "--data-dir"])
+        .arg(&data)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env_remove("DATABASE_URL")
+        .env("AGENTRY_LOG__OTLP_ENDPOINT", &endpoint)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    while !lines.next().unwrap().unwrap().contains("listening on") {}
+    std::thread::spawn(move || for _ in lines {});
+    let token = std::fs::read_to_string(data.join("admin-token"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    assert_eq!(get(&format!("http://127.0.0.1:{port}/v1/me"), &token), 200);
+    let server = Server {
+        child,
+        base: String::new(),
+        printed_token: None,
+    };
+    let pg = postmaster_of(server.child.id()).map(|(_, d)| d);
+    assert!(terminate(server).success());
+    let head = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the collector received spans");
+    assert!(head.starts_with("POST /v1/traces"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("application/x-protobuf"),
+        "{head}"
+    );
+    if let Some(cluster) = pg.as_deref().and_then(Path::parent)
         && cluster.starts_with("/var/lib/agentry")
     {
         let _ = std::fs::remove_dir_all(cluster);

@@ -55,9 +55,11 @@ async fn fresh_database() -> PgConnectOptions {
 }
 
 pub fn settings(data_dir: &Path) -> Settings {
-    let mut s = Settings::default();
-    s.data_dir = data_dir.to_path_buf();
-    s.listen = "127.0.0.1:0".into();
+    let mut s = Settings {
+        data_dir: data_dir.to_path_buf(),
+        listen: "127.0.0.1:0".into(),
+        ..Default::default()
+    };
     s.providers.insert(
         "mock".into(),
         agentry::config::ProviderSettings {

@@ -217,3 +217,98 @@ fn committed_openapi_document_matches_the_code() {
         "openapi/openapi.json is out of date: run `cargo run -- openapi > openapi/openapi.json` (or AGENTRY_BLESS=1 cargo test)"
     );
 }
+
+/// A member of another team sees none of this team's resources: 404, never 403.
+#[tokio::test]
+async fn another_teams_resources_answer_404() {
+    use agentry::auth::tokens;
+    use agentry::store::identity;
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let (agent, ws) = app.mock_agent(repo.path()).await;
+    app.wait(&agent).await;
+
+    let (user, team) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+    identity::insert_user(&app.pool, user, "other@example.com", "Other", false)
+        .await
+        .unwrap();
+    identity::insert_team(&app.pool, team, "other")
+        .await
+        .unwrap();
+    identity::upsert_member(&app.pool, team, user, "owner")
+        .await
+        .unwrap();
+    let token = tokens::generate();
+    identity::insert_token(
+        &app.pool,
+        uuid::Uuid::now_v7(),
+        user,
+        None,
+        None,
+        "t",
+        &tokens::shown_prefix(&token),
+        &tokens::hash(&token),
+        &[],
+        None,
+    )
+    .await
+    .unwrap();
+    let other = |path: String| app.client.get(app.url(&path)).bearer_auth(&token).send();
+    for path in [
+        format!("/v1/agents/{agent}"),
+        format!("/v1/agents/{agent}/timeline"),
+        format!("/v1/agents/{agent}/events"),
+        format!("/v1/workspaces/{ws}"),
+        format!("/v1/workspaces/{ws}/diff"),
+    ] {
+        assert_eq!(
+            expect_status(other(path.clone()).await.unwrap(), 404).await["code"],
+            "not_found",
+            "{path}"
+        );
+    }
+    let r = app
+        .client
+        .post(app.url(&format!("/v1/agents/{agent}/messages")))
+        .bearer_auth(&token)
+        .json(&serde_json::json!({"text": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(r, 404).await["code"], "not_found");
+    let r = app
+        .client
+        .post(app.url("/v1/agents"))
+        .bearer_auth(&token)
+        .json(&serde_json::json!({"workspace_id": ws, "provider": "mock"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(r, 404).await["code"], "not_found");
+    let lists = [
+        other("/v1/agents".into()).await.unwrap(),
+        other("/v1/workspaces".into()).await.unwrap(),
+        other("/v1/projects".into()).await.unwrap(),
+    ];
+    for r in lists {
+        let v = expect_status(r, 200).await;
+        assert!(
+            v["items"].as_array().unwrap().is_empty(),
+            "lists are scoped to the caller's teams"
+        );
+    }
+    // The team activity stream shows nothing of the other team.
+    let res = app
+        .client
+        .get(app.url("/v1/events"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    let mut r = SseReader::from_response(res);
+    assert!(
+        r.next(std::time::Duration::from_millis(500))
+            .await
+            .is_none()
+    );
+}
