@@ -91,7 +91,9 @@ pub async fn open_database(
 
 /// For commands run beside a server (`migrate`, `token create`): use the embedded cluster
 /// the server is running, or start it when no server runs.
-pub async fn open_database_beside_server(settings: &Settings) -> anyhow::Result<(PgPool, Option<EmbeddedPostgres>)> {
+pub async fn open_database_beside_server(
+    settings: &Settings,
+) -> anyhow::Result<(PgPool, Option<EmbeddedPostgres>)> {
     if settings.database.url.is_none()
         && let Some(opts) = EmbeddedPostgres::running(&settings.data_dir, "agentry")
         && let Ok(pool) = store::connect(opts, 2).await

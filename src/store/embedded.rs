@@ -608,7 +608,13 @@ fn process_alive(pid: i32) -> bool {
 /// has its parent belongs to a running server, not to a crashed one.
 fn live_parent(pid: i32) -> Option<i32> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let ppid: i32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+    let ppid: i32 = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
     (ppid > 1 && process_alive(ppid) && ppid != std::process::id() as i32).then_some(ppid)
 }
 
@@ -717,7 +723,10 @@ fn clear_stale_state(layout: &Layout) -> Result<(), EmbeddedError> {
                     && process_runs_in(pid, &layout.data_dir) =>
             {
                 if let Some(owner) = live_parent(pid) {
-                    return Err(EmbeddedError::InUse { pid: owner, data_dir: layout.data_dir.clone() });
+                    return Err(EmbeddedError::InUse {
+                        pid: owner,
+                        data_dir: layout.data_dir.clone(),
+                    });
                 }
                 tracing::warn!(
                     pid,
