@@ -28,6 +28,10 @@ pub struct BenchArgs {
     /// SSE subscribers per agent.
     #[arg(long, default_value_t = 1)]
     pub subscribers: usize,
+    /// Instead of the throughput run: grow one agent's timeline to this many events with
+    /// repeated `/load` turns (one SSE subscriber attached) and report RSS along the way.
+    #[arg(long)]
+    pub growth: Option<usize>,
     /// Rows for the raw batched-insert reference (0 to skip).
     #[arg(long, default_value_t = 200_000)]
     pub raw_rows: usize,
@@ -122,6 +126,16 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             .send()
             .await?;
     }
+    if let Some(target) = args.growth {
+        grow(&client, &base, &token, &agents[0], target).await?;
+        let _ = stop_tx.send(());
+        server.await??;
+        let _ = std::fs::remove_dir_all(&dir);
+        if let Some(c) = cluster_dir {
+            let _ = std::fs::remove_dir_all(c);
+        }
+        return Ok(());
+    }
     let rss_before = rss_kib();
 
     // Subscribers first, from the current end of each timeline.
@@ -199,6 +213,63 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(c) = cluster_dir {
         let _ = std::fs::remove_dir_all(c);
     }
+    Ok(())
+}
+
+/// Grow one timeline to `target` events in turns of 10,000, with a live subscriber, and
+/// print the process RSS at each tenfold step.
+async fn grow(
+    client: &reqwest::Client,
+    base: &str,
+    token: &str,
+    agent: &str,
+    target: usize,
+) -> anyhow::Result<()> {
+    let res = client
+        .get(format!("{base}/v1/agents/{agent}/events"))
+        .bearer_auth(token)
+        .send()
+        .await?;
+    let reader = tokio::spawn(async move {
+        let mut stream = res.bytes_stream();
+        let mut bytes = 0usize;
+        while let Some(Ok(chunk)) = stream.next().await {
+            bytes += chunk.len();
+        }
+        bytes
+    });
+    let started = Instant::now();
+    let mut events = 0usize;
+    let mut next_report = 10_000usize;
+    println!("{:>10}  {:>8}  {:>9}", "events", "RSS MiB", "seconds");
+    while events < target {
+        let res = client
+            .post(format!("{base}/v1/agents/{agent}/messages"))
+            .bearer_auth(token)
+            .json(&json!({"text": "/load 10000 0"}))
+            .send()
+            .await?;
+        anyhow::ensure!(res.status().is_success(), "prompt failed: {}", res.status());
+        client
+            .get(format!("{base}/v1/agents/{agent}/wait?timeout_s=600"))
+            .bearer_auth(token)
+            .send()
+            .await?;
+        events += 10_000;
+        if events >= next_report {
+            println!(
+                "{events:>10}  {:>8}  {:>9.1}",
+                rss_kib() / 1024,
+                started.elapsed().as_secs_f64()
+            );
+            next_report = if next_report < 100_000 {
+                next_report + 10_000
+            } else {
+                next_report + 100_000
+            };
+        }
+    }
+    reader.abort();
     Ok(())
 }
 

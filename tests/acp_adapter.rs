@@ -1,6 +1,6 @@
 //! The ACP adapter driven against the real `agentry mock-agent` process: what a session
 //! reports for each scripted prompt, interrupts, resume, mode/model changes and the
-//! death of the process.
+//! death of the process; plus a small `sh` agent with the wire habits of real agents.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -599,6 +599,16 @@ async fn start_in_a_mode() {
     })
     .await;
     assert_eq!(agent.info.current_mode.as_deref(), Some("unattended"));
+    // The starting mode is in the session info, not repeated as an event.
+    agent.quiet_for(Duration::from_millis(200)).await;
+    agent.prompt("/ask deploy").await;
+    let turn = agent.turn().await;
+    completed(&turn);
+    assert!(
+        turn.text().contains("allow (option allow)"),
+        "{}",
+        turn.text()
+    );
     agent.close().await;
 }
 
@@ -653,4 +663,222 @@ async fn unknown_fields_and_ids_are_tolerated() {
     agent.prompt("ok").await;
     completed(&agent.turn().await);
     agent.close().await;
+}
+
+/// A scripted agent in `sh` that speaks the wire protocol the way some real agents do:
+/// it replays history on `session/load`, sends update kinds the adapter does not know,
+/// non-text content, numeric and string ids, a tool call that first appears inside a
+/// permission request (as Gemini does), uses the client's file methods, and reports usage
+/// with its answer.
+const SCRIPTED_AGENT: &str = r#"
+emit() { printf '%s\n' "$1"; }
+upd() { emit "{\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{\"sessionId\":\"s1\",\"update\":$1}}"; }
+while IFS= read -r line; do
+  id=$(printf '%s' "$line" | sed -n -e 's/.*"id":\([0-9][0-9]*\).*/\1/p' -e 's/.*"id":\("[^"]*"\).*/\1/p')
+  case "$line" in
+  *'"method":"initialize"'*)
+    emit "{\"jsonrpc\":\"2.0\",\"id\":$id,\"result\":{\"protocolVersion\":1,\"agentCapabilities\":{\"loadSession\":true}}}" ;;
+  *'"method":"session/new"'*)
+    emit "{\"jsonrpc\":\"2.0\",\"id\":$id,\"result\":{\"sessionId\":\"s1\"}}" ;;
+  *'"method":"session/load"'*)
+    upd '{"sessionUpdate":"user_message_chunk","content":{"type":"text","text":"old question"}}'
+    upd '{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"old answer"}}'
+    upd '{"sessionUpdate":"tool_call","toolCallId":"old","title":"old tool","kind":"read","status":"completed"}'
+    emit "{\"jsonrpc\":\"2.0\",\"id\":$id,\"result\":{}}" ;;
+  *'"method":"session/prompt"'*)
+    upd '{"sessionUpdate":"something_new","x":1}'
+    upd '{"sessionUpdate":"agent_thought_chunk","content":{"type":"text","text":"thinking"},"messageId":"t1"}'
+    upd '{"sessionUpdate":"agent_message_chunk","content":{"type":"image","data":"AA==","mimeType":"image/png"}}'
+    upd '{"sessionUpdate":"tool_call_update","toolCallId":42,"status":"in_progress"}'
+    upd '{"sessionUpdate":"plan","entries":[{"content":"step one","priority":"high","status":"in_progress"}]}'
+    upd '{"sessionUpdate":"usage_update","used":1200,"size":200000,"cost":{"amount":0.5,"currency":"USD"}}'
+    emit '{"jsonrpc":"2.0","id":"perm-1","method":"session/request_permission","params":{"sessionId":"s1","toolCall":{"toolCallId":"g1","title":"write_file","kind":"edit","status":"pending","rawInput":{"file_path":"a.txt"}},"options":[{"optionId":"proceed_once","name":"Allow","kind":"allow_once"},{"optionId":"cancel","name":"Reject","kind":"reject_once"}]}}'
+    IFS= read -r answer
+    case "$answer" in *proceed_once*) choice=allowed ;; *) choice=refused ;; esac
+    emit "{\"jsonrpc\":\"2.0\",\"id\":\"w1\",\"method\":\"fs/write_text_file\",\"params\":{\"sessionId\":\"s1\",\"path\":\"$PWD/a.txt\",\"content\":\"one\\ntwo\\nthree\\n\"}}"
+    IFS= read -r written
+    emit "{\"jsonrpc\":\"2.0\",\"id\":\"r1\",\"method\":\"fs/read_text_file\",\"params\":{\"sessionId\":\"s1\",\"path\":\"$PWD/a.txt\",\"line\":2,\"limit\":1}}"
+    IFS= read -r read_back
+    case "$read_back" in *'"content":"two\n"'*) reading=read-ok ;; *) reading=read-bad ;; esac
+    emit "{\"jsonrpc\":\"2.0\",\"id\":\"w2\",\"method\":\"fs/write_text_file\",\"params\":{\"sessionId\":\"s1\",\"path\":\"$PWD/../escape.txt\",\"content\":\"x\"}}"
+    IFS= read -r escaped
+    case "$escaped" in *'"error"'*) escaping=escape-refused ;; *) escaping=escape-allowed ;; esac
+    upd '{"sessionUpdate":"tool_call_update","toolCallId":"g1","status":"completed","content":[{"type":"diff","path":"a.txt","oldText":null,"newText":"one"}]}'
+    upd "{\"sessionUpdate\":\"agent_message_chunk\",\"content\":{\"type\":\"text\",\"text\":\"$choice $reading $escaping\"}}"
+    emit "{\"jsonrpc\":\"2.0\",\"id\":$id,\"result\":{\"stopReason\":\"end_turn\",\"usage\":{\"totalTokens\":30,\"inputTokens\":20,\"outputTokens\":10,\"cachedReadTokens\":5}}}" ;;
+  esac
+done
+"#;
+
+fn scripted(script: &str) -> AcpProvider {
+    AcpProvider::new(AcpProviderConfig {
+        id: "scripted".into(),
+        label: "Scripted".into(),
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        env: BTreeMap::new(),
+        modes: Vec::new(),
+        default_mode: None,
+    })
+}
+
+#[tokio::test]
+async fn real_agent_wire_habits_are_mapped() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir_in(parent.path()).unwrap();
+    let (tx, events) = mpsc::channel(1024);
+    let (session, info) = scripted(SCRIPTED_AGENT)
+        .start(
+            SessionSpec {
+                resume: Some(json!({ "session_id": "s1" })),
+                ..spec(&dir)
+            },
+            Arc::new(TestLauncher),
+            tx,
+        )
+        .await
+        .expect("the scripted agent starts");
+    let mut agent = Agent {
+        session: Some(session),
+        info,
+        events,
+    };
+    assert!(agent.info.resumed);
+    assert_eq!(agent.info.provider_session_id.as_deref(), Some("s1"));
+    // The history replayed by session/load is not reported again.
+    agent.quiet_for(Duration::from_millis(300)).await;
+
+    agent.prompt("go").await;
+    let mut seen = Vec::new();
+    let usage = loop {
+        match agent.next().await {
+            ProviderEvent::ReasoningDelta { id, text } => {
+                assert_eq!((id.as_deref(), text.as_str()), (Some("t1"), "thinking"));
+                seen.push("reasoning".to_owned());
+            }
+            ProviderEvent::ToolCall(call) => {
+                match call.call_id.as_str() {
+                    "42" => {
+                        // Never announced: still a complete event.
+                        assert_eq!(call.status, ToolStatus::Running);
+                        assert_eq!(call.tool_kind, ToolKind::Other);
+                        assert_eq!(call.input, json!({}));
+                    }
+                    "g1" if call.status == ToolStatus::Pending => {
+                        assert_eq!(call.title, "write_file");
+                        assert_eq!(call.tool_kind, ToolKind::Edit);
+                    }
+                    "g1" => {
+                        assert_eq!(call.status, ToolStatus::Completed);
+                        assert_eq!(call.title, "write_file");
+                        assert_eq!(call.tool_kind, ToolKind::Write);
+                        assert_eq!(call.input, json!({ "file_path": "a.txt" }));
+                        assert!(call.diff.is_some());
+                    }
+                    other => panic!("unexpected tool call {other}"),
+                }
+                seen.push(format!("tool {} {:?}", call.call_id, call.status));
+            }
+            ProviderEvent::Plan { entries } => {
+                assert_eq!(entries.len(), 1);
+                assert_eq!(
+                    (entries[0].text.as_str(), entries[0].status.as_str()),
+                    ("step one", "in_progress")
+                );
+                seen.push("plan".to_owned());
+            }
+            ProviderEvent::Usage(usage) => {
+                assert_eq!(usage.context_window_used, Some(1200));
+                assert_eq!(usage.context_window_max, Some(200_000));
+                assert_eq!(usage.cost_usd, Some(0.5));
+                seen.push("usage".to_owned());
+            }
+            ProviderEvent::PermissionRequested(request) => {
+                assert_eq!(request.provider_request_id, "perm-1");
+                assert_eq!(request.title, "write_file");
+                assert_eq!(request.call_id.as_deref(), Some("g1"));
+                assert_eq!(request.input, Some(json!({ "file_path": "a.txt" })));
+                let options: Vec<(&str, Behavior)> = request
+                    .options
+                    .iter()
+                    .map(|o| (o.id.as_str(), o.behavior))
+                    .collect();
+                assert_eq!(
+                    options,
+                    [
+                        ("proceed_once", Behavior::Allow),
+                        ("cancel", Behavior::Deny)
+                    ]
+                );
+                request
+                    .reply
+                    .send(PermissionDecision::Selected {
+                        option_id: "proceed_once".into(),
+                        behavior: Behavior::Allow,
+                        message: None,
+                        updated_input: None,
+                    })
+                    .unwrap();
+                seen.push("permission".to_owned());
+            }
+            ProviderEvent::AssistantDelta { text, .. } => seen.push(format!("text {text}")),
+            ProviderEvent::TurnEnded {
+                outcome,
+                error,
+                usage,
+            } => {
+                assert_eq!((outcome, error), (TurnOutcome::Completed, None));
+                break usage;
+            }
+            other => panic!("unexpected event {other:?}"),
+        }
+    };
+    assert_eq!(
+        seen,
+        [
+            "reasoning",
+            "tool 42 Running",
+            "plan",
+            "usage",
+            "tool g1 Pending",
+            "permission",
+            "tool g1 Completed",
+            "text allowed read-ok escape-refused",
+        ]
+    );
+    let usage = usage.expect("the answer's usage");
+    assert_eq!(
+        (
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.cached_input_tokens
+        ),
+        (20, 10, 5)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("a.txt")).unwrap(),
+        "one\ntwo\nthree\n"
+    );
+    assert!(!parent.path().join("escape.txt").exists());
+    let rest = agent.close().await;
+    assert!(
+        matches!(rest.as_slice(), [ProviderEvent::Exited { reason }] if reason == "closed"),
+        "{rest:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_agent_that_dies_while_starting_is_explained() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut events) = mpsc::channel(16);
+    let result = scripted("echo 'no credentials found' >&2; exit 3")
+        .start(spec(&dir), Arc::new(TestLauncher), tx)
+        .await;
+    let Err(error) = result else {
+        panic!("the start must fail")
+    };
+    let message = error.to_string();
+    assert!(message.contains("exited with status 3"), "{message}");
+    assert!(message.contains("no credentials found"), "{message}");
+    // A session that never started sends nothing.
+    assert!(events.recv().await.is_none());
 }

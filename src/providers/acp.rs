@@ -186,6 +186,9 @@ struct Shared {
     root: PathBuf,
     /// `session/load` is replaying history: drop every update until it answers.
     replaying: AtomicBool,
+    /// The session is being set up: mode and model changes go into `SessionInfo` rather
+    /// than out as events.
+    starting: AtomicBool,
     tools: Mutex<ToolTracker>,
     config: Mutex<ConfigState>,
     /// Bumped by `interrupt`: every permission request waiting at that moment is answered
@@ -201,6 +204,13 @@ struct Shared {
 impl Shared {
     fn stderr_tail(&self) -> String {
         lock(&self.stderr).tail(STDERR_TAIL_LINES)
+    }
+
+    /// Report a mode or model change, unless the session is still being set up.
+    async fn report_change(&self, event: ProviderEvent) {
+        if !self.starting.load(Ordering::Acquire) {
+            self.events.emit(event).await;
+        }
     }
 }
 
@@ -343,10 +353,8 @@ struct ToolTracker {
     calls: HashMap<String, ToolState>,
 }
 
-#[derive(Clone)]
 struct ToolState {
     name: String,
-    explicit_name: bool,
     title: Option<String>,
     acp_kind: Option<String>,
     status: ToolStatus,
@@ -360,7 +368,6 @@ impl ToolState {
     fn new() -> Self {
         Self {
             name: String::new(),
-            explicit_name: false,
             title: None,
             acp_kind: None,
             status: ToolStatus::Pending,
@@ -481,16 +488,18 @@ impl ToolTracker {
         replace: bool,
     ) -> Option<(ToolCallUpdate, bool)> {
         let call_id = call.get("toolCallId").and_then(id_string)?;
-        let previous = self.calls.get(&call_id).cloned();
-        let mut state = match (&previous, replace) {
-            (Some(prev), false) => prev.clone(),
-            _ => ToolState::new(),
+        let (mut state, mut changed) = match self.calls.remove(&call_id) {
+            Some(previous) if !replace => (previous, false),
+            _ => (ToolState::new(), true),
         };
+        let is_new = changed;
 
         if let Some(title) = take_string(call.get_mut("title")) {
+            changed |= state.title.as_deref() != Some(title.as_str());
             state.title = Some(title);
         }
         if let Some(kind) = call.get("kind").and_then(Value::as_str) {
+            changed |= state.acp_kind.as_deref() != Some(kind);
             state.acp_kind = Some(kind.to_owned());
         }
         if let Some(status) = call
@@ -498,11 +507,13 @@ impl ToolTracker {
             .and_then(Value::as_str)
             .and_then(tool_status)
         {
+            changed |= state.status != status;
             state.status = status;
         }
         if let Some(input) = call.get_mut("rawInput").map(Value::take)
             && !input.is_null()
         {
+            changed |= state.input != input;
             state.input = input;
         }
         let content = call.get("content").and_then(Value::as_array);
@@ -542,20 +553,11 @@ impl ToolTracker {
         };
         if let Some(name) = take_string(call.get_mut("name")) {
             state.name = name;
-            state.explicit_name = true;
-        } else if state.name.is_empty() || (!state.explicit_name && previous.is_none()) {
+        } else if is_new || state.name.is_empty() {
+            // Named once, from what is known first, so that the name stays stable.
             state.name = tool_kind_name(state.tool_kind()).to_owned();
         }
 
-        let changed = match &previous {
-            None => true,
-            Some(prev) => {
-                prev.status != state.status
-                    || prev.title != state.title
-                    || prev.input != state.input
-                    || prev.acp_kind != state.acp_kind
-            }
-        };
         let update = state.to_update(&call_id);
         self.calls.insert(call_id, state);
         Some((update, changed))
@@ -679,6 +681,9 @@ impl InboundHandler {
                     config.current_mode = Some(mode.to_owned());
                     config.mode_reports += 1;
                 }
+                if self.shared.starting.load(Ordering::Acquire) {
+                    return;
+                }
                 ProviderEvent::ModeChanged {
                     mode: mode.to_owned(),
                 }
@@ -699,6 +704,9 @@ impl InboundHandler {
                     }
                     changes
                 };
+                if self.shared.starting.load(Ordering::Acquire) {
+                    return;
+                }
                 if let Some(mode) = changes.mode {
                     self.shared
                         .events
@@ -742,7 +750,10 @@ impl InboundHandler {
         responder: acp::Responder<Value>,
         connection: &acp::ConnectionTo<acp::Agent>,
     ) {
-        if self.shared.replaying.load(Ordering::Acquire) {
+        // Nobody is asked during a history replay, nor after the turn was interrupted.
+        if self.shared.replaying.load(Ordering::Acquire)
+            || self.shared.interrupted.load(Ordering::Acquire)
+        {
             let _ = responder.respond(permission_outcome(None));
             return;
         }
@@ -755,16 +766,25 @@ impl InboundHandler {
             Some(Value::Object(call)) => call,
             _ => Map::new(),
         };
-        let title = call.get("title").and_then(Value::as_str).map(str::to_owned);
         let call_id = call.get("toolCallId").and_then(id_string);
-        let input = call.get("rawInput").filter(|v| !v.is_null()).cloned();
+        let mut title = call.get("title").and_then(Value::as_str).map(str::to_owned);
+        let mut input = call.get("rawInput").filter(|v| !v.is_null()).cloned();
         // Some agents (Gemini) announce the tool call only here: report it first.
         let tool_update = lock(&self.shared.tools).apply(&mut call, false);
-        if let Some((update, true)) = tool_update {
-            self.shared
-                .events
-                .emit(ProviderEvent::ToolCall(update))
-                .await;
+        if let Some((update, changed)) = tool_update {
+            // What the request leaves out, the earlier `tool_call` may have said.
+            if title.is_none() && update.title != update.name {
+                title = Some(update.title.clone());
+            }
+            if input.is_none() && update.input.as_object().is_none_or(|o| !o.is_empty()) {
+                input = Some(update.input.clone());
+            }
+            if changed {
+                self.shared
+                    .events
+                    .emit(ProviderEvent::ToolCall(update))
+                    .await;
+            }
         }
         if options.is_empty() {
             tracing::warn!("permission request without usable options; answering cancelled");
@@ -1053,19 +1073,34 @@ fn mcp_servers(
                 }
             }
             None | Some("stdio" | "local") => {
-                let Some(command) = server.get("command").and_then(Value::as_str) else {
+                let strings = |value: Option<&Value>| -> Vec<String> {
+                    value
+                        .and_then(Value::as_array)
+                        .map(|items| {
+                            items
+                                .iter()
+                                .map(|a| a.as_str().map_or_else(|| a.to_string(), str::to_owned))
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                };
+                // `command` is a program, or a whole argv.
+                let (command, mut args) = match server.get("command") {
+                    Some(Value::String(command)) => (command.clone(), Vec::new()),
+                    argv @ Some(Value::Array(_)) => {
+                        let mut argv = strings(argv).into_iter();
+                        match argv.next() {
+                            Some(command) => (command, argv.collect()),
+                            None => (String::new(), Vec::new()),
+                        }
+                    }
+                    _ => (String::new(), Vec::new()),
+                };
+                if command.is_empty() {
                     tracing::warn!(server = %name, "MCP server without a command; skipped");
                     continue;
-                };
-                let args = server
-                    .get("args")
-                    .and_then(Value::as_array)
-                    .map(|args| {
-                        args.iter()
-                            .map(|a| a.as_str().map_or_else(|| a.to_string(), str::to_owned))
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                }
+                args.extend(strings(server.get("args")));
                 let env = pairs(server.get("env"))
                     .into_iter()
                     .map(|(k, v)| proto::EnvVariable::new(k, v))
@@ -1231,6 +1266,7 @@ async fn establish(
                 .await;
         }
     }
+    shared.starting.store(false, Ordering::Release);
     Ok(Established {
         connection: connection.clone(),
         session_id,
@@ -1314,8 +1350,7 @@ async fn change_mode(
             };
             if let Some(model) = model {
                 shared
-                    .events
-                    .emit(ProviderEvent::ModelChanged { model })
+                    .report_change(ProviderEvent::ModelChanged { model })
                     .await;
             }
         }
@@ -1339,8 +1374,7 @@ async fn change_mode(
     };
     if report {
         shared
-            .events
-            .emit(ProviderEvent::ModeChanged {
+            .report_change(ProviderEvent::ModeChanged {
                 mode: mode.to_owned(),
             })
             .await;
@@ -1377,14 +1411,12 @@ async fn change_model(
     };
     if let Some(mode) = mode {
         shared
-            .events
-            .emit(ProviderEvent::ModeChanged { mode })
+            .report_change(ProviderEvent::ModeChanged { mode })
             .await;
     }
     if report {
         shared
-            .events
-            .emit(ProviderEvent::ModelChanged {
+            .report_change(ProviderEvent::ModelChanged {
                 model: model.to_owned(),
             })
             .await;
@@ -1427,6 +1459,7 @@ async fn start_session(
         events: Emitter::new(events),
         root: std::fs::canonicalize(&spec.cwd).unwrap_or_else(|_| spec.cwd.clone()),
         replaying: AtomicBool::new(false),
+        starting: AtomicBool::new(true),
         tools: Mutex::new(ToolTracker::default()),
         config: Mutex::new(ConfigState::default()),
         permission_epoch: watch::channel(0).0,
@@ -1468,16 +1501,22 @@ async fn start_session(
                 acp::on_receive_request!(),
             )
             .connect_with(transport, async move |cx| {
-                match establish(&cx, &spec, &foreground_shared).await {
-                    Ok(established) => {
-                        if established_tx.send(Ok(established)).is_err() {
-                            return Ok(());
-                        }
-                    }
-                    Err(e) => {
-                        let _ = established_tx.send(Err(e));
-                        return Ok(());
-                    }
+                let mut established_tx = established_tx;
+                let setup =
+                    tokio::time::timeout(START_TIMEOUT, establish(&cx, &spec, &foreground_shared));
+                let outcome = tokio::select! {
+                    outcome = setup => outcome.unwrap_or_else(|_| {
+                        Err(ProviderError::Protocol(format!(
+                            "the agent did not start within {} s",
+                            START_TIMEOUT.as_secs()
+                        )))
+                    }),
+                    // Nobody waits for the session any more: stop.
+                    () = established_tx.closed() => return Ok(()),
+                };
+                let ready = outcome.is_ok();
+                if established_tx.send(outcome).is_err() || !ready {
+                    return Ok(());
                 }
                 // Serve until we close the session or the agent's output ends.
                 tokio::select! {
@@ -1488,16 +1527,20 @@ async fn start_session(
             });
 
     let (done_tx, done_rx) = oneshot::channel();
+    let (started_tx, started_rx) = oneshot::channel();
     tokio::spawn(supervise(
         connection,
         child,
         stderr_task,
         shared.clone(),
-        done_tx,
+        Supervision {
+            done: done_tx,
+            started: started_rx,
+        },
     ));
 
-    let failure = match tokio::time::timeout(START_TIMEOUT, established_rx).await {
-        Ok(Ok(Ok(established))) => {
+    let failure = match established_rx.await {
+        Ok(Ok(established)) => {
             let (current_mode, current_model) = {
                 let config = lock(&shared.config);
                 (config.current_mode.clone(), config.current_model.clone())
@@ -1517,16 +1560,15 @@ async fn start_session(
                 close_tx: Some(close_tx),
                 done_rx: Some(done_rx),
             };
+            let _ = started_tx.send(());
             return Ok((Box::new(session), info));
         }
-        Ok(Ok(Err(e))) => Some(e),
-        Ok(Err(_)) => None,
-        Err(_) => Some(ProviderError::Protocol(format!(
-            "the agent did not start within {} s",
-            START_TIMEOUT.as_secs()
-        ))),
+        Ok(Err(e)) => Some(e),
+        Err(_) => None,
     };
-    // The session never started: no events, stop the process, explain why.
+    // The session never started: no events (`started_tx` is dropped), stop the process,
+    // explain why.
+    drop(started_tx);
     shared.events.close().await;
     shared.closing.store(true, Ordering::Release);
     let _ = close_tx.send(());
@@ -1544,6 +1586,15 @@ async fn start_session(
     })
 }
 
+/// How the supervisor reports the end of the process.
+struct Supervision {
+    /// Gets how the process ended, once it has been reaped.
+    done: oneshot::Sender<String>,
+    /// Resolves once `start` has handed the session out; dropped if it never does, and
+    /// then nothing is reported as an event.
+    started: oneshot::Receiver<()>,
+}
+
 /// Owns the connection and the process: runs them until either ends, reaps the process,
 /// then reports how it ended (to `done` and, last of all, as `Exited`).
 async fn supervise<F>(
@@ -1551,7 +1602,7 @@ async fn supervise<F>(
     mut child: ManagedChild,
     stderr_task: JoinHandle<()>,
     shared: Arc<Shared>,
-    done: oneshot::Sender<String>,
+    report: Supervision,
 ) where
     F: Future<Output = Result<(), acp::Error>> + Send,
 {
@@ -1584,13 +1635,17 @@ async fn supervise<F>(
     let _ = tokio::time::timeout(STDERR_FLUSH, stderr_task).await;
 
     let reason = describe_exit(status, broken.as_deref(), &shared.stderr_tail());
-    let _ = done.send(reason.clone());
+    tracing::debug!(%reason, "ACP agent ended");
+    let _ = report.done.send(reason.clone());
+    if report.started.await.is_err() {
+        shared.events.close().await;
+        return;
+    }
     let reason = if shared.closing.load(Ordering::Acquire) {
         "closed".to_owned()
     } else {
         reason
     };
-    tracing::debug!(%reason, "ACP agent ended");
     shared.events.finish(ProviderEvent::Exited { reason }).await;
 }
 
@@ -1859,6 +1914,80 @@ mod tests {
         assert!(resolve_inside(&root, &root.join("../escape.txt")).is_err());
         assert!(resolve_inside(&root, Path::new("/etc/passwd")).is_err());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn mcp_servers_become_acp_declarations() {
+        let servers = BTreeMap::from([
+            (
+                "files".to_owned(),
+                json!({"command": "mcp-files", "args": ["--root", "."], "env": {"TOKEN": "t"}}),
+            ),
+            (
+                "argv".to_owned(),
+                json!({"command": ["npx", "server"], "args": ["-v"]}),
+            ),
+            (
+                "web".to_owned(),
+                json!({"type": "http", "url": "https://mcp.example", "headers": {"Authorization": "x"}}),
+            ),
+            ("broken".to_owned(), json!({"args": []})),
+        ]);
+        let without_http = mcp_servers(&servers, &proto::McpCapabilities::new());
+        let names: Vec<Value> = without_http
+            .iter()
+            .map(|s| serde_json::to_value(s).unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                json!({"name": "argv", "command": "npx", "args": ["server", "-v"], "env": []}),
+                json!({"name": "files", "command": "mcp-files", "args": ["--root", "."],
+                    "env": [{"name": "TOKEN", "value": "t"}]}),
+            ]
+        );
+        let with_http = mcp_servers(&servers, &proto::McpCapabilities::new().http(true));
+        assert_eq!(with_http.len(), 3);
+        assert!(
+            serde_json::to_value(&with_http[2])
+                .unwrap()
+                .get("type")
+                .is_some_and(|t| t == "http")
+        );
+    }
+
+    #[test]
+    fn prompt_answers_end_turns() {
+        let ended = |result, interrupted| match turn_end(result, interrupted) {
+            Some(ProviderEvent::TurnEnded { outcome, error, .. }) => Some((outcome, error)),
+            _ => None,
+        };
+        assert_eq!(
+            ended(Ok(json!({"stopReason": "end_turn"})), false),
+            Some((TurnOutcome::Completed, None))
+        );
+        assert_eq!(
+            ended(Ok(json!({"stopReason": "cancelled"})), true),
+            Some((TurnOutcome::Canceled, None))
+        );
+        assert_eq!(
+            ended(Ok(json!({"stopReason": "refusal"})), false),
+            Some((TurnOutcome::Failed, Some("the agent refused".to_owned())))
+        );
+        assert_eq!(
+            ended(
+                Err(acp::Error::new(acp::ErrorCode::INTERNAL_ERROR, "boom")),
+                false
+            ),
+            Some((TurnOutcome::Failed, Some("boom".to_owned())))
+        );
+        assert_eq!(
+            ended(
+                Err(acp::Error::new(acp::ErrorCode::INTERNAL_ERROR, "late")),
+                true
+            ),
+            Some((TurnOutcome::Canceled, None))
+        );
     }
 
     #[test]

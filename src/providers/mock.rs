@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use agent_client_protocol::v1::schema as proto;
@@ -13,7 +14,7 @@ use agent_client_protocol::{self as acp, Agent, Client};
 use futures::AsyncBufReadExt as _;
 use serde_json::json;
 use tokio::io::AsyncWriteExt as _;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio_util::compat::TokioAsyncReadCompatExt;
 use uuid::Uuid;
 
@@ -64,25 +65,145 @@ pub fn mock_provider(agentry_exe: PathBuf) -> AcpProvider {
 /// Run the mock ACP agent on stdin/stdout until stdin closes.
 pub async fn run_stdio() -> anyhow::Result<()> {
     let (input, output) = stdio()?;
-    let written = Arc::new(watch::channel(0u64).0);
     let incoming = futures::io::BufReader::with_capacity(64 * 1024, input.compat()).lines();
-    let outgoing = futures::sink::unfold(
-        (output, written.clone()),
-        |(mut output, written), mut line: String| async move {
-            line.push('\n');
-            output.write_all(line.as_bytes()).await?;
-            output.flush().await?;
-            written.send_modify(|n| *n += 1);
-            Ok::<_, std::io::Error>((output, written))
-        },
-    );
+    let outbox = Arc::new(Outbox {
+        state: Mutex::new(OutboxState::default()),
+        wake_writer: Notify::new(),
+        written: watch::channel(0).0,
+    });
+    let writer = tokio::spawn(write_out(outbox.clone(), output));
     let mock = Arc::new(MockAgent {
         sessions: Mutex::new(HashMap::new()),
-        written,
+        written: outbox.written.subscribe(),
     });
-    serve(mock, acp::Lines::new(Box::pin(outgoing), incoming))
-        .await
-        .map_err(|e| anyhow::anyhow!("mock agent connection failed: {}", e.message))
+    let served = serve(mock, acp::Lines::new(OutboxSink(outbox), incoming)).await;
+    writer.abort();
+    served.map_err(|e| anyhow::anyhow!("mock agent connection failed: {}", e.message))
+}
+
+/// Lines on their way to stdout. The connection hands each line over without waiting
+/// for a write; one writer task sends whatever has gathered since its last write, so a
+/// burst of updates costs a few large writes rather than one per line.
+struct Outbox {
+    state: Mutex<OutboxState>,
+    wake_writer: Notify,
+    /// Lines written so far.
+    written: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct OutboxState {
+    pending: Vec<u8>,
+    pending_lines: u64,
+    writing: bool,
+    closed: bool,
+    failed: Option<std::io::ErrorKind>,
+    /// Senders waiting for room, or for everything to be written.
+    waiting: Vec<Waker>,
+}
+
+/// Bytes the outbox takes before senders wait for the writer.
+const OUTBOX_LIMIT: usize = 1 << 20;
+
+impl OutboxState {
+    fn wake_all(&mut self) {
+        for waker in self.waiting.drain(..) {
+            waker.wake();
+        }
+    }
+}
+
+struct OutboxSink(Arc<Outbox>);
+
+impl futures::Sink<String> for OutboxSink {
+    type Error = std::io::Error;
+
+    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let mut state = lock(&self.0.state);
+        if let Some(kind) = state.failed {
+            return Poll::Ready(Err(kind.into()));
+        }
+        if state.pending.len() < OUTBOX_LIMIT {
+            return Poll::Ready(Ok(()));
+        }
+        state.waiting.push(cx.waker().clone());
+        Poll::Pending
+    }
+
+    fn start_send(self: Pin<&mut Self>, line: String) -> std::io::Result<()> {
+        {
+            let mut state = lock(&self.0.state);
+            state.pending.extend_from_slice(line.as_bytes());
+            state.pending.push(b'\n');
+            state.pending_lines += 1;
+        }
+        self.0.wake_writer.notify_one();
+        Ok(())
+    }
+
+    /// The line is with the writer, which writes it without further prompting.
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match lock(&self.0.state).failed {
+            Some(kind) => Poll::Ready(Err(kind.into())),
+            None => Poll::Ready(Ok(())),
+        }
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        {
+            let mut state = lock(&self.0.state);
+            state.closed = true;
+            if let Some(kind) = state.failed {
+                return Poll::Ready(Err(kind.into()));
+            }
+            if state.pending.is_empty() && !state.writing {
+                return Poll::Ready(Ok(()));
+            }
+            state.waiting.push(cx.waker().clone());
+        }
+        self.0.wake_writer.notify_one();
+        Poll::Pending
+    }
+}
+
+/// The writer task: moves gathered lines to stdout until the outbox is closed and empty.
+async fn write_out(outbox: Arc<Outbox>, mut output: Writer) {
+    let mut batch = Vec::new();
+    loop {
+        let lines = {
+            let mut state = lock(&outbox.state);
+            if state.pending.is_empty() {
+                state.writing = false;
+                state.wake_all();
+                if state.closed {
+                    return;
+                }
+                None
+            } else {
+                std::mem::swap(&mut state.pending, &mut batch);
+                state.writing = true;
+                state.wake_all();
+                Some(std::mem::take(&mut state.pending_lines))
+            }
+        };
+        let Some(lines) = lines else {
+            outbox.wake_writer.notified().await;
+            continue;
+        };
+        let written = match output.write_all(&batch).await {
+            Ok(()) => output.flush().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
+            let mut state = lock(&outbox.state);
+            state.failed = Some(e.kind());
+            state.writing = false;
+            state.wake_all();
+            return;
+        }
+        batch.clear();
+        outbox.written.send_modify(|n| *n += lines);
+    }
 }
 
 type Reader = Pin<Box<dyn tokio::io::AsyncRead + Send>>;
@@ -157,7 +278,7 @@ impl tokio::io::AsyncWrite for PlainFile {
 struct MockAgent {
     sessions: Mutex<HashMap<String, MockSession>>,
     /// Lines written to stdout so far (for `/load` backpressure).
-    written: Arc<watch::Sender<u64>>,
+    written: watch::Receiver<u64>,
 }
 
 struct MockSession {
@@ -226,7 +347,7 @@ async fn serve(
     mock: Arc<MockAgent>,
     transport: impl acp::ConnectTo<Agent> + 'static,
 ) -> acp::Result<()> {
-    let (m1, m2, m3, m4, m5, m6) = (
+    let (for_new, for_load, for_mode, for_model, for_prompt, for_cancel) = (
         mock.clone(),
         mock.clone(),
         mock.clone(),
@@ -253,7 +374,7 @@ async fn serve(
         .on_receive_request(
             async move |request: proto::NewSessionRequest, responder, _cx| {
                 let id = Uuid::now_v7().to_string();
-                lock(&m1.sessions).insert(id.clone(), MockSession::new(request.cwd));
+                lock(&for_new.sessions).insert(id.clone(), MockSession::new(request.cwd));
                 responder.respond(
                     proto::NewSessionResponse::new(id)
                         .modes(modes("default"))
@@ -269,7 +390,7 @@ async fn serve(
                 let response = proto::LoadSessionResponse::new()
                     .modes(modes(&session.mode))
                     .config_options(config_options(&session.model));
-                lock(&m2.sessions).insert(request.session_id.to_string(), session);
+                lock(&for_load.sessions).insert(request.session_id.to_string(), session);
                 responder.respond(response)
             },
             acp::on_receive_request!(),
@@ -280,7 +401,7 @@ async fn serve(
                 if !MODES.iter().any(|(id, ..)| *id == mode) {
                     return responder.respond_with_error(invalid(format!("unknown mode `{mode}`")));
                 }
-                match lock(&m3.sessions).get_mut(&*request.session_id.0) {
+                match lock(&for_mode.sessions).get_mut(&*request.session_id.0) {
                     Some(session) => session.mode.clone_from(&mode),
                     None => {
                         return responder.respond_with_error(unknown_session(&request.session_id));
@@ -310,7 +431,7 @@ async fn serve(
                     return responder
                         .respond_with_error(invalid(format!("unknown model `{model}`")));
                 }
-                match lock(&m4.sessions).get_mut(&*request.session_id.0) {
+                match lock(&for_model.sessions).get_mut(&*request.session_id.0) {
                     Some(session) => session.model.clone_from(&model),
                     None => {
                         return responder.respond_with_error(unknown_session(&request.session_id));
@@ -339,7 +460,7 @@ async fn serve(
                     })
                     .unwrap_or_default();
                 let turn = {
-                    let mut sessions = lock(&m5.sessions);
+                    let mut sessions = lock(&for_prompt.sessions);
                     let Some(session) = sessions.get_mut(&*request.session_id.0) else {
                         return responder.respond_with_error(unknown_session(&request.session_id));
                     };
@@ -357,10 +478,10 @@ async fn serve(
                         unattended: session.mode == "unattended",
                         cancel,
                         started,
-                        written: m5.written.subscribe(),
+                        written: for_prompt.written.clone(),
                     }
                 };
-                let mock = m5.clone();
+                let mock = for_prompt.clone();
                 cx.spawn(async move {
                     let session_id = turn.session_id.clone();
                     let result = turn.run(&text).await;
@@ -375,7 +496,7 @@ async fn serve(
         )
         .on_receive_notification(
             async move |notification: proto::CancelNotification, _cx| {
-                if let Some(session) = lock(&m6.sessions).get(&*notification.session_id.0) {
+                if let Some(session) = lock(&for_cancel.sessions).get(&*notification.session_id.0) {
                     session.cancel.send_modify(|epoch| *epoch += 1);
                 }
                 Ok(())

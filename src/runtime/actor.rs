@@ -268,6 +268,9 @@ impl Actor {
                     Some(s) => s.set_mode(&mode).await.map_err(unsupported),
                     None => Err(RuntimeError::ActorGone),
                 };
+                if r.is_ok() {
+                    self.settle_change(Some(mode), None).await;
+                }
                 let _ = reply.send(r);
             }
             Command::SetModel { model, reply } => {
@@ -275,6 +278,9 @@ impl Actor {
                     Some(s) => s.set_model(&model).await.map_err(unsupported),
                     None => Err(RuntimeError::ActorGone),
                 };
+                if r.is_ok() {
+                    self.settle_change(None, Some(model)).await;
+                }
                 let _ = reply.send(r);
             }
             Command::Answer { id, answer, reply } => {
@@ -285,6 +291,29 @@ impl Actor {
                 self.close(&reason).await;
                 let _ = reply.send(());
             }
+        }
+    }
+
+    /// After the provider accepted a mode or model change: record what it reported so far,
+    /// and the change itself if it reported nothing, before the caller reads the agent.
+    async fn settle_change(&mut self, mode: Option<String>, model: Option<String>) {
+        while let Some(rx) = self.provider_events.as_mut() {
+            match rx.try_recv() {
+                Ok(ev) => self.handle_provider_event(Some(ev)).await,
+                Err(_) => break,
+            }
+        }
+        if let Some(mode) = mode
+            && self.ctx.mode.as_ref() != Some(&mode)
+        {
+            self.handle_provider_event(Some(ProviderEvent::ModeChanged { mode }))
+                .await;
+        }
+        if let Some(model) = model
+            && self.ctx.model.as_ref() != Some(&model)
+        {
+            self.handle_provider_event(Some(ProviderEvent::ModelChanged { model }))
+                .await;
         }
     }
 

@@ -72,16 +72,33 @@ pub fn settings(data_dir: &Path) -> Settings {
 }
 
 pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+/// Like `spawn_app`, with settings adjusted by `tweak`.
+pub async fn spawn_app_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
     let db = fresh_database().await;
     let data_dir = tempfile::tempdir().unwrap();
-    spawn_on(db, data_dir, None).await
+    let mut s = settings(data_dir.path());
+    tweak(&mut s);
+    start(db, data_dir, None, s).await
 }
 
 /// Start an app on an existing database and data dir (for restarts).
 pub async fn spawn_on(db: PgConnectOptions, data_dir: TempDir, token: Option<String>) -> TestApp {
+    let s = settings(data_dir.path());
+    start(db, data_dir, token, s).await
+}
+
+async fn start(
+    db: PgConnectOptions,
+    data_dir: TempDir,
+    token: Option<String>,
+    settings: Settings,
+) -> TestApp {
     let pool = agentry::store::connect(db.clone(), 10).await.expect("pool");
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let app = Application::build_with(settings(data_dir.path()), pool.clone(), None, listener)
+    let app = Application::build_with(settings, pool.clone(), None, listener)
         .await
         .expect("app builds");
     let token = token

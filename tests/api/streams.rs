@@ -121,3 +121,98 @@ impl From<reqwest::Response> for SseReaderExt {
         SseReaderExt(SseReader::from_response(res))
     }
 }
+
+/// A client that stops reading never slows the agent down; when it reads again it gets
+/// every event, in order, resynchronised from the database.
+#[tokio::test]
+async fn a_slow_reader_does_not_slow_the_writer_and_loses_nothing() {
+    let app = spawn_app_with(|s| s.events.subscriber_buffer = 16).await;
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    app.wait(&id).await;
+    let mut stalled = app.events(&id, None).await;
+    let first = stalled.next(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(first.id, 1);
+    app.prompt(&id, "/load 40000 0").await;
+    let w = app.wait(&id).await;
+    assert_eq!(
+        w["last_turn"]["outcome"], "completed",
+        "the turn finished while a reader stalled"
+    );
+    let total = app.get_ok(&format!("/v1/agents/{id}")).await["last_seq"]
+        .as_i64()
+        .unwrap();
+    let mut next = 2;
+    while next <= total {
+        let e = stalled
+            .next(Duration::from_secs(10))
+            .await
+            .expect("the stalled reader catches up");
+        assert_eq!(e.id, next, "in order, nothing missing, nothing twice");
+        next += 1;
+    }
+}
+
+#[tokio::test]
+async fn mode_and_model_changes_are_recorded() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    app.wait(&id).await;
+    let r = app
+        .client
+        .put(app.url(&format!("/v1/agents/{id}/mode")))
+        .bearer_auth(&app.token)
+        .json(&json!({"mode": "unattended"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(r, 200).await["mode"], "unattended");
+    let r = app
+        .client
+        .put(app.url(&format!("/v1/agents/{id}/mode")))
+        .bearer_auth(&app.token)
+        .json(&json!({"mode": "warp"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(r, 422).await["code"], "validation_failed");
+    let r = app
+        .client
+        .put(app.url(&format!("/v1/agents/{id}/model")))
+        .bearer_auth(&app.token)
+        .json(&json!({"model": "mock-large"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(r, 200).await["model"], "mock-large");
+    let events = app.timeline(&id).await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e["kind"] == "mode_changed" && e["data"]["mode"] == "unattended")
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e["kind"] == "model_changed" && e["data"]["model"] == "mock-large")
+    );
+    // A closed agent keeps the change for its next session.
+    app.post_ok(&format!("/v1/agents/{id}/close"), json!({}), 200)
+        .await;
+    let r = app
+        .client
+        .put(app.url(&format!("/v1/agents/{id}/mode")))
+        .bearer_auth(&app.token)
+        .json(&json!({"mode": "default"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(r, 200).await["mode"], "default");
+    app.prompt(&id, "hi").await;
+    app.wait(&id).await;
+    assert_eq!(
+        app.get_ok(&format!("/v1/agents/{id}")).await["mode"],
+        "default"
+    );
+}
