@@ -140,6 +140,7 @@ pub fn build_registry(settings: &Settings) -> anyhow::Result<ProviderRegistry> {
                 })
                 .collect(),
             default_mode: p.default_mode.clone(),
+            models: Vec::new(),
         }));
         registry.register(provider);
     }

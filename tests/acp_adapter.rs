@@ -187,6 +187,7 @@ async fn provider_reports_itself_and_its_availability() {
         env: BTreeMap::new(),
         modes: Vec::new(),
         default_mode: None,
+        models: Vec::new(),
     });
     match missing.availability().await {
         Availability::Unavailable(reason) => {
@@ -718,6 +719,7 @@ fn scripted(script: &str) -> AcpProvider {
         env: BTreeMap::new(),
         modes: Vec::new(),
         default_mode: None,
+        models: Vec::new(),
     })
 }
 

@@ -30,7 +30,7 @@ use tokio::task::JoinHandle;
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
 use super::{
-    Availability, EventSink, ModeInfo, PermissionDecision, PermissionRequest, PlanEntry,
+    Availability, EventSink, ModeInfo, ModelInfo, PermissionDecision, PermissionRequest, PlanEntry,
     ProcessLauncher, Provider, ProviderCapabilities, ProviderError, ProviderEvent, ProviderInfo,
     ProviderSession, SessionInfo, SessionSpec, ToolCallUpdate, TurnInput, Usage,
 };
@@ -65,6 +65,8 @@ pub struct AcpProviderConfig {
     pub env: BTreeMap<String, String>,
     pub modes: Vec<ModeInfo>,
     pub default_mode: Option<String>,
+    /// Models known without starting the agent (served by `GET /v1/providers/{id}/models`).
+    pub models: Vec<ModelInfo>,
 }
 
 /// A provider that runs an ACP agent over stdio.
@@ -84,6 +86,10 @@ impl AcpProvider {
 
 #[async_trait]
 impl Provider for AcpProvider {
+    async fn models(&self) -> Result<Vec<ModelInfo>, ProviderError> {
+        Ok(self.cfg.models.clone())
+    }
+
     fn info(&self) -> ProviderInfo {
         ProviderInfo {
             id: self.cfg.id.clone(),

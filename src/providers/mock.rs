@@ -18,8 +18,8 @@ use tokio::sync::{Notify, watch};
 use tokio_util::compat::TokioAsyncReadCompatExt;
 use uuid::Uuid;
 
-use super::ModeInfo;
 use super::acp::{AcpProvider, AcpProviderConfig};
+use super::{ModeInfo, ModelInfo};
 
 /// The mock's modes: `default` asks for `/ask`, `unattended` allows it without asking.
 const MODES: [(&str, &str, &str); 2] = [
@@ -59,6 +59,20 @@ pub fn mock_provider(agentry_exe: PathBuf) -> AcpProvider {
             })
             .collect(),
         default_mode: Some("default".to_owned()),
+        models: vec![
+            ModelInfo {
+                id: "mock-small".into(),
+                label: "Mock small".into(),
+                is_default: true,
+                context_window: Some(100_000),
+            },
+            ModelInfo {
+                id: "mock-large".into(),
+                label: "Mock large".into(),
+                is_default: false,
+                context_window: Some(1_000_000),
+            },
+        ],
     })
 }
 
