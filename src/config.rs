@@ -164,7 +164,7 @@ impl Default for EventSettings {
         Self {
             batch_max_events: 4096,
             batch_linger_ms: 0,
-            subscriber_buffer: 4096,
+            subscriber_buffer: 1024,
             ping_interval_s: 15,
         }
     }

@@ -171,45 +171,46 @@ async fn commit(
     pool: &PgPool,
     bus: &Bus,
     next_seq: &mut HashMap<AgentId, i64>,
-    batch: Vec<Pending>,
+    mut batch: Vec<Pending>,
 ) {
-    // Assign sequence numbers.
-    let mut assigned: Vec<Vec<AgentEvent>> = Vec::with_capacity(batch.len());
+    // Assign sequence numbers, moving each event's data (no copies on the hot path).
+    let total: usize = batch.iter().map(|p| p.events.len()).sum();
+    let mut events: Vec<AgentEvent> = Vec::with_capacity(total);
+    let mut spans: Vec<(usize, usize)> = Vec::with_capacity(batch.len());
     let now = Utc::now();
-    for p in &batch {
-        let mut out = Vec::with_capacity(p.events.len());
-        for e in &p.events {
+    for i in 0..batch.len() {
+        let start = events.len();
+        for e in std::mem::take(&mut batch[i].events) {
             let seq = match next_seq.get(&e.agent_id) {
                 Some(s) => *s,
                 None => match store::events::last_seq(pool, e.agent_id.uuid()).await {
                     Ok(last) => last + 1,
                     Err(err) => {
-                        fail(batch, next_seq, WriteError::Store(err.to_string()));
+                        fail(batch, &events, next_seq, WriteError::Store(err.to_string()));
                         return;
                     }
                 },
             };
             next_seq.insert(e.agent_id, seq + 1);
-            out.push(AgentEvent {
+            events.push(AgentEvent {
                 seq,
                 agent_id: e.agent_id,
                 turn_id: e.turn_id,
                 at: now,
                 kind: e.kind,
-                data: e.data.clone(),
+                data: e.data,
             });
         }
-        assigned.push(out);
-        if let Some(id) = p.forget {
+        spans.push((start, events.len()));
+        if let Some(id) = batch[i].forget {
             next_seq.remove(&id);
         }
     }
-    let all: Vec<AgentEvent> = assigned.iter().flatten().cloned().collect();
     let team: Vec<&NewTeamEvent> = batch.iter().flat_map(|p| p.team.iter()).collect();
 
     let mut attempt = 0;
     let team_rows = loop {
-        match try_commit(pool, &all, &team).await {
+        match try_commit(pool, &events, &team).await {
             Ok(rows) => break rows,
             Err(err) if attempt < 3 => {
                 attempt += 1;
@@ -217,15 +218,20 @@ async fn commit(
                 tokio::time::sleep(Duration::from_millis(100 * 4u64.pow(attempt))).await;
             }
             Err(err) => {
-                tracing::error!(error = %err, events = all.len(), "event batch could not be committed");
-                fail(batch, next_seq, WriteError::Store(err.to_string()));
+                tracing::error!(error = %err, events = events.len(), "event batch could not be committed");
+                fail(batch, &events, next_seq, WriteError::Store(err.to_string()));
                 return;
             }
         }
     };
 
     // Committed: now, and only now, visible.
-    bus.publish(all.into_iter().map(|e| Arc::new(Published::new(e))));
+    for (p, (start, end)) in batch.into_iter().zip(spans) {
+        if let Some(done) = p.done {
+            let _ = done.send(Ok(events[start..end].to_vec()));
+        }
+    }
+    bus.publish(events.into_iter().map(|e| Arc::new(Published::new(e))));
     for row in team_rows {
         bus.publish_team(Arc::new(TeamActivity {
             id: row.id,
@@ -236,11 +242,6 @@ async fn commit(
             at: row.at,
             data: row.data,
         }));
-    }
-    for (p, events) in batch.into_iter().zip(assigned) {
-        if let Some(done) = p.done {
-            let _ = done.send(Ok(events));
-        }
     }
 }
 
@@ -271,10 +272,18 @@ async fn try_commit(
     Ok(rows)
 }
 
-fn fail(batch: Vec<Pending>, next_seq: &mut HashMap<AgentId, i64>, err: WriteError) {
+fn fail(
+    batch: Vec<Pending>,
+    assigned: &[AgentEvent],
+    next_seq: &mut HashMap<AgentId, i64>,
+    err: WriteError,
+) {
+    // Nothing of this batch was stored: read the next seq from the database next time.
+    for e in assigned {
+        next_seq.remove(&e.agent_id);
+    }
     for p in batch {
         for e in &p.events {
-            // Re-read from the database next time: nothing of this batch was stored.
             next_seq.remove(&e.agent_id);
         }
         if let Some(done) = p.done {
