@@ -242,20 +242,13 @@ pub async fn create(
         },
     )
     .await?;
-    state
-        .writer
-        .append_committed(
-            Vec::new(),
-            vec![NewTeamEvent {
+    super::announce(state, NewTeamEvent {
                 team_id: workspace.team_id,
                 project_id: Some(workspace.project_id),
                 workspace_id: Some(workspace.id),
                 kind: "agent_created",
                 data: json!({"agent_id": id, "workspace_id": WorkspaceId::from(workspace.id), "provider": body.provider}),
-            }],
-        )
-        .await
-        .map_err(ApiError::internal)?;
+            }).await?;
     let row = store::agents::get(&state.pool, id.uuid(), None)
         .await?
         .ok_or_else(|| ApiError::not_found("agent"))?;
@@ -266,7 +259,7 @@ pub async fn create(
         .start(&context(&row), body.prompt.clone())
         .await
     {
-        Ok(_) | Err(RuntimeError::StartFailed(_)) => {}
+        Ok(_) | Err(RuntimeError::StartFailed(_) | RuntimeError::ActorGone) => {}
         Err(e) => return Err(runtime_error(e)),
     }
     let row = store::agents::get(&state.pool, id.uuid(), None)
@@ -403,20 +396,17 @@ pub async fn archive(state: &AppState, principal: &Principal, id: AgentId) -> Ap
     state.agents.close(id, "archived").await;
     if row.archived_at.is_none() {
         store::agents::mark_archived(&state.pool, row.id).await?;
-        state
-            .writer
-            .append_committed(
-                Vec::new(),
-                vec![NewTeamEvent {
-                    team_id: row.team_id,
-                    project_id: Some(row.project_id),
-                    workspace_id: Some(row.workspace_id),
-                    kind: "agent_archived",
-                    data: json!({"agent_id": id}),
-                }],
-            )
-            .await
-            .map_err(ApiError::internal)?;
+        super::announce(
+            state,
+            NewTeamEvent {
+                team_id: row.team_id,
+                project_id: Some(row.project_id),
+                workspace_id: Some(row.workspace_id),
+                kind: "agent_archived",
+                data: json!({"agent_id": id}),
+            },
+        )
+        .await?;
     }
     Ok(())
 }

@@ -6,3 +6,17 @@ pub mod idempotency;
 pub mod projects;
 pub mod tokens;
 pub mod workspaces;
+
+use crate::api::error::{ApiError, ApiResult};
+use crate::events::NewTeamEvent;
+use crate::server::AppState;
+
+/// Put an event on the team activity stream (committed before this returns).
+pub(crate) async fn announce(state: &AppState, event: NewTeamEvent) -> ApiResult<()> {
+    state
+        .writer
+        .append_committed(Vec::new(), vec![event])
+        .await
+        .map(|_| ())
+        .map_err(ApiError::internal)
+}

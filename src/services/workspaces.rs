@@ -121,20 +121,17 @@ pub async fn create(
         }
     };
     let ws = Workspace::from(row);
-    state
-        .writer
-        .append_committed(
-            Vec::new(),
-            vec![NewTeamEvent {
-                team_id: project.team_id,
-                project_id: Some(project.id),
-                workspace_id: Some(id.uuid()),
-                kind: "workspace_created",
-                data: json!({"workspace_id": ws.id, "project_id": ws.project_id, "branch": ws.branch}),
-            }],
-        )
-        .await
-        .map_err(ApiError::internal)?;
+    super::announce(
+        state,
+        NewTeamEvent {
+            team_id: project.team_id,
+            project_id: Some(project.id),
+            workspace_id: Some(id.uuid()),
+            kind: "workspace_created",
+            data: json!({"workspace_id": ws.id, "project_id": ws.project_id, "branch": ws.branch}),
+        },
+    )
+    .await?;
     Ok((StatusCode::CREATED, ws))
 }
 
@@ -277,19 +274,16 @@ pub async fn archive(
     let row = store::workspaces::mark_archived(&state.pool, ws.id)
         .await?
         .ok_or_else(|| ApiError::not_found("workspace"))?;
-    state
-        .writer
-        .append_committed(
-            Vec::new(),
-            vec![NewTeamEvent {
-                team_id: row.team_id,
-                project_id: Some(row.project_id),
-                workspace_id: Some(row.id),
-                kind: "workspace_archived",
-                data: json!({"workspace_id": WorkspaceId::from(row.id)}),
-            }],
-        )
-        .await
-        .map_err(ApiError::internal)?;
+    super::announce(
+        state,
+        NewTeamEvent {
+            team_id: row.team_id,
+            project_id: Some(row.project_id),
+            workspace_id: Some(row.id),
+            kind: "workspace_archived",
+            data: json!({"workspace_id": WorkspaceId::from(row.id)}),
+        },
+    )
+    .await?;
     Ok(row.into())
 }

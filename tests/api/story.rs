@@ -57,6 +57,15 @@ async fn ci_bot_story() {
         "idempotency_key_reused"
     );
     let id = agent["id"].as_str().unwrap().to_owned();
+    let labelled = app.get_ok("/v1/agents?label=ci_run:1234").await;
+    assert_eq!(
+        labelled["items"].as_array().unwrap().len(),
+        1,
+        "the label filter finds the agent"
+    );
+    assert_eq!(labelled["items"][0]["id"], id.as_str());
+    let other = app.get_ok("/v1/agents?label=ci_run:999").await;
+    assert!(other["items"].as_array().unwrap().is_empty());
 
     // Follow live, drop halfway, resume with Last-Event-ID.
     let mut sse = app.events(&id, None).await;
