@@ -39,6 +39,7 @@ pub fn init(settings: &LogSettings) -> TelemetryGuard {
             .boxed()
     } else {
         tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_writer(std::io::stderr)
             .boxed()
     };
