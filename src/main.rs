@@ -89,11 +89,19 @@ fn load_settings(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<Se
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Command::MockAgent = cli.command {
+        // One agent per process: a single-threaded runtime is all it needs, and many of
+        // them run beside the server.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        return rt.block_on(agentry::providers::mock::run_stdio());
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     match cli.command {
-        Command::MockAgent => rt.block_on(agentry::providers::mock::run_stdio()),
+        Command::MockAgent => unreachable!("handled above"),
         Command::Openapi => {
             print!("{}", agentry::api::docs::document_json());
             Ok(())

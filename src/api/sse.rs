@@ -91,7 +91,7 @@ async fn agent_events(
     let live = state.bus.subscribe(id);
     let (tx, rx) = mpsc::channel(64);
     let state2 = state.clone();
-    state.runtime.spawn(async move {
+    actix_web::rt::spawn(async move {
         if let Err(e) = pump_agent(&state2, id, after, live, tx).await {
             tracing::debug!(agent_id = %id, error = %e, "event stream ended");
         }
@@ -254,7 +254,7 @@ async fn team_events(
     let live = state.bus.subscribe_team();
     let (tx, rx) = mpsc::channel(64);
     let state2 = state.clone();
-    state.runtime.spawn(async move {
+    actix_web::rt::spawn(async move {
         if let Err(e) = pump_team(&state2, filter, after, live, tx).await {
             tracing::debug!(error = %e, "team stream ended");
         }

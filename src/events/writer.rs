@@ -73,6 +73,18 @@ impl EventWriter {
             .map_err(|_| WriteError::Stopped)
     }
 
+    /// Queue several events of one producer, in order, as one operation.
+    pub async fn append_many(&self, events: Vec<NewEvent>) -> Result<(), WriteError> {
+        self.tx
+            .send(WriteOp::Append {
+                events,
+                team: Vec::new(),
+                done: None,
+            })
+            .await
+            .map_err(|_| WriteError::Stopped)
+    }
+
     /// Append events (and team activity) and wait until they are committed.
     pub async fn append_committed(
         &self,

@@ -55,6 +55,8 @@ pub(crate) struct Actor {
     status: AgentStatus,
     turn: Option<Turn>,
     pending: HashMap<PermissionId, PendingPermission>,
+    /// Events emitted but not yet handed to the writer.
+    outbox: Vec<NewEvent>,
     stop: bool,
 }
 
@@ -77,6 +79,7 @@ impl Actor {
             status: AgentStatus::Closed,
             turn: None,
             pending: HashMap::new(),
+            outbox: Vec::new(),
             stop: false,
         }
     }
@@ -106,6 +109,16 @@ impl Actor {
                 ev = next_event(&mut self.provider_events) => self.handle_provider_event(ev).await,
                 _ = sleep_until(deadline) => self.interrupt_timed_out().await,
             }
+            // Take what else the provider has already sent, then write it as one batch.
+            let mut taken = 0;
+            while taken < 512 && !self.stop {
+                match self.provider_events.as_mut().map(|rx| rx.try_recv()) {
+                    Some(Ok(ev)) => self.handle_provider_event(Some(ev)).await,
+                    _ => break,
+                }
+                taken += 1;
+            }
+            self.flush().await;
             if self.stop {
                 break;
             }
@@ -138,6 +151,7 @@ impl Actor {
     }
 
     async fn finish(&mut self) {
+        self.flush().await;
         self.shared.writer.forget(self.id()).await;
         self.shared.remove_actor(self.id(), self.generation);
     }
@@ -343,16 +357,14 @@ impl Actor {
         if let Some(c) = &client_message_id {
             user["client_message_id"] = json!(c);
         }
-        self.shared
-            .writer
-            .append_committed(
-                vec![
-                    self.event(EventKind::TurnStarted, json!({"turn_id": turn_id})),
-                    self.event(EventKind::UserMessage, user),
-                ],
-                Vec::new(),
-            )
-            .await?;
+        self.commit(
+            vec![
+                self.event(EventKind::TurnStarted, json!({"turn_id": turn_id})),
+                self.event(EventKind::UserMessage, user),
+            ],
+            Vec::new(),
+        )
+        .await?;
         self.set_status(AgentStatus::Running, None).await?;
         let sent = match self.session.as_mut() {
             Some(s) => s.prompt(TurnInput { text }).await,
@@ -445,13 +457,11 @@ impl Actor {
             "permission_resolved",
             json!({"agent_id": self.id(), "request_id": id, "behavior": answer.behavior}),
         );
-        self.shared
-            .writer
-            .append_committed(
-                vec![self.event(EventKind::PermissionResolved, data)],
-                vec![team],
-            )
-            .await?;
+        self.commit(
+            vec![self.event(EventKind::PermissionResolved, data)],
+            vec![team],
+        )
+        .await?;
         let _ = pending.reply.send(PermissionDecision::Selected {
             option_id: option.id,
             behavior: answer.behavior,
@@ -700,9 +710,7 @@ impl Actor {
             json!({"agent_id": self.id(), "request_id": id, "title": req.title}),
         );
         if let Err(e) = self
-            .shared
-            .writer
-            .append_committed(
+            .commit(
                 vec![self.event(EventKind::PermissionRequested, data)],
                 vec![team],
             )
@@ -763,12 +771,7 @@ impl Actor {
             kind: EventKind::TurnCompleted,
             data,
         };
-        if let Err(e) = self
-            .shared
-            .writer
-            .append_committed(vec![ev], Vec::new())
-            .await
-        {
+        if let Err(e) = self.commit(vec![ev], Vec::new()).await {
             tracing::error!(error = %e, "could not record the end of a turn");
         }
         if let Err(e) = store::agents::turn_finished(
@@ -799,23 +802,42 @@ impl Actor {
         }
     }
 
-    async fn emit(&self, kind: EventKind, data: Value) {
+    /// Queue an event; it goes to the writer with the next `flush` (in order with
+    /// everything else this actor writes).
+    async fn emit(&mut self, kind: EventKind, data: Value) {
         let ev = self.event(kind, data);
-        if let Err(e) = self.shared.writer.append(ev).await {
-            tracing::error!(agent_id = %self.id(), error = %e, "could not queue an event");
-        }
+        self.outbox.push(ev);
     }
 
-    async fn emit_in(&self, turn: Option<TurnId>, kind: EventKind, data: Value) {
-        let ev = NewEvent {
+    async fn emit_in(&mut self, turn: Option<TurnId>, kind: EventKind, data: Value) {
+        self.outbox.push(NewEvent {
             agent_id: self.id(),
             turn_id: turn,
             kind,
             data,
-        };
-        if let Err(e) = self.shared.writer.append(ev).await {
-            tracing::error!(agent_id = %self.id(), error = %e, "could not queue an event");
+        });
+    }
+
+    /// Hand the queued events to the writer as one batch.
+    async fn flush(&mut self) {
+        if self.outbox.is_empty() {
+            return;
         }
+        let events = std::mem::take(&mut self.outbox);
+        if let Err(e) = self.shared.writer.append_many(events).await {
+            tracing::error!(agent_id = %self.id(), error = %e, "could not queue events");
+        }
+    }
+
+    /// Write `events` (after anything queued) and wait until they are committed.
+    async fn commit(
+        &mut self,
+        events: Vec<NewEvent>,
+        team: Vec<NewTeamEvent>,
+    ) -> Result<Vec<crate::domain::AgentEvent>, crate::events::WriteError> {
+        let mut all = std::mem::take(&mut self.outbox);
+        all.extend(events);
+        self.shared.writer.append_committed(all, team).await
     }
 
     fn team_event(&self, kind: &'static str, data: Value) -> NewTeamEvent {
@@ -847,9 +869,7 @@ impl Actor {
             "agent_status",
             json!({"agent_id": self.id(), "status": status}),
         );
-        self.shared
-            .writer
-            .append_committed(vec![self.event(EventKind::Status, data)], vec![team])
+        self.commit(vec![self.event(EventKind::Status, data)], vec![team])
             .await?;
         self.snapshot.send_modify(|s| s.status = status);
         Ok(())
