@@ -222,6 +222,7 @@ impl Application {
                 .unwrap_or(2)
                 .min(4),
         )
+        .tcp_nodelay(true)
         .disable_signals()
         .shutdown_timeout(10)
         .listen(listener)?

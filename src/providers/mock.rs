@@ -716,6 +716,9 @@ impl Turn {
         };
         let message_id = Uuid::now_v7().to_string();
         let mut target = *self.written.borrow();
+        // Paced events keep to a schedule (event i at start + i × interval), so the rate
+        // is what was asked for even when a timer fires late.
+        let start = tokio::time::Instant::now();
         for i in 0..events {
             if self.is_cancelled() {
                 return Ok(Err(Cancelled));
@@ -723,9 +726,12 @@ impl Turn {
             self.chunk(&message_id, &format!("{i} "))?;
             target += 1;
             if interval > 0 {
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_millis(interval)) => {}
-                    () = self.cancelled() => return Ok(Err(Cancelled)),
+                let next = start + Duration::from_millis(interval) * (i as u32 + 1);
+                if next > tokio::time::Instant::now() {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(next) => {}
+                        () = self.cancelled() => return Ok(Err(Cancelled)),
+                    }
                 }
             } else if target.saturating_sub(*self.written.borrow()) > LOAD_QUEUE_HIGH {
                 // Let the writer catch up instead of queueing the whole burst in memory.
