@@ -135,7 +135,7 @@ pub struct AgentFilter {
 }
 
 #[utoipa::path(tag = "agents", security(("bearer" = [])), params(AgentFilter, PageQuery),
-    responses((status = 200, body = Page<Agent>), (status = 400, body = Problem)))]
+    responses((status = 200, body = Page<Agent>, example = json!({"items": [{"id": "agt_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "workspace_id": "wsp_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c", "provider": "mock", "model": "mock-small", "mode": "default", "title": null, "labels": {"ci_run": "1234"}, "status": "idle", "status_reason": null, "last_seq": 12, "created_by": "usr_0193a1b2c3d47e8f9a0b1c2d3e4f5a6d", "created_at": "2026-11-30T12:00:00Z", "archived_at": null, "pending_permissions": 0, "runtime": {"pid": 4242, "provider_session_id": "3b1f0c2e"}}], "next_cursor": null})), (status = 400, body = Problem)))]
 #[get("/agents")]
 async fn list_agents(
     state: web::Data<AppState>,
@@ -382,7 +382,7 @@ const TIMELINE_PAGE_BYTES: usize = 4 * 1024 * 1024;
 
 /// A page of the agent's durable timeline.
 #[utoipa::path(tag = "agents", security(("bearer" = [])), params(("id" = String, Path), TimelineQuery),
-    responses((status = 200, body = Page<AgentEvent>), (status = 400, body = Problem), (status = 404, body = Problem)))]
+    responses((status = 200, body = Page<AgentEvent>, example = json!({"items": [{"seq": 4, "agent_id": "agt_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "turn_id": "trn_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c", "at": "2026-11-30T12:00:00Z", "kind": "turn_started", "data": {"turn_id": "trn_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c"}}, {"seq": 5, "agent_id": "agt_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "turn_id": "trn_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c", "at": "2026-11-30T12:00:00Z", "kind": "user_message", "data": {"message_id": "msg_0193a1b2c3d47e8f9a0b1c2d3e4f5a6d", "text": "hello"}}], "next_cursor": "a5"})), (status = 400, body = Problem), (status = 404, body = Problem)))]
 #[get("/agents/{id}/timeline")]
 async fn timeline(
     state: web::Data<AppState>,
@@ -494,7 +494,7 @@ pub struct PermissionList {
 }
 
 #[utoipa::path(tag = "permissions", security(("bearer" = [])), params(("id" = String, Path), PermissionFilter),
-    responses((status = 200, body = PermissionList), (status = 404, body = Problem)))]
+    responses((status = 200, body = PermissionList, example = json!({"items": [{"request_id": "perm_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "kind": "tool", "title": "deploy?", "call_id": "call_1", "input": {"title": "deploy?"}, "options": [{"id": "allow", "label": "Allow", "behavior": "allow"}, {"id": "deny", "label": "Deny", "behavior": "deny"}], "status": "pending", "resolution": null, "created_at": "2026-11-30T12:00:00Z", "resolved_at": null, "resolved_by": null}]})), (status = 404, body = Problem)))]
 #[get("/agents/{id}/permissions")]
 async fn list_permissions(
     state: web::Data<AppState>,

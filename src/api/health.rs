@@ -13,7 +13,7 @@ pub fn configure(cfg: &mut ServiceConfig) {
 }
 
 /// The process is up.
-#[utoipa::path(tag = "health", responses((status = 200, description = "Up", example = json!({"status": "ok"}))))]
+#[utoipa::path(tag = "health", responses((status = 200, description = "Up", content_type = "application/json", example = json!({"status": "ok"}))))]
 #[get("/healthz")]
 async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
@@ -21,7 +21,7 @@ async fn healthz() -> HttpResponse {
 
 /// The database is reachable and every migration is applied.
 #[utoipa::path(tag = "health", responses(
-    (status = 200, description = "Ready", example = json!({"status": "ready"})),
+    (status = 200, description = "Ready", content_type = "application/json", example = json!({"status": "ready"})),
     (status = 503, description = "Not ready", body = crate::api::error::Problem)))]
 #[get("/readyz")]
 async fn readyz(state: web::Data<AppState>) -> HttpResponse {

@@ -122,7 +122,7 @@ async fn create_token(
 
 /// Your tokens (never their secrets).
 #[utoipa::path(tag = "identity", security(("bearer" = [])), params(PageQuery),
-    responses((status = 200, body = Page<TokenInfo>), (status = 401, body = Problem)))]
+    responses((status = 200, body = Page<TokenInfo>, example = json!({"items": [{"id": "tok_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "name": "ci-bot", "prefix": "agt_pat_3f1c", "team_id": null, "role": null, "scopes": [], "created_at": "2026-11-30T12:00:00Z", "expires_at": "2027-02-28T12:00:00Z", "last_used_at": null}], "next_cursor": null})), (status = 401, body = Problem)))]
 #[get("/tokens")]
 async fn list_tokens(
     state: web::Data<AppState>,

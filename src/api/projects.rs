@@ -80,7 +80,7 @@ async fn create_project(
 
 /// Projects of your teams.
 #[utoipa::path(tag = "projects", security(("bearer" = [])), params(PageQuery),
-    responses((status = 200, body = Page<Project>)))]
+    responses((status = 200, body = Page<Project>, example = json!({"items": [{"id": "prj_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "name": "webapp", "team_id": "team_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c", "repo_path": "/srv/git/webapp", "default_branch": "main", "created_at": "2026-11-30T12:00:00Z"}], "next_cursor": null}))))]
 #[get("/projects")]
 async fn list_projects(
     state: web::Data<AppState>,

@@ -38,7 +38,7 @@ pub struct ProviderList {
     pub items: Vec<ProviderView>,
 }
 
-#[utoipa::path(tag = "providers", security(("bearer" = [])), responses((status = 200, body = ProviderList)))]
+#[utoipa::path(tag = "providers", security(("bearer" = [])), responses((status = 200, body = ProviderList, example = json!({"items": [{"id": "mock", "label": "Mock agent", "protocol": "acp", "available": true, "unavailable_reason": null, "capabilities": {"resume": true, "set_mode": true, "set_model": true, "permissions": true, "mcp_servers": true}, "modes": [{"id": "default", "label": "Default", "description": null, "unattended": false}, {"id": "unattended", "label": "Unattended", "description": null, "unattended": true}], "default_mode": "default"}]}))))]
 #[get("/providers")]
 async fn list_providers(
     state: web::Data<AppState>,
@@ -78,7 +78,7 @@ pub struct ModelList {
 }
 
 #[utoipa::path(tag = "providers", security(("bearer" = [])), params(("id" = String, Path), ModelsQuery),
-    responses((status = 200, body = ModelList), (status = 404, body = Problem)))]
+    responses((status = 200, body = ModelList, example = json!({"items": [{"id": "mock-small", "label": "Mock small", "is_default": true, "context_window": 100000}, {"id": "mock-large", "label": "Mock large", "is_default": false, "context_window": 1000000}]})), (status = 404, body = Problem)))]
 #[get("/providers/{id}/models")]
 async fn list_models(
     state: web::Data<AppState>,

@@ -115,7 +115,7 @@ pub struct WorkspaceFilter {
 }
 
 #[utoipa::path(tag = "workspaces", security(("bearer" = [])), params(WorkspaceFilter, PageQuery),
-    responses((status = 200, body = Page<Workspace>)))]
+    responses((status = 200, body = Page<Workspace>, example = json!({"items": [{"id": "wsp_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "project_id": "prj_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c", "kind": "worktree", "title": "fix login", "path": "/var/lib/agentry/worktrees/prj_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c/fix-login", "branch": "agentry/fix-login", "base_ref": "main", "base_commit": "9fceb02d0ae598e95dc970b74767f19372d61af8", "status": "active", "created_at": "2026-11-30T12:00:00Z", "archived_at": null}], "next_cursor": null}))))]
 #[get("/workspaces")]
 async fn list_workspaces(
     state: web::Data<AppState>,

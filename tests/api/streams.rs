@@ -216,3 +216,25 @@ async fn mode_and_model_changes_are_recorded() {
         "default"
     );
 }
+
+/// `retry:` once at the start, then `: ping` comments while nothing happens.
+#[tokio::test]
+async fn idle_streams_get_keep_alive_comments() {
+    use futures::StreamExt;
+    let app = spawn_app_with(|s| s.events.ping_interval_s = 1).await;
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    app.wait(&id).await;
+    let res = app.client.get(app.url(&format!("/v1/agents/{id}/events"))).bearer_auth(&app.token).send().await.unwrap();
+    let mut body = res.bytes_stream();
+    let mut text = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while text.matches(": ping\n\n").count() < 2 {
+        match tokio::time::timeout_at(deadline, body.next()).await {
+            Ok(Some(Ok(chunk))) => text.push_str(&String::from_utf8_lossy(&chunk)),
+            _ => panic!("no keep-alive within 5 s; got {text:?}"),
+        }
+    }
+    assert!(text.starts_with("retry: 3000\n\n"));
+    assert_eq!(text.matches("retry:").count(), 1);
+}
