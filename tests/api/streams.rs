@@ -225,7 +225,13 @@ async fn idle_streams_get_keep_alive_comments() {
     let repo = git_repo();
     let (id, _) = app.mock_agent(repo.path()).await;
     app.wait(&id).await;
-    let res = app.client.get(app.url(&format!("/v1/agents/{id}/events"))).bearer_auth(&app.token).send().await.unwrap();
+    let res = app
+        .client
+        .get(app.url(&format!("/v1/agents/{id}/events")))
+        .bearer_auth(&app.token)
+        .send()
+        .await
+        .unwrap();
     let mut body = res.bytes_stream();
     let mut text = String::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
