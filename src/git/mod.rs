@@ -92,6 +92,10 @@ fn git(dir: &Path) -> Command {
         // Never start a filesystem-monitor daemon on behalf of the server.
         .arg("-c")
         .arg("core.fsmonitor=false")
+        // Repository hooks are code that whoever controls the repository put there; the
+        // server never runs them on its own behalf.
+        .arg("-c")
+        .arg("core.hooksPath=/dev/null")
         .arg("-C")
         .arg(dir)
         .env("GIT_TERMINAL_PROMPT", "0")

@@ -445,3 +445,30 @@ async fn repositories_owned_by_another_user_are_usable() {
         .unwrap();
     worktree_remove(&f.repo, &wt).await.unwrap();
 }
+
+#[tokio::test]
+async fn repository_hooks_never_run() {
+    use std::os::unix::fs::PermissionsExt;
+    let f = fixture();
+    let marker = f.root.join("hook-ran");
+    let hook = f.repo.join(".git/hooks/post-checkout");
+    std::fs::write(&hook, format!("#!/bin/sh\ntouch {}\n", marker.display())).unwrap();
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // The hook works when git runs it normally…
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(&f.repo)
+        .args(["checkout", "-q", "-b", "probe"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(marker.exists(), "the hook is live");
+    std::fs::remove_file(&marker).unwrap();
+    // …but not when agentry creates or removes a worktree.
+    let path = f.root.join("worktrees/hooked");
+    worktree_add(&f.repo, &path, "agent/hooked", &f.base)
+        .await
+        .unwrap();
+    worktree_remove(&f.repo, &path).await.unwrap();
+    assert!(!marker.exists(), "a repository hook ran");
+}
