@@ -319,7 +319,6 @@ async fn subscribe(res: reqwest::Response) -> anyhow::Result<SubscriberResult> {
 }
 
 async fn raw_insert_rate(pool: &sqlx::PgPool, rows: usize) -> anyhow::Result<f64> {
-    sqlx::query("CREATE TEMP TABLE IF NOT EXISTS bench_raw (agent_id uuid, seq bigint, kind text, data jsonb)").execute(pool).await?;
     let mut conn = pool.acquire().await?;
     sqlx::query("CREATE TEMP TABLE IF NOT EXISTS bench_raw (agent_id uuid, seq bigint, kind text, data jsonb)").execute(&mut *conn).await?;
     let agent = uuid::Uuid::now_v7();

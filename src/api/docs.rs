@@ -89,7 +89,7 @@ pub async fn fallback(req: HttpRequest) -> Result<HttpResponse, ApiError> {
         .map(|m| m.as_str())
         .collect::<Vec<_>>()
         .join(", ");
-    let mut e = ApiError::new(
+    let e = ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "method_not_allowed",
         format!(
@@ -98,7 +98,6 @@ pub async fn fallback(req: HttpRequest) -> Result<HttpResponse, ApiError> {
             req.path()
         ),
     );
-    e.errors.clear();
     let mut res = actix_web::ResponseError::error_response(&e);
     if let Ok(v) = header::HeaderValue::from_str(&allow) {
         res.headers_mut().insert(header::ALLOW, v);

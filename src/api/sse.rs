@@ -64,6 +64,38 @@ fn stream_response(rx: mpsc::Receiver<Bytes>) -> HttpResponse {
         .streaming(body)
 }
 
+/// What every stream does besides its events: `retry:` once, `: ping` while idle, and
+/// an end when the client leaves or the server stops.
+struct Idle {
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    ping: tokio::time::Interval,
+}
+
+impl Idle {
+    async fn start(state: &AppState, tx: &mpsc::Sender<Bytes>) -> anyhow::Result<Self> {
+        tx.send(Bytes::from_static(b"retry: 3000\n\n")).await?;
+        let period = Duration::from_secs(state.settings.events.ping_interval_s);
+        let ping = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        Ok(Self {
+            shutdown: state.shutdown.clone(),
+            ping,
+        })
+    }
+
+    /// Wait for the next ping (sent here; `Ok(true)`) or the end of the stream
+    /// (`Ok(false)`). Cancel-safe: used inside `select!`.
+    async fn next(&mut self, tx: &mpsc::Sender<Bytes>) -> anyhow::Result<bool> {
+        tokio::select! {
+            _ = tx.closed() => Ok(false),
+            _ = crate::server::stopping(&mut self.shutdown) => Ok(false),
+            _ = self.ping.tick() => {
+                tx.send(Bytes::from_static(b": ping\n\n")).await?;
+                Ok(true)
+            }
+        }
+    }
+}
+
 fn frame(out: &mut String, id: i64, kind: &str, json: &str) {
     use std::fmt::Write;
     let _ = write!(out, "id: {id}\nevent: {kind}\ndata: {json}\n\n");
@@ -106,17 +138,11 @@ async fn pump_agent(
     mut live: broadcast::Receiver<std::sync::Arc<crate::events::Published>>,
     tx: mpsc::Sender<Bytes>,
 ) -> anyhow::Result<()> {
-    tx.send(Bytes::from_static(b"retry: 3000\n\n")).await?;
+    let mut idle = Idle::start(state, &tx).await?;
     replay_agent(state, id, &mut last, &tx).await?;
-    let mut shutdown = state.shutdown.clone();
-    let mut ping =
-        tokio::time::interval(Duration::from_secs(state.settings.events.ping_interval_s));
-    ping.tick().await;
     loop {
         tokio::select! {
-            _ = tx.closed() => return Ok(()),
-            _ = crate::server::stopping(&mut shutdown) => return Ok(()),
-            _ = ping.tick() => tx.send(Bytes::from_static(b": ping\n\n")).await?,
+            open = idle.next(&tx) => if !open? { return Ok(()) },
             msg = live.recv() => {
                 let mut out = String::new();
                 let mut next = Some(msg);
@@ -269,17 +295,11 @@ async fn pump_team(
     mut live: broadcast::Receiver<std::sync::Arc<TeamActivity>>,
     tx: mpsc::Sender<Bytes>,
 ) -> anyhow::Result<()> {
-    tx.send(Bytes::from_static(b"retry: 3000\n\n")).await?;
+    let mut idle = Idle::start(state, &tx).await?;
     replay_team(state, &filter, &mut last, &tx).await?;
-    let mut shutdown = state.shutdown.clone();
-    let mut ping =
-        tokio::time::interval(Duration::from_secs(state.settings.events.ping_interval_s));
-    ping.tick().await;
     loop {
         tokio::select! {
-            _ = tx.closed() => return Ok(()),
-            _ = crate::server::stopping(&mut shutdown) => return Ok(()),
-            _ = ping.tick() => tx.send(Bytes::from_static(b": ping\n\n")).await?,
+            open = idle.next(&tx) => if !open? { return Ok(()) },
             msg = live.recv() => match msg {
                 Ok(a) => {
                     if a.id <= last {

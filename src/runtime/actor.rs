@@ -593,26 +593,18 @@ impl Actor {
             };
             self.set_message_slot(reasoning, Some(m));
         }
-        let (id, in_turn) = {
-            let in_turn = self.turn.is_some();
-            match self.message_slot_mut(reasoning) {
-                Some(m) => {
-                    m.text.push_str(&text);
-                    (m.id, in_turn)
-                }
-                None => return,
-            }
+        // Outside a turn there is no message to add to.
+        let Some(m) = self.message_slot_mut(reasoning) else {
+            return;
         };
-        let _ = in_turn;
+        m.text.push_str(&text);
+        let id = m.id;
         if reasoning {
-            self.emit(EventKind::ReasoningDelta, json!({"id": id, "text": text}))
+            self.emit(EventKind::ReasoningDelta, chunk("id", id, text))
                 .await;
         } else {
-            self.emit(
-                EventKind::AssistantDelta,
-                json!({"message_id": id, "text": text}),
-            )
-            .await;
+            self.emit(EventKind::AssistantDelta, chunk("message_id", id, text))
+                .await;
         }
     }
 
@@ -788,7 +780,6 @@ impl Actor {
         if self.session.is_some() {
             let _ = self.set_status(AgentStatus::Idle, None).await;
         }
-        self.snapshot.send_modify(|s| s.turns_completed += 1);
     }
 
     // ---- writing -----------------------------------------------------------------------
@@ -874,6 +865,14 @@ impl Actor {
         self.snapshot.send_modify(|s| s.status = status);
         Ok(())
     }
+}
+
+/// `{<id_key>: id, "text": text}`, moving the text (the streaming hot path).
+fn chunk(id_key: &str, id: MessageId, text: String) -> Value {
+    let mut m = serde_json::Map::with_capacity(2);
+    m.insert(id_key.to_owned(), Value::String(id.to_string()));
+    m.insert("text".to_owned(), Value::String(text));
+    Value::Object(m)
 }
 
 async fn next_event(rx: &mut Option<mpsc::Receiver<ProviderEvent>>) -> Option<ProviderEvent> {

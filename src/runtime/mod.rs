@@ -67,8 +67,6 @@ pub struct Snapshot {
     pub status: AgentStatus,
     pub pid: Option<u32>,
     pub provider_session_id: Option<String>,
-    /// Bumped whenever a turn ends, so waiters can tell one turn from the next.
-    pub turns_completed: u64,
 }
 
 /// The answer a person gave to a permission request.
@@ -202,7 +200,6 @@ impl AgentManager {
             status: AgentStatus::Starting,
             pid: None,
             provider_session_id: None,
-            turns_completed: 0,
         });
         let handle = ActorHandle {
             generation,
@@ -353,10 +350,6 @@ impl AgentManager {
         if let Err(e) = self.shared.writer.flush().await {
             tracing::warn!(error = %e, "could not flush events at shutdown");
         }
-    }
-
-    pub fn live_count(&self) -> usize {
-        self.shared.actors.lock().expect("actors lock").len()
     }
 }
 

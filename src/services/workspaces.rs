@@ -165,7 +165,7 @@ async fn add_worktree(
                     &state.pool,
                     project,
                     &path.to_string_lossy(),
-                    "",
+                    None,
                 )
                 .await?
             {
@@ -195,7 +195,7 @@ async fn add_worktree(
                 &state.pool,
                 project,
                 &path.to_string_lossy(),
-                &branch,
+                Some(&branch),
             )
             .await?
             || git::branch_exists(repo, &branch)

@@ -37,11 +37,3 @@ pub async fn connect(
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
     MIGRATOR.run(pool).await
 }
-
-/// Keyset pagination helper: fetch `limit + 1` rows, return the first `limit` and whether
-/// more exist.
-pub fn split_page<T>(mut rows: Vec<T>, limit: usize) -> (Vec<T>, bool) {
-    let more = rows.len() > limit;
-    rows.truncate(limit);
-    (rows, more)
-}

@@ -14,8 +14,6 @@ pub struct ProjectRow {
     pub created_at: DateTime<Utc>,
 }
 
-const COLUMNS: &str = "id, team_id, name, repo_path, default_branch, created_at";
-
 pub async fn insert(
     db: impl PgExecutor<'_>,
     id: Uuid,
@@ -45,7 +43,6 @@ pub async fn get(
     id: Uuid,
     teams: Option<&[Uuid]>,
 ) -> Result<Option<ProjectRow>, sqlx::Error> {
-    let _ = COLUMNS;
     sqlx::query_as(
         "SELECT id, team_id, name, repo_path, default_branch, created_at FROM projects
          WHERE id = $1 AND deleted_at IS NULL AND ($2::uuid[] IS NULL OR team_id = ANY($2))",

@@ -95,12 +95,13 @@ pub async fn list(
     .await
 }
 
-/// Branch names already used by workspaces of a project (to make a new one unique).
+/// Whether a workspace already uses `path`, or (when given) `branch` in this project;
+/// used to pick a new, unique name.
 pub async fn path_or_branch_taken(
     db: impl PgExecutor<'_>,
     project_id: Uuid,
     path: &str,
-    branch: &str,
+    branch: Option<&str>,
 ) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM workspaces WHERE path = $2 OR (project_id = $1 AND branch = $3))",

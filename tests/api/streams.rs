@@ -88,8 +88,8 @@ async fn team_activity_stream_is_resumable() {
         .await
         .unwrap();
     assert_eq!(res.status(), 200);
-    let mut r = SseReaderExt::from(res);
-    let evs = r.0.until("agent_status", Duration::from_secs(10)).await;
+    let mut r = SseReader::from_response(res);
+    let evs = r.until("agent_status", Duration::from_secs(10)).await;
     assert_eq!(evs[0].event, "workspace_created");
     assert!(
         evs.iter()
@@ -105,21 +105,11 @@ async fn team_activity_stream_is_resumable() {
         .send()
         .await
         .unwrap();
-    let mut r = SseReaderExt::from(res);
+    let mut r = SseReader::from_response(res);
     app.post_ok(&format!("/v1/workspaces/{ws}/archive"), json!({}), 200)
         .await;
-    let more =
-        r.0.until("workspace_archived", Duration::from_secs(10))
-            .await;
+    let more = r.until("workspace_archived", Duration::from_secs(10)).await;
     assert!(more.iter().all(|e| e.id > last));
-}
-
-pub struct SseReaderExt(pub SseReader);
-
-impl From<reqwest::Response> for SseReaderExt {
-    fn from(res: reqwest::Response) -> Self {
-        SseReaderExt(SseReader::from_response(res))
-    }
 }
 
 /// A client that stops reading never slows the agent down; when it reads again it gets
