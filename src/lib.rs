@@ -6,6 +6,7 @@ pub mod auth;
 pub mod bench;
 pub mod config;
 pub mod domain;
+pub mod embedded_pg;
 pub mod events;
 pub mod git;
 pub mod process;

@@ -17,6 +17,7 @@ use utoipa_actix_web::AppExt;
 use crate::api;
 use crate::auth::tokens;
 use crate::config::Settings;
+use crate::embedded_pg::{EmbeddedOptions, EmbeddedPostgres};
 use crate::events::{Bus, EventWriter};
 use crate::process::Ledger;
 use crate::providers::ProviderRegistry;
@@ -25,7 +26,6 @@ use crate::providers::mock::mock_provider;
 use crate::providers::{ModeInfo, Provider};
 use crate::runtime::{AgentManager, reconcile_at_boot};
 use crate::store;
-use crate::store::embedded::{EmbeddedOptions, EmbeddedPostgres};
 
 /// Shared by every request handler.
 pub struct AppState {

@@ -3,7 +3,6 @@
 //! caller's team ids, or `None` for a server admin who sees every team.
 
 pub mod agents;
-pub mod embedded;
 pub mod events;
 pub mod idempotency;
 pub mod identity;

@@ -42,7 +42,7 @@ async fn fresh_database() -> PgConnectOptions {
             admin.database(&name)
         }
         Err(_) => {
-            let cluster = tokio::task::spawn_blocking(agentry::store::embedded::test_cluster)
+            let cluster = tokio::task::spawn_blocking(agentry::embedded_pg::test_cluster)
                 .await
                 .unwrap();
             cluster
