@@ -21,9 +21,6 @@ use crate::embedded_pg::{EmbeddedOptions, EmbeddedPostgres};
 use crate::events::{Bus, EventWriter};
 use crate::process::Ledger;
 use crate::providers::ProviderRegistry;
-use crate::providers::acp::{AcpProvider, AcpProviderConfig};
-use crate::providers::mock::mock_provider;
-use crate::providers::{ModeInfo, Provider};
 use crate::runtime::{AgentManager, reconcile_at_boot};
 use crate::store;
 
@@ -103,50 +100,6 @@ pub async fn open_database_beside_server(
     open_database(settings).await
 }
 
-/// The providers this server offers: `mock`, plus every `extends = "acp"` table.
-pub fn build_registry(settings: &Settings) -> anyhow::Result<ProviderRegistry> {
-    let mut registry = ProviderRegistry::new();
-    let mock_cfg = settings.providers.get("mock");
-    if mock_cfg.and_then(|p| p.enabled) != Some(false) {
-        let exe = match mock_cfg
-            .and_then(|p| p.command.as_ref())
-            .and_then(|c| c.first())
-        {
-            Some(program) => program.into(),
-            None => std::env::current_exe()
-                .context("cannot find the agentry executable for the mock provider")?,
-        };
-        registry.register(Arc::new(mock_provider(exe)));
-    }
-    for (id, p) in &settings.providers {
-        if p.extends.as_deref() != Some("acp") || p.enabled == Some(false) {
-            continue;
-        }
-        let mut command = p.command.clone().unwrap_or_else(|| vec![id.clone()]);
-        command.extend(p.args.iter().cloned());
-        let provider: Arc<dyn Provider> = Arc::new(AcpProvider::new(AcpProviderConfig {
-            id: id.clone(),
-            label: p.label.clone().unwrap_or_else(|| id.clone()),
-            command,
-            env: p.env.clone(),
-            modes: p
-                .modes
-                .iter()
-                .map(|m| ModeInfo {
-                    id: m.id.clone(),
-                    label: m.label.clone().unwrap_or_else(|| m.id.clone()),
-                    description: m.description.clone(),
-                    unattended: m.unattended,
-                })
-                .collect(),
-            default_mode: p.default_mode.clone(),
-            models: Vec::new(),
-        }));
-        registry.register(provider);
-    }
-    Ok(registry)
-}
-
 impl Application {
     /// Build from settings alone: the database from settings, the listener on `listen`.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
@@ -182,7 +135,7 @@ impl Application {
         if report.agents_closed + report.processes_killed + report.turns_failed > 0 {
             tracing::info!(?report, "reconciled what the previous run left");
         }
-        let registry = build_registry(&settings)?;
+        let registry = ProviderRegistry::from_settings(&settings.providers)?;
         let agents = AgentManager::new(
             pool.clone(),
             writer.clone(),

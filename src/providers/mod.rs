@@ -12,6 +12,9 @@
 
 pub mod acp;
 pub mod mock;
+pub mod registry;
+
+pub use registry::ProviderRegistry;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -270,28 +273,4 @@ pub trait ProviderSession: Send + Sync {
     }
     /// Stop the session and its process group (TERM, grace, KILL).
     async fn close(self: Box<Self>);
-}
-
-/// The providers this server knows, by id.
-#[derive(Clone, Default)]
-pub struct ProviderRegistry {
-    providers: BTreeMap<String, Arc<dyn Provider>>,
-}
-
-impl ProviderRegistry {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub fn register(&mut self, provider: Arc<dyn Provider>) {
-        self.providers.insert(provider.info().id, provider);
-    }
-
-    pub fn get(&self, id: &str) -> Option<Arc<dyn Provider>> {
-        self.providers.get(id).cloned()
-    }
-
-    pub fn all(&self) -> impl Iterator<Item = &Arc<dyn Provider>> {
-        self.providers.values()
-    }
 }
