@@ -26,6 +26,8 @@ use sha2::{Digest, Sha256};
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgSslMode};
 
+use crate::process;
+
 /// Only used in the socket file name (`.s.PGSQL.5432`): the socket directory is private.
 const PORT: u16 = 5432;
 /// The cluster superuser created by `initdb -U`.
@@ -325,44 +327,44 @@ struct Binaries {
     postgres: PathBuf,
 }
 
+/// Where PostgreSQL packages of Debian and Ubuntu put one `bin/` per major version.
+const VERSIONED_INSTALLS: &str = "/usr/lib/postgresql";
+
+/// `initdb` from PATH, else from the newest `/usr/lib/postgresql/<version>/bin` that has
+/// both programs; `postgres` from the same directory as `initdb`, since `initdb` itself
+/// runs the `postgres` beside it and a pair from two installs would not match.
 fn find_binaries() -> Result<Binaries, EmbeddedError> {
-    if let (Some(initdb), Some(postgres)) = (find_on_path("initdb"), find_on_path("postgres")) {
-        return Ok(Binaries { initdb, postgres });
-    }
-    let mut best: Option<(Vec<u32>, PathBuf)> = None;
-    if let Ok(entries) = fs::read_dir("/usr/lib/postgresql") {
-        for entry in entries.flatten() {
-            let Some(version) = entry.file_name().to_str().and_then(parse_version) else {
-                continue;
-            };
+    let versioned = versioned_bin_dirs(Path::new(VERSIONED_INSTALLS));
+    let pair = |initdb: PathBuf| {
+        let postgres = initdb.with_file_name("postgres");
+        process::is_executable(&postgres).then_some(Binaries { initdb, postgres })
+    };
+    let path = std::env::var_os("PATH");
+    process::find_executable_in("initdb", path.as_deref(), &versioned, Path::new(""))
+        .and_then(pair)
+        // An `initdb` on PATH without its `postgres` does not hide a complete install.
+        .or_else(|| versioned.first().and_then(|bin| pair(bin.join("initdb"))))
+        .ok_or(EmbeddedError::BinariesNotFound)
+}
+
+/// The `<version>/bin` directories under `root` holding both `initdb` and `postgres`,
+/// newest version first.
+fn versioned_bin_dirs(root: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir(root) else {
+        return Vec::new();
+    };
+    let mut dirs: Vec<(Vec<u32>, PathBuf)> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let version = entry.file_name().to_str().and_then(parse_version)?;
             let bin = entry.path().join("bin");
-            if !is_executable(&bin.join("initdb")) || !is_executable(&bin.join("postgres")) {
-                continue;
-            }
-            if best.as_ref().is_none_or(|(v, _)| version > *v) {
-                best = Some((version, bin));
-            }
-        }
-    }
-    match best {
-        Some((_, bin)) => Ok(Binaries {
-            initdb: bin.join("initdb"),
-            postgres: bin.join("postgres"),
-        }),
-        None => Err(EmbeddedError::BinariesNotFound),
-    }
-}
-
-fn find_on_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .filter(|dir| dir.is_absolute())
-        .map(|dir| dir.join(name))
-        .find(|candidate| is_executable(candidate))
-}
-
-fn is_executable(path: &Path) -> bool {
-    fs::metadata(path).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0)
+            let complete = process::is_executable(&bin.join("initdb"))
+                && process::is_executable(&bin.join("postgres"));
+            complete.then_some((version, bin))
+        })
+        .collect();
+    dirs.sort_by(|a, b| b.0.cmp(&a.0));
+    dirs.into_iter().map(|(_, bin)| bin).collect()
 }
 
 /// `"15"` → `[15]`, `"9.6"` → `[9, 6]`.
@@ -1246,10 +1248,36 @@ mod tests {
     #[test]
     fn finds_binaries() {
         let bins = find_binaries().expect("PostgreSQL binaries are installed");
-        assert!(is_executable(&bins.initdb));
-        assert!(is_executable(&bins.postgres));
+        assert!(process::is_executable(&bins.initdb));
+        assert!(process::is_executable(&bins.postgres));
+        assert_eq!(bins.initdb.parent(), bins.postgres.parent());
         assert_eq!(parse_version("15"), Some(vec![15]));
         assert_eq!(parse_version("9.6"), Some(vec![9, 6]));
         assert_eq!(parse_version("x"), None);
+    }
+
+    #[test]
+    fn versioned_installs_newest_first_and_complete_only() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let install = |version: &str, programs: &[&str]| {
+            let bin = root.path().join(version).join("bin");
+            fs::create_dir_all(&bin).unwrap();
+            for program in programs {
+                let file = bin.join(program);
+                fs::write(&file, "#!/bin/sh\n").unwrap();
+                fs::set_permissions(&file, fs::Permissions::from_mode(0o755)).unwrap();
+            }
+        };
+        install("9.6", &["initdb", "postgres"]);
+        install("16", &["initdb", "postgres"]);
+        install("17", &["initdb"]);
+        install("15", &["initdb", "postgres"]);
+        install("latest", &["initdb", "postgres"]);
+        let bin = |version: &str| root.path().join(version).join("bin");
+        assert_eq!(
+            versioned_bin_dirs(root.path()),
+            [bin("16"), bin("15"), bin("9.6")]
+        );
+        assert!(versioned_bin_dirs(&root.path().join("missing")).is_empty());
     }
 }

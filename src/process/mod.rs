@@ -2,13 +2,13 @@
 //! cwd, a minimal environment and argv (never a shell string), recorded in the
 //! `managed_processes` ledger before use and ended through that record.
 
+mod executable;
 pub mod framing;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -21,6 +21,7 @@ use crate::domain::AgentId;
 use crate::store::processes as store;
 
 pub use crate::store::processes::LedgerRow;
+pub use executable::{find_executable, find_executable_in, is_executable};
 
 /// Variables copied from agentry's own environment into every child, when set.
 pub const BASE_ENV: &[&str] = &[
@@ -238,7 +239,7 @@ pub fn spawn(spec: &CommandSpec) -> Result<ManagedChild, ProcessError> {
         .iter()
         .find(|(k, _)| k == "PATH")
         .map(|(_, v)| v.clone());
-    let program = resolve_program(&spec.program, path_var.as_deref(), &spec.cwd)
+    let program = find_executable_in(&spec.program, path_var.as_deref(), &[], &spec.cwd)
         .ok_or_else(|| ProcessError::NotFound(spec.program.clone()))?;
 
     let spawn_error = |source: io::Error| ProcessError::Spawn {
@@ -411,26 +412,6 @@ fn child_env(
             .map(|(k, v)| (OsString::from(k), OsString::from(v))),
     );
     env
-}
-
-/// Where `program` would be executed from: itself when it contains a `/` (relative to
-/// `cwd`), else the first executable file named so in an absolute PATH directory.
-fn resolve_program(program: &str, path: Option<&std::ffi::OsStr>, cwd: &Path) -> Option<PathBuf> {
-    if program.is_empty() {
-        return None;
-    }
-    if program.contains('/') {
-        let candidate = cwd.join(program);
-        return is_executable(&candidate).then_some(candidate);
-    }
-    std::env::split_paths(path?)
-        .filter(|dir| dir.is_absolute())
-        .map(|dir| dir.join(program))
-        .find(|candidate| is_executable(candidate))
-}
-
-fn is_executable(path: &Path) -> bool {
-    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// The fields of /proc/<pid>/stat that matter here.
@@ -675,29 +656,6 @@ mod tests {
                 (OsString::from("HOME"), OsString::from("/work")),
                 (OsString::from("PATH"), OsString::from("/bin")),
             ]
-        );
-    }
-
-    #[test]
-    fn resolves_programs() {
-        let path = OsString::from("relative:/nonexistent:/usr/bin:/bin");
-        let cwd = Path::new("/");
-        let sh = resolve_program("sh", Some(&path), cwd).unwrap();
-        assert!(sh.is_absolute() && sh.ends_with("sh"));
-        assert_eq!(resolve_program("sh", None, cwd), None);
-        assert_eq!(resolve_program("", Some(&path), cwd), None);
-        assert_eq!(
-            resolve_program("no-such-program-agentry", Some(&path), cwd),
-            None
-        );
-        // Not executable.
-        assert_eq!(
-            resolve_program("passwd", Some(&OsString::from("/etc")), cwd),
-            None
-        );
-        assert_eq!(
-            resolve_program("usr/bin/env", None, cwd),
-            Some(PathBuf::from("/usr/bin/env"))
         );
     }
 

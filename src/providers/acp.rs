@@ -11,7 +11,6 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Component, Path, PathBuf};
 use std::process::ExitStatus;
@@ -37,7 +36,7 @@ use super::{
 use crate::domain::{
     Behavior, PermissionKind, PermissionOption, ToolKind, ToolStatus, TurnOutcome,
 };
-use crate::process::{CommandSpec, ManagedChild};
+use crate::process::{CommandSpec, ManagedChild, find_executable};
 
 /// How long the agent may take to initialize and open its session.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
@@ -110,7 +109,7 @@ impl Provider for AcpProvider {
     async fn availability(&self) -> Availability {
         match self.cfg.command.first() {
             None => Availability::Unavailable("no command is configured".to_owned()),
-            Some(program) if find_program(program).is_some() => Availability::Available,
+            Some(program) if find_executable(program).is_some() => Availability::Available,
             Some(program) => {
                 Availability::Unavailable(format!("`{program}` was not found on PATH"))
             }
@@ -125,22 +124,6 @@ impl Provider for AcpProvider {
     ) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
         start_session(&self.cfg, spec, launcher, events).await
     }
-}
-
-/// Where `program` would be run from: a path containing `/` as given, else the first
-/// executable match on PATH.
-fn find_program(program: &str) -> Option<PathBuf> {
-    fn is_executable(path: &Path) -> bool {
-        std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    }
-    if program.contains('/') {
-        let path = Path::new(program);
-        return is_executable(path).then(|| path.to_path_buf());
-    }
-    let path_var = std::env::var_os("PATH")?;
-    std::env::split_paths(&path_var)
-        .map(|dir| dir.join(program))
-        .find(|candidate| is_executable(candidate))
 }
 
 // ---------------------------------------------------------------------------------------
