@@ -8,6 +8,7 @@ pub mod error;
 pub mod health;
 pub mod identity;
 pub mod middleware;
+pub mod openapi;
 pub mod projects;
 pub mod providers;
 pub mod sse;
