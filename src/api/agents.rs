@@ -450,13 +450,13 @@ pub struct PermissionView {
     pub kind: String,
     pub title: String,
     pub call_id: Option<String>,
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub input: Option<Value>,
     #[schema(value_type = Vec<crate::domain::PermissionOption>)]
     pub options: Value,
     /// `pending`, `resolved` or `expired`.
     pub status: String,
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub resolution: Option<Value>,
     pub created_at: DateTime<Utc>,
     pub resolved_at: Option<DateTime<Utc>>,
@@ -526,7 +526,7 @@ pub struct PermissionAnswerBody {
     /// A specific option; without it, the first option of `behavior`.
     pub option_id: Option<String>,
     pub message: Option<String>,
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub updated_input: Option<Value>,
 }
 

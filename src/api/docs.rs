@@ -51,7 +51,7 @@ pub fn document() -> &'static OpenApi {
             .openapi(base())
             .configure(|cfg| super::configure(cfg, 1024 * 1024))
             .split_for_parts();
-        api
+        super::openapi::complete(api)
     })
 }
 

@@ -7,7 +7,9 @@ pub mod docs;
 pub mod error;
 pub mod health;
 pub mod identity;
+pub mod input;
 pub mod middleware;
+pub mod openapi;
 pub mod projects;
 pub mod providers;
 pub mod sse;
@@ -31,11 +33,13 @@ pub fn configure(cfg: &mut ServiceConfig, max_body_bytes: usize) {
             .error_handler(json_error),
     )
     .app_data(web::PayloadConfig::new(max_body_bytes))
+    .app_data(input::BodyLimit(max_body_bytes))
     .app_data(web::QueryConfig::default().error_handler(query_error))
     .app_data(web::PathConfig::default().error_handler(path_error));
     health::configure(cfg);
     cfg.service(
         utoipa_actix_web::scope("/v1")
+            .wrap(actix_web::middleware::from_fn(input::reject_nul))
             .configure(identity::configure)
             .configure(projects::configure)
             .configure(workspaces::configure)

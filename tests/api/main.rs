@@ -3,6 +3,7 @@
 
 mod agents;
 mod helpers;
+mod input;
 mod platform;
 mod story;
 mod streams;
