@@ -4,6 +4,7 @@
 mod agents;
 mod helpers;
 mod platform;
+mod scopes;
 mod story;
 mod streams;
 mod workspaces;
