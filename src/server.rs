@@ -22,24 +22,14 @@ use crate::events::{Bus, EventWriter};
 use crate::process::Ledger;
 use crate::providers::ProviderRegistry;
 use crate::runtime::{AgentManager, reconcile_at_boot};
+use crate::services::ServiceContext;
 use crate::store;
 
-/// Shared by every request handler.
+/// Shared by every request handler: the services' context, plus what only the HTTP layer
+/// reads (the settings of streams and bodies).
 pub struct AppState {
-    pub pool: PgPool,
+    pub services: ServiceContext,
     pub settings: Settings,
-    pub bus: Arc<Bus>,
-    pub writer: EventWriter,
-    pub agents: AgentManager,
-    /// The main runtime: long-lived tasks go here, not on an HTTP worker's.
-    pub runtime: Handle,
-    /// Flips to true when the server stops, so open streams end.
-    pub shutdown: watch::Receiver<bool>,
-}
-
-/// Resolves once the server starts shutting down.
-pub async fn stopping(rx: &mut watch::Receiver<bool>) {
-    let _ = rx.wait_for(|s| *s).await;
 }
 
 pub struct Application {
@@ -145,13 +135,17 @@ impl Application {
         );
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let state = web::Data::new(AppState {
-            pool,
+            services: ServiceContext {
+                pool,
+                writer,
+                bus,
+                agents,
+                runtime: Handle::current(),
+                limits: settings.limits.clone(),
+                data_dir: settings.data_dir.clone(),
+                shutdown: shutdown_rx,
+            },
             settings: settings.clone(),
-            bus,
-            writer,
-            agents,
-            runtime: Handle::current(),
-            shutdown: shutdown_rx,
         });
 
         let port = listener.local_addr()?.port();
@@ -215,10 +209,10 @@ impl Application {
         stop.await;
         tracing::info!("shutting down");
         let _ = self.shutdown.send(true);
-        self.state.agents.shutdown().await;
+        self.state.services.agents.shutdown().await;
         handle.stop(true).await;
         let _ = server.await;
-        self.state.pool.close().await;
+        self.state.services.pool.close().await;
         if let Some(pg) = self.embedded {
             pg.stop().await?;
         }

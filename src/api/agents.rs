@@ -4,22 +4,20 @@
 use std::time::Duration;
 
 use actix_web::{HttpRequest, HttpResponse, delete, get, post, put, web};
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
-use utoipa::{IntoParams, ToSchema};
+use serde::Deserialize;
+use utoipa::IntoParams;
 use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::error::{ApiError, ApiResult, Problem};
-use super::{Page, PageQuery, parse_id};
+use super::{Page, PageQuery, idempotency, parse_id};
 use crate::auth::Principal;
-use crate::domain::{
-    AgentEvent, AgentId, AgentStatus, Behavior, PermissionId, ProjectId, TurnId, UserId,
-    WorkspaceId,
-};
+use crate::domain::{AgentEvent, AgentId, AgentStatus, PermissionId, WorkspaceId};
 use crate::server::AppState;
-use crate::services::{agents, idempotency};
-use crate::store;
+use crate::services::agents::{
+    self, Agent, AgentFilter as Filter, CreateAgent, ModeBody, ModelBody, PermissionAnswerBody,
+    PermissionList, PermissionStatus, PermissionView, PromptBody, TimelineFrom, TurnAccepted,
+    WaitResult,
+};
 
 pub fn configure(cfg: &mut ServiceConfig) {
     cfg.service(create_agent)
@@ -37,73 +35,6 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(answer_permission);
 }
 
-#[derive(Debug, Deserialize, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct NewWorkspaceSpec {
-    pub project_id: ProjectId,
-    pub base_ref: Option<String>,
-    pub branch: Option<String>,
-}
-
-#[derive(Debug, Deserialize, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({"workspace_id": "wsp_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "provider": "mock",
-    "labels": {"ci_run": "1234"}, "prompt": "hello"}))]
-pub struct CreateAgent {
-    pub workspace_id: Option<WorkspaceId>,
-    /// Create a new worktree workspace in the same call (instead of `workspace_id`).
-    pub workspace: Option<NewWorkspaceSpec>,
-    pub provider: String,
-    pub model: Option<String>,
-    pub mode: Option<String>,
-    pub title: Option<String>,
-    #[serde(default = "empty_object")]
-    #[schema(value_type = Object)]
-    pub labels: Value,
-    /// A first prompt, started as soon as the session is up.
-    pub prompt: Option<String>,
-    pub system_prompt: Option<String>,
-    #[serde(default = "empty_object")]
-    #[schema(value_type = Object)]
-    pub mcp_servers: Value,
-}
-
-fn empty_object() -> Value {
-    Value::Object(Default::default())
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct AgentRuntime {
-    /// The provider process's pid while one runs.
-    pub pid: Option<u32>,
-    pub provider_session_id: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"id": "agt_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "workspace_id": "wsp_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c",
-    "provider": "mock", "model": "mock-small", "mode": "default", "title": null, "labels": {"ci_run": "1234"},
-    "status": "idle", "status_reason": null, "last_seq": 12, "created_by": "usr_0193a1b2c3d47e8f9a0b1c2d3e4f5a6d",
-    "created_at": "2026-11-30T12:00:00Z", "archived_at": null, "pending_permissions": 0,
-    "runtime": {"pid": 4242, "provider_session_id": "3b1f…"}}))]
-pub struct Agent {
-    pub id: AgentId,
-    pub workspace_id: WorkspaceId,
-    pub provider: String,
-    pub model: Option<String>,
-    pub mode: Option<String>,
-    pub title: Option<String>,
-    #[schema(value_type = Object)]
-    pub labels: Value,
-    pub status: AgentStatus,
-    pub status_reason: Option<String>,
-    pub last_seq: i64,
-    pub created_by: Option<UserId>,
-    pub created_at: DateTime<Utc>,
-    pub archived_at: Option<DateTime<Utc>>,
-    pub pending_permissions: i64,
-    pub runtime: AgentRuntime,
-}
-
 /// Open an agent in a workspace (or a new worktree), optionally with a first prompt.
 #[utoipa::path(tag = "agents", security(("bearer" = [])),
     params(("Idempotency-Key" = Option<String>, Header, description = "Retry-safe creation")),
@@ -118,8 +49,9 @@ async fn create_agent(
     body: web::Json<CreateAgent>,
 ) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
-    idempotency::respond(&state, &principal, &req, &body, || {
-        agents::create(&state, &principal, &body)
+    let ctx = &state.services;
+    idempotency::respond(ctx, &principal, &req, &body, || {
+        agents::create(ctx, &principal, &body)
     })
     .await
 }
@@ -148,42 +80,36 @@ async fn list_agents(
         .as_deref()
         .map(|w| parse_id(w, "workspace"))
         .transpose()?;
-    if let Some(s) = &filter.status
-        && AgentStatus::parse(s).is_none()
-    {
-        return Err(ApiError::bad_request(
-            "invalid_query",
-            format!("unknown status `{s}`"),
-        ));
-    }
-    let labels = match &filter.label {
+    let status = match &filter.status {
+        None => None,
+        Some(s) => Some(AgentStatus::parse(s).ok_or_else(|| {
+            ApiError::bad_request("invalid_query", format!("unknown status `{s}`"))
+        })?),
+    };
+    let label = match &filter.label {
         None => None,
         Some(l) => {
             let (k, v) = l.split_once(':').ok_or_else(|| {
                 ApiError::bad_request("invalid_query", "label must be `key:value`")
             })?;
-            Some(serde_json::json!({ k: v }))
+            Some((k.to_owned(), v.to_owned()))
         }
     };
     let after: Option<AgentId> = page.after()?;
-    let teams = principal.visible_teams();
-    let rows = store::agents::list(
-        &state.pool,
-        store::agents::AgentFilter {
-            teams: teams.as_deref(),
-            workspace_id: workspace.map(|w| w.uuid()),
-            status: filter.status.as_deref(),
-            labels: labels.as_ref(),
-            include_archived: filter.include_archived.unwrap_or(false),
-            after: after.map(|a| a.uuid()),
-            limit: page.limit() + 1,
-        },
+    let filter = Filter {
+        workspace_id: workspace,
+        status,
+        label,
+        include_archived: filter.include_archived.unwrap_or(false),
+    };
+    let items = agents::list(
+        &state.services,
+        &principal,
+        &filter,
+        after,
+        page.limit() + 1,
     )
     .await?;
-    let items = rows
-        .into_iter()
-        .map(|r| agents::to_agent(&state, r))
-        .collect();
     Ok(web::Json(Page::from_rows(
         items,
         page.limit(),
@@ -200,21 +126,9 @@ async fn get_agent(
     id: web::Path<String>,
 ) -> ApiResult<web::Json<Agent>> {
     let id: AgentId = parse_id(&id, "agent")?;
-    let row = agents::load(&state, &principal, id).await?;
-    Ok(web::Json(agents::to_agent(&state, row)))
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({"text": "/ask deploy?", "client_message_id": "ci-42-1"}))]
-pub struct PromptBody {
-    pub text: String,
-    pub client_message_id: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct TurnAccepted {
-    pub turn_id: TurnId,
+    Ok(web::Json(
+        agents::get(&state.services, &principal, id).await?,
+    ))
 }
 
 /// Send a prompt; a closed agent is reopened first. 409 `agent_busy` while a turn runs.
@@ -229,9 +143,9 @@ async fn send_message(
     body: web::Json<PromptBody>,
 ) -> ApiResult<HttpResponse> {
     let id: AgentId = parse_id(&id, "agent")?;
-    let body = body.into_inner();
-    let turn_id = agents::prompt(&state, &principal, id, body.text, body.client_message_id).await?;
-    Ok(HttpResponse::Accepted().json(TurnAccepted { turn_id }))
+    let accepted: TurnAccepted =
+        agents::prompt(&state.services, &principal, id, body.into_inner()).await?;
+    Ok(HttpResponse::Accepted().json(accepted))
 }
 
 /// Interrupt the running turn; it ends with outcome `canceled`.
@@ -244,22 +158,8 @@ async fn interrupt_agent(
     id: web::Path<String>,
 ) -> ApiResult<HttpResponse> {
     let id: AgentId = parse_id(&id, "agent")?;
-    agents::interrupt(&state, &principal, id).await?;
+    agents::interrupt(&state.services, &principal, id).await?;
     Ok(HttpResponse::Accepted().finish())
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({"mode": "unattended"}))]
-pub struct ModeBody {
-    pub mode: String,
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({"model": "mock-large"}))]
-pub struct ModelBody {
-    pub model: String,
 }
 
 #[utoipa::path(tag = "agents", security(("bearer" = [])), params(("id" = String, Path)), request_body = ModeBody,
@@ -273,7 +173,7 @@ async fn set_mode(
 ) -> ApiResult<web::Json<Agent>> {
     let id: AgentId = parse_id(&id, "agent")?;
     Ok(web::Json(
-        agents::set_mode(&state, &principal, id, body.into_inner().mode).await?,
+        agents::set_mode(&state.services, &principal, id, body.into_inner().mode).await?,
     ))
 }
 
@@ -288,7 +188,7 @@ async fn set_model(
 ) -> ApiResult<web::Json<Agent>> {
     let id: AgentId = parse_id(&id, "agent")?;
     Ok(web::Json(
-        agents::set_model(&state, &principal, id, body.into_inner().model).await?,
+        agents::set_model(&state.services, &principal, id, body.into_inner().model).await?,
     ))
 }
 
@@ -302,7 +202,9 @@ async fn close_agent(
     id: web::Path<String>,
 ) -> ApiResult<web::Json<Agent>> {
     let id: AgentId = parse_id(&id, "agent")?;
-    Ok(web::Json(agents::close(&state, &principal, id).await?))
+    Ok(web::Json(
+        agents::close(&state.services, &principal, id).await?,
+    ))
 }
 
 /// Archive: close the agent and hide it from default lists; the timeline is kept.
@@ -315,7 +217,7 @@ async fn archive_agent(
     id: web::Path<String>,
 ) -> ApiResult<HttpResponse> {
     let id: AgentId = parse_id(&id, "agent")?;
-    agents::archive(&state, &principal, id).await?;
+    agents::archive(&state.services, &principal, id).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -324,25 +226,6 @@ async fn archive_agent(
 pub struct WaitQuery {
     /// Seconds to wait at most (default 600; capped by the server's `limits.max_wait_s`).
     pub timeout_s: Option<u64>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct LastTurn {
-    pub turn_id: TurnId,
-    /// `completed`, `failed`, `canceled`; null while it runs.
-    pub outcome: Option<String>,
-    pub error: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"status": "idle", "timed_out": false,
-    "last_turn": {"turn_id": "trn_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "outcome": "completed", "error": null},
-    "pending_permissions": []}))]
-pub struct WaitResult {
-    pub status: AgentStatus,
-    pub timed_out: bool,
-    pub last_turn: Option<LastTurn>,
-    pub pending_permissions: Vec<PermissionView>,
 }
 
 /// Long-poll until the agent is neither `running` nor `starting` (or the timeout passes).
@@ -356,12 +239,9 @@ async fn wait_agent(
     q: web::Query<WaitQuery>,
 ) -> ApiResult<web::Json<WaitResult>> {
     let id: AgentId = parse_id(&id, "agent")?;
-    let timeout = q
-        .timeout_s
-        .unwrap_or(600)
-        .min(state.settings.limits.max_wait_s);
+    let timeout = Duration::from_secs(q.timeout_s.unwrap_or(600));
     Ok(web::Json(
-        agents::wait(&state, &principal, id, Duration::from_secs(timeout)).await?,
+        agents::wait(&state.services, &principal, id, timeout).await?,
     ))
 }
 
@@ -378,8 +258,6 @@ pub struct TimelineQuery {
     pub cursor: Option<String>,
 }
 
-const TIMELINE_PAGE_BYTES: usize = 4 * 1024 * 1024;
-
 /// A page of the agent's durable timeline.
 #[utoipa::path(tag = "agents", security(("bearer" = [])), params(("id" = String, Path), TimelineQuery),
     responses((status = 200, body = Page<AgentEvent>, example = json!({"items": [{"seq": 4, "agent_id": "agt_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "turn_id": "trn_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c", "at": "2026-11-30T12:00:00Z", "kind": "turn_started", "data": {"turn_id": "trn_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c"}}, {"seq": 5, "agent_id": "agt_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "turn_id": "trn_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c", "at": "2026-11-30T12:00:00Z", "kind": "user_message", "data": {"message_id": "msg_0193a1b2c3d47e8f9a0b1c2d3e4f5a6d", "text": "hello"}}], "next_cursor": "a5"})), (status = 400, body = Problem), (status = 404, body = Problem)))]
@@ -391,7 +269,6 @@ async fn timeline(
     q: web::Query<TimelineQuery>,
 ) -> ApiResult<web::Json<Page<AgentEvent>>> {
     let id: AgentId = parse_id(&id, "agent")?;
-    agents::load(&state, &principal, id).await?;
     let limit = i64::from(q.limit.unwrap_or(100).clamp(1, 1000));
     let bad_cursor = || {
         ApiError::bad_request(
@@ -418,23 +295,14 @@ async fn timeline(
             ));
         }
     };
-    let rows = if forward {
-        store::events::page_after(&state.pool, id.uuid(), from, limit + 1).await?
+    let from = if forward {
+        TimelineFrom::After(from)
     } else {
-        store::events::page_before(&state.pool, id.uuid(), from, limit + 1).await?
+        TimelineFrom::Before(from)
     };
-    let mut more = rows.len() as i64 > limit;
-    let mut items = Vec::with_capacity(rows.len().min(limit as usize));
-    let mut bytes = 0usize;
-    for row in rows.into_iter().take(limit as usize) {
-        bytes += row.data.to_string().len() + 160;
-        if bytes > TIMELINE_PAGE_BYTES && !items.is_empty() {
-            more = true;
-            break;
-        }
-        items.push(row.into_event());
-    }
-    let next_cursor = if more {
+    let page = agents::timeline(&state.services, &principal, id, from, limit).await?;
+    let items = page.items;
+    let next_cursor = if page.more {
         items
             .last()
             .map(|e: &AgentEvent| format!("{}{}", if forward { "a" } else { "b" }, e.seq))
@@ -444,53 +312,11 @@ async fn timeline(
     Ok(web::Json(Page { items, next_cursor }))
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct PermissionView {
-    pub request_id: PermissionId,
-    pub kind: String,
-    pub title: String,
-    pub call_id: Option<String>,
-    #[schema(value_type = Option<Object>)]
-    pub input: Option<Value>,
-    #[schema(value_type = Vec<crate::domain::PermissionOption>)]
-    pub options: Value,
-    /// `pending`, `resolved` or `expired`.
-    pub status: String,
-    #[schema(value_type = Option<Object>)]
-    pub resolution: Option<Value>,
-    pub created_at: DateTime<Utc>,
-    pub resolved_at: Option<DateTime<Utc>>,
-    pub resolved_by: Option<UserId>,
-}
-
-impl From<store::permissions::PermissionRow> for PermissionView {
-    fn from(r: store::permissions::PermissionRow) -> Self {
-        Self {
-            request_id: r.id.into(),
-            kind: r.kind,
-            title: r.title,
-            call_id: r.call_id,
-            input: r.input,
-            options: r.options,
-            status: r.status,
-            resolution: r.resolution,
-            created_at: r.created_at,
-            resolved_at: r.resolved_at,
-            resolved_by: r.resolved_by.map(Into::into),
-        }
-    }
-}
-
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct PermissionFilter {
     /// `pending`, `resolved` or `expired`.
     pub status: Option<String>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct PermissionList {
-    pub items: Vec<PermissionView>,
 }
 
 #[utoipa::path(tag = "permissions", security(("bearer" = [])), params(("id" = String, Path), PermissionFilter),
@@ -503,31 +329,15 @@ async fn list_permissions(
     q: web::Query<PermissionFilter>,
 ) -> ApiResult<web::Json<PermissionList>> {
     let id: AgentId = parse_id(&id, "agent")?;
-    if let Some(s) = &q.status
-        && !matches!(s.as_str(), "pending" | "resolved" | "expired")
-    {
-        return Err(ApiError::bad_request(
-            "invalid_query",
-            "status is pending, resolved or expired",
-        ));
-    }
-    let row = agents::load(&state, &principal, id).await?;
-    let rows = store::permissions::list(&state.pool, row.id, q.status.as_deref()).await?;
-    Ok(web::Json(PermissionList {
-        items: rows.into_iter().map(PermissionView::from).collect(),
-    }))
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({"behavior": "allow"}))]
-pub struct PermissionAnswerBody {
-    pub behavior: Behavior,
-    /// A specific option; without it, the first option of `behavior`.
-    pub option_id: Option<String>,
-    pub message: Option<String>,
-    #[schema(value_type = Option<Object>)]
-    pub updated_input: Option<Value>,
+    let status = match &q.status {
+        None => None,
+        Some(s) => Some(PermissionStatus::parse(s).ok_or_else(|| {
+            ApiError::bad_request("invalid_query", "status is pending, resolved or expired")
+        })?),
+    };
+    Ok(web::Json(
+        agents::list_permissions(&state.services, &principal, id, status).await?,
+    ))
 }
 
 /// Answer a permission request. Twice: 409 `permission_already_resolved`; after its turn
@@ -546,9 +356,8 @@ async fn answer_permission(
     let (id, request) = path.into_inner();
     let id: AgentId = parse_id(&id, "agent")?;
     let request: PermissionId = parse_id(&request, "permission request")?;
-    agents::answer_permission(&state, &principal, id, request, body.into_inner()).await?;
-    let row = store::permissions::get(&state.pool, id.uuid(), request.uuid())
-        .await?
-        .ok_or_else(|| ApiError::not_found("permission request"))?;
-    Ok(web::Json(row.into()))
+    Ok(web::Json(
+        agents::answer_permission(&state.services, &principal, id, request, body.into_inner())
+            .await?,
+    ))
 }

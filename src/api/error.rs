@@ -1,12 +1,18 @@
 //! The one wire error: `application/problem+json` (RFC 9457) with a stable `code`.
-//! Every failure a client can see is built here; unexpected errors are logged with their
-//! whole chain and answered with an opaque 500.
+//! Every failure a client can see is built here: the domain errors of services, auth and
+//! the runtime are mapped to a status and a code in one table below. Unexpected errors are
+//! logged with their whole chain and answered with an opaque 500.
 
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 use utoipa::ToSchema;
+
+use crate::auth::AuthError;
+use crate::events::WriteError;
+use crate::runtime::RuntimeError;
+use crate::services::ServiceError;
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct FieldError {
@@ -131,21 +137,140 @@ fn title_of(code: &str) -> String {
     t
 }
 
-impl From<sqlx::Error> for ApiError {
-    fn from(e: sqlx::Error) -> Self {
-        match &e {
-            sqlx::Error::RowNotFound => ApiError::not_found("resource"),
-            sqlx::Error::Database(db) if db.is_unique_violation() => {
-                ApiError::conflict("conflict", "a resource with these values already exists")
+// The edge table: every domain error becomes a problem with a stable code and a status.
+// Codes come from the error itself (`ServiceError::code`, `AuthError::code`); statuses are
+// chosen here, the only layer that knows HTTP.
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> Self {
+        use ServiceError as E;
+        let status = match &e {
+            E::Auth(a) => return a.into(),
+            E::Runtime(_) | E::Store(_) | E::Events(_) | E::Git(_) | E::Unexpected(_) => {
+                return match e {
+                    E::Runtime(r) => runtime_error(r),
+                    E::Store(s) => store_error(s),
+                    E::Events(w) => write_error(w),
+                    E::Git(g) => ApiError::internal(g),
+                    E::Unexpected(u) => ApiError::internal(u),
+                    _ => unreachable!("matched above"),
+                };
             }
-            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
-                tracing::error!(error = %e, "database unavailable");
-                ApiError::unavailable(
-                    "database_unavailable",
-                    "the database is unavailable; retry later",
-                )
+            E::Invalid { field, message } => return ApiError::validation(field, message.clone()),
+            E::NotFound(_) => StatusCode::NOT_FOUND,
+            E::PromptTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            E::UnknownProvider(_) | E::ProviderUnavailable { .. } => {
+                StatusCode::UNPROCESSABLE_ENTITY
             }
-            _ => ApiError::internal(e),
+            E::ProviderUnreachable(_) | E::StoreUnavailable | E::NotReady => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            E::WorkspaceArchived(_)
+            | E::AgentArchived
+            | E::ProjectNameTaken
+            | E::ProjectHasWorkspaces
+            | E::WorkspacePathTaken(_)
+            | E::BranchExists(_)
+            | E::RepositoryUnavailable(_)
+            | E::PermissionExpired
+            | E::IdempotencyKeyReused
+            | E::IdempotencyKeyInProgress(_) => StatusCode::CONFLICT,
+        };
+        ApiError::new(status, e.code(), e.to_string())
+    }
+}
+
+impl From<&AuthError> for ApiError {
+    fn from(e: &AuthError) -> Self {
+        use AuthError as E;
+        let status = match e {
+            E::TokenMissing
+            | E::TokenTooLarge
+            | E::TokenMalformed(_)
+            | E::TokenUnknown
+            | E::TokenRevoked(_)
+            | E::TokenExpired => StatusCode::UNAUTHORIZED,
+            E::NotVisible(_) => StatusCode::NOT_FOUND,
+            E::RoleTooLow { .. } | E::Forbidden(_) | E::InsufficientScope { .. } => {
+                StatusCode::FORBIDDEN
+            }
+            E::Store(s) => return store_error_ref(s),
+        };
+        ApiError::new(status, e.code(), e.to_string())
+    }
+}
+
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        (&e).into()
+    }
+}
+
+fn runtime_error(e: RuntimeError) -> ApiError {
+    use RuntimeError as E;
+    match e {
+        E::Busy => ApiError::conflict("agent_busy", e.to_string()),
+        E::StartFailed(_) => ApiError::unavailable("provider_start_failed", e.to_string()),
+        E::UnknownProvider(_) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown_provider",
+            e.to_string(),
+        ),
+        E::PermissionNotFound => ApiError::not_found("permission request"),
+        E::PermissionAlreadyResolved => {
+            ApiError::conflict("permission_already_resolved", e.to_string())
+        }
+        E::PermissionExpired(_) => ApiError::conflict("permission_expired", e.to_string()),
+        E::UnknownOption(_) | E::BehaviorMismatch { .. } => {
+            ApiError::validation("option_id", e.to_string())
+        }
+        E::NoOptionForBehavior(_) => ApiError::validation("behavior", e.to_string()),
+        E::Unsupported(m) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unsupported", m),
+        E::ShuttingDown => ApiError::unavailable("shutting_down", e.to_string()),
+        E::ActorGone => ApiError::conflict(
+            "agent_closed",
+            "the agent closed while handling the request; retry",
+        ),
+        E::Store(s) => store_error(s),
+        E::Events(w) => write_error(w),
+    }
+}
+
+/// The event writer failed an API write.
+fn write_error(e: WriteError) -> ApiError {
+    ApiError::internal(e)
+}
+
+fn store_error(e: sqlx::Error) -> ApiError {
+    store_error_ref(&e)
+}
+
+/// `RowNotFound` and a foreign key naming a row that does not exist are missing
+/// resources; a unique violation is a conflict; an unreachable store is 503
+/// `store_unavailable`; anything else is unexpected.
+fn store_error_ref(e: &sqlx::Error) -> ApiError {
+    match e {
+        sqlx::Error::RowNotFound => ApiError::not_found("resource"),
+        sqlx::Error::Database(db) if db.is_unique_violation() => {
+            ApiError::conflict("conflict", "a resource with these values already exists")
+        }
+        sqlx::Error::Database(db) if db.is_foreign_key_violation() => {
+            ApiError::not_found("a resource this request names")
+        }
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
+            tracing::error!(error = %e, "store unavailable");
+            ApiError::unavailable(
+                "store_unavailable",
+                "the database is unavailable; retry later",
+            )
+        }
+        _ => {
+            tracing::error!(error = ?e, "unexpected store error");
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "an unexpected error occurred; see the server log",
+            )
         }
     }
 }

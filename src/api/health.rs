@@ -5,8 +5,9 @@ use actix_web::{HttpResponse, get, web};
 use serde_json::json;
 use utoipa_actix_web::service_config::ServiceConfig;
 
+use super::error::ApiError;
 use crate::server::AppState;
-use crate::store;
+use crate::services::health;
 
 pub fn configure(cfg: &mut ServiceConfig) {
     cfg.service(healthz).service(readyz);
@@ -25,24 +26,8 @@ async fn healthz() -> HttpResponse {
     (status = 503, description = "Not ready", body = crate::api::error::Problem)))]
 #[get("/readyz")]
 async fn readyz(state: web::Data<AppState>) -> HttpResponse {
-    let latest = store::MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
-    let applied: Result<Option<i64>, _> =
-        sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
-            .fetch_one(&state.pool)
-            .await;
-    match applied {
-        Ok(Some(v)) if v >= latest => HttpResponse::Ok().json(json!({"status": "ready"})),
-        Ok(_) => {
-            actix_web::ResponseError::error_response(&crate::api::error::ApiError::unavailable(
-                "not_ready",
-                "database migrations are not applied",
-            ))
-        }
-        Err(_) => {
-            actix_web::ResponseError::error_response(&crate::api::error::ApiError::unavailable(
-                "database_unavailable",
-                "the database is unreachable",
-            ))
-        }
+    match health::ready(&state.services).await {
+        Ok(()) => HttpResponse::Ok().json(json!({"status": "ready"})),
+        Err(e) => actix_web::ResponseError::error_response(&ApiError::from(e)),
     }
 }

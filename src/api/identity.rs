@@ -1,17 +1,14 @@
 //! Who am I, and API tokens: create (shown once), list, revoke (effective at once).
 
 use actix_web::{HttpRequest, HttpResponse, delete, get, post, web};
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
 
-use super::error::{ApiError, ApiResult, Problem};
-use super::{Page, PageQuery, parse_id};
-use crate::auth::{Principal, Role};
-use crate::domain::{TeamId, TokenId, UserId};
+use super::error::{ApiResult, Problem};
+use super::{Page, PageQuery, idempotency, parse_id};
+use crate::auth::Principal;
+use crate::domain::TokenId;
 use crate::server::AppState;
-use crate::services::{idempotency, tokens};
+use crate::services::identity::{self, CreateToken, CreatedToken, Me, TokenInfo};
 
 pub fn configure(cfg: &mut ServiceConfig) {
     cfg.service(me)
@@ -20,84 +17,12 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(revoke_token);
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-pub struct TeamRef {
-    pub id: TeamId,
-    pub name: String,
-    pub role: Role,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-#[schema(example = json!({"id": "usr_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "email": "admin@localhost", "name": "Local admin",
-    "is_admin": true, "teams": [{"id": "team_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c", "name": "default", "role": "owner"}]}))]
-pub struct Me {
-    pub id: UserId,
-    pub email: String,
-    pub name: String,
-    pub is_admin: bool,
-    pub teams: Vec<TeamRef>,
-}
-
 /// The caller: user, and the teams they belong to with their role.
 #[utoipa::path(tag = "identity", security(("bearer" = [])), responses(
     (status = 200, body = Me), (status = 401, body = Problem)))]
 #[get("/me")]
-async fn me(principal: Principal) -> web::Json<Me> {
-    web::Json(Me {
-        id: principal.user_id.into(),
-        email: principal.email.clone(),
-        name: principal.name.clone(),
-        is_admin: principal.is_admin,
-        teams: principal
-            .teams
-            .iter()
-            .map(|m| TeamRef {
-                id: m.team_id.into(),
-                name: m.team_name.clone(),
-                role: m.role,
-            })
-            .collect(),
-    })
-}
-
-#[derive(Debug, Deserialize, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({"name": "ci-bot", "expires_in_days": 90}))]
-pub struct CreateToken {
-    pub name: String,
-    /// Days until the token expires (default: never).
-    pub expires_in_days: Option<u32>,
-    /// Make a team service token acting in this team.
-    pub team_id: Option<TeamId>,
-    /// The role of a team service token (default `member`, never above your own).
-    pub role: Option<Role>,
-    #[serde(default)]
-    pub scopes: Vec<String>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-#[schema(example = json!({"id": "tok_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "name": "ci-bot",
-    "token": "agt_pat_3f1c…", "prefix": "agt_pat_3f1c", "expires_at": null}))]
-pub struct CreatedToken {
-    pub id: TokenId,
-    pub name: String,
-    /// The secret. Shown only in this response: store it now.
-    pub token: String,
-    pub prefix: String,
-    pub expires_at: Option<DateTime<Utc>>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct TokenInfo {
-    pub id: TokenId,
-    pub name: String,
-    pub prefix: String,
-    pub team_id: Option<TeamId>,
-    pub role: Option<String>,
-    pub scopes: Vec<String>,
-    pub created_at: DateTime<Utc>,
-    pub expires_at: Option<DateTime<Utc>>,
-    pub last_used_at: Option<DateTime<Utc>>,
+async fn me(principal: Principal) -> ApiResult<web::Json<Me>> {
+    Ok(web::Json(identity::me(&principal)?))
 }
 
 /// Create an API token. The secret is in this response only.
@@ -114,8 +39,9 @@ async fn create_token(
     body: web::Json<CreateToken>,
 ) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
-    idempotency::respond(&state, &principal, &req, &body, || {
-        tokens::create(&state, &principal, &body)
+    let ctx = &state.services;
+    idempotency::respond(ctx, &principal, &req, &body, || {
+        identity::create_token(ctx, &principal, &body)
     })
     .await
 }
@@ -130,27 +56,7 @@ async fn list_tokens(
     page: web::Query<PageQuery>,
 ) -> ApiResult<web::Json<Page<TokenInfo>>> {
     let after: Option<TokenId> = page.after()?;
-    let rows = crate::store::identity::list_tokens(
-        &state.pool,
-        principal.user_id,
-        after.map(|t| t.uuid()),
-        page.limit() + 1,
-    )
-    .await?;
-    let items = rows
-        .into_iter()
-        .map(|r| TokenInfo {
-            id: r.id.into(),
-            name: r.name,
-            prefix: r.prefix,
-            team_id: r.team_id.map(Into::into),
-            role: r.role,
-            scopes: r.scopes,
-            created_at: r.created_at,
-            expires_at: r.expires_at,
-            last_used_at: r.last_used_at,
-        })
-        .collect();
+    let items = identity::list_tokens(&state.services, &principal, after, page.limit() + 1).await?;
     Ok(web::Json(Page::from_rows(
         items,
         page.limit(),
@@ -168,13 +74,6 @@ async fn revoke_token(
     id: web::Path<String>,
 ) -> ApiResult<HttpResponse> {
     let id: TokenId = parse_id(&id, "token")?;
-    let owner = if principal.is_admin {
-        None
-    } else {
-        Some(principal.user_id)
-    };
-    if !crate::store::identity::revoke_token(&state.pool, id.uuid(), owner).await? {
-        return Err(ApiError::not_found("token"));
-    }
+    identity::revoke_token(&state.services, &principal, id).await?;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -1,11 +1,15 @@
 //! The HTTP API: one module per resource, each handler registered with `.service()` and
 //! `#[utoipa::path]` so the OpenAPI document cannot miss it. Handlers are thin: extract,
-//! authenticate (the `Principal` extractor), call a service, map the result.
+//! authenticate (the `Principal` extractor), call one service function, map the result.
+//! This is the only layer that knows HTTP: request and response types belong to the
+//! services, and their errors become problem+json in `error`.
 
 pub mod agents;
+mod auth;
 pub mod docs;
 pub mod error;
 pub mod health;
+mod idempotency;
 pub mod identity;
 pub mod input;
 pub mod middleware;

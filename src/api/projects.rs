@@ -1,61 +1,20 @@
 //! Projects: git repositories on the server that a team's agents work on.
 
 use actix_web::{HttpRequest, HttpResponse, delete, get, post, web};
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::error::{ApiResult, Problem};
-use super::{Page, PageQuery, parse_id};
+use super::{Page, PageQuery, idempotency, parse_id};
 use crate::auth::Principal;
-use crate::domain::{ProjectId, TeamId};
+use crate::domain::ProjectId;
 use crate::server::AppState;
-use crate::services::{idempotency, projects};
-use crate::store;
+use crate::services::projects::{self, CreateProject, Project};
 
 pub fn configure(cfg: &mut ServiceConfig) {
     cfg.service(create_project)
         .service(list_projects)
         .service(get_project)
         .service(delete_project);
-}
-
-#[derive(Debug, Deserialize, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({"name": "webapp", "repo_path": "/srv/git/webapp"}))]
-pub struct CreateProject {
-    pub name: String,
-    /// Defaults to your team when you belong to one.
-    pub team_id: Option<TeamId>,
-    /// Absolute path of a git repository the server can read.
-    pub repo_path: String,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"id": "prj_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "name": "webapp",
-    "team_id": "team_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c", "repo_path": "/srv/git/webapp",
-    "default_branch": "main", "created_at": "2026-11-30T12:00:00Z"}))]
-pub struct Project {
-    pub id: ProjectId,
-    pub name: String,
-    pub team_id: TeamId,
-    pub repo_path: String,
-    pub default_branch: String,
-    pub created_at: DateTime<Utc>,
-}
-
-impl From<store::projects::ProjectRow> for Project {
-    fn from(r: store::projects::ProjectRow) -> Self {
-        Self {
-            id: r.id.into(),
-            name: r.name,
-            team_id: r.team_id.into(),
-            repo_path: r.repo_path,
-            default_branch: r.default_branch,
-            created_at: r.created_at,
-        }
-    }
 }
 
 /// Register a git repository on the server as a project.
@@ -72,8 +31,9 @@ async fn create_project(
     body: web::Json<CreateProject>,
 ) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
-    idempotency::respond(&state, &principal, &req, &body, || {
-        projects::create(&state, &principal, &body)
+    let ctx = &state.services;
+    idempotency::respond(ctx, &principal, &req, &body, || {
+        projects::create(ctx, &principal, &body)
     })
     .await
 }
@@ -88,15 +48,7 @@ async fn list_projects(
     page: web::Query<PageQuery>,
 ) -> ApiResult<web::Json<Page<Project>>> {
     let after: Option<ProjectId> = page.after()?;
-    let teams = principal.visible_teams();
-    let rows = store::projects::list(
-        &state.pool,
-        teams.as_deref(),
-        after.map(|p| p.uuid()),
-        page.limit() + 1,
-    )
-    .await?;
-    let items = rows.into_iter().map(Project::from).collect();
+    let items = projects::list(&state.services, &principal, after, page.limit() + 1).await?;
     Ok(web::Json(Page::from_rows(
         items,
         page.limit(),
@@ -114,7 +66,7 @@ async fn get_project(
 ) -> ApiResult<web::Json<Project>> {
     let id: ProjectId = parse_id(&id, "project")?;
     Ok(web::Json(
-        projects::get(&state, &principal, id).await?.into(),
+        projects::get(&state.services, &principal, id).await?,
     ))
 }
 
@@ -128,6 +80,6 @@ async fn delete_project(
     id: web::Path<String>,
 ) -> ApiResult<HttpResponse> {
     let id: ProjectId = parse_id(&id, "project")?;
-    projects::delete(&state, &principal, id).await?;
+    projects::delete(&state.services, &principal, id).await?;
     Ok(HttpResponse::NoContent().finish())
 }

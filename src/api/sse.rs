@@ -12,7 +12,6 @@ use serde::Deserialize;
 use tokio::sync::{broadcast, mpsc};
 use utoipa::IntoParams;
 use utoipa_actix_web::service_config::ServiceConfig;
-use uuid::Uuid;
 
 use super::error::{ApiError, ApiResult, Problem};
 use super::parse_id;
@@ -20,7 +19,7 @@ use crate::auth::Principal;
 use crate::domain::{AgentId, ProjectId, WorkspaceId};
 use crate::events::TeamActivity;
 use crate::server::AppState;
-use crate::store;
+use crate::services::streams::{self, AgentStream, TeamStream};
 
 pub fn configure(cfg: &mut ServiceConfig) {
     cfg.service(agent_events).service(team_events);
@@ -67,27 +66,28 @@ fn stream_response(rx: mpsc::Receiver<Bytes>) -> HttpResponse {
 /// What every stream does besides its events: `retry:` once, `: ping` while idle, and
 /// an end when the client leaves or the server stops.
 struct Idle {
-    shutdown: tokio::sync::watch::Receiver<bool>,
     ping: tokio::time::Interval,
 }
 
 impl Idle {
-    async fn start(state: &AppState, tx: &mpsc::Sender<Bytes>) -> anyhow::Result<Self> {
+    async fn start(ping_interval_s: u64, tx: &mpsc::Sender<Bytes>) -> anyhow::Result<Self> {
         tx.send(Bytes::from_static(b"retry: 3000\n\n")).await?;
-        let period = Duration::from_secs(state.settings.events.ping_interval_s);
+        let period = Duration::from_secs(ping_interval_s);
         let ping = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-        Ok(Self {
-            shutdown: state.shutdown.clone(),
-            ping,
-        })
+        Ok(Self { ping })
     }
 
     /// Wait for the next ping (sent here; `Ok(true)`) or the end of the stream
-    /// (`Ok(false)`). Cancel-safe: used inside `select!`.
-    async fn next(&mut self, tx: &mpsc::Sender<Bytes>) -> anyhow::Result<bool> {
+    /// (`Ok(false)`) — the client left or the server stops (`stopping`). Cancel-safe:
+    /// used inside `select!`.
+    async fn next(
+        &mut self,
+        tx: &mpsc::Sender<Bytes>,
+        stopping: impl std::future::Future<Output = ()>,
+    ) -> anyhow::Result<bool> {
         tokio::select! {
             _ = tx.closed() => Ok(false),
-            _ = crate::server::stopping(&mut self.shutdown) => Ok(false),
+            _ = stopping => Ok(false),
             _ = self.ping.tick() => {
                 tx.send(Bytes::from_static(b": ping\n\n")).await?;
                 Ok(true)
@@ -117,14 +117,14 @@ async fn agent_events(
     q: web::Query<StreamQuery>,
 ) -> ApiResult<HttpResponse> {
     let id: AgentId = parse_id(&id, "agent")?;
-    crate::services::agents::load(&state, &principal, id).await?;
+    let stream = streams::open_agent(&state.services, &principal, id).await?;
     let after = resume_point(&req, q.after_seq)?;
     // Subscribe before replaying, so nothing committed in between is missed.
-    let live = state.bus.subscribe(id);
+    let live = stream.subscribe();
     let (tx, rx) = mpsc::channel(64);
-    let state2 = state.clone();
+    let ping = state.settings.events.ping_interval_s;
     actix_web::rt::spawn(async move {
-        if let Err(e) = pump_agent(&state2, id, after, live, tx).await {
+        if let Err(e) = pump_agent(&stream, ping, after, live, tx).await {
             tracing::debug!(agent_id = %id, error = %e, "event stream ended");
         }
     });
@@ -132,17 +132,17 @@ async fn agent_events(
 }
 
 async fn pump_agent(
-    state: &AppState,
-    id: AgentId,
+    stream: &AgentStream,
+    ping_interval_s: u64,
     mut last: i64,
     mut live: broadcast::Receiver<std::sync::Arc<crate::events::Published>>,
     tx: mpsc::Sender<Bytes>,
 ) -> anyhow::Result<()> {
-    let mut idle = Idle::start(state, &tx).await?;
-    replay_agent(state, id, &mut last, &tx).await?;
+    let mut idle = Idle::start(ping_interval_s, &tx).await?;
+    replay_agent(stream, &mut last, &tx).await?;
     loop {
         tokio::select! {
-            open = idle.next(&tx) => if !open? { return Ok(()) },
+            open = idle.next(&tx, stream.stopping()) => if !open? { return Ok(()) },
             msg = live.recv() => {
                 let mut out = String::new();
                 let mut next = Some(msg);
@@ -154,7 +154,7 @@ async fn pump_agent(
                             if seq > last + 1 {
                                 // A gap: fetch what we missed from the database first.
                                 flush(&tx, &mut out).await?;
-                                replay_agent(state, id, &mut last, &tx).await?;
+                                replay_agent(stream, &mut last, &tx).await?;
                             }
                             if seq == last + 1 {
                                 frame(&mut out, seq, p.event.kind.as_str(), p.json());
@@ -163,7 +163,7 @@ async fn pump_agent(
                         }
                         Err(broadcast::error::RecvError::Lagged(_)) => {
                             flush(&tx, &mut out).await?;
-                            replay_agent(state, id, &mut last, &tx).await?;
+                            replay_agent(stream, &mut last, &tx).await?;
                         }
                         Err(broadcast::error::RecvError::Closed) => {
                             flush(&tx, &mut out).await?;
@@ -194,17 +194,15 @@ async fn flush(tx: &mpsc::Sender<Bytes>, out: &mut String) -> anyhow::Result<()>
 
 /// Send every committed event after `last`, advancing it.
 async fn replay_agent(
-    state: &AppState,
-    id: AgentId,
+    stream: &AgentStream,
     last: &mut i64,
     tx: &mpsc::Sender<Bytes>,
 ) -> anyhow::Result<()> {
     loop {
-        let rows = store::events::page_after(&state.pool, id.uuid(), *last, REPLAY_PAGE).await?;
-        let n = rows.len() as i64;
+        let events = stream.after(*last, REPLAY_PAGE).await?;
+        let n = events.len() as i64;
         let mut out = String::new();
-        for row in rows {
-            let e = row.into_event();
+        for e in events {
             let json = serde_json::to_string(&e)?;
             frame(&mut out, e.seq, e.kind.as_str(), &json);
             *last = e.seq;
@@ -225,20 +223,6 @@ pub struct TeamStreamQuery {
     pub workspace_id: Option<String>,
     /// Resume after this id (the `Last-Event-ID` header wins when both are sent).
     pub after_id: Option<i64>,
-}
-
-struct TeamFilter {
-    teams: Option<Vec<Uuid>>,
-    project: Option<Uuid>,
-    workspace: Option<Uuid>,
-}
-
-impl TeamFilter {
-    fn admits(&self, a: &TeamActivity) -> bool {
-        self.teams.as_ref().is_none_or(|t| t.contains(&a.team_id))
-            && self.project.is_none_or(|p| a.project_id == Some(p))
-            && self.workspace.is_none_or(|w| a.workspace_id == Some(w))
-    }
 }
 
 /// The activity of your teams: agents created, status changes, permission requests and
@@ -265,23 +249,13 @@ async fn team_events(
         .as_deref()
         .map(|w| parse_id(w, "workspace"))
         .transpose()?;
-    if let Some(p) = project {
-        crate::services::projects::get(&state, &principal, p).await?;
-    }
-    if let Some(w) = workspace {
-        crate::services::workspaces::get(&state, &principal, w).await?;
-    }
+    let stream = streams::open_team(&state.services, &principal, project, workspace).await?;
     let after = resume_point(&req, q.after_id)?;
-    let filter = TeamFilter {
-        teams: principal.visible_teams(),
-        project: project.map(|p| p.uuid()),
-        workspace: workspace.map(|w| w.uuid()),
-    };
-    let live = state.bus.subscribe_team();
+    let live = stream.subscribe();
     let (tx, rx) = mpsc::channel(64);
-    let state2 = state.clone();
+    let ping = state.settings.events.ping_interval_s;
     actix_web::rt::spawn(async move {
-        if let Err(e) = pump_team(&state2, filter, after, live, tx).await {
+        if let Err(e) = pump_team(&stream, ping, after, live, tx).await {
             tracing::debug!(error = %e, "team stream ended");
         }
     });
@@ -289,30 +263,30 @@ async fn team_events(
 }
 
 async fn pump_team(
-    state: &AppState,
-    filter: TeamFilter,
+    stream: &TeamStream,
+    ping_interval_s: u64,
     mut last: i64,
     mut live: broadcast::Receiver<std::sync::Arc<TeamActivity>>,
     tx: mpsc::Sender<Bytes>,
 ) -> anyhow::Result<()> {
-    let mut idle = Idle::start(state, &tx).await?;
-    replay_team(state, &filter, &mut last, &tx).await?;
+    let mut idle = Idle::start(ping_interval_s, &tx).await?;
+    replay_team(stream, &mut last, &tx).await?;
     loop {
         tokio::select! {
-            open = idle.next(&tx) => if !open? { return Ok(()) },
+            open = idle.next(&tx, stream.stopping()) => if !open? { return Ok(()) },
             msg = live.recv() => match msg {
                 Ok(a) => {
                     if a.id <= last {
                         continue;
                     }
-                    if filter.admits(&a) {
+                    if stream.admits(&a) {
                         let mut out = String::new();
                         frame(&mut out, a.id, &a.kind, &serde_json::to_string(&*a)?);
                         tx.send(Bytes::from(out)).await?;
                     }
                     last = a.id;
                 }
-                Err(broadcast::error::RecvError::Lagged(_)) => replay_team(state, &filter, &mut last, &tx).await?,
+                Err(broadcast::error::RecvError::Lagged(_)) => replay_team(stream, &mut last, &tx).await?,
                 Err(broadcast::error::RecvError::Closed) => return Ok(()),
             },
         }
@@ -320,33 +294,17 @@ async fn pump_team(
 }
 
 async fn replay_team(
-    state: &AppState,
-    filter: &TeamFilter,
+    stream: &TeamStream,
     last: &mut i64,
     tx: &mpsc::Sender<Bytes>,
 ) -> anyhow::Result<()> {
     loop {
-        let rows = store::events::team_events_after(
-            &state.pool,
-            filter.teams.as_deref(),
-            *last,
-            REPLAY_PAGE,
-        )
-        .await?;
+        let rows = stream.after(*last, REPLAY_PAGE).await?;
         let n = rows.len() as i64;
         let mut out = String::new();
-        for r in rows {
-            *last = r.id;
-            let a = TeamActivity {
-                id: r.id,
-                team_id: r.team_id,
-                project_id: r.project_id,
-                workspace_id: r.workspace_id,
-                kind: r.kind,
-                at: r.at,
-                data: r.data,
-            };
-            if filter.admits(&a) {
+        for a in rows {
+            *last = a.id;
+            if stream.admits(&a) {
                 frame(&mut out, a.id, &a.kind, &serde_json::to_string(&a)?);
             }
         }

@@ -1,19 +1,17 @@
 //! Workspaces: worktrees (or directories) agents work in, their diff, and archiving.
 
 use actix_web::{HttpRequest, HttpResponse, get, post, web};
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use serde::Deserialize;
+use utoipa::IntoParams;
 use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::error::{ApiResult, Problem};
-use super::{Page, PageQuery, parse_id};
+use super::{Page, PageQuery, idempotency, parse_id};
 use crate::auth::Principal;
 use crate::domain::{ProjectId, WorkspaceId};
 use crate::git::Diff;
 use crate::server::AppState;
-use crate::services::{idempotency, workspaces};
-use crate::store;
+use crate::services::workspaces::{self, CreateWorkspace, Workspace};
 
 pub fn configure(cfg: &mut ServiceConfig) {
     cfg.service(create_workspace)
@@ -21,69 +19,6 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(get_workspace)
         .service(workspace_diff)
         .service(archive_workspace);
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum WorkspaceKind {
-    Worktree,
-    Directory,
-}
-
-#[derive(Debug, Deserialize, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({"project_id": "prj_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "title": "fix login"}))]
-pub struct CreateWorkspace {
-    pub project_id: ProjectId,
-    /// `worktree` (default) or `directory` (the project's own checkout).
-    pub kind: Option<WorkspaceKind>,
-    /// Branch, tag or commit to start from (default: the project's default branch).
-    pub base_ref: Option<String>,
-    /// New branch name (default: `agentry/<slug of title>`, made unique).
-    pub branch: Option<String>,
-    pub title: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"id": "wsp_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "project_id": "prj_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c",
-    "kind": "worktree", "title": "fix login", "path": "/var/lib/agentry/worktrees/prj_…/fix-login",
-    "branch": "agentry/fix-login", "base_ref": "main", "base_commit": "9fceb02d0ae598e95dc970b74767f19372d61af8",
-    "status": "active", "created_at": "2026-11-30T12:00:00Z", "archived_at": null}))]
-pub struct Workspace {
-    pub id: WorkspaceId,
-    pub project_id: ProjectId,
-    pub kind: WorkspaceKind,
-    pub title: Option<String>,
-    pub path: String,
-    pub branch: Option<String>,
-    pub base_ref: Option<String>,
-    pub base_commit: Option<String>,
-    /// `active` or `archived`.
-    pub status: String,
-    pub created_at: DateTime<Utc>,
-    pub archived_at: Option<DateTime<Utc>>,
-}
-
-impl From<store::workspaces::WorkspaceRow> for Workspace {
-    fn from(r: store::workspaces::WorkspaceRow) -> Self {
-        Self {
-            id: r.id.into(),
-            project_id: r.project_id.into(),
-            kind: if r.kind == "directory" {
-                WorkspaceKind::Directory
-            } else {
-                WorkspaceKind::Worktree
-            },
-            title: r.title,
-            path: r.path,
-            branch: r.branch,
-            base_ref: r.base_ref,
-            base_commit: r.base_commit,
-            status: r.status,
-            created_at: r.created_at,
-            archived_at: r.archived_at,
-        }
-    }
 }
 
 /// Create a workspace: by default a new worktree on a new branch off the default branch.
@@ -100,8 +35,9 @@ async fn create_workspace(
     body: web::Json<CreateWorkspace>,
 ) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
-    idempotency::respond(&state, &principal, &req, &body, || {
-        workspaces::create(&state, &principal, &body)
+    let ctx = &state.services;
+    idempotency::respond(ctx, &principal, &req, &body, || {
+        workspaces::create(ctx, &principal, &body)
     })
     .await
 }
@@ -129,17 +65,15 @@ async fn list_workspaces(
         .map(|p| parse_id(p, "project"))
         .transpose()?;
     let after: Option<WorkspaceId> = page.after()?;
-    let teams = principal.visible_teams();
-    let rows = store::workspaces::list(
-        &state.pool,
-        teams.as_deref(),
-        project.map(|p| p.uuid()),
+    let items = workspaces::list(
+        &state.services,
+        &principal,
+        project,
         filter.include_archived.unwrap_or(false),
-        after.map(|w| w.uuid()),
+        after,
         page.limit() + 1,
     )
     .await?;
-    let items = rows.into_iter().map(Workspace::from).collect();
     Ok(web::Json(Page::from_rows(
         items,
         page.limit(),
@@ -157,7 +91,7 @@ async fn get_workspace(
 ) -> ApiResult<web::Json<Workspace>> {
     let id: WorkspaceId = parse_id(&id, "workspace")?;
     Ok(web::Json(
-        workspaces::get(&state, &principal, id).await?.into(),
+        workspaces::get(&state.services, &principal, id).await?,
     ))
 }
 
@@ -174,7 +108,9 @@ async fn workspace_diff(
     id: web::Path<String>,
 ) -> ApiResult<web::Json<Diff>> {
     let id: WorkspaceId = parse_id(&id, "workspace")?;
-    Ok(web::Json(workspaces::diff(&state, &principal, id).await?))
+    Ok(web::Json(
+        workspaces::diff(&state.services, &principal, id).await?,
+    ))
 }
 
 /// Close the workspace's agents, remove the worktree directory, keep the branch.
@@ -188,6 +124,6 @@ async fn archive_workspace(
 ) -> ApiResult<web::Json<Workspace>> {
     let id: WorkspaceId = parse_id(&id, "workspace")?;
     Ok(web::Json(
-        workspaces::archive(&state, &principal, id).await?,
+        workspaces::archive(&state.services, &principal, id).await?,
     ))
 }

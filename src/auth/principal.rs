@@ -1,17 +1,15 @@
-//! The authenticated caller and the authorization rules every service applies.
+//! The authenticated caller and the authorization rules every service applies: a role per
+//! team (a team the caller cannot see is reported as missing) and the token's scopes.
 
-use std::future::Future;
-use std::pin::Pin;
-
-use actix_web::{FromRequest, HttpRequest, dev::Payload, http::header, web};
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use tokio::runtime::Handle;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use super::AuthError;
 use super::tokens;
-use crate::api::error::ApiError;
-use crate::server::AppState;
 use crate::store;
 
 /// A role in a team, lowest first.
@@ -42,6 +40,63 @@ impl Role {
     }
 }
 
+/// What an API token may be limited to. A token without scopes has all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Every read and both event streams.
+    Read,
+    /// `Read`, plus creating and driving workspaces and agents, and answering permissions.
+    Agents,
+    /// Everything the token's principal may do.
+    Admin,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 3] = [Scope::Read, Scope::Agents, Scope::Admin];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Read => "read",
+            Scope::Agents => "agents",
+            Scope::Admin => "admin",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Scope::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+
+    fn grants(self, access: Access) -> bool {
+        match self {
+            Scope::Admin => true,
+            Scope::Agents => matches!(access, Access::Read | Access::Drive),
+            Scope::Read => access == Access::Read,
+        }
+    }
+}
+
+/// The kind of operation a service performs, checked against the token's scopes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Reading anything, including the event streams.
+    Read,
+    /// Creating and driving workspaces and agents, answering permission requests.
+    Drive,
+    /// Everything else: projects, tokens.
+    Manage,
+}
+
+impl Access {
+    /// The narrowest scope that allows this access.
+    fn needs(self) -> Scope {
+        match self {
+            Access::Read => Scope::Read,
+            Access::Drive => Scope::Agents,
+            Access::Manage => Scope::Admin,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Membership {
     pub team_id: Uuid,
@@ -60,9 +115,28 @@ pub struct Principal {
     /// Set for a team service token: it acts only in that team, with that role.
     pub service_team: Option<Uuid>,
     pub teams: Vec<Membership>,
+    /// The scopes the token was issued with, as stored; empty means every scope.
+    pub scopes: Vec<String>,
 }
 
 impl Principal {
+    /// The token's scopes allow `access`. Every service operation asks this first.
+    pub fn allow(&self, access: Access) -> Result<(), AuthError> {
+        if self.scopes.is_empty()
+            || self
+                .scopes
+                .iter()
+                .filter_map(|s| Scope::parse(s))
+                .any(|s| s.grants(access))
+        {
+            return Ok(());
+        }
+        Err(AuthError::InsufficientScope {
+            needed: access.needs().as_str(),
+            granted: self.scopes.join(", "),
+        })
+    }
+
     /// Team ids whose resources the caller may see; `None` means every team.
     pub fn visible_teams(&self) -> Option<Vec<Uuid>> {
         if self.is_admin && self.service_team.is_none() {
@@ -84,14 +158,13 @@ impl Principal {
 
     /// The caller may act in `team` with at least `min`. A team the caller cannot see is
     /// reported as a missing resource, never as forbidden.
-    pub fn require(&self, team: Uuid, min: Role, what: &str) -> Result<(), ApiError> {
+    pub fn require(&self, team: Uuid, min: Role, what: &'static str) -> Result<(), AuthError> {
         match self.role_in(team) {
-            None => Err(ApiError::not_found(what)),
-            Some(r) if r < min => Err(ApiError::forbidden(format!(
-                "this needs the {} role in the team; you are {}",
-                min.as_str(),
-                r.as_str()
-            ))),
+            None => Err(AuthError::NotVisible(what)),
+            Some(r) if r < min => Err(AuthError::RoleTooLow {
+                needed: min.as_str(),
+                actual: r.as_str(),
+            }),
             Some(_) => Ok(()),
         }
     }
@@ -112,79 +185,33 @@ impl Principal {
     }
 }
 
-const MAX_TOKEN_BYTES: usize = 16 * 1024;
-
-impl FromRequest for Principal {
-    type Error = ApiError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self, Self::Error>>>>;
-
-    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        let state = req.app_data::<web::Data<AppState>>().cloned();
-        let header = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .map(|v| v.as_bytes().to_vec());
-        Box::pin(async move {
-            let state =
-                state.ok_or_else(|| ApiError::internal(anyhow::anyhow!("app state missing")))?;
-            let raw = header.ok_or_else(|| {
-                ApiError::unauthorized("token_missing", "send `Authorization: Bearer <token>`")
-            })?;
-            if raw.len() > MAX_TOKEN_BYTES + 7 {
-                return Err(ApiError::unauthorized(
-                    "token_too_large",
-                    "the token is larger than 16 KiB",
-                ));
-            }
-            let raw = std::str::from_utf8(&raw).map_err(|_| {
-                ApiError::unauthorized("token_malformed", "the Authorization header is not text")
-            })?;
-            let token = raw
-                .strip_prefix("Bearer ")
-                .or_else(|| raw.strip_prefix("bearer "))
-                .map(str::trim)
-                .ok_or_else(|| {
-                    ApiError::unauthorized(
-                        "token_malformed",
-                        "expected `Authorization: Bearer <token>`",
-                    )
-                })?;
-            authenticate(&state, token).await
-        })
-    }
-}
-
-/// Resolve a bearer token to a principal.
-pub async fn authenticate(state: &AppState, token: &str) -> Result<Principal, ApiError> {
+/// Resolve a bearer token to a principal. Its last use is recorded in the background on
+/// `runtime`.
+pub async fn authenticate(
+    pool: &PgPool,
+    runtime: &Handle,
+    token: &str,
+) -> Result<Principal, AuthError> {
     if !tokens::well_formed(token) {
-        return Err(ApiError::unauthorized(
-            "token_malformed",
+        return Err(AuthError::TokenMalformed(
             "this is not an agentry API token",
         ));
     }
-    let row = store::identity::token_by_hash(&state.pool, &tokens::hash(token))
+    let row = store::identity::token_by_hash(pool, &tokens::hash(token))
         .await?
-        .ok_or_else(|| ApiError::unauthorized("token_invalid_signature", "unknown token"))?;
+        .ok_or(AuthError::TokenUnknown)?;
     if row.revoked_at.is_some() {
-        return Err(ApiError::unauthorized(
-            "token_revoked",
-            "this token was revoked",
-        ));
+        return Err(AuthError::TokenRevoked("this token was revoked"));
     }
     if row.expires_at.is_some_and(|t| t <= Utc::now()) {
-        return Err(ApiError::unauthorized(
-            "token_expired",
-            "this token has expired",
-        ));
+        return Err(AuthError::TokenExpired);
     }
-    let user = store::identity::get_user(&state.pool, row.user_id)
+    let user = store::identity::get_user(pool, row.user_id)
         .await?
-        .ok_or_else(|| {
-            ApiError::unauthorized("token_revoked", "the token's user no longer exists")
-        })?;
+        .ok_or(AuthError::TokenRevoked("the token's user no longer exists"))?;
     let teams = match (row.team_id, row.role.as_deref().and_then(Role::parse)) {
         (Some(team_id), Some(role)) => {
-            let team_name = store::identity::team_name(&state.pool, team_id)
+            let team_name = store::identity::team_name(pool, team_id)
                 .await?
                 .unwrap_or_default();
             vec![Membership {
@@ -193,7 +220,7 @@ pub async fn authenticate(state: &AppState, token: &str) -> Result<Principal, Ap
                 role,
             }]
         }
-        _ => store::identity::memberships(&state.pool, user.id)
+        _ => store::identity::memberships(pool, user.id)
             .await?
             .into_iter()
             .filter_map(|m| {
@@ -205,10 +232,10 @@ pub async fn authenticate(state: &AppState, token: &str) -> Result<Principal, Ap
             })
             .collect(),
     };
-    let pool = state.pool.clone();
+    let touch = pool.clone();
     let token_id = row.id;
-    state.runtime.spawn(async move {
-        if let Err(e) = store::identity::touch_token(&pool, token_id).await {
+    runtime.spawn(async move {
+        if let Err(e) = store::identity::touch_token(&touch, token_id).await {
             tracing::debug!(error = %e, "could not record token use");
         }
     });
@@ -220,5 +247,37 @@ pub async fn authenticate(state: &AppState, token: &str) -> Result<Principal, Ap
         token_id: row.id,
         service_team: row.team_id,
         teams,
+        scopes: row.scopes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_scopes(scopes: &[&str]) -> Principal {
+        Principal {
+            user_id: Uuid::nil(),
+            email: String::new(),
+            name: String::new(),
+            is_admin: false,
+            token_id: Uuid::nil(),
+            service_team: None,
+            teams: Vec::new(),
+            scopes: scopes.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn scopes_nest_read_agents_admin() {
+        let all = [Access::Read, Access::Drive, Access::Manage];
+        let allowed = |p: &Principal| all.map(|a| p.allow(a).is_ok());
+        assert_eq!(allowed(&with_scopes(&[])), [true, true, true]);
+        assert_eq!(allowed(&with_scopes(&["read"])), [true, false, false]);
+        assert_eq!(allowed(&with_scopes(&["agents"])), [true, true, false]);
+        assert_eq!(allowed(&with_scopes(&["admin"])), [true, true, true]);
+        assert_eq!(allowed(&with_scopes(&["bogus"])), [false, false, false]);
+        let e = with_scopes(&["read"]).allow(Access::Drive).unwrap_err();
+        assert_eq!(e.code(), "insufficient_scope");
+    }
 }

@@ -1,63 +1,193 @@
-//! Agents: creation (optionally with a new workspace and a first prompt), prompts,
+//! Agents: creation (optionally with a new workspace and a first prompt), lists, prompts,
 //! interrupts, mode and model, permissions, close and archive, `wait`, and timeline pages.
 //! Live work goes to the runtime; what is at rest is read from the database.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use actix_web::http::StatusCode;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use utoipa::ToSchema;
 
-use crate::api::agents::{
-    Agent, AgentRuntime, CreateAgent, LastTurn, PermissionAnswerBody, WaitResult,
-};
-use crate::api::error::{ApiError, ApiResult};
-use crate::api::workspaces::CreateWorkspace;
-use crate::auth::{Principal, Role};
+use super::workspaces::{CreateWorkspace, WorkspaceKind};
+use super::{ServiceContext, ServiceError, ServiceResult};
+use crate::auth::{Access, Principal, Role};
 use crate::domain::{
-    AgentId, AgentStatus, EventKind, NewEvent, PermissionId, TurnId, UserId, WorkspaceId,
+    AgentEvent, AgentId, AgentStatus, Behavior, EventKind, NewEvent, PermissionId, ProjectId,
+    TurnId, UserId, WorkspaceId,
 };
 use crate::events::NewTeamEvent;
 use crate::providers::Availability;
 use crate::runtime::{AgentContext, PermissionAnswer, RuntimeError};
-use crate::server::AppState;
 use crate::store;
 use crate::store::agents::AgentRow;
 
-pub fn runtime_error(e: RuntimeError) -> ApiError {
-    match e {
-        RuntimeError::Busy => ApiError::conflict("agent_busy", e.to_string()),
-        RuntimeError::StartFailed(m) => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "provider_start_failed",
-            format!("the agent could not be started: {m}"),
-        ),
-        RuntimeError::UnknownProvider(p) => ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "unknown_provider",
-            format!("unknown provider `{p}`"),
-        ),
-        RuntimeError::PermissionNotFound => ApiError::not_found("permission request"),
-        RuntimeError::PermissionAlreadyResolved => {
-            ApiError::conflict("permission_already_resolved", e.to_string())
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewWorkspaceSpec {
+    pub project_id: ProjectId,
+    pub base_ref: Option<String>,
+    pub branch: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"workspace_id": "wsp_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "provider": "mock",
+    "labels": {"ci_run": "1234"}, "prompt": "hello"}))]
+pub struct CreateAgent {
+    pub workspace_id: Option<WorkspaceId>,
+    /// Create a new worktree workspace in the same call (instead of `workspace_id`).
+    pub workspace: Option<NewWorkspaceSpec>,
+    pub provider: String,
+    pub model: Option<String>,
+    pub mode: Option<String>,
+    pub title: Option<String>,
+    #[serde(default = "empty_object")]
+    #[schema(value_type = Object)]
+    pub labels: Value,
+    /// A first prompt, started as soon as the session is up.
+    pub prompt: Option<String>,
+    pub system_prompt: Option<String>,
+    #[serde(default = "empty_object")]
+    #[schema(value_type = Object)]
+    pub mcp_servers: Value,
+}
+
+fn empty_object() -> Value {
+    Value::Object(Default::default())
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AgentRuntime {
+    /// The provider process's pid while one runs.
+    pub pid: Option<u32>,
+    pub provider_session_id: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"id": "agt_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "workspace_id": "wsp_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c",
+    "provider": "mock", "model": "mock-small", "mode": "default", "title": null, "labels": {"ci_run": "1234"},
+    "status": "idle", "status_reason": null, "last_seq": 12, "created_by": "usr_0193a1b2c3d47e8f9a0b1c2d3e4f5a6d",
+    "created_at": "2026-11-30T12:00:00Z", "archived_at": null, "pending_permissions": 0,
+    "runtime": {"pid": 4242, "provider_session_id": "3b1f…"}}))]
+pub struct Agent {
+    pub id: AgentId,
+    pub workspace_id: WorkspaceId,
+    pub provider: String,
+    pub model: Option<String>,
+    pub mode: Option<String>,
+    pub title: Option<String>,
+    #[schema(value_type = Object)]
+    pub labels: Value,
+    pub status: AgentStatus,
+    pub status_reason: Option<String>,
+    pub last_seq: i64,
+    pub created_by: Option<UserId>,
+    pub created_at: DateTime<Utc>,
+    pub archived_at: Option<DateTime<Utc>>,
+    pub pending_permissions: i64,
+    pub runtime: AgentRuntime,
+}
+
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"text": "/ask deploy?", "client_message_id": "ci-42-1"}))]
+pub struct PromptBody {
+    pub text: String,
+    pub client_message_id: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TurnAccepted {
+    pub turn_id: TurnId,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"mode": "unattended"}))]
+pub struct ModeBody {
+    pub mode: String,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"model": "mock-large"}))]
+pub struct ModelBody {
+    pub model: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LastTurn {
+    pub turn_id: TurnId,
+    /// `completed`, `failed`, `canceled`; null while it runs.
+    pub outcome: Option<String>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"status": "idle", "timed_out": false,
+    "last_turn": {"turn_id": "trn_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "outcome": "completed", "error": null},
+    "pending_permissions": []}))]
+pub struct WaitResult {
+    pub status: AgentStatus,
+    pub timed_out: bool,
+    pub last_turn: Option<LastTurn>,
+    pub pending_permissions: Vec<PermissionView>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PermissionView {
+    pub request_id: PermissionId,
+    pub kind: String,
+    pub title: String,
+    pub call_id: Option<String>,
+    #[schema(value_type = Option<Object>)]
+    pub input: Option<Value>,
+    #[schema(value_type = Vec<crate::domain::PermissionOption>)]
+    pub options: Value,
+    /// `pending`, `resolved` or `expired`.
+    pub status: String,
+    #[schema(value_type = Option<Object>)]
+    pub resolution: Option<Value>,
+    pub created_at: DateTime<Utc>,
+    pub resolved_at: Option<DateTime<Utc>>,
+    pub resolved_by: Option<UserId>,
+}
+
+impl From<store::permissions::PermissionRow> for PermissionView {
+    fn from(r: store::permissions::PermissionRow) -> Self {
+        Self {
+            request_id: r.id.into(),
+            kind: r.kind,
+            title: r.title,
+            call_id: r.call_id,
+            input: r.input,
+            options: r.options,
+            status: r.status,
+            resolution: r.resolution,
+            created_at: r.created_at,
+            resolved_at: r.resolved_at,
+            resolved_by: r.resolved_by.map(Into::into),
         }
-        RuntimeError::PermissionExpired(_) => {
-            ApiError::conflict("permission_expired", e.to_string())
-        }
-        RuntimeError::UnknownOption(_) => ApiError::validation("option_id", e.to_string()),
-        RuntimeError::BehaviorMismatch { .. } => ApiError::validation("option_id", e.to_string()),
-        RuntimeError::NoOptionForBehavior(_) => ApiError::validation("behavior", e.to_string()),
-        RuntimeError::Unsupported(m) => {
-            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unsupported", m)
-        }
-        RuntimeError::ShuttingDown => ApiError::unavailable("shutting_down", e.to_string()),
-        RuntimeError::ActorGone => ApiError::conflict(
-            "agent_closed",
-            "the agent closed while handling the request; retry",
-        ),
-        RuntimeError::Store(e) => e.into(),
-        RuntimeError::Events(e) => ApiError::internal(e),
     }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PermissionList {
+    pub items: Vec<PermissionView>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"behavior": "allow"}))]
+pub struct PermissionAnswerBody {
+    pub behavior: Behavior,
+    /// A specific option; without it, the first option of `behavior`.
+    pub option_id: Option<String>,
+    pub message: Option<String>,
+    #[schema(value_type = Option<Object>)]
+    pub updated_input: Option<Value>,
 }
 
 fn context(row: &AgentRow) -> AgentContext {
@@ -76,8 +206,9 @@ fn context(row: &AgentRow) -> AgentContext {
     }
 }
 
-pub fn to_agent(state: &AppState, row: AgentRow) -> Agent {
-    let snap = state.agents.snapshot(row.id.into());
+/// The agent as clients see it: its row, with what the runtime knows of it live.
+fn to_agent(ctx: &ServiceContext, row: AgentRow) -> Agent {
+    let snap = ctx.agents.snapshot(row.id.into());
     let status = snap
         .as_ref()
         .map(|s| s.status)
@@ -107,58 +238,78 @@ pub fn to_agent(state: &AppState, row: AgentRow) -> Agent {
     }
 }
 
-pub async fn load(state: &AppState, principal: &Principal, id: AgentId) -> ApiResult<AgentRow> {
+/// The agent's row, when the caller may see it and its token allows `access`.
+async fn load(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: AgentId,
+    access: Access,
+) -> ServiceResult<AgentRow> {
+    principal.allow(access)?;
     let teams = principal.visible_teams();
-    store::agents::get(&state.pool, id.uuid(), teams.as_deref())
+    store::agents::get(&ctx.pool, id.uuid(), teams.as_deref())
         .await?
-        .ok_or_else(|| ApiError::not_found("agent"))
+        .ok_or(ServiceError::NotFound("agent"))
 }
 
-fn check_prompt(state: &AppState, field: &str, text: &str) -> ApiResult<()> {
+/// Like `load`, for an operation that drives the agent: it also needs the member role.
+async fn load_to_drive(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: AgentId,
+) -> ServiceResult<AgentRow> {
+    let row = load(ctx, principal, id, Access::Drive).await?;
+    principal.require(row.team_id, Role::Member, "agent")?;
+    Ok(row)
+}
+
+/// The caller may read the agent (for its streams and pages).
+pub async fn authorize_read(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: AgentId,
+) -> ServiceResult<()> {
+    load(ctx, principal, id, Access::Read).await.map(|_| ())
+}
+
+fn check_prompt(ctx: &ServiceContext, field: &'static str, text: &str) -> ServiceResult<()> {
     if text.trim().is_empty() {
-        return Err(ApiError::validation(field, "must not be empty"));
+        return Err(ServiceError::invalid(field, "must not be empty"));
     }
-    if text.len() > state.settings.limits.max_prompt_bytes {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "prompt_too_large",
-            format!(
-                "the prompt is {} bytes; the limit is {}",
-                text.len(),
-                state.settings.limits.max_prompt_bytes
-            ),
-        ));
+    if text.len() > ctx.limits.max_prompt_bytes {
+        return Err(ServiceError::PromptTooLarge {
+            size: text.len(),
+            limit: ctx.limits.max_prompt_bytes,
+        });
     }
     Ok(())
 }
 
 pub async fn create(
-    state: &AppState,
+    ctx: &ServiceContext,
     principal: &Principal,
     body: &CreateAgent,
-) -> ApiResult<(StatusCode, Agent)> {
-    let provider = state.agents.registry().get(&body.provider).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "unknown_provider",
-            format!("unknown provider `{}`", body.provider),
-        )
-    })?;
+) -> ServiceResult<Agent> {
+    principal.allow(Access::Drive)?;
+    let provider = ctx
+        .agents
+        .registry()
+        .get(&body.provider)
+        .ok_or_else(|| ServiceError::UnknownProvider(body.provider.clone()))?;
     if let Availability::Unavailable(reason) = provider.availability().await {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "provider_unavailable",
-            format!("provider `{}` is unavailable: {reason}", body.provider),
-        ));
+        return Err(ServiceError::ProviderUnavailable {
+            provider: body.provider.clone(),
+            reason,
+        });
     }
     if let Some(p) = &body.prompt {
-        check_prompt(state, "prompt", p)?;
+        check_prompt(ctx, "prompt", p)?;
     }
     if let Some(t) = &body.title {
-        crate::services::projects::validate_name("title", t)?;
+        super::projects::validate_name("title", t)?;
     }
     if !body.labels.is_object() {
-        return Err(ApiError::validation(
+        return Err(ServiceError::invalid(
             "labels",
             "must be an object of string values",
         ));
@@ -168,13 +319,13 @@ pub async fn create(
             || m.iter()
                 .any(|(k, v)| k.is_empty() || k.len() > 100 || !v.is_string())
     }) {
-        return Err(ApiError::validation(
+        return Err(ServiceError::invalid(
             "labels",
             "at most 50 labels; keys 1 to 100 characters; values strings",
         ));
     }
     if !body.mcp_servers.is_object() {
-        return Err(ApiError::validation(
+        return Err(ServiceError::invalid(
             "mcp_servers",
             "must be an object keyed by server name",
         ));
@@ -182,7 +333,7 @@ pub async fn create(
     if let Some(mode) = &body.mode {
         let info = provider.info();
         if !info.modes.is_empty() && !info.modes.iter().any(|m| &m.id == mode) {
-            return Err(ApiError::validation(
+            return Err(ServiceError::invalid(
                 "mode",
                 format!("`{mode}` is not a mode of `{}`", body.provider),
             ));
@@ -190,40 +341,37 @@ pub async fn create(
     }
     let workspace = match (&body.workspace_id, &body.workspace) {
         (Some(_), Some(_)) => {
-            return Err(ApiError::validation(
+            return Err(ServiceError::invalid(
                 "workspace",
                 "give workspace_id or workspace, not both",
             ));
         }
         (None, None) => {
-            return Err(ApiError::validation(
+            return Err(ServiceError::invalid(
                 "workspace_id",
                 "required (or `workspace` to create one)",
             ));
         }
-        (Some(id), None) => crate::services::workspaces::get(state, principal, *id).await?,
+        (Some(id), None) => super::workspaces::find(ctx, principal, *id).await?,
         (None, Some(spec)) => {
             let create = CreateWorkspace {
                 project_id: spec.project_id,
-                kind: None,
+                kind: Some(WorkspaceKind::Worktree),
                 base_ref: spec.base_ref.clone(),
                 branch: spec.branch.clone(),
                 title: body.title.clone(),
             };
-            let (_, ws) = crate::services::workspaces::create(state, principal, &create).await?;
-            crate::services::workspaces::get(state, principal, ws.id).await?
+            let ws = super::workspaces::create(ctx, principal, &create).await?;
+            super::workspaces::find(ctx, principal, ws.id).await?
         }
     };
     principal.require(workspace.team_id, Role::Member, "workspace")?;
     if workspace.archived_at.is_some() {
-        return Err(ApiError::conflict(
-            "workspace_archived",
-            "the workspace is archived",
-        ));
+        return Err(ServiceError::WorkspaceArchived("the workspace is archived"));
     }
     let id = AgentId::new();
     store::agents::insert(
-        &state.pool,
+        &ctx.pool,
         store::agents::NewAgent {
             id: id.uuid(),
             workspace_id: workspace.id,
@@ -242,126 +390,159 @@ pub async fn create(
         },
     )
     .await?;
-    super::announce(state, NewTeamEvent {
-                team_id: workspace.team_id,
-                project_id: Some(workspace.project_id),
-                workspace_id: Some(workspace.id),
-                kind: "agent_created",
-                data: json!({"agent_id": id, "workspace_id": WorkspaceId::from(workspace.id), "provider": body.provider}),
-            }).await?;
-    let row = store::agents::get(&state.pool, id.uuid(), None)
-        .await?
-        .ok_or_else(|| ApiError::not_found("agent"))?;
+    super::announce(
+        ctx,
+        NewTeamEvent {
+            team_id: workspace.team_id,
+            project_id: Some(workspace.project_id),
+            workspace_id: Some(workspace.id),
+            kind: "agent_created",
+            data: json!({"agent_id": id, "workspace_id": WorkspaceId::from(workspace.id), "provider": body.provider}),
+        },
+    )
+    .await?;
+    let row = reload_row(ctx, id).await?;
     // Start the session (and the first prompt, queued behind it). A provider that fails to
     // start leaves the agent in `error` with the reason in its timeline; it is still created.
-    match state
-        .agents
-        .start(&context(&row), body.prompt.clone())
-        .await
-    {
+    match ctx.agents.start(&context(&row), body.prompt.clone()).await {
         Ok(_) | Err(RuntimeError::StartFailed(_) | RuntimeError::ActorGone) => {}
-        Err(e) => return Err(runtime_error(e)),
+        Err(e) => return Err(e.into()),
     }
-    let row = store::agents::get(&state.pool, id.uuid(), None)
-        .await?
-        .ok_or_else(|| ApiError::not_found("agent"))?;
-    Ok((StatusCode::CREATED, to_agent(state, row)))
+    reload(ctx, id).await
+}
+
+/// Which agents `list` returns.
+#[derive(Debug, Default)]
+pub struct AgentFilter {
+    pub workspace_id: Option<WorkspaceId>,
+    pub status: Option<AgentStatus>,
+    /// Only agents with this label `(key, value)`.
+    pub label: Option<(String, String)>,
+    pub include_archived: bool,
+}
+
+/// A page of the agents of the caller's teams, after `after`.
+pub async fn list(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    filter: &AgentFilter,
+    after: Option<AgentId>,
+    limit: i64,
+) -> ServiceResult<Vec<Agent>> {
+    principal.allow(Access::Read)?;
+    let teams = principal.visible_teams();
+    let labels = filter.label.as_ref().map(|(k, v)| json!({ k: v }));
+    let rows = store::agents::list(
+        &ctx.pool,
+        store::agents::AgentFilter {
+            teams: teams.as_deref(),
+            workspace_id: filter.workspace_id.map(|w| w.uuid()),
+            status: filter.status.map(AgentStatus::as_str),
+            labels: labels.as_ref(),
+            include_archived: filter.include_archived,
+            after: after.map(|a| a.uuid()),
+            limit,
+        },
+    )
+    .await?;
+    Ok(rows.into_iter().map(|r| to_agent(ctx, r)).collect())
+}
+
+pub async fn get(ctx: &ServiceContext, principal: &Principal, id: AgentId) -> ServiceResult<Agent> {
+    let row = load(ctx, principal, id, Access::Read).await?;
+    Ok(to_agent(ctx, row))
 }
 
 pub async fn prompt(
-    state: &AppState,
+    ctx: &ServiceContext,
     principal: &Principal,
     id: AgentId,
-    text: String,
-    client_message_id: Option<String>,
-) -> ApiResult<TurnId> {
-    check_prompt(state, "text", &text)?;
-    if client_message_id
+    body: PromptBody,
+) -> ServiceResult<TurnAccepted> {
+    principal.allow(Access::Drive)?;
+    check_prompt(ctx, "text", &body.text)?;
+    if body
+        .client_message_id
         .as_ref()
         .is_some_and(|c| c.is_empty() || c.len() > 200)
     {
-        return Err(ApiError::validation(
+        return Err(ServiceError::invalid(
             "client_message_id",
             "must be 1 to 200 characters",
         ));
     }
-    let row = load(state, principal, id).await?;
-    principal.require(row.team_id, Role::Member, "agent")?;
+    let row = load_to_drive(ctx, principal, id).await?;
     if row.archived_at.is_some() {
-        return Err(ApiError::conflict(
-            "agent_archived",
-            "the agent is archived",
-        ));
+        return Err(ServiceError::AgentArchived);
     }
-    state
+    let turn_id = ctx
         .agents
-        .prompt(&context(&row), text, client_message_id)
-        .await
-        .map_err(runtime_error)
+        .prompt(&context(&row), body.text, body.client_message_id)
+        .await?;
+    Ok(TurnAccepted { turn_id })
 }
 
-pub async fn interrupt(state: &AppState, principal: &Principal, id: AgentId) -> ApiResult<()> {
-    let row = load(state, principal, id).await?;
-    principal.require(row.team_id, Role::Member, "agent")?;
-    state.agents.interrupt(id).await;
+pub async fn interrupt(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: AgentId,
+) -> ServiceResult<()> {
+    load_to_drive(ctx, principal, id).await?;
+    ctx.agents.interrupt(id).await;
     Ok(())
 }
 
 pub async fn set_mode(
-    state: &AppState,
+    ctx: &ServiceContext,
     principal: &Principal,
     id: AgentId,
     mode: String,
-) -> ApiResult<Agent> {
-    let row = load(state, principal, id).await?;
-    principal.require(row.team_id, Role::Member, "agent")?;
-    if let Some(p) = state.agents.registry().get(&row.provider) {
+) -> ServiceResult<Agent> {
+    let row = load_to_drive(ctx, principal, id).await?;
+    if let Some(p) = ctx.agents.registry().get(&row.provider) {
         let modes = p.info().modes;
         if !modes.is_empty() && !modes.iter().any(|m| m.id == mode) {
-            return Err(ApiError::validation(
+            return Err(ServiceError::invalid(
                 "mode",
                 format!("`{mode}` is not a mode of `{}`", row.provider),
             ));
         }
     }
-    if !state
-        .agents
-        .set_mode(id, mode.clone())
-        .await
-        .map_err(runtime_error)?
-    {
-        store::agents::set_mode(&state.pool, row.id, &mode).await?;
-        record(state, id, EventKind::ModeChanged, json!({"mode": mode})).await?;
+    if !ctx.agents.set_mode(id, mode.clone()).await? {
+        store::agents::set_mode(&ctx.pool, row.id, &mode).await?;
+        record(ctx, id, EventKind::ModeChanged, json!({"mode": mode})).await?;
     }
-    reload(state, id).await
+    reload(ctx, id).await
 }
 
 pub async fn set_model(
-    state: &AppState,
+    ctx: &ServiceContext,
     principal: &Principal,
     id: AgentId,
     model: String,
-) -> ApiResult<Agent> {
+) -> ServiceResult<Agent> {
+    principal.allow(Access::Drive)?;
     if model.trim().is_empty() || model.len() > 200 {
-        return Err(ApiError::validation("model", "must be 1 to 200 characters"));
+        return Err(ServiceError::invalid(
+            "model",
+            "must be 1 to 200 characters",
+        ));
     }
-    let row = load(state, principal, id).await?;
-    principal.require(row.team_id, Role::Member, "agent")?;
-    if !state
-        .agents
-        .set_model(id, model.clone())
-        .await
-        .map_err(runtime_error)?
-    {
-        store::agents::set_model(&state.pool, row.id, &model).await?;
-        record(state, id, EventKind::ModelChanged, json!({"model": model})).await?;
+    let row = load_to_drive(ctx, principal, id).await?;
+    if !ctx.agents.set_model(id, model.clone()).await? {
+        store::agents::set_model(&ctx.pool, row.id, &model).await?;
+        record(ctx, id, EventKind::ModelChanged, json!({"model": model})).await?;
     }
-    reload(state, id).await
+    reload(ctx, id).await
 }
 
-async fn record(state: &AppState, id: AgentId, kind: EventKind, data: Value) -> ApiResult<()> {
-    state
-        .writer
+async fn record(
+    ctx: &ServiceContext,
+    id: AgentId,
+    kind: EventKind,
+    data: Value,
+) -> ServiceResult<()> {
+    ctx.writer
         .append_committed(
             vec![NewEvent {
                 agent_id: id,
@@ -371,33 +552,42 @@ async fn record(state: &AppState, id: AgentId, kind: EventKind, data: Value) -> 
             }],
             Vec::new(),
         )
-        .await
-        .map_err(ApiError::internal)?;
+        .await?;
     Ok(())
 }
 
-async fn reload(state: &AppState, id: AgentId) -> ApiResult<Agent> {
-    let row = store::agents::get(&state.pool, id.uuid(), None)
+async fn reload_row(ctx: &ServiceContext, id: AgentId) -> ServiceResult<AgentRow> {
+    store::agents::get(&ctx.pool, id.uuid(), None)
         .await?
-        .ok_or_else(|| ApiError::not_found("agent"))?;
-    Ok(to_agent(state, row))
+        .ok_or(ServiceError::NotFound("agent"))
 }
 
-pub async fn close(state: &AppState, principal: &Principal, id: AgentId) -> ApiResult<Agent> {
-    let row = load(state, principal, id).await?;
-    principal.require(row.team_id, Role::Member, "agent")?;
-    state.agents.close(id, "closed by request").await;
-    reload(state, id).await
+async fn reload(ctx: &ServiceContext, id: AgentId) -> ServiceResult<Agent> {
+    let row = reload_row(ctx, id).await?;
+    Ok(to_agent(ctx, row))
 }
 
-pub async fn archive(state: &AppState, principal: &Principal, id: AgentId) -> ApiResult<()> {
-    let row = load(state, principal, id).await?;
-    principal.require(row.team_id, Role::Member, "agent")?;
-    state.agents.close(id, "archived").await;
+pub async fn close(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: AgentId,
+) -> ServiceResult<Agent> {
+    load_to_drive(ctx, principal, id).await?;
+    ctx.agents.close(id, "closed by request").await;
+    reload(ctx, id).await
+}
+
+pub async fn archive(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: AgentId,
+) -> ServiceResult<()> {
+    let row = load_to_drive(ctx, principal, id).await?;
+    ctx.agents.close(id, "archived").await;
     if row.archived_at.is_none() {
-        store::agents::mark_archived(&state.pool, row.id).await?;
+        store::agents::mark_archived(&ctx.pool, row.id).await?;
         super::announce(
-            state,
+            ctx,
             NewTeamEvent {
                 team_id: row.team_id,
                 project_id: Some(row.project_id),
@@ -411,15 +601,55 @@ pub async fn archive(state: &AppState, principal: &Principal, id: AgentId) -> Ap
     Ok(())
 }
 
+/// Which permission requests `list_permissions` returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermissionStatus {
+    Pending,
+    Resolved,
+    Expired,
+}
+
+impl PermissionStatus {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "pending" => Some(Self::Pending),
+            "resolved" => Some(Self::Resolved),
+            "expired" => Some(Self::Expired),
+            _ => None,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Resolved => "resolved",
+            Self::Expired => "expired",
+        }
+    }
+}
+
+pub async fn list_permissions(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: AgentId,
+    status: Option<PermissionStatus>,
+) -> ServiceResult<PermissionList> {
+    let row = load(ctx, principal, id, Access::Read).await?;
+    let rows =
+        store::permissions::list(&ctx.pool, row.id, status.map(PermissionStatus::as_str)).await?;
+    Ok(PermissionList {
+        items: rows.into_iter().map(PermissionView::from).collect(),
+    })
+}
+
 pub async fn answer_permission(
-    state: &AppState,
+    ctx: &ServiceContext,
     principal: &Principal,
     id: AgentId,
     request: PermissionId,
     body: PermissionAnswerBody,
-) -> ApiResult<()> {
-    let row = load(state, principal, id).await?;
-    principal.require(row.team_id, Role::Member, "agent")?;
+) -> ServiceResult<PermissionView> {
+    let row = load_to_drive(ctx, principal, id).await?;
     let answer = PermissionAnswer {
         behavior: body.behavior,
         option_id: body.option_id,
@@ -427,35 +657,38 @@ pub async fn answer_permission(
         updated_input: body.updated_input,
         resolved_by: principal.user_id,
     };
-    match state.agents.answer(id, request, answer).await {
-        Some(r) => r.map_err(runtime_error),
+    match ctx.agents.answer(id, request, answer).await {
+        Some(r) => r?,
         None => {
             // No live agent: the request is resolved, expired, or never existed.
-            match store::permissions::get(&state.pool, row.id, request.uuid()).await? {
-                None => Err(ApiError::not_found("permission request")),
+            return match store::permissions::get(&ctx.pool, row.id, request.uuid()).await? {
+                None => Err(ServiceError::NotFound("permission request")),
                 Some(p) if p.status == "resolved" => {
-                    Err(runtime_error(RuntimeError::PermissionAlreadyResolved))
+                    Err(RuntimeError::PermissionAlreadyResolved.into())
                 }
-                Some(_) => Err(ApiError::conflict(
-                    "permission_expired",
-                    "the agent is closed; this request expired before it was answered",
-                )),
-            }
+                Some(_) => Err(ServiceError::PermissionExpired),
+            };
         }
     }
+    store::permissions::get(&ctx.pool, row.id, request.uuid())
+        .await?
+        .map(PermissionView::from)
+        .ok_or(ServiceError::NotFound("permission request"))
 }
 
+/// Wait until the agent is neither `running` nor `starting`, for at most `timeout`
+/// (capped by `limits.max_wait_s`), or until the server stops.
 pub async fn wait(
-    state: &AppState,
+    ctx: &ServiceContext,
     principal: &Principal,
     id: AgentId,
     timeout: Duration,
-) -> ApiResult<WaitResult> {
-    load(state, principal, id).await?;
+) -> ServiceResult<WaitResult> {
+    load(ctx, principal, id, Access::Read).await?;
+    let timeout = timeout.min(Duration::from_secs(ctx.limits.max_wait_s));
     let settled = |s: AgentStatus| !matches!(s, AgentStatus::Running | AgentStatus::Starting);
     let mut timed_out = false;
-    if let Some(mut rx) = state.agents.watch(id) {
-        let mut shutdown = state.shutdown.clone();
+    if let Some(mut rx) = ctx.agents.watch(id) {
         let done = async {
             loop {
                 if settled(rx.borrow_and_update().status) {
@@ -469,14 +702,12 @@ pub async fn wait(
         tokio::select! {
             _ = done => {}
             _ = tokio::time::sleep(timeout) => timed_out = true,
-            _ = crate::server::stopping(&mut shutdown) => {}
+            _ = ctx.stopping() => {}
         }
     }
-    let row = store::agents::get(&state.pool, id.uuid(), None)
-        .await?
-        .ok_or_else(|| ApiError::not_found("agent"))?;
-    let agent = to_agent(state, row.clone());
-    let pending = store::permissions::list(&state.pool, row.id, Some("pending")).await?;
+    let row = reload_row(ctx, id).await?;
+    let agent = to_agent(ctx, row.clone());
+    let pending = store::permissions::list(&ctx.pool, row.id, Some("pending")).await?;
     Ok(WaitResult {
         status: agent.status,
         timed_out: timed_out && !settled(agent.status),
@@ -485,9 +716,55 @@ pub async fn wait(
             outcome: row.last_turn_outcome.clone(),
             error: row.last_turn_error.clone(),
         }),
-        pending_permissions: pending
-            .into_iter()
-            .map(crate::api::agents::PermissionView::from)
-            .collect(),
+        pending_permissions: pending.into_iter().map(PermissionView::from).collect(),
     })
+}
+
+/// Where a timeline page starts and in which direction it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimelineFrom {
+    /// Oldest first, after this seq.
+    After(i64),
+    /// Newest first, before this seq.
+    Before(i64),
+}
+
+/// A timeline page and whether more events follow in its direction.
+pub struct TimelinePage {
+    pub items: Vec<AgentEvent>,
+    pub more: bool,
+}
+
+/// Pages also stop at about this many bytes of event data.
+const TIMELINE_PAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// A page of the agent's durable timeline: at most `limit` events.
+pub async fn timeline(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: AgentId,
+    from: TimelineFrom,
+    limit: i64,
+) -> ServiceResult<TimelinePage> {
+    load(ctx, principal, id, Access::Read).await?;
+    let rows = match from {
+        TimelineFrom::After(n) => {
+            store::events::page_after(&ctx.pool, id.uuid(), n, limit + 1).await?
+        }
+        TimelineFrom::Before(n) => {
+            store::events::page_before(&ctx.pool, id.uuid(), n, limit + 1).await?
+        }
+    };
+    let mut more = rows.len() as i64 > limit;
+    let mut items = Vec::with_capacity(rows.len().min(limit as usize));
+    let mut bytes = 0usize;
+    for row in rows.into_iter().take(limit as usize) {
+        bytes += row.data.to_string().len() + 160;
+        if bytes > TIMELINE_PAGE_BYTES && !items.is_empty() {
+            more = true;
+            break;
+        }
+        items.push(row.into_event());
+    }
+    Ok(TimelinePage { items, more })
 }

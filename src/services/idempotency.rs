@@ -1,85 +1,82 @@
-//! `Idempotency-Key` for create requests: the same key from the same principal with the
-//! same body returns the original response (200 instead of 201); a different body is 409
-//! `idempotency_key_reused`.
+//! Idempotent creation: the same key from the same principal for the same operation with
+//! the same request fingerprint returns the original response instead of creating again;
+//! a different fingerprint is refused (`IdempotencyKeyReused`). The caller supplies the
+//! key and the fingerprint as plain values (the API reads them from the request).
 
 use std::future::Future;
 
-use actix_web::http::StatusCode;
-use actix_web::{HttpRequest, HttpResponse};
 use serde::Serialize;
-use sha2::{Digest, Sha256};
+use serde_json::Value;
 
-use crate::api::error::{ApiError, ApiResult};
+use super::{ServiceContext, ServiceError, ServiceResult};
 use crate::auth::Principal;
-use crate::server::AppState;
 use crate::store;
 
-const HEADER: &str = "idempotency-key";
+/// The response code recorded with a completed creation (every create answers "created").
+const CREATED: i16 = 201;
 
-/// Run `create` once per idempotency key and answer with its JSON.
-pub async fn respond<B, T, F, Fut>(
-    state: &AppState,
+/// A client's idempotency key and the fingerprint of its request.
+#[derive(Debug, Clone)]
+pub struct IdempotencyKey {
+    pub key: String,
+    pub fingerprint: Vec<u8>,
+}
+
+/// What an idempotent creation produced.
+#[derive(Debug)]
+pub enum Creation {
+    /// Created now.
+    Created(Value),
+    /// Created by an earlier request with the same key; this is its response.
+    Replayed(Value),
+}
+
+/// Run `create` at most once per key, scoped to the principal and `operation`.
+pub async fn create_once<T, F, Fut>(
+    ctx: &ServiceContext,
     principal: &Principal,
-    req: &HttpRequest,
-    body: &B,
+    operation: &str,
+    key: Option<IdempotencyKey>,
     create: F,
-) -> ApiResult<HttpResponse>
+) -> ServiceResult<Creation>
 where
-    B: Serialize,
     T: Serialize,
     F: FnOnce() -> Fut,
-    Fut: Future<Output = ApiResult<(StatusCode, T)>>,
+    Fut: Future<Output = ServiceResult<T>>,
 {
-    let key = match req.headers().get(HEADER) {
-        None => {
-            let (status, out) = create().await?;
-            return Ok(HttpResponse::build(status).json(out));
-        }
-        Some(v) => v
-            .to_str()
-            .ok()
-            .filter(|k| !k.is_empty() && k.len() <= 255)
-            .ok_or_else(|| {
-                ApiError::bad_request(
-                    "invalid_idempotency_key",
-                    "Idempotency-Key must be 1 to 255 visible characters",
-                )
-            })?
-            .to_owned(),
+    let Some(IdempotencyKey { key, fingerprint }) = key else {
+        let out = create().await?;
+        return Ok(Creation::Created(to_value(&out)?));
     };
-    let scope = format!("{}:{}", principal.idempotency_scope(), req.path());
-    let hash = Sha256::digest(serde_json::to_vec(body).unwrap_or_default()).to_vec();
-    if !store::idempotency::claim(&state.pool, &scope, &key, &hash).await? {
-        let row = store::idempotency::get(&state.pool, &scope, &key)
+    let scope = format!("{}:{operation}", principal.idempotency_scope());
+    if !store::idempotency::claim(&ctx.pool, &scope, &key, &fingerprint).await? {
+        let row = store::idempotency::get(&ctx.pool, &scope, &key)
             .await?
-            .ok_or_else(|| {
-                ApiError::conflict("idempotency_key_in_progress", "retry in a moment")
-            })?;
-        if row.request_hash != hash {
-            return Err(ApiError::conflict(
-                "idempotency_key_reused",
-                "this Idempotency-Key was used with a different request body",
-            ));
+            .ok_or(ServiceError::IdempotencyKeyInProgress("retry in a moment"))?;
+        if row.request_hash != fingerprint {
+            return Err(ServiceError::IdempotencyKeyReused);
         }
         return match row.response {
-            Some(resp) => Ok(HttpResponse::Ok().json(resp)),
-            None => Err(ApiError::conflict(
-                "idempotency_key_in_progress",
+            Some(resp) => Ok(Creation::Replayed(resp)),
+            None => Err(ServiceError::IdempotencyKeyInProgress(
                 "a request with this Idempotency-Key is still being processed",
             )),
         };
     }
     match create().await {
-        Ok((status, out)) => {
-            let value = serde_json::to_value(&out).map_err(ApiError::internal)?;
-            store::idempotency::complete(&state.pool, &scope, &key, status.as_u16() as i16, &value)
-                .await?;
-            Ok(HttpResponse::build(status).json(value))
+        Ok(out) => {
+            let value = to_value(&out)?;
+            store::idempotency::complete(&ctx.pool, &scope, &key, CREATED, &value).await?;
+            Ok(Creation::Created(value))
         }
         Err(e) => {
             // A failed request may be retried with the same key.
-            let _ = store::idempotency::release(&state.pool, &scope, &key).await;
+            let _ = store::idempotency::release(&ctx.pool, &scope, &key).await;
             Err(e)
         }
     }
+}
+
+fn to_value(out: &impl Serialize) -> ServiceResult<Value> {
+    serde_json::to_value(out).map_err(|e| ServiceError::Unexpected(e.into()))
 }

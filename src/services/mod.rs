@@ -1,22 +1,59 @@
-//! The operations handlers call: validation, authorization, transactions and
-//! idempotency, one module per aggregate. Live agent work is handed to the runtime.
+//! The operations handlers call, one module per aggregate: validation, authorization
+//! (team roles and token scopes, from `auth`), transactions and idempotency. Every read
+//! and write of the API goes through here, so scoping by the caller's teams lives in one
+//! place. Services know no HTTP: they take a `ServiceContext`, plain values and a
+//! `Principal`, and return their own types or a `ServiceError`. Live agent work is handed
+//! to the runtime.
 
 pub mod agents;
+pub mod error;
+pub mod health;
 pub mod idempotency;
+pub mod identity;
 pub mod projects;
-pub mod tokens;
+pub mod providers;
+pub mod streams;
 pub mod workspaces;
 
-use crate::api::error::{ApiError, ApiResult};
-use crate::events::NewTeamEvent;
-use crate::server::AppState;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use sqlx::PgPool;
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+
+pub use error::{ServiceError, ServiceResult};
+
+use crate::config::Limits;
+use crate::events::{Bus, EventWriter, NewTeamEvent};
+use crate::runtime::AgentManager;
+
+/// What services need from the running server, and nothing more.
+#[derive(Clone)]
+pub struct ServiceContext {
+    pub pool: PgPool,
+    pub writer: EventWriter,
+    pub bus: Arc<Bus>,
+    pub agents: AgentManager,
+    /// The main runtime: long-lived tasks go here, not on an HTTP worker's.
+    pub runtime: Handle,
+    pub limits: Limits,
+    /// Worktrees live under `<data_dir>/worktrees`.
+    pub data_dir: PathBuf,
+    /// Flips to true when the server stops, so long waits end.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+impl ServiceContext {
+    /// Resolves once the server starts shutting down.
+    pub async fn stopping(&self) {
+        let mut rx = self.shutdown.clone();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+}
 
 /// Put an event on the team activity stream (committed before this returns).
-pub(crate) async fn announce(state: &AppState, event: NewTeamEvent) -> ApiResult<()> {
-    state
-        .writer
-        .append_committed(Vec::new(), vec![event])
-        .await
-        .map(|_| ())
-        .map_err(ApiError::internal)
+pub(crate) async fn announce(ctx: &ServiceContext, event: NewTeamEvent) -> ServiceResult<()> {
+    ctx.writer.append_committed(Vec::new(), vec![event]).await?;
+    Ok(())
 }

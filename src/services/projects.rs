@@ -2,19 +2,56 @@
 
 use std::path::Path;
 
-use actix_web::http::StatusCode;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
-use crate::api::error::{ApiError, ApiResult};
-use crate::api::projects::{CreateProject, Project};
-use crate::auth::{Principal, Role};
-use crate::domain::ProjectId;
+use super::{ServiceContext, ServiceError, ServiceResult};
+use crate::auth::{Access, Principal, Role};
+use crate::domain::{ProjectId, TeamId};
 use crate::git::{self, GitError};
-use crate::server::AppState;
 use crate::store;
 
-pub fn validate_name(field: &str, name: &str) -> ApiResult<()> {
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"name": "webapp", "repo_path": "/srv/git/webapp"}))]
+pub struct CreateProject {
+    pub name: String,
+    /// Defaults to your team when you belong to one.
+    pub team_id: Option<TeamId>,
+    /// Absolute path of a git repository the server can read.
+    pub repo_path: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"id": "prj_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "name": "webapp",
+    "team_id": "team_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c", "repo_path": "/srv/git/webapp",
+    "default_branch": "main", "created_at": "2026-11-30T12:00:00Z"}))]
+pub struct Project {
+    pub id: ProjectId,
+    pub name: String,
+    pub team_id: TeamId,
+    pub repo_path: String,
+    pub default_branch: String,
+    pub created_at: DateTime<Utc>,
+}
+
+impl From<store::projects::ProjectRow> for Project {
+    fn from(r: store::projects::ProjectRow) -> Self {
+        Self {
+            id: r.id.into(),
+            name: r.name,
+            team_id: r.team_id.into(),
+            repo_path: r.repo_path,
+            default_branch: r.default_branch,
+            created_at: r.created_at,
+        }
+    }
+}
+
+pub fn validate_name(field: &'static str, name: &str) -> ServiceResult<()> {
     if name.trim().is_empty() || name.len() > 100 || name.chars().any(char::is_control) {
-        return Err(ApiError::validation(
+        return Err(ServiceError::invalid(
             field,
             "must be 1 to 100 characters, without control characters",
         ));
@@ -23,42 +60,44 @@ pub fn validate_name(field: &str, name: &str) -> ApiResult<()> {
 }
 
 pub async fn create(
-    state: &AppState,
+    ctx: &ServiceContext,
     principal: &Principal,
     body: &CreateProject,
-) -> ApiResult<(StatusCode, Project)> {
+) -> ServiceResult<Project> {
+    principal.allow(Access::Manage)?;
     validate_name("name", &body.name)?;
     let team = match body.team_id {
         Some(t) => t.uuid(),
         None => principal
             .default_team()
-            .ok_or_else(|| ApiError::validation("team_id", "you belong to no team; name one"))?,
+            .ok_or_else(|| ServiceError::invalid("team_id", "you belong to no team; name one"))?,
     };
     principal.require(team, Role::Member, "team")?;
+    // An admin may name any team id: one that does not exist is a missing resource.
+    if store::identity::team_name(&ctx.pool, team).await?.is_none() {
+        return Err(ServiceError::NotFound("team"));
+    }
     let path = Path::new(&body.repo_path);
     if !path.is_absolute() {
-        return Err(ApiError::validation(
+        return Err(ServiceError::invalid(
             "repo_path",
             "must be an absolute path on the server",
         ));
     }
     if body.repo_path.split('/').any(|s| s == "..") {
-        return Err(ApiError::validation("repo_path", "must not contain `..`"));
+        return Err(ServiceError::invalid("repo_path", "must not contain `..`"));
     }
     let repo = git::inspect_repo(path).await.map_err(|e| match e {
         GitError::NotARepository(_) | GitError::EmptyRepository(_) | GitError::Io(_) => {
-            ApiError::validation("repo_path", e.to_string())
+            ServiceError::invalid("repo_path", e.to_string())
         }
-        other => ApiError::validation("repo_path", other.to_string()),
+        other => ServiceError::invalid("repo_path", other.to_string()),
     })?;
-    if store::projects::name_taken(&state.pool, team, body.name.trim()).await? {
-        return Err(ApiError::conflict(
-            "project_name_taken",
-            "the team already has a project with this name",
-        ));
+    if store::projects::name_taken(&ctx.pool, team, body.name.trim()).await? {
+        return Err(ServiceError::ProjectNameTaken);
     }
     let row = store::projects::insert(
-        &state.pool,
+        &ctx.pool,
         ProjectId::new().uuid(),
         team,
         body.name.trim(),
@@ -67,29 +106,55 @@ pub async fn create(
         principal.user_id,
     )
     .await?;
-    Ok((StatusCode::CREATED, row.into()))
+    Ok(row.into())
+}
+
+/// A page of the projects of the caller's teams, after `after`.
+pub async fn list(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    after: Option<ProjectId>,
+    limit: i64,
+) -> ServiceResult<Vec<Project>> {
+    principal.allow(Access::Read)?;
+    let teams = principal.visible_teams();
+    let rows =
+        store::projects::list(&ctx.pool, teams.as_deref(), after.map(|p| p.uuid()), limit).await?;
+    Ok(rows.into_iter().map(Project::from).collect())
 }
 
 pub async fn get(
-    state: &AppState,
+    ctx: &ServiceContext,
     principal: &Principal,
     id: ProjectId,
-) -> ApiResult<store::projects::ProjectRow> {
-    let teams = principal.visible_teams();
-    store::projects::get(&state.pool, id.uuid(), teams.as_deref())
-        .await?
-        .ok_or_else(|| ApiError::not_found("project"))
+) -> ServiceResult<Project> {
+    Ok(find(ctx, principal, id).await?.into())
 }
 
-pub async fn delete(state: &AppState, principal: &Principal, id: ProjectId) -> ApiResult<()> {
-    let row = get(state, principal, id).await?;
+/// The project's row, when the caller may see it.
+pub(crate) async fn find(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: ProjectId,
+) -> ServiceResult<store::projects::ProjectRow> {
+    principal.allow(Access::Read)?;
+    let teams = principal.visible_teams();
+    store::projects::get(&ctx.pool, id.uuid(), teams.as_deref())
+        .await?
+        .ok_or(ServiceError::NotFound("project"))
+}
+
+pub async fn delete(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: ProjectId,
+) -> ServiceResult<()> {
+    principal.allow(Access::Manage)?;
+    let row = find(ctx, principal, id).await?;
     principal.require(row.team_id, Role::Member, "project")?;
-    if store::workspaces::active_count_for_project(&state.pool, row.id).await? > 0 {
-        return Err(ApiError::conflict(
-            "project_has_workspaces",
-            "archive the project's workspaces before deleting it",
-        ));
+    if store::workspaces::active_count_for_project(&ctx.pool, row.id).await? > 0 {
+        return Err(ServiceError::ProjectHasWorkspaces);
     }
-    store::projects::mark_deleted(&state.pool, row.id).await?;
+    store::projects::mark_deleted(&ctx.pool, row.id).await?;
     Ok(())
 }

@@ -4,58 +4,119 @@
 
 use std::path::{Path, PathBuf};
 
-use actix_web::http::StatusCode;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 use serde_json::json;
+use utoipa::ToSchema;
 
-use crate::api::error::{ApiError, ApiResult};
-use crate::api::workspaces::{CreateWorkspace, Workspace, WorkspaceKind};
-use crate::auth::{Principal, Role};
+use super::{ServiceContext, ServiceError, ServiceResult};
+use crate::auth::{Access, Principal, Role};
 use crate::domain::{ProjectId, WorkspaceId};
 use crate::events::NewTeamEvent;
 use crate::git::{self, GitError};
-use crate::server::AppState;
 use crate::store;
 
-fn git_error(field: &str, e: GitError) -> ApiError {
-    match e {
-        GitError::UnknownRevision(r) => {
-            ApiError::validation(field, format!("unknown revision `{r}`"))
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkspaceKind {
+    Worktree,
+    Directory,
+}
+
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"project_id": "prj_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "title": "fix login"}))]
+pub struct CreateWorkspace {
+    pub project_id: ProjectId,
+    /// `worktree` (default) or `directory` (the project's own checkout).
+    pub kind: Option<WorkspaceKind>,
+    /// Branch, tag or commit to start from (default: the project's default branch).
+    pub base_ref: Option<String>,
+    /// New branch name (default: `agentry/<slug of title>`, made unique).
+    pub branch: Option<String>,
+    pub title: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"id": "wsp_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "project_id": "prj_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c",
+    "kind": "worktree", "title": "fix login", "path": "/var/lib/agentry/worktrees/prj_…/fix-login",
+    "branch": "agentry/fix-login", "base_ref": "main", "base_commit": "9fceb02d0ae598e95dc970b74767f19372d61af8",
+    "status": "active", "created_at": "2026-11-30T12:00:00Z", "archived_at": null}))]
+pub struct Workspace {
+    pub id: WorkspaceId,
+    pub project_id: ProjectId,
+    pub kind: WorkspaceKind,
+    pub title: Option<String>,
+    pub path: String,
+    pub branch: Option<String>,
+    pub base_ref: Option<String>,
+    pub base_commit: Option<String>,
+    /// `active` or `archived`.
+    pub status: String,
+    pub created_at: DateTime<Utc>,
+    pub archived_at: Option<DateTime<Utc>>,
+}
+
+impl From<store::workspaces::WorkspaceRow> for Workspace {
+    fn from(r: store::workspaces::WorkspaceRow) -> Self {
+        Self {
+            id: r.id.into(),
+            project_id: r.project_id.into(),
+            kind: if r.kind == "directory" {
+                WorkspaceKind::Directory
+            } else {
+                WorkspaceKind::Worktree
+            },
+            title: r.title,
+            path: r.path,
+            branch: r.branch,
+            base_ref: r.base_ref,
+            base_commit: r.base_commit,
+            status: r.status,
+            created_at: r.created_at,
+            archived_at: r.archived_at,
         }
-        GitError::InvalidBranch(b) => {
-            ApiError::validation(field, format!("invalid branch name `{b}`"))
-        }
-        GitError::BranchExists(b) => {
-            ApiError::conflict("branch_exists", format!("branch `{b}` already exists"))
-        }
-        GitError::NotARepository(_) | GitError::EmptyRepository(_) => ApiError::conflict(
-            "repository_unavailable",
-            format!("the project's repository cannot be used: {e}"),
-        ),
-        other => ApiError::internal(other),
     }
 }
 
-fn validate_ref(field: &str, r: &str) -> ApiResult<()> {
+fn git_error(field: &'static str, e: GitError) -> ServiceError {
+    match e {
+        GitError::UnknownRevision(r) => {
+            ServiceError::invalid(field, format!("unknown revision `{r}`"))
+        }
+        GitError::InvalidBranch(b) => {
+            ServiceError::invalid(field, format!("invalid branch name `{b}`"))
+        }
+        GitError::BranchExists(b) => ServiceError::BranchExists(b),
+        GitError::NotARepository(_) | GitError::EmptyRepository(_) => {
+            ServiceError::RepositoryUnavailable(e.to_string())
+        }
+        other => ServiceError::Git(other),
+    }
+}
+
+fn validate_ref(field: &'static str, r: &str) -> ServiceResult<()> {
     if r.is_empty()
         || r.len() > 250
         || r.starts_with('-')
         || r.contains("..")
         || r.chars().any(|c| c.is_control() || c == ' ')
     {
-        return Err(ApiError::validation(field, "not a valid git ref"));
+        return Err(ServiceError::invalid(field, "not a valid git ref"));
     }
     Ok(())
 }
 
 pub async fn create(
-    state: &AppState,
+    ctx: &ServiceContext,
     principal: &Principal,
     body: &CreateWorkspace,
-) -> ApiResult<(StatusCode, Workspace)> {
-    let project = crate::services::projects::get(state, principal, body.project_id).await?;
+) -> ServiceResult<Workspace> {
+    principal.allow(Access::Drive)?;
+    let project = super::projects::find(ctx, principal, body.project_id).await?;
     principal.require(project.team_id, Role::Member, "project")?;
     if let Some(t) = &body.title {
-        crate::services::projects::validate_name("title", t)?;
+        super::projects::validate_name("title", t)?;
     }
     let repo = PathBuf::from(&project.repo_path);
     let base_ref = body
@@ -70,13 +131,13 @@ pub async fn create(
     let row = match body.kind.unwrap_or(WorkspaceKind::Worktree) {
         WorkspaceKind::Directory => {
             if body.branch.is_some() {
-                return Err(ApiError::validation(
+                return Err(ServiceError::invalid(
                     "branch",
                     "a directory workspace has no branch of its own",
                 ));
             }
             store::workspaces::insert(
-                &state.pool,
+                &ctx.pool,
                 store::workspaces::NewWorkspace {
                     id: id.uuid(),
                     project_id: project.id,
@@ -93,9 +154,9 @@ pub async fn create(
             .await?
         }
         WorkspaceKind::Worktree => {
-            let (branch, path) = add_worktree(state, &repo, project.id, body, &base_commit).await?;
+            let (branch, path) = add_worktree(ctx, &repo, project.id, body, &base_commit).await?;
             let inserted = store::workspaces::insert(
-                &state.pool,
+                &ctx.pool,
                 store::workspaces::NewWorkspace {
                     id: id.uuid(),
                     project_id: project.id,
@@ -122,7 +183,7 @@ pub async fn create(
     };
     let ws = Workspace::from(row);
     super::announce(
-        state,
+        ctx,
         NewTeamEvent {
             team_id: project.team_id,
             project_id: Some(project.id),
@@ -132,19 +193,18 @@ pub async fn create(
         },
     )
     .await?;
-    Ok((StatusCode::CREATED, ws))
+    Ok(ws)
 }
 
 /// Create the worktree on a unique branch and directory; returns both.
 async fn add_worktree(
-    state: &AppState,
+    ctx: &ServiceContext,
     repo: &Path,
     project: uuid::Uuid,
     body: &CreateWorkspace,
     base_commit: &str,
-) -> ApiResult<(String, PathBuf)> {
-    let root = state
-        .settings
+) -> ServiceResult<(String, PathBuf)> {
+    let root = ctx
         .data_dir
         .join("worktrees")
         .join(ProjectId::from(project).to_string());
@@ -162,7 +222,7 @@ async fn add_worktree(
             let path = root.join(&dir);
             if path.exists()
                 || store::workspaces::path_or_branch_taken(
-                    &state.pool,
+                    &ctx.pool,
                     project,
                     &path.to_string_lossy(),
                     None,
@@ -176,8 +236,7 @@ async fn add_worktree(
                 .map_err(|e| git_error("branch", e))?;
             return Ok((branch.clone(), path));
         }
-        return Err(ApiError::conflict(
-            "workspace_path_taken",
+        return Err(ServiceError::WorkspacePathTaken(
             "no free directory for this branch",
         ));
     }
@@ -192,7 +251,7 @@ async fn add_worktree(
         let path = root.join(&name);
         if path.exists()
             || store::workspaces::path_or_branch_taken(
-                &state.pool,
+                &ctx.pool,
                 project,
                 &path.to_string_lossy(),
                 Some(&branch),
@@ -212,70 +271,97 @@ async fn add_worktree(
             Err(e) => return Err(git_error("branch", e)),
         }
     }
-    Err(ApiError::conflict(
-        "workspace_path_taken",
+    Err(ServiceError::WorkspacePathTaken(
         "could not find a free branch name; pass `branch`",
     ))
 }
 
+/// A page of the workspaces of the caller's teams (optionally of one project).
+pub async fn list(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    project: Option<ProjectId>,
+    include_archived: bool,
+    after: Option<WorkspaceId>,
+    limit: i64,
+) -> ServiceResult<Vec<Workspace>> {
+    principal.allow(Access::Read)?;
+    let teams = principal.visible_teams();
+    let rows = store::workspaces::list(
+        &ctx.pool,
+        teams.as_deref(),
+        project.map(|p| p.uuid()),
+        include_archived,
+        after.map(|w| w.uuid()),
+        limit,
+    )
+    .await?;
+    Ok(rows.into_iter().map(Workspace::from).collect())
+}
+
 pub async fn get(
-    state: &AppState,
+    ctx: &ServiceContext,
     principal: &Principal,
     id: WorkspaceId,
-) -> ApiResult<store::workspaces::WorkspaceRow> {
+) -> ServiceResult<Workspace> {
+    Ok(find(ctx, principal, id).await?.into())
+}
+
+/// The workspace's row, when the caller may see it.
+pub(crate) async fn find(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: WorkspaceId,
+) -> ServiceResult<store::workspaces::WorkspaceRow> {
+    principal.allow(Access::Read)?;
     let teams = principal.visible_teams();
-    store::workspaces::get(&state.pool, id.uuid(), teams.as_deref())
+    store::workspaces::get(&ctx.pool, id.uuid(), teams.as_deref())
         .await?
-        .ok_or_else(|| ApiError::not_found("workspace"))
+        .ok_or(ServiceError::NotFound("workspace"))
 }
 
 pub async fn diff(
-    state: &AppState,
+    ctx: &ServiceContext,
     principal: &Principal,
     id: WorkspaceId,
-) -> ApiResult<git::Diff> {
-    let ws = get(state, principal, id).await?;
+) -> ServiceResult<git::Diff> {
+    let ws = find(ctx, principal, id).await?;
     if ws.archived_at.is_some() {
-        return Err(ApiError::conflict(
-            "workspace_archived",
+        return Err(ServiceError::WorkspaceArchived(
             "the workspace is archived; its files are gone",
         ));
     }
     let base = ws.base_commit.clone().unwrap_or_else(|| "HEAD".into());
-    git::diff(Path::new(&ws.path), &base)
-        .await
-        .map_err(ApiError::internal)
+    Ok(git::diff(Path::new(&ws.path), &base).await?)
 }
 
 pub async fn archive(
-    state: &AppState,
+    ctx: &ServiceContext,
     principal: &Principal,
     id: WorkspaceId,
-) -> ApiResult<Workspace> {
-    let ws = get(state, principal, id).await?;
+) -> ServiceResult<Workspace> {
+    principal.allow(Access::Drive)?;
+    let ws = find(ctx, principal, id).await?;
     principal.require(ws.team_id, Role::Member, "workspace")?;
     if ws.archived_at.is_some() {
         return Ok(ws.into());
     }
-    for agent in store::agents::ids_in_workspace(&state.pool, ws.id).await? {
-        state
-            .agents
+    for agent in store::agents::ids_in_workspace(&ctx.pool, ws.id).await? {
+        ctx.agents
             .close(agent.into(), "the workspace was archived")
             .await;
     }
     if ws.kind == "worktree" {
-        let project = store::projects::get(&state.pool, ws.project_id, None)
+        let project = store::projects::get(&ctx.pool, ws.project_id, None)
             .await?
-            .ok_or_else(|| ApiError::not_found("project"))?;
-        git::worktree_remove(Path::new(&project.repo_path), Path::new(&ws.path))
-            .await
-            .map_err(ApiError::internal)?;
+            .ok_or(ServiceError::NotFound("project"))?;
+        git::worktree_remove(Path::new(&project.repo_path), Path::new(&ws.path)).await?;
     }
-    let row = store::workspaces::mark_archived(&state.pool, ws.id)
+    let row = store::workspaces::mark_archived(&ctx.pool, ws.id)
         .await?
-        .ok_or_else(|| ApiError::not_found("workspace"))?;
+        .ok_or(ServiceError::NotFound("workspace"))?;
     super::announce(
-        state,
+        ctx,
         NewTeamEvent {
             team_id: row.team_id,
             project_id: Some(row.project_id),

@@ -5,6 +5,7 @@ mod agents;
 mod helpers;
 mod input;
 mod platform;
+mod scopes;
 mod story;
 mod streams;
 mod workspaces;

@@ -1,0 +1,45 @@
+//! The `Principal` extractor: reads `Authorization: Bearer <token>` and asks `auth` who
+//! it is. A handler that takes a `Principal` cannot run unauthenticated.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use actix_web::{FromRequest, HttpRequest, dev::Payload, http::header, web};
+
+use super::error::ApiError;
+use crate::auth::{self, AuthError, Principal};
+use crate::server::AppState;
+
+const MAX_TOKEN_BYTES: usize = 16 * 1024;
+
+impl FromRequest for Principal {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, Self::Error>>>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let state = req.app_data::<web::Data<AppState>>().cloned();
+        let header = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .map(|v| v.as_bytes().to_vec());
+        Box::pin(async move {
+            let state =
+                state.ok_or_else(|| ApiError::internal(anyhow::anyhow!("app state missing")))?;
+            let raw = header.ok_or(AuthError::TokenMissing)?;
+            if raw.len() > MAX_TOKEN_BYTES + 7 {
+                return Err(AuthError::TokenTooLarge.into());
+            }
+            let raw = std::str::from_utf8(&raw)
+                .map_err(|_| AuthError::TokenMalformed("the Authorization header is not text"))?;
+            let token = raw
+                .strip_prefix("Bearer ")
+                .or_else(|| raw.strip_prefix("bearer "))
+                .map(str::trim)
+                .ok_or(AuthError::TokenMalformed(
+                    "expected `Authorization: Bearer <token>`",
+                ))?;
+            let ctx = &state.services;
+            Ok(auth::authenticate(&ctx.pool, &ctx.runtime, token).await?)
+        })
+    }
+}

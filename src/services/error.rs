@@ -1,0 +1,111 @@
+//! What a service operation can refuse or fail with. Each variant has a stable code
+//! (`ServiceError::code`, the `code` clients see); the HTTP status for each is chosen at
+//! the edge, in `api::error`, which is the only place that knows HTTP.
+
+use crate::auth::AuthError;
+use crate::events::WriteError;
+use crate::git::GitError;
+use crate::runtime::RuntimeError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+    /// An id that does not exist, or that belongs to a team the caller cannot see.
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    /// A field of the request is not acceptable.
+    #[error("{field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+    #[error("the prompt is {size} bytes; the limit is {limit}")]
+    PromptTooLarge { size: usize, limit: usize },
+    #[error("unknown provider `{0}`")]
+    UnknownProvider(String),
+    /// The provider cannot be used for a new agent right now.
+    #[error("provider `{provider}` is unavailable: {reason}")]
+    ProviderUnavailable { provider: String, reason: String },
+    /// The provider could not be asked (e.g. for its models) right now.
+    #[error("{0}")]
+    ProviderUnreachable(String),
+    #[error("{0}")]
+    WorkspaceArchived(&'static str),
+    #[error("the agent is archived")]
+    AgentArchived,
+    #[error("the team already has a project with this name")]
+    ProjectNameTaken,
+    #[error("archive the project's workspaces before deleting it")]
+    ProjectHasWorkspaces,
+    #[error("{0}")]
+    WorkspacePathTaken(&'static str),
+    #[error("branch `{0}` already exists")]
+    BranchExists(String),
+    #[error("the project's repository cannot be used: {0}")]
+    RepositoryUnavailable(String),
+    #[error("the agent is closed; this request expired before it was answered")]
+    PermissionExpired,
+    #[error("this Idempotency-Key was used with a different request body")]
+    IdempotencyKeyReused,
+    #[error("{0}")]
+    IdempotencyKeyInProgress(&'static str),
+    /// The store cannot be reached (or did not answer in time).
+    #[error("the database is unavailable; retry later")]
+    StoreUnavailable,
+    /// The store is reachable but its schema is behind this server.
+    #[error("database migrations are not applied")]
+    NotReady,
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error(transparent)]
+    Store(#[from] sqlx::Error),
+    #[error(transparent)]
+    Events(#[from] WriteError),
+    #[error(transparent)]
+    Git(#[from] GitError),
+    #[error(transparent)]
+    Unexpected(#[from] anyhow::Error),
+}
+
+pub type ServiceResult<T> = Result<T, ServiceError>;
+
+impl ServiceError {
+    pub fn invalid(field: &'static str, message: impl Into<String>) -> Self {
+        ServiceError::Invalid {
+            field,
+            message: message.into(),
+        }
+    }
+
+    /// The stable code of this failure (`Store`, `Events`, `Runtime` and `Auth` carry the
+    /// code of what they wrap, classified at the edge).
+    pub fn code(&self) -> &'static str {
+        match self {
+            ServiceError::Auth(e) => e.code(),
+            ServiceError::NotFound(_) => "not_found",
+            ServiceError::Invalid { .. } => "validation_failed",
+            ServiceError::PromptTooLarge { .. } => "prompt_too_large",
+            ServiceError::UnknownProvider(_) => "unknown_provider",
+            ServiceError::ProviderUnavailable { .. } | ServiceError::ProviderUnreachable(_) => {
+                "provider_unavailable"
+            }
+            ServiceError::WorkspaceArchived(_) => "workspace_archived",
+            ServiceError::AgentArchived => "agent_archived",
+            ServiceError::ProjectNameTaken => "project_name_taken",
+            ServiceError::ProjectHasWorkspaces => "project_has_workspaces",
+            ServiceError::WorkspacePathTaken(_) => "workspace_path_taken",
+            ServiceError::BranchExists(_) => "branch_exists",
+            ServiceError::RepositoryUnavailable(_) => "repository_unavailable",
+            ServiceError::PermissionExpired => "permission_expired",
+            ServiceError::IdempotencyKeyReused => "idempotency_key_reused",
+            ServiceError::IdempotencyKeyInProgress(_) => "idempotency_key_in_progress",
+            ServiceError::StoreUnavailable => "store_unavailable",
+            ServiceError::NotReady => "not_ready",
+            ServiceError::Runtime(_) => "runtime",
+            ServiceError::Store(_) => "store",
+            ServiceError::Events(_) => "events",
+            ServiceError::Git(_) | ServiceError::Unexpected(_) => "internal",
+        }
+    }
+}
