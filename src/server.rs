@@ -23,7 +23,7 @@ use crate::providers::ProviderRegistry;
 use crate::providers::acp::{AcpProvider, AcpProviderConfig};
 use crate::providers::mock::mock_provider;
 use crate::providers::{ModeInfo, Provider};
-use crate::runtime::{AgentManager, reconcile_at_boot};
+use crate::runtime::{AgentManager, ServerLock, reconcile_at_boot};
 use crate::store;
 use crate::store::embedded::{EmbeddedOptions, EmbeddedPostgres};
 
@@ -52,6 +52,7 @@ pub struct Application {
     shutdown: watch::Sender<bool>,
     embedded: Option<EmbeddedPostgres>,
     bootstrap_token: Option<String>,
+    lock: ServerLock,
 }
 
 /// Connect to the configured database, or start the embedded one.
@@ -163,6 +164,8 @@ impl Application {
         embedded: Option<EmbeddedPostgres>,
         listener: TcpListener,
     ) -> anyhow::Result<Self> {
+        // Before anything changes the database: a second server refuses to start.
+        let lock = ServerLock::acquire(&pool).await?;
         store::migrate(&pool)
             .await
             .context("cannot apply database migrations")?;
@@ -178,7 +181,7 @@ impl Application {
             Duration::from_millis(settings.events.batch_linger_ms),
         );
         let ledger = Ledger::new(pool.clone(), settings.replica());
-        let report = reconcile_at_boot(&pool, &writer, &ledger).await?;
+        let report = reconcile_at_boot(&pool, &writer, &ledger, &lock).await?;
         if report.agents_closed + report.processes_killed + report.turns_failed > 0 {
             tracing::info!(?report, "reconciled what the previous run left");
         }
@@ -235,6 +238,7 @@ impl Application {
             shutdown: shutdown_tx,
             embedded,
             bootstrap_token,
+            lock,
         })
     }
 
@@ -266,6 +270,7 @@ impl Application {
         handle.stop(true).await;
         let _ = server.await;
         self.state.pool.close().await;
+        self.lock.release().await;
         if let Some(pg) = self.embedded {
             pg.stop().await?;
         }

@@ -4,6 +4,7 @@
 
 mod actor;
 mod reconcile;
+mod server_lock;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -19,6 +20,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use uuid::Uuid;
 
 pub use reconcile::reconcile_at_boot;
+pub use server_lock::{ServerLock, ServerLockError};
 
 use crate::domain::{AgentId, AgentStatus, Behavior, PermissionId, TurnId, TurnOutcome};
 use crate::events::EventWriter;

@@ -4,6 +4,7 @@
 mod agents;
 mod helpers;
 mod platform;
+mod single_server;
 mod story;
 mod streams;
 mod workspaces;
