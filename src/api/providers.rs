@@ -84,16 +84,15 @@ async fn list_models(
     state: web::Data<AppState>,
     _principal: Principal,
     id: web::Path<String>,
-    _q: web::Query<ModelsQuery>,
+    q: web::Query<ModelsQuery>,
 ) -> ApiResult<web::Json<ModelList>> {
-    let p = state
+    let items = state
         .agents
         .registry()
-        .get(&id)
-        .ok_or_else(|| ApiError::not_found("provider"))?;
-    let items = p
-        .models()
+        .models(&id, q.refresh.unwrap_or(false))
         .await
-        .map_err(|e| ApiError::unavailable("provider_unavailable", e.to_string()))?;
+        .ok_or_else(|| ApiError::not_found("provider"))?
+        .map_err(|e| ApiError::unavailable("provider_unavailable", e.to_string()))?
+        .to_vec();
     Ok(web::Json(ModelList { items }))
 }
