@@ -26,7 +26,7 @@ pub struct TestApp {
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
-async fn fresh_database() -> PgConnectOptions {
+pub async fn fresh_database() -> PgConnectOptions {
     let name = format!("t_{}", uuid::Uuid::now_v7().simple());
     match std::env::var("DATABASE_URL") {
         Ok(url) => {

@@ -3,6 +3,7 @@
 
 mod agents;
 mod helpers;
+mod idempotency_claims;
 mod platform;
 mod single_server;
 mod story;
