@@ -173,6 +173,15 @@ impl AgentManager {
         }
     }
 
+    /// How long an interrupted turn may take to end before its process is stopped
+    /// (default 5 s). Set it before the manager is cloned or used.
+    pub fn with_interrupt_grace(mut self, grace: Duration) -> Self {
+        Arc::get_mut(&mut self.shared)
+            .expect("the interrupt grace is set before the manager is shared")
+            .interrupt_grace = grace;
+        self
+    }
+
     pub fn registry(&self) -> &ProviderRegistry {
         &self.shared.registry
     }

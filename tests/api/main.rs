@@ -5,6 +5,7 @@ mod agents;
 mod helpers;
 mod idempotency_claims;
 mod platform;
+mod runtime;
 mod single_server;
 mod story;
 mod streams;
