@@ -247,7 +247,10 @@ impl Settings {
                 continue;
             };
             if path.iter().any(String::is_empty) {
-                return Err(invalid(name, "is not a setting name (empty key between `__`)"));
+                return Err(invalid(
+                    name,
+                    "is not a setting name (empty key between `__`)",
+                ));
             }
             let value = if typed_setting(&path) {
                 typed_value(raw)
@@ -543,9 +546,9 @@ fn setting_name_of(e: &toml::de::Error) -> String {
         .and_then(|rest| rest.strip_prefix("in `"))
         .and_then(|rest| rest.strip_suffix('`'))
         .filter(|p| !p.is_empty());
-    let unknown = msg.strip_prefix("unknown field `").and_then(|rest| {
-        rest.find('`').map(|end| &rest[..end])
-    });
+    let unknown = msg
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.find('`').map(|end| &rest[..end]));
     match (path, unknown) {
         (Some(p), Some(k)) => format!("{p}.{k}"),
         (None, Some(k)) => k.to_owned(),
@@ -768,8 +771,8 @@ mod tests {
         .unwrap();
         assert_eq!(s.database.max_connections, 7);
         assert_eq!(s.events.batch_linger_ms, 2);
-        let e = Settings::load_from(None, &env(&[("AGENTRY_LIMITS__MAX_WAIT_S", "soon")]))
-            .unwrap_err();
+        let e =
+            Settings::load_from(None, &env(&[("AGENTRY_LIMITS__MAX_WAIT_S", "soon")])).unwrap_err();
         assert_eq!(e.setting, "limits.max_wait_s");
         let e = Settings::load_from(None, &env(&[("AGENTRY_DATABASE__MAX_CONNECTIONS", "0")]))
             .unwrap_err();

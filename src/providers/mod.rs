@@ -310,9 +310,7 @@ impl ProviderRegistry {
         refresh: bool,
     ) -> Option<Result<Arc<Vec<ModelInfo>>, ProviderError>> {
         let provider = self.get(id)?;
-        if !refresh
-            && let Some(cached) = self.catalogs.lock().expect("catalogs lock").get(id)
-        {
+        if !refresh && let Some(cached) = self.catalogs.lock().expect("catalogs lock").get(id) {
             return Some(Ok(cached.clone()));
         }
         Some(provider.models().await.map(|models| {

@@ -735,11 +735,13 @@ impl Actor {
         // turn's outcome; the error says why.
         for (_, mut tool) in turn.open_tools {
             tool.status = ToolStatus::Failed;
-            tool.error = Some(match outcome {
-                TurnOutcome::Canceled => "the turn was canceled before the tool call finished",
-                _ => "the turn ended before the tool call finished",
-            }
-            .into());
+            tool.error = Some(
+                match outcome {
+                    TurnOutcome::Canceled => "the turn was canceled before the tool call finished",
+                    _ => "the turn ended before the tool call finished",
+                }
+                .into(),
+            );
             self.emit_in(Some(turn.id), EventKind::ToolCall, tool_json(&tool))
                 .await;
         }

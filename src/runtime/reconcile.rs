@@ -31,7 +31,10 @@ pub async fn reconcile_at_boot(
     // Requests that died with the previous server can be retried with their keys at once.
     let claims = store::idempotency::release_unfinished(pool).await?;
     if claims > 0 {
-        tracing::info!(claims, "released idempotency keys of requests the previous run left unfinished");
+        tracing::info!(
+            claims,
+            "released idempotency keys of requests the previous run left unfinished"
+        );
     }
     let procs = ledger.reconcile().await?;
     report.processes_killed = procs.killed.len();

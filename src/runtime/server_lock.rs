@@ -108,7 +108,9 @@ async fn hold(
                 continue;
             }
             Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "the connection holding the single-server lock failed"),
+            Err(e) => {
+                tracing::warn!(error = %e, "the connection holding the single-server lock failed")
+            }
         }
         lost = true;
         // Reconnect and take it again; until then a second server could start.

@@ -59,7 +59,11 @@ async fn an_abandoned_claim_expires_and_an_answered_key_does_not() {
     assert_eq!(row.request_hash, b"h2");
 
     // Other principals' keys are separate.
-    assert!(keys::claim(&pool, "usr_2:/v1/agents", key, b"h1").await.unwrap());
+    assert!(
+        keys::claim(&pool, "usr_2:/v1/agents", key, b"h1")
+            .await
+            .unwrap()
+    );
 }
 
 #[tokio::test]

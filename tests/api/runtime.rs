@@ -201,7 +201,10 @@ impl ProviderSession for FakeSession {
             }
         };
         for ev in events {
-            self.events.send(ev).await.map_err(|_| ProviderError::Gone)?;
+            self.events
+                .send(ev)
+                .await
+                .map_err(|_| ProviderError::Gone)?;
         }
         Ok(())
     }
@@ -356,7 +359,11 @@ async fn a_tool_left_open_at_the_end_of_a_turn_is_marked_failed() {
         .into_iter()
         .map(|(_, s)| s)
         .collect();
-    assert_eq!(done, ["running", "completed"], "a closed tool is left alone");
+    assert_eq!(
+        done,
+        ["running", "completed"],
+        "a closed tool is left alone"
+    );
 
     assert_eq!(h.agent_view().await["status"], "idle");
     h.manager.shutdown().await;
@@ -367,7 +374,12 @@ async fn an_ignored_interrupt_still_ends_the_turn_canceled_and_stops_the_process
     let grace = Duration::from_millis(800);
     let h = harness(Plan::IgnoreInterrupt, grace).await;
     h.manager.prompt(&h.ctx, "go".into(), None).await.unwrap();
-    let pid = h.seen.lock().unwrap().pid.expect("the fake started a process") as i32;
+    let pid = h
+        .seen
+        .lock()
+        .unwrap()
+        .pid
+        .expect("the fake started a process") as i32;
     // The turn runs (its tool is open) until interrupted.
     let deadline = Instant::now() + Duration::from_secs(10);
     while tool_statuses(&h.app.timeline(&h.agent).await, "slow").is_empty() {
@@ -384,14 +396,21 @@ async fn an_ignored_interrupt_still_ends_the_turn_canceled_and_stops_the_process
         took >= grace && took < grace + Duration::from_secs(4),
         "the turn ended {took:?} after the interrupt (grace {grace:?})"
     );
-    assert_eq!(h.seen.lock().unwrap().interrupts, 1, "the agent was asked first");
+    assert_eq!(
+        h.seen.lock().unwrap().interrupts,
+        1,
+        "the agent was asked first"
+    );
     let (end, data) = turn_end(&events);
     assert_eq!(data["outcome"], "canceled");
     let slow = tool_statuses(&events, "slow");
     assert_eq!(slow.last().unwrap().1, "failed", "{slow:?}");
     assert!(slow.last().unwrap().0 < end);
 
-    assert!(!pid_alive(pid), "the process that ignored the interrupt was stopped");
+    assert!(
+        !pid_alive(pid),
+        "the process that ignored the interrupt was stopped"
+    );
     let agent = h.agent_view().await;
     assert_ne!(agent["status"], "running");
     assert_eq!(agent["status"], "closed");
@@ -428,10 +447,7 @@ async fn a_provider_exiting_while_a_permission_is_pending_expires_it_and_fails_t
     let events = h.finished_timeline(Duration::from_secs(10)).await;
     let (_, data) = turn_end(&events);
     assert_eq!(data["outcome"], "failed");
-    assert!(
-        data["error"].as_str().unwrap().contains("exited"),
-        "{data}"
-    );
+    assert!(data["error"].as_str().unwrap().contains("exited"), "{data}");
 
     let all = h
         .app
@@ -442,7 +458,10 @@ async fn a_provider_exiting_while_a_permission_is_pending_expires_it_and_fails_t
     assert_eq!(p["status"], "expired");
     let agent = h.agent_view().await;
     assert!(
-        !matches!(agent["status"].as_str(), Some("running" | "waiting_permission")),
+        !matches!(
+            agent["status"].as_str(),
+            Some("running" | "waiting_permission")
+        ),
         "the agent is not left busy: {}",
         agent["status"]
     );

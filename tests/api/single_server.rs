@@ -42,11 +42,18 @@ async fn a_second_server_on_a_live_database_refuses_and_leaves_the_first_alone()
 
     // The first server's agent was not touched: same process, same status, no new events,
     // and it still takes prompts.
-    assert!(pid_alive(pid), "the first server's agent process still runs");
+    assert!(
+        pid_alive(pid),
+        "the first server's agent process still runs"
+    );
     let agent = app.get_ok(&format!("/v1/agents/{id}")).await;
     assert_eq!(agent["status"], "idle");
     assert_eq!(agent["runtime"]["pid"].as_i64(), Some(pid as i64));
-    assert_eq!(app.timeline(&id).await.len(), before, "nothing was appended");
+    assert_eq!(
+        app.timeline(&id).await.len(),
+        before,
+        "nothing was appended"
+    );
     app.prompt(&id, "still here").await;
     assert_eq!(app.wait(&id).await["last_turn"]["outcome"], "completed");
 
