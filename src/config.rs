@@ -1,7 +1,18 @@
 //! Settings: built-in defaults, overlaid by an optional TOML file (`--config` /
-//! `AGENTRY_CONFIG`), overlaid by `AGENTRY_*` environment variables (`__` separates
-//! nested keys: `AGENTRY_DATABASE__URL`) and `DATABASE_URL`. Validated once at start;
-//! errors name the setting. Secrets are wrapped so `Debug` never shows them.
+//! `AGENTRY_CONFIG`), overlaid by `AGENTRY_*` environment variables and `DATABASE_URL`.
+//! Validated once at start; errors name the setting. A setting the server does not
+//! implement is refused, never ignored. Secrets are wrapped so `Debug` never shows them.
+//!
+//! Environment spelling: `__` separates nested keys (`AGENTRY_DATABASE__URL`) and key
+//! names are matched case-insensitively, except where a key is data rather than a name:
+//! - a provider id is lowercased and `_` spells `-` (ids never contain `_`):
+//!   `AGENTRY_PROVIDERS__MY_AGENT__LABEL` sets `providers.my-agent.label`;
+//! - a provider's `env` map keeps the variable name exactly as written, `__` included:
+//!   `AGENTRY_PROVIDERS__MY_AGENT__ENV__ANTHROPIC_BASE_URL` sets `ANTHROPIC_BASE_URL`.
+//!
+//! Values are taken verbatim as text (`"8080"` stays the string `8080` for a label or an
+//! `env` value), except for the settings that are numbers, booleans or lists (see
+//! `typed_setting`), whose value is read as TOML: `20`, `false`, `["my-agent", "--acp"]`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -48,18 +59,19 @@ pub struct Settings {
     pub providers: BTreeMap<String, ProviderSettings>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseSettings {
     /// `postgres://…`; absent → the embedded PostgreSQL.
     pub url: Option<Secret>,
+    /// Size of the connection pool (default 32).
     pub max_connections: u32,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthSettings {
-    /// OIDC settings; accepted and kept for the SSO capability.
+    /// `[auth.oidc]`: parsed so that it can be refused by name until SSO is implemented.
     pub oidc: Option<toml::Table>,
 }
 
@@ -139,6 +151,15 @@ impl Default for Settings {
     }
 }
 
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self {
+            url: None,
+            max_connections: 32,
+        }
+    }
+}
+
 impl Default for LogSettings {
     fn default() -> Self {
         Self {
@@ -213,23 +234,35 @@ impl Settings {
         };
         for (name, raw) in env {
             let path: Vec<String> = if name == "DATABASE_URL" {
-                vec!["database".into(), "url".into()]
-            } else if let Some(rest) = name.strip_prefix("AGENTRY_") {
-                if rest == "CONFIG" || rest.is_empty() {
+                if env.iter().any(|(n, _)| n == "AGENTRY_DATABASE__URL") {
                     continue;
                 }
-                rest.split("__").map(|s| s.to_ascii_lowercase()).collect()
+                vec!["database".into(), "url".into()]
+            } else if let Some(rest) = name.strip_prefix("AGENTRY_") {
+                if rest.is_empty() || NOT_SETTINGS.contains(&name.as_str()) {
+                    continue;
+                }
+                env_path(rest)
             } else {
                 continue;
             };
-            if name == "DATABASE_URL" && env.iter().any(|(n, _)| n == "AGENTRY_DATABASE__URL") {
-                continue;
+            if path.iter().any(String::is_empty) {
+                return Err(invalid(
+                    name,
+                    "is not a setting name (empty key between `__`)",
+                ));
             }
-            set_path(&mut table, &path, env_value(raw));
+            let value = if typed_setting(&path) {
+                typed_value(raw)
+            } else {
+                toml::Value::String(raw.clone())
+            };
+            set_path(&mut table, &path, value);
         }
+        check_providers(&table)?;
         let settings: Settings = toml::Value::Table(table)
             .try_into()
-            .map_err(|e: toml::de::Error| invalid(&setting_name_of(&e), e.message().to_string()))?;
+            .map_err(|e: toml::de::Error| invalid(&setting_name_of(&e), e.message()))?;
         settings.validated()
     }
 
@@ -252,10 +285,28 @@ impl Settings {
             }
         }
         if self.database.max_connections == 0 {
-            self.database.max_connections = 32;
+            return Err(invalid("database.max_connections", "must be at least 1"));
+        }
+        if self.auth.oidc.is_some() {
+            return Err(invalid(
+                "auth.oidc",
+                "OIDC sign-in is not implemented by this server yet; remove the table \
+                 (API tokens work without it)",
+            ));
         }
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return Err(invalid("log.format", "must be `text` or `json`"));
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.filter) {
+            return Err(invalid("log.filter", format!("not a tracing filter: {e}")));
+        }
+        if let Some(url) = &self.log.otlp_endpoint
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Err(invalid(
+                "log.otlp_endpoint",
+                "must be an http:// or https:// URL",
+            ));
         }
         if self.limits.max_body_bytes < 1024 {
             return Err(invalid("limits.max_body_bytes", "must be at least 1024"));
@@ -292,12 +343,14 @@ impl Settings {
                     "must name a program",
                 ));
             }
-            if let Some(ext) = &p.extends
-                && ext != "acp"
+            if p.extends.is_none()
+                && let Some(cmd) = &p.command
+                && cmd.len() > 1
             {
                 return Err(invalid(
-                    &format!("providers.{id}.extends"),
-                    "only `acp` can be extended",
+                    &format!("providers.{id}.command"),
+                    "the built-in provider runs one program (the agentry executable); \
+                     it takes no arguments",
                 ));
             }
         }
@@ -332,8 +385,68 @@ fn valid_provider_id(id: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
-/// An environment value: a TOML scalar when it parses as one (`8080`, `true`), else text.
-fn env_value(raw: &str) -> toml::Value {
+/// Variables that start with `AGENTRY_` but are not server settings: the settings file,
+/// the command-line client's server and token, and the seed of randomized tests.
+const NOT_SETTINGS: [&str; 4] = [
+    "AGENTRY_CONFIG",
+    "AGENTRY_URL",
+    "AGENTRY_TOKEN",
+    "AGENTRY_TEST_SEED",
+];
+
+/// The providers this server implements without `extends`, with the keys each one uses.
+/// A provider id that is not here needs `extends = "acp"`.
+const BUILT_IN_PROVIDERS: [(&str, &[&str]); 1] = [("mock", &["enabled", "command"])];
+
+/// Built-in provider ids that the contract names but this server does not implement yet.
+const PLANNED_PROVIDERS: [&str; 6] = ["claude", "codex", "opencode", "gemini", "copilot", "pi"];
+
+/// The keys a provider table with `extends = "acp"` may carry (all of them are used).
+const ACP_PROVIDER_KEYS: [&str; 8] = [
+    "enabled",
+    "extends",
+    "command",
+    "args",
+    "env",
+    "label",
+    "default_mode",
+    "modes",
+];
+
+/// The settings path an `AGENTRY_` variable names (the part after the prefix).
+fn env_path(rest: &str) -> Vec<String> {
+    let parts: Vec<&str> = rest.split("__").collect();
+    let mut path: Vec<String> = Vec::with_capacity(parts.len());
+    for (i, part) in parts.iter().enumerate() {
+        let in_providers = path.first().is_some_and(|p| p == "providers");
+        if in_providers && path.len() == 1 {
+            path.push(part.to_ascii_lowercase().replace('_', "-"));
+        } else if in_providers && path.len() == 3 && path[2] == "env" {
+            path.push(parts[i..].join("__"));
+            break;
+        } else {
+            path.push(part.to_ascii_lowercase());
+        }
+    }
+    path
+}
+
+/// Settings that are numbers, booleans or lists; every other setting is text. Add a
+/// setting here when it is not a string, so that its environment value is read as TOML.
+fn typed_setting(path: &[String]) -> bool {
+    let path: Vec<&str> = path.iter().map(String::as_str).collect();
+    matches!(
+        path.as_slice(),
+        ["database", "max_connections"]
+            | ["limits", _]
+            | ["events", _]
+            | ["providers", _, "enabled" | "command" | "args" | "modes"]
+    )
+}
+
+/// An environment value for a typed setting: a TOML value when it parses as one
+/// (`8080`, `true`, `["a"]`), else the text (which deserializing then refuses by name).
+fn typed_value(raw: &str) -> toml::Value {
     format!("v = {raw}")
         .parse::<toml::Table>()
         .ok()
@@ -354,26 +467,94 @@ fn set_path(table: &mut toml::Table, path: &[String], value: toml::Value) {
         }
         cur = entry.as_table_mut().expect("table");
     }
-    // Strings stay strings for keys that are strings by nature.
-    let value = match (last.as_str(), value) {
-        (
-            "url" | "listen" | "data_dir" | "format" | "filter" | "otlp_endpoint" | "replica_id",
-            v,
-        ) if !v.is_str() => toml::Value::String(v.to_string()),
-        (_, v) => v,
-    };
     cur.insert(last.clone(), value);
 }
 
-fn setting_name_of(e: &toml::de::Error) -> String {
-    // toml's messages name the unknown or mistyped key; keep the whole message in `message`.
-    let msg = e.message();
-    if let Some(start) = msg.find('`')
-        && let Some(len) = msg[start + 1..].find('`')
-    {
-        return msg[start + 1..start + 1 + len].to_owned();
+/// Refuse provider tables the server would not use: an id that is neither built in nor
+/// `extends = "acp"`, and keys its kind does not use. Runs on the merged table, so it
+/// sees exactly the keys the file and the environment set.
+fn check_providers(table: &toml::Table) -> Result<(), SettingsError> {
+    let Some(providers) = table.get("providers") else {
+        return Ok(());
+    };
+    let Some(providers) = providers.as_table() else {
+        return Err(invalid("providers", "must be a table of provider tables"));
+    };
+    for (id, p) in providers {
+        let name = format!("providers.{id}");
+        let Some(p) = p.as_table() else {
+            return Err(invalid(&name, "must be a table"));
+        };
+        let allowed: &[&str] = match p.get("extends") {
+            Some(toml::Value::String(kind)) if kind == "acp" => &ACP_PROVIDER_KEYS,
+            Some(_) => {
+                return Err(invalid(
+                    &format!("{name}.extends"),
+                    "only `acp` can be extended",
+                ));
+            }
+            None => match BUILT_IN_PROVIDERS.iter().find(|(b, _)| b == id) {
+                Some((_, keys)) => keys,
+                None if PLANNED_PROVIDERS.contains(&id.as_str()) => {
+                    return Err(invalid(
+                        &name,
+                        format!(
+                            "the `{id}` provider is not implemented by this server yet; \
+                             to run it as an ACP agent, add `extends = \"acp\"`"
+                        ),
+                    ));
+                }
+                None => {
+                    return Err(invalid(
+                        &name,
+                        format!(
+                            "`{id}` is not a provider this server implements (built in: \
+                             {}); for an ACP agent add `extends = \"acp\"`",
+                            BUILT_IN_PROVIDERS.map(|(b, _)| b).join(", ")
+                        ),
+                    ));
+                }
+            },
+        };
+        if let Some(key) = p.keys().find(|k| !allowed.contains(&k.as_str())) {
+            let kind = if p.contains_key("extends") {
+                "an ACP provider".to_owned()
+            } else {
+                format!("the built-in `{id}` provider")
+            };
+            return Err(invalid(
+                &format!("{name}.{key}"),
+                format!(
+                    "{kind} does not use this key (it uses: {})",
+                    allowed.join(", ")
+                ),
+            ));
+        }
     }
-    "config".into()
+    Ok(())
+}
+
+/// The dotted name of the setting a deserialization error is about.
+fn setting_name_of(e: &toml::de::Error) -> String {
+    // The error's display ends with "in `<path>`" when it is about a nested key; an
+    // unknown key is named in the message itself.
+    let msg = e.message();
+    let shown = e.to_string();
+    let path = shown
+        .strip_prefix(msg)
+        .map(str::trim)
+        .and_then(|rest| rest.strip_prefix("in `"))
+        .and_then(|rest| rest.strip_suffix('`'))
+        .filter(|p| !p.is_empty());
+    let unknown = msg
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.find('`').map(|end| &rest[..end]));
+    match (path, unknown) {
+        (Some(p), Some(k)) => format!("{p}.{k}"),
+        (None, Some(k)) => k.to_owned(),
+        (Some(p), None) => p.to_owned(),
+        (None, None) => "config".into(),
+    }
 }
 
 #[cfg(test)]
@@ -434,5 +615,198 @@ mod tests {
         assert_eq!(e.setting, "log.format");
         let e = Settings::load_from(None, &env(&[("AGENTRY_BOGUS", "1")])).unwrap_err();
         assert!(e.to_string().contains("bogus"), "{e}");
+    }
+
+    fn file(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agentry.toml");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    fn refused(text: &str, env_pairs: &[(&str, &str)]) -> SettingsError {
+        let (_dir, path) = file(text);
+        Settings::load_from(Some(&path), &env(env_pairs)).expect_err("the settings are refused")
+    }
+
+    #[test]
+    fn oidc_is_refused_until_it_is_implemented() {
+        let e = refused(
+            "[auth.oidc]\nissuer = \"https://idp.example.com\"\naudience = [\"agentry\"]\n",
+            &[],
+        );
+        assert_eq!(e.setting, "auth.oidc");
+        assert!(e.to_string().contains("auth.oidc"), "{e}");
+        let e = Settings::load_from(
+            None,
+            &env(&[("AGENTRY_AUTH__OIDC__ISSUER", "https://idp.example.com")]),
+        )
+        .unwrap_err();
+        assert_eq!(e.setting, "auth.oidc");
+    }
+
+    #[test]
+    fn provider_tables_the_server_would_not_use_are_refused() {
+        // A provider the contract names but this server does not implement yet.
+        let e = refused("[providers.claude]\ncommand = [\"claude\"]\n", &[]);
+        assert_eq!(e.setting, "providers.claude");
+        assert!(e.message.contains("not implemented"), "{e}");
+        // An id that is no provider at all, without `extends`.
+        let e = refused("[providers.my-agent]\ncommand = [\"my-agent\"]\n", &[]);
+        assert_eq!(e.setting, "providers.my-agent");
+        assert!(e.message.contains("extends"), "{e}");
+        // Keys the built-in mock does not use.
+        for key in [
+            "args = [\"-v\"]",
+            "env = { A = \"b\" }",
+            "label = \"Mock\"",
+            "default_mode = \"default\"",
+        ] {
+            let e = refused(&format!("[providers.mock]\n{key}\n"), &[]);
+            let name = key.split(' ').next().unwrap();
+            assert_eq!(e.setting, format!("providers.mock.{name}"), "{e}");
+        }
+        let e = refused(
+            "[providers.mock]\ncommand = [\"/usr/bin/agentry\", \"--flag\"]\n",
+            &[],
+        );
+        assert_eq!(e.setting, "providers.mock.command");
+        // A key no provider kind has, on an ACP provider; an unknown `extends`.
+        let e = refused(
+            "[providers.my-agent]\nextends = \"acp\"\ncommand = [\"a\"]\ntimeout = 3\n",
+            &[],
+        );
+        assert_eq!(e.setting, "providers.my-agent.timeout");
+        let e = refused("[providers.my-agent]\nextends = \"claude\"\n", &[]);
+        assert_eq!(e.setting, "providers.my-agent.extends");
+        // The same through the environment.
+        let e = Settings::load_from(None, &env(&[("AGENTRY_PROVIDERS__CODEX__ENABLED", "true")]))
+            .unwrap_err();
+        assert_eq!(e.setting, "providers.codex");
+        let e = Settings::load_from(None, &env(&[("AGENTRY_PROVIDERS__MOCK__LABEL", "M")]))
+            .unwrap_err();
+        assert_eq!(e.setting, "providers.mock.label");
+    }
+
+    #[test]
+    fn provider_tables_the_server_uses_are_accepted() {
+        let (_dir, path) = file(
+            "[providers.mock]\nenabled = true\ncommand = [\"/usr/bin/agentry\"]\n\
+             [providers.my-agent]\nextends = \"acp\"\ncommand = [\"my-agent\", \"--acp\"]\n\
+             args = [\"-q\"]\nenv = { K = \"v\" }\nlabel = \"My agent\"\ndefault_mode = \"ask\"\n\
+             modes = [ { id = \"ask\", label = \"Ask\" }, { id = \"auto\", unattended = true } ]\n",
+        );
+        let s = Settings::load_from(Some(&path), &[]).unwrap();
+        assert_eq!(s.providers.len(), 2);
+        assert_eq!(s.providers["my-agent"].modes.len(), 2);
+    }
+
+    #[test]
+    fn env_keeps_the_case_of_map_keys_and_spells_ids_with_dashes() {
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                ("AGENTRY_PROVIDERS__MY_AGENT__EXTENDS", "acp"),
+                (
+                    "AGENTRY_PROVIDERS__MY_AGENT__COMMAND",
+                    "[\"my-agent\", \"--acp\"]",
+                ),
+                (
+                    "AGENTRY_PROVIDERS__MY_AGENT__ENV__ANTHROPIC_BASE_URL",
+                    "http://127.0.0.1:9/x",
+                ),
+                ("AGENTRY_PROVIDERS__MY_AGENT__ENV__Mixed_Case__Name", "1"),
+                ("AGENTRY_PROVIDERS__MY_AGENT__ENABLED", "false"),
+            ]),
+        )
+        .unwrap();
+        let p = &s.providers["my-agent"];
+        assert_eq!(p.extends.as_deref(), Some("acp"));
+        assert_eq!(
+            p.command.as_deref(),
+            Some(&["my-agent".to_owned(), "--acp".to_owned()][..])
+        );
+        assert_eq!(p.enabled, Some(false));
+        assert_eq!(p.env["ANTHROPIC_BASE_URL"], "http://127.0.0.1:9/x");
+        assert_eq!(p.env["Mixed_Case__Name"], "1");
+        assert_eq!(p.env.len(), 2);
+    }
+
+    #[test]
+    fn numeric_looking_env_values_stay_text_where_the_setting_is_text() {
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                ("AGENTRY_PROVIDERS__MY_AGENT__EXTENDS", "acp"),
+                ("AGENTRY_PROVIDERS__MY_AGENT__ENV__PORT", "8080"),
+                ("AGENTRY_PROVIDERS__MY_AGENT__ENV__VERBOSE", "true"),
+                ("AGENTRY_PROVIDERS__MY_AGENT__ENV__RATIO", "1.50"),
+                ("AGENTRY_PROVIDERS__MY_AGENT__LABEL", "2024"),
+                ("AGENTRY_PROVIDERS__MY_AGENT__DEFAULT_MODE", "1"),
+                ("AGENTRY_REPLICA_ID", "007"),
+                ("AGENTRY_DATA_DIR", "/srv/1"),
+                ("AGENTRY_LOG__FILTER", "info"),
+            ]),
+        )
+        .unwrap();
+        let p = &s.providers["my-agent"];
+        assert_eq!(p.env["PORT"], "8080");
+        assert_eq!(p.env["VERBOSE"], "true");
+        assert_eq!(p.env["RATIO"], "1.50", "the text as written, not 1.5");
+        assert_eq!(p.label.as_deref(), Some("2024"));
+        assert_eq!(p.default_mode.as_deref(), Some("1"));
+        assert_eq!(s.replica_id.as_deref(), Some("007"));
+        assert_eq!(s.data_dir, PathBuf::from("/srv/1"));
+    }
+
+    #[test]
+    fn typed_settings_from_env_are_checked_by_name() {
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                ("AGENTRY_DATABASE__MAX_CONNECTIONS", "7"),
+                ("AGENTRY_EVENTS__BATCH_LINGER_MS", "2"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.database.max_connections, 7);
+        assert_eq!(s.events.batch_linger_ms, 2);
+        let e =
+            Settings::load_from(None, &env(&[("AGENTRY_LIMITS__MAX_WAIT_S", "soon")])).unwrap_err();
+        assert_eq!(e.setting, "limits.max_wait_s");
+        let e = Settings::load_from(None, &env(&[("AGENTRY_DATABASE__MAX_CONNECTIONS", "0")]))
+            .unwrap_err();
+        assert_eq!(e.setting, "database.max_connections");
+    }
+
+    #[test]
+    fn unknown_and_unusable_keys_are_named_with_their_path() {
+        let e = refused("[limits]\nmax_wait_s = 5\nmax_waits = 6\n", &[]);
+        assert_eq!(e.setting, "limits.max_waits");
+        let e = refused("[cluster]\nreplica_id = \"a\"\n", &[]);
+        assert_eq!(e.setting, "cluster");
+        let e = refused("[auth.local]\nenabled = true\n", &[]);
+        assert_eq!(e.setting, "auth.local");
+        let e = refused("[log]\nfilter = \"info,[\"\n", &[]);
+        assert_eq!(e.setting, "log.filter");
+        let e = refused("[log]\notlp_endpoint = \"collector:4318\"\n", &[]);
+        assert_eq!(e.setting, "log.otlp_endpoint");
+        let e = Settings::load_from(None, &env(&[("AGENTRY_EVENTS____X", "1")])).unwrap_err();
+        assert_eq!(e.setting, "AGENTRY_EVENTS____X");
+    }
+
+    #[test]
+    fn client_and_test_variables_are_not_settings() {
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                ("AGENTRY_URL", "http://127.0.0.1:8080"),
+                ("AGENTRY_TOKEN", "agt_pat_x"),
+                ("AGENTRY_TEST_SEED", "42"),
+                ("AGENTRY_CONFIG", "/nowhere.toml"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.listen, "127.0.0.1:8080");
     }
 }

@@ -21,7 +21,7 @@ use crate::embedded_pg::{EmbeddedOptions, EmbeddedPostgres};
 use crate::events::{Bus, EventWriter};
 use crate::process::Ledger;
 use crate::providers::ProviderRegistry;
-use crate::runtime::{AgentManager, reconcile_at_boot};
+use crate::runtime::{AgentManager, ServerLock, reconcile_at_boot};
 use crate::services::ServiceContext;
 use crate::store;
 
@@ -39,6 +39,7 @@ pub struct Application {
     shutdown: watch::Sender<bool>,
     embedded: Option<EmbeddedPostgres>,
     bootstrap_token: Option<String>,
+    lock: ServerLock,
 }
 
 /// Connect to the configured database, or start the embedded one.
@@ -106,6 +107,8 @@ impl Application {
         embedded: Option<EmbeddedPostgres>,
         listener: TcpListener,
     ) -> anyhow::Result<Self> {
+        // Before anything changes the database: a second server refuses to start.
+        let lock = ServerLock::acquire(&pool).await?;
         store::migrate(&pool)
             .await
             .context("cannot apply database migrations")?;
@@ -121,7 +124,7 @@ impl Application {
             Duration::from_millis(settings.events.batch_linger_ms),
         );
         let ledger = Ledger::new(pool.clone(), settings.replica());
-        let report = reconcile_at_boot(&pool, &writer, &ledger).await?;
+        let report = reconcile_at_boot(&pool, &writer, &ledger, &lock).await?;
         if report.agents_closed + report.processes_killed + report.turns_failed > 0 {
             tracing::info!(?report, "reconciled what the previous run left");
         }
@@ -182,6 +185,7 @@ impl Application {
             shutdown: shutdown_tx,
             embedded,
             bootstrap_token,
+            lock,
         })
     }
 
@@ -213,6 +217,7 @@ impl Application {
         handle.stop(true).await;
         let _ = server.await;
         self.state.services.pool.close().await;
+        self.lock.release().await;
         if let Some(pg) = self.embedded {
             pg.stop().await?;
         }

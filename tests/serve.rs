@@ -273,3 +273,45 @@ fn traces_are_exported_over_otlp_when_configured() {
         let _ = std::fs::remove_dir_all(cluster);
     }
 }
+
+/// Settings the server does not implement stop `serve` before it starts anything, with
+/// the setting's name on stderr.
+#[test]
+fn serve_refuses_settings_it_does_not_implement() {
+    let dir = tempfile::tempdir().unwrap();
+    for (text, key) in [
+        (
+            "[auth.oidc]\nissuer = \"https://idp.example.com\"\naudience = [\"agentry\"]\n",
+            "auth.oidc",
+        ),
+        (
+            "[providers.claude]\nenabled = true\ncommand = [\"claude\"]\n",
+            "providers.claude",
+        ),
+        ("[providers.mock]\nargs = [\"-v\"]\n", "providers.mock.args"),
+    ] {
+        let config = dir.path().join("agentry.toml");
+        std::fs::write(&config, text).unwrap();
+        let started = Instant::now();
+        let out = Command::new(EXE)
+            .args(["serve", "--config"])
+            .arg(&config)
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+            .env_remove("DATABASE_URL")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{key}: serve started anyway");
+        assert!(stderr.contains(&format!("`{key}`")), "{key}: {stderr}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "refused at once, before any database work"
+        );
+        assert!(
+            !dir.path().join("data").exists(),
+            "nothing was created for a refused configuration"
+        );
+    }
+}

@@ -40,9 +40,9 @@ async fn list_models(
     state: web::Data<AppState>,
     principal: Principal,
     id: web::Path<String>,
-    _q: web::Query<ModelsQuery>,
+    q: web::Query<ModelsQuery>,
 ) -> ApiResult<web::Json<ModelList>> {
     Ok(web::Json(
-        providers::models(&state.services, &principal, &id).await?,
+        providers::models(&state.services, &principal, &id, q.refresh.unwrap_or(false)).await?,
     ))
 }

@@ -245,6 +245,8 @@ pub trait Provider: Send + Sync {
     fn info(&self) -> ProviderInfo;
     /// Cheap check that the CLI is installed (and signed in, where that can be told).
     async fn availability(&self) -> Availability;
+    /// Probe the provider for its models (for a static list, read the list again). The
+    /// registry caches the answer; see `ProviderRegistry::models`.
     async fn models(&self) -> Result<Vec<ModelInfo>, ProviderError> {
         Ok(Vec::new())
     }

@@ -1,14 +1,14 @@
 //! The providers a server offers, by id: the built-in `mock` and one ACP provider per
 //! `[providers.<id>]` table with `extends = "acp"`, built from the settings at start.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use crate::config::ProviderSettings;
 
 use super::acp::{AcpProvider, AcpProviderConfig};
 use super::mock::mock_provider;
-use super::{ModeInfo, Provider};
+use super::{ModeInfo, ModelInfo, Provider, ProviderError};
 
 /// Why the registry could not be built from the settings.
 #[derive(Debug, thiserror::Error)]
@@ -17,10 +17,12 @@ pub enum RegistryError {
     MockExecutable(#[source] std::io::Error),
 }
 
-/// The providers this server knows, by id.
+/// The providers this server knows, by id, with the model catalog each one reported.
 #[derive(Clone, Default)]
 pub struct ProviderRegistry {
     providers: BTreeMap<String, Arc<dyn Provider>>,
+    /// Catalogs by provider id, filled on first use and replaced by a refresh.
+    catalogs: Arc<Mutex<HashMap<String, Arc<Vec<ModelInfo>>>>>,
 }
 
 impl ProviderRegistry {
@@ -55,7 +57,9 @@ impl ProviderRegistry {
     }
 
     pub fn register(&mut self, provider: Arc<dyn Provider>) {
-        self.providers.insert(provider.info().id, provider);
+        let id = provider.info().id;
+        self.catalogs.lock().expect("catalogs lock").remove(&id);
+        self.providers.insert(id, provider);
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<dyn Provider>> {
@@ -64,6 +68,28 @@ impl ProviderRegistry {
 
     pub fn all(&self) -> impl Iterator<Item = &Arc<dyn Provider>> {
         self.providers.values()
+    }
+
+    /// The models of provider `id`: the cached catalog, or a fresh probe when nothing is
+    /// cached or `refresh` is set (the probe's answer then replaces the cache; a failed
+    /// probe leaves the cache as it was). `None` when no such provider exists.
+    pub async fn models(
+        &self,
+        id: &str,
+        refresh: bool,
+    ) -> Option<Result<Arc<Vec<ModelInfo>>, ProviderError>> {
+        let provider = self.get(id)?;
+        if !refresh && let Some(cached) = self.catalogs.lock().expect("catalogs lock").get(id) {
+            return Some(Ok(cached.clone()));
+        }
+        Some(provider.models().await.map(|models| {
+            let models = Arc::new(models);
+            self.catalogs
+                .lock()
+                .expect("catalogs lock")
+                .insert(id.to_owned(), models.clone());
+            models
+        }))
     }
 }
 
@@ -136,5 +162,100 @@ mod tests {
         let bare = acp_config("opencode", &ProviderSettings::default());
         assert_eq!(bare.command, ["opencode"]);
         assert_eq!(bare.label, "opencode");
+    }
+}
+
+#[cfg(test)]
+mod catalog_tests {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::providers::{
+        Availability, EventSink, ProcessLauncher, ProviderCapabilities, ProviderInfo,
+        ProviderSession, SessionInfo, SessionSpec,
+    };
+
+    /// A provider whose catalog source can change and that counts its probes.
+    struct Catalog {
+        source: Mutex<Vec<&'static str>>,
+        probes: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Provider for Catalog {
+        fn info(&self) -> ProviderInfo {
+            ProviderInfo {
+                id: "cat".into(),
+                label: "Catalog".into(),
+                protocol: "test".into(),
+                capabilities: ProviderCapabilities::default(),
+                modes: Vec::new(),
+                default_mode: None,
+            }
+        }
+        async fn availability(&self) -> Availability {
+            Availability::Available
+        }
+        async fn models(&self) -> Result<Vec<ModelInfo>, ProviderError> {
+            self.probes.fetch_add(1, Ordering::SeqCst);
+            let source = self.source.lock().unwrap().clone();
+            if source.is_empty() {
+                return Err(ProviderError::Unavailable("the probe failed".into()));
+            }
+            Ok(source
+                .into_iter()
+                .map(|id| ModelInfo {
+                    id: id.into(),
+                    label: id.into(),
+                    is_default: false,
+                    context_window: None,
+                })
+                .collect())
+        }
+        async fn start(
+            &self,
+            _spec: SessionSpec,
+            _launcher: Arc<dyn ProcessLauncher>,
+            _events: EventSink,
+        ) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
+            Err(ProviderError::Unsupported("sessions"))
+        }
+    }
+
+    fn ids(models: &[ModelInfo]) -> Vec<&str> {
+        models.iter().map(|m| m.id.as_str()).collect()
+    }
+
+    #[tokio::test]
+    async fn the_catalog_is_cached_and_a_refresh_replaces_it() {
+        let provider = Arc::new(Catalog {
+            source: Mutex::new(vec!["a"]),
+            probes: AtomicUsize::new(0),
+        });
+        let mut registry = ProviderRegistry::new();
+        registry.register(provider.clone());
+        assert!(registry.models("nope", false).await.is_none());
+
+        let first = registry.models("cat", false).await.unwrap().unwrap();
+        assert_eq!(ids(&first), ["a"]);
+        *provider.source.lock().unwrap() = vec!["a", "b"];
+        let cached = registry.models("cat", false).await.unwrap().unwrap();
+        assert_eq!(ids(&cached), ["a"], "served from the cache");
+        assert_eq!(provider.probes.load(Ordering::SeqCst), 1);
+
+        let refreshed = registry.models("cat", true).await.unwrap().unwrap();
+        assert_eq!(ids(&refreshed), ["a", "b"], "a refresh probes again");
+        let after = registry.models("cat", false).await.unwrap().unwrap();
+        assert_eq!(ids(&after), ["a", "b"], "and replaces the cached catalog");
+
+        // A failed refresh reports the failure and keeps the last good catalog.
+        provider.source.lock().unwrap().clear();
+        assert!(registry.models("cat", true).await.unwrap().is_err());
+        let kept = registry.models("cat", false).await.unwrap().unwrap();
+        assert_eq!(ids(&kept), ["a", "b"]);
+        assert_eq!(provider.probes.load(Ordering::SeqCst), 3);
     }
 }

@@ -731,13 +731,17 @@ impl Actor {
         self.close_message(true).await;
         self.close_message(false).await;
         let Some(turn) = self.turn.take() else { return };
+        // A tool call the agent never closed is `failed` (CONTRACT.md), whatever the
+        // turn's outcome; the error says why.
         for (_, mut tool) in turn.open_tools {
-            tool.status = if outcome == TurnOutcome::Canceled {
-                ToolStatus::Canceled
-            } else {
-                ToolStatus::Failed
-            };
-            tool.error = Some("the turn ended before the tool call finished".into());
+            tool.status = ToolStatus::Failed;
+            tool.error = Some(
+                match outcome {
+                    TurnOutcome::Canceled => "the turn was canceled before the tool call finished",
+                    _ => "the turn ended before the tool call finished",
+                }
+                .into(),
+            );
             self.emit_in(Some(turn.id), EventKind::ToolCall, tool_json(&tool))
                 .await;
         }

@@ -4,6 +4,7 @@
 
 mod actor;
 mod reconcile;
+mod server_lock;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -19,6 +20,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use uuid::Uuid;
 
 pub use reconcile::reconcile_at_boot;
+pub use server_lock::{ServerLock, ServerLockError};
 
 use crate::domain::{AgentId, AgentStatus, Behavior, PermissionId, TurnId, TurnOutcome};
 use crate::events::EventWriter;
@@ -169,6 +171,15 @@ impl AgentManager {
                 rt,
             }),
         }
+    }
+
+    /// How long an interrupted turn may take to end before its process is stopped
+    /// (default 5 s). Set it before the manager is cloned or used.
+    pub fn with_interrupt_grace(mut self, grace: Duration) -> Self {
+        Arc::get_mut(&mut self.shared)
+            .expect("the interrupt grace is set before the manager is shared")
+            .interrupt_grace = grace;
+        self
     }
 
     pub fn registry(&self) -> &ProviderRegistry {

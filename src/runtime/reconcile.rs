@@ -10,6 +10,8 @@ use crate::events::{EventWriter, NewTeamEvent};
 use crate::process::Ledger;
 use crate::store;
 
+use super::ServerLock;
+
 #[derive(Debug, Default)]
 pub struct BootReport {
     pub processes_killed: usize,
@@ -17,12 +19,23 @@ pub struct BootReport {
     pub turns_failed: usize,
 }
 
+/// `_lock` is the proof that no other server uses the database: what this closes is
+/// then truly left over, not a live server's agents.
 pub async fn reconcile_at_boot(
     pool: &PgPool,
     writer: &EventWriter,
     ledger: &Ledger,
+    _lock: &ServerLock,
 ) -> anyhow::Result<BootReport> {
     let mut report = BootReport::default();
+    // Requests that died with the previous server can be retried with their keys at once.
+    let claims = store::idempotency::release_unfinished(pool).await?;
+    if claims > 0 {
+        tracing::info!(
+            claims,
+            "released idempotency keys of requests the previous run left unfinished"
+        );
+    }
     let procs = ledger.reconcile().await?;
     report.processes_killed = procs.killed.len();
     if !procs.killed.is_empty() {

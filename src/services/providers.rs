@@ -63,16 +63,17 @@ pub async fn models(
     ctx: &ServiceContext,
     principal: &Principal,
     id: &str,
+    refresh: bool,
 ) -> ServiceResult<ModelList> {
     principal.allow(Access::Read)?;
-    let p = ctx
+    let items = ctx
         .agents
         .registry()
-        .get(id)
-        .ok_or(ServiceError::NotFound("provider"))?;
-    let items = p
-        .models()
+        .models(id, refresh)
         .await
+        .ok_or(ServiceError::NotFound("provider"))?
         .map_err(|e| ServiceError::ProviderUnreachable(e.to_string()))?;
-    Ok(ModelList { items })
+    Ok(ModelList {
+        items: items.to_vec(),
+    })
 }

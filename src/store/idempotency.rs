@@ -1,5 +1,7 @@
 //! Idempotency keys for create requests: the first request with a key claims it; a retry
-//! with the same body gets the stored response, a different body a conflict.
+//! with the same body gets the stored response, a different body a conflict. A claim
+//! without a response (the request died mid-way) expires after `CLAIM_TTL`, so a retry
+//! can claim the key again; at boot every unfinished claim belongs to a stopped server.
 
 use serde_json::Value;
 use sqlx::{FromRow, PgExecutor};
@@ -11,7 +13,13 @@ pub struct KeyRow {
     pub response: Option<Value>,
 }
 
-/// Claim `key`; true when this request is the first to use it.
+/// How long a claim without a response holds its key. Longer than any create request can
+/// run (the slowest, an agent whose first prompt waits for its provider to start, gives up
+/// after 120 s), so a request still at work is never taken over.
+pub const CLAIM_TTL_S: i64 = 300;
+
+/// Claim `key`; true when this request is the first to use it, or when the earlier claim
+/// got no response within `CLAIM_TTL_S` (its request died; this one takes over).
 pub async fn claim(
     db: impl PgExecutor<'_>,
     principal: &str,
@@ -20,14 +28,28 @@ pub async fn claim(
 ) -> Result<bool, sqlx::Error> {
     let done = sqlx::query(
         "INSERT INTO idempotency_keys (principal, key, request_hash) VALUES ($1, $2, $3)
-         ON CONFLICT (principal, key) DO NOTHING",
+         ON CONFLICT (principal, key) DO UPDATE
+            SET request_hash = EXCLUDED.request_hash, created_at = now(),
+                status = NULL, response = NULL
+          WHERE idempotency_keys.response IS NULL
+            AND idempotency_keys.created_at < now() - make_interval(secs => $4)",
     )
     .bind(principal)
     .bind(key)
     .bind(hash)
+    .bind(CLAIM_TTL_S as f64)
     .execute(db)
     .await?;
     Ok(done.rows_affected() == 1)
+}
+
+/// Drop every claim that has no response: at boot, before requests are served, they all
+/// belong to requests that died with the previous server.
+pub async fn release_unfinished(db: impl PgExecutor<'_>) -> Result<u64, sqlx::Error> {
+    sqlx::query("DELETE FROM idempotency_keys WHERE response IS NULL")
+        .execute(db)
+        .await
+        .map(|r| r.rows_affected())
 }
 
 pub async fn get(

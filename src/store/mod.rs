@@ -9,6 +9,7 @@ pub mod identity;
 pub mod permissions;
 pub mod processes;
 pub mod projects;
+pub mod server_lock;
 pub mod workspaces;
 
 use std::time::Duration;

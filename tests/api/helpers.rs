@@ -26,7 +26,7 @@ pub struct TestApp {
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
-async fn fresh_database() -> PgConnectOptions {
+pub async fn fresh_database() -> PgConnectOptions {
     let name = format!("t_{}", uuid::Uuid::now_v7().simple());
     match std::env::var("DATABASE_URL") {
         Ok(url) => {
@@ -404,4 +404,20 @@ pub async fn eventually<F: FnMut() -> bool>(what: &str, timeout: Duration, mut f
 
 pub fn path_of(v: &Value) -> PathBuf {
     PathBuf::from(v.as_str().unwrap())
+}
+
+/// The random source of a randomized test: seeded from `AGENTRY_TEST_SEED` when set, else
+/// from a fresh random seed. The seed is printed (shown with the output of a failed test)
+/// so that a failure can be re-run exactly: `AGENTRY_TEST_SEED=<seed> cargo test <name>`.
+pub fn seeded_rng(test: &str) -> rand::rngs::StdRng {
+    use rand::{Rng, SeedableRng};
+    let seed = match std::env::var("AGENTRY_TEST_SEED") {
+        Ok(s) => s
+            .trim()
+            .parse()
+            .expect("AGENTRY_TEST_SEED is an unsigned integer"),
+        Err(_) => rand::rng().random(),
+    };
+    eprintln!("{test}: random seed {seed} (re-run with AGENTRY_TEST_SEED={seed})");
+    rand::rngs::StdRng::seed_from_u64(seed)
 }

@@ -77,7 +77,7 @@ async fn nul_in_any_request_string_is_refused_naming_the_field() {
     // Query strings and paths.
     assert_rejected(app.get("/v1/agents?label=ci%3Aa%00").await, "label").await;
     assert_rejected(
-        app.get(&format!("/v1/workspaces?project_id=prj_%00")).await,
+        app.get("/v1/workspaces?project_id=prj_%00").await,
         "project_id",
     )
     .await;

@@ -3,9 +3,12 @@
 
 mod agents;
 mod helpers;
+mod idempotency_claims;
 mod input;
 mod platform;
+mod runtime;
 mod scopes;
+mod single_server;
 mod story;
 mod streams;
 mod workspaces;

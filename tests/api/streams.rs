@@ -16,7 +16,7 @@ async fn resume_under_load_gives_every_event_exactly_once() {
     app.wait(&id).await;
     let mut sse = app.events(&id, None).await;
     app.prompt(&id, "/load 2000 0").await;
-    let cut = rand::rng().random_range(20..1500);
+    let cut = seeded_rng("resume_under_load_gives_every_event_exactly_once").random_range(20..1500);
     let mut first = Vec::new();
     while first.len() < cut {
         first.push(

@@ -1,0 +1,46 @@
+//! The single-server lock: a session-level advisory lock that the running server holds on
+//! a connection of its own, so that a second server on the same database can tell.
+
+use sqlx::PgConnection;
+
+/// The advisory lock key (`pg_advisory_lock(bigint)`); below 2^32, so `pg_locks` shows
+/// it as `classid` 0, `objid` this value.
+const KEY: i64 = 7_243_002;
+
+/// Take the lock for this session; false when another session holds it.
+pub async fn try_acquire(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+        .bind(KEY)
+        .fetch_one(conn)
+        .await
+}
+
+/// Whether this session still holds the lock.
+pub async fn held(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_locks
+          WHERE locktype = 'advisory' AND classid = 0 AND objid = ($1::bigint)::oid AND objsubid = 1
+            AND granted AND pid = pg_backend_pid())",
+    )
+    .bind(KEY)
+    .fetch_one(conn)
+    .await
+}
+
+/// What the database shows of the session holding the lock: its client address and since
+/// when it is connected (either may be hidden from a role without `pg_read_all_stats`).
+pub async fn holder(
+    conn: &mut PgConnection,
+) -> Result<Option<(Option<String>, Option<chrono::DateTime<chrono::Utc>>)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT host(a.client_addr), a.backend_start
+           FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+          WHERE l.locktype = 'advisory' AND l.classid = 0 AND l.objid = ($1::bigint)::oid AND l.objsubid = 1
+            AND l.granted
+            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          LIMIT 1",
+    )
+    .bind(KEY)
+    .fetch_optional(conn)
+    .await
+}

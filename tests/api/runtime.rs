@@ -1,0 +1,487 @@
+//! Runtime paths that the mock agent cannot reach, driven through `AgentManager` with an
+//! in-process fake provider: an agent that ignores an interrupt, tools a turn leaves open,
+//! and a provider that dies while a permission request waits for an answer. The agent's
+//! rows come from a real server (created over the API, then closed there); what the fake
+//! run leaves is read back over that server's API, as a client would see it.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agentry::domain::{
+    AgentId, Behavior, PermissionKind, PermissionOption, ToolKind, ToolStatus, TurnOutcome,
+    WorkspaceId,
+};
+use agentry::events::{Bus, EventWriter};
+use agentry::process::{CommandSpec, Ledger, ManagedChild};
+use agentry::providers::{
+    Availability, EventSink, PermissionDecision, PermissionRequest, ProcessLauncher, Provider,
+    ProviderCapabilities, ProviderError, ProviderEvent, ProviderInfo, ProviderRegistry,
+    ProviderSession, SessionInfo, SessionSpec, ToolCallUpdate, TurnInput,
+};
+use agentry::runtime::{AgentContext, AgentManager};
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+use crate::helpers::{TestApp, git_repo, pid_alive, spawn_app};
+
+/// What the fake agent does with a prompt.
+#[derive(Clone, Copy)]
+enum Plan {
+    /// Opens two tools, closes one, and ends the turn `completed`.
+    LeaveToolOpen,
+    /// Starts a tool and never ends the turn, whatever it is told.
+    IgnoreInterrupt,
+    /// Asks for a permission and waits (the test then kills the process).
+    Ask,
+}
+
+/// What the test can observe of the fake from outside.
+#[derive(Default)]
+struct Seen {
+    pid: Option<u32>,
+    interrupts: usize,
+    /// The answer the runtime gave to the permission request.
+    decision: Option<oneshot::Receiver<PermissionDecision>>,
+}
+
+struct FakeProvider {
+    plan: Plan,
+    seen: Arc<Mutex<Seen>>,
+}
+
+struct FakeSession {
+    plan: Plan,
+    seen: Arc<Mutex<Seen>>,
+    events: EventSink,
+    kill: Option<oneshot::Sender<()>>,
+    gone: Option<oneshot::Receiver<()>>,
+}
+
+fn tool(call_id: &str, status: ToolStatus) -> ProviderEvent {
+    ProviderEvent::ToolCall(ToolCallUpdate {
+        call_id: call_id.into(),
+        name: "shell".into(),
+        title: format!("run {call_id}"),
+        tool_kind: ToolKind::Shell,
+        status,
+        input: json!({"command": call_id}),
+        output: None,
+        error: None,
+        diff: None,
+    })
+}
+
+#[async_trait]
+impl Provider for FakeProvider {
+    fn info(&self) -> ProviderInfo {
+        ProviderInfo {
+            id: "fake".into(),
+            label: "Fake".into(),
+            protocol: "test".into(),
+            capabilities: ProviderCapabilities::default(),
+            modes: Vec::new(),
+            default_mode: None,
+        }
+    }
+
+    async fn availability(&self) -> Availability {
+        Availability::Available
+    }
+
+    async fn start(
+        &self,
+        spec: SessionSpec,
+        launcher: Arc<dyn ProcessLauncher>,
+        events: EventSink,
+    ) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
+        // A real process, recorded in the ledger like any provider's.
+        let child = launcher
+            .launch(CommandSpec {
+                program: "sleep".into(),
+                args: vec!["600".into()],
+                cwd: spec.cwd,
+                env: Default::default(),
+            })
+            .await?;
+        let pid = child.pid();
+        self.seen.lock().unwrap().pid = Some(pid);
+        let (kill, killed) = oneshot::channel();
+        let (gone_tx, gone) = oneshot::channel();
+        tokio::spawn(supervise(child, killed, gone_tx, events.clone()));
+        let session = FakeSession {
+            plan: self.plan,
+            seen: self.seen.clone(),
+            events,
+            kill: Some(kill),
+            gone: Some(gone),
+        };
+        let info = SessionInfo {
+            provider_session_id: Some("fake-session".into()),
+            persistence: None,
+            pid: Some(pid),
+            resumed: false,
+            current_mode: None,
+            current_model: None,
+        };
+        Ok((Box::new(session), info))
+    }
+}
+
+/// Own the child: report its exit as `Exited`, or end it when the session closes.
+async fn supervise(
+    mut child: ManagedChild,
+    killed: oneshot::Receiver<()>,
+    gone: oneshot::Sender<()>,
+    events: EventSink,
+) {
+    let exited_by_itself = tokio::select! {
+        _ = child.wait() => true,
+        _ = killed => false,
+    };
+    child.terminate(Duration::from_secs(2)).await;
+    if exited_by_itself {
+        let _ = events
+            .send(ProviderEvent::Exited {
+                reason: "killed".into(),
+            })
+            .await;
+    }
+    let _ = gone.send(());
+}
+
+#[async_trait]
+impl ProviderSession for FakeSession {
+    async fn prompt(&mut self, _input: TurnInput) -> Result<(), ProviderError> {
+        let events = match self.plan {
+            Plan::LeaveToolOpen => vec![
+                tool("left-open", ToolStatus::Running),
+                tool("finished", ToolStatus::Running),
+                tool("finished", ToolStatus::Completed),
+                ProviderEvent::AssistantMessage {
+                    message_id: None,
+                    text: "done".into(),
+                },
+                ProviderEvent::TurnEnded {
+                    outcome: TurnOutcome::Completed,
+                    error: None,
+                    usage: None,
+                },
+            ],
+            Plan::IgnoreInterrupt => vec![
+                ProviderEvent::AssistantDelta {
+                    message_id: None,
+                    text: "working".into(),
+                },
+                tool("slow", ToolStatus::Running),
+            ],
+            Plan::Ask => {
+                let (reply, decision) = oneshot::channel();
+                self.seen.lock().unwrap().decision = Some(decision);
+                vec![ProviderEvent::PermissionRequested(PermissionRequest {
+                    provider_request_id: "7".into(),
+                    kind: PermissionKind::Tool,
+                    title: "run rm".into(),
+                    call_id: None,
+                    input: None,
+                    options: vec![
+                        PermissionOption {
+                            id: "allow".into(),
+                            label: "Allow".into(),
+                            behavior: Behavior::Allow,
+                        },
+                        PermissionOption {
+                            id: "deny".into(),
+                            label: "Deny".into(),
+                            behavior: Behavior::Deny,
+                        },
+                    ],
+                    reply,
+                })]
+            }
+        };
+        for ev in events {
+            self.events
+                .send(ev)
+                .await
+                .map_err(|_| ProviderError::Gone)?;
+        }
+        Ok(())
+    }
+
+    async fn interrupt(&mut self) -> Result<(), ProviderError> {
+        // Heard, and ignored.
+        self.seen.lock().unwrap().interrupts += 1;
+        Ok(())
+    }
+
+    async fn close(mut self: Box<Self>) {
+        if let Some(kill) = self.kill.take() {
+            let _ = kill.send(());
+        }
+        if let Some(gone) = self.gone.take() {
+            let _ = gone.await;
+        }
+    }
+}
+
+/// A server's agent, closed there, then driven by a runtime with the fake provider.
+struct Harness {
+    app: TestApp,
+    _repo: tempfile::TempDir,
+    agent: String,
+    ctx: AgentContext,
+    manager: AgentManager,
+    seen: Arc<Mutex<Seen>>,
+}
+
+async fn harness(plan: Plan, interrupt_grace: Duration) -> Harness {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let (agent, ws) = app.mock_agent(repo.path()).await;
+    app.post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
+        .await;
+    let workspace = app.get_ok(&format!("/v1/workspaces/{ws}")).await;
+    let id: AgentId = agent.parse().unwrap();
+    let (project_id, team_id): (uuid::Uuid, uuid::Uuid) = sqlx::query_as(
+        "SELECT p.id, p.team_id FROM agents a JOIN workspaces w ON w.id = a.workspace_id
+          JOIN projects p ON p.id = w.project_id WHERE a.id = $1",
+    )
+    .bind(id.uuid())
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    let workspace_id: WorkspaceId = ws.parse().unwrap();
+    let ctx = AgentContext {
+        id,
+        team_id,
+        project_id,
+        workspace_id: workspace_id.uuid(),
+        cwd: workspace["path"].as_str().unwrap().into(),
+        provider: "fake".into(),
+        model: None,
+        mode: None,
+        system_prompt: None,
+        mcp_servers: json!({}),
+        persistence: None,
+    };
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let mut registry = ProviderRegistry::new();
+    registry.register(Arc::new(FakeProvider {
+        plan,
+        seen: seen.clone(),
+    }));
+    let pool = app.pool.clone();
+    let writer = EventWriter::spawn(pool.clone(), Arc::new(Bus::new(64)), 512, Duration::ZERO);
+    let manager = AgentManager::new(
+        pool.clone(),
+        writer,
+        registry,
+        Ledger::new(pool, "fake-runtime"),
+        tokio::runtime::Handle::current(),
+    )
+    .with_interrupt_grace(interrupt_grace);
+    Harness {
+        app,
+        _repo: repo,
+        agent,
+        ctx,
+        manager,
+        seen,
+    }
+}
+
+impl Harness {
+    /// The agent's timeline as a client reads it, once it holds a `turn_completed`.
+    async fn finished_timeline(&self, within: Duration) -> Vec<Value> {
+        let deadline = Instant::now() + within;
+        loop {
+            let events = self.app.timeline(&self.agent).await;
+            if events.iter().any(|e| e["kind"] == "turn_completed") {
+                return events;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no turn_completed within {within:?}: {:?}",
+                kinds(&events)
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    async fn agent_view(&self) -> Value {
+        self.app.get_ok(&format!("/v1/agents/{}", self.agent)).await
+    }
+}
+
+fn kinds(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The statuses one tool call went through, in order, and where its last one is.
+fn tool_statuses(events: &[Value], call_id: &str) -> Vec<(usize, String)> {
+    events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e["kind"] == "tool_call" && e["data"]["call_id"] == call_id)
+        .map(|(i, e)| (i, e["data"]["status"].as_str().unwrap().to_owned()))
+        .collect()
+}
+
+fn turn_end(events: &[Value]) -> (usize, &Value) {
+    let i = events
+        .iter()
+        .position(|e| e["kind"] == "turn_completed")
+        .unwrap();
+    (i, &events[i]["data"])
+}
+
+#[tokio::test]
+async fn a_tool_left_open_at_the_end_of_a_turn_is_marked_failed() {
+    let h = harness(Plan::LeaveToolOpen, Duration::from_secs(5)).await;
+    let turn = h.manager.prompt(&h.ctx, "go".into(), None).await.unwrap();
+    let events = h.finished_timeline(Duration::from_secs(10)).await;
+    let (end, data) = turn_end(&events);
+    assert_eq!(data["outcome"], "completed");
+    assert_eq!(data["turn_id"], json!(turn));
+
+    let open = tool_statuses(&events, "left-open");
+    let statuses: Vec<&str> = open.iter().map(|(_, s)| s.as_str()).collect();
+    assert_eq!(statuses, ["running", "failed"], "{:?}", kinds(&events));
+    let (closed_at, _) = open[1];
+    assert!(closed_at < end, "closed before the turn ends");
+    assert!(events[closed_at]["data"]["error"].is_string());
+    assert_eq!(events[closed_at]["turn_id"], json!(turn));
+    let done: Vec<String> = tool_statuses(&events, "finished")
+        .into_iter()
+        .map(|(_, s)| s)
+        .collect();
+    assert_eq!(
+        done,
+        ["running", "completed"],
+        "a closed tool is left alone"
+    );
+
+    assert_eq!(h.agent_view().await["status"], "idle");
+    h.manager.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_ignored_interrupt_still_ends_the_turn_canceled_and_stops_the_process() {
+    let grace = Duration::from_millis(800);
+    let h = harness(Plan::IgnoreInterrupt, grace).await;
+    h.manager.prompt(&h.ctx, "go".into(), None).await.unwrap();
+    let pid = h
+        .seen
+        .lock()
+        .unwrap()
+        .pid
+        .expect("the fake started a process") as i32;
+    // The turn runs (its tool is open) until interrupted.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tool_statuses(&h.app.timeline(&h.agent).await, "slow").is_empty() {
+        assert!(Instant::now() < deadline, "the turn never started its tool");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(h.agent_view().await["status"], "running");
+
+    let asked = Instant::now();
+    h.manager.interrupt(h.ctx.id).await;
+    let events = h.finished_timeline(grace + Duration::from_secs(5)).await;
+    let took = asked.elapsed();
+    assert!(
+        took >= grace && took < grace + Duration::from_secs(4),
+        "the turn ended {took:?} after the interrupt (grace {grace:?})"
+    );
+    assert_eq!(
+        h.seen.lock().unwrap().interrupts,
+        1,
+        "the agent was asked first"
+    );
+    let (end, data) = turn_end(&events);
+    assert_eq!(data["outcome"], "canceled");
+    let slow = tool_statuses(&events, "slow");
+    assert_eq!(slow.last().unwrap().1, "failed", "{slow:?}");
+    assert!(slow.last().unwrap().0 < end);
+
+    assert!(
+        !pid_alive(pid),
+        "the process that ignored the interrupt was stopped"
+    );
+    let agent = h.agent_view().await;
+    assert_ne!(agent["status"], "running");
+    assert_eq!(agent["status"], "closed");
+    let ledger: i64 = sqlx::query_scalar("SELECT count(*) FROM managed_processes WHERE pid = $1")
+        .bind(pid)
+        .fetch_one(&h.app.pool)
+        .await
+        .unwrap();
+    assert_eq!(ledger, 0, "its ledger row is gone");
+    let w = h.app.wait(&h.agent).await;
+    assert_eq!(w["last_turn"]["outcome"], "canceled");
+    h.manager.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_provider_exiting_while_a_permission_is_pending_expires_it_and_fails_the_turn() {
+    let h = harness(Plan::Ask, Duration::from_secs(5)).await;
+    h.manager.prompt(&h.ctx, "go".into(), None).await.unwrap();
+    let pid = h.seen.lock().unwrap().pid.unwrap() as i32;
+    let path = format!("/v1/agents/{}/permissions?status=pending", h.agent);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let request_id = loop {
+        let pending = h.app.get_ok(&path).await;
+        if let Some(p) = pending["items"].as_array().and_then(|a| a.first()) {
+            break p["request_id"].as_str().unwrap().to_owned();
+        }
+        assert!(Instant::now() < deadline, "the permission was never raised");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    assert_eq!(h.agent_view().await["status"], "waiting_permission");
+
+    // The agent process dies while the request waits.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let events = h.finished_timeline(Duration::from_secs(10)).await;
+    let (_, data) = turn_end(&events);
+    assert_eq!(data["outcome"], "failed");
+    assert!(data["error"].as_str().unwrap().contains("exited"), "{data}");
+
+    let all = h
+        .app
+        .get_ok(&format!("/v1/agents/{}/permissions", h.agent))
+        .await;
+    let p = &all["items"][0];
+    assert_eq!(p["request_id"], request_id.as_str());
+    assert_eq!(p["status"], "expired");
+    let agent = h.agent_view().await;
+    assert!(
+        !matches!(
+            agent["status"].as_str(),
+            Some("running" | "waiting_permission")
+        ),
+        "the agent is not left busy: {}",
+        agent["status"]
+    );
+    assert_eq!(agent["pending_permissions"], 0);
+    let decision = h.seen.lock().unwrap().decision.take().unwrap();
+    assert!(
+        matches!(decision.await, Ok(PermissionDecision::Cancelled)),
+        "the adapter hears that nobody will answer"
+    );
+    // Answering it now is refused as expired.
+    let res = h
+        .app
+        .post(
+            &format!("/v1/agents/{}/permissions/{request_id}", h.agent),
+            json!({"behavior": "allow"}),
+        )
+        .await;
+    let status = res.status().as_u16();
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["code"], "permission_expired");
+    h.manager.shutdown().await;
+}

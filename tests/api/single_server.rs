@@ -1,0 +1,86 @@
+//! What a server refuses instead of accepting and ignoring: a second server on a database
+//! that a live server uses, and (for the model catalog) a refresh it would not perform.
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use agentry::server::Application;
+
+use crate::helpers::{expect_status, git_repo, pid_alive, settings, spawn_app, spawn_on};
+
+#[tokio::test]
+async fn a_second_server_on_a_live_database_refuses_and_leaves_the_first_alone() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    app.prompt(&id, "hello").await;
+    assert_eq!(app.wait(&id).await["last_turn"]["outcome"], "completed");
+    let agent = app.get_ok(&format!("/v1/agents/{id}")).await;
+    let pid = agent["runtime"]["pid"].as_i64().expect("a live process") as i32;
+    let before = app.timeline(&id).await.len();
+
+    // The second server: same database, its own data dir and port.
+    let other_dir = tempfile::tempdir().unwrap();
+    let pool = agentry::store::connect(app.db.clone(), 4).await.unwrap();
+    let second = Application::build_with(
+        settings(other_dir.path()),
+        pool.clone(),
+        None,
+        TcpListener::bind("127.0.0.1:0").unwrap(),
+    )
+    .await;
+    let err = match second {
+        Ok(_) => panic!("a second server started on a database in use"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        err.contains("another agentry server is using this database"),
+        "{err}"
+    );
+    assert!(err.contains("not supported yet"), "{err}");
+    pool.close().await;
+
+    // The first server's agent was not touched: same process, same status, no new events,
+    // and it still takes prompts.
+    assert!(
+        pid_alive(pid),
+        "the first server's agent process still runs"
+    );
+    let agent = app.get_ok(&format!("/v1/agents/{id}")).await;
+    assert_eq!(agent["status"], "idle");
+    assert_eq!(agent["runtime"]["pid"].as_i64(), Some(pid as i64));
+    assert_eq!(
+        app.timeline(&id).await.len(),
+        before,
+        "nothing was appended"
+    );
+    app.prompt(&id, "still here").await;
+    assert_eq!(app.wait(&id).await["last_turn"]["outcome"], "completed");
+
+    // Once the first stops, a new server starts on the database (and can resume).
+    let (db, dir, token) = app.stop().await;
+    let app = tokio::time::timeout(Duration::from_secs(30), spawn_on(db, dir, Some(token)))
+        .await
+        .expect("the restart does not wait for a lock");
+    app.prompt(&id, "after the restart").await;
+    assert_eq!(app.wait(&id).await["last_turn"]["outcome"], "completed");
+}
+
+#[tokio::test]
+async fn the_model_catalog_can_be_refreshed() {
+    let app = spawn_app().await;
+    let cached = app.get_ok("/v1/providers/mock/models").await;
+    let refreshed = app.get_ok("/v1/providers/mock/models?refresh=true").await;
+    assert_eq!(refreshed, cached);
+    let ids: Vec<&str> = refreshed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["mock-small", "mock-large"]);
+    let res = app.get("/v1/providers/mock/models?refresh=maybe").await;
+    expect_status(res, 400).await;
+    let res = app.get("/v1/providers/nope/models?refresh=true").await;
+    expect_status(res, 404).await;
+}
