@@ -365,7 +365,8 @@ async fn a_tool_left_open_at_the_end_of_a_turn_is_marked_failed() {
         "a closed tool is left alone"
     );
 
-    assert_eq!(h.agent_view().await["status"], "idle");
+    // The status follows the turn's end; `wait` returns once it has.
+    assert_eq!(h.app.wait(&h.agent).await["status"], "idle");
     h.manager.shutdown().await;
 }
 
