@@ -161,7 +161,8 @@ impl Application {
                 .app_data(data.clone())
                 .configure(|cfg| api::configure(cfg, max_body))
                 .split_for_parts();
-            app.wrap(actix_web::middleware::from_fn(api::middleware::request_id))
+            app.wrap(actix_web::middleware::from_fn(api::middleware::catch_panic))
+                .wrap(actix_web::middleware::from_fn(api::middleware::request_id))
                 .service(api::docs::swagger())
                 .route("/docs", web::get().to(api::docs::redirect_to_ui))
                 .default_service(web::to(api::docs::fallback))

@@ -278,13 +278,12 @@ async fn timeline(
     };
     let (forward, from) = match (&q.cursor, q.after_seq, q.before_seq) {
         (Some(c), None, None) => {
-            let (dir, n) = c.split_at(1.min(c.len()));
-            let n: i64 = n.parse().map_err(|_| bad_cursor())?;
-            match dir {
-                "a" => (true, n),
-                "b" => (false, n),
+            let (forward, n) = match (c.strip_prefix('a'), c.strip_prefix('b')) {
+                (Some(n), _) => (true, n),
+                (_, Some(n)) => (false, n),
                 _ => return Err(bad_cursor()),
-            }
+            };
+            (forward, n.parse().map_err(|_| bad_cursor())?)
         }
         (None, after, None) => (true, after.unwrap_or(0)),
         (None, None, Some(before)) => (false, before),

@@ -1,11 +1,17 @@
 //! Request ids: every request gets one (or keeps a sane `X-Request-Id` it sent), it is in
-//! every log line of the request and in the response's `X-Request-Id`.
+//! every log line of the request and in the response's `X-Request-Id`. And a panic in a
+//! handler is an answer (500), never a dropped connection.
 
-use actix_web::body::MessageBody;
+use std::panic::AssertUnwindSafe;
+
+use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::middleware::Next;
+use futures::FutureExt;
 use tracing::Instrument;
+
+use super::error::ApiError;
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -39,4 +45,70 @@ pub async fn request_id(
         res.headers_mut().insert(REQUEST_ID, v);
     }
     Ok(res)
+}
+
+/// A handler that panics answers an opaque 500 (the panic is logged with the request id)
+/// instead of dropping the client's connection without a response.
+pub async fn catch_panic(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    match AssertUnwindSafe(next.call(req)).catch_unwind().await {
+        Ok(res) => res.map(ServiceResponse::map_into_boxed_body),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            Err(ApiError::internal(anyhow::anyhow!("the request handler panicked: {what}")).into())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use actix_web::{App, HttpResponse, test, web};
+
+    use super::*;
+
+    #[actix_web::test]
+    async fn a_panicking_handler_answers_500_problem_json() {
+        let app = test::init_service(
+            App::new()
+                .wrap(actix_web::middleware::from_fn(catch_panic))
+                .route(
+                    "/boom",
+                    web::get().to(|| async {
+                        if true {
+                            panic!("index out of range");
+                        }
+                        HttpResponse::Ok().finish()
+                    }),
+                )
+                .route("/fine", web::get().to(HttpResponse::Ok)),
+        )
+        .await;
+        // The server turns a middleware's error into the response; do the same here.
+        let err = test::try_call_service(&app, test::TestRequest::get().uri("/boom").to_request())
+            .await
+            .err()
+            .expect("the panic becomes an error");
+        let res = err.error_response();
+        assert_eq!(res.status(), 500);
+        assert_eq!(
+            res.headers().get("content-type").unwrap(),
+            "application/problem+json"
+        );
+        let body = actix_web::body::to_bytes(res.into_body()).await.unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["code"], "internal");
+        assert!(
+            !body["detail"].as_str().unwrap().contains("index"),
+            "nothing leaks"
+        );
+        let res =
+            test::call_service(&app, test::TestRequest::get().uri("/fine").to_request()).await;
+        assert_eq!(res.status(), 200);
+    }
 }

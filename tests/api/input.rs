@@ -120,3 +120,21 @@ async fn nul_in_any_request_string_is_refused_naming_the_field() {
             .any(|e| e["kind"] == "user_message" && e["data"]["text"] == "a\\u0000b")
     );
 }
+
+#[tokio::test]
+async fn a_cursor_that_is_not_one_of_ours_is_a_client_error() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let (agent, _) = app.mock_agent(repo.path()).await;
+    for cursor in ["%EA%BD%93x", "a", "c5", "b-", "%C3%A9"] {
+        let res = app
+            .get(&format!("/v1/agents/{agent}/timeline?cursor={cursor}"))
+            .await;
+        let body = expect_status(res, 400).await;
+        assert_eq!(body["code"], "invalid_cursor", "{cursor}: {body}");
+    }
+    let page = app
+        .get_ok(&format!("/v1/agents/{agent}/timeline?cursor=a0"))
+        .await;
+    assert!(page["items"].is_array());
+}
