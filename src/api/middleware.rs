@@ -92,8 +92,7 @@ mod tests {
         // The server turns a middleware's error into the response; do the same here.
         let err = test::try_call_service(&app, test::TestRequest::get().uri("/boom").to_request())
             .await
-            .err()
-            .expect("the panic becomes an error");
+            .expect_err("the panic becomes an error");
         let res = err.error_response();
         assert_eq!(res.status(), 500);
         assert_eq!(
