@@ -111,6 +111,14 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, code, detail)
     }
 
+    /// 503 `store_unavailable`: the database is unreachable or stalled.
+    pub fn store_unavailable() -> Self {
+        Self::unavailable(
+            "store_unavailable",
+            "the database is unavailable; retry later",
+        )
+    }
+
     pub fn problem(&self) -> Problem {
         Problem {
             type_: format!("https://agentry.dev/problems/{}", self.code),
@@ -138,12 +146,9 @@ impl From<sqlx::Error> for ApiError {
             sqlx::Error::Database(db) if db.is_unique_violation() => {
                 ApiError::conflict("conflict", "a resource with these values already exists")
             }
-            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
+            _ if crate::events::is_unavailable(&e) => {
                 tracing::error!(error = %e, "database unavailable");
-                ApiError::unavailable(
-                    "database_unavailable",
-                    "the database is unavailable; retry later",
-                )
+                ApiError::store_unavailable()
             }
             _ => ApiError::internal(e),
         }

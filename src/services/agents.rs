@@ -56,7 +56,7 @@ pub fn runtime_error(e: RuntimeError) -> ApiError {
             "the agent closed while handling the request; retry",
         ),
         RuntimeError::Store(e) => e.into(),
-        RuntimeError::Events(e) => ApiError::internal(e),
+        RuntimeError::Events(e) => super::write_error(e),
     }
 }
 
@@ -372,7 +372,7 @@ async fn record(state: &AppState, id: AgentId, kind: EventKind, data: Value) -> 
             Vec::new(),
         )
         .await
-        .map_err(ApiError::internal)?;
+        .map_err(super::write_error)?;
     Ok(())
 }
 

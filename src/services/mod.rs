@@ -18,5 +18,13 @@ pub(crate) async fn announce(state: &AppState, event: NewTeamEvent) -> ApiResult
         .append_committed(Vec::new(), vec![event])
         .await
         .map(|_| ())
-        .map_err(ApiError::internal)
+        .map_err(write_error)
+}
+
+/// An event write that failed: 503 while the store is unavailable.
+pub(crate) fn write_error(e: crate::events::WriteError) -> ApiError {
+    match e {
+        crate::events::WriteError::Unavailable => ApiError::store_unavailable(),
+        crate::events::WriteError::Stopped => ApiError::internal(e),
+    }
 }

@@ -90,6 +90,22 @@ pub async fn last_seq(db: impl PgExecutor<'_>, agent_id: Uuid) -> Result<i64, sq
         .await
 }
 
+/// The last seq of each given agent that has events (agents without any are absent).
+pub async fn last_seqs(
+    db: impl PgExecutor<'_>,
+    agent_ids: &[Uuid],
+) -> Result<Vec<(Uuid, i64)>, sqlx::Error> {
+    // One index probe per agent (backwards on the primary key), whatever its length.
+    sqlx::query_as(
+        "SELECT a.id, m.seq FROM UNNEST($1::uuid[]) AS a(id)
+         CROSS JOIN LATERAL (SELECT max(seq) AS seq FROM agent_events e WHERE e.agent_id = a.id) m
+         WHERE m.seq IS NOT NULL",
+    )
+    .bind(agent_ids)
+    .fetch_all(db)
+    .await
+}
+
 /// Events after `after_seq`, oldest first.
 pub async fn page_after(
     db: impl PgExecutor<'_>,

@@ -7,3 +7,4 @@ mod platform;
 mod story;
 mod streams;
 mod workspaces;
+mod writer;
