@@ -585,117 +585,159 @@ impl Writer {
     }
 
     /// Commit `events` and `team`, whatever it takes: retry while the store is
-    /// unavailable, split a range the database refuses, and put a stand-in in the slot of
-    /// an agent event refused alone. Returns the committed team rows.
+    /// unavailable; when the database refuses the batch for its content, commit it again
+    /// row by row so that every other event is stored and each refused one is replaced by
+    /// a stand-in in its slot. Returns the committed team rows.
     async fn commit_all(
         &mut self,
         events: &mut [AgentEvent],
         team: &[NewTeamEvent],
     ) -> Vec<TeamEventRow> {
-        let n_events = events.len();
-        let total = n_events + team.len();
-        let mut rows = Vec::with_capacity(team.len());
-        if total == 0 {
-            return rows;
+        if events.is_empty() && team.is_empty() {
+            return Vec::new();
         }
-        let mut replaced: HashSet<usize> = HashSet::new();
-        let mut renumbered = false;
+        let mut backoff = Backoff::new();
+        let mut renumbered = 0;
         let mut first_refusal: Option<Instant> = None;
-        // Ranges of the combined index space (agent events, then team events), committed
-        // in order: the left half of a split always before its right half, so each
-        // agent's events reach the table in seq order.
-        let mut stack = vec![(0, total)];
-        while let Some((lo, hi)) = stack.pop() {
-            let mut backoff = Backoff::new();
-            loop {
-                let ev = &events[lo.min(n_events)..hi.min(n_events)];
-                let tm = &team[lo.max(n_events) - n_events..hi.max(n_events) - n_events];
-                let err = match self.try_commit_watched(ev, tm).await {
-                    Ok(r) => {
-                        rows.extend(r);
-                        if self.shared.is_down() {
-                            tracing::info!("the event store is reachable again");
-                            self.shared.set_down(false);
-                        }
-                        break;
+        loop {
+            let attempt = if first_refusal.is_some() {
+                self.watched(events.len(), self.commit_isolating(events, team))
+                    .await
+            } else {
+                self.watched(events.len(), try_commit(&self.pool, events, team))
+                    .await
+            };
+            let err = match attempt {
+                Ok(rows) => {
+                    if self.shared.is_down() {
+                        tracing::info!("the event store is reachable again");
+                        self.shared.set_down(false);
                     }
-                    Err(err) => err,
-                };
-                let fault = classify(&err);
-                if fault == Fault::Unavailable {
+                    if let Some(t) = first_refusal {
+                        self.shared
+                            .max_isolation_us
+                            .fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    }
+                    return rows;
+                }
+                Err(err) => err,
+            };
+            match classify(&err) {
+                Fault::Unavailable => {
                     if !self.shared.is_down() {
-                        tracing::warn!(error = %err, events = hi - lo, "the event store is unavailable; keeping the batch and retrying");
+                        tracing::warn!(error = %err, events = events.len(), "the event store is unavailable; keeping the batch and retrying");
                         self.shared.set_down(true);
                     }
                     backoff.wait().await;
-                    continue;
                 }
-                if fault == Fault::SeqTaken && !renumbered && lo == 0 && hi == total {
+                Fault::SeqTaken if renumbered < 3 => {
                     // Our cached seq is behind the table (another writer was here).
                     tracing::warn!(error = %err, "an event's seq slot was already taken; numbering the batch again from the table");
                     self.renumber(events).await;
-                    renumbered = true;
-                    continue;
+                    renumbered += 1;
                 }
-                first_refusal.get_or_insert_with(Instant::now);
-                if hi - lo > 1 {
-                    let mid = lo + (hi - lo) / 2;
-                    stack.push((mid, hi));
-                    stack.push((lo, mid));
-                    break;
+                Fault::Content if first_refusal.is_none() => {
+                    first_refusal = Some(Instant::now());
                 }
-                if lo >= n_events {
-                    let t = &team[lo - n_events];
+                _ => {
+                    // Refused even row by row with stand-ins: the cause is not an event.
+                    // Keep everything and retry rather than lose a slot.
+                    tracing::error!(error = %err, events = events.len(), "an event batch cannot be stored; retrying");
+                    backoff.wait().await;
+                }
+            }
+        }
+    }
+
+    /// Commit a refused batch row by row in one transaction: each refused agent event is
+    /// replaced by an `error` event (`event_rejected`) in its slot, each refused team
+    /// event is logged and counted.
+    async fn commit_isolating(
+        &self,
+        events: &mut [AgentEvent],
+        team: &[NewTeamEvent],
+    ) -> Result<Vec<TeamEventRow>, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let refused = if events.is_empty() {
+            Vec::new()
+        } else {
+            store::events::insert_each(&mut tx, events).await?
+        };
+        let mut stand_ins = Vec::with_capacity(refused.len());
+        for (idx, code, why) in &refused {
+            let Some(e) = usize::try_from(*idx).ok().and_then(|i| events.get_mut(i)) else {
+                continue;
+            };
+            let message = format!(
+                "a {} event was dropped: the database refused it ({why}, SQLSTATE {code})",
+                e.kind.as_str()
+            );
+            tracing::error!(agent_id = %e.agent_id, seq = e.seq, %message, "event rejected; storing an error in its slot");
+            e.kind = EventKind::Error;
+            e.data = json!({"code": "event_rejected", "message": message});
+            stand_ins.push(e.clone());
+        }
+        if !stand_ins.is_empty() {
+            // Stand-ins go through the ordinary insert: if even they are refused, the
+            // cause is not the events and the whole batch is retried.
+            store::events::insert_batch(&mut tx, &stand_ins).await?;
+        }
+        if !events.is_empty() {
+            store::events::advance_last_seq(&mut tx, events).await?;
+        }
+        let mut rows = Vec::with_capacity(team.len());
+        let mut team_refused = 0;
+        for t in team {
+            // A savepoint, so one refused team event does not undo the others.
+            let mut sp = sqlx::Acquire::begin(&mut *tx).await?;
+            match store::events::insert_team_event(
+                &mut sp,
+                t.team_id,
+                t.project_id,
+                t.workspace_id,
+                t.kind,
+                &t.data,
+            )
+            .await
+            {
+                Ok(row) => {
+                    sp.commit().await?;
+                    rows.push(row);
+                }
+                Err(err) if classify(&err) == Fault::Content => {
+                    sp.rollback().await?;
                     tracing::error!(
                         error = %err, kind = t.kind, team_id = %t.team_id,
                         "the database refused a team event; it is not stored (team events have no seq slot to keep)"
                     );
-                    self.shared
-                        .rejected_team_events
-                        .fetch_add(1, Ordering::Relaxed);
-                    break;
+                    team_refused += 1;
                 }
-                if replaced.insert(lo) {
-                    let e = &mut events[lo];
-                    let message = format!(
-                        "a {} event was dropped: the database refused it ({})",
-                        e.kind.as_str(),
-                        describe(&err)
-                    );
-                    tracing::error!(agent_id = %e.agent_id, seq = e.seq, %message, "event rejected; storing an error in its slot");
-                    e.kind = EventKind::Error;
-                    e.data = json!({"code": "event_rejected", "message": message});
-                    self.shared.rejected_events.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                // Even the stand-in is refused: the cause is not the event. Keep it and
-                // retry rather than lose the slot.
-                tracing::error!(error = %err, "the stand-in for a rejected event was refused too; retrying");
-                backoff.wait().await;
+                Err(err) => return Err(err),
             }
         }
-        if let Some(t) = first_refusal {
-            self.shared
-                .max_isolation_us
-                .fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
-        }
-        rows
+        tx.commit().await?;
+        self.shared
+            .rejected_events
+            .fetch_add(stand_ins.len() as u64, Ordering::Relaxed);
+        self.shared
+            .rejected_team_events
+            .fetch_add(team_refused, Ordering::Relaxed);
+        Ok(rows)
     }
 
-    /// One transaction; if it has not finished after `commit_wait`, the store counts as
-    /// stalled (API writes stop waiting for it) while this attempt keeps going: abandoning
+    /// Run one attempt; if it has not finished after `commit_wait`, the store counts as
+    /// stalled (API writes stop waiting for it) while the attempt keeps going: abandoning
     /// a commit in flight would leave its outcome unknown.
-    async fn try_commit_watched(
+    async fn watched<T>(
         &self,
-        events: &[AgentEvent],
-        team: &[NewTeamEvent],
-    ) -> Result<Vec<TeamEventRow>, sqlx::Error> {
-        let attempt = try_commit(&self.pool, events, team);
+        events: usize,
+        attempt: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, sqlx::Error> {
         tokio::pin!(attempt);
         tokio::select! {
             r = &mut attempt => r,
             _ = tokio::time::sleep(self.shared.commit_wait) => {
-                tracing::warn!(events = events.len(), "an event batch commit is stalled");
+                tracing::warn!(events, "an event batch commit is stalled");
                 self.shared.set_down(true);
                 attempt.await
             }
@@ -746,17 +788,6 @@ impl Writer {
         for a in agents {
             self.next_seq.remove(&a);
         }
-    }
-}
-
-/// What the database said, for the `event_rejected` message (no data values).
-fn describe(err: &sqlx::Error) -> String {
-    match err {
-        sqlx::Error::Database(db) => match db.code() {
-            Some(code) => format!("{}, SQLSTATE {code}", db.message()),
-            None => db.message().to_owned(),
-        },
-        other => other.to_string(),
     }
 }
 

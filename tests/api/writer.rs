@@ -72,6 +72,15 @@ async fn a_refused_event_becomes_an_error_in_its_slot_and_stalls_nobody() {
         bystanders.push(agent_in_new_workspace(&app, &project, "mock").await);
     }
     let victim = agent_in_new_workspace(&app, &project, "mock").await;
+    // Team events are refused the same way: the victim's `running` activity.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE team_events ADD CONSTRAINT poison_activity
+         CHECK (NOT (kind = 'agent_status' AND data->>'status' = 'running'
+                     AND data->>'agent_id' = '{victim}'))"
+    )))
+    .execute(&app.pool)
+    .await
+    .unwrap();
     let before = app.writer.stats();
 
     // Paced load (about 1,000 events/s per agent): the writer keeps up easily, so any
@@ -129,7 +138,29 @@ async fn a_refused_event_becomes_an_error_in_its_slot_and_stalls_nobody() {
         after.rejected_events - before.rejected_events,
         rejected_in_timeline
     );
-    assert!(after.max_isolation > Duration::ZERO, "a batch was split");
+    assert_eq!(
+        after.rejected_team_events - before.rejected_team_events,
+        poisoned_turns.len() as u64,
+        "one refused `running` activity per turn"
+    );
+    // The team events around the refused ones are stored.
+    let (idle,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM team_events
+         WHERE kind = 'agent_status' AND data->>'agent_id' = $1 AND data->>'status' = 'idle'",
+    )
+    .bind(&victim)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert!(
+        idle as usize > poisoned_turns.len(),
+        "{idle} idle activities"
+    );
+    eprintln!(
+        "isolating refused events took at most {:?}; longest queue wait {:?}",
+        after.max_isolation, after.max_queue_wait
+    );
+    assert!(after.max_isolation > Duration::ZERO, "a batch was refused");
     assert!(
         after.max_isolation < Duration::from_secs(1),
         "setting the refused events aside delayed the others by {:?}",
