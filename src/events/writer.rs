@@ -418,8 +418,7 @@ impl Pending {
                 queued_at: Some(queued_at),
                 forget: None,
             },
-            // Applied in order with the batch, after the events queued before it got
-            // their seq.
+            // Applied once the batch is numbered.
             WriteOp::Forget(id) => Self {
                 events: Vec::new(),
                 team: Vec::new(),
@@ -518,11 +517,9 @@ impl Writer {
         for p in batch.iter_mut() {
             let start = events.len();
             for e in std::mem::take(&mut p.events) {
-                let seq = match self.next_seq.get(&e.agent_id) {
-                    Some(s) => *s,
-                    // Forgotten earlier in this batch and back again.
-                    None => self.last_seqs(&[e.agent_id]).await[0].1 + 1,
-                };
+                // Every agent of the batch was read above. Were one missing, slot 1 would
+                // collide and the batch be numbered again from the table.
+                let seq = self.next_seq.get(&e.agent_id).copied().unwrap_or(1);
                 self.next_seq.insert(e.agent_id, seq + 1);
                 events.push(AgentEvent {
                     seq,
@@ -535,9 +532,11 @@ impl Writer {
             }
             spans.push((start, events.len()));
             team.append(&mut p.team);
-            if let Some(id) = p.forget {
-                self.next_seq.remove(&id);
-            }
+        }
+        // Forgetting only drops a cache entry: done after numbering the whole batch, so an
+        // agent that stops and starts again within one batch keeps counting correctly.
+        for id in batch.iter().filter_map(|p| p.forget) {
+            self.next_seq.remove(&id);
         }
 
         let mut rows = self.commit_all(&mut events, &team).await;
