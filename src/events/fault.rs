@@ -1,6 +1,6 @@
 //! Why a write failed, as the writer needs to know it: the store could not be reached (keep
-//! the batch and retry), the database refused what was written (split the batch and set
-//! the refused event aside), or a sequence slot was already taken (number again).
+//! the batch and retry), the database refused what was written (store the batch row by
+//! row and set the refused events aside), or a sequence slot was already taken (number again).
 
 /// The three ways a write can fail, for the writer's purposes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,9 +5,10 @@
 //! Nothing handed to the writer is dropped:
 //! - event data is scrubbed on the producer's side (U+0000 becomes U+FFFD), so provider
 //!   output is never refused for its bytes;
-//! - a batch the database refuses for its *content* is split in halves until every other
-//!   event is committed; an event still refused alone is stored as an `error` event
-//!   (`event_rejected`) in its own seq slot;
+//! - a batch the database refuses for its *content* is stored again row by row, in one
+//!   transaction and one round trip (`agentry_insert_events_each`): every other event is
+//!   committed, and each refused one is stored as an `error` event (`event_rejected`) in
+//!   its own seq slot;
 //! - while the store is unreachable or stalled the batch is kept and retried, in order,
 //!   with a backoff capped at one second, until it commits.
 //!
