@@ -108,6 +108,14 @@ pub struct EventSettings {
     pub subscriber_buffer: usize,
     /// Seconds between SSE keep-alive comments.
     pub ping_interval_s: u64,
+    /// Events accepted but not yet committed, at most; past it producers wait (the
+    /// agents stop reading their providers' output until the database catches up).
+    pub queue_max_events: usize,
+    /// The same bound in (approximate) bytes of event data.
+    pub queue_max_bytes: usize,
+    /// Longest wait, in milliseconds, for a write the API must confirm; past it the
+    /// request answers 503 `store_unavailable`.
+    pub commit_wait_ms: u64,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -187,6 +195,9 @@ impl Default for EventSettings {
             batch_linger_ms: 0,
             subscriber_buffer: 1024,
             ping_interval_s: 15,
+            queue_max_events: 50_000,
+            queue_max_bytes: 64 << 20,
+            commit_wait_ms: 5000,
         }
     }
 }
@@ -327,6 +338,21 @@ impl Settings {
         }
         if self.events.ping_interval_s == 0 {
             return Err(invalid("events.ping_interval_s", "must be at least 1"));
+        }
+        if self.events.queue_max_events == 0 || self.events.queue_max_events > u32::MAX as usize {
+            return Err(invalid(
+                "events.queue_max_events",
+                "must be between 1 and 4294967295",
+            ));
+        }
+        if self.events.queue_max_bytes < 1024 || self.events.queue_max_bytes > u32::MAX as usize {
+            return Err(invalid(
+                "events.queue_max_bytes",
+                "must be between 1024 and 4294967295",
+            ));
+        }
+        if self.events.commit_wait_ms == 0 {
+            return Err(invalid("events.commit_wait_ms", "must be at least 1"));
         }
         for (id, p) in &self.providers {
             if !valid_provider_id(id) {

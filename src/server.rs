@@ -18,7 +18,7 @@ use crate::api;
 use crate::auth::tokens;
 use crate::config::Settings;
 use crate::embedded_pg::{EmbeddedOptions, EmbeddedPostgres};
-use crate::events::{Bus, EventWriter};
+use crate::events::{Bus, EventWriter, WriterLimits};
 use crate::process::Ledger;
 use crate::providers::ProviderRegistry;
 use crate::runtime::{AgentManager, ServerLock, reconcile_at_boot};
@@ -120,8 +120,13 @@ impl Application {
         let writer = EventWriter::spawn(
             pool.clone(),
             bus.clone(),
-            settings.events.batch_max_events,
-            Duration::from_millis(settings.events.batch_linger_ms),
+            WriterLimits {
+                max_batch: settings.events.batch_max_events,
+                linger: Duration::from_millis(settings.events.batch_linger_ms),
+                max_queued_events: settings.events.queue_max_events,
+                max_queued_bytes: settings.events.queue_max_bytes,
+                commit_wait: Duration::from_millis(settings.events.commit_wait_ms),
+            },
         );
         let ledger = Ledger::new(pool.clone(), settings.replica());
         let report = reconcile_at_boot(&pool, &writer, &ledger, &lock).await?;

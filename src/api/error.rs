@@ -117,6 +117,14 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, code, detail)
     }
 
+    /// 503 `store_unavailable`: the database is unreachable or stalled.
+    pub fn store_unavailable() -> Self {
+        Self::unavailable(
+            "store_unavailable",
+            "the database is unavailable; retry later",
+        )
+    }
+
     pub fn problem(&self) -> Problem {
         Problem {
             type_: format!("https://agentry.dev/problems/{}", self.code),
@@ -236,9 +244,12 @@ fn runtime_error(e: RuntimeError) -> ApiError {
     }
 }
 
-/// The event writer failed an API write.
+/// The event writer failed an API write: 503 while the store is unavailable.
 fn write_error(e: WriteError) -> ApiError {
-    ApiError::internal(e)
+    match e {
+        WriteError::Unavailable => ApiError::store_unavailable(),
+        WriteError::Stopped => ApiError::internal(e),
+    }
 }
 
 fn store_error(e: sqlx::Error) -> ApiError {
@@ -257,12 +268,9 @@ fn store_error_ref(e: &sqlx::Error) -> ApiError {
         sqlx::Error::Database(db) if db.is_foreign_key_violation() => {
             ApiError::not_found("a resource this request names")
         }
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
+        _ if crate::events::is_unavailable(e) => {
             tracing::error!(error = %e, "store unavailable");
-            ApiError::unavailable(
-                "store_unavailable",
-                "the database is unavailable; retry later",
-            )
+            ApiError::store_unavailable()
         }
         _ => {
             tracing::error!(error = ?e, "unexpected store error");

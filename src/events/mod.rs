@@ -3,7 +3,11 @@
 //! SSE connections read. Durable before visible, always.
 
 mod bus;
+mod fault;
+mod scrub;
 mod writer;
 
 pub use bus::{Bus, Published, TeamActivity};
-pub use writer::{EventWriter, NewTeamEvent, WriteError};
+pub use fault::{Fault, classify, is_unavailable};
+pub use scrub::{REPLACEMENT, scrub};
+pub use writer::{EventWriter, NewTeamEvent, WriteError, WriterLimits, WriterStats};

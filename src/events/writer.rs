@@ -1,27 +1,46 @@
 //! The single writer of timelines. It assigns each agent's next `seq`, commits events in
-//! batches (flush at `batch_max_events` or after `batch_linger_ms`, whichever comes first;
-//! one transaction and one fsync per batch), then publishes them. Producers are never
-//! blocked by readers; they only wait for channel capacity, which is the backpressure
-//! when the database cannot keep up.
+//! batches (flush at `max_batch` events or after `linger`, whichever comes first; one
+//! transaction and one fsync per batch), then publishes them.
+//!
+//! Nothing handed to the writer is dropped:
+//! - event data is scrubbed on the producer's side (U+0000 becomes U+FFFD), so provider
+//!   output is never refused for its bytes;
+//! - a batch the database refuses for its *content* is stored again row by row, in one
+//!   transaction and one round trip (`agentry_insert_events_each`): every other event is
+//!   committed, and each refused one is stored as an `error` event (`event_rejected`) in
+//!   its own seq slot;
+//! - while the store is unreachable or stalled the batch is kept and retried, in order,
+//!   with a backoff capped at one second, until it commits.
+//!
+//! What is queued is bounded in events and in bytes. Producers wait for that budget
+//! (backpressure: an agent's actor stops reading its provider), and the budget comes back
+//! only when the events are committed or set aside.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use chrono::Utc;
-use serde_json::Value;
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
 use sqlx::PgPool;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::bus::{Bus, Published, TeamActivity};
-use crate::domain::{AgentEvent, AgentId, NewEvent};
+use super::fault::{Fault, classify};
+use super::scrub::{ENVELOPE_BYTES, scrub};
+use crate::domain::{AgentEvent, AgentId, EventKind, NewEvent};
 use crate::store;
+use crate::store::events::TeamEventRow;
 
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WriteError {
-    #[error("the event store is unavailable: {0}")]
-    Store(String),
+    /// The store did not confirm the write in time. Whatever was queued stays queued and
+    /// is committed, in order, once the store is back.
+    #[error("the event store is unavailable; retry later")]
+    Unavailable,
     #[error("the event writer has stopped")]
     Stopped,
 }
@@ -36,74 +55,278 @@ pub struct NewTeamEvent {
     pub data: Value,
 }
 
-type Done = oneshot::Sender<Result<Vec<AgentEvent>, WriteError>>;
+/// How the writer batches and how much it may hold.
+#[derive(Debug, Clone)]
+pub struct WriterLimits {
+    /// Flush a batch at this many events…
+    pub max_batch: usize,
+    /// …or after this long, whichever comes first.
+    pub linger: Duration,
+    /// Events queued (accepted, not yet committed) before producers wait.
+    pub max_queued_events: usize,
+    /// Approximate bytes queued before producers wait.
+    pub max_queued_bytes: usize,
+    /// Longest time `append_committed` waits for budget and commit.
+    pub commit_wait: Duration,
+}
+
+impl Default for WriterLimits {
+    fn default() -> Self {
+        Self {
+            max_batch: 4096,
+            linger: Duration::ZERO,
+            max_queued_events: 50_000,
+            max_queued_bytes: 64 << 20,
+            commit_wait: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A snapshot of the writer's counters (cheap: a few atomic loads).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Events accepted and not yet committed or set aside.
+    pub queued_events: u64,
+    /// Their approximate size in bytes.
+    pub queued_bytes: u64,
+    pub high_water_events: u64,
+    pub high_water_bytes: u64,
+    /// Events committed (stand-ins for refused events included).
+    pub committed_events: u64,
+    /// Agent events the database refused, stored as `event_rejected` errors instead.
+    pub rejected_events: u64,
+    /// Team events the database refused (logged; they have no slot to keep).
+    pub rejected_team_events: u64,
+    /// Operations queued beyond the budget by `append_committed` after its wait expired.
+    pub overdrafts: u64,
+    /// Longest time any operation waited in the queue before its batch committed.
+    pub max_queue_wait: Duration,
+    /// Longest time spent setting refused events aside in one batch (from the first
+    /// refusal to the last commit of that batch): the delay they caused the others.
+    pub max_isolation: Duration,
+    /// The writer currently believes the store is unreachable or stalled.
+    pub store_down: bool,
+}
+
+type Done = oneshot::Sender<Vec<AgentEvent>>;
+
+/// Budget taken by one operation, and what it really holds.
+#[derive(Debug, Clone, Copy, Default)]
+struct Charge {
+    event_permits: u32,
+    byte_permits: u32,
+    events: u64,
+    bytes: u64,
+}
 
 enum WriteOp {
     Append {
         events: Vec<NewEvent>,
         team: Vec<NewTeamEvent>,
         done: Option<Done>,
+        charge: Charge,
+        queued_at: Instant,
     },
     /// The agent's actor stopped: drop its cached seq (memory stays flat).
     Forget(AgentId),
 }
 
+struct Shared {
+    event_budget: Semaphore,
+    byte_budget: Semaphore,
+    max_events: u32,
+    max_bytes: u32,
+    commit_wait: Duration,
+    queued_events: AtomicU64,
+    queued_bytes: AtomicU64,
+    high_water_events: AtomicU64,
+    high_water_bytes: AtomicU64,
+    committed_events: AtomicU64,
+    rejected_events: AtomicU64,
+    rejected_team_events: AtomicU64,
+    overdrafts: AtomicU64,
+    max_queue_wait_us: AtomicU64,
+    max_isolation_us: AtomicU64,
+    store_down: AtomicBool,
+}
+
+impl Shared {
+    fn new(limits: &WriterLimits) -> Self {
+        let max_events = clamp_u32(limits.max_queued_events.max(1));
+        let max_bytes = clamp_u32(limits.max_queued_bytes.max(1));
+        Self {
+            event_budget: Semaphore::new(max_events as usize),
+            byte_budget: Semaphore::new(max_bytes as usize),
+            max_events,
+            max_bytes,
+            commit_wait: limits.commit_wait,
+            queued_events: AtomicU64::new(0),
+            queued_bytes: AtomicU64::new(0),
+            high_water_events: AtomicU64::new(0),
+            high_water_bytes: AtomicU64::new(0),
+            committed_events: AtomicU64::new(0),
+            rejected_events: AtomicU64::new(0),
+            rejected_team_events: AtomicU64::new(0),
+            overdrafts: AtomicU64::new(0),
+            max_queue_wait_us: AtomicU64::new(0),
+            max_isolation_us: AtomicU64::new(0),
+            store_down: AtomicBool::new(false),
+        }
+    }
+
+    /// The budget an operation needs: what it holds, but never more than the whole
+    /// budget, so one event larger than the budget still goes through (alone).
+    fn charge(&self, events: usize, bytes: usize) -> Charge {
+        Charge {
+            event_permits: clamp_u32(events).min(self.max_events),
+            byte_permits: clamp_u32(bytes).min(self.max_bytes),
+            events: events as u64,
+            bytes: bytes as u64,
+        }
+    }
+
+    /// Wait until the budget has room for `charge`. Cancel-safe: a dropped wait gives
+    /// back what it had taken.
+    async fn reserve(&self, charge: &Charge) {
+        let e = self
+            .event_budget
+            .acquire_many(charge.event_permits)
+            .await
+            .expect("the event budget is never closed");
+        let b = self
+            .byte_budget
+            .acquire_many(charge.byte_permits)
+            .await
+            .expect("the byte budget is never closed");
+        e.forget();
+        b.forget();
+    }
+
+    fn try_reserve(&self, charge: &Charge) -> bool {
+        let Ok(e) = self.event_budget.try_acquire_many(charge.event_permits) else {
+            return false;
+        };
+        let Ok(b) = self.byte_budget.try_acquire_many(charge.byte_permits) else {
+            return false;
+        };
+        e.forget();
+        b.forget();
+        true
+    }
+
+    fn admitted(&self, charge: &Charge) {
+        let e = self
+            .queued_events
+            .fetch_add(charge.events, Ordering::Relaxed)
+            + charge.events;
+        let b = self.queued_bytes.fetch_add(charge.bytes, Ordering::Relaxed) + charge.bytes;
+        self.high_water_events.fetch_max(e, Ordering::Relaxed);
+        self.high_water_bytes.fetch_max(b, Ordering::Relaxed);
+    }
+
+    fn release(&self, total: &Charge) {
+        self.queued_events
+            .fetch_sub(total.events, Ordering::Relaxed);
+        self.queued_bytes.fetch_sub(total.bytes, Ordering::Relaxed);
+        self.event_budget.add_permits(total.event_permits as usize);
+        self.byte_budget.add_permits(total.byte_permits as usize);
+    }
+
+    fn set_down(&self, down: bool) {
+        self.store_down.store(down, Ordering::Relaxed);
+    }
+
+    fn is_down(&self) -> bool {
+        self.store_down.load(Ordering::Relaxed)
+    }
+}
+
+fn clamp_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
 #[derive(Clone)]
 pub struct EventWriter {
-    tx: mpsc::Sender<WriteOp>,
+    tx: mpsc::UnboundedSender<WriteOp>,
+    shared: Arc<Shared>,
 }
 
 impl EventWriter {
     /// Start the writer task on the current runtime.
-    pub fn spawn(pool: PgPool, bus: Arc<Bus>, max_batch: usize, linger: Duration) -> Self {
-        let (tx, rx) = mpsc::channel(max_batch.max(1024) * 4);
-        tokio::spawn(run(pool, bus, rx, max_batch, linger));
-        Self { tx }
+    pub fn spawn(pool: PgPool, bus: Arc<Bus>, limits: WriterLimits) -> Self {
+        // Unbounded in operations: what bounds the queue is the budget, counted in
+        // events and bytes, that every operation takes before it is sent.
+        let (tx, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared::new(&limits));
+        let writer = Writer {
+            pool,
+            bus,
+            shared: shared.clone(),
+            max_batch: limits.max_batch.max(1),
+            linger: limits.linger,
+            next_seq: HashMap::new(),
+        };
+        tokio::spawn(writer.run(rx));
+        Self { tx, shared }
     }
 
-    /// Queue one event; it becomes visible once committed. Waits only for queue space.
+    /// Queue one event; it becomes visible once committed. Waits for budget.
     pub async fn append(&self, event: NewEvent) -> Result<(), WriteError> {
-        self.tx
-            .send(WriteOp::Append {
-                events: vec![event],
-                team: Vec::new(),
-                done: None,
-            })
-            .await
-            .map_err(|_| WriteError::Stopped)
+        self.append_many(vec![event]).await
     }
 
-    /// Queue several events of one producer, in order, as one operation.
-    pub async fn append_many(&self, events: Vec<NewEvent>) -> Result<(), WriteError> {
-        self.tx
-            .send(WriteOp::Append {
-                events,
-                team: Vec::new(),
-                done: None,
-            })
-            .await
-            .map_err(|_| WriteError::Stopped)
+    /// Queue several events of one producer, in order, as one operation. Waits as long
+    /// as it takes for budget: that wait is the backpressure on the producer.
+    pub async fn append_many(&self, mut events: Vec<NewEvent>) -> Result<(), WriteError> {
+        let bytes = prepare(&mut events, &mut []);
+        let charge = self.shared.charge(events.len(), bytes);
+        self.shared.reserve(&charge).await;
+        self.send(events, Vec::new(), None, charge)
     }
 
-    /// Append events (and team activity) and wait until they are committed.
+    /// Append events (and team activity) and wait until they are committed, at most
+    /// `commit_wait` in all (budget included), and not at all when the writer already
+    /// knows the store is down. On `Unavailable` the events stay queued and are
+    /// committed in order once the store is back; nothing handed over is dropped. If the
+    /// budget had no room in time they are queued beyond it (counted in `overdrafts`).
     pub async fn append_committed(
         &self,
-        events: Vec<NewEvent>,
-        team: Vec<NewTeamEvent>,
+        mut events: Vec<NewEvent>,
+        mut team: Vec<NewTeamEvent>,
     ) -> Result<Vec<AgentEvent>, WriteError> {
+        let deadline = Instant::now() + self.shared.commit_wait;
+        let bytes = prepare(&mut events, &mut team);
+        let mut charge = self.shared.charge(events.len() + team.len(), bytes);
+        let known_down = self.shared.is_down();
+        let reserved = if known_down {
+            self.shared.try_reserve(&charge)
+        } else {
+            tokio::time::timeout_at(deadline, self.shared.reserve(&charge))
+                .await
+                .is_ok()
+        };
+        if !reserved {
+            charge.event_permits = 0;
+            charge.byte_permits = 0;
+            self.shared.overdrafts.fetch_add(1, Ordering::Relaxed);
+            self.send(events, team, None, charge)?;
+            return Err(WriteError::Unavailable);
+        }
+        if known_down {
+            self.send(events, team, None, charge)?;
+            return Err(WriteError::Unavailable);
+        }
         let (done, rx) = oneshot::channel();
-        self.tx
-            .send(WriteOp::Append {
-                events,
-                team,
-                done: Some(done),
-            })
-            .await
-            .map_err(|_| WriteError::Stopped)?;
-        rx.await.map_err(|_| WriteError::Stopped)?
+        self.send(events, team, Some(done), charge)?;
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(events)) => Ok(events),
+            Ok(Err(_)) => Err(WriteError::Stopped),
+            Err(_) => Err(WriteError::Unavailable),
+        }
     }
 
-    /// Wait until everything queued before this call is committed.
+    /// Wait until everything queued before this call is committed (at most
+    /// `commit_wait`).
     pub async fn flush(&self) -> Result<(), WriteError> {
         self.append_committed(Vec::new(), Vec::new())
             .await
@@ -111,157 +334,468 @@ impl EventWriter {
     }
 
     pub async fn forget(&self, agent: AgentId) {
-        let _ = self.tx.send(WriteOp::Forget(agent)).await;
+        let _ = self.tx.send(WriteOp::Forget(agent));
+    }
+
+    /// The writer's counters.
+    pub fn stats(&self) -> WriterStats {
+        let s = &self.shared;
+        WriterStats {
+            queued_events: s.queued_events.load(Ordering::Relaxed),
+            queued_bytes: s.queued_bytes.load(Ordering::Relaxed),
+            high_water_events: s.high_water_events.load(Ordering::Relaxed),
+            high_water_bytes: s.high_water_bytes.load(Ordering::Relaxed),
+            committed_events: s.committed_events.load(Ordering::Relaxed),
+            rejected_events: s.rejected_events.load(Ordering::Relaxed),
+            rejected_team_events: s.rejected_team_events.load(Ordering::Relaxed),
+            overdrafts: s.overdrafts.load(Ordering::Relaxed),
+            max_queue_wait: Duration::from_micros(s.max_queue_wait_us.load(Ordering::Relaxed)),
+            max_isolation: Duration::from_micros(s.max_isolation_us.load(Ordering::Relaxed)),
+            store_down: s.is_down(),
+        }
+    }
+
+    fn send(
+        &self,
+        events: Vec<NewEvent>,
+        team: Vec<NewTeamEvent>,
+        done: Option<Done>,
+        charge: Charge,
+    ) -> Result<(), WriteError> {
+        self.shared.admitted(&charge);
+        let op = WriteOp::Append {
+            events,
+            team,
+            done,
+            charge,
+            queued_at: Instant::now(),
+        };
+        self.tx.send(op).map_err(|e| {
+            if let WriteOp::Append { charge, .. } = e.0 {
+                self.shared.release(&charge);
+            }
+            WriteError::Stopped
+        })
     }
 }
 
-/// Add an operation to the batch; returns how many events it brought.
-fn push(op: WriteOp, batch: &mut Vec<Pending>) -> usize {
-    match op {
-        WriteOp::Append { events, team, done } => {
-            let n = events.len() + team.len();
-            batch.push(Pending {
-                events,
-                team,
-                done,
-                forget: None,
-            });
-            n
-        }
-        // Applied in order with the batch, after the events queued before it got their seq.
-        WriteOp::Forget(id) => {
-            batch.push(Pending {
-                events: Vec::new(),
-                team: Vec::new(),
-                done: None,
-                forget: Some(id),
-            });
-            0
-        }
-    }
+/// Scrub every event's data (on the producer's task) and measure the operation.
+fn prepare(events: &mut [NewEvent], team: &mut [NewTeamEvent]) -> usize {
+    let a: usize = events
+        .iter_mut()
+        .map(|e| scrub(&mut e.data) + ENVELOPE_BYTES)
+        .sum();
+    let t: usize = team
+        .iter_mut()
+        .map(|e| scrub(&mut e.data) + ENVELOPE_BYTES)
+        .sum();
+    a + t
 }
 
+/// One operation inside a batch.
 struct Pending {
     events: Vec<NewEvent>,
     team: Vec<NewTeamEvent>,
     done: Option<Done>,
+    charge: Charge,
+    queued_at: Option<Instant>,
     forget: Option<AgentId>,
 }
 
-async fn run(
-    pool: PgPool,
-    bus: Arc<Bus>,
-    mut rx: mpsc::Receiver<WriteOp>,
-    max_batch: usize,
-    linger: Duration,
-) {
-    let mut next_seq: HashMap<AgentId, i64> = HashMap::new();
-    let mut batch: Vec<Pending> = Vec::new();
-    loop {
-        let Some(first) = rx.recv().await else { break };
-        let mut count = push(first, &mut batch);
-        let deadline = tokio::time::Instant::now() + linger;
-        while count < max_batch {
-            match rx.try_recv() {
-                Ok(op) => count += push(op, &mut batch),
-                Err(mpsc::error::TryRecvError::Empty) if !linger.is_zero() => {
-                    match tokio::time::timeout_at(deadline, rx.recv()).await {
-                        Ok(Some(op)) => count += push(op, &mut batch),
-                        _ => break,
-                    }
-                }
-                Err(_) => break,
-            }
+impl Pending {
+    fn from_op(op: WriteOp) -> Self {
+        match op {
+            WriteOp::Append {
+                events,
+                team,
+                done,
+                charge,
+                queued_at,
+            } => Self {
+                events,
+                team,
+                done,
+                charge,
+                queued_at: Some(queued_at),
+                forget: None,
+            },
+            // Applied once the batch is numbered.
+            WriteOp::Forget(id) => Self {
+                events: Vec::new(),
+                team: Vec::new(),
+                done: None,
+                charge: Charge::default(),
+                queued_at: None,
+                forget: Some(id),
+            },
         }
-        if !batch.is_empty() {
-            commit(&pool, &bus, &mut next_seq, std::mem::take(&mut batch)).await;
-        }
+    }
+
+    fn len(&self) -> usize {
+        self.events.len() + self.team.len()
     }
 }
 
-async fn commit(
-    pool: &PgPool,
-    bus: &Bus,
-    next_seq: &mut HashMap<AgentId, i64>,
-    mut batch: Vec<Pending>,
-) {
-    // Assign sequence numbers, moving each event's data (no copies on the hot path).
-    let total: usize = batch.iter().map(|p| p.events.len()).sum();
-    let mut events: Vec<AgentEvent> = Vec::with_capacity(total);
-    let mut spans: Vec<(usize, usize)> = Vec::with_capacity(batch.len());
-    let now = Utc::now();
-    for i in 0..batch.len() {
-        let start = events.len();
-        for e in std::mem::take(&mut batch[i].events) {
-            let seq = match next_seq.get(&e.agent_id) {
-                Some(s) => *s,
-                None => match store::events::last_seq(pool, e.agent_id.uuid()).await {
-                    Ok(last) => last + 1,
-                    Err(err) => {
-                        fail(batch, &events, next_seq, WriteError::Store(err.to_string()));
-                        return;
+/// Retry pacing while the store is unavailable: 50 ms, doubling, at most 1 s.
+struct Backoff(Duration);
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(50);
+    const MAX: Duration = Duration::from_secs(1);
+
+    fn new() -> Self {
+        Self(Self::FIRST)
+    }
+
+    async fn wait(&mut self) {
+        tokio::time::sleep(self.0).await;
+        self.0 = (self.0 * 2).min(Self::MAX);
+    }
+}
+
+struct Writer {
+    pool: PgPool,
+    bus: Arc<Bus>,
+    shared: Arc<Shared>,
+    max_batch: usize,
+    linger: Duration,
+    next_seq: HashMap<AgentId, i64>,
+}
+
+impl Writer {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<WriteOp>) {
+        let mut batch: Vec<Pending> = Vec::new();
+        loop {
+            let Some(first) = rx.recv().await else { break };
+            let first = Pending::from_op(first);
+            let mut count = first.len();
+            batch.push(first);
+            let deadline = Instant::now() + self.linger;
+            while count < self.max_batch {
+                let op = match rx.try_recv() {
+                    Ok(op) => op,
+                    Err(mpsc::error::TryRecvError::Empty) if !self.linger.is_zero() => {
+                        match tokio::time::timeout_at(deadline, rx.recv()).await {
+                            Ok(Some(op)) => op,
+                            _ => break,
+                        }
                     }
-                },
+                    Err(_) => break,
+                };
+                let p = Pending::from_op(op);
+                count += p.len();
+                batch.push(p);
+            }
+            self.process(std::mem::take(&mut batch)).await;
+        }
+    }
+
+    /// Number, commit (however long the store takes), then answer and publish one batch.
+    async fn process(&mut self, mut batch: Vec<Pending>) {
+        let agents: Vec<AgentId> = {
+            let mut seen = HashSet::new();
+            batch
+                .iter()
+                .flat_map(|p| p.events.iter().map(|e| e.agent_id))
+                .filter(|id| !self.next_seq.contains_key(id) && seen.insert(*id))
+                .collect()
+        };
+        if !agents.is_empty() {
+            for (id, last) in self.last_seqs(&agents).await {
+                self.next_seq.insert(id, last + 1);
+            }
+        }
+
+        // Assign sequence numbers, moving each event's data (no copies on the hot path).
+        let total: usize = batch.iter().map(|p| p.events.len()).sum();
+        let mut events: Vec<AgentEvent> = Vec::with_capacity(total);
+        let mut spans: Vec<(usize, usize)> = Vec::with_capacity(batch.len());
+        let mut team: Vec<NewTeamEvent> = Vec::new();
+        // The time as the table keeps it (microseconds), so live and replayed copies of
+        // an event are the same.
+        let now = Utc::now();
+        let now = DateTime::from_timestamp_micros(now.timestamp_micros()).unwrap_or(now);
+        for p in batch.iter_mut() {
+            let start = events.len();
+            for e in std::mem::take(&mut p.events) {
+                // Every agent of the batch was read above. Were one missing, slot 1 would
+                // collide and the batch be numbered again from the table.
+                let seq = self.next_seq.get(&e.agent_id).copied().unwrap_or(1);
+                self.next_seq.insert(e.agent_id, seq + 1);
+                events.push(AgentEvent {
+                    seq,
+                    agent_id: e.agent_id,
+                    turn_id: e.turn_id,
+                    at: now,
+                    kind: e.kind,
+                    data: e.data,
+                });
+            }
+            spans.push((start, events.len()));
+            team.append(&mut p.team);
+        }
+        // Forgetting only drops a cache entry: done after numbering the whole batch, so an
+        // agent that stops and starts again within one batch keeps counting correctly.
+        for id in batch.iter().filter_map(|p| p.forget) {
+            self.next_seq.remove(&id);
+        }
+
+        let mut rows = self.commit_all(&mut events, &team).await;
+
+        // Committed: now, and only now, visible.
+        let committed_at = Instant::now();
+        let mut released = Charge::default();
+        let mut oldest: Option<Instant> = None;
+        for (p, (start, end)) in batch.into_iter().zip(spans) {
+            if let Some(done) = p.done {
+                let _ = done.send(events[start..end].to_vec());
+            }
+            released.event_permits += p.charge.event_permits;
+            released.byte_permits += p.charge.byte_permits;
+            released.events += p.charge.events;
+            released.bytes += p.charge.bytes;
+            if let Some(t) = p.queued_at {
+                oldest = Some(oldest.map_or(t, |o| o.min(t)));
+            }
+        }
+        self.shared
+            .committed_events
+            .fetch_add(events.len() as u64, Ordering::Relaxed);
+        self.bus
+            .publish(events.into_iter().map(|e| Arc::new(Published::new(e))));
+        rows.sort_by_key(|r| r.id);
+        for row in rows {
+            self.bus.publish_team(Arc::new(TeamActivity {
+                id: row.id,
+                team_id: row.team_id,
+                project_id: row.project_id,
+                workspace_id: row.workspace_id,
+                kind: row.kind,
+                at: row.at,
+                data: row.data,
+            }));
+        }
+        self.shared.release(&released);
+        if let Some(t) = oldest {
+            let waited = committed_at.duration_since(t).as_micros() as u64;
+            self.shared
+                .max_queue_wait_us
+                .fetch_max(waited, Ordering::Relaxed);
+        }
+    }
+
+    /// Commit `events` and `team`, whatever it takes: retry while the store is
+    /// unavailable; when the database refuses the batch for its content, commit it again
+    /// row by row so that every other event is stored and each refused one is replaced by
+    /// a stand-in in its slot. Returns the committed team rows.
+    async fn commit_all(
+        &mut self,
+        events: &mut [AgentEvent],
+        team: &[NewTeamEvent],
+    ) -> Vec<TeamEventRow> {
+        if events.is_empty() && team.is_empty() {
+            return Vec::new();
+        }
+        let mut backoff = Backoff::new();
+        let mut renumbered = 0;
+        let mut first_refusal: Option<Instant> = None;
+        loop {
+            let attempt = if first_refusal.is_some() {
+                self.watched(events.len(), self.commit_isolating(events, team))
+                    .await
+            } else {
+                self.watched(events.len(), try_commit(&self.pool, events, team))
+                    .await
             };
-            next_seq.insert(e.agent_id, seq + 1);
-            events.push(AgentEvent {
-                seq,
-                agent_id: e.agent_id,
-                turn_id: e.turn_id,
-                at: now,
-                kind: e.kind,
-                data: e.data,
-            });
-        }
-        spans.push((start, events.len()));
-        if let Some(id) = batch[i].forget {
-            next_seq.remove(&id);
+            let err = match attempt {
+                Ok(rows) => {
+                    if self.shared.is_down() {
+                        tracing::info!("the event store is reachable again");
+                        self.shared.set_down(false);
+                    }
+                    if let Some(t) = first_refusal {
+                        self.shared
+                            .max_isolation_us
+                            .fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    }
+                    return rows;
+                }
+                Err(err) => err,
+            };
+            match classify(&err) {
+                Fault::Unavailable => {
+                    if !self.shared.is_down() {
+                        tracing::warn!(error = %err, events = events.len(), "the event store is unavailable; keeping the batch and retrying");
+                        self.shared.set_down(true);
+                    }
+                    backoff.wait().await;
+                }
+                Fault::SeqTaken if renumbered < 3 => {
+                    // Our cached seq is behind the table (another writer was here).
+                    tracing::warn!(error = %err, "an event's seq slot was already taken; numbering the batch again from the table");
+                    self.renumber(events).await;
+                    renumbered += 1;
+                }
+                Fault::Content if first_refusal.is_none() => {
+                    first_refusal = Some(Instant::now());
+                }
+                _ => {
+                    // Refused even row by row with stand-ins: the cause is not an event.
+                    // Keep everything and retry rather than lose a slot.
+                    tracing::error!(error = %err, events = events.len(), "an event batch cannot be stored; retrying");
+                    backoff.wait().await;
+                }
+            }
         }
     }
-    let team: Vec<&NewTeamEvent> = batch.iter().flat_map(|p| p.team.iter()).collect();
 
-    let mut attempt = 0;
-    let team_rows = loop {
-        match try_commit(pool, &events, &team).await {
-            Ok(rows) => break rows,
-            Err(err) if attempt < 3 => {
-                attempt += 1;
-                tracing::warn!(error = %err, attempt, "event batch commit failed; retrying");
-                tokio::time::sleep(Duration::from_millis(100 * 4u64.pow(attempt))).await;
-            }
-            Err(err) => {
-                tracing::error!(error = %err, events = events.len(), "event batch could not be committed");
-                fail(batch, &events, next_seq, WriteError::Store(err.to_string()));
-                return;
+    /// Commit a refused batch row by row in one transaction: each refused agent event is
+    /// replaced by an `error` event (`event_rejected`) in its slot, each refused team
+    /// event is logged and counted.
+    async fn commit_isolating(
+        &self,
+        events: &mut [AgentEvent],
+        team: &[NewTeamEvent],
+    ) -> Result<Vec<TeamEventRow>, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let refused = if events.is_empty() {
+            Vec::new()
+        } else {
+            store::events::insert_each(&mut tx, events).await?
+        };
+        let mut stand_ins = Vec::with_capacity(refused.len());
+        for (idx, code, why) in &refused {
+            let Some(e) = usize::try_from(*idx).ok().and_then(|i| events.get_mut(i)) else {
+                continue;
+            };
+            let message = format!(
+                "a {} event was dropped: the database refused it ({why}, SQLSTATE {code})",
+                e.kind.as_str()
+            );
+            tracing::error!(agent_id = %e.agent_id, seq = e.seq, %message, "event rejected; storing an error in its slot");
+            e.kind = EventKind::Error;
+            e.data = json!({"code": "event_rejected", "message": message});
+            stand_ins.push(e.clone());
+        }
+        if !stand_ins.is_empty() {
+            // Stand-ins go through the ordinary insert: if even they are refused, the
+            // cause is not the events and the whole batch is retried.
+            store::events::insert_batch(&mut tx, &stand_ins).await?;
+        }
+        if !events.is_empty() {
+            store::events::advance_last_seq(&mut tx, events).await?;
+        }
+        let mut rows = Vec::with_capacity(team.len());
+        let mut team_refused = 0;
+        for t in team {
+            // A savepoint, so one refused team event does not undo the others.
+            let mut sp = sqlx::Acquire::begin(&mut *tx).await?;
+            match store::events::insert_team_event(
+                &mut sp,
+                t.team_id,
+                t.project_id,
+                t.workspace_id,
+                t.kind,
+                &t.data,
+            )
+            .await
+            {
+                Ok(row) => {
+                    sp.commit().await?;
+                    rows.push(row);
+                }
+                Err(err) if classify(&err) == Fault::Content => {
+                    sp.rollback().await?;
+                    tracing::error!(
+                        error = %err, kind = t.kind, team_id = %t.team_id,
+                        "the database refused a team event; it is not stored (team events have no seq slot to keep)"
+                    );
+                    team_refused += 1;
+                }
+                Err(err) => return Err(err),
             }
         }
-    };
+        tx.commit().await?;
+        self.shared
+            .rejected_events
+            .fetch_add(stand_ins.len() as u64, Ordering::Relaxed);
+        self.shared
+            .rejected_team_events
+            .fetch_add(team_refused, Ordering::Relaxed);
+        Ok(rows)
+    }
 
-    // Committed: now, and only now, visible.
-    for (p, (start, end)) in batch.into_iter().zip(spans) {
-        if let Some(done) = p.done {
-            let _ = done.send(Ok(events[start..end].to_vec()));
+    /// Run one attempt; if it has not finished after `commit_wait`, the store counts as
+    /// stalled (API writes stop waiting for it) while the attempt keeps going: abandoning
+    /// a commit in flight would leave its outcome unknown.
+    async fn watched<T>(
+        &self,
+        events: usize,
+        attempt: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, sqlx::Error> {
+        tokio::pin!(attempt);
+        tokio::select! {
+            r = &mut attempt => r,
+            _ = tokio::time::sleep(self.shared.commit_wait) => {
+                tracing::warn!(events, "an event batch commit is stalled");
+                self.shared.set_down(true);
+                attempt.await
+            }
         }
     }
-    bus.publish(events.into_iter().map(|e| Arc::new(Published::new(e))));
-    for row in team_rows {
-        bus.publish_team(Arc::new(TeamActivity {
-            id: row.id,
-            team_id: row.team_id,
-            project_id: row.project_id,
-            workspace_id: row.workspace_id,
-            kind: row.kind,
-            at: row.at,
-            data: row.data,
-        }));
+
+    /// The last stored seq of each agent (0 for none), retried until the store answers.
+    async fn last_seqs(&self, agents: &[AgentId]) -> Vec<(AgentId, i64)> {
+        let ids: Vec<Uuid> = agents.iter().map(|a| a.uuid()).collect();
+        let mut backoff = Backoff::new();
+        loop {
+            match store::events::last_seqs(&self.pool, &ids).await {
+                Ok(found) => {
+                    let found: HashMap<Uuid, i64> = found.into_iter().collect();
+                    return agents
+                        .iter()
+                        .map(|a| (*a, found.get(&a.uuid()).copied().unwrap_or(0)))
+                        .collect();
+                }
+                Err(err) => {
+                    if !self.shared.is_down() {
+                        tracing::warn!(error = %err, "cannot read the last seq of agents; retrying");
+                        self.shared.set_down(true);
+                    }
+                    backoff.wait().await;
+                }
+            }
+        }
+    }
+
+    /// Give the batch's events new seqs following what the table holds.
+    async fn renumber(&mut self, events: &mut [AgentEvent]) {
+        let mut agents: Vec<AgentId> = events.iter().map(|e| e.agent_id).collect();
+        agents.sort_by_key(|a| a.uuid());
+        agents.dedup();
+        let mut next: HashMap<AgentId, i64> = self
+            .last_seqs(&agents)
+            .await
+            .into_iter()
+            .map(|(a, s)| (a, s + 1))
+            .collect();
+        for e in events.iter_mut() {
+            let s = next.get_mut(&e.agent_id).expect("every agent was read");
+            e.seq = *s;
+            *s += 1;
+        }
+        // Read again from the table next time.
+        for a in agents {
+            self.next_seq.remove(&a);
+        }
     }
 }
 
 async fn try_commit(
     pool: &PgPool,
     events: &[AgentEvent],
-    team: &[&NewTeamEvent],
-) -> Result<Vec<store::events::TeamEventRow>, sqlx::Error> {
+    team: &[NewTeamEvent],
+) -> Result<Vec<TeamEventRow>, sqlx::Error> {
     let mut tx = pool.begin().await?;
     if !events.is_empty() {
         store::events::insert_batch(&mut tx, events).await?;
@@ -284,22 +818,69 @@ async fn try_commit(
     Ok(rows)
 }
 
-fn fail(
-    batch: Vec<Pending>,
-    assigned: &[AgentEvent],
-    next_seq: &mut HashMap<AgentId, i64>,
-    err: WriteError,
-) {
-    // Nothing of this batch was stored: read the next seq from the database next time.
-    for e in assigned {
-        next_seq.remove(&e.agent_id);
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared(events: usize, bytes: usize) -> Shared {
+        Shared::new(&WriterLimits {
+            max_queued_events: events,
+            max_queued_bytes: bytes,
+            ..WriterLimits::default()
+        })
     }
-    for p in batch {
-        for e in &p.events {
-            next_seq.remove(&e.agent_id);
-        }
-        if let Some(done) = p.done {
-            let _ = done.send(Err(err.clone()));
-        }
+
+    #[tokio::test]
+    async fn an_event_larger_than_the_budget_takes_the_whole_budget() {
+        let s = shared(10, 1000);
+        let big = s.charge(1, 5000);
+        assert_eq!(big.byte_permits, 1000);
+        s.reserve(&big).await;
+        // Nothing else fits until it is released.
+        assert!(!s.try_reserve(&s.charge(1, 1)));
+        s.release(&big);
+        assert!(s.try_reserve(&s.charge(1, 1)));
+    }
+
+    #[tokio::test]
+    async fn producers_wait_for_budget_until_it_is_released() {
+        let s = Arc::new(shared(4, 1 << 20));
+        let first = s.charge(4, 100);
+        s.reserve(&first).await;
+        s.admitted(&first);
+        let waiter = {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let c = s.charge(1, 10);
+                s.reserve(&c).await;
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !waiter.is_finished(),
+            "the budget is spent; the producer waits"
+        );
+        s.release(&first);
+        tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .expect("released budget wakes the producer")
+            .unwrap();
+        assert_eq!(s.high_water_events.load(Ordering::Relaxed), 4);
+        assert_eq!(s.queued_events.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_wait_gives_back_what_it_took() {
+        let s = shared(10, 100);
+        let held = s.charge(1, 100);
+        s.reserve(&held).await;
+        // Gets its event permits, then waits for bytes; cancelled by the timeout.
+        let c = s.charge(5, 50);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), s.reserve(&c))
+                .await
+                .is_err()
+        );
+        assert_eq!(s.event_budget.available_permits(), 9);
     }
 }

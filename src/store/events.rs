@@ -63,6 +63,49 @@ pub async fn insert_batch(
     .bind(&ats)
     .execute(&mut **tx)
     .await?;
+    advance_last_seq(tx, events).await
+}
+
+/// Insert events one by one (each in its own subtransaction): the ones the database
+/// refuses for their content are left out and reported as `(index, SQLSTATE, message)`.
+/// Slow; only for a batch that `insert_batch` could not store. `last_seq` is not touched.
+pub async fn insert_each(
+    tx: &mut Transaction<'_, Postgres>,
+    events: &[AgentEvent],
+) -> Result<Vec<(i32, String, String)>, sqlx::Error> {
+    let n = events.len();
+    let mut agent_ids = Vec::with_capacity(n);
+    let mut seqs = Vec::with_capacity(n);
+    let mut turns: Vec<Option<Uuid>> = Vec::with_capacity(n);
+    let mut kinds = Vec::with_capacity(n);
+    let mut data = Vec::with_capacity(n);
+    let mut ats = Vec::with_capacity(n);
+    for e in events {
+        agent_ids.push(e.agent_id.uuid());
+        seqs.push(e.seq);
+        turns.push(e.turn_id.map(|t| t.uuid()));
+        kinds.push(e.kind.as_str());
+        data.push(e.data.to_string());
+        ats.push(e.at);
+    }
+    sqlx::query_as(
+        "SELECT idx, code, message FROM agentry_insert_events_each($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(&agent_ids)
+    .bind(&seqs)
+    .bind(&turns)
+    .bind(&kinds)
+    .bind(&data)
+    .bind(&ats)
+    .fetch_all(&mut **tx)
+    .await
+}
+
+/// Advance each agent's `last_seq` to its last event among `events`.
+pub async fn advance_last_seq(
+    tx: &mut Transaction<'_, Postgres>,
+    events: &[AgentEvent],
+) -> Result<(), sqlx::Error> {
     // The last event of each agent in the batch carries its new last_seq.
     let mut last: Vec<(Uuid, i64)> = Vec::new();
     for e in events.iter().rev() {
@@ -88,6 +131,22 @@ pub async fn last_seq(db: impl PgExecutor<'_>, agent_id: Uuid) -> Result<i64, sq
         .bind(agent_id)
         .fetch_one(db)
         .await
+}
+
+/// The last seq of each given agent that has events (agents without any are absent).
+pub async fn last_seqs(
+    db: impl PgExecutor<'_>,
+    agent_ids: &[Uuid],
+) -> Result<Vec<(Uuid, i64)>, sqlx::Error> {
+    // One index probe per agent (backwards on the primary key), whatever its length.
+    sqlx::query_as(
+        "SELECT a.id, m.seq FROM UNNEST($1::uuid[]) AS a(id)
+         CROSS JOIN LATERAL (SELECT max(seq) AS seq FROM agent_events e WHERE e.agent_id = a.id) m
+         WHERE m.seq IS NOT NULL",
+    )
+    .bind(agent_ids)
+    .fetch_all(db)
+    .await
 }
 
 /// Events after `after_seq`, oldest first.

@@ -20,6 +20,10 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 /// Migrations embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
+/// How long a query waits for a connection before it fails (`PoolTimedOut`, answered as
+/// 503 `store_unavailable`): an unreachable or stalled database must not hang requests.
+pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Connect a pool with the settings every agentry pool shares.
 pub async fn connect(
     options: PgConnectOptions,
@@ -28,7 +32,7 @@ pub async fn connect(
     PgPoolOptions::new()
         .max_connections(max_connections)
         .min_connections(1)
-        .acquire_timeout(Duration::from_secs(10))
+        .acquire_timeout(ACQUIRE_TIMEOUT)
         .connect_with(options)
         .await
 }

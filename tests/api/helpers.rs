@@ -22,6 +22,8 @@ pub struct TestApp {
     pub pool: PgPool,
     pub data_dir: TempDir,
     pub db: PgConnectOptions,
+    /// The app's event writer, for its counters.
+    pub writer: agentry::events::EventWriter,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -105,6 +107,7 @@ async fn start(
         .or_else(|| app.bootstrap_token().map(str::to_owned))
         .expect("a token");
     let base = format!("http://127.0.0.1:{}", app.port());
+    let writer = app.state().services.writer.clone();
     let (stop_tx, stop_rx) = oneshot::channel();
     let task = tokio::spawn(async move {
         app.run_until(async {
@@ -123,6 +126,7 @@ async fn start(
         pool,
         data_dir,
         db,
+        writer,
         stop: Some(stop_tx),
         task: Some(task),
     }

@@ -12,3 +12,4 @@ mod single_server;
 mod story;
 mod streams;
 mod workspaces;
+mod writer;

@@ -11,7 +11,7 @@ use agentry::domain::{
     AgentId, Behavior, PermissionKind, PermissionOption, ToolKind, ToolStatus, TurnOutcome,
     WorkspaceId,
 };
-use agentry::events::{Bus, EventWriter};
+use agentry::events::{Bus, EventWriter, WriterLimits};
 use agentry::process::{CommandSpec, Ledger, ManagedChild};
 use agentry::providers::{
     Availability, EventSink, PermissionDecision, PermissionRequest, ProcessLauncher, Provider,
@@ -272,7 +272,14 @@ async fn harness(plan: Plan, interrupt_grace: Duration) -> Harness {
         seen: seen.clone(),
     }));
     let pool = app.pool.clone();
-    let writer = EventWriter::spawn(pool.clone(), Arc::new(Bus::new(64)), 512, Duration::ZERO);
+    let writer = EventWriter::spawn(
+        pool.clone(),
+        Arc::new(Bus::new(64)),
+        WriterLimits {
+            max_batch: 512,
+            ..WriterLimits::default()
+        },
+    );
     let manager = AgentManager::new(
         pool.clone(),
         writer,

@@ -1,0 +1,254 @@
+//! The event writer against bad data: an event the database refuses among busy agents,
+//! and provider output carrying U+0000.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+/// Text the test database refuses to store in an event (a CHECK constraint added to this
+/// test's own database: the database itself says no).
+const POISON: &str = "POISON-7f3a";
+
+/// Check one agent's timeline: seq 1..N dense, its `/load` turn complete, every delta
+/// there and the deltas adding up to the message.
+fn assert_load_timeline(events: &[Value], chunks: usize) {
+    let seqs: Vec<i64> = events.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+    let expected: Vec<i64> = (1..=events.len() as i64).collect();
+    assert_eq!(seqs, expected, "seq is dense from 1");
+    let deltas: Vec<&str> = events
+        .iter()
+        .filter(|e| e["kind"] == "assistant_delta")
+        .map(|e| e["data"]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(deltas.len(), chunks, "every chunk committed");
+    let message = events
+        .iter()
+        .find(|e| e["kind"] == "assistant_message")
+        .expect("the closing message");
+    assert_eq!(deltas.concat(), message["data"]["text"].as_str().unwrap());
+    let done = events
+        .iter()
+        .rfind(|e| e["kind"] == "turn_completed")
+        .expect("the turn ended");
+    assert_eq!(done["data"]["outcome"], "completed");
+    assert!(
+        events.iter().all(|e| e["kind"] != "error"),
+        "bystanders have no error events"
+    );
+}
+
+async fn agent_in_new_workspace(app: &TestApp, project: &Value, provider: &str) -> String {
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let agent = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": provider}),
+            201,
+        )
+        .await;
+    let id = agent["id"].as_str().unwrap().to_owned();
+    app.wait(&id).await;
+    id
+}
+
+#[tokio::test]
+async fn a_refused_event_becomes_an_error_in_its_slot_and_stalls_nobody() {
+    let app = spawn_app().await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE agent_events ADD CONSTRAINT poison_marker
+         CHECK (strpos(coalesce(data->>'text', ''), '{POISON}') = 0)"
+    )))
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let mut bystanders = Vec::new();
+    for _ in 0..4 {
+        bystanders.push(agent_in_new_workspace(&app, &project, "mock").await);
+    }
+    let victim = agent_in_new_workspace(&app, &project, "mock").await;
+    // Team events are refused the same way: the victim's `running` activity.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE team_events ADD CONSTRAINT poison_activity
+         CHECK (NOT (kind = 'agent_status' AND data->>'status' = 'running'
+                     AND data->>'agent_id' = '{victim}'))"
+    )))
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let before = app.writer.stats();
+
+    // Paced load (about 1,000 events/s per agent): the writer keeps up easily, so any
+    // long wait in the queue would be the refused event's doing.
+    const CHUNKS: usize = 1500;
+    for b in &bystanders {
+        app.prompt(b, &format!("/load {CHUNKS} 1")).await;
+    }
+    let mut poisoned_turns = Vec::new();
+    for i in 0..3 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        poisoned_turns.push(app.prompt(&victim, &format!("{POISON} number {i}")).await);
+        let w = app.wait(&victim).await;
+        assert_eq!(w["last_turn"]["outcome"], "completed", "{w}");
+    }
+    for b in &bystanders {
+        let w = app.wait(b).await;
+        assert_eq!(w["status"], "idle", "{w}");
+        assert_eq!(w["last_turn"]["outcome"], "completed", "{w}");
+    }
+
+    for b in &bystanders {
+        assert_load_timeline(&app.timeline(b).await, CHUNKS);
+    }
+
+    // The victim: each user message's slot holds the error, the turn went on around it.
+    let events = app.timeline(&victim).await;
+    let seqs: Vec<i64> = events.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+    assert_eq!(seqs, (1..=events.len() as i64).collect::<Vec<_>>());
+    assert!(
+        events.iter().all(|e| e["kind"] != "user_message"),
+        "every prompt carried the marker"
+    );
+    for turn in &poisoned_turns {
+        let in_turn: Vec<&Value> = events.iter().filter(|e| e["turn_id"] == *turn).collect();
+        assert_eq!(in_turn[0]["kind"], "turn_started");
+        let slot = in_turn[1];
+        assert_eq!(slot["kind"], "error", "{slot}");
+        assert_eq!(slot["data"]["code"], "event_rejected");
+        let message = slot["data"]["message"].as_str().unwrap();
+        assert!(message.contains("user_message"), "{message}");
+        assert!(
+            !message.contains(POISON),
+            "the refused data is not repeated"
+        );
+        assert_eq!(in_turn.last().unwrap()["kind"], "turn_completed");
+    }
+    let rejected_in_timeline = events
+        .iter()
+        .filter(|e| e["kind"] == "error" && e["data"]["code"] == "event_rejected")
+        .count() as u64;
+
+    let after = app.writer.stats();
+    assert_eq!(
+        after.rejected_events - before.rejected_events,
+        rejected_in_timeline
+    );
+    assert_eq!(
+        after.rejected_team_events - before.rejected_team_events,
+        poisoned_turns.len() as u64,
+        "one refused `running` activity per turn"
+    );
+    // The team events around the refused ones are stored.
+    let (idle,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM team_events
+         WHERE kind = 'agent_status' AND data->>'agent_id' = $1 AND data->>'status' = 'idle'",
+    )
+    .bind(&victim)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert!(
+        idle as usize > poisoned_turns.len(),
+        "{idle} idle activities"
+    );
+    eprintln!(
+        "isolating refused events took at most {:?}; longest queue wait {:?}",
+        after.max_isolation, after.max_queue_wait
+    );
+    assert!(after.max_isolation > Duration::ZERO, "a batch was refused");
+    assert!(
+        after.max_isolation < Duration::from_secs(1),
+        "setting the refused events aside delayed the others by {:?}",
+        after.max_isolation
+    );
+    assert_eq!(after.queued_events, 0);
+    app.stop().await;
+}
+
+/// A scripted ACP agent whose output carries U+0000 in a tool title, a tool input key,
+/// tool output and message text, then says something more.
+const NUL_AGENT: &str = r#"
+emit() { printf '%s\n' "$1"; }
+upd() { emit "{\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{\"sessionId\":\"s1\",\"update\":$1}}"; }
+while IFS= read -r line; do
+  id=$(printf '%s' "$line" | sed -n -e 's/.*"id":\([0-9][0-9]*\).*/\1/p' -e 's/.*"id":\("[^"]*"\).*/\1/p')
+  case "$line" in
+  *'"method":"initialize"'*)
+    emit "{\"jsonrpc\":\"2.0\",\"id\":$id,\"result\":{\"protocolVersion\":1,\"agentCapabilities\":{}}}" ;;
+  *'"method":"session/new"'*)
+    emit "{\"jsonrpc\":\"2.0\",\"id\":$id,\"result\":{\"sessionId\":\"s1\"}}" ;;
+  *'"method":"session/prompt"'*)
+    upd '{"sessionUpdate":"tool_call","toolCallId":"t1","title":"cat a\u0000b","kind":"execute","status":"in_progress","rawInput":{"k\u0000":"v"}}'
+    upd '{"sessionUpdate":"tool_call_update","toolCallId":"t1","status":"completed","rawOutput":{"stdout":"x\u0000y"}}'
+    upd '{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"a\u0000b"}}'
+    upd '{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":" and later"}}'
+    emit "{\"jsonrpc\":\"2.0\",\"id\":$id,\"result\":{\"stopReason\":\"end_turn\"}}" ;;
+  esac
+done
+"#;
+
+#[tokio::test]
+async fn provider_nul_is_stored_and_streamed_as_the_replacement_character() {
+    let app = spawn_app_with(|s| {
+        s.providers.insert(
+            "nul".into(),
+            agentry::config::ProviderSettings {
+                extends: Some("acp".into()),
+                command: Some(vec!["sh".into(), "-c".into(), NUL_AGENT.into()]),
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let id = agent_in_new_workspace(&app, &project, "nul").await;
+    let mut sse = app.events(&id, None).await;
+    app.prompt(&id, "print the binary file").await;
+    let w = app.wait(&id).await;
+    assert_eq!(w["last_turn"]["outcome"], "completed", "{w}");
+
+    let streamed = sse.until("turn_completed", Duration::from_secs(20)).await;
+    let stored = app.timeline(&id).await;
+    let ids: Vec<i64> = streamed.iter().map(|e| e.id).collect();
+    assert_eq!(ids, (1..=streamed.len() as i64).collect::<Vec<_>>());
+    for s in &streamed {
+        assert_eq!(
+            s.data,
+            stored[(s.id - 1) as usize],
+            "SSE and timeline agree"
+        );
+    }
+    assert!(
+        streamed
+            .iter()
+            .any(|e| e.data["data"]["text"] == "a\u{FFFD}b and later"),
+        "SSE streams the replacement character"
+    );
+    let all = serde_json::to_string(&stored).unwrap();
+    assert!(!all.contains("\\u0000"), "no NUL anywhere: {all}");
+
+    let tools: Vec<&Value> = stored.iter().filter(|e| e["kind"] == "tool_call").collect();
+    assert!(!tools.is_empty(), "{all}");
+    assert_eq!(tools[0]["data"]["title"], "cat a\u{FFFD}b");
+    assert_eq!(tools[0]["data"]["input"], json!({"k\u{FFFD}": "v"}));
+    let done = tools.last().unwrap();
+    assert_eq!(done["data"]["status"], "completed");
+    assert!(
+        done["data"]["output"].to_string().contains("x\u{FFFD}y"),
+        "{done}"
+    );
+    let message = stored
+        .iter()
+        .find(|e| e["kind"] == "assistant_message")
+        .expect("the message after the NUL is there");
+    assert_eq!(message["data"]["text"], "a\u{FFFD}b and later");
+    assert!(stored.iter().any(|e| e["kind"] == "turn_completed"));
+    assert_eq!(app.writer.stats().rejected_events, 0, "nothing was refused");
+    app.stop().await;
+}

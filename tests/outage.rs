@@ -1,0 +1,244 @@
+//! The database stalls under load: every process of the test cluster is stopped with
+//! SIGSTOP for ten seconds while agents stream. Its own test binary, so its own cluster:
+//! pausing it stalls no other test.
+//!
+//! What must hold: the writer's queue stays within its budget in events and bytes (the
+//! agents are slowed instead), an API write during the pause answers 503
+//! `store_unavailable` within the bounded wait, and once the cluster runs again every event
+//! of every agent is committed, dense and in order, and every turn completes.
+
+#[path = "api/helpers.rs"]
+#[allow(dead_code)]
+mod helpers;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use helpers::*;
+use serde_json::{Value, json};
+
+/// The postmaster (from `postmaster.pid` in the cluster's data dir) and its children.
+fn cluster_processes(data_dir: &Path) -> Vec<i32> {
+    let pid_file = std::fs::read_to_string(data_dir.join("postmaster.pid")).unwrap();
+    let postmaster: i32 = pid_file.lines().next().unwrap().trim().parse().unwrap();
+    let mut pids = vec![postmaster];
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
+        let ppid: Option<i32> = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok());
+        if ppid == Some(postmaster) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Processes stopped with SIGSTOP; SIGCONT when dropped, whatever happens in between.
+struct Paused(Vec<i32>);
+
+impl Paused {
+    fn stop(pids: Vec<i32>) -> Self {
+        let paused = Paused(pids);
+        for pid in &paused.0 {
+            // SAFETY: kill(2) with a pid of the test's own database cluster.
+            let rc = unsafe { libc::kill(*pid, libc::SIGSTOP) };
+            assert_eq!(rc, 0, "SIGSTOP {pid}");
+        }
+        paused
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            // SAFETY: as above.
+            unsafe {
+                libc::kill(*pid, libc::SIGCONT);
+            }
+        }
+    }
+}
+
+const AGENTS: usize = 4;
+const CHUNKS: usize = 4000;
+const MAX_EVENTS: usize = 2000;
+const MAX_BYTES: usize = 200_000;
+
+#[tokio::test]
+async fn a_stopped_database_slows_agents_loses_nothing_and_recovers() {
+    let app = spawn_app_with(|s| {
+        s.events.queue_max_events = MAX_EVENTS;
+        s.events.queue_max_bytes = MAX_BYTES;
+        s.events.commit_wait_ms = 2000;
+    })
+    .await;
+    let cluster = agentry::embedded_pg::test_cluster();
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let mut agents = Vec::new();
+    for _ in 0..AGENTS {
+        let ws = app
+            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+            .await;
+        let agent = app
+            .post_ok(
+                "/v1/agents",
+                json!({"workspace_id": ws["id"], "provider": "mock"}),
+                201,
+            )
+            .await;
+        let id = agent["id"].as_str().unwrap().to_owned();
+        app.wait(&id).await;
+        agents.push(id);
+    }
+    let probe = agents[0].clone();
+    // The probe agent stays idle; the others stream.
+    for a in &agents[1..] {
+        app.prompt(a, &format!("/load {CHUNKS} 0")).await;
+    }
+    let start = app.writer.stats().committed_events;
+    let flowing = Instant::now();
+    while app.writer.stats().committed_events < start + 500 {
+        assert!(
+            flowing.elapsed() < Duration::from_secs(20),
+            "events start flowing"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // Sample the writer's queue all through the pause.
+    let sampling = Arc::new(AtomicBool::new(true));
+    let (max_events, max_bytes, saw_down) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let sampler = {
+        let (writer, sampling) = (app.writer.clone(), sampling.clone());
+        let (max_events, max_bytes, saw_down) =
+            (max_events.clone(), max_bytes.clone(), saw_down.clone());
+        tokio::spawn(async move {
+            while sampling.load(Ordering::Relaxed) {
+                let s = writer.stats();
+                max_events.fetch_max(s.queued_events, Ordering::Relaxed);
+                max_bytes.fetch_max(s.queued_bytes, Ordering::Relaxed);
+                if s.store_down {
+                    saw_down.store(true, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+
+    let pids = cluster_processes(cluster.data_dir());
+    assert!(pids.len() > 2, "the postmaster and its children: {pids:?}");
+    let paused = Paused::stop(pids);
+    let paused_at = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let committed_while_paused = app.writer.stats().committed_events;
+
+    // An API write while the database is stopped: a bounded wait, then 503.
+    let asked = Instant::now();
+    let res = reqwest::Client::new()
+        .put(app.url(&format!("/v1/agents/{probe}/mode")))
+        .bearer_auth(&app.token)
+        .json(&json!({"mode": "default"}))
+        .send()
+        .await
+        .unwrap();
+    let answered_in = asked.elapsed();
+    let problem = expect_status(res, 503).await;
+    assert_eq!(problem["code"], "store_unavailable", "{problem}");
+    assert!(
+        answered_in < Duration::from_secs(8),
+        "answered after {answered_in:?}"
+    );
+
+    let rest = Duration::from_secs(10).saturating_sub(paused_at.elapsed());
+    tokio::time::sleep(rest).await;
+    let during = app.writer.stats();
+    assert_eq!(
+        during.committed_events, committed_while_paused,
+        "nothing commits while the database is stopped"
+    );
+    drop(paused);
+    sampling.store(false, Ordering::Relaxed);
+    sampler.await.unwrap();
+
+    let (max_events, max_bytes) = (
+        max_events.load(Ordering::Relaxed),
+        max_bytes.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "paused 10 s: queue peaked at {max_events} events / {max_bytes} bytes; API write answered 503 in {answered_in:?}"
+    );
+    assert!(
+        saw_down.load(Ordering::Relaxed),
+        "the writer noticed the stall"
+    );
+    // The queue filled up to its budget and no further: the agents waited.
+    assert!(
+        max_events as usize <= MAX_EVENTS && max_bytes as usize <= MAX_BYTES,
+        "queued {max_events} events / {max_bytes} bytes; budget {MAX_EVENTS} / {MAX_BYTES}"
+    );
+    assert!(
+        max_events as usize >= MAX_EVENTS / 2 || max_bytes as usize >= MAX_BYTES / 2,
+        "the queue filled while the database was stopped: {max_events} events / {max_bytes} bytes"
+    );
+
+    // Back: everything accepted is committed, in order; every turn completes.
+    for a in &agents[1..] {
+        let w = app
+            .get_ok(&format!("/v1/agents/{a}/wait?timeout_s=120"))
+            .await;
+        assert_eq!(w["timed_out"], false, "{w}");
+        assert_eq!(w["last_turn"]["outcome"], "completed", "{w}");
+        let events = app.timeline(a).await;
+        let seqs: Vec<i64> = events.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+        assert_eq!(seqs, (1..=events.len() as i64).collect::<Vec<_>>());
+        let deltas: Vec<&str> = events
+            .iter()
+            .filter(|e| e["kind"] == "assistant_delta")
+            .map(|e| e["data"]["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(deltas.len(), CHUNKS, "every chunk of {a} committed");
+        let message: &Value = events
+            .iter()
+            .find(|e| e["kind"] == "assistant_message")
+            .expect("the closing message");
+        assert_eq!(deltas.concat(), message["data"]["text"].as_str().unwrap());
+        assert!(events.iter().any(|e| e["kind"] == "turn_completed"));
+        assert!(events.iter().all(|e| e["kind"] != "error"), "no errors");
+    }
+    let after = app.writer.stats();
+    assert!(!after.store_down, "the writer saw the store come back");
+    assert_eq!(after.overdrafts, 0);
+    assert_eq!(after.rejected_events, 0);
+    assert!(after.high_water_events as usize <= MAX_EVENTS);
+    assert!(after.high_water_bytes as usize <= MAX_BYTES);
+    // The service answers writes again.
+    let res = app
+        .client
+        .put(app.url(&format!("/v1/agents/{probe}/mode")))
+        .bearer_auth(&app.token)
+        .json(&json!({"mode": "default"}))
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(res.status().as_u16(), 503);
+    app.stop().await;
+}
