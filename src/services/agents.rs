@@ -475,6 +475,11 @@ pub async fn prompt(
     if row.archived_at.is_some() {
         return Err(ServiceError::AgentArchived);
     }
+    if row.workspace_archived {
+        return Err(ServiceError::WorkspaceArchived(
+            "the agent's workspace is archived; its files are gone",
+        ));
+    }
     let turn_id = ctx
         .agents
         .prompt(&context(&row), body.text, body.client_message_id)

@@ -13,6 +13,8 @@ pub struct AgentRow {
     pub team_id: Uuid,
     pub project_id: Uuid,
     pub workspace_path: String,
+    /// The workspace is archived: its files are gone, so the agent cannot run again.
+    pub workspace_archived: bool,
     pub provider: String,
     pub model: Option<String>,
     pub mode: Option<String>,
@@ -37,7 +39,8 @@ pub struct AgentRow {
 macro_rules! select_agents {
     ($where:literal) => {
         concat!(
-            "SELECT a.id, a.workspace_id, a.team_id, w.project_id, w.path AS workspace_path, a.provider, a.model, a.mode,
+            "SELECT a.id, a.workspace_id, a.team_id, w.project_id, w.path AS workspace_path,
+                    w.archived_at IS NOT NULL AS workspace_archived, a.provider, a.model, a.mode,
                     a.title, a.labels, a.system_prompt, a.mcp_servers, a.status, a.status_reason, a.last_seq,
                     a.persistence, a.provider_session_id, a.last_turn_id, a.last_turn_outcome, a.last_turn_error,
                     a.created_by, a.created_at, a.archived_at,

@@ -113,3 +113,24 @@ async fn names_and_refs_are_validated() {
     let r = app.post("/v1/agents", json!({"workspace": {"project_id": project["id"], "branch": "../../x"}, "provider": "mock"})).await;
     assert_eq!(expect_status(r, 422).await["code"], "validation_failed");
 }
+
+#[tokio::test]
+async fn an_agent_of_an_archived_workspace_cannot_be_prompted_again() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let (agent, ws) = app.mock_agent(repo.path()).await;
+    app.wait(&agent).await;
+    app.post_ok(&format!("/v1/workspaces/{ws}/archive"), json!({}), 200)
+        .await;
+    let res = app
+        .post(
+            &format!("/v1/agents/{agent}/messages"),
+            json!({"text": "hello again"}),
+        )
+        .await;
+    let body = expect_status(res, 409).await;
+    assert_eq!(body["code"], "workspace_archived", "{body}");
+    // The agent is still readable, and closed.
+    let view = app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(view["status"], "closed", "{view}");
+}
