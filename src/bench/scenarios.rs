@@ -230,18 +230,8 @@ pub async fn throughput(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     println!("== throughput: {}", plan.describe());
     let server = ServerProcess::start(args.keep).await?;
     let api = Api::new(&server.base, &server.token);
-    let raw = raw::measure(&server.pool, args.raw_seconds).await?;
-    println!(
-        "  raw reference: {} rows/s — logged table LIKE agent_events, {} rows per INSERT \
-         transaction, {} clients, {:.1} s, synchronous_commit={}, fsync={}, data {:.0} bytes/row",
-        thousands(raw.rows_per_s()),
-        raw::BATCH_ROWS,
-        raw::CLIENTS,
-        raw.elapsed.as_secs_f64(),
-        raw.synchronous_commit,
-        raw.fsync,
-        raw.data_bytes
-    );
+    let raw_before = raw::measure(&server.pool, args.raw_seconds).await?;
+    print_raw("before", &raw_before);
     let ws = api.workspace(&server.repo).await?;
     let agents = api.open_agents(&ws, plan.agents, 16).await?;
     let before = server.memory();
@@ -254,8 +244,18 @@ pub async fn throughput(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     .fetch_one(&server.pool)
     .await?;
     println!("  the pipeline's chunks: data {pipeline_bytes:.0} bytes/row");
-    let ratio = run.durable_per_s() / raw.rows_per_s();
-    println!("  durable events/s ÷ raw rows/s = {:.1} %", ratio * 100.0);
+    // Measured again after the load: the disk and CPU are shared, so the reference can
+    // move during a run; the ratio is taken against the better of the two (the lower
+    // ratio), and both are shown.
+    let raw_after = raw::measure(&server.pool, args.raw_seconds).await?;
+    print_raw("after", &raw_after);
+    let raw_rate = raw_before.rows_per_s().max(raw_after.rows_per_s());
+    let ratio = run.durable_per_s() / raw_rate;
+    println!(
+        "  durable events/s ÷ raw rows/s = {:.1} % (against {} rows/s)",
+        ratio * 100.0,
+        thousands(raw_rate)
+    );
     let after = server.memory();
     println!("  server before: {}", memory_line(&before));
     println!("  server after:  {}", memory_line(&after));
@@ -263,8 +263,12 @@ pub async fn throughput(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     let mut figures = vec![
         Figure::info(
             S,
-            "raw rows/s (same database, same run)",
-            thousands(raw.rows_per_s()),
+            "raw rows/s before / after the load",
+            format!(
+                "{} / {}",
+                thousands(raw_before.rows_per_s()),
+                thousands(raw_after.rows_per_s())
+            ),
         ),
         Figure::info(
             S,
@@ -299,6 +303,21 @@ pub async fn throughput(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
         format!("{:.1} MB", mb(after.peak_rss_kib)),
     ));
     Ok(figures)
+}
+
+fn print_raw(when: &str, raw: &raw::RawResult) {
+    println!(
+        "  raw reference {when} the load: {} rows/s — logged table LIKE agent_events, {} rows \
+         per INSERT transaction, {} clients, {:.1} s, synchronous_commit={}, fsync={}, data \
+         {:.0} bytes/row",
+        thousands(raw.rows_per_s()),
+        raw::BATCH_ROWS,
+        raw::CLIENTS,
+        raw.elapsed.as_secs_f64(),
+        raw.synchronous_commit,
+        raw.fsync,
+        raw.data_bytes
+    );
 }
 
 pub async fn latency(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
