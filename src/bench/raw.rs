@@ -83,7 +83,7 @@ async fn insert_until(
     let agents: Vec<Uuid> = (0..AGENTS_PER_CLIENT).map(|_| Uuid::now_v7()).collect();
     let turn = Uuid::now_v7();
     let message = format!("msg_{}", Uuid::now_v7().simple());
-    let mut next_seq = vec![1i64; AGENTS_PER_CLIENT];
+    let mut next_seq = [1i64; AGENTS_PER_CLIENT];
     let mut chunk = 0u64;
     let mut rows = 0u64;
     while Instant::now() < deadline {
