@@ -97,6 +97,8 @@ struct LoadRun {
     /// Only the events emitted after every prompt was accepted (all agents running).
     steady: Option<Percentiles>,
     cpu: String,
+    /// Percent of the machine's CPU used by processes outside the benchmark.
+    other_cpu: f64,
 }
 
 impl LoadRun {
@@ -128,6 +130,13 @@ impl LoadRun {
             println!("  emission→SSE once every agent runs: {}", p.line());
         }
         println!("  {}", self.cpu);
+        if self.other_cpu > 10.0 {
+            println!(
+                "  WARNING: other processes used {:.0} % of the machine during this load; \
+                 its figures do not represent this server alone",
+                self.other_cpu
+            );
+        }
     }
 }
 
@@ -221,6 +230,7 @@ async fn run_load(
         latency: Percentiles::of(latencies),
         steady: Percentiles::of(steady),
         cpu: cpu_before.shares_until(&cpu_after),
+        other_cpu: cpu_before.other_share_until(&cpu_after),
     })
 }
 
@@ -302,6 +312,11 @@ pub async fn throughput(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
         "server peak RSS",
         format!("{:.1} MB", mb(after.peak_rss_kib)),
     ));
+    figures.push(Figure::info(
+        S,
+        "CPU used by other processes during the load",
+        format!("{:.0} % of the machine", run.other_cpu),
+    ));
     Ok(figures)
 }
 
@@ -356,6 +371,11 @@ pub async fn latency(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
             format!("{:.1} ms", p.max),
         ));
     }
+    figures.push(Figure::info(
+        S,
+        "CPU used by other processes during the load",
+        format!("{:.0} % of the machine", run.other_cpu),
+    ));
     Ok(figures)
 }
 
@@ -419,6 +439,11 @@ pub async fn fanout(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
         S,
         "server RSS with the agents open",
         format!("{:.1} MB", mb(mem.rss_kib)),
+    ));
+    figures.push(Figure::info(
+        S,
+        "CPU used by other processes during the load",
+        format!("{:.0} % of the machine", run.other_cpu),
     ));
     Ok(figures)
 }

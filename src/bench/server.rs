@@ -383,6 +383,20 @@ impl CpuReading {
     }
 
     /// Where the CPU went between `self` and `later`, as shares of the whole machine.
+    /// The share of all cores that processes outside the benchmark used between `self`
+    /// and `later`, in percent: other work on the machine, which skews every figure.
+    pub fn other_share_until(&self, later: &Self) -> f64 {
+        let total = (later.machine_total - self.machine_total)
+            .as_secs_f64()
+            .max(1e-9);
+        let used = |a: Duration, b: Duration| b.saturating_sub(a).as_secs_f64();
+        let ours = used(self.server, later.server)
+            + used(self.agents, later.agents)
+            + used(self.postgres, later.postgres)
+            + used(self.bench, later.bench);
+        (100.0 * (used(self.machine_busy, later.machine_busy) - ours) / total).max(0.0)
+    }
+
     pub fn shares_until(&self, later: &Self) -> String {
         let total = (later.machine_total - self.machine_total)
             .as_secs_f64()
