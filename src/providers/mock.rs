@@ -707,12 +707,18 @@ impl Turn {
     }
 
     async fn load(&mut self, args: &str) -> acp::Result<Result<(), Cancelled>> {
-        let mut numbers = args.split_whitespace().map(str::parse::<u64>);
-        let (Some(Ok(events)), interval) = (numbers.next(), numbers.next()) else {
-            return Err(invalid("/load needs <events> <interval_ms>"));
+        const USAGE: &str = "/load needs <events> <interval_ms> [stamp]";
+        let mut words = args.split_whitespace();
+        let Some(Ok(events)) = words.next().map(str::parse::<u64>) else {
+            return Err(invalid(USAGE));
         };
-        let Ok(interval) = interval.unwrap_or(Ok(0)) else {
-            return Err(invalid("/load needs <events> <interval_ms>"));
+        let Ok(interval) = words.next().map_or(Ok(0), str::parse::<u64>) else {
+            return Err(invalid(USAGE));
+        };
+        let stamp = match (words.next(), words.next()) {
+            (None, _) => false,
+            (Some("stamp"), None) => true,
+            _ => return Err(invalid(USAGE)),
         };
         let message_id = Uuid::now_v7().to_string();
         let mut target = *self.written.borrow();
@@ -723,7 +729,8 @@ impl Turn {
             if self.is_cancelled() {
                 return Ok(Err(Cancelled));
             }
-            self.chunk(&message_id, &format!("{i} "))?;
+            let stamp = stamp.then(unix_micros);
+            self.chunk(&message_id, &load_chunk_text(i, stamp))?;
             target += 1;
             if interval > 0 {
                 let next = start + Duration::from_millis(interval) * (i as u32 + 1);
@@ -801,6 +808,32 @@ impl Turn {
     }
 }
 
+/// The text of `/load`'s chunk `i`: `"<i> "`, or with an emission stamp
+/// `"<i>@<microseconds since the Unix epoch> "`, taken just before the chunk is sent, so
+/// a reader on the same machine can tell how long the event took to reach it.
+pub fn load_chunk_text(i: u64, stamp_us: Option<i64>) -> String {
+    match stamp_us {
+        Some(us) => format!("{i}@{us} "),
+        None => format!("{i} "),
+    }
+}
+
+/// Reads a chunk written by [`load_chunk_text`] back: its index and stamp, if any.
+pub fn parse_load_chunk(text: &str) -> Option<(u64, Option<i64>)> {
+    let text = text.strip_suffix(' ')?;
+    match text.split_once('@') {
+        Some((i, us)) => Some((i.parse().ok()?, Some(us.parse().ok()?))),
+        None => Some((text.parse().ok()?, None)),
+    }
+}
+
+/// Microseconds since the Unix epoch on the wall clock.
+pub fn unix_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
 /// Write `content` to `target`, refusing a target that a symlink moves out of `cwd`.
 async fn write_inside(cwd: &Path, target: &Path, content: &str) -> Result<(), String> {
     let parent = target.parent().unwrap_or(cwd);
@@ -819,4 +852,23 @@ async fn write_inside(cwd: &Path, target: &Path, content: &str) -> Result<(), St
     tokio::fs::write(target, content)
         .await
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn load_chunks_read_back_with_and_without_a_stamp() {
+        assert_eq!(load_chunk_text(7, None), "7 ");
+        assert_eq!(parse_load_chunk(&load_chunk_text(7, None)), Some((7, None)));
+        let text = load_chunk_text(12, Some(1_764_557_416_123_456));
+        assert_eq!(text, "12@1764557416123456 ");
+        assert_eq!(
+            parse_load_chunk(&text),
+            Some((12, Some(1_764_557_416_123_456)))
+        );
+        assert_eq!(parse_load_chunk("12@x "), None);
+        assert_eq!(parse_load_chunk("12"), None);
+    }
 }

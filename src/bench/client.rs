@@ -1,0 +1,216 @@
+//! The bench's REST client: what a CI bot or a dashboard does over HTTP, nothing more.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+#[derive(Clone)]
+pub struct Api {
+    client: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl Api {
+    pub fn new(base: &str, token: &str) -> Self {
+        Self {
+            client: reqwest::Client::builder()
+                .tcp_nodelay(true)
+                .build()
+                .expect("a default HTTP client"),
+            base: base.to_owned(),
+            token: token.to_owned(),
+        }
+    }
+
+    /// POST a JSON body; the status and the body as JSON.
+    pub async fn post(&self, path: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
+        let res = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .json(body)
+            .send()
+            .await
+            .with_context(|| format!("POST {path}"))?;
+        let status = res.status().as_u16();
+        let body = res.json().await.unwrap_or(Value::Null);
+        Ok((status, body))
+    }
+
+    /// POST and require a 2xx answer.
+    pub async fn post_ok(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        let (status, v) = self.post(path, body).await?;
+        anyhow::ensure!(
+            (200..300).contains(&status),
+            "POST {path} answered {status}: {v}"
+        );
+        Ok(v)
+    }
+
+    pub async fn get_ok(&self, path: &str) -> anyhow::Result<Value> {
+        let res = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("GET {path}"))?;
+        let status = res.status();
+        let v: Value = res.json().await.unwrap_or(Value::Null);
+        anyhow::ensure!(status.is_success(), "GET {path} answered {status}: {v}");
+        Ok(v)
+    }
+
+    /// Open an SSE stream (`after` becomes `Last-Event-ID`).
+    pub async fn stream(&self, path: &str, after: Option<i64>) -> anyhow::Result<SseStream> {
+        let mut req = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(&self.token);
+        if let Some(after) = after {
+            req = req.header("Last-Event-ID", after.to_string());
+        }
+        let res = req.send().await.with_context(|| format!("GET {path}"))?;
+        anyhow::ensure!(
+            res.status().is_success(),
+            "GET {path} answered {}",
+            res.status()
+        );
+        Ok(SseStream {
+            res,
+            frames: SseFrames::default(),
+        })
+    }
+
+    /// A project on the bench's repository and one directory workspace in it.
+    pub async fn workspace(&self, repo: &std::path::Path) -> anyhow::Result<String> {
+        let project = self
+            .post_ok("/v1/projects", &json!({"name": "bench", "repo_path": repo}))
+            .await?;
+        let ws = self
+            .post_ok(
+                "/v1/workspaces",
+                &json!({"project_id": project["id"], "kind": "directory"}),
+            )
+            .await?;
+        Ok(ws["id"].as_str().context("workspace id")?.to_owned())
+    }
+
+    /// Create `n` mock agents (without a prompt), `concurrency` requests at a time, and
+    /// wait until each one's session has started.
+    pub async fn open_agents(
+        &self,
+        workspace: &str,
+        n: usize,
+        concurrency: usize,
+    ) -> anyhow::Result<Vec<String>> {
+        let body = json!({"workspace_id": workspace, "provider": "mock"});
+        let created: Vec<anyhow::Result<String>> = futures::stream::iter(0..n)
+            .map(|_| async {
+                let a = self.post_ok("/v1/agents", &body).await?;
+                let id = a["id"].as_str().context("agent id")?.to_owned();
+                let w = self
+                    .get_ok(&format!("/v1/agents/{id}/wait?timeout_s=120"))
+                    .await?;
+                anyhow::ensure!(w["status"] == "idle", "agent {id} did not start: {w}");
+                Ok(id)
+            })
+            .buffer_unordered(concurrency.max(1))
+            .collect()
+            .await;
+        created.into_iter().collect()
+    }
+
+    /// Send a prompt to every agent at once.
+    pub async fn prompt_all(&self, agents: &[String], text: &str) -> anyhow::Result<()> {
+        let body = json!({"text": text});
+        let sent = futures::stream::iter(agents)
+            .map(|a| {
+                let body = &body;
+                async move {
+                    self.post_ok(&format!("/v1/agents/{a}/messages"), body)
+                        .await
+                }
+            })
+            .buffer_unordered(64)
+            .collect::<Vec<_>>()
+            .await;
+        for r in sent {
+            r?;
+        }
+        Ok(())
+    }
+}
+
+/// An open SSE response, read frame by frame.
+pub struct SseStream {
+    res: reqwest::Response,
+    frames: SseFrames,
+}
+
+impl SseStream {
+    /// The next chunk of bytes the server sent, split into complete frames' `data:`
+    /// payloads; `None` when the stream ended. Fails after `timeout` without any byte.
+    pub async fn next_chunk(&mut self, timeout: Duration) -> anyhow::Result<Option<Vec<Vec<u8>>>> {
+        let chunk = tokio::time::timeout(timeout, self.res.chunk())
+            .await
+            .map_err(|_| anyhow::anyhow!("no byte from the stream for {timeout:?}"))??;
+        Ok(chunk.map(|bytes| self.frames.push(&bytes)))
+    }
+}
+
+/// Splits an SSE byte stream into the `data:` payloads of its complete messages.
+#[derive(Default)]
+pub struct SseFrames {
+    buf: Vec<u8>,
+    /// Bytes of `buf` already searched for a message end.
+    scanned: usize,
+}
+
+impl SseFrames {
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<Vec<u8>> {
+        self.buf.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        let mut start = 0;
+        let mut from = self.scanned.saturating_sub(1).max(start);
+        while let Some(pos) = self.buf[from..].windows(2).position(|w| w == b"\n\n") {
+            let end = from + pos;
+            let message = &self.buf[start..end];
+            if let Some(data) = message
+                .split(|b| *b == b'\n')
+                .find_map(|l| l.strip_prefix(b"data: "))
+            {
+                out.push(data.to_vec());
+            }
+            start = end + 2;
+            from = start;
+        }
+        self.buf.drain(..start);
+        self.scanned = self.buf.len();
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_split_across_chunks_come_out_whole_and_once() {
+        let mut f = SseFrames::default();
+        assert!(
+            f.push(b"retry: 3000\n\nid: 1\nevent: status\nda")
+                .is_empty()
+        );
+        assert!(f.push(b"ta: {\"seq\":1}\n").is_empty());
+        let out = f.push(b"\n: ping\n\nid: 2\ndata: {\"seq\":2}\n\nid: 3\n");
+        assert_eq!(out, vec![b"{\"seq\":1}".to_vec(), b"{\"seq\":2}".to_vec()]);
+        assert_eq!(
+            f.push(b"data: {\"seq\":3}\n\n"),
+            vec![b"{\"seq\":3}".to_vec()]
+        );
+    }
+}

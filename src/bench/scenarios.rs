@@ -1,0 +1,720 @@
+//! The scenarios: each starts its own server, drives it, checks what it delivered, prints
+//! its details and returns its figures for the final table.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use super::client::Api;
+use super::server::{CpuReading, Memory, ServerProcess, descendants, process_pss_kib};
+use super::stream::{self, Subscription, Until};
+use super::verify::{self, Seen};
+use super::{BenchArgs, Figure, Percentiles, raw};
+
+const MB: f64 = 1_000_000.0;
+
+fn mb(kib: u64) -> f64 {
+    kib as f64 * 1024.0 / MB
+}
+
+fn memory_line(m: &Memory) -> String {
+    format!(
+        "RSS {:.1} MB (anonymous {:.1} MB, file-backed {:.1} MB), peak {:.1} MB",
+        mb(m.rss_kib),
+        mb(m.anon_kib),
+        mb(m.file_kib),
+        mb(m.peak_rss_kib)
+    )
+}
+
+fn thousands(n: f64) -> String {
+    let s = format!("{:.0}", n);
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+struct LoadPlan {
+    agents: usize,
+    events: u64,
+    interval_ms: u64,
+    subscribers: usize,
+}
+
+impl LoadPlan {
+    fn from_args(args: &BenchArgs, agents: usize, events: u64, interval_ms: u64) -> Self {
+        Self {
+            agents: args.agents.unwrap_or(agents),
+            events: args.events.unwrap_or(events),
+            interval_ms: args.interval_ms.unwrap_or(interval_ms),
+            subscribers: args.subscribers.unwrap_or(1).max(1),
+        }
+    }
+
+    fn describe(&self) -> String {
+        let pace = if self.interval_ms == 0 {
+            "as fast as they can".to_owned()
+        } else {
+            format!(
+                "one event every {} ms each ({} events/s offered)",
+                self.interval_ms,
+                thousands(self.offered_rate())
+            )
+        };
+        format!(
+            "{} agents × {} events, {pace}, {} SSE subscriber(s) per agent",
+            self.agents,
+            thousands(self.events as f64),
+            self.subscribers
+        )
+    }
+
+    fn offered_rate(&self) -> f64 {
+        if self.interval_ms == 0 {
+            f64::INFINITY
+        } else {
+            self.agents as f64 * 1000.0 / self.interval_ms as f64
+        }
+    }
+}
+
+struct LoadRun {
+    elapsed: Duration,
+    /// Events of the measured window, each counted once (all durable, checked).
+    durable_events: u64,
+    /// The same events counted once per subscriber that received them.
+    deliveries: u64,
+    latency: Option<Percentiles>,
+    /// Only the events emitted after every prompt was accepted (all agents running).
+    steady: Option<Percentiles>,
+    cpu: String,
+    /// Percent of the machine's CPU used by processes outside the benchmark.
+    other_cpu: f64,
+}
+
+impl LoadRun {
+    fn durable_per_s(&self) -> f64 {
+        self.durable_events as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn deliveries_per_s(&self) -> f64 {
+        self.deliveries as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn print(&self) {
+        println!(
+            "  durable events: {} in {:.2} s = {} events/s (each checked in the database)",
+            thousands(self.durable_events as f64),
+            self.elapsed.as_secs_f64(),
+            thousands(self.durable_per_s())
+        );
+        println!(
+            "  SSE deliveries: {} = {} deliveries/s",
+            thousands(self.deliveries as f64),
+            thousands(self.deliveries_per_s())
+        );
+        match &self.latency {
+            Some(p) => println!("  emission→SSE: {}", p.line()),
+            None => println!("  emission→SSE: no stamped event"),
+        }
+        if let Some(p) = &self.steady {
+            println!("  emission→SSE once every agent runs: {}", p.line());
+        }
+        println!("  {}", self.cpu);
+        if self.other_cpu > 10.0 {
+            println!(
+                "  WARNING: other processes used {:.0} % of the machine during this load; \
+                 its figures do not represent this server alone",
+                self.other_cpu
+            );
+        }
+    }
+}
+
+/// Open subscribers on every agent, send every agent `/load … stamp` at once, read until
+/// every load turn completed, then check everything against the database.
+async fn run_load(
+    server: &ServerProcess,
+    api: &Api,
+    agents: &[String],
+    plan: &LoadPlan,
+) -> anyhow::Result<LoadRun> {
+    // The window starts after what each timeline already holds.
+    let from: Vec<anyhow::Result<(String, i64)>> = futures::stream::iter(agents)
+        .map(|a| async move {
+            let v = api.get_ok(&format!("/v1/agents/{a}")).await?;
+            Ok((a.clone(), v["last_seq"].as_i64().context("last_seq")?))
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let from: HashMap<String, i64> = from.into_iter().collect::<anyhow::Result<_>>()?;
+    // Every subscriber reads from seq 1, so it can show it saw 1..N.
+    let opened: Vec<anyhow::Result<_>> = futures::stream::iter(
+        agents
+            .iter()
+            .flat_map(|a| std::iter::repeat_n(a, plan.subscribers)),
+    )
+    .map(|a| async move {
+        let s = api.stream(&format!("/v1/agents/{a}/events"), None).await?;
+        Ok((a.clone(), s))
+    })
+    .buffer_unordered(64)
+    .collect()
+    .await;
+    let mut readers = Vec::new();
+    for o in opened {
+        let (agent, s) = o?;
+        let from_seq = from[&agent];
+        readers.push(tokio::spawn(stream::read(
+            s,
+            agent,
+            from_seq,
+            Until::LoadTurn,
+        )));
+    }
+    let cpu_before = CpuReading::take(server.pid());
+    let started = Instant::now();
+    api.prompt_all(
+        agents,
+        &format!("/load {} {} stamp", plan.events, plan.interval_ms),
+    )
+    .await?;
+    let all_running_us = crate::providers::mock::unix_micros();
+    let bound = Duration::from_millis(plan.events * plan.interval_ms) + Duration::from_secs(180);
+    let mut subs: Vec<Subscription> = Vec::with_capacity(readers.len());
+    let all = async {
+        for r in readers {
+            subs.push(r.await??);
+        }
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(bound, all)
+        .await
+        .map_err(|_| anyhow::anyhow!("the load did not complete within {bound:?}"))??;
+    let cpu_after = CpuReading::take(server.pid());
+    let finished = subs.iter().map(|s| s.finished).max().unwrap_or(started);
+    let mut seen: HashMap<String, Vec<Seen>> = HashMap::new();
+    let mut durable_events = 0;
+    let mut deliveries = 0;
+    let mut latencies = Vec::new();
+    let mut steady = Vec::new();
+    for s in subs {
+        deliveries += s.window_events;
+        let entry = seen.entry(s.agent).or_default();
+        if entry.is_empty() {
+            durable_events += s.window_events;
+        }
+        entry.push(s.seen);
+        for (stamp, us) in s.latencies_us {
+            latencies.push(us);
+            if stamp >= all_running_us {
+                steady.push(us);
+            }
+        }
+    }
+    verify::check_durable(&server.pool, &seen, Some(plan.events)).await?;
+    Ok(LoadRun {
+        elapsed: finished - started,
+        durable_events,
+        deliveries,
+        latency: Percentiles::of(latencies),
+        steady: Percentiles::of(steady),
+        cpu: cpu_before.shares_until(&cpu_after),
+        other_cpu: cpu_before.other_share_until(&cpu_after),
+    })
+}
+
+pub async fn throughput(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
+    const S: &str = "throughput";
+    let plan = LoadPlan::from_args(args, 50, 20_000, 0);
+    println!("== throughput: {}", plan.describe());
+    let server = ServerProcess::start(args.keep).await?;
+    let api = Api::new(&server.base, &server.token);
+    let raw_before = raw::measure(&server.pool, args.raw_seconds).await?;
+    print_raw("before", &raw_before);
+    let ws = api.workspace(&server.repo).await?;
+    let agents = api.open_agents(&ws, plan.agents, 16).await?;
+    let before = server.memory();
+    let run = run_load(&server, &api, &agents, &plan).await?;
+    run.print();
+    let pipeline_bytes: f64 = sqlx::query_scalar(
+        "SELECT coalesce(avg(pg_column_size(data)), 0)::float8 FROM
+         (SELECT data FROM agent_events WHERE kind = 'assistant_delta' LIMIT 10000) s",
+    )
+    .fetch_one(&server.pool)
+    .await?;
+    println!("  the pipeline's chunks: data {pipeline_bytes:.0} bytes/row");
+    // Measured again after the load: the disk and CPU are shared, so the reference can
+    // move during a run; the ratio is taken against the better of the two (the lower
+    // ratio), and both are shown.
+    let raw_after = raw::measure(&server.pool, args.raw_seconds).await?;
+    print_raw("after", &raw_after);
+    let raw_rate = raw_before.rows_per_s().max(raw_after.rows_per_s());
+    let ratio = run.durable_per_s() / raw_rate;
+    println!(
+        "  durable events/s ÷ raw rows/s = {:.1} % (against {} rows/s)",
+        ratio * 100.0,
+        thousands(raw_rate)
+    );
+    let after = server.memory();
+    println!("  server before: {}", memory_line(&before));
+    println!("  server after:  {}", memory_line(&after));
+    server.stop().await?;
+    let mut figures = vec![
+        Figure::info(
+            S,
+            "raw rows/s before / after the load",
+            format!(
+                "{} / {}",
+                thousands(raw_before.rows_per_s()),
+                thousands(raw_after.rows_per_s())
+            ),
+        ),
+        Figure::info(
+            S,
+            format!("durable events/s ({} agents)", plan.agents),
+            thousands(run.durable_per_s()),
+        ),
+        Figure::target(
+            S,
+            "durable events/s ÷ raw rows/s",
+            format!("{:.1} %", ratio * 100.0),
+            "≥ 33 %",
+            ratio >= 0.33,
+        ),
+    ];
+    if plan.subscribers > 1 {
+        figures.push(Figure::info(
+            S,
+            format!("SSE deliveries/s ({} per agent)", plan.subscribers),
+            thousands(run.deliveries_per_s()),
+        ));
+    }
+    if let Some(p) = &run.latency {
+        figures.push(Figure::info(
+            S,
+            "emission→SSE p99 at full load",
+            format!("{:.1} ms", p.p99),
+        ));
+    }
+    figures.push(Figure::info(
+        S,
+        "server peak RSS",
+        format!("{:.1} MB", mb(after.peak_rss_kib)),
+    ));
+    figures.push(Figure::info(
+        S,
+        "CPU used by other processes during the load",
+        format!("{:.0} % of the machine", run.other_cpu),
+    ));
+    Ok(figures)
+}
+
+fn print_raw(when: &str, raw: &raw::RawResult) {
+    println!(
+        "  raw reference {when} the load: {} rows/s — logged table LIKE agent_events, {} rows \
+         per INSERT transaction, {} clients, {:.1} s, synchronous_commit={}, fsync={}, data \
+         {:.0} bytes/row",
+        thousands(raw.rows_per_s()),
+        raw::BATCH_ROWS,
+        raw::CLIENTS,
+        raw.elapsed.as_secs_f64(),
+        raw.synchronous_commit,
+        raw.fsync,
+        raw.data_bytes
+    );
+}
+
+pub async fn latency(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
+    const S: &str = "latency";
+    let plan = LoadPlan::from_args(args, 20, 10_000, 1);
+    println!("== latency: {}", plan.describe());
+    let server = ServerProcess::start(args.keep).await?;
+    let api = Api::new(&server.base, &server.token);
+    let ws = api.workspace(&server.repo).await?;
+    let agents = api.open_agents(&ws, plan.agents, 16).await?;
+    let run = run_load(&server, &api, &agents, &plan).await?;
+    run.print();
+    server.stop().await?;
+    let rate = run.durable_per_s();
+    let mut figures = vec![Figure::info(
+        S,
+        "durable events/s delivered",
+        thousands(rate),
+    )];
+    if let Some(p) = &run.latency {
+        figures.push(Figure::info(
+            S,
+            "emission→SSE p50 / p90",
+            format!("{:.1} / {:.1} ms", p.p50, p.p90),
+        ));
+        figures.push(Figure::target(
+            S,
+            "emission→SSE p99",
+            format!("{:.1} ms at {} events/s", p.p99, thousands(rate)),
+            "≤ 25 ms at ≥ 19,000 events/s",
+            p.p99 <= 25.0 && rate >= 19_000.0,
+        ));
+        figures.push(Figure::info(
+            S,
+            "emission→SSE max",
+            format!("{:.1} ms", p.max),
+        ));
+    }
+    figures.push(Figure::info(
+        S,
+        "CPU used by other processes during the load",
+        format!("{:.0} % of the machine", run.other_cpu),
+    ));
+    Ok(figures)
+}
+
+pub async fn fanout(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
+    const S: &str = "fanout";
+    let plan = LoadPlan::from_args(args, 1000, 100, 100);
+    println!("== fanout: {}", plan.describe());
+    let server = ServerProcess::start(args.keep).await?;
+    let api = Api::new(&server.base, &server.token);
+    let ws = api.workspace(&server.repo).await?;
+    let opening = Instant::now();
+    let agents = api.open_agents(&ws, plan.agents, 32).await?;
+    let opened_in = opening.elapsed();
+    let mocks: Vec<u32> = descendants(server.pid())
+        .into_iter()
+        .filter(|(_, comm)| comm == "agentry")
+        .map(|(pid, _)| pid)
+        .collect();
+    let mock_pss: u64 = mocks.iter().map(|p| process_pss_kib(*p)).sum();
+    println!(
+        "  {} agents open in {:.1} s: {} mock processes, {:.0} MB PSS together",
+        agents.len(),
+        opened_in.as_secs_f64(),
+        mocks.len(),
+        mb(mock_pss)
+    );
+    let run = run_load(&server, &api, &agents, &plan).await?;
+    run.print();
+    let mem = server.memory();
+    println!("  server: {}", memory_line(&mem));
+    server.stop().await?;
+    let mut figures = vec![
+        Figure::info(
+            S,
+            format!("{} agents opened", agents.len()),
+            format!("{:.1} s", opened_in.as_secs_f64()),
+        ),
+        Figure::info(
+            S,
+            "durable events/s delivered",
+            thousands(run.durable_per_s()),
+        ),
+    ];
+    if let Some(p) = &run.latency {
+        figures.push(Figure::target(
+            S,
+            format!("emission→SSE p99, {} agents × 10/s", agents.len()),
+            format!("{:.1} ms", p.p99),
+            "≤ 50 ms with 1,000 agents",
+            p.p99 <= 50.0 && agents.len() >= 1000 && plan.interval_ms <= 100,
+        ));
+    }
+    if let Some(p) = &run.steady {
+        figures.push(Figure::info(
+            S,
+            "emission→SSE p99 once all agents run",
+            format!("{:.1} ms", p.p99),
+        ));
+    }
+    figures.push(Figure::info(
+        S,
+        "server RSS with the agents open",
+        format!("{:.1} MB", mb(mem.rss_kib)),
+    ));
+    figures.push(Figure::info(
+        S,
+        "CPU used by other processes during the load",
+        format!("{:.0} % of the machine", run.other_cpu),
+    ));
+    Ok(figures)
+}
+
+pub async fn idle(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
+    const S: &str = "idle";
+    println!("== idle: the server process alone (not PostgreSQL, not the mock agents)");
+    let server = ServerProcess::start(args.keep).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let fresh = server.memory();
+    println!("  just started: {}", memory_line(&fresh));
+    let api = Api::new(&server.base, &server.token);
+    let ws = api.workspace(&server.repo).await?;
+    let agents = api.open_agents(&ws, 1, 1).await?;
+    let id = &agents[0];
+    api.post_ok(
+        &format!("/v1/agents/{id}/messages"),
+        &json!({"text": "hello"}),
+    )
+    .await?;
+    let w = api
+        .get_ok(&format!("/v1/agents/{id}/wait?timeout_s=60"))
+        .await?;
+    anyhow::ensure!(
+        w["last_turn"]["outcome"] == "completed",
+        "the warm-up turn did not complete: {w}"
+    );
+    api.get_ok(&format!("/v1/agents/{id}/timeline")).await?;
+    api.get_ok("/v1/agents").await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let warm = server.memory();
+    println!(
+        "  one agent open and idle after a turn: {}",
+        memory_line(&warm)
+    );
+    server.stop().await?;
+    let rss = mb(warm.rss_kib);
+    Ok(vec![
+        Figure::info(
+            S,
+            "server RSS just started",
+            format!("{:.1} MB", mb(fresh.rss_kib)),
+        ),
+        Figure::target(
+            S,
+            "server RSS idle (one agent open, after a turn)",
+            format!("{rss:.1} MB"),
+            "≤ 50 MB",
+            rss <= 50.0,
+        ),
+    ])
+}
+
+pub async fn create(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
+    const S: &str = "create";
+    let n = args.agents.unwrap_or(200);
+    println!("== create: {n} × POST /v1/agents with a first prompt, all at once, one workspace");
+    let server = ServerProcess::start(args.keep).await?;
+    let api = Api::new(&server.base, &server.token);
+    let ws = api.workspace(&server.repo).await?;
+    // The team stream says when each agent's session started (status leaves `starting`)
+    // and when its first turn ended (back to `idle` after `running`).
+    let mut team = api
+        .stream(&format!("/v1/events?workspace_id={ws}"), None)
+        .await?;
+    let (status_tx, mut status_rx) = tokio::sync::mpsc::unbounded_channel();
+    let watcher = tokio::spawn(async move {
+        while let Some(frames) = team.next_chunk(Duration::from_secs(120)).await? {
+            let at = Instant::now();
+            for f in frames {
+                let v: Value = serde_json::from_slice(&f)?;
+                if v["kind"] == "agent_status"
+                    && let (Some(a), Some(s)) =
+                        (v["data"]["agent_id"].as_str(), v["data"]["status"].as_str())
+                    && status_tx.send((a.to_owned(), s.to_owned(), at)).is_err()
+                {
+                    return anyhow::Ok(());
+                }
+            }
+        }
+        anyhow::Ok(())
+    });
+    let body = json!({"workspace_id": ws, "provider": "mock", "prompt": "hello"});
+    let started = Instant::now();
+    let answers = futures::future::join_all((0..n).map(|_| async {
+        let r = api.post("/v1/agents", &body).await;
+        (r, Instant::now())
+    }))
+    .await;
+    let mut ids = Vec::with_capacity(n);
+    let mut all_created = started;
+    for (r, at) in answers {
+        let (status, v) = r?;
+        anyhow::ensure!(status == 201, "POST /v1/agents answered {status}: {v}");
+        ids.push(v["id"].as_str().context("agent id")?.to_owned());
+        all_created = all_created.max(at);
+    }
+    let mut started_at: HashMap<String, Instant> = HashMap::new();
+    let mut running: HashMap<String, bool> = HashMap::new();
+    let mut turn_done: HashMap<String, Instant> = HashMap::new();
+    let wanted: std::collections::HashSet<&String> = ids.iter().collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while turn_done.len() < n {
+        let (agent, status, at) = tokio::time::timeout_at(deadline, status_rx.recv())
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "after 120 s, {} of {n} sessions had started and {} first turns ended",
+                    started_at.len(),
+                    turn_done.len()
+                )
+            })?
+            .context("the team stream ended")?;
+        if !wanted.contains(&agent) {
+            continue;
+        }
+        match status.as_str() {
+            "starting" => {}
+            "error" | "closed" => anyhow::bail!("agent {agent} went `{status}`"),
+            s => {
+                started_at.entry(agent.clone()).or_insert(at);
+                if s == "running" {
+                    running.insert(agent.clone(), true);
+                } else if s == "idle" && running.get(&agent).copied().unwrap_or(false) {
+                    turn_done.entry(agent).or_insert(at);
+                }
+            }
+        }
+    }
+    watcher.abort();
+    let all_started = started_at.values().max().copied().unwrap_or(started);
+    let all_turns = turn_done.values().max().copied().unwrap_or(started);
+    // Every first prompt was answered: its turn completed.
+    let outcomes: Vec<anyhow::Result<Value>> = futures::stream::iter(&ids)
+        .map(|a| {
+            let api = &api;
+            async move {
+                api.get_ok(&format!("/v1/agents/{a}/wait?timeout_s=60"))
+                    .await
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    for w in outcomes {
+        let w = w?;
+        anyhow::ensure!(
+            w["last_turn"]["outcome"] == "completed",
+            "a first turn did not complete: {w}"
+        );
+    }
+    let secs = |t: Instant| (t - started).as_secs_f64();
+    println!("  all {n} answered 201 after {:.2} s", secs(all_created));
+    println!(
+        "  all {n} sessions started after {:.2} s",
+        secs(all_started)
+    );
+    println!(
+        "  all {n} first turns completed after {:.2} s",
+        secs(all_turns)
+    );
+    let mem = server.memory();
+    println!("  server: {}", memory_line(&mem));
+    server.stop().await?;
+    Ok(vec![
+        Figure::target(
+            S,
+            format!("{n} agents: all 201s"),
+            format!("{:.2} s", secs(all_created)),
+            "≤ 2 s (200 agents)",
+            secs(all_created) <= 2.0 && n >= 200,
+        ),
+        Figure::target(
+            S,
+            format!("{n} agents: all sessions started"),
+            format!("{:.2} s", secs(all_started)),
+            "≤ 2 s (200 agents)",
+            secs(all_started) <= 2.0 && n >= 200,
+        ),
+        Figure::info(
+            S,
+            format!("{n} agents: all first turns completed"),
+            format!("{:.2} s", secs(all_turns)),
+        ),
+    ])
+}
+
+pub async fn growth(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
+    const S: &str = "growth";
+    const TURN: u64 = 10_000;
+    let target = args.events.unwrap_or(1_000_000).max(TURN);
+    println!(
+        "== growth: one timeline grown to {} events in turns of /load {TURN} 0, one live subscriber",
+        thousands(target as f64)
+    );
+    let server = ServerProcess::start(args.keep).await?;
+    let api = Api::new(&server.base, &server.token);
+    let ws = api.workspace(&server.repo).await?;
+    let agents = api.open_agents(&ws, 1, 1).await?;
+    let agent = agents[0].clone();
+    let (end_tx, end_rx) = watch::channel(i64::MAX);
+    let s = api
+        .stream(&format!("/v1/agents/{agent}/events"), None)
+        .await?;
+    let reader = tokio::spawn(stream::read(s, agent.clone(), 0, Until::Seq(end_rx)));
+    let started = Instant::now();
+    let mut chunks = 0u64;
+    let mut next_report = TURN;
+    let mut samples: Vec<(u64, Memory)> = Vec::new();
+    println!("  {:>10}  {:>8}  {:>8}", "events", "RSS MB", "seconds");
+    while chunks < target {
+        api.post_ok(
+            &format!("/v1/agents/{agent}/messages"),
+            &json!({"text": format!("/load {TURN} 0")}),
+        )
+        .await?;
+        let w = api
+            .get_ok(&format!("/v1/agents/{agent}/wait?timeout_s=120"))
+            .await?;
+        anyhow::ensure!(
+            w["last_turn"]["outcome"] == "completed",
+            "a load turn did not complete: {w}"
+        );
+        chunks += TURN;
+        if chunks >= next_report {
+            let m = server.memory();
+            println!(
+                "  {:>10}  {:>8.1}  {:>8.1}",
+                thousands(chunks as f64),
+                mb(m.rss_kib),
+                started.elapsed().as_secs_f64()
+            );
+            samples.push((chunks, m));
+            next_report = if next_report < 100_000 {
+                next_report + TURN
+            } else {
+                next_report + 100_000
+            };
+        }
+    }
+    let last_seq = api.get_ok(&format!("/v1/agents/{agent}")).await?["last_seq"]
+        .as_i64()
+        .context("last_seq")?;
+    let _ = end_tx.send(last_seq);
+    let sub = tokio::time::timeout(Duration::from_secs(120), reader)
+        .await
+        .context("the subscriber did not catch up within 120 s")???;
+    let seen = HashMap::from([(agent.clone(), vec![sub.seen])]);
+    let stored = verify::check_durable(&server.pool, &seen, Some(chunks)).await?;
+    println!(
+        "  the subscriber saw seq 1..{last_seq} in order; the database holds {} events",
+        thousands(stored as f64)
+    );
+    let end = server.memory();
+    println!("  server at the end: {}", memory_line(&end));
+    server.stop().await?;
+    let first = samples.first().map_or(0.0, |(_, m)| mb(m.rss_kib));
+    let max = samples
+        .iter()
+        .map(|(_, m)| mb(m.rss_kib))
+        .fold(0.0, f64::max);
+    Ok(vec![
+        Figure::info(
+            S,
+            format!("server RSS at {} events", thousands(TURN as f64)),
+            format!("{first:.1} MB"),
+        ),
+        Figure::info(
+            S,
+            format!("server RSS at {} events", thousands(chunks as f64)),
+            format!("{:.1} MB (highest sample {max:.1} MB)", mb(end.rss_kib)),
+        ),
+    ])
+}

@@ -1,0 +1,427 @@
+//! The server under test: `agentry serve` run as a child process on a fresh data dir (so
+//! its memory is measured apart from the bench's clients), its admin token, a small pool
+//! on its embedded PostgreSQL for the raw reference and the checks, and `/proc` readings
+//! of its memory and CPU time.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use sqlx::PgPool;
+
+use crate::store::embedded::EmbeddedPostgres;
+
+/// Where the embedded cluster lives when the server runs as root.
+const ROOT_CLUSTER_BASE: &str = "/var/lib/agentry";
+
+pub struct ServerProcess {
+    child: Child,
+    /// The bench's temporary directory: the repository, the data dir, the server log.
+    dir: PathBuf,
+    pub base: String,
+    pub token: String,
+    pub repo: PathBuf,
+    pub pool: PgPool,
+    cluster_dir: Option<PathBuf>,
+    keep: bool,
+}
+
+/// Memory of one process, in KiB, from `/proc/<pid>/status`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Memory {
+    pub rss_kib: u64,
+    pub peak_rss_kib: u64,
+    pub anon_kib: u64,
+    pub file_kib: u64,
+}
+
+impl ServerProcess {
+    /// Start `agentry serve` (this executable) on a fresh data dir and wait until it is
+    /// ready. `keep` leaves the directory and the server log behind.
+    pub async fn start(keep: bool) -> anyhow::Result<Self> {
+        let dir =
+            std::env::temp_dir().join(format!("agentry-bench-{}", uuid::Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&dir)?;
+        // As root the cluster runs as `postgres`, which canonicalizes the data dir's path.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+        let repo = dir.join("repo");
+        init_repo(&repo)?;
+        let data_dir = dir.join("data");
+        let port = {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
+            probe.local_addr()?.port()
+        };
+        let log = std::fs::File::create(dir.join("server.log"))?;
+        let exe = std::env::current_exe().context("cannot find the agentry executable")?;
+        let child = Command::new(exe)
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            // Always the embedded default on the fresh data dir; other AGENTRY_* variables
+            // pass through so a setting can be tried under load.
+            .env_remove("AGENTRY_CONFIG")
+            .env_remove("DATABASE_URL")
+            .env_remove("AGENTRY_DATABASE__URL")
+            .env_remove("AGENTRY_DATA_DIR")
+            .env_remove("AGENTRY_LISTEN")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("cannot start `agentry serve`")?;
+        let base = format!("http://127.0.0.1:{port}");
+        let mut starting = Starting {
+            child: Some(child),
+            dir,
+        };
+        starting.wait_ready(&base).await?;
+        let token = std::fs::read_to_string(data_dir.join("admin-token"))
+            .context("the fresh server wrote no admin token")?
+            .trim()
+            .to_owned();
+        let opts = EmbeddedPostgres::running(&data_dir, "agentry")
+            .context("the server's embedded PostgreSQL is not running")?;
+        let pool = crate::store::connect(opts, 4).await?;
+        let data_directory: String = sqlx::query_scalar("SHOW data_directory")
+            .fetch_one(&pool)
+            .await?;
+        let cluster_dir = Path::new(&data_directory).parent().map(Path::to_path_buf);
+        Ok(Self {
+            child: starting.child.take().expect("still owned by `starting`"),
+            dir: starting.dir.clone(),
+            base,
+            token,
+            repo,
+            pool,
+            cluster_dir,
+            keep,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn memory(&self) -> Memory {
+        process_memory(self.pid())
+    }
+
+    /// SIGTERM, wait for the graceful stop (agents, HTTP, the embedded cluster), then
+    /// remove what the run created.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        self.pool.close().await;
+        let status = terminate(&mut self.child, Duration::from_secs(60)).await?;
+        anyhow::ensure!(
+            status.success(),
+            "the server exited with {status}; log: {}",
+            self.dir.join("server.log").display()
+        );
+        if self.keep {
+            println!("kept {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+            // As root the cluster lives outside the data dir; remove only that layout.
+            if let Some(c) = &self.cluster_dir
+                && c.parent() == Some(Path::new(ROOT_CLUSTER_BASE))
+                && c.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("pg-"))
+            {
+                let _ = std::fs::remove_dir_all(c);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ServerProcess {
+    /// On an error path: stop the server rather than leave it (and its agents) running.
+    fn drop(&mut self) {
+        stop_blocking(&mut self.child, &self.dir);
+    }
+}
+
+/// A server that has not answered `/readyz` yet; dropped on failure, it is stopped.
+struct Starting {
+    child: Option<Child>,
+    dir: PathBuf,
+}
+
+impl Starting {
+    async fn wait_ready(&mut self, base: &str) -> anyhow::Result<()> {
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let child = self.child.as_mut().expect("owned while starting");
+            if let Some(status) = child.try_wait()? {
+                anyhow::bail!(
+                    "`agentry serve` exited with {status} before it was ready:\n{}",
+                    log_tail(&self.dir)
+                );
+            }
+            if let Ok(res) = client.get(format!("{base}/readyz")).send().await
+                && res.status().is_success()
+            {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "`agentry serve` was not ready within 90 s:\n{}",
+                log_tail(&self.dir)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            stop_blocking(child, &self.dir);
+        }
+    }
+}
+
+fn init_repo(repo: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(repo)?;
+    for args in [
+        &["init", "-q", "-b", "main"][..],
+        &[
+            "-c",
+            "user.name=bench",
+            "-c",
+            "user.email=bench@localhost",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "init",
+        ],
+    ] {
+        let ok = Command::new("git")
+            .args(args)
+            .current_dir(repo)
+            .stdout(Stdio::null())
+            .status()
+            .context("cannot run git")?
+            .success();
+        anyhow::ensure!(ok, "git {args:?} failed");
+    }
+    Ok(())
+}
+
+fn log_tail(dir: &Path) -> String {
+    let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+fn signal(child: &Child, sig: libc::c_int) {
+    // SAFETY: kill(2) on our own child's pid; the child is not reaped yet, so the pid is
+    // still ours.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, sig);
+    }
+}
+
+async fn terminate(child: &mut Child, grace: Duration) -> anyhow::Result<std::process::ExitStatus> {
+    if let Some(status) = child.try_wait()? {
+        return Ok(status);
+    }
+    signal(child, libc::SIGTERM);
+    let deadline = Instant::now() + grace;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if Instant::now() >= deadline {
+            signal(child, libc::SIGKILL);
+            let status = child.wait()?;
+            anyhow::bail!("the server did not stop within {grace:?} of SIGTERM ({status})");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn stop_blocking(child: &mut Child, dir: &Path) {
+    if matches!(child.try_wait(), Ok(Some(_))) {
+        return;
+    }
+    signal(child, libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            eprintln!(
+                "server stopped; its log: {}",
+                dir.join("server.log").display()
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    signal(child, libc::SIGKILL);
+    let _ = child.wait();
+}
+
+pub fn process_memory(pid: u32) -> Memory {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    Memory {
+        rss_kib: field("VmRSS:"),
+        peak_rss_kib: field("VmHWM:"),
+        anon_kib: field("RssAnon:"),
+        file_kib: field("RssFile:"),
+    }
+}
+
+/// User + system time of a process (all threads), from `/proc/<pid>/stat`.
+pub fn process_cpu(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name, which is in parentheses and may contain spaces.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return Duration::ZERO;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the command.
+    let ticks: u64 = fields
+        .get(11..13)
+        .map(|f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum())
+        .unwrap_or(0);
+    Duration::from_secs_f64(ticks as f64 / clock_ticks())
+}
+
+/// The whole machine's busy and total CPU time so far, from `/proc/stat`.
+pub fn machine_cpu() -> (Duration, Duration) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let values: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let total: u64 = values.iter().take(8).sum();
+    // idle + iowait
+    let idle = values.get(3).copied().unwrap_or(0) + values.get(4).copied().unwrap_or(0);
+    let hz = clock_ticks();
+    (
+        Duration::from_secs_f64((total - idle.min(total)) as f64 / hz),
+        Duration::from_secs_f64(total as f64 / hz),
+    )
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz > 0 { hz as f64 } else { 100.0 }
+}
+
+/// Every process below `pid` (children, their children, …) with its command name.
+pub fn descendants(pid: u32) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    let mut queue = vec![pid];
+    while let Some(p) = queue.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok())
+            {
+                let comm =
+                    std::fs::read_to_string(format!("/proc/{child}/comm")).unwrap_or_default();
+                out.push((child, comm.trim().to_owned()));
+                queue.push(child);
+            }
+        }
+    }
+    out
+}
+
+/// CPU time used so far by the server, its mock agents, its PostgreSQL, the bench itself
+/// and the whole machine: two readings give each one's share of a run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuReading {
+    pub server: Duration,
+    pub agents: Duration,
+    pub postgres: Duration,
+    pub bench: Duration,
+    pub machine_busy: Duration,
+    pub machine_total: Duration,
+}
+
+impl CpuReading {
+    pub fn take(server_pid: u32) -> Self {
+        let mut r = Self {
+            server: process_cpu(server_pid),
+            bench: process_cpu(std::process::id()),
+            ..Self::default()
+        };
+        for (pid, comm) in descendants(server_pid) {
+            match comm.as_str() {
+                "agentry" => r.agents += process_cpu(pid),
+                "postgres" => r.postgres += process_cpu(pid),
+                _ => {}
+            }
+        }
+        (r.machine_busy, r.machine_total) = machine_cpu();
+        r
+    }
+
+    /// Where the CPU went between `self` and `later`, as shares of the whole machine.
+    /// The share of all cores that processes outside the benchmark used between `self`
+    /// and `later`, in percent: other work on the machine, which skews every figure.
+    pub fn other_share_until(&self, later: &Self) -> f64 {
+        let total = (later.machine_total - self.machine_total)
+            .as_secs_f64()
+            .max(1e-9);
+        let used = |a: Duration, b: Duration| b.saturating_sub(a).as_secs_f64();
+        let ours = used(self.server, later.server)
+            + used(self.agents, later.agents)
+            + used(self.postgres, later.postgres)
+            + used(self.bench, later.bench);
+        (100.0 * (used(self.machine_busy, later.machine_busy) - ours) / total).max(0.0)
+    }
+
+    pub fn shares_until(&self, later: &Self) -> String {
+        let total = (later.machine_total - self.machine_total)
+            .as_secs_f64()
+            .max(1e-9);
+        let pct = |a: Duration, b: Duration| 100.0 * (b.saturating_sub(a)).as_secs_f64() / total;
+        let busy = pct(self.machine_busy, later.machine_busy);
+        let server = pct(self.server, later.server);
+        let agents = pct(self.agents, later.agents);
+        let postgres = pct(self.postgres, later.postgres);
+        let bench = pct(self.bench, later.bench);
+        format!(
+            "CPU (share of all cores): busy {busy:.0} % = server {server:.0} % + PostgreSQL \
+             {postgres:.0} % + mock agents {agents:.0} % + bench clients {bench:.0} % + other \
+             {:.0} %",
+            (busy - server - postgres - agents - bench).max(0.0)
+        )
+    }
+}
+
+/// Proportional set size of a process (shared pages divided among their users), in KiB.
+pub fn process_pss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Pss:"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
