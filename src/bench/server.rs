@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use sqlx::PgPool;
 
-use crate::store::embedded::EmbeddedPostgres;
+use crate::embedded_pg::EmbeddedPostgres;
 
 /// Where the embedded cluster lives when the server runs as root.
 const ROOT_CLUSTER_BASE: &str = "/var/lib/agentry";
