@@ -345,6 +345,8 @@ impl Actor {
             ));
         }
         let turn_id = TurnId::new();
+        // Nothing is written yet: a failure here leaves no trace and no turn.
+        store::agents::turn_started(&self.shared.pool, self.id().uuid(), turn_id.uuid()).await?;
         self.turn = Some(Turn {
             id: turn_id,
             message: None,
@@ -352,20 +354,37 @@ impl Actor {
             open_tools: BTreeMap::new(),
             interrupt_deadline: None,
         });
-        store::agents::turn_started(&self.shared.pool, self.id().uuid(), turn_id.uuid()).await?;
         let mut user = json!({"message_id": MessageId::new(), "text": text});
         if let Some(c) = &client_message_id {
             user["client_message_id"] = json!(c);
         }
-        self.commit(
-            vec![
-                self.event(EventKind::TurnStarted, json!({"turn_id": turn_id})),
-                self.event(EventKind::UserMessage, user),
-            ],
-            Vec::new(),
-        )
-        .await?;
-        self.set_status(AgentStatus::Running, None).await?;
+        let started = match self
+            .commit(
+                vec![
+                    self.event(EventKind::TurnStarted, json!({"turn_id": turn_id})),
+                    self.event(EventKind::UserMessage, user),
+                ],
+                Vec::new(),
+            )
+            .await
+        {
+            Ok(_) => self.set_status(AgentStatus::Running, None).await,
+            Err(e) => Err(e.into()),
+        };
+        if let Err(e) = started {
+            // The store did not confirm the turn's start (it may still commit it, in
+            // order): the prompt is not sent, and the turn ends failed so the timeline
+            // stays whole and the agent is not left busy.
+            self.finish_turn(
+                TurnOutcome::Failed,
+                Some(format!(
+                    "the turn could not be started ({e}); the prompt was not sent"
+                )),
+                None,
+            )
+            .await;
+            return Err(e);
+        }
         let sent = match self.session.as_mut() {
             Some(s) => s.prompt(TurnInput { text }).await,
             None => Err(ProviderError::Gone),
