@@ -1,7 +1,6 @@
 //! The single writer of timelines. It assigns each agent's next `seq`, commits events in
 //! batches (flush at `max_batch` events or after `linger`, whichever comes first; one
-//! transaction and one fsync per batch, or for a large batch two in parallel, each
-//! holding whole agents), then publishes them once all of it is committed.
+//! transaction and one fsync per batch), then publishes them.
 //!
 //! Nothing handed to the writer is dropped:
 //! - event data is scrubbed on the producer's side (U+0000 becomes U+FFFD), so provider
@@ -454,10 +453,6 @@ impl Backoff {
     }
 }
 
-/// A batch of at least this many agent events (and no team events) is committed in two
-/// halves in parallel (see `commit_split`).
-const SPLIT_MIN_EVENTS: usize = 256;
-
 struct Writer {
     pool: PgPool,
     bus: Arc<Bus>,
@@ -545,17 +540,7 @@ impl Writer {
             self.next_seq.remove(&id);
         }
 
-        let mut stale = Vec::new();
-        let mut rows = if team.is_empty() && events.len() >= SPLIT_MIN_EVENTS {
-            self.commit_split(&mut events, &mut stale).await;
-            Vec::new()
-        } else {
-            self.commit_all(&mut events, &team, &mut stale).await
-        };
-        // Renumbered agents are read again from the table next time.
-        for a in stale {
-            self.next_seq.remove(&a);
-        }
+        let mut rows = self.commit_all(&mut events, &team).await;
 
         // Committed: now, and only now, visible.
         let committed_at = Instant::now();
@@ -604,10 +589,9 @@ impl Writer {
     /// row by row so that every other event is stored and each refused one is replaced by
     /// a stand-in in its slot. Returns the committed team rows.
     async fn commit_all(
-        &self,
+        &mut self,
         events: &mut [AgentEvent],
         team: &[NewTeamEvent],
-        stale: &mut Vec<AgentId>,
     ) -> Vec<TeamEventRow> {
         if events.is_empty() && team.is_empty() {
             return Vec::new();
@@ -649,7 +633,7 @@ impl Writer {
                 Fault::SeqTaken if renumbered < 3 => {
                     // Our cached seq is behind the table (another writer was here).
                     tracing::warn!(error = %err, "an event's seq slot was already taken; numbering the batch again from the table");
-                    self.renumber(events, stale).await;
+                    self.renumber(events).await;
                     renumbered += 1;
                 }
                 Fault::Content if first_refusal.is_none() => {
@@ -663,38 +647,6 @@ impl Writer {
                 }
             }
         }
-    }
-
-    /// Commit a batch of agent events as two statements on two connections at once, each
-    /// agent's events all in one of them (agents alternate in order of first appearance),
-    /// so that two database backends insert in parallel. Each half is committed as
-    /// `commit_all` does (retries, row-by-row isolation); the call returns once both are,
-    /// with `events` in their original order.
-    async fn commit_split(&self, events: &mut Vec<AgentEvent>, stale: &mut Vec<AgentId>) {
-        let mut side: HashMap<AgentId, bool> = HashMap::new();
-        let mut which = Vec::with_capacity(events.len());
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        for e in events.drain(..) {
-            let n = side.len();
-            let second = *side.entry(e.agent_id).or_insert(n % 2 == 1);
-            which.push(second);
-            if second { b.push(e) } else { a.push(e) }
-        }
-        if b.is_empty() {
-            self.commit_all(&mut a, &[], stale).await;
-            *events = a;
-            return;
-        }
-        let mut stale_b = Vec::new();
-        tokio::join!(
-            self.commit_all(&mut a, &[], stale),
-            self.commit_all(&mut b, &[], &mut stale_b)
-        );
-        stale.append(&mut stale_b);
-        let (mut a, mut b) = (a.into_iter(), b.into_iter());
-        events.extend(which.into_iter().map(|second| {
-            if second { b.next() } else { a.next() }.expect("each event is in its half")
-        }));
     }
 
     /// Commit a refused batch row by row in one transaction: each refused agent event is
@@ -814,7 +766,7 @@ impl Writer {
     }
 
     /// Give the batch's events new seqs following what the table holds.
-    async fn renumber(&self, events: &mut [AgentEvent], stale: &mut Vec<AgentId>) {
+    async fn renumber(&mut self, events: &mut [AgentEvent]) {
         let mut agents: Vec<AgentId> = events.iter().map(|e| e.agent_id).collect();
         agents.sort_by_key(|a| a.uuid());
         agents.dedup();
@@ -830,7 +782,9 @@ impl Writer {
             *s += 1;
         }
         // Read again from the table next time.
-        stale.extend(agents);
+        for a in agents {
+            self.next_seq.remove(&a);
+        }
     }
 }
 
