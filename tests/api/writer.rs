@@ -279,8 +279,8 @@ async fn a_large_batch_over_several_agents_keeps_each_timeline_dense_around_a_re
                 .unwrap(),
         );
     }
-    // One operation, so one batch: large enough to be committed in parallel halves,
-    // agents interleaved, one refused event in the middle of the second agent's.
+    // One operation, so one batch of 600 events, agents interleaved, one refused event
+    // in the middle of the second agent's. `last_seq` must follow each timeline.
     const PER_AGENT: usize = 200;
     let ids: Vec<AgentId> = agents.iter().map(|a| a.parse().unwrap()).collect();
     let mut events = Vec::new();
