@@ -680,10 +680,7 @@ impl Writer {
         if !stand_ins.is_empty() {
             // Stand-ins go through the ordinary insert: if even they are refused, the
             // cause is not the events and the whole batch is retried.
-            store::events::insert_batch(&mut tx, &stand_ins).await?;
-        }
-        if !events.is_empty() {
-            store::events::advance_last_seq(&mut tx, events).await?;
+            store::events::insert_batch(&mut *tx, &stand_ins).await?;
         }
         let mut rows = Vec::with_capacity(team.len());
         let mut team_refused = 0;
@@ -796,9 +793,15 @@ async fn try_commit(
     events: &[AgentEvent],
     team: &[NewTeamEvent],
 ) -> Result<Vec<TeamEventRow>, sqlx::Error> {
+    if team.is_empty() {
+        // The common case: one statement, committed on its own (atomic and durable, one
+        // round trip instead of four).
+        store::events::insert_batch(pool, events).await?;
+        return Ok(Vec::new());
+    }
     let mut tx = pool.begin().await?;
     if !events.is_empty() {
-        store::events::insert_batch(&mut tx, events).await?;
+        store::events::insert_batch(&mut *tx, events).await?;
     }
     let mut rows = Vec::with_capacity(team.len());
     for t in team {

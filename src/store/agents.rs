@@ -41,7 +41,8 @@ macro_rules! select_agents {
         concat!(
             "SELECT a.id, a.workspace_id, a.team_id, w.project_id, w.path AS workspace_path,
                     w.archived_at IS NOT NULL AS workspace_archived, a.provider, a.model, a.mode,
-                    a.title, a.labels, a.system_prompt, a.mcp_servers, a.status, a.status_reason, a.last_seq,
+                    a.title, a.labels, a.system_prompt, a.mcp_servers, a.status, a.status_reason,
+                    COALESCE((SELECT max(e.seq) FROM agent_events e WHERE e.agent_id = a.id), 0) AS last_seq,
                     a.persistence, a.provider_session_id, a.last_turn_id, a.last_turn_outcome, a.last_turn_error,
                     a.created_by, a.created_at, a.archived_at,
                     (SELECT count(*) FROM permission_requests p WHERE p.agent_id = a.id AND p.status = 'pending')

@@ -31,9 +31,11 @@ impl EventRow {
     }
 }
 
-/// Insert a batch of events and advance each agent's `last_seq`, in one statement each.
+/// Insert a batch of events in one statement. On its own (outside a transaction) it is
+/// one atomic, durable commit and one round trip. An agent's `last_seq` is not stored:
+/// it is read as `max(seq)` of its timeline.
 pub async fn insert_batch(
-    tx: &mut Transaction<'_, Postgres>,
+    db: impl PgExecutor<'_>,
     events: &[AgentEvent],
 ) -> Result<(), sqlx::Error> {
     let n = events.len();
@@ -61,14 +63,14 @@ pub async fn insert_batch(
     .bind(&kinds)
     .bind(&data)
     .bind(&ats)
-    .execute(&mut **tx)
+    .execute(db)
     .await?;
-    advance_last_seq(tx, events).await
+    Ok(())
 }
 
 /// Insert events one by one (each in its own subtransaction): the ones the database
 /// refuses for their content are left out and reported as `(index, SQLSTATE, message)`.
-/// Slow; only for a batch that `insert_batch` could not store. `last_seq` is not touched.
+/// Slow; only for a batch that `insert_batch` could not store.
 pub async fn insert_each(
     tx: &mut Transaction<'_, Postgres>,
     events: &[AgentEvent],
@@ -99,31 +101,6 @@ pub async fn insert_each(
     .bind(&ats)
     .fetch_all(&mut **tx)
     .await
-}
-
-/// Advance each agent's `last_seq` to its last event among `events`.
-pub async fn advance_last_seq(
-    tx: &mut Transaction<'_, Postgres>,
-    events: &[AgentEvent],
-) -> Result<(), sqlx::Error> {
-    // The last event of each agent in the batch carries its new last_seq.
-    let mut last: Vec<(Uuid, i64)> = Vec::new();
-    for e in events.iter().rev() {
-        let id = e.agent_id.uuid();
-        if !last.iter().any(|(a, _)| *a == id) {
-            last.push((id, e.seq));
-        }
-    }
-    let (ids, maxes): (Vec<Uuid>, Vec<i64>) = last.into_iter().unzip();
-    sqlx::query(
-        "UPDATE agents a SET last_seq = v.seq FROM UNNEST($1::uuid[], $2::int8[]) AS v(id, seq)
-         WHERE a.id = v.id AND a.last_seq < v.seq",
-    )
-    .bind(&ids)
-    .bind(&maxes)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
 }
 
 pub async fn last_seq(db: impl PgExecutor<'_>, agent_id: Uuid) -> Result<i64, sqlx::Error> {

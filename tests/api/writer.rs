@@ -252,3 +252,77 @@ async fn provider_nul_is_stored_and_streamed_as_the_replacement_character() {
     assert_eq!(app.writer.stats().rejected_events, 0, "nothing was refused");
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_large_batch_over_several_agents_keeps_each_timeline_dense_around_a_refused_event() {
+    use agentry::domain::{AgentId, EventKind, NewEvent};
+
+    let app = spawn_app().await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE agent_events ADD CONSTRAINT poison_marker
+         CHECK (strpos(coalesce(data->>'text', ''), '{POISON}') = 0)"
+    )))
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let mut agents = Vec::new();
+    for _ in 0..3 {
+        agents.push(agent_in_new_workspace(&app, &project, "mock").await);
+    }
+    let mut before = Vec::new();
+    for a in &agents {
+        before.push(
+            app.get_ok(&format!("/v1/agents/{a}")).await["last_seq"]
+                .as_i64()
+                .unwrap(),
+        );
+    }
+    // One operation, so one batch of 600 events, agents interleaved, one refused event
+    // in the middle of the second agent's. `last_seq` must follow each timeline.
+    const PER_AGENT: usize = 200;
+    let ids: Vec<AgentId> = agents.iter().map(|a| a.parse().unwrap()).collect();
+    let mut events = Vec::new();
+    for i in 0..PER_AGENT {
+        for (n, id) in ids.iter().enumerate() {
+            let text = if n == 1 && i == PER_AGENT / 2 {
+                format!("{POISON} {i}")
+            } else {
+                format!("{n}:{i}")
+            };
+            events.push(NewEvent {
+                agent_id: *id,
+                turn_id: None,
+                kind: EventKind::AssistantDelta,
+                data: json!({"message_id": "m", "text": text}),
+            });
+        }
+    }
+    let committed = app
+        .writer
+        .append_committed(events, Vec::new())
+        .await
+        .unwrap();
+    assert_eq!(committed.len(), PER_AGENT * ids.len());
+
+    for (n, a) in agents.iter().enumerate() {
+        let view = app.get_ok(&format!("/v1/agents/{a}")).await;
+        let last = view["last_seq"].as_i64().unwrap();
+        assert_eq!(last, before[n] + PER_AGENT as i64, "{view}");
+        let events = app.timeline(a).await;
+        let seqs: Vec<i64> = events.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+        assert_eq!(seqs, (1..=last).collect::<Vec<_>>(), "dense");
+        let added = &events[before[n] as usize..];
+        for (i, e) in added.iter().enumerate() {
+            if n == 1 && i == PER_AGENT / 2 {
+                assert_eq!(e["kind"], "error", "{e}");
+                assert_eq!(e["data"]["code"], "event_rejected");
+            } else {
+                assert_eq!(e["data"]["text"], format!("{n}:{i}"), "in order");
+            }
+        }
+    }
+    assert_eq!(app.writer.stats().queued_events, 0);
+    app.stop().await;
+}
