@@ -278,20 +278,36 @@ impl Actor {
                 let _ = reply.send(());
             }
             Command::SetMode { mode, reply } => {
+                let mut held = Vec::new();
                 let r = match self.session.as_mut() {
-                    Some(s) => s.set_mode(&mode).await.map_err(unsupported),
+                    Some(s) => {
+                        while_reading(s.set_mode(&mode), &mut self.provider_events, &mut held)
+                            .await
+                            .map_err(unsupported)
+                    }
                     None => Err(RuntimeError::ActorGone),
                 };
+                for ev in held {
+                    self.handle_provider_event(Some(ev)).await;
+                }
                 if r.is_ok() {
                     self.settle_change(Some(mode), None).await;
                 }
                 let _ = reply.send(r);
             }
             Command::SetModel { model, reply } => {
+                let mut held = Vec::new();
                 let r = match self.session.as_mut() {
-                    Some(s) => s.set_model(&model).await.map_err(unsupported),
+                    Some(s) => {
+                        while_reading(s.set_model(&model), &mut self.provider_events, &mut held)
+                            .await
+                            .map_err(unsupported)
+                    }
                     None => Err(RuntimeError::ActorGone),
                 };
+                for ev in held {
+                    self.handle_provider_event(Some(ev)).await;
+                }
                 if r.is_ok() {
                     self.settle_change(None, Some(model)).await;
                 }
@@ -981,5 +997,32 @@ pub(crate) async fn permission_state_error(
         }
         Ok(None) => RuntimeError::PermissionNotFound,
         Err(e) => RuntimeError::Store(e),
+    }
+}
+
+/// Drive a call to the provider to its end while still reading the provider's events
+/// (kept in `held`, in order, for the caller to handle next). The call's answer can sit
+/// behind those events on the provider's stream; with nobody reading them, the provider
+/// would wait for room to send and the call would never end.
+async fn while_reading<T>(
+    call: impl std::future::Future<Output = T>,
+    events: &mut Option<mpsc::Receiver<ProviderEvent>>,
+    held: &mut Vec<ProviderEvent>,
+) -> T {
+    tokio::pin!(call);
+    loop {
+        let Some(rx) = events.as_mut() else {
+            return call.await;
+        };
+        tokio::select! {
+            biased;
+            out = &mut call => return out,
+            ev = rx.recv() => match ev {
+                Some(ev) => held.push(ev),
+                // The provider is gone: the call ends on its own; the actor's loop sees
+                // the closed channel next.
+                None => return call.await,
+            },
+        }
     }
 }

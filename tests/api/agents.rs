@@ -319,3 +319,33 @@ async fn a_restart_keeps_timelines_and_leaves_nothing_running() {
     app.prompt(&id, "after the restart").await;
     assert_eq!(app.wait(&id).await["last_turn"]["outcome"], "completed");
 }
+
+/// The mode change's answer comes behind thousands of queued chunks on the agent's
+/// stream; the agent must still be read while the change waits for it (it used to hang
+/// until the client gave up).
+#[tokio::test]
+async fn a_mode_change_during_a_full_speed_stream_is_answered() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let (agent, _) = app.mock_agent(repo.path()).await;
+    app.wait(&agent).await;
+    app.prompt(&agent, "/load 60000 0").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let asked = Instant::now();
+    let res = app
+        .client
+        .put(app.url(&format!("/v1/agents/{agent}/mode")))
+        .bearer_auth(&app.token)
+        .json(&json!({"mode": "unattended"}))
+        .send()
+        .await
+        .unwrap();
+    eprintln!(
+        "mode change answered {} in {:?}",
+        res.status(),
+        asked.elapsed()
+    );
+    assert_eq!(res.status().as_u16(), 200);
+    let done = app.wait(&agent).await;
+    assert_eq!(done["last_turn"]["outcome"], "completed", "{done}");
+}
