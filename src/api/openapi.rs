@@ -268,7 +268,7 @@ fn links() -> Vec<LinkSpec> {
     let mock_agent = |source: &'static str| {
         Some(
             json!({"workspace_id": source, "provider": "mock", "workspace": null,
-            "model": null, "mode": null}),
+            "model": null, "mode": null, "mcp_servers": {}, "prompt": null}),
         )
     };
     let mut out = Vec::new();
@@ -347,7 +347,7 @@ fn links() -> Vec<LinkSpec> {
         None,
     ));
     // Agents lead to everything that drives them.
-    let agent_ops: [(&str, &str, Option<Value>); 10] = [
+    let agent_ops: [(&str, &str, Option<Value>); 11] = [
         ("GetAgent", "get_agent", None),
         ("SendMessage", "send_message", None),
         (
@@ -359,7 +359,12 @@ fn links() -> Vec<LinkSpec> {
         ("Wait", "wait_agent", None),
         ("Timeline", "timeline", None),
         ("Permissions", "list_permissions", None),
-        ("SetMode", "set_mode", None),
+        ("SetMode", "set_mode", Some(json!({"mode": "unattended"}))),
+        (
+            "SetModel",
+            "set_model",
+            Some(json!({"model": "mock-large"})),
+        ),
         ("Close", "close_agent", None),
         ("Archive", "archive_agent", None),
     ];
