@@ -31,6 +31,29 @@ impl EventRow {
     }
 }
 
+/// A batch as column arrays, for `UNNEST`; `data` is encoded as each statement needs it.
+struct Columns<'a, D> {
+    agent_ids: Vec<Uuid>,
+    seqs: Vec<i64>,
+    turns: Vec<Option<Uuid>>,
+    kinds: Vec<&'a str>,
+    data: Vec<D>,
+    ats: Vec<DateTime<Utc>>,
+}
+
+impl<'a, D> Columns<'a, D> {
+    fn of(events: &'a [AgentEvent], data: impl Fn(&'a Value) -> D) -> Self {
+        Self {
+            agent_ids: events.iter().map(|e| e.agent_id.uuid()).collect(),
+            seqs: events.iter().map(|e| e.seq).collect(),
+            turns: events.iter().map(|e| e.turn_id.map(|t| t.uuid())).collect(),
+            kinds: events.iter().map(|e| e.kind.as_str()).collect(),
+            data: events.iter().map(|e| data(&e.data)).collect(),
+            ats: events.iter().map(|e| e.at).collect(),
+        }
+    }
+}
+
 /// Insert a batch of events in one statement. On its own (outside a transaction) it is
 /// one atomic, durable commit and one round trip. An agent's `last_seq` is not stored:
 /// it is read as `max(seq)` of its timeline.
@@ -38,31 +61,17 @@ pub async fn insert_batch(
     db: impl PgExecutor<'_>,
     events: &[AgentEvent],
 ) -> Result<(), sqlx::Error> {
-    let n = events.len();
-    let mut agent_ids = Vec::with_capacity(n);
-    let mut seqs = Vec::with_capacity(n);
-    let mut turns: Vec<Option<Uuid>> = Vec::with_capacity(n);
-    let mut kinds = Vec::with_capacity(n);
-    let mut data = Vec::with_capacity(n);
-    let mut ats = Vec::with_capacity(n);
-    for e in events {
-        agent_ids.push(e.agent_id.uuid());
-        seqs.push(e.seq);
-        turns.push(e.turn_id.map(|t| t.uuid()));
-        kinds.push(e.kind.as_str());
-        data.push(sqlx::types::Json(&e.data));
-        ats.push(e.at);
-    }
+    let c = Columns::of(events, sqlx::types::Json);
     sqlx::query(
         "INSERT INTO agent_events (agent_id, seq, turn_id, kind, data, created_at)
          SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], $4::text[], $5::jsonb[], $6::timestamptz[])",
     )
-    .bind(&agent_ids)
-    .bind(&seqs)
-    .bind(&turns)
-    .bind(&kinds)
-    .bind(&data)
-    .bind(&ats)
+    .bind(&c.agent_ids)
+    .bind(&c.seqs)
+    .bind(&c.turns)
+    .bind(&c.kinds)
+    .bind(&c.data)
+    .bind(&c.ats)
     .execute(db)
     .await?;
     Ok(())
@@ -70,35 +79,22 @@ pub async fn insert_batch(
 
 /// Insert events one by one (each in its own subtransaction): the ones the database
 /// refuses for their content are left out and reported as `(index, SQLSTATE, message)`.
-/// Slow; only for a batch that `insert_batch` could not store.
+/// Slow; only for a batch that `insert_batch` could not store. `data` goes as text, so
+/// that even a value jsonb refuses is refused row by row.
 pub async fn insert_each(
     tx: &mut Transaction<'_, Postgres>,
     events: &[AgentEvent],
 ) -> Result<Vec<(i32, String, String)>, sqlx::Error> {
-    let n = events.len();
-    let mut agent_ids = Vec::with_capacity(n);
-    let mut seqs = Vec::with_capacity(n);
-    let mut turns: Vec<Option<Uuid>> = Vec::with_capacity(n);
-    let mut kinds = Vec::with_capacity(n);
-    let mut data = Vec::with_capacity(n);
-    let mut ats = Vec::with_capacity(n);
-    for e in events {
-        agent_ids.push(e.agent_id.uuid());
-        seqs.push(e.seq);
-        turns.push(e.turn_id.map(|t| t.uuid()));
-        kinds.push(e.kind.as_str());
-        data.push(e.data.to_string());
-        ats.push(e.at);
-    }
+    let c = Columns::of(events, Value::to_string);
     sqlx::query_as(
         "SELECT idx, code, message FROM agentry_insert_events_each($1, $2, $3, $4, $5, $6)",
     )
-    .bind(&agent_ids)
-    .bind(&seqs)
-    .bind(&turns)
-    .bind(&kinds)
-    .bind(&data)
-    .bind(&ats)
+    .bind(&c.agent_ids)
+    .bind(&c.seqs)
+    .bind(&c.turns)
+    .bind(&c.kinds)
+    .bind(&c.data)
+    .bind(&c.ats)
     .fetch_all(&mut **tx)
     .await
 }
