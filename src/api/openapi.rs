@@ -268,7 +268,8 @@ fn links() -> Vec<LinkSpec> {
     let mock_agent = |source: &'static str| {
         Some(
             json!({"workspace_id": source, "provider": "mock", "workspace": null,
-            "model": null, "mode": null, "mcp_servers": {}, "prompt": null}),
+            "model": null, "mode": null, "mcp_servers": {}, "prompt": null, "labels": {},
+            "title": null, "system_prompt": null}),
         )
     };
     let mut out = Vec::new();
@@ -292,7 +293,10 @@ fn links() -> Vec<LinkSpec> {
             "CreateWorkspace",
             "create_workspace",
             json!({}),
-            Some(json!({"project_id": id, "kind": "worktree", "base_ref": null, "branch": null})),
+            Some(
+                json!({"project_id": id, "kind": "worktree", "base_ref": null, "branch": null,
+                "title": null}),
+            ),
         ));
         out.push(link(
             from,
