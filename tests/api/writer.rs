@@ -55,9 +55,8 @@ async fn agent_in_new_workspace(app: &TestApp, project: &Value, provider: &str) 
     id
 }
 
-#[tokio::test]
-async fn a_refused_event_becomes_an_error_in_its_slot_and_stalls_nobody() {
-    let app = spawn_app().await;
+/// The database refuses any event whose text carries the marker (the test's own database).
+async fn refuse_poison(app: &TestApp) {
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "ALTER TABLE agent_events ADD CONSTRAINT poison_marker
          CHECK (strpos(coalesce(data->>'text', ''), '{POISON}') = 0)"
@@ -65,6 +64,12 @@ async fn a_refused_event_becomes_an_error_in_its_slot_and_stalls_nobody() {
     .execute(&app.pool)
     .await
     .unwrap();
+}
+
+#[tokio::test]
+async fn a_refused_event_becomes_an_error_in_its_slot_and_stalls_nobody() {
+    let app = spawn_app().await;
+    refuse_poison(&app).await;
     let repo = git_repo();
     let project = app.project(repo.path()).await;
     let mut bystanders = Vec::new();
@@ -258,13 +263,7 @@ async fn a_large_batch_over_several_agents_keeps_each_timeline_dense_around_a_re
     use agentry::domain::{AgentId, EventKind, NewEvent};
 
     let app = spawn_app().await;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "ALTER TABLE agent_events ADD CONSTRAINT poison_marker
-         CHECK (strpos(coalesce(data->>'text', ''), '{POISON}') = 0)"
-    )))
-    .execute(&app.pool)
-    .await
-    .unwrap();
+    refuse_poison(&app).await;
     let repo = git_repo();
     let project = app.project(repo.path()).await;
     let mut agents = Vec::new();
