@@ -369,7 +369,7 @@ impl Settings {
                     "must name a program",
                 ));
             }
-            if p.extends.is_none()
+            if id == "mock"
                 && let Some(cmd) = &p.command
                 && cmd.len() > 1
             {
@@ -421,11 +421,29 @@ const NOT_SETTINGS: [&str; 4] = [
 ];
 
 /// The providers this server implements without `extends`, with the keys each one uses.
-/// A provider id that is not here needs `extends = "acp"`.
-const BUILT_IN_PROVIDERS: [(&str, &[&str]); 1] = [("mock", &["enabled", "command"])];
+/// A provider id that is not here needs `extends = "acp"` (or another built-in's id).
+const BUILT_IN_PROVIDERS: [(&str, &[&str]); 3] = [
+    ("mock", &["enabled", "command"]),
+    ("claude", &CLI_PROVIDER_KEYS),
+    ("codex", &CLI_PROVIDER_KEYS),
+];
+
+/// The built-ins a table can extend (`extends = "claude"` makes a second Claude profile).
+const EXTENDABLE: [&str; 3] = ["acp", "claude", "codex"];
+
+/// The keys a built-in CLI provider's table may carry.
+const CLI_PROVIDER_KEYS: [&str; 7] = [
+    "enabled",
+    "command",
+    "args",
+    "env",
+    "label",
+    "default_mode",
+    "modes",
+];
 
 /// Built-in provider ids that the contract names but this server does not implement yet.
-const PLANNED_PROVIDERS: [&str; 6] = ["claude", "codex", "opencode", "gemini", "copilot", "pi"];
+const PLANNED_PROVIDERS: [&str; 4] = ["opencode", "gemini", "copilot", "pi"];
 
 /// The keys a provider table with `extends = "acp"` may carry (all of them are used).
 const ACP_PROVIDER_KEYS: [&str; 8] = [
@@ -512,11 +530,24 @@ fn check_providers(table: &toml::Table) -> Result<(), SettingsError> {
             return Err(invalid(&name, "must be a table"));
         };
         let allowed: &[&str] = match p.get("extends") {
-            Some(toml::Value::String(kind)) if kind == "acp" => &ACP_PROVIDER_KEYS,
+            Some(toml::Value::String(kind)) if EXTENDABLE.contains(&kind.as_str()) => {
+                if BUILT_IN_PROVIDERS.iter().any(|(b, _)| b == id) {
+                    return Err(invalid(
+                        &format!("{name}.extends"),
+                        format!(
+                            "`{id}` is a built-in provider; a profile that extends another needs an id of its own"
+                        ),
+                    ));
+                }
+                &ACP_PROVIDER_KEYS
+            }
             Some(_) => {
                 return Err(invalid(
                     &format!("{name}.extends"),
-                    "only `acp` can be extended",
+                    format!(
+                        "can extend only {}",
+                        EXTENDABLE.map(|e| format!("`{e}`")).join(", ")
+                    ),
                 ));
             }
             None => match BUILT_IN_PROVIDERS.iter().find(|(b, _)| b == id) {
@@ -543,8 +574,8 @@ fn check_providers(table: &toml::Table) -> Result<(), SettingsError> {
             },
         };
         if let Some(key) = p.keys().find(|k| !allowed.contains(&k.as_str())) {
-            let kind = if p.contains_key("extends") {
-                "an ACP provider".to_owned()
+            let kind = if let Some(base) = p.get("extends").and_then(|e| e.as_str()) {
+                format!("a provider extending `{base}`")
             } else {
                 format!("the built-in `{id}` provider")
             };
@@ -674,8 +705,8 @@ mod tests {
     #[test]
     fn provider_tables_the_server_would_not_use_are_refused() {
         // A provider the contract names but this server does not implement yet.
-        let e = refused("[providers.claude]\ncommand = [\"claude\"]\n", &[]);
-        assert_eq!(e.setting, "providers.claude");
+        let e = refused("[providers.gemini]\ncommand = [\"gemini\"]\n", &[]);
+        assert_eq!(e.setting, "providers.gemini");
         assert!(e.message.contains("not implemented"), "{e}");
         // An id that is no provider at all, without `extends`.
         let e = refused("[providers.my-agent]\ncommand = [\"my-agent\"]\n", &[]);
@@ -703,12 +734,17 @@ mod tests {
             &[],
         );
         assert_eq!(e.setting, "providers.my-agent.timeout");
-        let e = refused("[providers.my-agent]\nextends = \"claude\"\n", &[]);
+        let e = refused("[providers.my-agent]\nextends = \"mock\"\n", &[]);
         assert_eq!(e.setting, "providers.my-agent.extends");
+        // A built-in cannot extend another; its table takes no `extends`.
+        let e = refused("[providers.claude]\nextends = \"codex\"\n", &[]);
+        assert_eq!(e.setting, "providers.claude.extends");
+        let e = refused("[providers.codex]\ntimeout = 3\n", &[]);
+        assert_eq!(e.setting, "providers.codex.timeout");
         // The same through the environment.
-        let e = Settings::load_from(None, &env(&[("AGENTRY_PROVIDERS__CODEX__ENABLED", "true")]))
+        let e = Settings::load_from(None, &env(&[("AGENTRY_PROVIDERS__PI__ENABLED", "true")]))
             .unwrap_err();
-        assert_eq!(e.setting, "providers.codex");
+        assert_eq!(e.setting, "providers.pi");
         let e = Settings::load_from(None, &env(&[("AGENTRY_PROVIDERS__MOCK__LABEL", "M")]))
             .unwrap_err();
         assert_eq!(e.setting, "providers.mock.label");

@@ -11,8 +11,9 @@ use agentry::process::{CommandSpec, ManagedChild, ProcessError};
 use agentry::providers::acp::{AcpProvider, AcpProviderConfig};
 use agentry::providers::mock::mock_provider;
 use agentry::providers::{
-    Availability, PermissionDecision, PermissionRequest, ProcessLauncher, Provider, ProviderEvent,
-    ProviderSession, SessionInfo, SessionSpec, ToolCallUpdate, TurnInput, Usage,
+    Availability, ChangeKind, PermissionDecision, PermissionRequest, PlanStatus, ProcessLauncher,
+    Provider, ProviderEvent, ProviderSession, SessionInfo, SessionSpec, ToolCallUpdate, TurnInput,
+    Usage,
 };
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -431,13 +432,10 @@ async fn write_creates_the_file_and_reports_a_write() {
         first.input,
         json!({ "path": "notes.txt", "content": "hello" })
     );
-    let diff = first.diff.as_ref().expect("a diff");
-    assert_eq!(diff[0]["newText"], json!("hello"));
-    assert!(
-        diff[0]["path"]
-            .as_str()
-            .is_some_and(|p| p.ends_with("/notes.txt"))
-    );
+    let diff = first.diff.first().expect("a diff");
+    assert_eq!(diff.new_text.as_deref(), Some("hello"));
+    assert_eq!(diff.change, ChangeKind::Add);
+    assert!(diff.path.ends_with("/notes.txt"));
     let last = turn.tools.last().unwrap();
     assert_eq!(last.status, ToolStatus::Completed);
     assert_eq!(last.tool_kind, ToolKind::Write);
@@ -774,7 +772,7 @@ async fn real_agent_wire_habits_are_mapped() {
                         assert_eq!(call.title, "write_file");
                         assert_eq!(call.tool_kind, ToolKind::Write);
                         assert_eq!(call.input, json!({ "file_path": "a.txt" }));
-                        assert!(call.diff.is_some());
+                        assert!(!call.diff.is_empty());
                     }
                     other => panic!("unexpected tool call {other}"),
                 }
@@ -783,8 +781,8 @@ async fn real_agent_wire_habits_are_mapped() {
             ProviderEvent::Plan { entries } => {
                 assert_eq!(entries.len(), 1);
                 assert_eq!(
-                    (entries[0].text.as_str(), entries[0].status.as_str()),
-                    ("step one", "in_progress")
+                    (entries[0].text.as_str(), entries[0].status),
+                    ("step one", PlanStatus::InProgress)
                 );
                 seen.push("plan".to_owned());
             }

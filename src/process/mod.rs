@@ -40,6 +40,9 @@ pub struct CommandSpec {
     pub cwd: PathBuf,
     /// Extra environment for the child, on top of the minimal base (PATH, HOME, LANG…).
     pub env: BTreeMap<String, String>,
+    /// Variables passed on from the server's own environment when set there (a
+    /// provider's credentials, such as `ANTHROPIC_API_KEY`); `env` wins over them.
+    pub pass_env: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -234,7 +237,7 @@ impl Drop for ManagedChild {
 
 /// Spawn `spec` in a new process group (not yet recorded).
 pub fn spawn(spec: &CommandSpec) -> Result<ManagedChild, ProcessError> {
-    let env = child_env(|name| std::env::var_os(name), &spec.env);
+    let env = child_env(|name| std::env::var_os(name), &spec.pass_env, &spec.env);
     let path_var = env
         .iter()
         .find(|(k, _)| k == "PATH")
@@ -399,11 +402,16 @@ pub struct ReconcileReport {
 /// The environment of a child: the base variables taken from `parent`, then `extra`.
 fn child_env(
     parent: impl Fn(&str) -> Option<OsString>,
+    pass: &[String],
     extra: &BTreeMap<String, String>,
 ) -> Vec<(OsString, OsString)> {
-    let mut env: Vec<(OsString, OsString)> = BASE_ENV
-        .iter()
-        .filter(|name| !extra.contains_key(**name))
+    let mut names: Vec<&str> = BASE_ENV.to_vec();
+    names.extend(pass.iter().map(String::as_str));
+    names.sort_unstable();
+    names.dedup();
+    let mut env: Vec<(OsString, OsString)> = names
+        .into_iter()
+        .filter(|name| !extra.contains_key(*name))
         .filter_map(|name| parent(name).map(|value| (OsString::from(name), value)))
         .collect();
     env.extend(
@@ -580,6 +588,7 @@ mod tests {
             args: args.iter().map(|s| s.to_string()).collect(),
             cwd: std::env::temp_dir(),
             env: BTreeMap::new(),
+            pass_env: Vec::new(),
         }
     }
 
@@ -641,13 +650,14 @@ mod tests {
             "PATH" => Some(OsString::from("/bin")),
             "HOME" => Some(OsString::from("/root")),
             "AGENTRY_SECRET_TEST" => Some(OsString::from("secret")),
+            "ANTHROPIC_API_KEY" => Some(OsString::from("sk-test")),
             _ => None,
         };
         let extra = BTreeMap::from([
             ("HOME".to_owned(), "/work".to_owned()),
             ("FOO".to_owned(), "bar".to_owned()),
         ]);
-        let mut env = child_env(parent, &extra);
+        let mut env = child_env(parent, &[], &extra);
         env.sort();
         assert_eq!(
             env,
@@ -656,6 +666,17 @@ mod tests {
                 (OsString::from("HOME"), OsString::from("/work")),
                 (OsString::from("PATH"), OsString::from("/bin")),
             ]
+        );
+        // A provider's credential variables pass only when it names them.
+        let pass = ["ANTHROPIC_API_KEY".to_owned(), "UNSET_VAR".to_owned()];
+        let env = child_env(parent, &pass, &BTreeMap::new());
+        assert!(env.contains(&(
+            OsString::from("ANTHROPIC_API_KEY"),
+            OsString::from("sk-test")
+        )));
+        assert!(
+            !env.iter()
+                .any(|(k, _)| k == "AGENTRY_SECRET_TEST" || k == "UNSET_VAR")
         );
     }
 

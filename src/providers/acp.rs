@@ -29,9 +29,10 @@ use tokio::task::JoinHandle;
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
 use super::{
-    Availability, EventSink, ModeInfo, ModelInfo, PermissionDecision, PermissionRequest, PlanEntry,
-    ProcessLauncher, Provider, ProviderCapabilities, ProviderError, ProviderEvent, ProviderInfo,
-    ProviderSession, SessionInfo, SessionSpec, ToolCallUpdate, TurnInput, Usage,
+    Availability, ChangeKind, EventSink, FileDiff, Location, ModeInfo, ModelInfo,
+    PermissionDecision, PermissionRequest, PlanEntry, PlanStatus, ProcessLauncher, Provider,
+    ProviderCapabilities, ProviderError, ProviderEvent, ProviderInfo, ProviderSession, SessionInfo,
+    SessionSpec, ToolCallUpdate, TurnInput, Usage,
 };
 use crate::domain::{
     Behavior, PermissionKind, PermissionOption, ToolKind, ToolStatus, TurnOutcome,
@@ -350,7 +351,8 @@ struct ToolState {
     input: Value,
     output: Option<Value>,
     error: Option<String>,
-    diff: Option<Value>,
+    diff: Vec<FileDiff>,
+    locations: Vec<Location>,
 }
 
 impl ToolState {
@@ -363,7 +365,8 @@ impl ToolState {
             input: Value::Object(Map::new()),
             output: None,
             error: None,
-            diff: None,
+            diff: Vec::new(),
+            locations: Vec::new(),
         }
     }
 
@@ -371,7 +374,12 @@ impl ToolState {
         match self.acp_kind.as_deref() {
             Some("execute") => ToolKind::Shell,
             Some("read") => ToolKind::Read,
-            Some("edit") if self.diff.as_ref().is_some_and(diff_creates_files) => ToolKind::Write,
+            Some("edit")
+                if !self.diff.is_empty()
+                    && self.diff.iter().all(|d| d.change == ChangeKind::Add) =>
+            {
+                ToolKind::Write
+            }
             Some("edit" | "delete" | "move") => ToolKind::Edit,
             Some("search") => ToolKind::Search,
             Some("fetch") => ToolKind::Fetch,
@@ -390,17 +398,34 @@ impl ToolState {
             output: self.output.clone(),
             error: self.error.clone(),
             diff: self.diff.clone(),
+            locations: self.locations.clone(),
+            parent_call_id: None,
         }
     }
 }
 
-/// Every diff item has no old text: the call writes new files.
-fn diff_creates_files(diff: &Value) -> bool {
-    diff.as_array().is_some_and(|items| {
-        !items.is_empty()
-            && items
-                .iter()
-                .all(|item| item.get("oldText").is_none_or(Value::is_null))
+/// An ACP `diff` content item (`path`, `oldText` absent or null for a new file, `newText`).
+fn acp_diff(item: &Value) -> Option<FileDiff> {
+    let path = item.get("path")?.as_str()?.to_owned();
+    let old_text = item
+        .get("oldText")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let new_text = item
+        .get("newText")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    Some(FileDiff {
+        path,
+        change: if old_text.is_none() {
+            ChangeKind::Add
+        } else {
+            ChangeKind::Modify
+        },
+        move_path: None,
+        unified: None,
+        old_text,
+        new_text,
     })
 }
 
@@ -507,14 +532,28 @@ impl ToolTracker {
         }
         let content = call.get("content").and_then(Value::as_array);
         if let Some(items) = content {
-            let diffs: Vec<Value> = items
+            let diffs: Vec<FileDiff> = items
                 .iter()
                 .filter(|item| item.get("type").and_then(Value::as_str) == Some("diff"))
-                .cloned()
+                .filter_map(acp_diff)
                 .collect();
             if !diffs.is_empty() {
-                state.diff = Some(Value::Array(diffs));
+                changed |= state.diff != diffs;
+                state.diff = diffs;
             }
+        }
+        if let Some(locations) = call.get("locations").and_then(Value::as_array) {
+            let locations: Vec<Location> = locations
+                .iter()
+                .filter_map(|l| {
+                    Some(Location {
+                        path: l.get("path")?.as_str()?.to_owned(),
+                        line: l.get("line").and_then(Value::as_u64),
+                    })
+                })
+                .collect();
+            changed |= state.locations != locations;
+            state.locations = locations;
         }
         let text = content.and_then(|items| content_text(items));
         match call.get_mut("rawOutput").map(Value::take) {
@@ -642,11 +681,12 @@ impl InboundHandler {
                             .filter_map(|entry| {
                                 Some(PlanEntry {
                                     text: entry.get("content")?.as_str()?.to_owned(),
-                                    status: entry
-                                        .get("status")
-                                        .and_then(Value::as_str)
-                                        .unwrap_or("pending")
-                                        .to_owned(),
+                                    status: PlanStatus::parse(
+                                        entry
+                                            .get("status")
+                                            .and_then(Value::as_str)
+                                            .unwrap_or("pending"),
+                                    ),
                                 })
                             })
                             .collect()
@@ -1430,6 +1470,7 @@ async fn start_session(
             args: args.to_vec(),
             cwd: spec.cwd.clone(),
             env: cfg.env.clone(),
+            pass_env: Vec::new(),
         })
         .await?;
     let pid = child.pid();
@@ -1868,7 +1909,17 @@ mod tests {
             .unwrap();
         assert_eq!(call.call_id, "7");
         assert_eq!(call.tool_kind, ToolKind::Write);
-        assert_eq!(call.diff, Some(diff));
+        assert_eq!(
+            call.diff,
+            [FileDiff {
+                path: "/w/a".into(),
+                change: ChangeKind::Add,
+                move_path: None,
+                unified: None,
+                old_text: None,
+                new_text: Some("x".into()),
+            }]
+        );
         let (edit, _) = tools
             .apply(
                 &mut update(json!({"toolCallId": "e", "kind": "edit",

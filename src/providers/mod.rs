@@ -147,14 +147,92 @@ pub struct ToolCallUpdate {
     pub input: Value,
     pub output: Option<Value>,
     pub error: Option<String>,
-    pub diff: Option<Value>,
+    /// The files the call changes (or changed), one entry per file; empty when none.
+    pub diff: Vec<FileDiff>,
+    /// Files (and lines) the call touches, for "follow the agent" views.
+    pub locations: Vec<Location>,
+    /// The tool call this one runs inside (a sub-agent's calls), when the CLI says.
+    pub parent_call_id: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+impl ToolCallUpdate {
+    /// A call with no output, diff or location yet.
+    pub fn new(
+        call_id: impl Into<String>,
+        name: impl Into<String>,
+        tool_kind: ToolKind,
+        status: ToolStatus,
+        input: Value,
+    ) -> Self {
+        let name = name.into();
+        Self {
+            call_id: call_id.into(),
+            title: name.clone(),
+            name,
+            tool_kind,
+            status,
+            input,
+            output: None,
+            error: None,
+            diff: Vec::new(),
+            locations: Vec::new(),
+            parent_call_id: None,
+        }
+    }
+}
+
+/// How a file changes, in the one shape every provider reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    Add,
+    Modify,
+    Delete,
+    /// Moved to `move_path` (and maybe modified).
+    Rename,
+}
+
+/// One file's change: a unified patch when the CLI gives one, else the old and new text
+/// (`old_text` absent for a new file, `new_text` absent for a deleted one).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct FileDiff {
+    pub path: String,
+    pub change: ChangeKind,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub move_path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unified: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub old_text: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub new_text: Option<String>,
+}
+
+/// A place a tool call touches.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Location {
+    pub path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line: Option<u64>,
+}
+
+/// Token use. In a `usage` event and in `turn_completed` the counts are the current
+/// turn's so far (summed over the model calls the turn made); `context_window_used` is
+/// what the conversation occupies after the latest call.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, ToSchema)]
 pub struct Usage {
+    /// Input tokens, cached ones included.
     pub input_tokens: u64,
+    /// Output tokens, reasoning ones included.
     pub output_tokens: u64,
+    /// Input tokens read from the provider's prompt cache.
     pub cached_input_tokens: u64,
+    /// Input tokens written to the provider's prompt cache.
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+    /// Output tokens spent on reasoning.
+    #[serde(default)]
+    pub reasoning_tokens: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub context_window_max: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -199,6 +277,17 @@ pub enum ProviderEvent {
         error: Option<String>,
         usage: Option<Usage>,
     },
+    /// The provider's session id or persistence handle changed (Claude reports its id
+    /// in `system/init`, Pi its session file later). The runtime stores what is `Some`.
+    SessionUpdated {
+        provider_session_id: Option<String>,
+        persistence: Option<Value>,
+    },
+    /// The CLI withdrew a permission request it raised (it no longer waits for the
+    /// answer): the request expires and an answer reaches no one.
+    PermissionWithdrawn {
+        provider_request_id: String,
+    },
     /// Something went wrong that does not end the turn by itself.
     Error {
         message: String,
@@ -213,7 +302,27 @@ pub enum ProviderEvent {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct PlanEntry {
     pub text: String,
-    pub status: String,
+    pub status: PlanStatus,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanStatus {
+    Pending,
+    InProgress,
+    Completed,
+}
+
+impl PlanStatus {
+    /// A CLI's status word (`pending`, `in_progress`/`inProgress`, `completed`/`done`);
+    /// anything else reads as pending.
+    pub fn parse(word: &str) -> Self {
+        match word {
+            "in_progress" | "inProgress" | "running" | "active" => Self::InProgress,
+            "completed" | "done" | "complete" => Self::Completed,
+            _ => Self::Pending,
+        }
+    }
 }
 
 /// Where an adapter sends its events.
@@ -275,4 +384,69 @@ pub trait ProviderSession: Send + Sync {
     }
     /// Stop the session and its process group (TERM, grace, KILL).
     async fn close(self: Box<Self>);
+}
+
+/// A provider's settings once its built-in defaults and its `[providers.<id>]` table are
+/// merged: what an adapter needs to run its CLI.
+#[derive(Debug, Clone)]
+pub struct CliConfig {
+    pub id: String,
+    pub label: String,
+    /// The program and any arguments of the `command` setting; the adapter adds its
+    /// protocol flags after them.
+    pub command: Vec<String>,
+    /// The `args` setting, passed after the adapter's own flags.
+    pub args: Vec<String>,
+    /// Extra environment (the `env` setting over the built-in defaults).
+    pub env: BTreeMap<String, String>,
+    /// Credential variables passed on from the server's environment when set there.
+    pub pass_env: Vec<String>,
+    pub modes: Vec<ModeInfo>,
+    pub default_mode: Option<String>,
+}
+
+impl CliConfig {
+    /// The value a variable will have in the child: the configured `env`, else the
+    /// server's own environment when the variable is one the provider passes on.
+    pub fn child_var(&self, name: &str) -> Option<String> {
+        if let Some(v) = self.env.get(name) {
+            return Some(v.clone());
+        }
+        if self.pass_env.iter().any(|p| p == name) || crate::process::BASE_ENV.contains(&name) {
+            return std::env::var(name).ok();
+        }
+        None
+    }
+
+    /// The child's argv: `command`, then the adapter's `protocol` flags, then `args`.
+    pub fn argv(&self, protocol: &[String]) -> Vec<String> {
+        let mut argv = self.command.clone();
+        argv.extend(protocol.iter().cloned());
+        argv.extend(self.args.iter().cloned());
+        argv
+    }
+}
+
+/// A provider agentry knows by id, with its defaults; `[providers.<id>]` adjusts it and
+/// `extends = "<id>"` makes more profiles of it.
+pub struct Builtin {
+    pub id: &'static str,
+    pub label: &'static str,
+    /// The program run by default (looked up on PATH).
+    pub program: &'static str,
+    /// Credential and configuration variables passed on from the server's environment.
+    pub pass_env: &'static [&'static str],
+    pub modes: fn() -> Vec<ModeInfo>,
+    pub default_mode: &'static str,
+    pub build: fn(CliConfig) -> Arc<dyn Provider>,
+}
+
+/// A mode as the built-in descriptors list them.
+pub fn mode(id: &str, label: &str, description: &str, unattended: bool) -> ModeInfo {
+    ModeInfo {
+        id: id.to_owned(),
+        label: label.to_owned(),
+        description: Some(description.to_owned()),
+        unattended,
+    }
 }

@@ -1,5 +1,11 @@
-//! The providers a server offers, by id: the built-in `mock` and one ACP provider per
-//! `[providers.<id>]` table with `extends = "acp"`, built from the settings at start.
+//! The providers a server offers, by id, built from the settings at start: `mock`, the
+//! built-in CLI providers (`builtins()`) adjusted by their `[providers.<id>]` tables, one
+//! more profile per table with `extends = "<built-in id>"`, and one ACP provider per table
+//! with `extends = "acp"`.
+//!
+//! One merge rule for every built-in: `command` replaces the program (and may add
+//! arguments), `args` append after the adapter's own flags, `env` merges over the
+//! defaults, `label`/`modes`/`default_mode` override, and `enabled = false` hides it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -8,7 +14,12 @@ use crate::config::ProviderSettings;
 
 use super::acp::{AcpProvider, AcpProviderConfig};
 use super::mock::mock_provider;
-use super::{ModeInfo, ModelInfo, Provider, ProviderError};
+use super::{Builtin, CliConfig, ModeInfo, ModelInfo, Provider, ProviderError};
+
+/// The CLI providers this server implements, by id.
+pub fn builtins() -> Vec<Builtin> {
+    Vec::new()
+}
 
 /// Why the registry could not be built from the settings.
 #[derive(Debug, thiserror::Error)]
@@ -47,11 +58,28 @@ impl ProviderRegistry {
             };
             registry.register(Arc::new(mock_provider(exe)));
         }
-        for (id, p) in providers {
-            if p.extends.as_deref() != Some("acp") || p.enabled == Some(false) {
+        let builtins = builtins();
+        for b in &builtins {
+            let own = providers.get(b.id);
+            if own.and_then(|p| p.enabled) == Some(false) {
                 continue;
             }
-            registry.register(Arc::new(AcpProvider::new(acp_config(id, p))));
+            let cfg = builtin_config(b, b.id, own);
+            registry.register((b.build)(cfg));
+        }
+        for (id, p) in providers {
+            if p.enabled == Some(false) {
+                continue;
+            }
+            match p.extends.as_deref() {
+                Some("acp") => registry.register(Arc::new(AcpProvider::new(acp_config(id, p)))),
+                Some(base) => {
+                    if let Some(b) = builtins.iter().find(|b| b.id == base) {
+                        registry.register((b.build)(builtin_config(b, id, Some(p))));
+                    }
+                }
+                None => {}
+            }
         }
         Ok(registry)
     }
@@ -93,6 +121,49 @@ impl ProviderRegistry {
     }
 }
 
+/// A built-in's configuration under id `id`, with the table's settings merged in.
+pub fn builtin_config(b: &Builtin, id: &str, p: Option<&ProviderSettings>) -> CliConfig {
+    let mut cfg = CliConfig {
+        id: id.to_owned(),
+        label: b.label.to_owned(),
+        command: vec![b.program.to_owned()],
+        args: Vec::new(),
+        env: BTreeMap::new(),
+        pass_env: b.pass_env.iter().map(|v| (*v).to_owned()).collect(),
+        modes: (b.modes)(),
+        default_mode: Some(b.default_mode.to_owned()),
+    };
+    let Some(p) = p else { return cfg };
+    if let Some(command) = &p.command {
+        cfg.command = command.clone();
+    }
+    cfg.args = p.args.clone();
+    cfg.env
+        .extend(p.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    if let Some(label) = &p.label {
+        cfg.label = label.clone();
+    }
+    if !p.modes.is_empty() {
+        cfg.modes = modes(p);
+    }
+    if let Some(mode) = &p.default_mode {
+        cfg.default_mode = Some(mode.clone());
+    }
+    cfg
+}
+
+fn modes(p: &ProviderSettings) -> Vec<ModeInfo> {
+    p.modes
+        .iter()
+        .map(|m| ModeInfo {
+            id: m.id.clone(),
+            label: m.label.clone().unwrap_or_else(|| m.id.clone()),
+            description: m.description.clone(),
+            unattended: m.unattended,
+        })
+        .collect()
+}
+
 /// The adapter configuration of an `extends = "acp"` table: its `command` (default: the
 /// id) followed by its `args`.
 fn acp_config(id: &str, p: &ProviderSettings) -> AcpProviderConfig {
@@ -103,16 +174,7 @@ fn acp_config(id: &str, p: &ProviderSettings) -> AcpProviderConfig {
         label: p.label.clone().unwrap_or_else(|| id.to_owned()),
         command,
         env: p.env.clone(),
-        modes: p
-            .modes
-            .iter()
-            .map(|m| ModeInfo {
-                id: m.id.clone(),
-                label: m.label.clone().unwrap_or_else(|| m.id.clone()),
-                description: m.description.clone(),
-                unattended: m.unattended,
-            })
-            .collect(),
+        modes: modes(p),
         default_mode: p.default_mode.clone(),
         models: Vec::new(),
     }

@@ -566,6 +566,13 @@ impl Actor {
                 self.emit(EventKind::ModelChanged, json!({"model": model}))
                     .await;
             }
+            ProviderEvent::SessionUpdated {
+                provider_session_id,
+                persistence,
+            } => self.session_updated(provider_session_id, persistence).await,
+            ProviderEvent::PermissionWithdrawn {
+                provider_request_id,
+            } => self.permission_withdrawn(&provider_request_id).await,
             ProviderEvent::Error { message, code } => {
                 self.emit(EventKind::Error, json!({"message": message, "code": code}))
                     .await
@@ -577,9 +584,10 @@ impl Actor {
             } => {
                 if self.turn.is_some() {
                     let outcome = match self.turn.as_ref().and_then(|t| t.interrupt_deadline) {
-                        // An interrupted turn that the agent ended any other way still reads as canceled.
-                        Some(_) if outcome == TurnOutcome::Completed => TurnOutcome::Canceled,
-                        _ => outcome,
+                        // A turn that ends after an interrupt is canceled, whatever the
+                        // agent calls it (Claude Code ends it `error_during_execution`).
+                        Some(_) => TurnOutcome::Canceled,
+                        None => outcome,
                     };
                     self.finish_turn(outcome, error, usage).await;
                 }
@@ -754,6 +762,62 @@ impl Actor {
         );
         if self.turn.is_some() {
             let _ = self.set_status(AgentStatus::WaitingPermission, None).await;
+        }
+    }
+
+    /// Store a session id or persistence handle the provider learned after the start.
+    async fn session_updated(
+        &mut self,
+        provider_session_id: Option<String>,
+        persistence: Option<Value>,
+    ) {
+        if provider_session_id.is_none() && persistence.is_none() {
+            return;
+        }
+        if let Err(e) = store::agents::set_session(
+            &self.shared.pool,
+            self.id().uuid(),
+            provider_session_id.as_deref(),
+            persistence.as_ref(),
+        )
+        .await
+        {
+            tracing::warn!(agent_id = %self.id(), error = %e, "could not store the session handle");
+        }
+        if persistence.is_some() {
+            self.ctx.persistence = persistence;
+        }
+        if let Some(sid) = provider_session_id {
+            self.snapshot
+                .send_modify(|s| s.provider_session_id = Some(sid));
+        }
+    }
+
+    /// The CLI no longer waits for an answer: the request expires, and the timeline says so.
+    async fn permission_withdrawn(&mut self, provider_request_id: &str) {
+        let expired = match store::permissions::expire_by_provider_id(
+            &self.shared.pool,
+            self.id().uuid(),
+            provider_request_id,
+        )
+        .await
+        {
+            Ok(Some(id)) => PermissionId::from(id),
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(agent_id = %self.id(), error = %e, "could not expire a withdrawn permission request");
+                return;
+            }
+        };
+        self.pending.remove(&expired);
+        self.emit(
+            EventKind::PermissionResolved,
+            json!({"request_id": expired, "behavior": Behavior::Deny, "expired": true,
+                   "resolved_by": null, "message": "the agent withdrew the request"}),
+        )
+        .await;
+        if self.pending.is_empty() && self.turn.is_some() {
+            let _ = self.set_status(AgentStatus::Running, None).await;
         }
     }
 
@@ -948,8 +1012,14 @@ pub(crate) fn tool_json(t: &ToolCallUpdate) -> Value {
     if let Some(e) = &t.error {
         v["error"] = json!(e);
     }
-    if let Some(d) = &t.diff {
-        v["diff"] = d.clone();
+    if !t.diff.is_empty() {
+        v["diff"] = json!(t.diff);
+    }
+    if !t.locations.is_empty() {
+        v["locations"] = json!(t.locations);
+    }
+    if let Some(p) = &t.parent_call_id {
+        v["parent_call_id"] = json!(p);
     }
     v
 }

@@ -119,3 +119,20 @@ pub async fn expire_pending(
     .fetch_all(db)
     .await
 }
+
+/// Expire one pending request of an agent by the provider's id for it (the CLI withdrew
+/// it); returns its id when one was pending.
+pub async fn expire_by_provider_id(
+    db: impl PgExecutor<'_>,
+    agent_id: Uuid,
+    provider_request_id: &str,
+) -> Result<Option<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "UPDATE permission_requests SET status = 'expired', resolved_at = now()
+         WHERE agent_id = $1 AND provider_request_id = $2 AND status = 'pending' RETURNING id",
+    )
+    .bind(agent_id)
+    .bind(provider_request_id)
+    .fetch_optional(db)
+    .await
+}

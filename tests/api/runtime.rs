@@ -59,17 +59,15 @@ struct FakeSession {
 }
 
 fn tool(call_id: &str, status: ToolStatus) -> ProviderEvent {
-    ProviderEvent::ToolCall(ToolCallUpdate {
-        call_id: call_id.into(),
-        name: "shell".into(),
-        title: format!("run {call_id}"),
-        tool_kind: ToolKind::Shell,
+    let mut update = ToolCallUpdate::new(
+        call_id,
+        "shell",
+        ToolKind::Shell,
         status,
-        input: json!({"command": call_id}),
-        output: None,
-        error: None,
-        diff: None,
-    })
+        json!({"command": call_id}),
+    );
+    update.title = format!("run {call_id}");
+    ProviderEvent::ToolCall(update)
 }
 
 #[async_trait]
@@ -102,6 +100,7 @@ impl Provider for FakeProvider {
                 args: vec!["600".into()],
                 cwd: spec.cwd,
                 env: Default::default(),
+                pass_env: Vec::new(),
             })
             .await?;
         let pid = child.pid();
