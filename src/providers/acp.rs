@@ -9,9 +9,8 @@
 //! follows every update the agent sent before answering. `Exited` is sent once, last,
 //! after the connection has ended and the process has been reaped.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Component, Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,9 +22,7 @@ use agent_client_protocol::{self as acp, Dispatch, HandleDispatchFrom, Handled, 
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
-use tokio::io::AsyncReadExt;
 use tokio::sync::{oneshot, watch};
-use tokio::task::JoinHandle;
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
 use super::{
@@ -37,6 +34,7 @@ use super::{
 use crate::domain::{
     Behavior, PermissionKind, PermissionOption, ToolKind, ToolStatus, TurnOutcome,
 };
+use crate::process::output::{StderrReader, StderrTail, describe_exit};
 use crate::process::{CommandSpec, ManagedChild, find_executable};
 
 /// How long the agent may take to initialize and open its session.
@@ -47,12 +45,6 @@ const STOP_GRACE: Duration = Duration::from_secs(3);
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
 /// After the connection ends, how long the process may take to exit on its own.
 const EXIT_AFTER_EOF: Duration = Duration::from_millis(500);
-/// How long to wait for the last stderr bytes once the process is gone.
-const STDERR_FLUSH: Duration = Duration::from_millis(500);
-/// Bytes of stderr kept for error messages.
-const STDERR_RING_BYTES: usize = 8 * 1024;
-/// Lines of stderr quoted in an exit reason.
-const STDERR_TAIL_LINES: usize = 5;
 
 /// Configuration of one ACP provider (built in or from the providers config).
 #[derive(Debug, Clone)]
@@ -188,12 +180,12 @@ struct Shared {
     interrupted: AtomicBool,
     /// The session is being closed on purpose.
     closing: AtomicBool,
-    stderr: Arc<Mutex<StderrRing>>,
+    stderr: StderrTail,
 }
 
 impl Shared {
     fn stderr_tail(&self) -> String {
-        lock(&self.stderr).tail(STDERR_TAIL_LINES)
+        self.stderr.tail()
     }
 
     /// Report a mode or model change, unless the session is still being set up.
@@ -274,62 +266,6 @@ impl ConfigState {
             }
         }
         changes
-    }
-}
-
-/// The last stderr bytes of the agent.
-#[derive(Default)]
-struct StderrRing {
-    bytes: VecDeque<u8>,
-}
-
-impl StderrRing {
-    fn push(&mut self, chunk: &[u8]) {
-        let chunk = &chunk[chunk.len().saturating_sub(STDERR_RING_BYTES)..];
-        let overflow = (self.bytes.len() + chunk.len()).saturating_sub(STDERR_RING_BYTES);
-        self.bytes.drain(..overflow);
-        self.bytes.extend(chunk);
-    }
-
-    /// The last `lines` non-empty lines.
-    fn tail(&self, lines: usize) -> String {
-        let (a, b) = self.bytes.as_slices();
-        let mut raw = Vec::with_capacity(a.len() + b.len());
-        raw.extend_from_slice(a);
-        raw.extend_from_slice(b);
-        let text = String::from_utf8_lossy(&raw);
-        let mut tail: Vec<&str> = text
-            .lines()
-            .map(str::trim_end)
-            .filter(|l| !l.trim().is_empty())
-            .rev()
-            .take(lines)
-            .collect();
-        tail.reverse();
-        tail.join("\n")
-    }
-}
-
-async fn drain_stderr(mut stderr: tokio::process::ChildStderr, ring: Arc<Mutex<StderrRing>>) {
-    let mut buf = vec![0u8; 4096];
-    let mut line = Vec::new();
-    loop {
-        let n = match stderr.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        lock(&ring).push(&buf[..n]);
-        for &byte in &buf[..n] {
-            if byte == b'\n' {
-                tracing::debug!(target: "agentry::providers::acp::stderr", "{}", String::from_utf8_lossy(&line));
-                line.clear();
-            } else if line.len() < 4096 {
-                line.push(byte);
-            }
-        }
-    }
-    if !line.is_empty() {
-        tracing::debug!(target: "agentry::providers::acp::stderr", "{}", String::from_utf8_lossy(&line));
     }
 }
 
@@ -1483,8 +1419,7 @@ async fn start_session(
         ));
     };
 
-    let stderr_ring = Arc::new(Mutex::new(StderrRing::default()));
-    let stderr_task = tokio::spawn(drain_stderr(stderr, stderr_ring.clone()));
+    let (stderr_ring, stderr_task) = StderrTail::capture(stderr, "agentry::providers::acp::stderr");
     let shared = Arc::new(Shared {
         events: Emitter::new(events),
         root: std::fs::canonicalize(&spec.cwd).unwrap_or_else(|_| spec.cwd.clone()),
@@ -1630,7 +1565,7 @@ struct Supervision {
 async fn supervise<F>(
     connection: F,
     mut child: ManagedChild,
-    stderr_task: JoinHandle<()>,
+    stderr_task: StderrReader,
     shared: Arc<Shared>,
     report: Supervision,
 ) where
@@ -1662,7 +1597,7 @@ async fn supervise<F>(
     }
     let terminated = child.terminate(STOP_GRACE).await;
     let status = status.or(terminated);
-    let _ = tokio::time::timeout(STDERR_FLUSH, stderr_task).await;
+    stderr_task.settle().await;
 
     let reason = describe_exit(status, broken.as_deref(), &shared.stderr_tail());
     tracing::debug!(%reason, "ACP agent ended");
@@ -1677,24 +1612,6 @@ async fn supervise<F>(
         reason
     };
     shared.events.finish(ProviderEvent::Exited { reason }).await;
-}
-
-fn describe_exit(status: Option<ExitStatus>, broken: Option<&str>, stderr_tail: &str) -> String {
-    let mut reason = match (status, broken) {
-        (Some(status), _) => match (status.signal(), status.code()) {
-            (Some(signal), _) => format!("the agent process was killed by signal {signal}"),
-            (None, Some(0)) => "the agent process exited".to_owned(),
-            (None, Some(code)) => format!("the agent process exited with status {code}"),
-            (None, None) => "the agent process ended".to_owned(),
-        },
-        (None, Some(error)) => format!("the connection to the agent broke: {error}"),
-        (None, None) => "the agent process ended".to_owned(),
-    };
-    if !stderr_tail.is_empty() {
-        reason.push_str("; last stderr:\n");
-        reason.push_str(stderr_tail);
-    }
-    reason
 }
 
 // ---------------------------------------------------------------------------------------
@@ -2028,15 +1945,5 @@ mod tests {
             ),
             Some((TurnOutcome::Canceled, None))
         );
-    }
-
-    #[test]
-    fn stderr_ring_keeps_the_last_lines() {
-        let mut ring = StderrRing::default();
-        for i in 0..5000 {
-            ring.push(format!("line {i}\n").as_bytes());
-        }
-        assert!(ring.bytes.len() <= STDERR_RING_BYTES);
-        assert_eq!(ring.tail(2), "line 4998\nline 4999");
     }
 }
