@@ -1,0 +1,41 @@
+//! The pinned agent CLIs (`.ci/cli-pins`), as `.ci/install-clis` installs them into
+//! `~/.cache/agentry/clis/` (or `$AGENTRY_CLI_CACHE`).
+//!
+//! A test that needs one calls `cli("claude")`. When it is not installed the test fails
+//! if `AGENTRY_REQUIRE_CLIS` is set (CI sets it), and otherwise returns `None` after a loud
+//! message, so that `cargo test` on a machine without them still runs everything else.
+
+use std::path::PathBuf;
+
+const PINS: &str = include_str!("../../.ci/cli-pins");
+
+/// The installed binary of the pinned CLI named `bin` (`claude`, `codex`).
+pub fn cli(bin: &str) -> Option<PathBuf> {
+    let (spec, _) = PINS
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once(' '))
+        .find(|(_, b)| b.trim() == bin)
+        .unwrap_or_else(|| panic!("`{bin}` is not pinned in .ci/cli-pins"));
+    let cache = std::env::var_os("AGENTRY_CLI_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/agentry/clis")
+        });
+    let path = cache
+        .join(spec.replace('/', "+"))
+        .join("node_modules/.bin")
+        .join(bin);
+    if path.exists() {
+        return Some(path);
+    }
+    let why = format!(
+        "{spec} is not installed at {}; run .ci/install-clis",
+        path.display()
+    );
+    if std::env::var_os("AGENTRY_REQUIRE_CLIS").is_some() {
+        panic!("{why} (AGENTRY_REQUIRE_CLIS is set, so this test fails)");
+    }
+    eprintln!("\n!!!!! SKIPPED: {why} !!!!!\n");
+    None
+}
