@@ -78,7 +78,7 @@ impl AcpProvider {
 
 #[async_trait]
 impl Provider for AcpProvider {
-    async fn models(&self) -> Result<Vec<ModelInfo>, ProviderError> {
+    async fn models(&self, _probe: &super::Probe) -> Result<Vec<ModelInfo>, ProviderError> {
         Ok(self.cfg.models.clone())
     }
 

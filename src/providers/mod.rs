@@ -97,6 +97,13 @@ pub trait ProcessLauncher: Send + Sync {
     async fn launch(&self, spec: CommandSpec) -> Result<ManagedChild, ProcessError>;
 }
 
+/// What a catalog probe may use: a launcher that records its processes, and an empty
+/// working directory of its own (removed after the probe).
+pub struct Probe {
+    pub launcher: Arc<dyn ProcessLauncher>,
+    pub cwd: PathBuf,
+}
+
 /// Identity of a started session.
 #[derive(Debug, Clone)]
 pub struct SessionInfo {
@@ -354,9 +361,11 @@ pub trait Provider: Send + Sync {
     fn info(&self) -> ProviderInfo;
     /// Cheap check that the CLI is installed (and signed in, where that can be told).
     async fn availability(&self) -> Availability;
-    /// Probe the provider for its models (for a static list, read the list again). The
-    /// registry caches the answer; see `ProviderRegistry::models`.
-    async fn models(&self) -> Result<Vec<ModelInfo>, ProviderError> {
+    /// Probe the provider for its models (for a static list, read the list again). A
+    /// probe that runs the CLI starts it through `probe.launcher` (so it is in the ledger)
+    /// in `probe.cwd`, and leaves no process or session behind. The registry caches the
+    /// answer; see `ProviderRegistry::models`.
+    async fn models(&self, _probe: &Probe) -> Result<Vec<ModelInfo>, ProviderError> {
         Ok(Vec::new())
     }
     /// Start (or resume, when `spec.resume` is set) a session. Events flow into `events`

@@ -14,7 +14,7 @@ use crate::config::ProviderSettings;
 
 use super::acp::{AcpProvider, AcpProviderConfig};
 use super::mock::mock_provider;
-use super::{Builtin, CliConfig, ModeInfo, ModelInfo, Provider, ProviderError};
+use super::{Builtin, CliConfig, ModeInfo, ModelInfo, Probe, Provider, ProviderError};
 
 /// The CLI providers this server implements, by id.
 pub fn builtins() -> Vec<Builtin> {
@@ -105,12 +105,13 @@ impl ProviderRegistry {
         &self,
         id: &str,
         refresh: bool,
+        probe: &Probe,
     ) -> Option<Result<Arc<Vec<ModelInfo>>, ProviderError>> {
         let provider = self.get(id)?;
         if !refresh && let Some(cached) = self.catalogs.lock().expect("catalogs lock").get(id) {
             return Some(Ok(cached.clone()));
         }
-        Some(provider.models().await.map(|models| {
+        Some(provider.models(probe).await.map(|models| {
             let models = Arc::new(models);
             self.catalogs
                 .lock()
@@ -261,7 +262,7 @@ mod catalog_tests {
         async fn availability(&self) -> Availability {
             Availability::Available
         }
-        async fn models(&self) -> Result<Vec<ModelInfo>, ProviderError> {
+        async fn models(&self, _probe: &Probe) -> Result<Vec<ModelInfo>, ProviderError> {
             self.probes.fetch_add(1, Ordering::SeqCst);
             let source = self.source.lock().unwrap().clone();
             if source.is_empty() {
@@ -291,32 +292,64 @@ mod catalog_tests {
         models.iter().map(|m| m.id.as_str()).collect()
     }
 
+    struct NoLaunch;
+
+    #[async_trait]
+    impl ProcessLauncher for NoLaunch {
+        async fn launch(
+            &self,
+            spec: crate::process::CommandSpec,
+        ) -> Result<crate::process::ManagedChild, crate::process::ProcessError> {
+            Err(crate::process::ProcessError::NotFound(spec.program))
+        }
+    }
+
     #[tokio::test]
     async fn the_catalog_is_cached_and_a_refresh_replaces_it() {
+        let probe = Probe {
+            launcher: Arc::new(NoLaunch),
+            cwd: std::env::temp_dir(),
+        };
         let provider = Arc::new(Catalog {
             source: Mutex::new(vec!["a"]),
             probes: AtomicUsize::new(0),
         });
         let mut registry = ProviderRegistry::new();
         registry.register(provider.clone());
-        assert!(registry.models("nope", false).await.is_none());
+        assert!(registry.models("nope", false, &probe).await.is_none());
 
-        let first = registry.models("cat", false).await.unwrap().unwrap();
+        let first = registry
+            .models("cat", false, &probe)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(ids(&first), ["a"]);
         *provider.source.lock().unwrap() = vec!["a", "b"];
-        let cached = registry.models("cat", false).await.unwrap().unwrap();
+        let cached = registry
+            .models("cat", false, &probe)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(ids(&cached), ["a"], "served from the cache");
         assert_eq!(provider.probes.load(Ordering::SeqCst), 1);
 
-        let refreshed = registry.models("cat", true).await.unwrap().unwrap();
+        let refreshed = registry.models("cat", true, &probe).await.unwrap().unwrap();
         assert_eq!(ids(&refreshed), ["a", "b"], "a refresh probes again");
-        let after = registry.models("cat", false).await.unwrap().unwrap();
+        let after = registry
+            .models("cat", false, &probe)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(ids(&after), ["a", "b"], "and replaces the cached catalog");
 
         // A failed refresh reports the failure and keeps the last good catalog.
         provider.source.lock().unwrap().clear();
-        assert!(registry.models("cat", true).await.unwrap().is_err());
-        let kept = registry.models("cat", false).await.unwrap().unwrap();
+        assert!(registry.models("cat", true, &probe).await.unwrap().is_err());
+        let kept = registry
+            .models("cat", false, &probe)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(ids(&kept), ["a", "b"]);
         assert_eq!(provider.probes.load(Ordering::SeqCst), 3);
     }

@@ -25,7 +25,9 @@ pub use server_lock::{ServerLock, ServerLockError};
 use crate::domain::{AgentId, AgentStatus, Behavior, PermissionId, TurnId, TurnOutcome};
 use crate::events::EventWriter;
 use crate::process::{CommandSpec, Ledger, ManagedChild, ProcessError};
-use crate::providers::{ProcessLauncher, Provider, ProviderRegistry};
+use crate::providers::{
+    ModelInfo, Probe, ProcessLauncher, Provider, ProviderError, ProviderRegistry,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -184,6 +186,30 @@ impl AgentManager {
 
     pub fn registry(&self) -> &ProviderRegistry {
         &self.shared.registry
+    }
+
+    /// The model catalog of provider `id` (see `ProviderRegistry::models`). A probe that
+    /// runs the CLI does so through the ledger, in an empty directory removed afterwards.
+    pub async fn models(
+        &self,
+        id: &str,
+        refresh: bool,
+    ) -> Option<Result<Arc<Vec<ModelInfo>>, ProviderError>> {
+        let cwd = std::env::temp_dir().join(format!("agentry-probe-{}", Uuid::now_v7()));
+        if let Err(e) = std::fs::create_dir_all(&cwd) {
+            return Some(Err(ProviderError::Protocol(format!(
+                "could not create a directory for the catalog probe: {e}"
+            ))));
+        }
+        let probe = Probe {
+            launcher: Arc::new(ProbeLauncher {
+                ledger: self.shared.ledger.clone(),
+            }),
+            cwd: cwd.clone(),
+        };
+        let models = self.shared.registry.models(id, refresh, &probe).await;
+        let _ = std::fs::remove_dir_all(&cwd);
+        models
     }
 
     fn provider(&self, id: &str) -> Result<Arc<dyn Provider>, RuntimeError> {
@@ -385,6 +411,18 @@ async fn send<T>(
         .await
         .map_err(|_| RuntimeError::ActorGone)?;
     rx.await.map_err(|_| RuntimeError::ActorGone)
+}
+
+/// Starts catalog probes through the ledger (belonging to no agent).
+struct ProbeLauncher {
+    ledger: Ledger,
+}
+
+#[async_trait]
+impl ProcessLauncher for ProbeLauncher {
+    async fn launch(&self, spec: CommandSpec) -> Result<ManagedChild, ProcessError> {
+        self.ledger.launch(&spec, None).await
+    }
 }
 
 /// Starts an agent's provider processes through the ledger.

@@ -68,7 +68,6 @@ pub async fn models(
     principal.allow(Access::Read)?;
     let items = ctx
         .agents
-        .registry()
         .models(id, refresh)
         .await
         .ok_or(ServiceError::NotFound("provider"))?
