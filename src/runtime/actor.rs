@@ -423,10 +423,23 @@ impl Actor {
             .await;
             return Err(e);
         }
+        // An adapter may await the CLI's answer to the prompt (Codex's `turn/start`),
+        // which can sit behind events already sent: keep reading them meanwhile.
+        let mut held = Vec::new();
         let sent = match self.session.as_mut() {
-            Some(s) => s.prompt(TurnInput { text }).await,
+            Some(s) => {
+                while_reading(
+                    s.prompt(TurnInput { text }),
+                    &mut self.provider_events,
+                    &mut held,
+                )
+                .await
+            }
             None => Err(ProviderError::Gone),
         };
+        for ev in held {
+            self.handle_provider_event(Some(ev)).await;
+        }
         if let Err(e) = sent {
             self.finish_turn(
                 TurnOutcome::Failed,
@@ -445,10 +458,14 @@ impl Actor {
         if turn.interrupt_deadline.is_none() {
             turn.interrupt_deadline = Some(Instant::now() + self.shared.interrupt_grace);
         }
+        let mut held = Vec::new();
         if let Some(s) = self.session.as_mut()
-            && let Err(e) = s.interrupt().await
+            && let Err(e) = while_reading(s.interrupt(), &mut self.provider_events, &mut held).await
         {
             tracing::warn!(agent_id = %self.ctx.id, error = %e, "interrupt failed");
+        }
+        for ev in held {
+            self.handle_provider_event(Some(ev)).await;
         }
     }
 
