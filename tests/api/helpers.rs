@@ -92,6 +92,19 @@ pub async fn spawn_on(db: PgConnectOptions, data_dir: TempDir, token: Option<Str
     start(db, data_dir, token, s).await
 }
 
+/// Like `spawn_on`, with settings adjusted by `tweak` (a restart with the same settings).
+#[allow(dead_code)]
+pub async fn spawn_on_with(
+    db: PgConnectOptions,
+    data_dir: TempDir,
+    token: Option<String>,
+    tweak: impl FnOnce(&mut Settings),
+) -> TestApp {
+    let mut s = settings(data_dir.path());
+    tweak(&mut s);
+    start(db, data_dir, token, s).await
+}
+
 async fn start(
     db: PgConnectOptions,
     data_dir: TempDir,

@@ -1,0 +1,958 @@
+//! Claude Code, driven directly over its stream-json control protocol: NDJSON user
+//! messages and control requests on stdin, the CLI's messages on stdout (mapped in
+//! `mapping`). One process per session; the session id is chosen here (`--session-id`)
+//! and reopened with `--resume`.
+//!
+//! Ordering: one task reads stdout and hands each message's events to the sink before it
+//! reads the next, so `TurnEnded` follows everything the turn produced. The same task
+//! owns the process: when stdout ends or the process exits it reaps it and sends
+//! `Exited` last.
+
+pub mod mapping;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use tokio::io::AsyncRead;
+use tokio::sync::oneshot;
+
+use self::mapping::{Action, Mapper, ToolPermission};
+use super::{
+    Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
+    PermissionRequest, Probe, ProcessLauncher, Provider, ProviderCapabilities, ProviderError,
+    ProviderEvent, ProviderInfo, ProviderSession, SessionInfo, SessionSpec, TurnInput, mode,
+};
+use crate::domain::{Behavior, PermissionOption};
+use crate::process::framing::{FramingError, LineReader};
+use crate::process::line_writer::LineWriter;
+use crate::process::output::{StderrReader, StderrTail, describe_exit};
+use crate::process::{CommandSpec, ManagedChild, find_executable};
+
+/// How long the CLI may take to answer `initialize`.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a mode or model change may take to be confirmed.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(15);
+/// TERM → KILL grace when the process has to be stopped.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+/// After stdin is closed, how long the CLI may take to finish writing its transcript and
+/// exit on its own.
+const EXIT_AFTER_EOF: Duration = Duration::from_secs(3);
+/// After the process exits, how long its remaining output may take to be read (a tool's
+/// child still holding the pipe must not delay the failure of the turn).
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(500);
+/// Longest stdout line kept; a longer one is reported and skipped.
+const MAX_LINE: usize = 16 * 1024 * 1024;
+
+const PROTOCOL: &str = "claude-stream-json";
+
+/// The built-in descriptor of `claude`.
+pub fn builtin() -> Builtin {
+    Builtin {
+        id: "claude",
+        label: "Claude Code",
+        program: "claude",
+        pass_env: &[
+            "ANTHROPIC_API_KEY",
+            "ANTHROPIC_AUTH_TOKEN",
+            "ANTHROPIC_BASE_URL",
+            "ANTHROPIC_MODEL",
+            "CLAUDE_CONFIG_DIR",
+            "CLAUDE_CODE_USE_BEDROCK",
+            "CLAUDE_CODE_USE_VERTEX",
+            "AWS_PROFILE",
+            "AWS_REGION",
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "GOOGLE_APPLICATION_CREDENTIALS",
+            "CLOUD_ML_REGION",
+            "ANTHROPIC_VERTEX_PROJECT_ID",
+        ],
+        modes,
+        default_mode: "default",
+        build: |cfg| Arc::new(ClaudeProvider::new(cfg)),
+    }
+}
+
+fn modes() -> Vec<ModeInfo> {
+    vec![
+        mode(
+            "default",
+            "Ask",
+            "Asks before running commands and editing files",
+            false,
+        ),
+        mode(
+            "acceptEdits",
+            "Accept edits",
+            "Edits files without asking; asks before other commands",
+            false,
+        ),
+        mode(
+            "plan",
+            "Plan",
+            "Reads and plans only; changes nothing",
+            false,
+        ),
+        mode(
+            "bypassPermissions",
+            "Bypass permissions",
+            "Runs every tool without asking",
+            true,
+        ),
+    ]
+}
+
+/// Claude Code as a provider.
+pub struct ClaudeProvider {
+    cfg: CliConfig,
+}
+
+impl ClaudeProvider {
+    pub fn new(cfg: CliConfig) -> Self {
+        Self { cfg }
+    }
+
+    /// The command and the child's environment, with the protocol flags in `flags`.
+    fn command(&self, flags: &[String], cwd: PathBuf) -> Result<CommandSpec, ProviderError> {
+        let argv = self.cfg.argv(flags);
+        let Some((program, args)) = argv.split_first() else {
+            return Err(ProviderError::Unavailable(
+                "no command is configured".to_owned(),
+            ));
+        };
+        let mut env = self.cfg.env.clone();
+        // As root the CLI refuses `bypassPermissions` unless told it runs in a sandbox;
+        // a session may switch to that mode later, so it is always set for root.
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            env.entry("IS_SANDBOX".to_owned())
+                .or_insert_with(|| "1".to_owned());
+        }
+        Ok(CommandSpec {
+            program: program.clone(),
+            args: args.to_vec(),
+            cwd,
+            env,
+            pass_env: self.cfg.pass_env.clone(),
+        })
+    }
+
+    /// Where a signed-in CLI keeps its credentials.
+    fn credential_files(&self) -> Vec<PathBuf> {
+        let mut files = Vec::new();
+        if let Some(dir) = self.cfg.child_var("CLAUDE_CONFIG_DIR") {
+            files.push(PathBuf::from(&dir).join(".credentials.json"));
+            files.push(PathBuf::from(dir).join(".claude/.credentials.json"));
+        }
+        if let Some(home) = self.cfg.child_var("HOME") {
+            files.push(PathBuf::from(home).join(".claude/.credentials.json"));
+        }
+        files
+    }
+}
+
+const STREAM_FLAGS: [&str; 8] = [
+    "--output-format",
+    "stream-json",
+    "--input-format",
+    "stream-json",
+    "--verbose",
+    "--include-partial-messages",
+    "--permission-prompt-tool",
+    "stdio",
+];
+
+/// The protocol flags of a session.
+fn session_flags(spec: &SessionSpec, session_id: &str, resume: bool) -> Vec<String> {
+    let mut flags: Vec<String> = STREAM_FLAGS.iter().map(|f| (*f).to_owned()).collect();
+    if resume {
+        flags.push(format!("--resume={session_id}"));
+    } else {
+        flags.push(format!("--session-id={session_id}"));
+    }
+    if let Some(model) = &spec.model {
+        flags.push("--model".to_owned());
+        flags.push(model.clone());
+    }
+    if let Some(mode) = &spec.mode {
+        flags.push("--permission-mode".to_owned());
+        flags.push(mode.clone());
+    }
+    if let Some(prompt) = &spec.system_prompt {
+        flags.push("--append-system-prompt".to_owned());
+        flags.push(prompt.clone());
+    }
+    if let Some(config) = mcp_config(&spec.mcp_servers) {
+        flags.push("--mcp-config".to_owned());
+        flags.push(config.to_string());
+        flags.push("--strict-mcp-config".to_owned());
+    }
+    flags
+}
+
+/// The agent's MCP servers as an inline `--mcp-config` (`{"mcpServers":{…}}`): stdio
+/// servers (`command` as a string or an argv list, `args`, `env`) and `http`/`sse` ones
+/// (`url`, `headers`). `None` when there are none.
+fn mcp_config(servers: &std::collections::BTreeMap<String, Value>) -> Option<Value> {
+    let mut out = serde_json::Map::new();
+    for (name, server) in servers {
+        let kind = server.get("type").and_then(Value::as_str);
+        let entry = match kind {
+            Some(t @ ("http" | "sse")) => {
+                let Some(url) = server.get("url").and_then(Value::as_str) else {
+                    continue;
+                };
+                let mut e = json!({"type": t, "url": url});
+                if let Some(h) = server.get("headers").filter(|h| h.is_object()) {
+                    e["headers"] = h.clone();
+                }
+                e
+            }
+            _ => {
+                let (command, mut args): (String, Vec<Value>) = match server.get("command") {
+                    Some(Value::String(c)) => (c.clone(), Vec::new()),
+                    Some(Value::Array(argv)) => match argv.split_first() {
+                        Some((Value::String(c), rest)) => (c.clone(), rest.to_vec()),
+                        _ => continue,
+                    },
+                    _ => continue,
+                };
+                if let Some(more) = server.get("args").and_then(Value::as_array) {
+                    args.extend(more.iter().cloned());
+                }
+                let mut e = json!({"type": "stdio", "command": command, "args": args});
+                if let Some(env) = server.get("env").filter(|e| e.is_object()) {
+                    e["env"] = env.clone();
+                }
+                e
+            }
+        };
+        out.insert(name.clone(), entry);
+    }
+    (!out.is_empty()).then(|| json!({ "mcpServers": out }))
+}
+
+#[async_trait]
+impl Provider for ClaudeProvider {
+    fn info(&self) -> ProviderInfo {
+        ProviderInfo {
+            id: self.cfg.id.clone(),
+            label: self.cfg.label.clone(),
+            protocol: PROTOCOL.to_owned(),
+            capabilities: ProviderCapabilities {
+                resume: true,
+                set_mode: true,
+                set_model: true,
+                permissions: true,
+                mcp_servers: true,
+            },
+            modes: self.cfg.modes.clone(),
+            default_mode: self.cfg.default_mode.clone(),
+        }
+    }
+
+    async fn availability(&self) -> Availability {
+        let Some(program) = self.cfg.command.first() else {
+            return Availability::Unavailable("no command is configured".to_owned());
+        };
+        if find_executable(program).is_none() {
+            return Availability::Unavailable(format!("`{program}` was not found on PATH"));
+        }
+        let set = |name: &str| self.cfg.child_var(name).is_some_and(|v| !v.is_empty());
+        if set("ANTHROPIC_API_KEY")
+            || set("ANTHROPIC_AUTH_TOKEN")
+            || set("CLAUDE_CODE_USE_BEDROCK")
+            || set("CLAUDE_CODE_USE_VERTEX")
+        {
+            return Availability::Available;
+        }
+        let files = self.credential_files();
+        if files.iter().any(|f| f.is_file()) {
+            return Availability::Available;
+        }
+        let looked: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+        Availability::Unavailable(format!(
+            "no Claude credentials: set ANTHROPIC_API_KEY or ANTHROPIC_AUTH_TOKEN (in the \
+             server's environment or the provider's `env`), or sign in with `claude` so that \
+             a credentials file exists (looked for {})",
+            if looked.is_empty() {
+                "none: HOME is not set".to_owned()
+            } else {
+                looked.join(", ")
+            }
+        ))
+    }
+
+    async fn models(&self, probe: &Probe) -> Result<Vec<ModelInfo>, ProviderError> {
+        let flags: Vec<String> = STREAM_FLAGS.iter().map(|f| (*f).to_owned()).collect();
+        let spec = self.command(&flags, probe.cwd.clone())?;
+        let mut child = probe.launcher.launch(spec).await?;
+        let answer = probe_initialize(&mut child).await;
+        // Closing stdin ends the CLI; whatever is left is stopped.
+        drop(child.take_stdin());
+        if tokio::time::timeout(EXIT_AFTER_EOF, child.wait())
+            .await
+            .is_err()
+        {
+            tracing::debug!("the catalog probe did not exit on its own");
+        }
+        child.terminate(STOP_GRACE).await;
+        let response = answer?;
+        Ok(models_of(&response))
+    }
+
+    async fn start(
+        &self,
+        spec: SessionSpec,
+        launcher: Arc<dyn ProcessLauncher>,
+        events: EventSink,
+    ) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
+        let resume_id = spec
+            .resume
+            .as_ref()
+            .and_then(|h| h.get("session_id"))
+            .and_then(Value::as_str)
+            .filter(|id| !id.is_empty())
+            .map(str::to_owned);
+        let resumed = resume_id.is_some();
+        let session_id = resume_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let flags = session_flags(&spec, &session_id, resumed);
+        let command = self.command(&flags, spec.cwd.clone())?;
+        start_session(command, session_id, resumed, spec, launcher, events).await
+    }
+}
+
+/// Send `initialize` to a probe process and return the inner response.
+async fn probe_initialize(child: &mut ManagedChild) -> Result<Value, ProviderError> {
+    let (Some(stdin), Some(stdout)) = (child.take_stdin(), child.take_stdout()) else {
+        return Err(ProviderError::Protocol(
+            "the CLI has no piped stdio".to_owned(),
+        ));
+    };
+    let stderr = child
+        .take_stderr()
+        .map(|e| StderrTail::capture(e, "agentry::providers::claude::stderr"));
+    let writer = LineWriter::new(stdin);
+    let id = "agentry_probe";
+    writer
+        .send(&json!({"type": "control_request", "request_id": id,
+            "request": {"subtype": "initialize", "hooks": null}}))
+        .await
+        .map_err(|_| ProviderError::Gone)?;
+    let mut lines = LineReader::with_max(stdout, MAX_LINE);
+    let read = async {
+        loop {
+            match lines.next_line().await {
+                Ok(Some(line)) => {
+                    let Ok(message) = serde_json::from_slice::<Value>(&line) else {
+                        continue;
+                    };
+                    if let Some(Action::ControlResponse { request_id, result }) =
+                        mapping::Mapper::new("").map(&message).pop()
+                        && request_id == id
+                    {
+                        return result.map_err(ProviderError::Protocol);
+                    }
+                }
+                Ok(None) | Err(FramingError::Io(_)) => return Err(ProviderError::Gone),
+                Err(FramingError::LineTooLong { .. }) => {}
+            }
+        }
+    };
+    let result = match tokio::time::timeout(START_TIMEOUT, read).await {
+        Ok(result) => result,
+        Err(_) => Err(ProviderError::Protocol(format!(
+            "the CLI did not answer `initialize` within {} s",
+            START_TIMEOUT.as_secs()
+        ))),
+    };
+    writer.close().await;
+    match (result, stderr) {
+        (Err(ProviderError::Gone), Some((tail, reader))) => {
+            reader.settle().await;
+            Err(ProviderError::Protocol(describe_exit(
+                None,
+                Some("the CLI stopped before answering `initialize`"),
+                &tail.tail(),
+            )))
+        }
+        (result, _) => result,
+    }
+}
+
+/// The models of an `initialize` response.
+fn models_of(response: &Value) -> Vec<ModelInfo> {
+    response
+        .get("models")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|m| {
+            let id = m
+                .get("value")
+                .or_else(|| m.get("id"))
+                .and_then(Value::as_str)?;
+            let label = m
+                .get("displayName")
+                .or_else(|| m.get("label"))
+                .and_then(Value::as_str)
+                .unwrap_or(id);
+            Some(ModelInfo {
+                id: id.to_owned(),
+                label: label.to_owned(),
+                is_default: m.get("isDefault").and_then(Value::as_bool) == Some(true)
+                    || id == "default",
+                context_window: m
+                    .get("contextWindow")
+                    .or_else(|| m.get("context_window"))
+                    .and_then(Value::as_u64),
+            })
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// Session state shared by the reader, the session handle and permission answers
+// ---------------------------------------------------------------------------------------
+
+/// The adapter's side of the event sink; once `Exited` is sent nothing more goes out.
+struct Emitter {
+    sink: tokio::sync::Mutex<Option<EventSink>>,
+}
+
+impl Emitter {
+    async fn emit(&self, event: ProviderEvent) {
+        let guard = self.sink.lock().await;
+        if let Some(sink) = guard.as_ref() {
+            let _ = sink.send(event).await;
+        }
+    }
+
+    async fn finish(&self, event: ProviderEvent) {
+        let sink = self.sink.lock().await.take();
+        if let Some(sink) = sink {
+            let _ = sink.send(event).await;
+        }
+    }
+
+    async fn close(&self) {
+        self.sink.lock().await.take();
+    }
+}
+
+type ControlReply = oneshot::Sender<Result<Value, String>>;
+
+struct Shared {
+    events: Emitter,
+    writer: LineWriter,
+    session_id: Mutex<String>,
+    /// Our control requests waiting for their response, by request id.
+    controls: Mutex<HashMap<String, ControlReply>>,
+    next_request: AtomicU64,
+    /// `can_use_tool` requests not answered yet, with the tool's input. Whoever removes
+    /// an entry (the person's answer, an interrupt, the CLI's withdrawal) answers it.
+    permissions: Mutex<HashMap<String, Value>>,
+    /// The permission mode the CLI is in, as far as it has said.
+    mode: Mutex<Option<String>>,
+    closing: AtomicBool,
+    stderr: StderrTail,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    /// Send a control request and wait (at most `timeout`) for its response.
+    async fn control(&self, request: Value, timeout: Duration) -> Result<Value, ProviderError> {
+        let id = format!(
+            "agentry_{}",
+            self.next_request.fetch_add(1, Ordering::Relaxed)
+        );
+        let (tx, rx) = oneshot::channel();
+        lock(&self.controls).insert(id.clone(), tx);
+        let subtype = request
+            .get("subtype")
+            .and_then(Value::as_str)
+            .unwrap_or("control")
+            .to_owned();
+        let message = json!({"type": "control_request", "request_id": id, "request": request});
+        if self.writer.send(&message).await.is_err() {
+            lock(&self.controls).remove(&id);
+            return Err(ProviderError::Gone);
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(Ok(response))) => Ok(response),
+            Ok(Ok(Err(error))) => Err(ProviderError::Protocol(format!(
+                "`{subtype}` was refused: {error}"
+            ))),
+            Ok(Err(_)) => Err(ProviderError::Gone),
+            Err(_) => {
+                lock(&self.controls).remove(&id);
+                Err(ProviderError::Protocol(format!(
+                    "`{subtype}` got no answer within {} s",
+                    timeout.as_secs()
+                )))
+            }
+        }
+    }
+
+    /// Answer `can_use_tool` request `request_id`, unless someone already did.
+    async fn answer_permission(&self, request_id: &str, decision: PermissionDecision) {
+        let Some(input) = lock(&self.permissions).remove(request_id) else {
+            return;
+        };
+        let response = permission_response(decision, input);
+        let message = json!({"type": "control_response", "response": {
+            "subtype": "success", "request_id": request_id, "response": response}});
+        if self.writer.send(&message).await.is_err() {
+            tracing::debug!("the CLI is gone; a permission answer was not delivered");
+        }
+    }
+
+    /// Handle one stdout message.
+    async fn handle(self: &Arc<Self>, mapper: &mut Mapper, message: &Value) {
+        for action in mapper.map(message) {
+            match action {
+                Action::Event(event) => {
+                    if let ProviderEvent::SessionUpdated {
+                        provider_session_id: Some(id),
+                        ..
+                    } = &event
+                    {
+                        *lock(&self.session_id) = id.clone();
+                    }
+                    self.events.emit(event).await;
+                }
+                Action::Permission(request) => self.raise_permission(request).await,
+                Action::ControlResponse { request_id, result } => {
+                    match lock(&self.controls).remove(&request_id) {
+                        Some(reply) => {
+                            let _ = reply.send(result);
+                        }
+                        None => tracing::trace!(%request_id, "a control response nobody waits for"),
+                    }
+                }
+                Action::Withdrawn { request_id } => {
+                    if lock(&self.permissions).remove(&request_id).is_some() {
+                        self.events
+                            .emit(ProviderEvent::PermissionWithdrawn {
+                                provider_request_id: request_id,
+                            })
+                            .await;
+                    }
+                }
+                Action::Unsupported {
+                    request_id,
+                    subtype,
+                } => {
+                    tracing::debug!(%subtype, "refusing a control request agentry does not serve");
+                    let _ = self
+                        .writer
+                        .send(&json!({"type": "control_response", "response": {
+                            "subtype": "error", "request_id": request_id,
+                            "error": format!("`{subtype}` is not supported by this client")}}))
+                        .await;
+                }
+                Action::ModeReported(mode) => {
+                    let changed = {
+                        let mut current = lock(&self.mode);
+                        let changed = current.as_deref() != Some(mode.as_str());
+                        *current = Some(mode.clone());
+                        changed
+                    };
+                    if changed {
+                        self.events.emit(ProviderEvent::ModeChanged { mode }).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn raise_permission(self: &Arc<Self>, request: ToolPermission) {
+        let ToolPermission {
+            request_id,
+            tool_name: _,
+            call_id,
+            input,
+            title,
+            kind,
+            suggestions,
+        } = request;
+        let mut options = vec![PermissionOption {
+            id: "allow".to_owned(),
+            label: "Allow".to_owned(),
+            behavior: Behavior::Allow,
+        }];
+        if suggestions.is_some() {
+            options.push(PermissionOption {
+                id: "allow_always".to_owned(),
+                label: "Always allow".to_owned(),
+                behavior: Behavior::Allow,
+            });
+        }
+        options.push(PermissionOption {
+            id: "deny".to_owned(),
+            label: "Deny".to_owned(),
+            behavior: Behavior::Deny,
+        });
+        let stored = json!({"input": input, "suggestions": suggestions});
+        lock(&self.permissions).insert(request_id.clone(), stored);
+        let (reply, answer) = oneshot::channel();
+        self.events
+            .emit(ProviderEvent::PermissionRequested(PermissionRequest {
+                provider_request_id: request_id.clone(),
+                kind,
+                title,
+                call_id,
+                input: Some(input),
+                options,
+                reply,
+            }))
+            .await;
+        let shared = self.clone();
+        tokio::spawn(async move {
+            let decision = answer.await.unwrap_or(PermissionDecision::Cancelled);
+            shared.answer_permission(&request_id, decision).await;
+        });
+    }
+}
+
+/// The `can_use_tool` answer for a decision; `stored` holds the request's input and
+/// suggestions.
+fn permission_response(decision: PermissionDecision, stored: Value) -> Value {
+    match decision {
+        PermissionDecision::Selected {
+            option_id,
+            behavior: Behavior::Allow,
+            updated_input,
+            ..
+        } => {
+            let input = updated_input.unwrap_or_else(|| stored["input"].clone());
+            let mut response = json!({"behavior": "allow", "updatedInput": input});
+            if option_id == "allow_always"
+                && let Some(suggestions) = stored.get("suggestions").filter(|s| !s.is_null())
+            {
+                response["updatedPermissions"] = suggestions.clone();
+            }
+            response
+        }
+        PermissionDecision::Selected {
+            behavior: Behavior::Deny,
+            message,
+            ..
+        } => json!({"behavior": "deny",
+            "message": message.unwrap_or_else(|| "The user denied this tool call.".to_owned())}),
+        PermissionDecision::Cancelled => json!({"behavior": "deny",
+            "message": "The user interrupted the turn.", "interrupt": true}),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Starting, reading, supervising
+// ---------------------------------------------------------------------------------------
+
+async fn start_session(
+    command: CommandSpec,
+    session_id: String,
+    resumed: bool,
+    spec: SessionSpec,
+    launcher: Arc<dyn ProcessLauncher>,
+    events: EventSink,
+) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
+    let mut child = launcher.launch(command).await?;
+    let pid = child.pid();
+    let (Some(stdin), Some(stdout), Some(stderr)) =
+        (child.take_stdin(), child.take_stdout(), child.take_stderr())
+    else {
+        child.terminate(STOP_GRACE).await;
+        return Err(ProviderError::Protocol(
+            "the CLI has no piped stdio".to_owned(),
+        ));
+    };
+    let (stderr_tail, stderr_task) =
+        StderrTail::capture(stderr, "agentry::providers::claude::stderr");
+    let shared = Arc::new(Shared {
+        events: Emitter {
+            sink: tokio::sync::Mutex::new(Some(events)),
+        },
+        writer: LineWriter::new(stdin),
+        session_id: Mutex::new(session_id.clone()),
+        controls: Mutex::new(HashMap::new()),
+        next_request: AtomicU64::new(1),
+        permissions: Mutex::new(HashMap::new()),
+        mode: Mutex::new(spec.mode.clone()),
+        closing: AtomicBool::new(false),
+        stderr: stderr_tail,
+    });
+
+    let (close_tx, close_rx) = oneshot::channel();
+    let (done_tx, done_rx) = oneshot::channel();
+    let (started_tx, started_rx) = oneshot::channel();
+    tokio::spawn(supervise(
+        child,
+        stdout,
+        stderr_task,
+        shared.clone(),
+        Mapper::new(session_id.clone()),
+        Supervision {
+            close: close_rx,
+            done: done_tx,
+            started: started_rx,
+        },
+    ));
+
+    let init = shared
+        .control(json!({"subtype": "initialize", "hooks": null}), START_TIMEOUT)
+        .await;
+    match init {
+        Ok(response) => {
+            let current_mode = response
+                .get("current_permission_mode")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .or(spec.mode.clone());
+            *lock(&shared.mode) = current_mode.clone();
+            let info = SessionInfo {
+                provider_session_id: Some(session_id.clone()),
+                persistence: Some(json!({ "session_id": session_id })),
+                pid: Some(pid),
+                resumed,
+                current_mode,
+                current_model: spec.model.clone(),
+            };
+            let _ = started_tx.send(());
+            Ok((
+                Box::new(ClaudeSession {
+                    shared,
+                    close_tx: Some(close_tx),
+                    done_rx: Some(done_rx),
+                }),
+                info,
+            ))
+        }
+        Err(e) => {
+            drop(started_tx);
+            shared.closing.store(true, Ordering::Release);
+            let _ = close_tx.send(());
+            let exit = done_rx.await.unwrap_or_default();
+            let why = match e {
+                ProviderError::Gone => "the CLI stopped while starting".to_owned(),
+                other => other.to_string(),
+            };
+            Err(ProviderError::Protocol(if exit.is_empty() {
+                why
+            } else {
+                format!("{why} ({exit})")
+            }))
+        }
+    }
+}
+
+struct Supervision {
+    close: oneshot::Receiver<()>,
+    done: oneshot::Sender<String>,
+    /// Resolves once the session is handed out; dropped if it never is (then no events).
+    started: oneshot::Receiver<()>,
+}
+
+/// Read stdout to its end, handing each message to the session.
+async fn read_stdout<R: AsyncRead + Unpin>(
+    stdout: R,
+    shared: Arc<Shared>,
+    mut mapper: Mapper,
+) -> Option<String> {
+    let mut lines = LineReader::with_max(stdout, MAX_LINE);
+    loop {
+        match lines.next_line().await {
+            Ok(Some(line)) => {
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                match serde_json::from_slice::<Value>(&line) {
+                    Ok(message) => shared.handle(&mut mapper, &message).await,
+                    Err(e) => {
+                        let shown = String::from_utf8_lossy(&line[..line.len().min(200)]);
+                        tracing::warn!(error = %e, line = %shown, "Claude Code wrote a line that is not JSON");
+                        shared
+                            .events
+                            .emit(ProviderEvent::Error {
+                                message: format!(
+                                    "Claude Code wrote a line that is not JSON ({e}): {shown}"
+                                ),
+                                code: Some("provider_output_invalid".to_owned()),
+                            })
+                            .await;
+                    }
+                }
+            }
+            Ok(None) => return None,
+            Err(FramingError::LineTooLong { len }) => {
+                tracing::warn!(len, "Claude Code wrote an over-long line; it was skipped");
+                shared
+                    .events
+                    .emit(ProviderEvent::Error {
+                        message: format!(
+                            "Claude Code wrote a line of {len} bytes, over the limit of {MAX_LINE}; it was skipped"
+                        ),
+                        code: Some("provider_output_invalid".to_owned()),
+                    })
+                    .await;
+            }
+            Err(FramingError::Io(e)) => return Some(e.to_string()),
+        }
+    }
+}
+
+/// Own the process: read its output until it ends, exits or the session is closed; then
+/// stop it, reap it and report how it ended (to `done`, and last of all as `Exited`).
+async fn supervise<R: AsyncRead + Unpin + Send + 'static>(
+    mut child: ManagedChild,
+    stdout: R,
+    stderr_task: StderrReader,
+    shared: Arc<Shared>,
+    mapper: Mapper,
+    report: Supervision,
+) {
+    let mut reading = Box::pin(read_stdout(stdout, shared.clone(), mapper));
+    let mut status: Option<ExitStatus> = None;
+    let mut broken: Option<String> = None;
+    tokio::select! {
+        error = &mut reading => broken = error,
+        waited = child.wait() => {
+            status = waited.ok();
+            if let Ok(error) = tokio::time::timeout(DRAIN_AFTER_EXIT, &mut reading).await {
+                broken = error;
+            }
+        }
+        _ = report.close => {}
+    }
+    drop(reading);
+    // End of input asks the CLI to finish (it writes its transcript and exits 0).
+    shared.writer.close().await;
+    if status.is_none()
+        && let Ok(Ok(exited)) = tokio::time::timeout(EXIT_AFTER_EOF, child.wait()).await
+    {
+        status = Some(exited);
+    }
+    let terminated = child.terminate(STOP_GRACE).await;
+    let status = status.or(terminated);
+    stderr_task.settle().await;
+    // Nobody will answer what is still waiting.
+    lock(&shared.controls).clear();
+    lock(&shared.permissions).clear();
+
+    let reason = describe_exit(status, broken.as_deref(), &shared.stderr.tail());
+    tracing::debug!(%reason, "Claude Code ended");
+    let _ = report.done.send(reason.clone());
+    if report.started.await.is_err() {
+        shared.events.close().await;
+        return;
+    }
+    let reason = if shared.closing.load(Ordering::Acquire) {
+        "closed".to_owned()
+    } else {
+        reason
+    };
+    shared.events.finish(ProviderEvent::Exited { reason }).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// The live session
+// ---------------------------------------------------------------------------------------
+
+struct ClaudeSession {
+    shared: Arc<Shared>,
+    close_tx: Option<oneshot::Sender<()>>,
+    done_rx: Option<oneshot::Receiver<String>>,
+}
+
+#[async_trait]
+impl ProviderSession for ClaudeSession {
+    async fn prompt(&mut self, input: TurnInput) -> Result<(), ProviderError> {
+        let session_id = lock(&self.shared.session_id).clone();
+        let message = json!({
+            "type": "user",
+            "message": {"role": "user", "content": [{"type": "text", "text": input.text}]},
+            "parent_tool_use_id": null,
+            "session_id": session_id,
+        });
+        self.shared
+            .writer
+            .send(&message)
+            .await
+            .map_err(|_| ProviderError::Gone)
+    }
+
+    async fn interrupt(&mut self) -> Result<(), ProviderError> {
+        // Requests the CLI waits on would hold the turn open: answer them first.
+        let waiting: Vec<String> = lock(&self.shared.permissions).keys().cloned().collect();
+        for request_id in waiting {
+            self.shared
+                .answer_permission(&request_id, PermissionDecision::Cancelled)
+                .await;
+        }
+        let id = format!(
+            "agentry_{}",
+            self.shared.next_request.fetch_add(1, Ordering::Relaxed)
+        );
+        // The turn's end (`result`) is what matters; the response itself is not awaited.
+        self.shared
+            .writer
+            .send(&json!({"type": "control_request", "request_id": id,
+                "request": {"subtype": "interrupt"}}))
+            .await
+            .map_err(|_| ProviderError::Gone)
+    }
+
+    async fn set_mode(&mut self, mode: &str) -> Result<(), ProviderError> {
+        let response = self
+            .shared
+            .control(
+                json!({"subtype": "set_permission_mode", "mode": mode}),
+                CONTROL_TIMEOUT,
+            )
+            .await?;
+        let now = response
+            .get("mode")
+            .and_then(Value::as_str)
+            .unwrap_or(mode)
+            .to_owned();
+        *lock(&self.shared.mode) = Some(now);
+        Ok(())
+    }
+
+    async fn set_model(&mut self, model: &str) -> Result<(), ProviderError> {
+        self.shared
+            .control(json!({"subtype": "set_model", "model": model}), CONTROL_TIMEOUT)
+            .await
+            .map(|_| ())
+    }
+
+    async fn close(mut self: Box<Self>) {
+        self.shared.closing.store(true, Ordering::Release);
+        if let Some(close) = self.close_tx.take() {
+            let _ = close.send(());
+        }
+        if let Some(done) = self.done_rx.take() {
+            let _ = done.await;
+        }
+    }
+}
+
+impl Drop for ClaudeSession {
+    fn drop(&mut self) {
+        // Dropping the close sender ends the supervisor's wait; the process goes with it.
+        self.shared.closing.store(true, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,556 @@
+//! The `claude` provider driven end to end: agentry's REST/SSE API, the real Claude Code
+//! CLI (the pinned install) and a fake Anthropic API on 127.0.0.1 that scripts the model.
+//! The provider is configured through settings exactly as a user would configure it.
+
+#[path = "api/helpers.rs"]
+#[allow(dead_code)]
+mod helpers;
+
+#[path = "support/clis.rs"]
+mod clis;
+
+#[path = "support/fake_anthropic.rs"]
+#[allow(dead_code)]
+mod fake_anthropic;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agentry::config::{ProviderSettings, Settings};
+use fake_anthropic::{FakeAnthropic, Reply, conversation_text};
+use helpers::*;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+/// The CLI is large: at most this many run at once across the tests of this binary.
+static CLI_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(3);
+
+const LONG: Duration = Duration::from_secs(30);
+
+/// One test's world: the app, the fake model, the CLI's home, a repository.
+struct World {
+    app: TestApp,
+    fake: FakeAnthropic,
+    cli: PathBuf,
+    home: TempDir,
+    repo: TempDir,
+    _slot: tokio::sync::SemaphorePermit<'static>,
+}
+
+fn configure(s: &mut Settings, cli: &Path, fake_url: &str, home: &Path) {
+    let env = BTreeMap::from([
+        ("ANTHROPIC_BASE_URL".to_owned(), fake_url.to_owned()),
+        ("ANTHROPIC_API_KEY".to_owned(), "test-key".to_owned()),
+        ("HOME".to_owned(), home.display().to_string()),
+        (
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".to_owned(),
+            "1".to_owned(),
+        ),
+    ]);
+    s.providers.insert(
+        "claude".into(),
+        ProviderSettings {
+            command: Some(vec![cli.display().to_string()]),
+            env,
+            ..Default::default()
+        },
+    );
+}
+
+/// `None` when the CLI is not installed and not required (a loud message was printed).
+async fn world() -> Option<World> {
+    let cli = clis::cli("claude")?;
+    let slot = CLI_SLOTS.acquire().await.unwrap();
+    let fake = FakeAnthropic::start().await;
+    let home = tempfile::tempdir().unwrap();
+    let (url, h, c) = (fake.url.clone(), home.path().to_path_buf(), cli.clone());
+    let app = spawn_app_with(move |s| configure(s, &c, &url, &h)).await;
+    Some(World {
+        app,
+        fake,
+        cli,
+        home,
+        repo: git_repo(),
+        _slot: slot,
+    })
+}
+
+impl World {
+    /// A worktree workspace and a `claude` agent in `mode`; returns (agent id, workspace).
+    async fn agent(&self, mode: &str) -> (String, Value) {
+        let project = self.app.project(self.repo.path()).await;
+        let ws = self
+            .app
+            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+            .await;
+        let agent = self
+            .app
+            .post_ok(
+                "/v1/agents",
+                json!({"workspace_id": ws["id"], "provider": "claude", "mode": mode}),
+                201,
+            )
+            .await;
+        (agent["id"].as_str().unwrap().to_owned(), ws)
+    }
+
+    /// Prompt and read the agent's stream until the turn completes; returns its events.
+    async fn turn(&self, agent: &str, text: &str, after: Option<i64>) -> Vec<SseEvent> {
+        let mut stream = self.app.events(agent, after).await;
+        self.app.prompt(agent, text).await;
+        stream.until("turn_completed", LONG).await
+    }
+}
+
+fn kinds(events: &[SseEvent]) -> Vec<&str> {
+    events.iter().map(|e| e.event.as_str()).collect()
+}
+
+fn of_kind<'a>(events: &'a [SseEvent], kind: &str) -> Vec<&'a Value> {
+    events
+        .iter()
+        .filter(|e| e.event == kind)
+        .map(|e| &e.data["data"])
+        .collect()
+}
+
+fn last_seq(events: &[SseEvent]) -> i64 {
+    events.last().map(|e| e.id).unwrap_or(0)
+}
+
+fn outcome(events: &[SseEvent]) -> Value {
+    let ends = of_kind(events, "turn_completed");
+    (*ends.last().expect("a turn_completed")).clone()
+}
+
+/// The assistant's whole messages in `events`.
+fn assistant_text(events: &[SseEvent]) -> String {
+    of_kind(events, "assistant_message")
+        .iter()
+        .map(|m| m["text"].as_str().unwrap())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn a_text_turn_streams_deltas_and_completes_with_usage() {
+    let Some(w) = world().await else { return };
+    let providers = w.app.get_ok("/v1/providers").await;
+    let claude = providers["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "claude")
+        .expect("claude is listed")
+        .clone();
+    assert_eq!(claude["available"], true, "{claude}");
+    assert_eq!(claude["protocol"], "claude-stream-json");
+    assert_eq!(claude["default_mode"], "default");
+    let unattended: Vec<&str> = claude["modes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["unattended"] == true)
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(unattended, ["bypassPermissions"]);
+
+    // The catalog comes from the CLI's own initialize answer.
+    let models = w.app.get_ok("/v1/providers/claude/models").await;
+    let ids: Vec<&str> = models["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert!(ids.contains(&"default"), "{models}");
+
+    let (agent, _) = w.agent("default").await;
+    w.fake.push(Reply::slow(
+        "Hello from the fake model, in pieces.",
+        4,
+        Duration::from_millis(20),
+    ));
+    let events = w.turn(&agent, "say hello", None).await;
+    let k = kinds(&events);
+    assert_eq!(k.iter().filter(|k| **k == "user_message").count(), 1, "{k:?}");
+    let deltas: String = of_kind(&events, "assistant_delta")
+        .iter()
+        .map(|d| d["text"].as_str().unwrap())
+        .collect();
+    assert!(of_kind(&events, "assistant_delta").len() >= 2, "{k:?}");
+    assert_eq!(deltas, "Hello from the fake model, in pieces.");
+    assert_eq!(assistant_text(&events), deltas);
+    let usage = of_kind(&events, "usage");
+    assert_eq!(usage.len(), 1, "{k:?}");
+    assert!(usage[0]["input_tokens"].as_u64().unwrap() >= 25, "{}", usage[0]);
+    assert_eq!(usage[0]["output_tokens"], 15);
+    assert!(usage[0]["context_window_max"].as_u64().is_some());
+    let done = outcome(&events);
+    assert_eq!(done["outcome"], "completed", "{done}");
+    assert_eq!(done["usage"]["output_tokens"], 15);
+
+    let user = of_kind(&events, "user_message")[0];
+    assert_eq!(user["text"], "say hello");
+    let request = w.fake.requests().pop().expect("the model was called");
+    assert!(conversation_text(&request).contains("say hello"));
+}
+
+#[tokio::test]
+async fn an_allowed_write_lands_in_the_worktree_and_its_diff() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("default").await;
+    let path = path_of(&ws["path"]).join("hello.txt");
+    w.fake.push(Reply::tool(
+        "Write",
+        json!({"file_path": path, "content": "hello from claude\n"}),
+    ));
+    w.fake.push(Reply::text("The file is written."));
+
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "write hello.txt").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    assert_eq!(request["kind"], "tool");
+    let options: Vec<&str> = request["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(options[0], "allow");
+    assert!(options.contains(&"deny"));
+    let running = of_kind(&before, "tool_call");
+    assert_eq!(running[0]["tool_kind"], "write");
+    assert_eq!(running[0]["status"], "running");
+    assert!(!path.exists(), "nothing is written before the answer");
+
+    w.app
+        .post_ok(
+            &format!(
+                "/v1/agents/{agent}/permissions/{}",
+                request["request_id"].as_str().unwrap()
+            ),
+            json!({"behavior": "allow"}),
+            200,
+        )
+        .await;
+    let after = stream.until("turn_completed", LONG).await;
+    assert_eq!(outcome(&after)["outcome"], "completed");
+    let calls = of_kind(&after, "tool_call");
+    let done = calls.last().expect("the call's end");
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["tool_kind"], "write");
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        "hello from claude\n"
+    );
+    assert_eq!(assistant_text(&after), "The file is written.");
+
+    let diff = w
+        .app
+        .get_ok(&format!("/v1/workspaces/{}/diff", ws["id"].as_str().unwrap()))
+        .await;
+    assert!(
+        diff["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["path"] == "hello.txt"),
+        "{diff}"
+    );
+    assert!(diff["patch"].as_str().unwrap().contains("+hello from claude"));
+}
+
+#[tokio::test]
+async fn a_denied_command_fails_and_the_model_is_told() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("default").await;
+    w.fake.push(Reply::tool(
+        "Bash",
+        json!({"command": "echo no > denied.txt", "description": "write a file"}),
+    ));
+    w.fake.push(Reply::text("Understood, I will not."));
+
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "make denied.txt").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    assert_eq!(of_kind(&before, "tool_call")[0]["tool_kind"], "shell");
+    w.app
+        .post_ok(
+            &format!(
+                "/v1/agents/{agent}/permissions/{}",
+                request["request_id"].as_str().unwrap()
+            ),
+            json!({"behavior": "deny", "message": "not on this machine"}),
+            200,
+        )
+        .await;
+    let after = stream.until("turn_completed", LONG).await;
+    assert_eq!(outcome(&after)["outcome"], "completed");
+    let failed = of_kind(&after, "tool_call");
+    let failed = failed.last().unwrap();
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert!(failed["error"].as_str().unwrap().contains("not on this machine"));
+    assert!(!path_of(&ws["path"]).join("denied.txt").exists());
+    // The next model call carried the refusal.
+    let last = w.fake.requests().pop().unwrap();
+    assert!(
+        conversation_text(&last).contains("not on this machine"),
+        "{}",
+        conversation_text(&last)
+    );
+    assert_eq!(assistant_text(&after), "Understood, I will not.");
+}
+
+#[tokio::test]
+async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("default").await;
+    w.fake.push(Reply::slow(
+        "This answer takes a long while to arrive, word by word, far too long.",
+        40,
+        Duration::from_millis(250),
+    ));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "talk slowly").await;
+    stream.until("assistant_delta", LONG).await;
+    let res = w
+        .app
+        .post(&format!("/v1/agents/{agent}/interrupt"), json!({}))
+        .await;
+    assert_eq!(res.status(), 202);
+    let ended = stream.until("turn_completed", LONG).await;
+    assert_eq!(outcome(&ended)["outcome"], "canceled", "{:?}", kinds(&ended));
+
+    w.fake.push(Reply::text("Back again."));
+    let events = w.turn(&agent, "are you there?", Some(last_seq(&ended))).await;
+    assert_eq!(outcome(&events)["outcome"], "completed");
+    assert_eq!(assistant_text(&events), "Back again.");
+}
+
+/// The provider session id the agent reports.
+async fn session_id(app: &TestApp, agent: &str) -> String {
+    let a = app.get_ok(&format!("/v1/agents/{agent}")).await;
+    a["runtime"]["provider_session_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no session id: {a}"))
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_closed_agent_resumes_its_conversation() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("default").await;
+    w.fake.push(Reply::text("I will remember pineapple."));
+    let first = w.turn(&agent, "the secret word is pineapple", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+    let id = session_id(&w.app, &agent).await;
+
+    w.app
+        .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
+        .await;
+    w.fake.push(Reply::text("It was pineapple."));
+    let second = w.turn(&agent, "what was the word?", Some(last_seq(&first))).await;
+    assert_eq!(outcome(&second)["outcome"], "completed");
+    let started = of_kind(&second, "session_started");
+    assert_eq!(started.len(), 1);
+    assert_eq!(started[0]["resumed"], true);
+    assert_eq!(started[0]["provider_session_id"], id.as_str());
+    let last = w.fake.requests().pop().unwrap();
+    let history = conversation_text(&last);
+    assert!(history.contains("the secret word is pineapple"), "{history}");
+    assert!(history.contains("I will remember pineapple."), "{history}");
+    assert!(history.contains("what was the word?"));
+}
+
+#[tokio::test]
+async fn after_a_server_restart_the_agent_resumes() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("default").await;
+    w.fake.push(Reply::text("Noted: mango."));
+    let first = w.turn(&agent, "remember mango", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+    let id = session_id(&w.app, &agent).await;
+
+    let World {
+        app,
+        fake,
+        cli,
+        home,
+        repo: _repo,
+        _slot,
+    } = w;
+    let (db, data_dir, token) = app.stop().await;
+    let (url, h) = (fake.url.clone(), home.path().to_path_buf());
+    let app = spawn_on_with(db, data_dir, Some(token), |s| configure(s, &cli, &url, &h)).await;
+
+    fake.push(Reply::text("You said mango."));
+    let mut stream = app.events(&agent, Some(last_seq(&first))).await;
+    app.prompt(&agent, "what fruit?").await;
+    let second = stream.until("turn_completed", LONG).await;
+    assert_eq!(outcome(&second)["outcome"], "completed", "{:?}", kinds(&second));
+    assert_eq!(session_id(&app, &agent).await, id);
+    let history = conversation_text(&fake.requests().pop().unwrap());
+    assert!(history.contains("remember mango"), "{history}");
+    assert!(history.contains("Noted: mango."), "{history}");
+}
+
+#[tokio::test]
+async fn bypass_permissions_runs_tools_without_asking() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("bypassPermissions").await;
+    w.fake.push(Reply::tool(
+        "Bash",
+        json!({"command": "echo unattended > bypass.txt", "description": "write"}),
+    ));
+    w.fake.push(Reply::text("Done without asking."));
+    let events = w.turn(&agent, "write bypass.txt", None).await;
+    assert_eq!(outcome(&events)["outcome"], "completed", "{:?}", kinds(&events));
+    assert!(of_kind(&events, "permission_requested").is_empty());
+    let calls = of_kind(&events, "tool_call");
+    assert_eq!(calls.last().unwrap()["status"], "completed");
+    assert_eq!(
+        std::fs::read_to_string(path_of(&ws["path"]).join("bypass.txt")).unwrap(),
+        "unattended\n"
+    );
+}
+
+#[tokio::test]
+async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("default").await;
+    w.fake.push(Reply::slow(
+        "A long answer that will be cut short by a kill signal midway.",
+        40,
+        Duration::from_millis(250),
+    ));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "talk for a while").await;
+    stream.until("assistant_delta", LONG).await;
+    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
+    let pid = a["runtime"]["pid"].as_i64().expect("a running process") as i32;
+    let killed = Instant::now();
+    // SAFETY: kill(2) on the CLI process this test's server started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let ended = stream.until("turn_completed", Duration::from_secs(5)).await;
+    let took = killed.elapsed();
+    let done = outcome(&ended);
+    assert_eq!(done["outcome"], "failed", "{done}");
+    assert!(took < Duration::from_secs(2), "the turn failed after {took:?}");
+    assert!(done["error"].as_str().unwrap().contains("signal 9"), "{done}");
+
+    w.fake.push(Reply::text("Recovered."));
+    let events = w.turn(&agent, "still there?", Some(last_seq(&ended))).await;
+    assert_eq!(outcome(&events)["outcome"], "completed", "{:?}", kinds(&events));
+    assert_eq!(assistant_text(&events), "Recovered.");
+}
+
+#[tokio::test]
+async fn without_credentials_claude_is_unavailable_and_creation_is_refused() {
+    let Some(cli) = clis::cli("claude") else {
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path().to_path_buf();
+    let app = spawn_app_with(move |s| {
+        let env = BTreeMap::from([
+            // Empty values count as unset, whatever the server's own environment holds.
+            ("ANTHROPIC_API_KEY".to_owned(), String::new()),
+            ("ANTHROPIC_AUTH_TOKEN".to_owned(), String::new()),
+            ("HOME".to_owned(), h.display().to_string()),
+        ]);
+        s.providers.insert(
+            "claude".into(),
+            ProviderSettings {
+                command: Some(vec![cli.display().to_string()]),
+                env,
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let providers = app.get_ok("/v1/providers").await;
+    let claude = providers["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "claude")
+        .unwrap()
+        .clone();
+    assert_eq!(claude["available"], false);
+    let reason = claude["unavailable_reason"].as_str().unwrap();
+    assert!(reason.contains("ANTHROPIC_API_KEY"), "{reason}");
+    assert!(reason.contains(".credentials.json"), "{reason}");
+
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let refused = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "claude"}),
+            422,
+        )
+        .await;
+    assert_eq!(refused["code"], "provider_unavailable");
+    assert!(refused.to_string().contains("ANTHROPIC_API_KEY"), "{refused}");
+
+    // A command that is not installed is named.
+    let app2 = spawn_app_with(|s| {
+        s.providers.insert(
+            "claude".into(),
+            ProviderSettings {
+                command: Some(vec!["/nonexistent/claude-cli".into()]),
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let providers = app2.get_ok("/v1/providers").await;
+    let claude = providers["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "claude")
+        .unwrap()
+        .clone();
+    assert_eq!(claude["available"], false);
+    assert!(
+        claude["unavailable_reason"]
+            .as_str()
+            .unwrap()
+            .contains("/nonexistent/claude-cli")
+    );
+}
+
+#[tokio::test]
+async fn shell_output_with_a_nul_is_stored_with_a_replacement_character() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("bypassPermissions").await;
+    w.fake.push(Reply::tool(
+        "Bash",
+        json!({"command": "printf 'left\\000right\\n'", "description": "binary output"}),
+    ));
+    w.fake.push(Reply::text("Printed it."));
+    let events = w.turn(&agent, "print a NUL", None).await;
+    assert_eq!(outcome(&events)["outcome"], "completed", "{:?}", kinds(&events));
+    let calls = of_kind(&events, "tool_call");
+    let done = calls.last().unwrap();
+    assert_eq!(done["status"], "completed", "{done}");
+    let output = done["output"].to_string();
+    assert!(!output.contains("\\u0000"), "{output}");
+    assert!(output.contains("left\u{FFFD}right"), "{output}");
+    assert!(assistant_text(&events).ends_with("Printed it."));
+    // The timeline as stored reads the same.
+    let timeline = w.app.timeline(&agent).await;
+    assert!(
+        timeline
+            .iter()
+            .any(|e| e["kind"] == "tool_call" && e["data"]["output"].to_string().contains("left\u{FFFD}right"))
+    );
+}
