@@ -192,7 +192,7 @@ mod tests {
     #[test]
     fn mock_is_offered_by_default() {
         let registry = ProviderRegistry::from_settings(&BTreeMap::new()).expect("registry");
-        assert_eq!(ids(&registry), ["mock"]);
+        assert_eq!(ids(&registry), ["claude", "mock"]);
     }
 
     #[test]
@@ -213,7 +213,7 @@ mod tests {
         "#;
         let providers: BTreeMap<String, ProviderSettings> = toml::from_str(toml).expect("toml");
         let registry = ProviderRegistry::from_settings(&providers).expect("registry");
-        assert_eq!(ids(&registry), ["gemini"]);
+        assert_eq!(ids(&registry), ["claude", "gemini"]);
 
         let config = acp_config("gemini", &providers["gemini"]);
         assert_eq!(config.command, ["gemini", "--experimental-acp", "--yolo"]);
