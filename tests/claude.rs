@@ -554,3 +554,72 @@ async fn shell_output_with_a_nul_is_stored_with_a_replacement_character() {
             .any(|e| e["kind"] == "tool_call" && e["data"]["output"].to_string().contains("left\u{FFFD}right"))
     );
 }
+
+async fn put(app: &TestApp, path: &str, body: Value) -> Value {
+    let res = app
+        .client
+        .put(app.url(path))
+        .bearer_auth(&app.token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    expect_status(res, 200).await
+}
+
+#[tokio::test]
+async fn mode_and_model_change_in_a_live_session() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("default").await;
+    w.fake.push(Reply::text("Ready."));
+    let first = w.turn(&agent, "get ready", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+
+    let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
+    let changed = put(&w.app, &format!("/v1/agents/{agent}/mode"), json!({"mode": "acceptEdits"})).await;
+    assert_eq!(changed["mode"], "acceptEdits", "{changed}");
+    let changed = put(&w.app, &format!("/v1/agents/{agent}/model"), json!({"model": "sonnet"})).await;
+    assert_eq!(changed["model"], "sonnet", "{changed}");
+
+    // In acceptEdits a write needs no approval.
+    let path = path_of(&ws["path"]).join("edited.txt");
+    w.fake.push(Reply::tool(
+        "Write",
+        json!({"file_path": path, "content": "accepted\n"}),
+    ));
+    w.fake.push(Reply::text("Wrote it."));
+    w.app.prompt(&agent, "write edited.txt").await;
+    let events = stream.until("turn_completed", LONG).await;
+    let k = kinds(&events);
+    assert_eq!(k.iter().filter(|k| **k == "mode_changed").count(), 1, "{k:?}");
+    assert_eq!(of_kind(&events, "mode_changed")[0]["mode"], "acceptEdits");
+    assert_eq!(k.iter().filter(|k| **k == "model_changed").count(), 1, "{k:?}");
+    assert!(!k.contains(&"permission_requested"), "{k:?}");
+    assert_eq!(outcome(&events)["outcome"], "completed");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "accepted\n");
+    // The model change reached the CLI: the last call asked for the model chosen.
+    let last = w.fake.requests().pop().unwrap();
+    assert!(
+        last["model"].as_str().unwrap().contains("sonnet"),
+        "{}",
+        last["model"]
+    );
+}
+
+#[tokio::test]
+async fn an_agent_closed_before_its_first_prompt_still_works() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("default").await;
+    w.app
+        .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
+        .await;
+    w.fake.push(Reply::text("First words."));
+    let events = w.turn(&agent, "hello after close", None).await;
+    assert_eq!(outcome(&events)["outcome"], "completed", "{:?}", kinds(&events));
+    assert_eq!(assistant_text(&events), "First words.");
+    // Nothing was lost, so nothing is reported as lost.
+    assert!(of_kind(&events, "error").is_empty(), "{:?}", of_kind(&events, "error"));
+    let started = of_kind(&events, "session_started");
+    assert_eq!(started.len(), 2);
+    assert_eq!(started[1]["resumed"], false);
+}

@@ -52,6 +52,9 @@ pub struct Mapper {
     tools: HashMap<String, ToolCallUpdate>,
     /// Usage of the latest model call, for the context window in use.
     last_call: Option<Value>,
+    /// The session's handle is not known to the runtime yet: report it at the first
+    /// `system/init` (the CLI keeps a conversation only once it got a prompt).
+    announce: bool,
 }
 
 impl Mapper {
@@ -62,7 +65,15 @@ impl Mapper {
             streamed_thinking: HashSet::new(),
             tools: HashMap::new(),
             last_call: None,
+            announce: false,
         }
+    }
+
+    /// For a new session: its id is reported (as `SessionUpdated`) at the first
+    /// `system/init`, when the CLI has a conversation to reopen.
+    pub fn announcing(mut self) -> Self {
+        self.announce = true;
+        self
     }
 
     pub fn session_id(&self) -> &str {
@@ -334,8 +345,9 @@ impl Mapper {
             Some("init") => {
                 if let Some(id) = str_at(message, "session_id")
                     && !id.is_empty()
-                    && id != self.session_id
+                    && (id != self.session_id || self.announce)
                 {
+                    self.announce = false;
                     self.session_id = id.to_owned();
                     actions.push(Action::Event(ProviderEvent::SessionUpdated {
                         provider_session_id: Some(id.to_owned()),

@@ -112,11 +112,16 @@ fn modes() -> Vec<ModeInfo> {
 /// Claude Code as a provider.
 pub struct ClaudeProvider {
     cfg: CliConfig,
+    /// How long the CLI may take to answer `initialize` (`START_TIMEOUT`).
+    start_timeout: Duration,
 }
 
 impl ClaudeProvider {
     pub fn new(cfg: CliConfig) -> Self {
-        Self { cfg }
+        Self {
+            cfg,
+            start_timeout: START_TIMEOUT,
+        }
     }
 
     /// The command and the child's environment, with the protocol flags in `flags`.
@@ -325,7 +330,49 @@ impl Provider for ClaudeProvider {
         let session_id = resume_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let flags = session_flags(&spec, &session_id, resumed);
         let command = self.command(&flags, spec.cwd.clone())?;
-        start_session(command, session_id, resumed, spec, launcher, events).await
+        let attempt = start_session(
+            command,
+            session_id.clone(),
+            resumed,
+            &spec,
+            launcher.clone(),
+            events.clone(),
+            self.start_timeout,
+        )
+        .await;
+        let failure = match attempt {
+            Err(StartFailure::Ended(why)) if resumed => why,
+            Ok((session, info)) => return Ok((session, info)),
+            Err(other) => return Err(other.into_error()),
+        };
+        // The CLI could not reopen the conversation (it keeps none for a session that
+        // never got a prompt, or its transcript is gone): start afresh under the same id,
+        // and say so.
+        tracing::warn!(session = %session_id, reason = %failure, "could not resume; starting a new session");
+        let flags = session_flags(&spec, &session_id, false);
+        let command = self.command(&flags, spec.cwd.clone())?;
+        let (session, info) = start_session(
+            command,
+            session_id,
+            false,
+            &spec,
+            launcher,
+            events,
+            self.start_timeout,
+        )
+        .await
+        .map_err(StartFailure::into_error)?;
+        let _ = session
+            .shared
+            .events
+            .emit(ProviderEvent::Error {
+                message: format!(
+                    "the earlier conversation could not be reopened ({failure}); a new session was started"
+                ),
+                code: Some("resume_failed".to_owned()),
+            })
+            .await;
+        Ok((session, info))
     }
 }
 
@@ -659,23 +706,50 @@ fn permission_response(decision: PermissionDecision, stored: Value) -> Value {
 // Starting, reading, supervising
 // ---------------------------------------------------------------------------------------
 
+/// Why a session did not start.
+enum StartFailure {
+    /// The process ended before it answered `initialize` (the reason quotes its stderr).
+    Ended(String),
+    Other(ProviderError),
+}
+
+impl StartFailure {
+    fn into_error(self) -> ProviderError {
+        match self {
+            StartFailure::Ended(why) => ProviderError::Protocol(why),
+            StartFailure::Other(e) => e,
+        }
+    }
+}
+
+impl From<ProviderError> for StartFailure {
+    fn from(e: ProviderError) -> Self {
+        StartFailure::Other(e)
+    }
+}
+
+impl From<crate::process::ProcessError> for StartFailure {
+    fn from(e: crate::process::ProcessError) -> Self {
+        StartFailure::Other(e.into())
+    }
+}
+
 async fn start_session(
     command: CommandSpec,
     session_id: String,
     resumed: bool,
-    spec: SessionSpec,
+    spec: &SessionSpec,
     launcher: Arc<dyn ProcessLauncher>,
     events: EventSink,
-) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
+    start_timeout: Duration,
+) -> Result<(Box<ClaudeSession>, SessionInfo), StartFailure> {
     let mut child = launcher.launch(command).await?;
     let pid = child.pid();
     let (Some(stdin), Some(stdout), Some(stderr)) =
         (child.take_stdin(), child.take_stdout(), child.take_stderr())
     else {
         child.terminate(STOP_GRACE).await;
-        return Err(ProviderError::Protocol(
-            "the CLI has no piped stdio".to_owned(),
-        ));
+        return Err(ProviderError::Protocol("the CLI has no piped stdio".to_owned()).into());
     };
     let (stderr_tail, stderr_task) =
         StderrTail::capture(stderr, "agentry::providers::claude::stderr");
@@ -701,7 +775,11 @@ async fn start_session(
         stdout,
         stderr_task,
         shared.clone(),
-        Mapper::new(session_id.clone()),
+        if resumed {
+            Mapper::new(session_id.clone())
+        } else {
+            Mapper::new(session_id.clone()).announcing()
+        },
         Supervision {
             close: close_rx,
             done: done_tx,
@@ -710,7 +788,7 @@ async fn start_session(
     ));
 
     let init = shared
-        .control(json!({"subtype": "initialize", "hooks": null}), START_TIMEOUT)
+        .control(json!({"subtype": "initialize", "hooks": null}), start_timeout)
         .await;
     match init {
         Ok(response) => {
@@ -722,7 +800,9 @@ async fn start_session(
             *lock(&shared.mode) = current_mode.clone();
             let info = SessionInfo {
                 provider_session_id: Some(session_id.clone()),
-                persistence: Some(json!({ "session_id": session_id })),
+                // A new session becomes resumable with its first prompt (the mapper
+                // reports the handle then); until then there is nothing to reopen.
+                persistence: resumed.then(|| json!({ "session_id": session_id })),
                 pid: Some(pid),
                 resumed,
                 current_mode,
@@ -743,15 +823,25 @@ async fn start_session(
             shared.closing.store(true, Ordering::Release);
             let _ = close_tx.send(());
             let exit = done_rx.await.unwrap_or_default();
+            let ended = matches!(e, ProviderError::Gone);
             let why = match e {
                 ProviderError::Gone => "the CLI stopped while starting".to_owned(),
+                ProviderError::Protocol(m) if m.contains("no answer within") => format!(
+                    "the CLI did not answer `initialize` within {} s; it was stopped",
+                    start_timeout.as_secs()
+                ),
                 other => other.to_string(),
             };
-            Err(ProviderError::Protocol(if exit.is_empty() {
+            let why = if exit.is_empty() {
                 why
             } else {
-                format!("{why} ({exit})")
-            }))
+                format!("{why}: {exit}")
+            };
+            Err(if ended {
+                StartFailure::Ended(why)
+            } else {
+                StartFailure::Other(ProviderError::Protocol(why))
+            })
         }
     }
 }

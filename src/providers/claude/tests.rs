@@ -147,6 +147,13 @@ fn a_session_id_other_than_ours_is_reported() {
         ProviderEvent::SessionUpdated { provider_session_id: Some(id), persistence: Some(p) }
             if *id == theirs && p["session_id"] == theirs.as_str())));
     assert_eq!(mapper.session_id(), theirs);
+
+    // A new session announces its own id once, at its first init.
+    let mut fresh = Mapper::new(theirs.clone()).announcing();
+    let first = fresh.map(&init);
+    assert!(matches!(events(&first).as_slice(),
+        [ProviderEvent::SessionUpdated { provider_session_id: Some(id), persistence: Some(_) }] if *id == theirs));
+    assert!(events(&fresh.map(&init)).is_empty());
     assert!(!events(&mapper.map(&init))
         .iter()
         .any(|e| matches!(e, ProviderEvent::SessionUpdated { .. })));
@@ -480,4 +487,123 @@ async fn a_withdrawn_request_expires_and_its_late_answer_goes_nowhere() {
     assert!(matches!(rx.recv().await.unwrap(),
         ProviderEvent::PermissionWithdrawn { provider_request_id } if provider_request_id == id));
     assert!(lock(&shared.permissions).is_empty());
+}
+
+/// Spawns directly (no ledger) and remembers the pids it started.
+#[derive(Default)]
+struct Spawner {
+    pids: Mutex<Vec<u32>>,
+}
+
+#[async_trait]
+impl ProcessLauncher for Spawner {
+    async fn launch(
+        &self,
+        spec: CommandSpec,
+    ) -> Result<ManagedChild, crate::process::ProcessError> {
+        let child = crate::process::spawn(&spec)?;
+        lock(&self.pids).push(child.pid());
+        Ok(child)
+    }
+}
+
+/// A provider whose "CLI" is the shell script `script` (the protocol flags become its
+/// positional arguments).
+fn scripted(script: &str, start_timeout: Duration) -> ClaudeProvider {
+    let mut cfg = crate::providers::registry::builtin_config(&builtin(), "claude", None);
+    cfg.command = vec!["sh".into(), "-c".into(), script.into(), "claude".into()];
+    ClaudeProvider {
+        cfg,
+        start_timeout,
+    }
+}
+
+fn bare_spec(dir: &tempfile::TempDir, resume: Option<Value>) -> SessionSpec {
+    SessionSpec {
+        cwd: dir.path().to_path_buf(),
+        model: None,
+        mode: None,
+        system_prompt: None,
+        mcp_servers: BTreeMap::new(),
+        resume,
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+}
+
+#[tokio::test]
+async fn a_cli_that_exits_at_start_fails_with_its_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = scripted("echo 'cannot start: bad settings' >&2; exit 3", START_TIMEOUT);
+    let launcher = Arc::new(Spawner::default());
+    let (tx, _rx) = mpsc::channel(16);
+    let Err(e) = provider.start(bare_spec(&dir, None), launcher.clone(), tx).await else {
+        panic!("the start must fail");
+    };
+    let message = e.to_string();
+    assert!(message.contains("status 3"), "{message}");
+    assert!(message.contains("cannot start: bad settings"), "{message}");
+    assert!(lock(&launcher.pids).iter().all(|p| !alive(*p)));
+}
+
+#[tokio::test]
+async fn a_cli_that_hangs_at_start_is_stopped_within_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = scripted(
+        "echo 'waiting forever' >&2; exec sleep 60",
+        Duration::from_secs(1),
+    );
+    let launcher = Arc::new(Spawner::default());
+    let (tx, _rx) = mpsc::channel(16);
+    let began = std::time::Instant::now();
+    let Err(e) = provider.start(bare_spec(&dir, None), launcher.clone(), tx).await else {
+        panic!("the start must fail");
+    };
+    let took = began.elapsed();
+    let message = e.to_string();
+    assert!(message.contains("within 1 s"), "{message}");
+    assert!(message.contains("waiting forever"), "{message}");
+    assert!(took < Duration::from_secs(1) + EXIT_AFTER_EOF + STOP_GRACE + Duration::from_secs(2), "{took:?}");
+    let pids = lock(&launcher.pids).clone();
+    assert_eq!(pids.len(), 1);
+    assert!(!alive(pids[0]), "no process is left");
+}
+
+#[tokio::test]
+async fn a_conversation_that_cannot_be_reopened_starts_afresh_under_the_same_id() {
+    let dir = tempfile::tempdir().unwrap();
+    // Refuses `--resume`; otherwise answers `initialize` and waits for end of input.
+    let script = r#"case "$*" in *--resume=*) echo "No conversation found with session ID" >&2; exit 1;; esac
+read line
+echo '{"type":"control_response","response":{"subtype":"success","request_id":"agentry_1","response":{"current_permission_mode":"default"}}}'
+cat > /dev/null"#;
+    let provider = scripted(script, START_TIMEOUT);
+    let launcher = Arc::new(Spawner::default());
+    let (tx, mut rx) = mpsc::channel(16);
+    let handle = json!({"session_id": "0193a1b2-c3d4-7e8f-9a0b-1c2d3e4f5a6b"});
+    let (session, info) = provider
+        .start(bare_spec(&dir, Some(handle)), launcher.clone(), tx)
+        .await
+        .expect("a fresh session starts");
+    assert!(!info.resumed);
+    assert_eq!(
+        info.provider_session_id.as_deref(),
+        Some("0193a1b2-c3d4-7e8f-9a0b-1c2d3e4f5a6b")
+    );
+    assert_eq!(info.current_mode.as_deref(), Some("default"));
+    match rx.recv().await.unwrap() {
+        ProviderEvent::Error { message, code } => {
+            assert_eq!(code.as_deref(), Some("resume_failed"));
+            assert!(message.contains("No conversation found"), "{message}");
+        }
+        other => panic!("expected the resume failure, got {other:?}"),
+    }
+    session.close().await;
+    assert!(matches!(rx.recv().await, Some(ProviderEvent::Exited { reason }) if reason == "closed"));
+    let pids = lock(&launcher.pids).clone();
+    assert_eq!(pids.len(), 2);
+    assert!(pids.iter().all(|p| !alive(*p)));
 }
