@@ -60,12 +60,21 @@ fn configure(s: &mut Settings, cli: &Path, fake_url: &str, home: &Path) {
 
 /// `None` when the CLI is not installed and not required (a loud message was printed).
 async fn world() -> Option<World> {
+    world_with(|_| {}).await
+}
+
+/// Like `world`, with the app's settings adjusted by `tweak`.
+async fn world_with(tweak: impl FnOnce(&mut Settings)) -> Option<World> {
     let cli = clis::cli("claude")?;
     let slot = CLI_SLOTS.acquire().await.unwrap();
     let fake = FakeAnthropic::start().await;
     let home = tempfile::tempdir().unwrap();
     let (url, h, c) = (fake.url.clone(), home.path().to_path_buf(), cli.clone());
-    let app = spawn_app_with(move |s| configure(s, &c, &url, &h)).await;
+    let app = spawn_app_with(move |s| {
+        configure(s, &c, &url, &h);
+        tweak(s);
+    })
+    .await;
     Some(World {
         app,
         fake,
@@ -622,4 +631,52 @@ async fn an_agent_closed_before_its_first_prompt_still_works() {
     let started = of_kind(&events, "session_started");
     assert_eq!(started.len(), 2);
     assert_eq!(started[1]["resumed"], false);
+}
+
+#[tokio::test]
+async fn an_idle_cli_is_stopped_and_the_next_prompt_resumes_the_conversation() {
+    let Some(w) = world_with(|s| s.agents.idle_timeout_s = 2).await else {
+        return;
+    };
+    let (agent, _) = w.agent("default").await;
+    w.fake.push(Reply::text("Kiwi it is."));
+    let first = w.turn(&agent, "remember kiwi", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+    let pid = w.app.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["pid"]
+        .as_i64()
+        .expect("a live CLI") as i32;
+    eventually("the idle CLI is stopped", Duration::from_secs(15), || {
+        !pid_alive(pid)
+    })
+    .await;
+    let gone = Instant::now();
+    let closed = loop {
+        let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
+        if a["status"] == "closed" || gone.elapsed() > Duration::from_secs(10) {
+            break a;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(closed["status"], "closed", "{closed}");
+    assert!(
+        closed["status_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("idle")),
+        "{closed}"
+    );
+    assert!(closed["runtime"]["pid"].is_null());
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM managed_processes")
+        .fetch_one(&w.app.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "no process is left in the ledger");
+
+    w.fake.push(Reply::text("You asked me to remember kiwi."));
+    let second = w.turn(&agent, "which fruit?", Some(last_seq(&first))).await;
+    assert_eq!(outcome(&second)["outcome"], "completed", "{:?}", kinds(&second));
+    let started = of_kind(&second, "session_started");
+    assert_eq!(started.last().unwrap()["resumed"], true);
+    let history = conversation_text(&w.fake.requests().pop().unwrap());
+    assert!(history.contains("remember kiwi"), "{history}");
+    assert!(history.contains("Kiwi it is."), "{history}");
 }
