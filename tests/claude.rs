@@ -183,7 +183,11 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
     ));
     let events = w.turn(&agent, "say hello", None).await;
     let k = kinds(&events);
-    assert_eq!(k.iter().filter(|k| **k == "user_message").count(), 1, "{k:?}");
+    assert_eq!(
+        k.iter().filter(|k| **k == "user_message").count(),
+        1,
+        "{k:?}"
+    );
     let deltas: String = of_kind(&events, "assistant_delta")
         .iter()
         .map(|d| d["text"].as_str().unwrap())
@@ -193,7 +197,11 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
     assert_eq!(assistant_text(&events), deltas);
     let usage = of_kind(&events, "usage");
     assert_eq!(usage.len(), 1, "{k:?}");
-    assert!(usage[0]["input_tokens"].as_u64().unwrap() >= 25, "{}", usage[0]);
+    assert!(
+        usage[0]["input_tokens"].as_u64().unwrap() >= 25,
+        "{}",
+        usage[0]
+    );
     assert_eq!(usage[0]["output_tokens"], 15);
     assert!(usage[0]["context_window_max"].as_u64().is_some());
     let done = outcome(&events);
@@ -259,7 +267,10 @@ async fn an_allowed_write_lands_in_the_worktree_and_its_diff() {
 
     let diff = w
         .app
-        .get_ok(&format!("/v1/workspaces/{}/diff", ws["id"].as_str().unwrap()))
+        .get_ok(&format!(
+            "/v1/workspaces/{}/diff",
+            ws["id"].as_str().unwrap()
+        ))
         .await;
     assert!(
         diff["files"]
@@ -269,7 +280,12 @@ async fn an_allowed_write_lands_in_the_worktree_and_its_diff() {
             .any(|f| f["path"] == "hello.txt"),
         "{diff}"
     );
-    assert!(diff["patch"].as_str().unwrap().contains("+hello from claude"));
+    assert!(
+        diff["patch"]
+            .as_str()
+            .unwrap()
+            .contains("+hello from claude")
+    );
 }
 
 #[tokio::test]
@@ -302,7 +318,12 @@ async fn a_denied_command_fails_and_the_model_is_told() {
     let failed = of_kind(&after, "tool_call");
     let failed = failed.last().unwrap();
     assert_eq!(failed["status"], "failed", "{failed}");
-    assert!(failed["error"].as_str().unwrap().contains("not on this machine"));
+    assert!(
+        failed["error"]
+            .as_str()
+            .unwrap()
+            .contains("not on this machine")
+    );
     assert!(!path_of(&ws["path"]).join("denied.txt").exists());
     // The next model call carried the refusal.
     let last = w.fake.requests().pop().unwrap();
@@ -332,10 +353,17 @@ async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
         .await;
     assert_eq!(res.status(), 202);
     let ended = stream.until("turn_completed", LONG).await;
-    assert_eq!(outcome(&ended)["outcome"], "canceled", "{:?}", kinds(&ended));
+    assert_eq!(
+        outcome(&ended)["outcome"],
+        "canceled",
+        "{:?}",
+        kinds(&ended)
+    );
 
     w.fake.push(Reply::text("Back again."));
-    let events = w.turn(&agent, "are you there?", Some(last_seq(&ended))).await;
+    let events = w
+        .turn(&agent, "are you there?", Some(last_seq(&ended)))
+        .await;
     assert_eq!(outcome(&events)["outcome"], "completed");
     assert_eq!(assistant_text(&events), "Back again.");
 }
@@ -362,7 +390,9 @@ async fn a_closed_agent_resumes_its_conversation() {
         .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
         .await;
     w.fake.push(Reply::text("It was pineapple."));
-    let second = w.turn(&agent, "what was the word?", Some(last_seq(&first))).await;
+    let second = w
+        .turn(&agent, "what was the word?", Some(last_seq(&first)))
+        .await;
     assert_eq!(outcome(&second)["outcome"], "completed");
     let started = of_kind(&second, "session_started");
     assert_eq!(started.len(), 1);
@@ -370,7 +400,10 @@ async fn a_closed_agent_resumes_its_conversation() {
     assert_eq!(started[0]["provider_session_id"], id.as_str());
     let last = w.fake.requests().pop().unwrap();
     let history = conversation_text(&last);
-    assert!(history.contains("the secret word is pineapple"), "{history}");
+    assert!(
+        history.contains("the secret word is pineapple"),
+        "{history}"
+    );
     assert!(history.contains("I will remember pineapple."), "{history}");
     assert!(history.contains("what was the word?"));
 }
@@ -400,7 +433,12 @@ async fn after_a_server_restart_the_agent_resumes() {
     let mut stream = app.events(&agent, Some(last_seq(&first))).await;
     app.prompt(&agent, "what fruit?").await;
     let second = stream.until("turn_completed", LONG).await;
-    assert_eq!(outcome(&second)["outcome"], "completed", "{:?}", kinds(&second));
+    assert_eq!(
+        outcome(&second)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&second)
+    );
     assert_eq!(session_id(&app, &agent).await, id);
     let history = conversation_text(&fake.requests().pop().unwrap());
     assert!(history.contains("remember mango"), "{history}");
@@ -417,7 +455,12 @@ async fn bypass_permissions_runs_tools_without_asking() {
     ));
     w.fake.push(Reply::text("Done without asking."));
     let events = w.turn(&agent, "write bypass.txt", None).await;
-    assert_eq!(outcome(&events)["outcome"], "completed", "{:?}", kinds(&events));
+    assert_eq!(
+        outcome(&events)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&events)
+    );
     assert!(of_kind(&events, "permission_requested").is_empty());
     let calls = of_kind(&events, "tool_call");
     assert_eq!(calls.last().unwrap()["status"], "completed");
@@ -448,12 +491,23 @@ async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
     let took = killed.elapsed();
     let done = outcome(&ended);
     assert_eq!(done["outcome"], "failed", "{done}");
-    assert!(took < Duration::from_secs(2), "the turn failed after {took:?}");
-    assert!(done["error"].as_str().unwrap().contains("signal 9"), "{done}");
+    assert!(
+        took < Duration::from_secs(2),
+        "the turn failed after {took:?}"
+    );
+    assert!(
+        done["error"].as_str().unwrap().contains("signal 9"),
+        "{done}"
+    );
 
     w.fake.push(Reply::text("Recovered."));
     let events = w.turn(&agent, "still there?", Some(last_seq(&ended))).await;
-    assert_eq!(outcome(&events)["outcome"], "completed", "{:?}", kinds(&events));
+    assert_eq!(
+        outcome(&events)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&events)
+    );
     assert_eq!(assistant_text(&events), "Recovered.");
 }
 
@@ -507,7 +561,10 @@ async fn without_credentials_claude_is_unavailable_and_creation_is_refused() {
         )
         .await;
     assert_eq!(refused["code"], "provider_unavailable");
-    assert!(refused.to_string().contains("ANTHROPIC_API_KEY"), "{refused}");
+    assert!(
+        refused.to_string().contains("ANTHROPIC_API_KEY"),
+        "{refused}"
+    );
 
     // A command that is not installed is named.
     let app2 = spawn_app_with(|s| {
@@ -547,7 +604,12 @@ async fn shell_output_with_a_nul_is_stored_with_a_replacement_character() {
     ));
     w.fake.push(Reply::text("Printed it."));
     let events = w.turn(&agent, "print a NUL", None).await;
-    assert_eq!(outcome(&events)["outcome"], "completed", "{:?}", kinds(&events));
+    assert_eq!(
+        outcome(&events)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&events)
+    );
     let calls = of_kind(&events, "tool_call");
     let done = calls.last().unwrap();
     assert_eq!(done["status"], "completed", "{done}");
@@ -557,11 +619,12 @@ async fn shell_output_with_a_nul_is_stored_with_a_replacement_character() {
     assert!(assistant_text(&events).ends_with("Printed it."));
     // The timeline as stored reads the same.
     let timeline = w.app.timeline(&agent).await;
-    assert!(
-        timeline
-            .iter()
-            .any(|e| e["kind"] == "tool_call" && e["data"]["output"].to_string().contains("left\u{FFFD}right"))
-    );
+    assert!(timeline.iter().any(|e| {
+        e["kind"] == "tool_call"
+            && e["data"]["output"]
+                .to_string()
+                .contains("left\u{FFFD}right")
+    }));
 }
 
 async fn put(app: &TestApp, path: &str, body: Value) -> Value {
@@ -585,9 +648,19 @@ async fn mode_and_model_change_in_a_live_session() {
     assert_eq!(outcome(&first)["outcome"], "completed");
 
     let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
-    let changed = put(&w.app, &format!("/v1/agents/{agent}/mode"), json!({"mode": "acceptEdits"})).await;
+    let changed = put(
+        &w.app,
+        &format!("/v1/agents/{agent}/mode"),
+        json!({"mode": "acceptEdits"}),
+    )
+    .await;
     assert_eq!(changed["mode"], "acceptEdits", "{changed}");
-    let changed = put(&w.app, &format!("/v1/agents/{agent}/model"), json!({"model": "sonnet"})).await;
+    let changed = put(
+        &w.app,
+        &format!("/v1/agents/{agent}/model"),
+        json!({"model": "sonnet"}),
+    )
+    .await;
     assert_eq!(changed["model"], "sonnet", "{changed}");
 
     // In acceptEdits a write needs no approval.
@@ -600,9 +673,17 @@ async fn mode_and_model_change_in_a_live_session() {
     w.app.prompt(&agent, "write edited.txt").await;
     let events = stream.until("turn_completed", LONG).await;
     let k = kinds(&events);
-    assert_eq!(k.iter().filter(|k| **k == "mode_changed").count(), 1, "{k:?}");
+    assert_eq!(
+        k.iter().filter(|k| **k == "mode_changed").count(),
+        1,
+        "{k:?}"
+    );
     assert_eq!(of_kind(&events, "mode_changed")[0]["mode"], "acceptEdits");
-    assert_eq!(k.iter().filter(|k| **k == "model_changed").count(), 1, "{k:?}");
+    assert_eq!(
+        k.iter().filter(|k| **k == "model_changed").count(),
+        1,
+        "{k:?}"
+    );
     assert!(!k.contains(&"permission_requested"), "{k:?}");
     assert_eq!(outcome(&events)["outcome"], "completed");
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "accepted\n");
@@ -624,10 +705,19 @@ async fn an_agent_closed_before_its_first_prompt_still_works() {
         .await;
     w.fake.push(Reply::text("First words."));
     let events = w.turn(&agent, "hello after close", None).await;
-    assert_eq!(outcome(&events)["outcome"], "completed", "{:?}", kinds(&events));
+    assert_eq!(
+        outcome(&events)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&events)
+    );
     assert_eq!(assistant_text(&events), "First words.");
     // Nothing was lost, so nothing is reported as lost.
-    assert!(of_kind(&events, "error").is_empty(), "{:?}", of_kind(&events, "error"));
+    assert!(
+        of_kind(&events, "error").is_empty(),
+        "{:?}",
+        of_kind(&events, "error")
+    );
     let started = of_kind(&events, "session_started");
     assert_eq!(started.len(), 2);
     assert_eq!(started[1]["resumed"], false);
@@ -673,7 +763,12 @@ async fn an_idle_cli_is_stopped_and_the_next_prompt_resumes_the_conversation() {
 
     w.fake.push(Reply::text("You asked me to remember kiwi."));
     let second = w.turn(&agent, "which fruit?", Some(last_seq(&first))).await;
-    assert_eq!(outcome(&second)["outcome"], "completed", "{:?}", kinds(&second));
+    assert_eq!(
+        outcome(&second)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&second)
+    );
     let started = of_kind(&second, "session_started");
     assert_eq!(started.last().unwrap()["resumed"], true);
     let history = conversation_text(&w.fake.requests().pop().unwrap());

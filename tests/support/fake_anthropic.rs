@@ -18,7 +18,11 @@ use tokio::net::{TcpListener, TcpStream};
 pub enum Block {
     Text(String),
     Thinking(String),
-    ToolUse { id: String, name: String, input: Value },
+    ToolUse {
+        id: String,
+        name: String,
+        input: Value,
+    },
 }
 
 /// One model reply: its blocks, streamed in `chunks` pieces per text with `delay`
@@ -194,7 +198,11 @@ async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) -> std::io::Resu
     let method = parts.next().unwrap_or_default().to_owned();
     let target = parts.next().unwrap_or_default().to_owned();
     let path = target.split('?').next().unwrap_or_default().to_owned();
-    state.lock().unwrap().lines.push(format!("{method} {target}"));
+    state
+        .lock()
+        .unwrap()
+        .lines
+        .push(format!("{method} {target}"));
 
     match (method.as_str(), path.as_str()) {
         ("POST", "/v1/messages") => {
@@ -231,7 +239,9 @@ async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) -> std::io::Resu
         }
         _ => {
             stream
-                .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                .write_all(
+                    b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                )
                 .await
         }
     }
@@ -280,42 +290,67 @@ async fn stream_reply(stream: &mut TcpStream, reply: &Reply, number: u64) -> std
     for (index, block) in reply.blocks.iter().enumerate() {
         match block {
             Block::Text(text) => {
-                event(stream, json!({"type": "content_block_start", "index": index,
-                    "content_block": {"type": "text", "text": ""}}))
+                event(
+                    stream,
+                    json!({"type": "content_block_start", "index": index,
+                    "content_block": {"type": "text", "text": ""}}),
+                )
                 .await?;
                 for piece in pieces(text, reply.chunks) {
                     if !reply.delay.is_zero() {
                         tokio::time::sleep(reply.delay).await;
                     }
-                    event(stream, json!({"type": "content_block_delta", "index": index,
-                        "delta": {"type": "text_delta", "text": piece}}))
+                    event(
+                        stream,
+                        json!({"type": "content_block_delta", "index": index,
+                        "delta": {"type": "text_delta", "text": piece}}),
+                    )
                     .await?;
                 }
             }
             Block::Thinking(text) => {
-                event(stream, json!({"type": "content_block_start", "index": index,
-                    "content_block": {"type": "thinking", "thinking": "", "signature": ""}}))
+                event(
+                    stream,
+                    json!({"type": "content_block_start", "index": index,
+                    "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+                )
                 .await?;
                 for piece in pieces(text, reply.chunks) {
-                    event(stream, json!({"type": "content_block_delta", "index": index,
-                        "delta": {"type": "thinking_delta", "thinking": piece}}))
+                    event(
+                        stream,
+                        json!({"type": "content_block_delta", "index": index,
+                        "delta": {"type": "thinking_delta", "thinking": piece}}),
+                    )
                     .await?;
                 }
-                event(stream, json!({"type": "content_block_delta", "index": index,
-                    "delta": {"type": "signature_delta", "signature": "c2ln"}}))
+                event(
+                    stream,
+                    json!({"type": "content_block_delta", "index": index,
+                    "delta": {"type": "signature_delta", "signature": "c2ln"}}),
+                )
                 .await?;
             }
             Block::ToolUse { id, name, input } => {
                 stop_reason = "tool_use";
-                event(stream, json!({"type": "content_block_start", "index": index,
-                    "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}}))
+                event(
+                    stream,
+                    json!({"type": "content_block_start", "index": index,
+                    "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}}),
+                )
                 .await?;
-                event(stream, json!({"type": "content_block_delta", "index": index,
-                    "delta": {"type": "input_json_delta", "partial_json": input.to_string()}}))
+                event(
+                    stream,
+                    json!({"type": "content_block_delta", "index": index,
+                    "delta": {"type": "input_json_delta", "partial_json": input.to_string()}}),
+                )
                 .await?;
             }
         }
-        event(stream, json!({"type": "content_block_stop", "index": index})).await?;
+        event(
+            stream,
+            json!({"type": "content_block_stop", "index": index}),
+        )
+        .await?;
     }
     event(
         stream,

@@ -144,8 +144,7 @@ impl Mapper {
                         })]
                     }
                     "thinking_delta" => {
-                        let Some(text) = str_at(delta, "thinking").filter(|t| !t.is_empty())
-                        else {
+                        let Some(text) = str_at(delta, "thinking").filter(|t| !t.is_empty()) else {
                             return Vec::new();
                         };
                         if let Some(id) = &message_id {
@@ -257,7 +256,7 @@ impl Mapper {
                 Some(r) if r.is_object() => Some(r.clone()),
                 _ => text.map(Value::String),
             };
-            if let Some(diffs) = rich.and_then(|r| patch_diffs(r)) {
+            if let Some(diffs) = rich.and_then(patch_diffs) {
                 call.diff = diffs;
             }
             actions.push(Action::Event(ProviderEvent::ToolCall(call)));
@@ -449,9 +448,16 @@ pub fn tool_kind(name: &str) -> ToolKind {
 
 /// A short title: the tool and what it acts on.
 fn tool_title(name: &str, input: &Value) -> String {
-    let detail = ["description", "command", "file_path", "pattern", "url", "query"]
-        .iter()
-        .find_map(|key| str_at(input, key));
+    let detail = [
+        "description",
+        "command",
+        "file_path",
+        "pattern",
+        "url",
+        "query",
+    ]
+    .iter()
+    .find_map(|key| str_at(input, key));
     match detail {
         Some(d) => {
             let d: String = d.chars().take(120).collect();

@@ -788,7 +788,10 @@ async fn start_session(
     ));
 
     let init = shared
-        .control(json!({"subtype": "initialize", "hooks": null}), start_timeout)
+        .control(
+            json!({"subtype": "initialize", "hooks": null}),
+            start_timeout,
+        )
         .await;
     match init {
         Ok(response) => {
@@ -1021,7 +1024,10 @@ impl ProviderSession for ClaudeSession {
 
     async fn set_model(&mut self, model: &str) -> Result<(), ProviderError> {
         self.shared
-            .control(json!({"subtype": "set_model", "model": model}), CONTROL_TIMEOUT)
+            .control(
+                json!({"subtype": "set_model", "model": model}),
+                CONTROL_TIMEOUT,
+            )
             .await
             .map(|_| ())
     }

@@ -95,9 +95,11 @@ fn a_text_turn_streams_text_and_reasoning_and_ends_with_usage() {
         .collect();
     assert_eq!(reasoning, "The user wants a greeting.");
     // Streamed text is not repeated whole; the runtime closes the message.
-    assert!(!events(&actions)
-        .iter()
-        .any(|e| matches!(e, ProviderEvent::AssistantMessage { .. })));
+    assert!(
+        !events(&actions)
+            .iter()
+            .any(|e| matches!(e, ProviderEvent::AssistantMessage { .. }))
+    );
     let ids: Vec<Option<&str>> = events(&actions)
         .into_iter()
         .filter_map(|e| match e {
@@ -105,7 +107,10 @@ fn a_text_turn_streams_text_and_reasoning_and_ends_with_usage() {
             _ => None,
         })
         .collect();
-    assert!(ids.iter().all(|id| id.is_some_and(|id| id.starts_with("msg_"))));
+    assert!(
+        ids.iter()
+            .all(|id| id.is_some_and(|id| id.starts_with("msg_")))
+    );
 
     let (outcome, error, usage) = turn_end(&actions);
     assert_eq!((outcome, error), (TurnOutcome::Completed, None));
@@ -124,13 +129,17 @@ fn a_text_turn_streams_text_and_reasoning_and_ends_with_usage() {
     // The initialize answer is routed back, and the mode is reported.
     assert!(actions.iter().any(|a| matches!(a,
         Action::ControlResponse { request_id, result: Ok(r) } if request_id == "agentry_1" && r["models"].is_array())));
-    assert!(actions
-        .iter()
-        .any(|a| matches!(a, Action::ModeReported(m) if m == "default")));
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::ModeReported(m) if m == "default"))
+    );
     // The id was ours: nothing to update.
-    assert!(!events(&actions)
-        .iter()
-        .any(|e| matches!(e, ProviderEvent::SessionUpdated { .. })));
+    assert!(
+        !events(&actions)
+            .iter()
+            .any(|e| matches!(e, ProviderEvent::SessionUpdated { .. }))
+    );
 }
 
 #[test]
@@ -154,9 +163,11 @@ fn a_session_id_other_than_ours_is_reported() {
     assert!(matches!(events(&first).as_slice(),
         [ProviderEvent::SessionUpdated { provider_session_id: Some(id), persistence: Some(_) }] if *id == theirs));
     assert!(events(&fresh.map(&init)).is_empty());
-    assert!(!events(&mapper.map(&init))
-        .iter()
-        .any(|e| matches!(e, ProviderEvent::SessionUpdated { .. })));
+    assert!(
+        !events(&mapper.map(&init))
+            .iter()
+            .any(|e| matches!(e, ProviderEvent::SessionUpdated { .. }))
+    );
 }
 
 #[test]
@@ -178,10 +189,16 @@ fn a_write_asks_then_completes_with_its_diff() {
     let calls = tools(&actions);
     assert_eq!(calls.len(), 2);
     let (running, done) = (calls[0], calls[1]);
-    assert_eq!(permission.call_id.as_deref(), Some(running.call_id.as_str()));
+    assert_eq!(
+        permission.call_id.as_deref(),
+        Some(running.call_id.as_str())
+    );
     assert_eq!(running.tool_kind, ToolKind::Write);
     assert_eq!(running.status, ToolStatus::Running);
-    assert_eq!(running.locations[0].path, "/tmp/cl/ws_write_allow/hello.txt");
+    assert_eq!(
+        running.locations[0].path,
+        "/tmp/cl/ws_write_allow/hello.txt"
+    );
     assert_eq!(running.diff[0].change, ChangeKind::Add);
     assert_eq!(running.diff[0].new_text.as_deref(), Some("hello\n"));
     assert_eq!(done.call_id, running.call_id);
@@ -202,7 +219,13 @@ fn a_denied_command_fails_its_call_and_the_turn_completes() {
     assert_eq!(calls[0].title, "Bash: write a file");
     let failed = calls.last().unwrap();
     assert_eq!(failed.status, ToolStatus::Failed);
-    assert!(failed.error.as_deref().unwrap().contains("not on this machine"));
+    assert!(
+        failed
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("not on this machine")
+    );
     assert_eq!(turn_end(&actions).0, TurnOutcome::Completed);
 }
 
@@ -214,9 +237,11 @@ fn an_interrupted_turn_ends_failed_for_the_runtime_to_cancel() {
     assert_eq!(outcome, TurnOutcome::Failed);
     assert!(error.unwrap().contains("failed while running"));
     // The CLI's "[Request interrupted by user]" is not the assistant speaking.
-    assert!(!events(&actions)
-        .iter()
-        .any(|e| matches!(e, ProviderEvent::AssistantMessage { .. })));
+    assert!(
+        !events(&actions)
+            .iter()
+            .any(|e| matches!(e, ProviderEvent::AssistantMessage { .. }))
+    );
 }
 
 #[test]
@@ -368,7 +393,10 @@ fn the_command_line_opens_or_resumes_a_session() {
                 "files".to_owned(),
                 json!({"command": ["mcp-files", "--root"], "args": ["."], "env": {"T": "1"}}),
             ),
-            ("web".to_owned(), json!({"type": "http", "url": "https://m.example"})),
+            (
+                "web".to_owned(),
+                json!({"type": "http", "url": "https://m.example"}),
+            ),
             ("broken".to_owned(), json!({"args": []})),
         ]),
         resume: None,
@@ -403,7 +431,11 @@ fn the_command_line_opens_or_resumes_a_session() {
     };
     let resumed = session_flags(&bare, "abc", true);
     assert!(resumed.contains(&"--resume=abc".to_owned()));
-    assert!(!resumed.iter().any(|f| f.starts_with("--session-id") || f == "--mcp-config"));
+    assert!(
+        !resumed
+            .iter()
+            .any(|f| f.starts_with("--session-id") || f == "--mcp-config")
+    );
 }
 
 /// A session's shared state over in-memory pipes, with its event receiver.
@@ -512,10 +544,7 @@ impl ProcessLauncher for Spawner {
 fn scripted(script: &str, start_timeout: Duration) -> ClaudeProvider {
     let mut cfg = crate::providers::registry::builtin_config(&builtin(), "claude", None);
     cfg.command = vec!["sh".into(), "-c".into(), script.into(), "claude".into()];
-    ClaudeProvider {
-        cfg,
-        start_timeout,
-    }
+    ClaudeProvider { cfg, start_timeout }
 }
 
 fn bare_spec(dir: &tempfile::TempDir, resume: Option<Value>) -> SessionSpec {
@@ -530,17 +559,28 @@ fn bare_spec(dir: &tempfile::TempDir, resume: Option<Value>) -> SessionSpec {
 }
 
 fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
 }
 
 #[tokio::test]
 async fn a_cli_that_exits_at_start_fails_with_its_stderr() {
     let dir = tempfile::tempdir().unwrap();
-    let provider = scripted("echo 'cannot start: bad settings' >&2; exit 3", START_TIMEOUT);
+    let provider = scripted(
+        "echo 'cannot start: bad settings' >&2; exit 3",
+        START_TIMEOUT,
+    );
     let launcher = Arc::new(Spawner::default());
     let (tx, _rx) = mpsc::channel(16);
-    let Err(e) = provider.start(bare_spec(&dir, None), launcher.clone(), tx).await else {
+    let Err(e) = provider
+        .start(bare_spec(&dir, None), launcher.clone(), tx)
+        .await
+    else {
         panic!("the start must fail");
     };
     let message = e.to_string();
@@ -559,14 +599,20 @@ async fn a_cli_that_hangs_at_start_is_stopped_within_the_timeout() {
     let launcher = Arc::new(Spawner::default());
     let (tx, _rx) = mpsc::channel(16);
     let began = std::time::Instant::now();
-    let Err(e) = provider.start(bare_spec(&dir, None), launcher.clone(), tx).await else {
+    let Err(e) = provider
+        .start(bare_spec(&dir, None), launcher.clone(), tx)
+        .await
+    else {
         panic!("the start must fail");
     };
     let took = began.elapsed();
     let message = e.to_string();
     assert!(message.contains("within 1 s"), "{message}");
     assert!(message.contains("waiting forever"), "{message}");
-    assert!(took < Duration::from_secs(1) + EXIT_AFTER_EOF + STOP_GRACE + Duration::from_secs(2), "{took:?}");
+    assert!(
+        took < Duration::from_secs(1) + EXIT_AFTER_EOF + STOP_GRACE + Duration::from_secs(2),
+        "{took:?}"
+    );
     let pids = lock(&launcher.pids).clone();
     assert_eq!(pids.len(), 1);
     assert!(!alive(pids[0]), "no process is left");
@@ -602,7 +648,9 @@ cat > /dev/null"#;
         other => panic!("expected the resume failure, got {other:?}"),
     }
     session.close().await;
-    assert!(matches!(rx.recv().await, Some(ProviderEvent::Exited { reason }) if reason == "closed"));
+    assert!(
+        matches!(rx.recv().await, Some(ProviderEvent::Exited { reason }) if reason == "closed")
+    );
     let pids = lock(&launcher.pids).clone();
     assert_eq!(pids.len(), 2);
     assert!(pids.iter().all(|p| !alive(*p)));
