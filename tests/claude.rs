@@ -489,6 +489,7 @@ async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
     let ended = stream.until("turn_completed", Duration::from_secs(5)).await;
     let took = killed.elapsed();
+    eprintln!("the turn failed {took:?} after SIGKILL");
     let done = outcome(&ended);
     assert_eq!(done["outcome"], "failed", "{done}");
     assert!(
