@@ -174,6 +174,11 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
         .map(|m| m["id"].as_str().unwrap())
         .collect();
     assert!(ids.contains(&"default"), "{models}");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM managed_processes")
+        .fetch_one(&w.app.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the catalog probe leaves no process behind");
 
     let (agent, _) = w.agent("default").await;
     w.fake.push(Reply::slow(

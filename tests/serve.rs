@@ -285,8 +285,8 @@ fn serve_refuses_settings_it_does_not_implement() {
             "auth.oidc",
         ),
         (
-            "[providers.claude]\nenabled = true\ncommand = [\"claude\"]\n",
-            "providers.claude",
+            "[providers.gemini]\nenabled = true\ncommand = [\"gemini\"]\n",
+            "providers.gemini",
         ),
         ("[providers.mock]\nargs = [\"-v\"]\n", "providers.mock.args"),
     ] {

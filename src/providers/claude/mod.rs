@@ -268,7 +268,11 @@ impl Provider for ClaudeProvider {
             return Availability::Unavailable("no command is configured".to_owned());
         };
         if find_executable(program).is_none() {
-            return Availability::Unavailable(format!("`{program}` was not found on PATH"));
+            return Availability::Unavailable(if program.contains('/') {
+                format!("`{program}` does not exist or is not executable")
+            } else {
+                format!("`{program}` was not found on PATH")
+            });
         }
         let set = |name: &str| self.cfg.child_var(name).is_some_and(|v| !v.is_empty());
         if set("ANTHROPIC_API_KEY")
