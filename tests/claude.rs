@@ -781,3 +781,43 @@ async fn an_idle_cli_is_stopped_and_the_next_prompt_resumes_the_conversation() {
     assert!(history.contains("remember kiwi"), "{history}");
     assert!(history.contains("Kiwi it is."), "{history}");
 }
+
+#[tokio::test]
+async fn always_allowing_applies_the_cli_suggestion() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("default").await;
+    let dir = path_of(&ws["path"]);
+    w.fake.push(Reply::tool(
+        "Write",
+        json!({"file_path": dir.join("one.txt"), "content": "1\n"}),
+    ));
+    w.fake.push(Reply::tool(
+        "Write",
+        json!({"file_path": dir.join("two.txt"), "content": "2\n"}),
+    ));
+    w.fake.push(Reply::text("Both written."));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "write two files").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    w.app
+        .post_ok(
+            &format!(
+                "/v1/agents/{agent}/permissions/{}",
+                request["request_id"].as_str().unwrap()
+            ),
+            json!({"behavior": "allow", "option_id": "allow_always"}),
+            200,
+        )
+        .await;
+    let after = stream.until("turn_completed", LONG).await;
+    let k = kinds(&after);
+    assert_eq!(outcome(&after)["outcome"], "completed", "{k:?}");
+    // The suggestion for a write is "accept edits for this session": the second write
+    // needs no approval, and the mode change is reported.
+    assert!(!k.contains(&"permission_requested"), "{k:?}");
+    assert_eq!(of_kind(&after, "mode_changed")[0]["mode"], "acceptEdits");
+    assert_eq!(std::fs::read_to_string(dir.join("two.txt")).unwrap(), "2\n");
+    let agent_now = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(agent_now["mode"], "acceptEdits");
+}
