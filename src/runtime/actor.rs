@@ -106,6 +106,8 @@ impl Actor {
             self.finish().await;
             return;
         }
+        // Idle time counts from when the session is ready, not from when it began starting.
+        self.last_activity = Instant::now();
         loop {
             let deadline = self.turn.as_ref().and_then(|t| t.interrupt_deadline);
             let idle_deadline = self.idle_deadline();
