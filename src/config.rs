@@ -55,6 +55,7 @@ pub struct Settings {
     pub log: LogSettings,
     pub limits: Limits,
     pub events: EventSettings,
+    pub agents: AgentSettings,
     /// One table per provider id.
     pub providers: BTreeMap<String, ProviderSettings>,
 }
@@ -154,6 +155,7 @@ impl Default for Settings {
             log: LogSettings::default(),
             limits: Limits::default(),
             events: EventSettings::default(),
+            agents: AgentSettings::default(),
             providers: BTreeMap::new(),
         }
     }
@@ -184,6 +186,23 @@ impl Default for Limits {
             max_body_bytes: 1024 * 1024,
             max_prompt_bytes: 256 * 1024,
             max_wait_s: 3600,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentSettings {
+    /// Seconds an agent may sit idle (no turn, no pending permission request) before its
+    /// provider process is stopped; the next prompt resumes the same conversation.
+    /// 0 keeps idle processes running.
+    pub idle_timeout_s: u64,
+}
+
+impl Default for AgentSettings {
+    fn default() -> Self {
+        Self {
+            idle_timeout_s: 900,
         }
     }
 }
@@ -484,6 +503,7 @@ fn typed_setting(path: &[String]) -> bool {
         ["database", "max_connections"]
             | ["limits", _]
             | ["events", _]
+            | ["agents", _]
             | ["providers", _, "enabled" | "command" | "args" | "modes"]
     )
 }

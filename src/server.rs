@@ -140,6 +140,10 @@ impl Application {
             registry,
             ledger,
             Handle::current(),
+        )
+        .with_idle_timeout(
+            (settings.agents.idle_timeout_s > 0)
+                .then(|| Duration::from_secs(settings.agents.idle_timeout_s)),
         );
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let state = web::Data::new(AppState {

@@ -25,6 +25,10 @@ use crate::providers::{
 };
 use crate::store;
 
+/// The reason an agent closed for being idle.
+const IDLE_REASON: &str =
+    "idle: the agent's process was stopped after the idle timeout; the next prompt resumes it";
+
 struct OpenMessage {
     provider_id: Option<String>,
     id: MessageId,
@@ -58,6 +62,8 @@ pub(crate) struct Actor {
     /// Events emitted but not yet handed to the writer.
     outbox: Vec<NewEvent>,
     stop: bool,
+    /// When the agent last did anything (a command, a provider event).
+    last_activity: Instant,
 }
 
 impl Actor {
@@ -81,6 +87,7 @@ impl Actor {
             pending: HashMap::new(),
             outbox: Vec::new(),
             stop: false,
+            last_activity: Instant::now(),
         }
     }
 
@@ -101,13 +108,21 @@ impl Actor {
         }
         loop {
             let deadline = self.turn.as_ref().and_then(|t| t.interrupt_deadline);
+            let idle_deadline = self.idle_deadline();
             tokio::select! {
-                cmd = commands.recv() => match cmd {
-                    Some(cmd) => self.handle_command(cmd).await,
-                    None => self.close("the server dropped the agent").await,
-                },
-                ev = next_event(&mut self.provider_events) => self.handle_provider_event(ev).await,
+                cmd = commands.recv() => {
+                    self.last_activity = Instant::now();
+                    match cmd {
+                        Some(cmd) => self.handle_command(cmd).await,
+                        None => self.close("the server dropped the agent").await,
+                    }
+                }
+                ev = next_event(&mut self.provider_events) => {
+                    self.last_activity = Instant::now();
+                    self.handle_provider_event(ev).await
+                }
                 _ = sleep_until(deadline) => self.interrupt_timed_out().await,
+                _ = sleep_until(idle_deadline) => self.close(IDLE_REASON).await,
             }
             // Take what else the provider has already sent, then write it as one batch.
             let mut taken = 0;
@@ -129,6 +144,13 @@ impl Actor {
             self.reject(cmd, "the agent was closed");
         }
         self.finish().await;
+    }
+
+    /// When an idle agent's process is stopped: only with no turn, no pending request.
+    fn idle_deadline(&self) -> Option<Instant> {
+        let idle = self.shared.idle_timeout?;
+        (self.turn.is_none() && self.pending.is_empty() && self.session.is_some())
+            .then(|| self.last_activity + idle)
     }
 
     fn reject(&self, cmd: Command, why: &str) {

@@ -140,6 +140,8 @@ pub(crate) struct Shared {
     pub registry: ProviderRegistry,
     pub ledger: Ledger,
     pub interrupt_grace: Duration,
+    /// Idle time after which an agent's process is stopped (`None`: never).
+    pub idle_timeout: Option<Duration>,
     actors: Mutex<HashMap<AgentId, ActorHandle>>,
     generation: AtomicU64,
     shutting_down: AtomicBool,
@@ -167,6 +169,7 @@ impl AgentManager {
                 registry,
                 ledger,
                 interrupt_grace: Duration::from_secs(5),
+                idle_timeout: None,
                 actors: Mutex::new(HashMap::new()),
                 generation: AtomicU64::new(1),
                 shutting_down: AtomicBool::new(false),
@@ -181,6 +184,16 @@ impl AgentManager {
         Arc::get_mut(&mut self.shared)
             .expect("the interrupt grace is set before the manager is shared")
             .interrupt_grace = grace;
+        self
+    }
+
+    /// Stop an agent's provider process once it has been idle this long (no turn, no
+    /// pending permission request); its next prompt resumes the session. Set it before
+    /// the manager is cloned or used.
+    pub fn with_idle_timeout(mut self, idle: Option<Duration>) -> Self {
+        Arc::get_mut(&mut self.shared)
+            .expect("the idle timeout is set before the manager is shared")
+            .idle_timeout = idle;
         self
     }
 

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::helpers::*;
 
@@ -223,6 +223,71 @@ async fn close_ends_the_process_and_a_prompt_reopens() {
         "label filter applies"
     );
     assert!(!app.timeline(&id).await.is_empty());
+}
+
+#[tokio::test]
+async fn an_idle_agent_process_is_stopped_and_the_next_prompt_resumes() {
+    let app = spawn_app_with(|s| s.agents.idle_timeout_s = 1).await;
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    app.prompt(&id, "remember me").await;
+    app.wait(&id).await;
+    let pid = app.get_ok(&format!("/v1/agents/{id}")).await["runtime"]["pid"]
+        .as_i64()
+        .expect("a live pid") as i32;
+    eventually(
+        "the idle process is stopped",
+        Duration::from_secs(10),
+        || !pid_alive(pid),
+    )
+    .await;
+    let agent = app.get_ok(&format!("/v1/agents/{id}")).await;
+    assert_eq!(agent["status"], "closed");
+    assert!(agent["runtime"]["pid"].is_null());
+    assert!(
+        agent["status_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("idle")),
+        "the reason says why: {agent}"
+    );
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM managed_processes")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the ledger row goes with the process");
+
+    app.prompt(&id, "still there?").await;
+    assert_eq!(app.wait(&id).await["last_turn"]["outcome"], "completed");
+    let starts: Vec<Value> = app
+        .timeline(&id)
+        .await
+        .into_iter()
+        .filter(|e| e["kind"] == "session_started")
+        .collect();
+    assert_eq!(starts.len(), 2);
+    assert_eq!(
+        starts[1]["data"]["resumed"], true,
+        "the same session resumed"
+    );
+}
+
+#[tokio::test]
+async fn a_waiting_permission_request_keeps_an_agent_from_idling_out() {
+    let app = spawn_app_with(|s| s.agents.idle_timeout_s = 1).await;
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    app.prompt(&id, "/ask run it").await;
+    let mut events = app.events(&id, None).await;
+    events
+        .until("permission_requested", Duration::from_secs(10))
+        .await;
+    let pid = app.get_ok(&format!("/v1/agents/{id}")).await["runtime"]["pid"]
+        .as_i64()
+        .unwrap() as i32;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(pid_alive(pid), "a turn waiting for a person is not idle");
+    let agent = app.get_ok(&format!("/v1/agents/{id}")).await;
+    assert_eq!(agent["status"], "waiting_permission");
 }
 
 #[tokio::test]

@@ -34,6 +34,10 @@ enum Plan {
     IgnoreInterrupt,
     /// Asks for a permission and waits (the test then kills the process).
     Ask,
+    /// Learns a new session handle, asks for a permission, then withdraws the request
+    /// (as Claude Code's `control_cancel_request` does) and ends the turn on an interrupt
+    /// the way Claude Code does: `failed` (`error_during_execution`).
+    AskThenWithdraw,
 }
 
 /// What the test can observe of the fake from outside.
@@ -174,6 +178,24 @@ impl ProviderSession for FakeSession {
                 },
                 tool("slow", ToolStatus::Running),
             ],
+            Plan::AskThenWithdraw => {
+                let (reply, decision) = oneshot::channel();
+                self.seen.lock().unwrap().decision = Some(decision);
+                vec![
+                    ProviderEvent::SessionUpdated {
+                        provider_session_id: Some("fake-session-2".into()),
+                        persistence: Some(json!({"session_id": "fake-session-2"})),
+                    },
+                    ask("tool-9", reply),
+                    ProviderEvent::PermissionWithdrawn {
+                        provider_request_id: "tool-9".into(),
+                    },
+                    ProviderEvent::AssistantDelta {
+                        message_id: None,
+                        text: "still working".into(),
+                    },
+                ]
+            }
             Plan::Ask => {
                 let (reply, decision) = oneshot::channel();
                 self.seen.lock().unwrap().decision = Some(decision);
@@ -209,8 +231,18 @@ impl ProviderSession for FakeSession {
     }
 
     async fn interrupt(&mut self) -> Result<(), ProviderError> {
-        // Heard, and ignored.
         self.seen.lock().unwrap().interrupts += 1;
+        if let Plan::AskThenWithdraw = self.plan {
+            let _ = self
+                .events
+                .send(ProviderEvent::TurnEnded {
+                    outcome: TurnOutcome::Failed,
+                    error: Some("error_during_execution".into()),
+                    usage: None,
+                })
+                .await;
+        }
+        // Every other plan hears it, and ignores it.
         Ok(())
     }
 
@@ -222,6 +254,29 @@ impl ProviderSession for FakeSession {
             let _ = gone.await;
         }
     }
+}
+
+fn ask(provider_request_id: &str, reply: oneshot::Sender<PermissionDecision>) -> ProviderEvent {
+    ProviderEvent::PermissionRequested(PermissionRequest {
+        provider_request_id: provider_request_id.into(),
+        kind: PermissionKind::Tool,
+        title: "run rm".into(),
+        call_id: None,
+        input: None,
+        options: vec![
+            PermissionOption {
+                id: "allow".into(),
+                label: "Allow".into(),
+                behavior: Behavior::Allow,
+            },
+            PermissionOption {
+                id: "deny".into(),
+                label: "Deny".into(),
+                behavior: Behavior::Deny,
+            },
+        ],
+        reply,
+    })
 }
 
 /// A server's agent, closed there, then driven by a runtime with the fake provider.
@@ -501,5 +556,68 @@ async fn a_provider_exiting_while_a_permission_is_pending_expires_it_and_fails_t
     let body: Value = res.json().await.unwrap();
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["code"], "permission_expired");
+    h.manager.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_withdrawn_request_expires_a_late_handle_is_kept_and_an_interrupted_turn_is_canceled() {
+    let h = harness(Plan::AskThenWithdraw, Duration::from_secs(5)).await;
+    h.manager.prompt(&h.ctx, "go".into(), None).await.unwrap();
+    // Wait for the delta sent after the withdrawal: everything before it is handled.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let events = loop {
+        let events = h.app.timeline(&h.agent).await;
+        if events.iter().any(|e| e["kind"] == "assistant_delta") {
+            break events;
+        }
+        assert!(Instant::now() < deadline, "{:?}", kinds(&events));
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    let requested = events
+        .iter()
+        .find(|e| e["kind"] == "permission_requested")
+        .expect("the request is on the timeline");
+    let request_id = requested["data"]["request_id"].as_str().unwrap();
+    let resolved = events
+        .iter()
+        .find(|e| e["kind"] == "permission_resolved")
+        .expect("its withdrawal too");
+    assert_eq!(resolved["data"]["request_id"], request_id);
+    assert_eq!(resolved["data"]["expired"], true);
+    assert!(resolved["data"]["resolved_by"].is_null());
+    let all = h
+        .app
+        .get_ok(&format!("/v1/agents/{}/permissions", h.agent))
+        .await;
+    assert_eq!(all["items"][0]["status"], "expired");
+    let agent = h.agent_view().await;
+    assert_eq!(agent["status"], "running", "no longer waiting for a person");
+    assert_eq!(agent["pending_permissions"], 0);
+    let decision = h.seen.lock().unwrap().decision.take().unwrap();
+    assert!(decision.await.is_err(), "the answer channel is gone");
+    let res = h
+        .app
+        .post(
+            &format!("/v1/agents/{}/permissions/{request_id}", h.agent),
+            json!({"behavior": "allow"}),
+        )
+        .await;
+    assert_eq!(res.status().as_u16(), 409);
+
+    // The session handle learned mid-session is stored.
+    let (sid, persistence): (Option<String>, Option<Value>) =
+        sqlx::query_as("SELECT provider_session_id, persistence FROM agents WHERE id = $1")
+            .bind(h.ctx.id.uuid())
+            .fetch_one(&h.app.pool)
+            .await
+            .unwrap();
+    assert_eq!(sid.as_deref(), Some("fake-session-2"));
+    assert_eq!(persistence, Some(json!({"session_id": "fake-session-2"})));
+
+    // The agent ends the interrupted turn `failed`; it reads as canceled.
+    h.manager.interrupt(h.ctx.id).await;
+    let events = h.finished_timeline(Duration::from_secs(10)).await;
+    let (_, data) = turn_end(&events);
+    assert_eq!(data["outcome"], "canceled", "{data}");
     h.manager.shutdown().await;
 }
