@@ -18,7 +18,7 @@ use super::{Builtin, CliConfig, ModeInfo, ModelInfo, Probe, Provider, ProviderEr
 
 /// The CLI providers this server implements, by id.
 pub fn builtins() -> Vec<Builtin> {
-    Vec::new()
+    vec![super::codex::builtin()]
 }
 
 /// Why the registry could not be built from the settings.
