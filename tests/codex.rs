@@ -26,7 +26,13 @@ use tempfile::TempDir;
 const TURN: Duration = Duration::from_secs(25);
 
 /// The `[providers.codex]` table a user would write for a fake model endpoint.
-fn codex_settings(cli: &Path, base_url: &str, home: &Path, model: &str, key: bool) -> ProviderSettings {
+fn codex_settings(
+    cli: &Path,
+    base_url: &str,
+    home: &Path,
+    model: &str,
+    key: bool,
+) -> ProviderSettings {
     let mut env = BTreeMap::from([
         ("CODEX_HOME".to_owned(), home.display().to_string()),
         ("HOME".to_owned(), home.display().to_string()),
@@ -156,7 +162,10 @@ fn tools(events: &[Value]) -> Vec<Value> {
         }
         last.insert(id, e["data"].clone());
     }
-    order.into_iter().map(|id| last.remove(&id).unwrap()).collect()
+    order
+        .into_iter()
+        .map(|id| last.remove(&id).unwrap())
+        .collect()
 }
 
 fn outcomes(events: &[Value]) -> Vec<String> {
@@ -203,7 +212,11 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
         of_kind(&events, "assistant_delta").len() > 1,
         "the text streamed in pieces"
     );
-    assert_eq!(of_kind(&events, "user_message").len(), 1, "Codex's echo is dropped");
+    assert_eq!(
+        of_kind(&events, "user_message").len(),
+        1,
+        "Codex's echo is dropped"
+    );
     let reasoning = of_kind(&events, "reasoning_message");
     let reasoning_deltas = of_kind(&events, "reasoning_delta");
     assert!(
@@ -263,7 +276,10 @@ async fn an_allowed_command_in_read_only_mode_runs_and_its_file_is_in_the_diff()
         .iter()
         .map(|o| o["id"].as_str().unwrap())
         .collect();
-    assert!(options.contains(&"accept") && options.contains(&"decline"), "{options:?}");
+    assert!(
+        options.contains(&"accept") && options.contains(&"decline"),
+        "{options:?}"
+    );
     rig.app
         .post_ok(
             &format!(
@@ -278,7 +294,10 @@ async fn an_allowed_command_in_read_only_mode_runs_and_its_file_is_in_the_diff()
     assert_eq!(w["last_turn"]["outcome"], "completed", "{w}");
 
     let dir = rig.workspace_path(&ws).await;
-    assert_eq!(std::fs::read_to_string(dir.join("out.txt")).unwrap(), "hello\n");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("out.txt")).unwrap(),
+        "hello\n"
+    );
     let diff = rig.app.get_ok(&format!("/v1/workspaces/{ws}/diff")).await;
     assert!(
         diff["files"]
@@ -329,7 +348,10 @@ async fn a_declined_command_fails_the_tool_the_model_is_told_and_the_turn_comple
     let requests = rig.fake.requests();
     assert_eq!(requests.len(), 2, "the model was called again");
     let told = input_text(&requests[1]);
-    assert!(told.contains("rejected"), "the model hears of the refusal: {told}");
+    assert!(
+        told.contains("rejected"),
+        "the model hears of the refusal: {told}"
+    );
     assert!(!rig.workspace_path(&ws).await.join("out.txt").exists());
 }
 
@@ -338,8 +360,10 @@ async fn an_interrupt_cancels_the_turn_and_the_next_prompt_works() {
     let Some(rig) = Rig::start("fake-model", |_| {}).await else {
         return;
     };
-    rig.fake
-        .script([Reply::stalled("This answer never ends"), Reply::text("Back again.")]);
+    rig.fake.script([
+        Reply::stalled("This answer never ends"),
+        Reply::text("Back again."),
+    ]);
     let (agent, _) = rig.agent("auto").await;
     let mut sse = rig.app.events(&agent, None).await;
     rig.app.prompt(&agent, "talk forever").await;
@@ -379,7 +403,10 @@ async fn a_closed_agent_resumes_its_thread_on_the_next_prompt() {
         .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
         .await;
     assert_eq!(closed["status"], "closed");
-    eventually("the process to end", Duration::from_secs(5), || !pid_alive(pid)).await;
+    eventually("the process to end", Duration::from_secs(5), || {
+        !pid_alive(pid)
+    })
+    .await;
 
     let last = rig.turn(&agent, "what was it?").await;
     assert_eq!(last["outcome"], "completed", "{last}");
@@ -482,7 +509,10 @@ async fn a_patch_becomes_a_write_with_its_diff_and_lands_in_the_worktree() {
     assert_eq!(write["tool_kind"], "write", "{write}");
     assert_eq!(write["status"], "completed", "{write}");
     let diff = &write["diff"][0];
-    assert!(diff["path"].as_str().unwrap().ends_with("hello.txt"), "{write}");
+    assert!(
+        diff["path"].as_str().unwrap().ends_with("hello.txt"),
+        "{write}"
+    );
     assert_eq!(diff["change"], "add", "{write}");
     assert_eq!(diff["new_text"], "hello from patch\n", "{write}");
 }
@@ -512,6 +542,8 @@ async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_is_usable_after() {
     );
     assert!(took < Duration::from_secs(2), "failed after {took:?}");
 
+    let w = rig.settle(&agent).await;
+    assert_eq!(w["status"], "error", "{w}");
     let last = rig.turn(&agent, "try again").await;
     assert_eq!(last["outcome"], "completed", "{last}");
 }
@@ -522,7 +554,13 @@ async fn without_credentials_codex_is_unavailable_and_creating_an_agent_is_refus
         return;
     };
     let home = tempfile::tempdir().unwrap();
-    let table = codex_settings(&cli, "http://127.0.0.1:9/v1", home.path(), "fake-model", false);
+    let table = codex_settings(
+        &cli,
+        "http://127.0.0.1:9/v1",
+        home.path(),
+        "fake-model",
+        false,
+    );
     let app = spawn_app_with(|s| {
         s.providers.insert("codex".into(), table);
     })
@@ -552,8 +590,14 @@ async fn without_credentials_codex_is_unavailable_and_creating_an_agent_is_refus
         )
         .await;
     assert_eq!(refused["code"], "provider_unavailable", "{refused}");
-    assert!(refused["detail"].as_str().unwrap_or_default().contains("OPENAI_API_KEY") ||
-        refused.to_string().contains("OPENAI_API_KEY"), "{refused}");
+    assert!(
+        refused["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("OPENAI_API_KEY")
+            || refused.to_string().contains("OPENAI_API_KEY"),
+        "{refused}"
+    );
 
     // A missing program is named.
     let app2 = spawn_app_with(|s| {
@@ -597,7 +641,10 @@ async fn binary_shell_output_is_stored_with_replacement_characters() {
     let output = shell["output"]["output"].as_str().unwrap();
     assert!(!output.contains('\0'), "{output:?}");
     assert!(output.contains('\u{FFFD}'), "{output:?}");
-    assert!(output.starts_with('a') && output.contains('b') && output.contains('c'), "{output:?}");
+    assert!(
+        output.starts_with('a') && output.contains('b') && output.contains('c'),
+        "{output:?}"
+    );
     // The agent goes on normally.
     let last = rig.turn(&agent, "again").await;
     assert_eq!(last["outcome"], "completed", "{last}");
@@ -613,9 +660,11 @@ async fn an_idle_cli_is_stopped_and_the_next_prompt_resumes_the_conversation() {
     let (agent, _) = rig.agent("auto").await;
     rig.turn(&agent, "my number is seven").await;
     let pid = rig.pid(&agent).await.expect("a process after the turn");
-    eventually("the idle CLI to be stopped", Duration::from_secs(10), || {
-        !pid_alive(pid)
-    })
+    eventually(
+        "the idle CLI to be stopped",
+        Duration::from_secs(10),
+        || !pid_alive(pid),
+    )
     .await;
     let last = rig.turn(&agent, "which number?").await;
     assert_eq!(last["outcome"], "completed", "{last}");

@@ -86,7 +86,9 @@ pub enum Incoming {
         params: Value,
     },
     /// A line that could not be used (not JSON, not a message, too long); reading goes on.
-    Malformed { error: String },
+    Malformed {
+        error: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -125,7 +127,11 @@ pub struct Peer {
 impl Peer {
     /// Start reading `reader` and writing `writer` in two tasks. Incoming requests and
     /// notifications arrive on the returned receiver, which closes when the input ends.
-    pub fn start<R, W>(reader: R, writer: W, options: PeerOptions) -> (Self, mpsc::Receiver<Incoming>)
+    pub fn start<R, W>(
+        reader: R,
+        writer: W,
+        options: PeerOptions,
+    ) -> (Self, mpsc::Receiver<Incoming>)
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
@@ -358,7 +364,10 @@ fn classify(line: &[u8]) -> Result<Message, String> {
         return Err("the agent wrote JSON that is not a message object".to_owned());
     };
     let params = message.remove("params").unwrap_or(Value::Null);
-    match (message.get("method").and_then(Value::as_str), message.get("id")) {
+    match (
+        message.get("method").and_then(Value::as_str),
+        message.get("id"),
+    ) {
         (Some(method), Some(id)) => {
             let id = RequestId::from_value(id)
                 .ok_or_else(|| format!("a `{method}` request has an unusable id"))?;
@@ -487,7 +496,10 @@ mod tests {
                 message,
                 ..
             }) => {
-                assert_eq!((method.as_str(), code, message.as_str()), ("a", -32600, "bad a"));
+                assert_eq!(
+                    (method.as_str(), code, message.as_str()),
+                    ("a", -32600, "bad a")
+                );
             }
             other => panic!("unexpected {other:?}"),
         }
@@ -497,7 +509,10 @@ mod tests {
     async fn the_version_field_is_sent_when_asked_and_accepted_either_way() {
         let (peer, mut incoming, mut other) = pair(PeerOptions::default());
         peer.notify("hello", None).await.unwrap();
-        assert_eq!(other.read().await, json!({"jsonrpc": "2.0", "method": "hello"}));
+        assert_eq!(
+            other.read().await,
+            json!({"jsonrpc": "2.0", "method": "hello"})
+        );
         other
             .write(r#"{"jsonrpc":"2.0","method":"n1","params":{"k":1}}"#)
             .await;
@@ -525,7 +540,9 @@ mod tests {
             panic!("expected a request")
         };
         assert_eq!((method.as_str(), &params), ("ask", &json!({"q": "?"})));
-        peer.respond(&id, json!({"decision": "accept"})).await.unwrap();
+        peer.respond(&id, json!({"decision": "accept"}))
+            .await
+            .unwrap();
         assert_eq!(
             other.read().await,
             json!({"id": 0, "result": {"decision": "accept"}})
@@ -548,7 +565,9 @@ mod tests {
             ..bare()
         });
         other.write("not json").await;
-        other.write(&format!(r#"{{"method":"{}"}}"#, "x".repeat(100))).await;
+        other
+            .write(&format!(r#"{{"method":"{}"}}"#, "x".repeat(100)))
+            .await;
         other.write("[1,2]").await;
         other.write("").await;
         other.write(r#"{"method":"fine"}"#).await;
@@ -595,7 +614,8 @@ mod tests {
         assert_eq!(peer.closed().await, None);
         assert!(peer.is_closed());
         assert!(matches!(
-            peer.request("late", json!({}), Duration::from_secs(1)).await,
+            peer.request("late", json!({}), Duration::from_secs(1))
+                .await,
             Err(RpcError::Closed)
         ));
     }

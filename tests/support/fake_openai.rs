@@ -231,7 +231,9 @@ async fn read_request(stream: &mut TcpStream) -> Option<(String, Vec<u8>)> {
     let header = |name: &str| {
         head.lines().find_map(|l| {
             let (k, v) = l.split_once(':')?;
-            k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_owned())
         })
     };
     if let Some(len) = header("content-length").and_then(|v| v.parse::<usize>().ok()) {

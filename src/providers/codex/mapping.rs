@@ -7,7 +7,9 @@ use std::collections::HashSet;
 
 use serde_json::{Value, json};
 
-use crate::domain::{Behavior, PermissionKind, PermissionOption, ToolKind, ToolStatus, TurnOutcome};
+use crate::domain::{
+    Behavior, PermissionKind, PermissionOption, ToolKind, ToolStatus, TurnOutcome,
+};
 use crate::process::jsonrpc::RequestId;
 use crate::providers::{
     ChangeKind, FileDiff, Location, PlanEntry, PlanStatus, ProviderEvent, ToolCallUpdate, Usage,
@@ -28,13 +30,23 @@ pub struct Ask {
 pub enum Mapped {
     Event(ProviderEvent),
     /// Ask a person, then answer request `id` with `decision_reply(...)`.
-    Ask { id: RequestId, ask: Ask },
+    Ask {
+        id: RequestId,
+        ask: Ask,
+    },
     /// Answer request `id` at once with an error: agentry does not serve it.
-    Refuse { id: RequestId, message: String },
+    Refuse {
+        id: RequestId,
+        message: String,
+    },
     /// Codex no longer waits for the answer to request `id`.
-    Resolved { id: RequestId },
+    Resolved {
+        id: RequestId,
+    },
     /// A turn started; its id is what `turn/interrupt` needs.
-    TurnStarted { turn_id: String },
+    TurnStarted {
+        turn_id: String,
+    },
 }
 
 /// The mapping's memory between messages.
@@ -46,6 +58,8 @@ pub struct Mapper {
     turn_base: Option<Totals>,
     /// The current turn's usage so far.
     turn_usage: Option<Usage>,
+    /// A turn is running (a resumed thread reports its old totals before any turn).
+    in_turn: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -123,6 +137,7 @@ impl Mapper {
                 None => Vec::new(),
             },
             "turn/started" => {
+                self.in_turn = true;
                 self.turn_base = None;
                 self.turn_usage = None;
                 self.streamed.clear();
@@ -152,8 +167,8 @@ impl Mapper {
                 event(ProviderEvent::Plan { entries })
             }
             "thread/tokenUsage/updated" => match params.get("tokenUsage") {
-                Some(usage) => self.usage(usage),
-                None => Vec::new(),
+                Some(usage) if self.in_turn => self.usage(usage),
+                _ => Vec::new(),
             },
             "turn/completed" => {
                 let turn = params.get("turn").unwrap_or(&Value::Null);
@@ -172,6 +187,7 @@ impl Mapper {
                 };
                 self.streamed.clear();
                 self.turn_base = None;
+                self.in_turn = false;
                 event(ProviderEvent::TurnEnded {
                     outcome,
                     error,
@@ -260,7 +276,12 @@ impl Mapper {
                 let parts = |key: &str| -> Vec<String> {
                     item.get(key)
                         .and_then(Value::as_array)
-                        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(Value::as_str)
+                                .map(str::to_owned)
+                                .collect()
+                        })
                         .unwrap_or_default()
                 };
                 let mut text = parts("summary");
@@ -403,7 +424,11 @@ fn file_change_call(item: &Value) -> ToolCallUpdate {
         status,
         json!({"changes": changes}),
     );
-    call.title = format!("{} {}", if all_new { "Write" } else { "Edit" }, paths.join(", "));
+    call.title = format!(
+        "{} {}",
+        if all_new { "Write" } else { "Edit" },
+        paths.join(", ")
+    );
     call.locations = diffs
         .iter()
         .map(|d| Location {
@@ -470,7 +495,10 @@ fn web_search_call(item: &Value, completed: bool) -> ToolCallUpdate {
 
 fn dynamic_call(item: &Value) -> ToolCallUpdate {
     let tool = str_of(item, "tool").unwrap_or("tool");
-    let status = match (str_of(item, "status"), item.get("success").and_then(Value::as_bool)) {
+    let status = match (
+        str_of(item, "status"),
+        item.get("success").and_then(Value::as_bool),
+    ) {
         (_, Some(false)) => ToolStatus::Failed,
         (Some("completed"), _) => ToolStatus::Completed,
         (Some("failed"), _) => ToolStatus::Failed,

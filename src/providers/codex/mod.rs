@@ -300,7 +300,8 @@ impl Provider for CodexProvider {
             started_rx,
         ));
 
-        let opened = tokio::time::timeout(START_TIMEOUT, open_thread(&conn.peer, &spec, &mode)).await;
+        let opened =
+            tokio::time::timeout(START_TIMEOUT, open_thread(&conn.peer, &spec, &mode)).await;
         let failure = match opened {
             Ok(Ok(thread)) => {
                 let info = SessionInfo {
@@ -332,9 +333,7 @@ impl Provider for CodexProvider {
         shared.closing.store(true, Ordering::Release);
         let _ = close_tx.send(());
         let exit = done_rx.await.unwrap_or_default();
-        Err(ProviderError::Protocol(format!(
-            "{failure} ({exit})"
-        )))
+        Err(ProviderError::Protocol(format!("{failure} ({exit})")))
     }
 }
 
@@ -417,10 +416,10 @@ fn credentials(cfg: &CliConfig, exists: impl Fn(&std::path::Path) -> bool) -> Re
             return Ok(());
         }
     }
-    let home = cfg
-        .child_var("CODEX_HOME")
-        .map(PathBuf::from)
-        .or_else(|| cfg.child_var("HOME").map(|h| PathBuf::from(h).join(".codex")));
+    let home = cfg.child_var("CODEX_HOME").map(PathBuf::from).or_else(|| {
+        cfg.child_var("HOME")
+            .map(|h| PathBuf::from(h).join(".codex"))
+    });
     let auth = home.map(|h| h.join("auth.json"));
     if let Some(auth) = &auth
         && exists(auth)
@@ -728,7 +727,10 @@ impl Shared {
         let peer = self.peer.clone();
         tokio::spawn(async move {
             let params = json!({ "threadId": thread_id, "turnId": turn_id });
-            if let Err(e) = peer.request("turn/interrupt", params, INTERRUPT_TIMEOUT).await {
+            if let Err(e) = peer
+                .request("turn/interrupt", params, INTERRUPT_TIMEOUT)
+                .await
+            {
                 tracing::debug!(error = %e, "turn/interrupt failed");
             }
         });
@@ -856,7 +858,10 @@ async fn supervise(
     let terminated = child.terminate(STOP_GRACE).await;
     let status = status.or(terminated);
     let mut dispatcher = dispatcher;
-    if tokio::time::timeout(DRAIN_AFTER_EXIT, &mut dispatcher).await.is_err() {
+    if tokio::time::timeout(DRAIN_AFTER_EXIT, &mut dispatcher)
+        .await
+        .is_err()
+    {
         dispatcher.abort();
     }
     stderr_task.settle().await;
@@ -983,8 +988,7 @@ impl ProviderSession for CodexSession {
         // Approvals still waiting are answered `cancel`.
         self.shared.interrupt_epoch.send_modify(|e| *e += 1);
         if let Some(turn_id) = turn_id {
-            self.shared
-                .send_interrupt(self.thread_id.clone(), turn_id);
+            self.shared.send_interrupt(self.thread_id.clone(), turn_id);
         }
         Ok(())
     }
@@ -1010,7 +1014,9 @@ impl ProviderSession for CodexSession {
 
     async fn set_model(&mut self, model: &str) -> Result<(), ProviderError> {
         if model.trim().is_empty() {
-            return Err(ProviderError::Protocol("the model name is empty".to_owned()));
+            return Err(ProviderError::Protocol(
+                "the model name is empty".to_owned(),
+            ));
         }
         if self.model.as_deref() != Some(model) {
             self.model = Some(model.to_owned());

@@ -16,7 +16,10 @@ fn credentials_come_from_a_key_a_login_file_or_a_custom_provider() {
     let none = |_: &std::path::Path| false;
     let home = [("HOME", "/h"), ("CODEX_HOME", "/ch")];
     let err = credentials(&config(&[], &home), none).unwrap_err();
-    assert!(err.contains("OPENAI_API_KEY") && err.contains("/ch/auth.json"), "{err}");
+    assert!(
+        err.contains("OPENAI_API_KEY") && err.contains("/ch/auth.json"),
+        "{err}"
+    );
     assert!(credentials(&config(&[], &[("OPENAI_API_KEY", "k")]), none).is_ok());
     assert!(credentials(&config(&[], &[("CODEX_API_KEY", "k")]), none).is_ok());
     let only_home = |p: &std::path::Path| p == std::path::Path::new("/h/.codex/auth.json");
@@ -31,7 +34,11 @@ fn credentials_come_from_a_key_a_login_file_or_a_custom_provider() {
     let err = credentials(&config(&custom, &[("OPENAI_API_KEY", "k")]), none).unwrap_err();
     assert!(err.contains("`fake`") && err.contains("FAKE_KEY"), "{err}");
     assert!(credentials(&config(&custom, &[("FAKE_KEY", "k")]), none).is_ok());
-    let keyless = ["-c", "model_provider=local", "--config=model_providers.local.base_url=\"http://x\""];
+    let keyless = [
+        "-c",
+        "model_provider=local",
+        "--config=model_providers.local.base_url=\"http://x\"",
+    ];
     assert!(credentials(&config(&keyless, &[]), none).is_ok());
     // A built-in provider name is not a custom one: the usual credentials apply.
     assert!(credentials(&config(&["-c", "model_provider=openai"], &[]), none).is_err());
@@ -69,7 +76,10 @@ fn mcp_servers_become_config_overrides() {
 fn modes_are_policies() {
     assert_eq!(policy("read-only").unwrap().0, "untrusted");
     assert_eq!(policy("auto").unwrap().1, "workspace-write");
-    assert_eq!(policy("full-access").unwrap().2, json!({"type": "dangerFullAccess"}));
+    assert_eq!(
+        policy("full-access").unwrap().2,
+        json!({"type": "dangerFullAccess"})
+    );
     assert!(policy("yolo").is_none());
     let ids: Vec<String> = modes().into_iter().map(|m| m.id).collect();
     assert!(ids.iter().all(|m| policy(m).is_some()));
@@ -88,4 +98,301 @@ fn the_catalog_skips_hidden_models() {
         .map(|m| (m.id.as_str(), m.label.as_str(), m.is_default))
         .collect();
     assert_eq!(ids, [("a", "A", true), ("b", "b", false)]);
+}
+
+// ---- recorded transcripts (tests/fixtures/codex, captured from the CLI in tests/codex.rs)
+
+fn fixture(name: &str) -> Vec<Value> {
+    let path = format!("{}/tests/fixtures/codex/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Everything the mapping makes of a transcript, in order.
+fn replay(name: &str) -> Vec<Mapped> {
+    let mut mapper = Mapper::default();
+    let mut out = Vec::new();
+    for message in fixture(name) {
+        let params = message.get("params").cloned().unwrap_or(Value::Null);
+        match (message["method"].as_str(), message.get("id")) {
+            (Some(method), Some(id)) => {
+                let id = RequestId::Number(id.as_i64().unwrap());
+                out.extend(mapper.request(id, method, &params));
+            }
+            (Some(method), None) => out.extend(mapper.notification(method, &params)),
+            _ => {}
+        }
+    }
+    out
+}
+
+fn events(mapped: &[Mapped]) -> Vec<&ProviderEvent> {
+    mapped
+        .iter()
+        .filter_map(|m| match m {
+            Mapped::Event(e) => Some(e),
+            _ => None,
+        })
+        .collect()
+}
+
+fn text(mapped: &[Mapped], reasoning: bool) -> String {
+    events(mapped)
+        .into_iter()
+        .filter_map(|e| match e {
+            ProviderEvent::AssistantDelta { text, .. } if !reasoning => Some(text.as_str()),
+            ProviderEvent::AssistantMessage { text, .. } if !reasoning => Some(text.as_str()),
+            ProviderEvent::ReasoningDelta { text, .. } if reasoning => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn tool_calls(mapped: &[Mapped]) -> Vec<&ToolCallUpdate> {
+    events(mapped)
+        .into_iter()
+        .filter_map(|e| match e {
+            ProviderEvent::ToolCall(call) => Some(call),
+            _ => None,
+        })
+        .collect()
+}
+
+fn turn_ends(mapped: &[Mapped]) -> Vec<(TurnOutcome, Option<Usage>)> {
+    events(mapped)
+        .into_iter()
+        .filter_map(|e| match e {
+            ProviderEvent::TurnEnded { outcome, usage, .. } => Some((*outcome, usage.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+use crate::domain::{ToolKind, ToolStatus};
+use crate::providers::{ChangeKind, ToolCallUpdate, Usage};
+
+#[test]
+fn a_text_turn_streams_text_and_reasoning_and_ends_with_the_turns_usage() {
+    let mapped = replay("text_turn.jsonl");
+    assert!(
+        matches!(mapped.first(), Some(Mapped::TurnStarted { .. })),
+        "{mapped:?}"
+    );
+    assert_eq!(text(&mapped, false), "Hello from the fake model.");
+    assert_eq!(text(&mapped, true), "Thinking it over.");
+    // The message streamed, so its completion adds nothing; the prompt's echo is dropped.
+    assert!(
+        !events(&mapped)
+            .iter()
+            .any(|e| matches!(e, ProviderEvent::AssistantMessage { .. }))
+    );
+    let ids: Vec<_> = events(&mapped)
+        .into_iter()
+        .filter_map(|e| match e {
+            ProviderEvent::AssistantDelta { message_id, .. } => message_id.clone(),
+            _ => None,
+        })
+        .collect();
+    assert!(ids.iter().all(|id| id == "msg_1"), "{ids:?}");
+    let ends = turn_ends(&mapped);
+    assert_eq!(ends.len(), 1);
+    let (outcome, usage) = &ends[0];
+    assert_eq!(*outcome, TurnOutcome::Completed);
+    let usage = usage.as_ref().expect("the turn's usage");
+    assert_eq!((usage.input_tokens, usage.output_tokens), (100, 20));
+    assert_eq!(usage.context_window_used, Some(120));
+    assert!(usage.context_window_max.is_some());
+}
+
+#[test]
+fn an_approved_command_asks_then_completes_and_the_usage_sums_the_turns_calls() {
+    let mapped = replay("approve_command.jsonl");
+    let calls = tool_calls(&mapped);
+    assert_eq!(calls.len(), 2);
+    assert_eq!(
+        (calls[0].status, calls[0].tool_kind),
+        (ToolStatus::Running, ToolKind::Shell)
+    );
+    assert!(
+        calls[0].input["command"]
+            .as_str()
+            .unwrap()
+            .contains("echo hello > out.txt")
+    );
+    assert_eq!(calls[1].status, ToolStatus::Completed);
+    assert_eq!(calls[1].output, Some(json!({"output": "", "exit_code": 0})));
+    let asks: Vec<_> = mapped
+        .iter()
+        .filter_map(|m| match m {
+            Mapped::Ask { id, ask } => Some((id, ask)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(asks.len(), 1);
+    let (id, ask) = asks[0];
+    assert_eq!(*id, RequestId::Number(0));
+    assert_eq!(ask.call_id.as_deref(), Some("call_1"));
+    assert_eq!(
+        ask.input.as_ref().unwrap()["reason"],
+        "The file must be written."
+    );
+    let options: Vec<&str> = ask.options.iter().map(|o| o.id.as_str()).collect();
+    // Codex did not offer `acceptForSession` here.
+    assert_eq!(options, ["accept", "decline"]);
+    assert!(
+        mapped
+            .iter()
+            .any(|m| matches!(m, Mapped::Resolved { id } if *id == RequestId::Number(0)))
+    );
+    let (outcome, usage) = turn_ends(&mapped).pop().unwrap();
+    assert_eq!(outcome, TurnOutcome::Completed);
+    let usage = usage.unwrap();
+    assert_eq!(
+        (usage.input_tokens, usage.output_tokens),
+        (200, 40),
+        "two model calls"
+    );
+}
+
+#[test]
+fn a_declined_command_fails_and_the_turn_completes() {
+    let mapped = replay("decline_command.jsonl");
+    let last = *tool_calls(&mapped).last().unwrap();
+    assert_eq!(last.status, ToolStatus::Failed);
+    assert_eq!(last.error.as_deref(), Some("declined by the user"));
+    assert_eq!(turn_ends(&mapped)[0].0, TurnOutcome::Completed);
+    assert_eq!(text(&mapped, false), "Understood, not running it.");
+}
+
+#[test]
+fn an_interrupted_turn_is_canceled_and_the_next_one_completes() {
+    let mapped = replay("interrupt.jsonl");
+    let outcomes: Vec<TurnOutcome> = turn_ends(&mapped).into_iter().map(|(o, _)| o).collect();
+    assert_eq!(outcomes, [TurnOutcome::Canceled, TurnOutcome::Completed]);
+    let started = mapped
+        .iter()
+        .filter(|m| matches!(m, Mapped::TurnStarted { .. }))
+        .count();
+    assert_eq!(started, 2);
+}
+
+#[test]
+fn a_patch_is_a_write_with_the_new_files_text() {
+    let mapped = replay("apply_patch.jsonl");
+    let last = *tool_calls(&mapped).last().unwrap();
+    assert_eq!(
+        (last.tool_kind, last.status),
+        (ToolKind::Write, ToolStatus::Completed)
+    );
+    assert_eq!(last.diff.len(), 1);
+    let diff = &last.diff[0];
+    assert!(diff.path.ends_with("/hello.txt"));
+    assert_eq!(diff.change, ChangeKind::Add);
+    assert_eq!(diff.new_text.as_deref(), Some("hello from patch\n"));
+    assert_eq!(last.locations[0].path, diff.path);
+}
+
+#[test]
+fn a_resumed_thread_reports_only_the_new_turns_usage() {
+    let mapped = replay("resume.jsonl");
+    let usages = events(&mapped)
+        .into_iter()
+        .filter(|e| matches!(e, ProviderEvent::Usage(_)))
+        .count();
+    assert_eq!(
+        usages, 1,
+        "the old totals announced on resume are not a turn's usage"
+    );
+    let (outcome, usage) = turn_ends(&mapped).pop().unwrap();
+    assert_eq!(outcome, TurnOutcome::Completed);
+    assert_eq!(usage.unwrap().input_tokens, 100);
+    assert_eq!(text(&mapped, false), "I remember.");
+}
+
+#[test]
+fn binary_output_is_passed_on_for_the_store_to_scrub() {
+    let mapped = replay("binary_output.jsonl");
+    let done = tool_calls(&mapped)
+        .into_iter()
+        .find(|c| c.status == ToolStatus::Completed)
+        .unwrap();
+    assert_eq!(
+        done.output.as_ref().unwrap()["output"],
+        "a\u{0}b\u{FFFD}c\n"
+    );
+    assert_eq!(turn_ends(&mapped).len(), 2);
+}
+
+#[test]
+fn the_recorded_catalog_has_one_default_model() {
+    let answer = fixture("model_list.jsonl")
+        .into_iter()
+        .find(|m| m["id"] == 1)
+        .unwrap();
+    let models = catalog(&answer["result"]);
+    assert!(models.len() > 1);
+    assert_eq!(models.iter().filter(|m| m.is_default).count(), 1);
+}
+
+#[test]
+fn unknown_requests_are_refused_and_withdrawn_ones_reported() {
+    let mut mapper = Mapper::default();
+    let refused = mapper.request(
+        RequestId::Number(3),
+        "item/tool/requestUserInput",
+        &json!({}),
+    );
+    assert!(matches!(&refused[..], [Mapped::Refuse { id, .. }] if *id == RequestId::Number(3)));
+    let resolved = mapper.notification("serverRequest/resolved", &json!({"requestId": 3}));
+    assert!(matches!(&resolved[..], [Mapped::Resolved { id }] if *id == RequestId::Number(3)));
+    assert!(
+        mapper
+            .notification("thread/status/changed", &json!({}))
+            .is_empty()
+    );
+    let failed = mapper.notification(
+        "turn/completed",
+        &json!({"turn": {"id": "t", "status": "failed", "error": {"message": "quota exceeded"}}}),
+    );
+    assert!(matches!(
+        &failed[..],
+        [Mapped::Event(ProviderEvent::TurnEnded { outcome: TurnOutcome::Failed, error: Some(e), .. })] if e == "quota exceeded"
+    ));
+    assert_eq!(decision_reply(None), json!({"decision": "cancel"}));
+    assert_eq!(
+        decision_reply(Some("acceptForSession")),
+        json!({"decision": "acceptForSession"})
+    );
+}
+
+#[test]
+fn plans_and_updates_of_existing_files_map_to_the_shared_shapes() {
+    let mut mapper = Mapper::default();
+    let plan = mapper.notification(
+        "turn/plan/updated",
+        &json!({"plan": [{"step": "a", "status": "completed"}, {"step": "b", "status": "inProgress"}]}),
+    );
+    let [Mapped::Event(ProviderEvent::Plan { entries })] = &plan[..] else {
+        panic!("{plan:?}")
+    };
+    assert_eq!(entries[1].status, crate::providers::PlanStatus::InProgress);
+    let edit = mapper.notification(
+        "item/completed",
+        &json!({"item": {"type": "fileChange", "id": "c", "status": "completed", "changes": [
+            {"path": "/w/a.txt", "kind": {"type": "update", "move_path": "/w/b.txt"}, "diff": "@@ -1 +1 @@\n-a\n+b\n"},
+            {"path": "/w/gone.txt", "kind": {"type": "delete"}, "diff": "old\n"},
+        ]}}),
+    );
+    let [Mapped::Event(ProviderEvent::ToolCall(call))] = &edit[..] else {
+        panic!("{edit:?}")
+    };
+    assert_eq!(call.tool_kind, ToolKind::Edit);
+    assert_eq!(call.diff[0].change, ChangeKind::Rename);
+    assert_eq!(call.diff[0].move_path.as_deref(), Some("/w/b.txt"));
+    assert!(call.diff[0].unified.as_deref().unwrap().starts_with("@@"));
+    assert_eq!(call.diff[1].change, ChangeKind::Delete);
+    assert_eq!(call.diff[1].old_text.as_deref(), Some("old\n"));
 }
