@@ -59,9 +59,9 @@ pub fn builtin() -> Builtin {
         label: "Codex",
         program: "codex",
         pass_env: PASS_ENV,
-        modes: modes,
+        modes,
         default_mode: "auto",
-        build: |cfg| Arc::new(CodexProvider { cfg }),
+        build: |cfg| Arc::new(CodexProvider::new(cfg)),
     }
 }
 
@@ -108,11 +108,15 @@ fn policy(mode: &str) -> Option<(&'static str, &'static str, Value)> {
 
 pub struct CodexProvider {
     cfg: CliConfig,
+    start_timeout: Duration,
 }
 
 impl CodexProvider {
     pub fn new(cfg: CliConfig) -> Self {
-        Self { cfg }
+        Self {
+            cfg,
+            start_timeout: START_TIMEOUT,
+        }
     }
 
     fn mode_of(&self, requested: Option<&str>) -> Result<String, ProviderError> {
@@ -301,7 +305,7 @@ impl Provider for CodexProvider {
         ));
 
         let opened =
-            tokio::time::timeout(START_TIMEOUT, open_thread(&conn.peer, &spec, &mode)).await;
+            tokio::time::timeout(self.start_timeout, open_thread(&conn.peer, &spec, &mode)).await;
         let failure = match opened {
             Ok(Ok(thread)) => {
                 let info = SessionInfo {
@@ -326,7 +330,10 @@ impl Provider for CodexProvider {
                 return Ok((Box::new(session), info));
             }
             Ok(Err(e)) => e.to_string(),
-            Err(_) => format!("Codex did not start within {} s", START_TIMEOUT.as_secs()),
+            Err(_) => format!(
+                "Codex did not start within {} s",
+                self.start_timeout.as_secs_f32()
+            ),
         };
         // The session never started: stop the process, no events, say why.
         drop(started_tx);

@@ -1,5 +1,7 @@
 use super::*;
 
+use async_trait::async_trait;
+
 fn config(args: &[&str], env: &[(&str, &str)]) -> CliConfig {
     let mut cfg = crate::providers::registry::builtin_config(&builtin(), "codex", None);
     cfg.args = args.iter().map(|s| s.to_string()).collect();
@@ -395,4 +397,217 @@ fn plans_and_updates_of_existing_files_map_to_the_shared_shapes() {
     assert!(call.diff[0].unified.as_deref().unwrap().starts_with("@@"));
     assert_eq!(call.diff[1].change, ChangeKind::Delete);
     assert_eq!(call.diff[1].old_text.as_deref(), Some("old\n"));
+}
+
+// ---- the session against a scripted stand-in for the CLI
+
+/// Starts processes directly (no ledger) and remembers their pids.
+#[derive(Default)]
+struct Direct(std::sync::Mutex<Vec<u32>>);
+
+#[async_trait]
+impl ProcessLauncher for Direct {
+    async fn launch(
+        &self,
+        spec: CommandSpec,
+    ) -> Result<ManagedChild, crate::process::ProcessError> {
+        let child = crate::process::spawn(&spec)?;
+        self.0.lock().unwrap().push(child.pid());
+        Ok(child)
+    }
+}
+
+fn scripted(script: &str, env: &[(&str, &str)], start_timeout: Duration) -> CodexProvider {
+    let mut cfg = config(&[], env);
+    cfg.command = vec!["sh".into(), "-c".into(), script.into()];
+    CodexProvider { cfg, start_timeout }
+}
+
+fn spec(cwd: &std::path::Path, mode: &str) -> SessionSpec {
+    SessionSpec {
+        cwd: cwd.to_owned(),
+        model: None,
+        mode: Some(mode.into()),
+        system_prompt: Some("Be brief.".into()),
+        mcp_servers: BTreeMap::new(),
+        resume: None,
+    }
+}
+
+async fn next(rx: &mut mpsc::Receiver<ProviderEvent>) -> ProviderEvent {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("an event in time")
+        .expect("the sink is open")
+}
+
+const SCRIPTED_CLI: &str = r#"
+say() { printf '%s\n' "$1"; }
+hear() { read -r line; printf '%s\n' "$line" >> "$LOG"; }
+hear; say '{"id":0,"result":{}}'
+hear
+hear; say '{"id":1,"result":{"thread":{"id":"th1","path":"/r.jsonl"},"model":"m1"}}'
+hear; say '{"id":2,"result":{"turn":{"id":"tu1"}}}'
+say 'this is not json'
+say '{"method":"item/agentMessage/delta","params":{"threadId":"th1","turnId":"tu1","itemId":"m1","delta":"hi"}}'
+say '{"method":"item/commandExecution/requestApproval","id":0,"params":{"threadId":"th1","turnId":"tu1","itemId":"c1","command":"ls"}}'
+say '{"method":"serverRequest/resolved","params":{"threadId":"th1","requestId":0}}'
+say '{"method":"turn/completed","params":{"threadId":"th1","turn":{"id":"tu1","status":"completed"}}}'
+hear
+echo 'the end' >&2
+exit 3
+"#;
+
+#[tokio::test]
+async fn a_session_speaks_the_protocol_and_survives_bad_lines_until_the_cli_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("heard.jsonl");
+    let provider = scripted(
+        SCRIPTED_CLI,
+        &[("LOG", log.to_str().unwrap())],
+        Duration::from_secs(10),
+    );
+    let (tx, mut rx) = mpsc::channel(64);
+    let launcher = Arc::new(Direct::default());
+    let (mut session, info) = provider
+        .start(spec(dir.path(), "read-only"), launcher.clone(), tx)
+        .await
+        .unwrap();
+    assert_eq!(info.provider_session_id.as_deref(), Some("th1"));
+    assert_eq!(
+        info.persistence,
+        Some(json!({"thread_id": "th1", "path": "/r.jsonl"}))
+    );
+    assert_eq!(info.current_model.as_deref(), Some("m1"));
+    assert_eq!(info.current_mode.as_deref(), Some("read-only"));
+
+    session.set_mode("full-access").await.unwrap();
+    assert!(
+        matches!(next(&mut rx).await, ProviderEvent::ModeChanged { mode } if mode == "full-access")
+    );
+    session
+        .prompt(TurnInput {
+            text: "hello".into(),
+        })
+        .await
+        .unwrap();
+    assert!(matches!(
+        next(&mut rx).await,
+        ProviderEvent::Error { message, .. } if message.contains("not JSON")
+    ));
+    assert!(
+        matches!(next(&mut rx).await, ProviderEvent::AssistantDelta { text, .. } if text == "hi")
+    );
+    let ProviderEvent::PermissionRequested(request) = next(&mut rx).await else {
+        panic!("a permission request")
+    };
+    assert_eq!(request.call_id.as_deref(), Some("c1"));
+    assert!(matches!(
+        next(&mut rx).await,
+        ProviderEvent::PermissionWithdrawn { provider_request_id } if provider_request_id == "0"
+    ));
+    assert!(matches!(
+        next(&mut rx).await,
+        ProviderEvent::TurnEnded {
+            outcome: TurnOutcome::Completed,
+            ..
+        }
+    ));
+    // The next prompt is read, then the CLI exits.
+    session
+        .prompt(TurnInput {
+            text: "again".into(),
+        })
+        .await
+        .unwrap();
+    let ProviderEvent::Exited { reason } = next(&mut rx).await else {
+        panic!("the exit is reported")
+    };
+    assert!(
+        reason.contains("status 3") && reason.contains("the end"),
+        "{reason}"
+    );
+    drop(request);
+
+    let heard: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(heard[0]["method"], "initialize");
+    assert!(
+        heard.iter().all(|m| m.get("jsonrpc").is_none()),
+        "no version field"
+    );
+    assert_eq!(heard[1], json!({"method": "initialized"}));
+    let start = &heard[2]["params"];
+    assert_eq!(heard[2]["method"], "thread/start");
+    assert_eq!(
+        (start["approvalPolicy"].as_str(), start["sandbox"].as_str()),
+        (Some("untrusted"), Some("read-only"))
+    );
+    assert_eq!(start["developerInstructions"], "Be brief.");
+    let first = &heard[3]["params"];
+    assert_eq!(first["threadId"], "th1");
+    assert_eq!(first["input"][0]["text"], "hello");
+    assert_eq!(
+        first["approvalPolicy"], "never",
+        "the new mode applies to the next turn"
+    );
+    assert_eq!(first["sandboxPolicy"], json!({"type": "dangerFullAccess"}));
+    assert!(
+        heard[4]["params"].get("approvalPolicy").is_none(),
+        "sent once"
+    );
+    session.close().await;
+    let pid = launcher.0.lock().unwrap()[0];
+    assert!(
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_err(),
+        "the process is gone (and reaped)"
+    );
+}
+
+#[tokio::test]
+async fn a_cli_that_hangs_at_start_fails_in_bounded_time_and_is_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = scripted("exec sleep 60", &[], Duration::from_millis(500));
+    let (tx, _rx) = mpsc::channel(8);
+    let launcher = Arc::new(Direct::default());
+    let started = std::time::Instant::now();
+    let err = match provider
+        .start(spec(dir.path(), "auto"), launcher.clone(), tx)
+        .await
+    {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a hung CLI cannot start"),
+    };
+    assert!(err.contains("did not start within"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let pid = launcher.0.lock().unwrap()[0];
+    assert!(
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_err(),
+        "the process is gone (and reaped)"
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_mode_is_refused_before_anything_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = scripted("exit 0", &[], Duration::from_secs(1));
+    let (tx, _rx) = mpsc::channel(8);
+    let launcher = Arc::new(Direct::default());
+    let err = provider
+        .start(spec(dir.path(), "yolo"), launcher.clone(), tx)
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        err.to_string().contains("unknown Codex mode `yolo`"),
+        "{err}"
+    );
+    assert!(launcher.0.lock().unwrap().is_empty());
 }
