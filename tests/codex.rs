@@ -241,6 +241,12 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
         !catalog["items"].as_array().unwrap().is_empty(),
         "Codex lists its catalog: {catalog}"
     );
+    let probes: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM managed_processes WHERE agent_id IS NULL")
+            .fetch_one(&rig.app.pool)
+            .await
+            .unwrap();
+    assert_eq!(probes, 0, "the catalog probe left no process behind");
 }
 
 #[tokio::test]
@@ -672,5 +678,61 @@ async fn an_idle_cli_is_stopped_and_the_next_prompt_resumes_the_conversation() {
     assert!(
         history.contains("my number is seven") && history.contains("Noted: seven."),
         "{history}"
+    );
+}
+
+#[tokio::test]
+async fn mode_and_model_changes_apply_to_the_next_turn() {
+    let Some(rig) = Rig::start("fake-model", |_| {}).await else {
+        return;
+    };
+    rig.fake.script([
+        Reply::text("First."),
+        Reply::exec("call_1", "echo later > later.txt"),
+        Reply::text("Done."),
+    ]);
+    let (agent, ws) = rig.agent("read-only").await;
+    rig.turn(&agent, "hello").await;
+    let put = |path: String, body: Value| {
+        let app = &rig.app;
+        async move {
+            let res = app
+                .client
+                .put(app.url(&path))
+                .bearer_auth(&app.token)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            expect_status(res, 200).await
+        }
+    };
+    put(
+        format!("/v1/agents/{agent}/mode"),
+        json!({"mode": "full-access"}),
+    )
+    .await;
+    put(
+        format!("/v1/agents/{agent}/model"),
+        json!({"model": "other-model"}),
+    )
+    .await;
+    let agent_now = rig.app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(agent_now["mode"], "full-access", "{agent_now}");
+    assert_eq!(agent_now["model"], "other-model", "{agent_now}");
+
+    let last = rig.turn(&agent, "write later.txt").await;
+    assert_eq!(last["outcome"], "completed", "{last}");
+    let events = rig.app.timeline(&agent).await;
+    assert!(
+        of_kind(&events, "permission_requested").is_empty(),
+        "the unattended mode ran the command without asking"
+    );
+    assert!(rig.workspace_path(&ws).await.join("later.txt").exists());
+    let requests = rig.fake.requests();
+    assert_eq!(requests[0]["model"], "fake-model");
+    assert_eq!(
+        requests[1]["model"], "other-model",
+        "the next turn uses the new model"
     );
 }
