@@ -4,6 +4,7 @@
 
 mod executable;
 pub mod framing;
+pub mod jsonrpc;
 pub mod output;
 
 use std::collections::BTreeMap;

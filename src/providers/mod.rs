@@ -11,6 +11,7 @@
 //! - the process can die at any time: the adapter reports `ProviderEvent::Exited`.
 
 pub mod acp;
+pub mod codex;
 pub mod mock;
 pub mod registry;
 

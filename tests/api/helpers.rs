@@ -88,7 +88,18 @@ pub async fn spawn_app_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
 
 /// Start an app on an existing database and data dir (for restarts).
 pub async fn spawn_on(db: PgConnectOptions, data_dir: TempDir, token: Option<String>) -> TestApp {
-    let s = settings(data_dir.path());
+    spawn_on_with(db, data_dir, token, |_| {}).await
+}
+
+/// Like `spawn_on`, with settings adjusted by `tweak`.
+pub async fn spawn_on_with(
+    db: PgConnectOptions,
+    data_dir: TempDir,
+    token: Option<String>,
+    tweak: impl FnOnce(&mut Settings),
+) -> TestApp {
+    let mut s = settings(data_dir.path());
+    tweak(&mut s);
     start(db, data_dir, token, s).await
 }
 
