@@ -4,6 +4,7 @@
 
 mod executable;
 pub mod framing;
+pub mod jsonrpc;
 pub mod line_writer;
 pub mod output;
 

@@ -12,6 +12,7 @@
 
 pub mod acp;
 pub mod claude;
+pub mod codex;
 pub mod mock;
 pub mod registry;
 

@@ -18,7 +18,7 @@ use super::{Builtin, CliConfig, ModeInfo, ModelInfo, Probe, Provider, ProviderEr
 
 /// The CLI providers this server implements, by id.
 pub fn builtins() -> Vec<Builtin> {
-    vec![super::claude::builtin()]
+    vec![super::claude::builtin(), super::codex::builtin()]
 }
 
 /// Why the registry could not be built from the settings.
@@ -189,10 +189,18 @@ mod tests {
         registry.all().map(|p| p.info().id).collect()
     }
 
+    /// The built-in ids plus `more`, sorted like the registry.
+    fn with_builtins(more: &[&str]) -> Vec<String> {
+        let mut ids: Vec<String> = builtins().iter().map(|b| b.id.to_owned()).collect();
+        ids.extend(more.iter().map(|id| (*id).to_owned()));
+        ids.sort();
+        ids
+    }
+
     #[test]
     fn mock_is_offered_by_default() {
         let registry = ProviderRegistry::from_settings(&BTreeMap::new()).expect("registry");
-        assert_eq!(ids(&registry), ["claude", "mock"]);
+        assert_eq!(ids(&registry), with_builtins(&["mock"]));
     }
 
     #[test]
@@ -213,7 +221,7 @@ mod tests {
         "#;
         let providers: BTreeMap<String, ProviderSettings> = toml::from_str(toml).expect("toml");
         let registry = ProviderRegistry::from_settings(&providers).expect("registry");
-        assert_eq!(ids(&registry), ["claude", "gemini"]);
+        assert_eq!(ids(&registry), with_builtins(&["gemini"]));
 
         let config = acp_config("gemini", &providers["gemini"]);
         assert_eq!(config.command, ["gemini", "--experimental-acp", "--yolo"]);

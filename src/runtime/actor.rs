@@ -140,10 +140,16 @@ impl Actor {
                 break;
             }
         }
-        // Answer commands that raced with the stop; a new actor serves later ones.
+        // Answer commands that raced with the stop; a new actor serves later ones (a
+        // prompt is retried there: `ActorGone`).
         commands.close();
         while let Some(cmd) = commands.recv().await {
-            self.reject(cmd, "the agent was closed");
+            match cmd {
+                Command::Prompt { reply, .. } => {
+                    let _ = reply.send(Err(RuntimeError::ActorGone));
+                }
+                cmd => self.reject(cmd, "the agent was closed"),
+            }
         }
         self.finish().await;
     }

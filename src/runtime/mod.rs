@@ -293,13 +293,22 @@ impl AgentManager {
         text: String,
         client_message_id: Option<String>,
     ) -> Result<TurnId, RuntimeError> {
-        let handle = self.actor(ctx)?;
-        send(&handle, |reply| Command::Prompt {
-            text,
-            client_message_id,
-            reply,
-        })
-        .await?
+        // A prompt that reaches an actor as it stops (idle timeout, exited process) is
+        // handed to a fresh one, which reopens the session.
+        for _ in 0..2 {
+            let handle = self.actor(ctx)?;
+            match send(&handle, |reply| Command::Prompt {
+                text: text.clone(),
+                client_message_id: client_message_id.clone(),
+                reply,
+            })
+            .await
+            {
+                Err(RuntimeError::ActorGone) | Ok(Err(RuntimeError::ActorGone)) => continue,
+                other => return other?,
+            }
+        }
+        Err(RuntimeError::ActorGone)
     }
 
     /// Interrupt the running turn, if any (a no-op when the agent is idle or closed).

@@ -88,12 +88,10 @@ pub async fn spawn_app_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
 
 /// Start an app on an existing database and data dir (for restarts).
 pub async fn spawn_on(db: PgConnectOptions, data_dir: TempDir, token: Option<String>) -> TestApp {
-    let s = settings(data_dir.path());
-    start(db, data_dir, token, s).await
+    spawn_on_with(db, data_dir, token, |_| {}).await
 }
 
-/// Like `spawn_on`, with settings adjusted by `tweak` (a restart with the same settings).
-#[allow(dead_code)]
+/// Like `spawn_on`, with settings adjusted by `tweak`.
 pub async fn spawn_on_with(
     db: PgConnectOptions,
     data_dir: TempDir,

@@ -20,7 +20,8 @@ pub fn cli(bin: &str) -> Option<PathBuf> {
     let cache = std::env::var_os("AGENTRY_CLI_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/agentry/clis")
+            PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
+                .join(".cache/agentry/clis")
         });
     let path = cache
         .join(spec.replace('/', "+"))

@@ -1,0 +1,1060 @@
+//! The `codex` provider: Codex's `app-server`, JSON-RPC over stdio with no version field.
+//! A session is one Codex thread (`thread/start`, or `thread/resume` from the persistence
+//! handle `{"thread_id": …}`); a prompt is a `turn/start`, an interrupt `turn/interrupt`.
+//! Modes are Codex's approval policy and sandbox, applied on the next turn; so is a model
+//! change. What Codex sends is mapped in `mapping`.
+//!
+//! Tasks: a dispatcher reads Codex's messages in order and hands their events to the sink
+//! (approval answers are awaited off it); a supervisor owns the process and sends
+//! `Exited` last, after the dispatcher has drained what the process wrote.
+
+mod mapping;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+pub use mapping::{Ask, Mapped, Mapper, decision_reply};
+
+use super::{
+    Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
+    PermissionRequest, Probe, ProcessLauncher, Provider, ProviderCapabilities, ProviderError,
+    ProviderEvent, ProviderInfo, ProviderSession, SessionInfo, SessionSpec, TurnInput, mode,
+};
+use crate::domain::TurnOutcome;
+use crate::process::jsonrpc::{Incoming, Peer, PeerOptions, RequestId, RpcError};
+use crate::process::output::{StderrReader, StderrTail, describe_exit};
+use crate::process::{CommandSpec, ManagedChild, find_executable};
+
+/// How long Codex may take to initialize and open its thread.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a catalog probe may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+/// TERM → KILL grace when the session is closed.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+/// After the process is gone, how long the rest of its output may take to be handled.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(1);
+/// How long `turn/interrupt` may take to be acknowledged.
+const INTERRUPT_TIMEOUT: Duration = Duration::from_secs(10);
+
+const PASS_ENV: &[&str] = &[
+    "OPENAI_API_KEY",
+    "CODEX_API_KEY",
+    "CODEX_HOME",
+    "OPENAI_BASE_URL",
+];
+
+/// The built-in descriptor.
+pub fn builtin() -> Builtin {
+    Builtin {
+        id: "codex",
+        label: "Codex",
+        program: "codex",
+        pass_env: PASS_ENV,
+        modes,
+        default_mode: "auto",
+        build: |cfg| Arc::new(CodexProvider::new(cfg)),
+    }
+}
+
+fn modes() -> Vec<ModeInfo> {
+    vec![
+        mode(
+            "read-only",
+            "Read only",
+            "Reads freely in a read-only sandbox; asks before running anything else",
+            false,
+        ),
+        mode(
+            "auto",
+            "Auto",
+            "Edits and runs commands inside the workspace sandbox; asks to go beyond it",
+            false,
+        ),
+        mode(
+            "full-access",
+            "Full access",
+            "Runs anything without a sandbox and never asks",
+            true,
+        ),
+    ]
+}
+
+/// A mode as Codex's approval policy, thread sandbox mode and turn sandbox policy.
+fn policy(mode: &str) -> Option<(&'static str, &'static str, Value)> {
+    match mode {
+        "read-only" => Some(("untrusted", "read-only", json!({"type": "readOnly"}))),
+        "auto" => Some((
+            "on-request",
+            "workspace-write",
+            json!({"type": "workspaceWrite"}),
+        )),
+        "full-access" => Some((
+            "never",
+            "danger-full-access",
+            json!({"type": "dangerFullAccess"}),
+        )),
+        _ => None,
+    }
+}
+
+pub struct CodexProvider {
+    cfg: CliConfig,
+    start_timeout: Duration,
+}
+
+impl CodexProvider {
+    pub fn new(cfg: CliConfig) -> Self {
+        Self {
+            cfg,
+            start_timeout: START_TIMEOUT,
+        }
+    }
+
+    fn mode_of(&self, requested: Option<&str>) -> Result<String, ProviderError> {
+        let mode = requested
+            .map(str::to_owned)
+            .or_else(|| self.cfg.default_mode.clone())
+            .unwrap_or_else(|| "auto".to_owned());
+        if policy(&mode).is_none() {
+            return Err(ProviderError::Protocol(format!(
+                "unknown Codex mode `{mode}` (known: read-only, auto, full-access)"
+            )));
+        }
+        Ok(mode)
+    }
+
+    /// Start the CLI in `cwd` with the agent's MCP servers and initialize it.
+    async fn launch(
+        &self,
+        launcher: &dyn ProcessLauncher,
+        cwd: PathBuf,
+        mcp_servers: &BTreeMap<String, Value>,
+    ) -> Result<Connection, ProviderError> {
+        let mut protocol = vec![
+            "app-server".to_owned(),
+            "--disable".to_owned(),
+            "plugins".to_owned(),
+        ];
+        protocol.extend(mcp_overrides(mcp_servers)?);
+        let argv = self.cfg.argv(&protocol);
+        let Some((program, args)) = argv.split_first() else {
+            return Err(ProviderError::Unavailable(
+                "no command is configured".to_owned(),
+            ));
+        };
+        let mut child = launcher
+            .launch(CommandSpec {
+                program: program.clone(),
+                args: args.to_vec(),
+                cwd,
+                env: self.cfg.env.clone(),
+                pass_env: self.cfg.pass_env.clone(),
+            })
+            .await?;
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.take_stdin(), child.take_stdout(), child.take_stderr())
+        else {
+            child.terminate(STOP_GRACE).await;
+            return Err(ProviderError::Protocol(
+                "the Codex process has no piped stdio".to_owned(),
+            ));
+        };
+        let (stderr, stderr_task) = StderrTail::capture(stderr, "agentry::providers::codex");
+        let (peer, incoming) = Peer::start(
+            stdout,
+            stdin,
+            PeerOptions {
+                version_field: false,
+                ..PeerOptions::default()
+            },
+        );
+        Ok(Connection {
+            child,
+            peer,
+            incoming,
+            stderr,
+            stderr_task,
+        })
+    }
+}
+
+/// A started CLI before its session exists.
+struct Connection {
+    child: ManagedChild,
+    peer: Peer,
+    incoming: mpsc::Receiver<Incoming>,
+    stderr: StderrTail,
+    stderr_task: StderrReader,
+}
+
+async fn initialize(peer: &Peer, timeout: Duration) -> Result<(), RpcError> {
+    peer.request(
+        "initialize",
+        json!({
+            "clientInfo": {
+                "name": "agentry",
+                "title": "agentry",
+                "version": env!("CARGO_PKG_VERSION"),
+            },
+            "capabilities": null,
+        }),
+        timeout,
+    )
+    .await?;
+    peer.notify("initialized", None).await
+}
+
+#[async_trait]
+impl Provider for CodexProvider {
+    fn info(&self) -> ProviderInfo {
+        ProviderInfo {
+            id: self.cfg.id.clone(),
+            label: self.cfg.label.clone(),
+            protocol: "codex-app-server".to_owned(),
+            capabilities: ProviderCapabilities {
+                resume: true,
+                set_mode: true,
+                set_model: true,
+                permissions: true,
+                mcp_servers: true,
+            },
+            modes: self.cfg.modes.clone(),
+            default_mode: self.cfg.default_mode.clone(),
+        }
+    }
+
+    async fn availability(&self) -> Availability {
+        let Some(program) = self.cfg.command.first() else {
+            return Availability::Unavailable("no command is configured".to_owned());
+        };
+        if find_executable(program).is_none() {
+            return Availability::Unavailable(format!("`{program}` was not found on PATH"));
+        }
+        match credentials(&self.cfg, |p| p.is_file()) {
+            Ok(()) => Availability::Available,
+            Err(why) => Availability::Unavailable(why),
+        }
+    }
+
+    async fn models(&self, probe: &Probe) -> Result<Vec<ModelInfo>, ProviderError> {
+        let mut conn = self
+            .launch(probe.launcher.as_ref(), probe.cwd.clone(), &BTreeMap::new())
+            .await?;
+        // Nobody needs what Codex announces meanwhile.
+        let mut incoming = std::mem::replace(&mut conn.incoming, mpsc::channel(1).1);
+        let drain = tokio::spawn(async move { while incoming.recv().await.is_some() {} });
+        let listed = tokio::time::timeout(PROBE_TIMEOUT, list_models(&conn.peer)).await;
+        conn.child.terminate(STOP_GRACE).await;
+        drain.abort();
+        conn.stderr_task.settle().await;
+        match listed {
+            Ok(Ok(models)) => Ok(models),
+            Ok(Err(e)) => Err(ProviderError::Protocol(format!(
+                "listing Codex models failed: {e}{}",
+                tail_suffix(&conn.stderr)
+            ))),
+            Err(_) => Err(ProviderError::Protocol(format!(
+                "Codex did not list its models within {} s{}",
+                PROBE_TIMEOUT.as_secs(),
+                tail_suffix(&conn.stderr)
+            ))),
+        }
+    }
+
+    async fn start(
+        &self,
+        spec: SessionSpec,
+        launcher: Arc<dyn ProcessLauncher>,
+        events: EventSink,
+    ) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
+        let mode = self.mode_of(spec.mode.as_deref())?;
+        let conn = self
+            .launch(launcher.as_ref(), spec.cwd.clone(), &spec.mcp_servers)
+            .await?;
+        let pid = conn.child.pid();
+        let shared = Arc::new(Shared {
+            events: Emitter::new(events),
+            peer: conn.peer.clone(),
+            turn: Mutex::new(TurnState::default()),
+            asks: Mutex::new(HashMap::new()),
+            interrupt_epoch: watch::channel(0).0,
+            closing: AtomicBool::new(false),
+            stderr: conn.stderr.clone(),
+        });
+        let dispatcher = tokio::spawn(dispatch(conn.incoming, shared.clone()));
+        let (close_tx, close_rx) = oneshot::channel();
+        let (done_tx, done_rx) = oneshot::channel();
+        let (started_tx, started_rx) = oneshot::channel();
+        tokio::spawn(supervise(
+            conn.child,
+            conn.stderr_task,
+            dispatcher,
+            shared.clone(),
+            close_rx,
+            done_tx,
+            started_rx,
+        ));
+
+        let opened =
+            tokio::time::timeout(self.start_timeout, open_thread(&conn.peer, &spec, &mode)).await;
+        let failure = match opened {
+            Ok(Ok(thread)) => {
+                let info = SessionInfo {
+                    provider_session_id: Some(thread.id.clone()),
+                    persistence: Some(thread.persistence()),
+                    pid: Some(pid),
+                    resumed: thread.resumed,
+                    current_mode: Some(mode.clone()),
+                    current_model: thread.model.clone(),
+                };
+                let session = CodexSession {
+                    thread_id: thread.id,
+                    shared,
+                    mode,
+                    model: thread.model,
+                    unsent_policy: false,
+                    unsent_model: false,
+                    close_tx: Some(close_tx),
+                    done_rx: Some(done_rx),
+                };
+                let _ = started_tx.send(());
+                return Ok((Box::new(session), info));
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!(
+                "Codex did not start within {} s",
+                self.start_timeout.as_secs_f32()
+            ),
+        };
+        // The session never started: stop the process, no events, say why.
+        drop(started_tx);
+        shared.closing.store(true, Ordering::Release);
+        let _ = close_tx.send(());
+        let exit = done_rx.await.unwrap_or_default();
+        Err(ProviderError::Protocol(format!("{failure} ({exit})")))
+    }
+}
+
+fn tail_suffix(stderr: &StderrTail) -> String {
+    let tail = stderr.tail();
+    if tail.is_empty() {
+        String::new()
+    } else {
+        format!("; last stderr:\n{tail}")
+    }
+}
+
+async fn list_models(peer: &Peer) -> Result<Vec<ModelInfo>, RpcError> {
+    initialize(peer, PROBE_TIMEOUT).await?;
+    let mut models = Vec::new();
+    let mut cursor: Option<String> = None;
+    // A catalog is a page or two; the bound only guards against a cursor that loops.
+    for _ in 0..20 {
+        let params = match &cursor {
+            Some(c) => json!({ "cursor": c }),
+            None => json!({}),
+        };
+        let page = peer.request("model/list", params, PROBE_TIMEOUT).await?;
+        models.extend(catalog(&page));
+        cursor = page
+            .get("nextCursor")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        if cursor.is_none() {
+            break;
+        }
+    }
+    Ok(models)
+}
+
+/// The visible models of a `model/list` page.
+fn catalog(page: &Value) -> Vec<ModelInfo> {
+    page.get("data")
+        .and_then(Value::as_array)
+        .map(|models| {
+            models
+                .iter()
+                .filter(|m| m.get("hidden").and_then(Value::as_bool) != Some(true))
+                .filter_map(|m| {
+                    let id = m
+                        .get("id")
+                        .or_else(|| m.get("model"))
+                        .and_then(Value::as_str)?;
+                    Some(ModelInfo {
+                        id: id.to_owned(),
+                        label: m
+                            .get("displayName")
+                            .and_then(Value::as_str)
+                            .unwrap_or(id)
+                            .to_owned(),
+                        is_default: m.get("isDefault").and_then(Value::as_bool) == Some(true),
+                        context_window: None,
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether Codex will find credentials: a key variable, a login file, or a custom model
+/// provider (from `args`) whose key variable is set or which needs none.
+fn credentials(cfg: &CliConfig, exists: impl Fn(&std::path::Path) -> bool) -> Result<(), String> {
+    if let Some(provider) = custom_model_provider(&cfg.args) {
+        return match provider.env_key {
+            None => Ok(()),
+            Some(key) if cfg.child_var(&key).is_some_and(|v| !v.is_empty()) => Ok(()),
+            Some(key) => Err(format!(
+                "no credentials: the model provider `{}` reads its key from {key}, which is not set",
+                provider.name
+            )),
+        };
+    }
+    for key in ["OPENAI_API_KEY", "CODEX_API_KEY"] {
+        if cfg.child_var(key).is_some_and(|v| !v.is_empty()) {
+            return Ok(());
+        }
+    }
+    let home = cfg.child_var("CODEX_HOME").map(PathBuf::from).or_else(|| {
+        cfg.child_var("HOME")
+            .map(|h| PathBuf::from(h).join(".codex"))
+    });
+    let auth = home.map(|h| h.join("auth.json"));
+    if let Some(auth) = &auth
+        && exists(auth)
+    {
+        return Ok(());
+    }
+    Err(format!(
+        "no credentials: neither OPENAI_API_KEY nor CODEX_API_KEY is set and {} does not exist (run `codex login`)",
+        auth.map_or_else(
+            || "no auth.json (CODEX_HOME and HOME are unset)".to_owned(),
+            |a| a.display().to_string()
+        )
+    ))
+}
+
+struct CustomModelProvider {
+    name: String,
+    env_key: Option<String>,
+}
+
+/// The model provider chosen by `-c model_provider=<name>` in `args`, when it is one the
+/// same `args` define (`-c model_providers.<name>=…` or `.env_key=…`).
+fn custom_model_provider(args: &[String]) -> Option<CustomModelProvider> {
+    let mut overrides: Vec<(String, toml::Value)> = Vec::new();
+    let mut words = args.iter();
+    while let Some(word) = words.next() {
+        let pair = match word.as_str() {
+            "-c" | "--config" => words.next().map(String::as_str),
+            w => w.strip_prefix("--config="),
+        };
+        let Some((key, raw)) = pair.and_then(|p| p.split_once('=')) else {
+            continue;
+        };
+        let value = toml::from_str::<toml::Table>(&format!("v = {raw}"))
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(raw.to_owned()));
+        overrides.push((key.trim().to_owned(), value));
+    }
+    let name = overrides
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "model_provider")
+        .and_then(|(_, v)| v.as_str())?
+        .to_owned();
+    let table_key = format!("model_providers.{name}");
+    let env_key_key = format!("{table_key}.env_key");
+    let mut defined = false;
+    let mut env_key = None;
+    for (key, value) in &overrides {
+        if *key == table_key {
+            defined = true;
+            env_key = value
+                .get("env_key")
+                .and_then(toml::Value::as_str)
+                .map(str::to_owned);
+        } else if *key == env_key_key {
+            defined = true;
+            env_key = value.as_str().map(str::to_owned);
+        } else if key.starts_with(&format!("{table_key}.")) {
+            defined = true;
+        }
+    }
+    defined.then_some(CustomModelProvider { name, env_key })
+}
+
+/// `-c mcp_servers.<name>.<key>=<toml>` overrides for the agent's MCP servers.
+fn mcp_overrides(servers: &BTreeMap<String, Value>) -> Result<Vec<String>, ProviderError> {
+    fn text(v: &Value) -> String {
+        v.as_str().map_or_else(|| v.to_string(), str::to_owned)
+    }
+    fn quoted(s: &str) -> String {
+        toml::Value::String(s.to_owned()).to_string()
+    }
+    fn inline(pairs: &[(String, String)]) -> String {
+        let body: Vec<String> = pairs
+            .iter()
+            .map(|(k, v)| format!("{} = {}", quoted(k), quoted(v)))
+            .collect();
+        format!("{{ {} }}", body.join(", "))
+    }
+    fn pairs(value: Option<&Value>) -> Vec<(String, String)> {
+        match value {
+            Some(Value::Object(map)) => map.iter().map(|(k, v)| (k.clone(), text(v))).collect(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .filter_map(|i| Some((i.get("name")?.as_str()?.to_owned(), text(i.get("value")?))))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+    let mut out = Vec::new();
+    for (name, server) in servers {
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(ProviderError::Protocol(format!(
+                "MCP server name `{name}` cannot be passed to Codex (use letters, digits, `_` and `-`)"
+            )));
+        }
+        let mut set = |key: &str, value: String| {
+            out.push("-c".to_owned());
+            out.push(format!("mcp_servers.{name}.{key}={value}"));
+        };
+        match server.get("type").and_then(Value::as_str) {
+            Some("http" | "sse") => {
+                let Some(url) = server.get("url").and_then(Value::as_str) else {
+                    return Err(ProviderError::Protocol(format!(
+                        "MCP server `{name}` has no url"
+                    )));
+                };
+                set("url", quoted(url));
+                let headers = pairs(server.get("headers"));
+                if !headers.is_empty() {
+                    set("http_headers", inline(&headers));
+                }
+            }
+            None | Some("stdio" | "local") => {
+                let mut argv: Vec<String> = match server.get("command") {
+                    Some(Value::String(c)) => vec![c.clone()],
+                    Some(Value::Array(items)) => items.iter().map(text).collect(),
+                    _ => Vec::new(),
+                };
+                if let Some(Value::Array(items)) = server.get("args") {
+                    argv.extend(items.iter().map(text));
+                }
+                let Some((command, args)) = argv.split_first() else {
+                    return Err(ProviderError::Protocol(format!(
+                        "MCP server `{name}` has no command"
+                    )));
+                };
+                set("command", quoted(command));
+                if !args.is_empty() {
+                    let list: Vec<String> = args.iter().map(|a| quoted(a)).collect();
+                    set("args", format!("[{}]", list.join(", ")));
+                }
+                let env = pairs(server.get("env"));
+                if !env.is_empty() {
+                    set("env", inline(&env));
+                }
+            }
+            Some(other) => {
+                return Err(ProviderError::Protocol(format!(
+                    "MCP server `{name}` has a type Codex does not take: {other}"
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------
+// Starting a thread
+// ---------------------------------------------------------------------------------------
+
+struct Thread {
+    id: String,
+    path: Option<String>,
+    model: Option<String>,
+    resumed: bool,
+}
+
+impl Thread {
+    fn persistence(&self) -> Value {
+        let mut handle = json!({ "thread_id": self.id });
+        if let Some(path) = &self.path {
+            handle["path"] = json!(path);
+        }
+        handle
+    }
+}
+
+async fn open_thread(peer: &Peer, spec: &SessionSpec, mode: &str) -> Result<Thread, RpcError> {
+    initialize(peer, START_TIMEOUT).await?;
+    let (approval, sandbox, _) = policy(mode).expect("a checked mode");
+    let mut params = json!({
+        "cwd": spec.cwd,
+        "approvalPolicy": approval,
+        "sandbox": sandbox,
+    });
+    if let Some(model) = &spec.model {
+        params["model"] = json!(model);
+    }
+    let resume = spec
+        .resume
+        .as_ref()
+        .and_then(|r| r.get("thread_id"))
+        .and_then(Value::as_str);
+    let (method, resumed) = match resume {
+        Some(thread_id) => {
+            params["threadId"] = json!(thread_id);
+            ("thread/resume", true)
+        }
+        None => {
+            if let Some(prompt) = spec.system_prompt.as_ref().filter(|p| !p.is_empty()) {
+                params["developerInstructions"] = json!(prompt);
+            }
+            ("thread/start", false)
+        }
+    };
+    let opened = peer.request(method, params, START_TIMEOUT).await?;
+    let thread = opened.get("thread").unwrap_or(&Value::Null);
+    let Some(id) = thread.get("id").and_then(Value::as_str) else {
+        return Err(RpcError::Remote {
+            method: method.to_owned(),
+            code: 0,
+            message: "the answer names no thread".to_owned(),
+            data: None,
+        });
+    };
+    Ok(Thread {
+        id: id.to_owned(),
+        path: thread
+            .get("path")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        model: opened
+            .get("model")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .or_else(|| spec.model.clone()),
+        resumed,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared state, dispatch and supervision
+// ---------------------------------------------------------------------------------------
+
+/// The adapter's side of the event sink; nothing goes out after `finish`.
+struct Emitter {
+    sink: tokio::sync::Mutex<Option<EventSink>>,
+}
+
+impl Emitter {
+    fn new(sink: EventSink) -> Self {
+        Self {
+            sink: tokio::sync::Mutex::new(Some(sink)),
+        }
+    }
+
+    async fn emit(&self, event: ProviderEvent) {
+        let guard = self.sink.lock().await;
+        if let Some(sink) = guard.as_ref() {
+            let _ = sink.send(event).await;
+        }
+    }
+
+    async fn finish(&self, event: Option<ProviderEvent>) {
+        let sink = self.sink.lock().await.take();
+        if let (Some(sink), Some(event)) = (sink, event) {
+            let _ = sink.send(event).await;
+        }
+    }
+}
+
+#[derive(Default)]
+struct TurnState {
+    /// A `turn/start` was sent and its turn has not completed.
+    active: bool,
+    /// Codex's id of the running turn, once known.
+    turn_id: Option<String>,
+    /// An interrupt was asked for this turn.
+    interrupted: bool,
+    /// The interrupt is still to be sent (the turn id was not known yet).
+    interrupt_unsent: bool,
+}
+
+struct Shared {
+    events: Emitter,
+    peer: Peer,
+    turn: Mutex<TurnState>,
+    /// Approval requests waiting for a person, by Codex's request id: dropping the
+    /// sender withdraws the wait (Codex resolved the request itself).
+    asks: Mutex<HashMap<String, oneshot::Sender<()>>>,
+    /// Bumped by `interrupt`: every approval waiting then is answered `cancel`.
+    interrupt_epoch: watch::Sender<u64>,
+    closing: AtomicBool,
+    stderr: StderrTail,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    /// Learned the running turn's id: send an interrupt that was waiting for it.
+    fn turn_known(self: &Arc<Self>, thread_id: Option<&str>, turn_id: &str) {
+        let send = {
+            let mut turn = lock(&self.turn);
+            if !turn.active {
+                return;
+            }
+            turn.turn_id.get_or_insert_with(|| turn_id.to_owned());
+            std::mem::take(&mut turn.interrupt_unsent)
+        };
+        if send && let Some(thread_id) = thread_id {
+            self.send_interrupt(thread_id.to_owned(), turn_id.to_owned());
+        }
+    }
+
+    fn send_interrupt(self: &Arc<Self>, thread_id: String, turn_id: String) {
+        let peer = self.peer.clone();
+        tokio::spawn(async move {
+            let params = json!({ "threadId": thread_id, "turnId": turn_id });
+            if let Err(e) = peer
+                .request("turn/interrupt", params, INTERRUPT_TIMEOUT)
+                .await
+            {
+                tracing::debug!(error = %e, "turn/interrupt failed");
+            }
+        });
+    }
+}
+
+/// Handle Codex's messages in order until its output ends.
+async fn dispatch(mut incoming: mpsc::Receiver<Incoming>, shared: Arc<Shared>) {
+    let mut mapper = Mapper::default();
+    let mut thread_id: Option<String> = None;
+    while let Some(message) = incoming.recv().await {
+        let mapped = match message {
+            Incoming::Notification { method, params } => {
+                if thread_id.is_none()
+                    && let Some(id) = params.get("threadId").and_then(Value::as_str)
+                {
+                    thread_id = Some(id.to_owned());
+                }
+                mapper.notification(&method, &params)
+            }
+            Incoming::Request { id, method, params } => mapper.request(id, &method, &params),
+            Incoming::Malformed { error } => {
+                tracing::warn!(%error, "unusable output from Codex");
+                vec![Mapped::Event(ProviderEvent::Error {
+                    message: error,
+                    code: Some("provider_protocol".to_owned()),
+                })]
+            }
+        };
+        for m in mapped {
+            handle(&shared, thread_id.as_deref(), m).await;
+        }
+    }
+}
+
+async fn handle(shared: &Arc<Shared>, thread_id: Option<&str>, mapped: Mapped) {
+    match mapped {
+        Mapped::Event(event) => {
+            if matches!(event, ProviderEvent::TurnEnded { .. }) {
+                *lock(&shared.turn) = TurnState::default();
+            }
+            shared.events.emit(event).await;
+        }
+        Mapped::TurnStarted { turn_id } => shared.turn_known(thread_id, &turn_id),
+        Mapped::Refuse { id, message } => {
+            tracing::debug!(%id, %message, "refusing a Codex request");
+            let _ = shared.peer.respond_error(&id, -32601, &message).await;
+        }
+        Mapped::Resolved { id } => {
+            let key = id.to_string();
+            if lock(&shared.asks).remove(&key).is_some() {
+                shared
+                    .events
+                    .emit(ProviderEvent::PermissionWithdrawn {
+                        provider_request_id: key,
+                    })
+                    .await;
+            }
+        }
+        Mapped::Ask { id, ask } => {
+            if lock(&shared.turn).interrupted {
+                let _ = shared.peer.respond(&id, decision_reply(None)).await;
+                return;
+            }
+            let key = id.to_string();
+            let (reply, decision) = oneshot::channel();
+            let (withdraw_tx, withdrawn) = oneshot::channel::<()>();
+            lock(&shared.asks).insert(key.clone(), withdraw_tx);
+            let mut epoch = shared.interrupt_epoch.subscribe();
+            let asked_at = *epoch.borrow_and_update();
+            shared
+                .events
+                .emit(ProviderEvent::PermissionRequested(PermissionRequest {
+                    provider_request_id: key.clone(),
+                    kind: ask.kind,
+                    title: ask.title,
+                    call_id: ask.call_id,
+                    input: ask.input,
+                    options: ask.options,
+                    reply,
+                }))
+                .await;
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let chosen = tokio::select! {
+                    decision = decision => match decision {
+                        Ok(PermissionDecision::Selected { option_id, .. }) => Some(option_id),
+                        Ok(PermissionDecision::Cancelled) | Err(_) => None,
+                    },
+                    _ = epoch.wait_for(|now| *now != asked_at) => None,
+                    // Codex resolved it itself: nobody waits for an answer.
+                    _ = withdrawn => return,
+                };
+                if lock(&shared.asks).remove(&key).is_none() {
+                    return;
+                }
+                let _ = respond_to(&shared.peer, &id, chosen.as_deref()).await;
+            });
+        }
+    }
+}
+
+async fn respond_to(peer: &Peer, id: &RequestId, option: Option<&str>) -> Result<(), RpcError> {
+    peer.respond(id, decision_reply(option)).await
+}
+
+/// Own the process: wait for it to end or for `close`, stop it, let the dispatcher
+/// handle what it wrote, then report the end (to `done`, and as `Exited` if the session
+/// was handed out).
+async fn supervise(
+    mut child: ManagedChild,
+    stderr_task: StderrReader,
+    dispatcher: JoinHandle<()>,
+    shared: Arc<Shared>,
+    close: oneshot::Receiver<()>,
+    done: oneshot::Sender<String>,
+    started: oneshot::Receiver<()>,
+) {
+    let mut status: Option<ExitStatus> = None;
+    tokio::select! {
+        waited = child.wait() => status = waited.ok(),
+        _ = close => {}
+    }
+    // Whatever is left of the group goes now; its output ends with it.
+    let terminated = child.terminate(STOP_GRACE).await;
+    let status = status.or(terminated);
+    let mut dispatcher = dispatcher;
+    if tokio::time::timeout(DRAIN_AFTER_EXIT, &mut dispatcher)
+        .await
+        .is_err()
+    {
+        dispatcher.abort();
+    }
+    stderr_task.settle().await;
+    let reason = describe_exit(status, None, &shared.stderr.tail());
+    tracing::debug!(%reason, "Codex ended");
+    let _ = done.send(reason.clone());
+    if started.await.is_err() {
+        shared.events.finish(None).await;
+        return;
+    }
+    let reason = if shared.closing.load(Ordering::Acquire) {
+        "closed".to_owned()
+    } else {
+        reason
+    };
+    shared
+        .events
+        .finish(Some(ProviderEvent::Exited { reason }))
+        .await;
+}
+
+// ---------------------------------------------------------------------------------------
+// The live session
+// ---------------------------------------------------------------------------------------
+
+struct CodexSession {
+    thread_id: String,
+    shared: Arc<Shared>,
+    mode: String,
+    model: Option<String>,
+    /// The mode changed since the last turn started: the next one carries the policy.
+    unsent_policy: bool,
+    unsent_model: bool,
+    close_tx: Option<oneshot::Sender<()>>,
+    done_rx: Option<oneshot::Receiver<String>>,
+}
+
+#[async_trait]
+impl ProviderSession for CodexSession {
+    async fn prompt(&mut self, input: TurnInput) -> Result<(), ProviderError> {
+        if self.shared.peer.is_closed() {
+            return Err(ProviderError::Gone);
+        }
+        {
+            let mut turn = lock(&self.shared.turn);
+            if turn.active {
+                return Err(ProviderError::Protocol(
+                    "a turn is already running".to_owned(),
+                ));
+            }
+            *turn = TurnState {
+                active: true,
+                ..TurnState::default()
+            };
+        }
+        let mut params = json!({
+            "threadId": self.thread_id,
+            "input": [{"type": "text", "text": input.text, "text_elements": []}],
+        });
+        if self.unsent_policy {
+            let (approval, _, sandbox) = policy(&self.mode).expect("a checked mode");
+            params["approvalPolicy"] = json!(approval);
+            params["sandboxPolicy"] = sandbox;
+        }
+        if self.unsent_model
+            && let Some(model) = &self.model
+        {
+            params["model"] = json!(model);
+        }
+        // Sent without waiting: the answer (the turn's id, or why it did not start) is
+        // handled when it comes, so nothing here waits behind unread events.
+        let pending = match self.shared.peer.send_request("turn/start", params).await {
+            Ok(pending) => pending,
+            Err(e) => {
+                *lock(&self.shared.turn) = TurnState::default();
+                return Err(match e {
+                    RpcError::Closed => ProviderError::Gone,
+                    other => ProviderError::Protocol(other.to_string()),
+                });
+            }
+        };
+        self.unsent_policy = false;
+        self.unsent_model = false;
+        let shared = self.shared.clone();
+        let thread_id = self.thread_id.clone();
+        tokio::spawn(async move {
+            match pending.result().await {
+                Ok(answer) => {
+                    if let Some(turn_id) = answer.pointer("/turn/id").and_then(Value::as_str) {
+                        shared.turn_known(Some(&thread_id), turn_id);
+                    }
+                }
+                Err(RpcError::Closed) => {}
+                Err(e) => {
+                    let active = std::mem::take(&mut *lock(&shared.turn)).active;
+                    if active {
+                        shared
+                            .events
+                            .emit(ProviderEvent::TurnEnded {
+                                outcome: TurnOutcome::Failed,
+                                error: Some(e.to_string()),
+                                usage: None,
+                            })
+                            .await;
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    async fn interrupt(&mut self) -> Result<(), ProviderError> {
+        let turn_id = {
+            let mut turn = lock(&self.shared.turn);
+            if !turn.active {
+                return Ok(());
+            }
+            turn.interrupted = true;
+            if turn.turn_id.is_none() {
+                turn.interrupt_unsent = true;
+            }
+            turn.turn_id.clone()
+        };
+        // Approvals still waiting are answered `cancel`.
+        self.shared.interrupt_epoch.send_modify(|e| *e += 1);
+        if let Some(turn_id) = turn_id {
+            self.shared.send_interrupt(self.thread_id.clone(), turn_id);
+        }
+        Ok(())
+    }
+
+    async fn set_mode(&mut self, mode: &str) -> Result<(), ProviderError> {
+        if policy(mode).is_none() {
+            return Err(ProviderError::Protocol(format!(
+                "unknown Codex mode `{mode}` (known: read-only, auto, full-access)"
+            )));
+        }
+        if self.mode != mode {
+            self.mode = mode.to_owned();
+            self.unsent_policy = true;
+            self.shared
+                .events
+                .emit(ProviderEvent::ModeChanged {
+                    mode: mode.to_owned(),
+                })
+                .await;
+        }
+        Ok(())
+    }
+
+    async fn set_model(&mut self, model: &str) -> Result<(), ProviderError> {
+        if model.trim().is_empty() {
+            return Err(ProviderError::Protocol(
+                "the model name is empty".to_owned(),
+            ));
+        }
+        if self.model.as_deref() != Some(model) {
+            self.model = Some(model.to_owned());
+            self.unsent_model = true;
+            self.shared
+                .events
+                .emit(ProviderEvent::ModelChanged {
+                    model: model.to_owned(),
+                })
+                .await;
+        }
+        Ok(())
+    }
+
+    async fn close(mut self: Box<Self>) {
+        self.shared.closing.store(true, Ordering::Release);
+        if let Some(close) = self.close_tx.take() {
+            let _ = close.send(());
+        }
+        if let Some(done) = self.done_rx.take() {
+            let _ = done.await;
+        }
+    }
+}
+
+impl Drop for CodexSession {
+    fn drop(&mut self) {
+        // Dropping the close sender stops the process too.
+        self.shared.closing.store(true, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests;

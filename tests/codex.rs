@@ -1,0 +1,738 @@
+//! The `codex` provider against the real Codex CLI (the pinned install), pointed at a fake
+//! OpenAI Responses server through its provider settings, exactly as a user would
+//! configure it; everything is observed through agentry's REST and SSE API.
+
+#[path = "api/helpers.rs"]
+#[allow(dead_code)]
+mod helpers;
+
+#[path = "support/clis.rs"]
+mod clis;
+
+#[path = "support/fake_openai.rs"]
+#[allow(dead_code)]
+mod fake_openai;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agentry::config::{ProviderSettings, Settings};
+use fake_openai::{FakeOpenAi, Item, Reply, input_text};
+use helpers::*;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+const TURN: Duration = Duration::from_secs(25);
+
+/// The `[providers.codex]` table a user would write for a fake model endpoint.
+fn codex_settings(
+    cli: &Path,
+    base_url: &str,
+    home: &Path,
+    model: &str,
+    key: bool,
+) -> ProviderSettings {
+    let mut env = BTreeMap::from([
+        ("CODEX_HOME".to_owned(), home.display().to_string()),
+        ("HOME".to_owned(), home.display().to_string()),
+    ]);
+    if key {
+        env.insert("OPENAI_API_KEY".to_owned(), "x".to_owned());
+    }
+    ProviderSettings {
+        command: Some(vec![cli.display().to_string()]),
+        args: vec![
+            "-c".into(),
+            format!("model={model}"),
+            "-c".into(),
+            "model_provider=fake".into(),
+            "-c".into(),
+            format!(
+                r#"model_providers.fake={{name="Fake",base_url="{base_url}",env_key="OPENAI_API_KEY",wire_api="responses"}}"#
+            ),
+        ],
+        env,
+        ..Default::default()
+    }
+}
+
+struct Rig {
+    app: TestApp,
+    fake: FakeOpenAi,
+    cli: PathBuf,
+    home: TempDir,
+    repo: TempDir,
+    model: String,
+}
+
+impl Rig {
+    /// A server with the codex provider on a fresh fake; `None` when the CLI is missing
+    /// locally (CI fails instead).
+    async fn start(model: &str, tweak: impl FnOnce(&mut Settings)) -> Option<Self> {
+        let cli = clis::cli("codex")?;
+        let fake = FakeOpenAi::start().await;
+        let home = tempfile::tempdir().unwrap();
+        let table = codex_settings(&cli, &fake.base_url(), home.path(), model, true);
+        let app = spawn_app_with(|s| {
+            s.providers.insert("codex".into(), table);
+            tweak(s);
+        })
+        .await;
+        Some(Self {
+            app,
+            fake,
+            cli,
+            home,
+            repo: git_repo(),
+            model: model.to_owned(),
+        })
+    }
+
+    /// A project, a worktree workspace and a codex agent in `mode`: (agent, workspace).
+    async fn agent(&self, mode: &str) -> (String, String) {
+        let project = self
+            .app
+            .post_ok(
+                "/v1/projects",
+                json!({"name": format!("p{}", uuid::Uuid::now_v7().simple()), "repo_path": self.repo.path()}),
+                201,
+            )
+            .await;
+        let ws = self
+            .app
+            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+            .await;
+        let agent = self
+            .app
+            .post_ok(
+                "/v1/agents",
+                json!({"workspace_id": ws["id"], "provider": "codex", "mode": mode}),
+                201,
+            )
+            .await;
+        (
+            agent["id"].as_str().unwrap().to_owned(),
+            ws["id"].as_str().unwrap().to_owned(),
+        )
+    }
+
+    /// Wait for the agent to stop running; returns the wait answer.
+    async fn settle(&self, agent: &str) -> Value {
+        let deadline = Instant::now() + TURN;
+        loop {
+            let w = self.app.wait(agent).await;
+            if w["timed_out"] != json!(true) {
+                return w;
+            }
+            assert!(Instant::now() < deadline, "the agent is still running: {w}");
+        }
+    }
+
+    async fn turn(&self, agent: &str, text: &str) -> Value {
+        self.app.prompt(agent, text).await;
+        let w = self.settle(agent).await;
+        assert_eq!(w["status"], "idle", "{w}");
+        w["last_turn"].clone()
+    }
+
+    async fn workspace_path(&self, ws: &str) -> PathBuf {
+        path_of(&self.app.get_ok(&format!("/v1/workspaces/{ws}")).await["path"])
+    }
+
+    async fn pid(&self, agent: &str) -> Option<i32> {
+        self.app.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["pid"]
+            .as_i64()
+            .map(|p| p as i32)
+    }
+}
+
+fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["kind"] == kind).collect()
+}
+
+/// The last state of each tool call, by call id, in order of first appearance.
+fn tools(events: &[Value]) -> Vec<Value> {
+    let mut order: Vec<String> = Vec::new();
+    let mut last: BTreeMap<String, Value> = BTreeMap::new();
+    for e in of_kind(events, "tool_call") {
+        let id = e["data"]["call_id"].as_str().unwrap().to_owned();
+        if !order.contains(&id) {
+            order.push(id.clone());
+        }
+        last.insert(id, e["data"].clone());
+    }
+    order
+        .into_iter()
+        .map(|id| last.remove(&id).unwrap())
+        .collect()
+}
+
+fn outcomes(events: &[Value]) -> Vec<String> {
+    of_kind(events, "turn_completed")
+        .iter()
+        .map(|e| e["data"]["outcome"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_text_turn_streams_deltas_and_completes_with_usage() {
+    let Some(rig) = Rig::start("fake-model", |_| {}).await else {
+        return;
+    };
+    rig.fake.script([Reply::new(vec![
+        Item::Reasoning("Thinking it over.".into()),
+        Item::Text("Hello from the fake model.".into()),
+    ])]);
+    let (agent, _) = rig.agent("auto").await;
+    let providers = rig.app.get_ok("/v1/providers").await;
+    let codex = providers["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "codex")
+        .expect("codex is listed")
+        .clone();
+    assert_eq!(codex["available"], true, "{codex}");
+    assert_eq!(codex["protocol"], "codex-app-server");
+    assert_eq!(codex["default_mode"], "auto");
+
+    let last = rig.turn(&agent, "say hello").await;
+    assert_eq!(last["outcome"], "completed", "{last}");
+    let events = rig.app.timeline(&agent).await;
+    let deltas: String = of_kind(&events, "assistant_delta")
+        .iter()
+        .map(|e| e["data"]["text"].as_str().unwrap())
+        .collect();
+    let messages = of_kind(&events, "assistant_message");
+    assert_eq!(messages.len(), 1, "one message: {messages:?}");
+    assert_eq!(messages[0]["data"]["text"], "Hello from the fake model.");
+    assert_eq!(deltas, "Hello from the fake model.");
+    assert!(
+        of_kind(&events, "assistant_delta").len() > 1,
+        "the text streamed in pieces"
+    );
+    assert_eq!(
+        of_kind(&events, "user_message").len(),
+        1,
+        "Codex's echo is dropped"
+    );
+    let reasoning = of_kind(&events, "reasoning_message");
+    let reasoning_deltas = of_kind(&events, "reasoning_delta");
+    assert!(
+        !reasoning.is_empty() || !reasoning_deltas.is_empty(),
+        "the reasoning summary is shown"
+    );
+    let usage = of_kind(&events, "usage");
+    assert!(!usage.is_empty(), "a usage event");
+    let u = &usage.last().unwrap()["data"];
+    assert_eq!(u["input_tokens"], 100, "{u}");
+    assert_eq!(u["output_tokens"], 20, "{u}");
+    let done = of_kind(&events, "turn_completed");
+    assert_eq!(done[0]["data"]["usage"]["input_tokens"], 100, "{}", done[0]);
+
+    // The model heard the prompt once, with the key and the configured model.
+    let requests = rig.fake.requests();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0]["model"], rig.model);
+    assert!(input_text(&requests[0]).contains("say hello"));
+    let catalog = rig.app.get_ok("/v1/providers/codex/models").await;
+    assert!(
+        !catalog["items"].as_array().unwrap().is_empty(),
+        "Codex lists its catalog: {catalog}"
+    );
+    let probes: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM managed_processes WHERE agent_id IS NULL")
+            .fetch_one(&rig.app.pool)
+            .await
+            .unwrap();
+    assert_eq!(probes, 0, "the catalog probe left no process behind");
+}
+
+#[tokio::test]
+async fn an_allowed_command_in_read_only_mode_runs_and_its_file_is_in_the_diff() {
+    let Some(rig) = Rig::start("fake-model", |_| {}).await else {
+        return;
+    };
+    // Asked to run outside the read-only sandbox, so that an approved command can write.
+    rig.fake.script([
+        Reply::exec_escalated("call_1", "echo hello > out.txt"),
+        Reply::text("Wrote out.txt."),
+    ]);
+    let (agent, ws) = rig.agent("read-only").await;
+    rig.app.prompt(&agent, "make out.txt").await;
+    let w = rig.settle(&agent).await;
+    assert_eq!(w["status"], "waiting_permission", "{w}");
+    let pending = rig
+        .app
+        .get_ok(&format!("/v1/agents/{agent}/permissions?status=pending"))
+        .await;
+    let request = &pending["items"][0];
+    assert_eq!(request["call_id"], "call_1", "{request}");
+    assert!(
+        request["input"]["command"]
+            .as_str()
+            .unwrap()
+            .contains("echo hello > out.txt"),
+        "{request}"
+    );
+    let options: Vec<&str> = request["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["id"].as_str().unwrap())
+        .collect();
+    assert!(
+        options.contains(&"accept") && options.contains(&"decline"),
+        "{options:?}"
+    );
+    rig.app
+        .post_ok(
+            &format!(
+                "/v1/agents/{agent}/permissions/{}",
+                request["request_id"].as_str().unwrap()
+            ),
+            json!({"behavior": "allow"}),
+            200,
+        )
+        .await;
+    let w = rig.settle(&agent).await;
+    assert_eq!(w["last_turn"]["outcome"], "completed", "{w}");
+
+    let dir = rig.workspace_path(&ws).await;
+    assert_eq!(
+        std::fs::read_to_string(dir.join("out.txt")).unwrap(),
+        "hello\n"
+    );
+    let diff = rig.app.get_ok(&format!("/v1/workspaces/{ws}/diff")).await;
+    assert!(
+        diff["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["path"] == "out.txt"),
+        "{diff}"
+    );
+    let events = rig.app.timeline(&agent).await;
+    let shell = &tools(&events)[0];
+    assert_eq!(shell["tool_kind"], "shell", "{shell}");
+    assert_eq!(shell["status"], "completed", "{shell}");
+    assert_eq!(shell["output"]["exit_code"], 0, "{shell}");
+    assert_eq!(of_kind(&events, "permission_requested").len(), 1);
+}
+
+#[tokio::test]
+async fn a_declined_command_fails_the_tool_the_model_is_told_and_the_turn_completes() {
+    let Some(rig) = Rig::start("fake-model", |_| {}).await else {
+        return;
+    };
+    rig.fake.script([
+        Reply::exec("call_1", "echo hello > out.txt"),
+        Reply::text("Understood, not running it."),
+    ]);
+    let (agent, ws) = rig.agent("read-only").await;
+    rig.app.prompt(&agent, "make out.txt").await;
+    let w = rig.settle(&agent).await;
+    assert_eq!(w["status"], "waiting_permission", "{w}");
+    let id = w["pending_permissions"][0]["request_id"]
+        .as_str()
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("a pending request: {w}"));
+    rig.app
+        .post_ok(
+            &format!("/v1/agents/{agent}/permissions/{id}"),
+            json!({"behavior": "deny"}),
+            200,
+        )
+        .await;
+    let w = rig.settle(&agent).await;
+    assert_eq!(w["last_turn"]["outcome"], "completed", "{w}");
+    let events = rig.app.timeline(&agent).await;
+    let shell = &tools(&events)[0];
+    assert_eq!(shell["status"], "failed", "{shell}");
+    assert!(shell["error"].is_string(), "{shell}");
+    let requests = rig.fake.requests();
+    assert_eq!(requests.len(), 2, "the model was called again");
+    let told = input_text(&requests[1]);
+    assert!(
+        told.contains("rejected"),
+        "the model hears of the refusal: {told}"
+    );
+    assert!(!rig.workspace_path(&ws).await.join("out.txt").exists());
+}
+
+#[tokio::test]
+async fn an_interrupt_cancels_the_turn_and_the_next_prompt_works() {
+    let Some(rig) = Rig::start("fake-model", |_| {}).await else {
+        return;
+    };
+    rig.fake.script([
+        Reply::stalled("This answer never ends"),
+        Reply::text("Back again."),
+    ]);
+    let (agent, _) = rig.agent("auto").await;
+    let mut sse = rig.app.events(&agent, None).await;
+    rig.app.prompt(&agent, "talk forever").await;
+    sse.until("assistant_delta", TURN).await;
+    let asked = Instant::now();
+    rig.app
+        .post_ok(&format!("/v1/agents/{agent}/interrupt"), json!({}), 202)
+        .await;
+    let end = sse.until("turn_completed", TURN).await;
+    let took = asked.elapsed();
+    assert_eq!(end.last().unwrap().data["data"]["outcome"], "canceled");
+    assert!(took < Duration::from_secs(5), "canceled after {took:?}");
+
+    let last = rig.turn(&agent, "are you there?").await;
+    assert_eq!(last["outcome"], "completed", "{last}");
+    let events = rig.app.timeline(&agent).await;
+    assert_eq!(outcomes(&events), ["canceled", "completed"]);
+    let messages = of_kind(&events, "assistant_message");
+    assert_eq!(messages.last().unwrap()["data"]["text"], "Back again.");
+}
+
+#[tokio::test]
+async fn a_closed_agent_resumes_its_thread_on_the_next_prompt() {
+    let Some(rig) = Rig::start("fake-model", |_| {}).await else {
+        return;
+    };
+    rig.fake
+        .script([Reply::text("The secret is 42."), Reply::text("I remember.")]);
+    let (agent, _) = rig.agent("auto").await;
+    rig.turn(&agent, "remember the secret").await;
+    let before = rig.app.get_ok(&format!("/v1/agents/{agent}")).await;
+    let thread = before["runtime"]["provider_session_id"].clone();
+    assert!(thread.is_string(), "{before}");
+    let pid = rig.pid(&agent).await.unwrap();
+    let closed = rig
+        .app
+        .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
+        .await;
+    assert_eq!(closed["status"], "closed");
+    eventually("the process to end", Duration::from_secs(5), || {
+        !pid_alive(pid)
+    })
+    .await;
+
+    let last = rig.turn(&agent, "what was it?").await;
+    assert_eq!(last["outcome"], "completed", "{last}");
+    let after = rig.app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(after["runtime"]["provider_session_id"], thread);
+    let requests = rig.fake.requests();
+    let history = input_text(requests.last().unwrap());
+    assert!(
+        history.contains("remember the secret") && history.contains("The secret is 42."),
+        "the resumed thread sent the earlier messages: {history}"
+    );
+    let events = rig.app.timeline(&agent).await;
+    let sessions = of_kind(&events, "session_started");
+    assert_eq!(sessions.last().unwrap()["data"]["resumed"], true);
+}
+
+#[tokio::test]
+async fn after_a_server_restart_the_next_prompt_resumes_the_thread() {
+    let Some(rig) = Rig::start("fake-model", |_| {}).await else {
+        return;
+    };
+    rig.fake
+        .script([Reply::text("Noted: blue."), Reply::text("It was blue.")]);
+    let (agent, _) = rig.agent("auto").await;
+    rig.turn(&agent, "my colour is blue").await;
+    let pid = rig.pid(&agent).await.unwrap();
+    let Rig {
+        app,
+        fake,
+        cli,
+        home,
+        repo,
+        model,
+    } = rig;
+    let (db, data_dir, token) = app.stop().await;
+    assert!(!pid_alive(pid), "the server's stop ended the CLI");
+    let table = codex_settings(&cli, &fake.base_url(), home.path(), &model, true);
+    let app = spawn_on_with(db, data_dir, Some(token), |s| {
+        s.providers.insert("codex".into(), table);
+    })
+    .await;
+    let rig = Rig {
+        app,
+        fake,
+        cli,
+        home,
+        repo,
+        model,
+    };
+    let last = rig.turn(&agent, "which colour?").await;
+    assert_eq!(last["outcome"], "completed", "{last}");
+    let history = input_text(rig.fake.requests().last().unwrap());
+    assert!(
+        history.contains("my colour is blue") && history.contains("Noted: blue."),
+        "{history}"
+    );
+}
+
+#[tokio::test]
+async fn full_access_runs_commands_without_asking() {
+    let Some(rig) = Rig::start("fake-model", |_| {}).await else {
+        return;
+    };
+    rig.fake.script([
+        Reply::exec("call_1", "echo unattended > free.txt"),
+        Reply::text("Done."),
+    ]);
+    let (agent, ws) = rig.agent("full-access").await;
+    let last = rig.turn(&agent, "write free.txt").await;
+    assert_eq!(last["outcome"], "completed", "{last}");
+    let events = rig.app.timeline(&agent).await;
+    assert!(of_kind(&events, "permission_requested").is_empty());
+    assert_eq!(tools(&events)[0]["status"], "completed");
+    let dir = rig.workspace_path(&ws).await;
+    assert_eq!(
+        std::fs::read_to_string(dir.join("free.txt")).unwrap(),
+        "unattended\n"
+    );
+}
+
+#[tokio::test]
+async fn a_patch_becomes_a_write_with_its_diff_and_lands_in_the_worktree() {
+    // `apply_patch` is offered to catalog models only.
+    let Some(rig) = Rig::start("gpt-5.5", |_| {}).await else {
+        return;
+    };
+    let patch = "*** Begin Patch\n*** Add File: hello.txt\n+hello from patch\n*** End Patch\n";
+    rig.fake
+        .script([Reply::patch("call_p", patch), Reply::text("Patched.")]);
+    let (agent, ws) = rig.agent("auto").await;
+    let last = rig.turn(&agent, "add hello.txt").await;
+    assert_eq!(last["outcome"], "completed", "{last}");
+    let dir = rig.workspace_path(&ws).await;
+    assert_eq!(
+        std::fs::read_to_string(dir.join("hello.txt")).unwrap(),
+        "hello from patch\n"
+    );
+    let events = rig.app.timeline(&agent).await;
+    let write = &tools(&events)[0];
+    assert_eq!(write["tool_kind"], "write", "{write}");
+    assert_eq!(write["status"], "completed", "{write}");
+    let diff = &write["diff"][0];
+    assert!(
+        diff["path"].as_str().unwrap().ends_with("hello.txt"),
+        "{write}"
+    );
+    assert_eq!(diff["change"], "add", "{write}");
+    assert_eq!(diff["new_text"], "hello from patch\n", "{write}");
+}
+
+#[tokio::test]
+async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_is_usable_after() {
+    let Some(rig) = Rig::start("fake-model", |_| {}).await else {
+        return;
+    };
+    rig.fake
+        .script([Reply::stalled("Working on it"), Reply::text("Recovered.")]);
+    let (agent, _) = rig.agent("auto").await;
+    let mut sse = rig.app.events(&agent, None).await;
+    rig.app.prompt(&agent, "long task").await;
+    sse.until("assistant_delta", TURN).await;
+    let pid = rig.pid(&agent).await.expect("a running process");
+    let killed = Instant::now();
+    // SAFETY: kill(2) on the CLI process this test's server started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let end = sse.until("turn_completed", TURN).await;
+    let took = killed.elapsed();
+    let data = &end.last().unwrap().data["data"];
+    assert_eq!(data["outcome"], "failed", "{data}");
+    assert!(
+        data["error"].as_str().unwrap().contains("signal 9"),
+        "{data}"
+    );
+    assert!(took < Duration::from_secs(2), "failed after {took:?}");
+
+    let w = rig.settle(&agent).await;
+    assert_eq!(w["status"], "error", "{w}");
+    let last = rig.turn(&agent, "try again").await;
+    assert_eq!(last["outcome"], "completed", "{last}");
+}
+
+#[tokio::test]
+async fn without_credentials_codex_is_unavailable_and_creating_an_agent_is_refused() {
+    let Some(cli) = clis::cli("codex") else {
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    let table = codex_settings(
+        &cli,
+        "http://127.0.0.1:9/v1",
+        home.path(),
+        "fake-model",
+        false,
+    );
+    let app = spawn_app_with(|s| {
+        s.providers.insert("codex".into(), table);
+    })
+    .await;
+    let providers = app.get_ok("/v1/providers").await;
+    let codex = providers["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "codex")
+        .unwrap()
+        .clone();
+    assert_eq!(codex["available"], false, "{codex}");
+    let reason = codex["unavailable_reason"].as_str().unwrap();
+    assert!(reason.contains("OPENAI_API_KEY"), "{reason}");
+
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let refused = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "codex"}),
+            422,
+        )
+        .await;
+    assert_eq!(refused["code"], "provider_unavailable", "{refused}");
+    assert!(
+        refused["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("OPENAI_API_KEY")
+            || refused.to_string().contains("OPENAI_API_KEY"),
+        "{refused}"
+    );
+
+    // A missing program is named.
+    let app2 = spawn_app_with(|s| {
+        let mut table = codex_settings(&cli, "http://127.0.0.1:9/v1", home.path(), "m", true);
+        table.command = Some(vec!["no-such-codex-agentry".into()]);
+        s.providers.insert("codex".into(), table);
+    })
+    .await;
+    let providers = app2.get_ok("/v1/providers").await;
+    let codex = providers["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "codex")
+        .unwrap()
+        .clone();
+    assert!(
+        codex["unavailable_reason"]
+            .as_str()
+            .unwrap()
+            .contains("no-such-codex-agentry"),
+        "{codex}"
+    );
+}
+
+#[tokio::test]
+async fn binary_shell_output_is_stored_with_replacement_characters() {
+    let Some(rig) = Rig::start("fake-model", |_| {}).await else {
+        return;
+    };
+    rig.fake.script([
+        Reply::exec("call_1", "printf 'a\\000b\\377c\\n'"),
+        Reply::text("Printed."),
+    ]);
+    let (agent, _) = rig.agent("full-access").await;
+    let last = rig.turn(&agent, "print binary").await;
+    assert_eq!(last["outcome"], "completed", "{last}");
+    let events = rig.app.timeline(&agent).await;
+    let shell = &tools(&events)[0];
+    assert_eq!(shell["status"], "completed", "{shell}");
+    let output = shell["output"]["output"].as_str().unwrap();
+    assert!(!output.contains('\0'), "{output:?}");
+    assert!(output.contains('\u{FFFD}'), "{output:?}");
+    assert!(
+        output.starts_with('a') && output.contains('b') && output.contains('c'),
+        "{output:?}"
+    );
+    // The agent goes on normally.
+    let last = rig.turn(&agent, "again").await;
+    assert_eq!(last["outcome"], "completed", "{last}");
+}
+
+#[tokio::test]
+async fn an_idle_cli_is_stopped_and_the_next_prompt_resumes_the_conversation() {
+    let Some(rig) = Rig::start("fake-model", |s| s.agents.idle_timeout_s = 1).await else {
+        return;
+    };
+    rig.fake
+        .script([Reply::text("Noted: seven."), Reply::text("It was seven.")]);
+    let (agent, _) = rig.agent("auto").await;
+    rig.turn(&agent, "my number is seven").await;
+    let pid = rig.pid(&agent).await.expect("a process after the turn");
+    eventually(
+        "the idle CLI to be stopped",
+        Duration::from_secs(10),
+        || !pid_alive(pid),
+    )
+    .await;
+    let last = rig.turn(&agent, "which number?").await;
+    assert_eq!(last["outcome"], "completed", "{last}");
+    let history = input_text(rig.fake.requests().last().unwrap());
+    assert!(
+        history.contains("my number is seven") && history.contains("Noted: seven."),
+        "{history}"
+    );
+}
+
+#[tokio::test]
+async fn mode_and_model_changes_apply_to_the_next_turn() {
+    let Some(rig) = Rig::start("fake-model", |_| {}).await else {
+        return;
+    };
+    rig.fake.script([
+        Reply::text("First."),
+        Reply::exec("call_1", "echo later > later.txt"),
+        Reply::text("Done."),
+    ]);
+    let (agent, ws) = rig.agent("read-only").await;
+    rig.turn(&agent, "hello").await;
+    let put = |path: String, body: Value| {
+        let app = &rig.app;
+        async move {
+            let res = app
+                .client
+                .put(app.url(&path))
+                .bearer_auth(&app.token)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            expect_status(res, 200).await
+        }
+    };
+    put(
+        format!("/v1/agents/{agent}/mode"),
+        json!({"mode": "full-access"}),
+    )
+    .await;
+    put(
+        format!("/v1/agents/{agent}/model"),
+        json!({"model": "other-model"}),
+    )
+    .await;
+    let agent_now = rig.app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(agent_now["mode"], "full-access", "{agent_now}");
+    assert_eq!(agent_now["model"], "other-model", "{agent_now}");
+
+    let last = rig.turn(&agent, "write later.txt").await;
+    assert_eq!(last["outcome"], "completed", "{last}");
+    let events = rig.app.timeline(&agent).await;
+    assert!(
+        of_kind(&events, "permission_requested").is_empty(),
+        "the unattended mode ran the command without asking"
+    );
+    assert!(rig.workspace_path(&ws).await.join("later.txt").exists());
+    let requests = rig.fake.requests();
+    assert_eq!(requests[0]["model"], "fake-model");
+    assert_eq!(
+        requests[1]["model"], "other-model",
+        "the next turn uses the new model"
+    );
+}
