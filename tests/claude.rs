@@ -112,34 +112,6 @@ impl World {
     }
 }
 
-/// Prompt an agent whose actor is stopping or has just stopped (its CLI died, was closed
-/// or idled out). The runtime answers a prompt that reaches a stopping actor — for as
-/// long as stopping the CLI takes — with 503 "the agent was closed" instead of handing it
-/// to a new actor; until that is changed there, such a prompt is repeated (for at most
-/// 10 s).
-async fn prompt_after_stop(app: &TestApp, agent: &str, text: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let res = app
-            .post(
-                &format!("/v1/agents/{agent}/messages"),
-                json!({"text": text}),
-            )
-            .await;
-        let status = res.status().as_u16();
-        let body: Value = res.json().await.unwrap();
-        if status == 202 {
-            return;
-        }
-        let raced = status == 503
-            && body["detail"]
-                .as_str()
-                .is_some_and(|d| d.ends_with("the agent was closed"));
-        assert!(raced && Instant::now() < deadline, "{status}: {body}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 fn kinds(events: &[SseEvent]) -> Vec<&str> {
     events.iter().map(|e| e.event.as_str()).collect()
 }
@@ -424,7 +396,7 @@ async fn a_closed_agent_resumes_its_conversation() {
         .await;
     w.fake.push(Reply::text("It was pineapple."));
     let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
-    prompt_after_stop(&w.app, &agent, "what was the word?").await;
+    w.app.prompt(&agent, "what was the word?").await;
     let second = stream.until("turn_completed", LONG).await;
     assert_eq!(outcome(&second)["outcome"], "completed");
     let started = of_kind(&second, "session_started");
@@ -536,7 +508,7 @@ async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
 
     w.fake.push(Reply::text("Recovered."));
     let mut stream = w.app.events(&agent, Some(last_seq(&ended))).await;
-    prompt_after_stop(&w.app, &agent, "still there?").await;
+    w.app.prompt(&agent, "still there?").await;
     let events = stream.until("turn_completed", LONG).await;
     assert_eq!(
         outcome(&events)["outcome"],
@@ -741,7 +713,7 @@ async fn an_agent_closed_before_its_first_prompt_still_works() {
         .await;
     w.fake.push(Reply::text("First words."));
     let mut stream = w.app.events(&agent, None).await;
-    prompt_after_stop(&w.app, &agent, "hello after close").await;
+    w.app.prompt(&agent, "hello after close").await;
     let events = stream.until("turn_completed", LONG).await;
     assert_eq!(
         outcome(&events)["outcome"],
@@ -768,9 +740,8 @@ async fn an_idle_cli_is_stopped_and_the_next_prompt_resumes_the_conversation() {
     };
     let (agent, _) = w.agent("default").await;
     w.fake.push(Reply::text("Kiwi it is."));
-    // On a busy machine the new agent may idle out before it is prompted.
     let mut stream = w.app.events(&agent, None).await;
-    prompt_after_stop(&w.app, &agent, "remember kiwi").await;
+    w.app.prompt(&agent, "remember kiwi").await;
     let first = stream.until("turn_completed", LONG).await;
     assert_eq!(outcome(&first)["outcome"], "completed");
     let pid = w.app.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["pid"]
@@ -804,7 +775,7 @@ async fn an_idle_cli_is_stopped_and_the_next_prompt_resumes_the_conversation() {
 
     w.fake.push(Reply::text("You asked me to remember kiwi."));
     let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
-    prompt_after_stop(&w.app, &agent, "which fruit?").await;
+    w.app.prompt(&agent, "which fruit?").await;
     let second = stream.until("turn_completed", LONG).await;
     assert_eq!(
         outcome(&second)["outcome"],
