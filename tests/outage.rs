@@ -339,3 +339,61 @@ async fn a_statement_past_its_deadline_closes_its_connection_and_the_pool_serves
     }
     assert!(pool.size() <= 2);
 }
+
+#[tokio::test]
+async fn a_query_stalled_behind_a_lock_answers_503_and_the_service_recovers() {
+    let _cluster = CLUSTER.lock().await;
+    let app = spawn_app_with(|s| s.database.statement_deadline_ms = DEADLINE_MS).await;
+    let repo = git_repo();
+    let other_repo = git_repo();
+    app.project(repo.path()).await;
+
+    // The token lookup still answers; the service's own queries wait on the lock.
+    let mut lock = app.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE projects IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let limit = Duration::from_millis(DEADLINE_MS) + Duration::from_millis(1500);
+    for _ in 0..3 {
+        let asked = Instant::now();
+        let problem = expect_status(app.get("/v1/projects").await, 503).await;
+        assert_eq!(problem["code"], "store_unavailable", "{problem}");
+        assert!(
+            asked.elapsed() < limit,
+            "read answered after {:?}",
+            asked.elapsed()
+        );
+        let asked = Instant::now();
+        let write = app
+            .post(
+                "/v1/projects",
+                json!({"name": "other", "repo_path": other_repo.path()}),
+            )
+            .await;
+        let problem = expect_status(write, 503).await;
+        assert_eq!(problem["code"], "store_unavailable", "{problem}");
+        assert!(
+            asked.elapsed() < limit,
+            "write answered after {:?}",
+            asked.elapsed()
+        );
+    }
+    lock.rollback().await.unwrap();
+
+    for _ in 0..40 {
+        let listed = app.get_ok("/v1/projects").await;
+        assert_eq!(
+            listed["items"].as_array().map(Vec::len),
+            Some(1),
+            "{listed}"
+        );
+    }
+    app.post_ok(
+        "/v1/projects",
+        json!({"name": "other", "repo_path": other_repo.path()}),
+        201,
+    )
+    .await;
+    app.stop().await;
+}
