@@ -67,6 +67,10 @@ pub struct DatabaseSettings {
     pub url: Option<Secret>,
     /// Size of the connection pool (default 32).
     pub max_connections: u32,
+    /// Longest time, in milliseconds, one database call made for a request may take,
+    /// waiting for a connection included (default 5,000); past it the request answers 503
+    /// `store_unavailable` and the connection is closed, not reused.
+    pub statement_deadline_ms: u64,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -166,6 +170,7 @@ impl Default for DatabaseSettings {
         Self {
             url: None,
             max_connections: 32,
+            statement_deadline_ms: 5000,
         }
     }
 }
@@ -316,6 +321,12 @@ impl Settings {
         }
         if self.database.max_connections == 0 {
             return Err(invalid("database.max_connections", "must be at least 1"));
+        }
+        if self.database.statement_deadline_ms == 0 {
+            return Err(invalid(
+                "database.statement_deadline_ms",
+                "must be at least 1",
+            ));
         }
         if self.auth.oidc.is_some() {
             return Err(invalid(
@@ -500,7 +511,7 @@ fn typed_setting(path: &[String]) -> bool {
     let path: Vec<&str> = path.iter().map(String::as_str).collect();
     matches!(
         path.as_slice(),
-        ["database", "max_connections"]
+        ["database", "max_connections" | "statement_deadline_ms"]
             | ["limits", _]
             | ["events", _]
             | ["agents", _]
@@ -859,6 +870,18 @@ mod tests {
         let e = Settings::load_from(None, &env(&[("AGENTRY_DATABASE__MAX_CONNECTIONS", "0")]))
             .unwrap_err();
         assert_eq!(e.setting, "database.max_connections");
+        let s = Settings::load_from(
+            None,
+            &env(&[("AGENTRY_DATABASE__STATEMENT_DEADLINE_MS", "1500")]),
+        )
+        .unwrap();
+        assert_eq!(s.database.statement_deadline_ms, 1500);
+        let e = Settings::load_from(
+            None,
+            &env(&[("AGENTRY_DATABASE__STATEMENT_DEADLINE_MS", "0")]),
+        )
+        .unwrap_err();
+        assert_eq!(e.setting, "database.statement_deadline_ms");
     }
 
     #[test]

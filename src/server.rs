@@ -148,7 +148,10 @@ impl Application {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let state = web::Data::new(AppState {
             services: ServiceContext {
-                pool,
+                pool: store::DeadlinePool::new(
+                    pool,
+                    Duration::from_millis(settings.database.statement_deadline_ms),
+                ),
                 writer,
                 bus,
                 agents,
@@ -226,7 +229,7 @@ impl Application {
         self.state.services.agents.shutdown().await;
         handle.stop(true).await;
         let _ = server.await;
-        self.state.services.pool.close().await;
+        self.state.services.pool.pool().close().await;
         self.lock.release().await;
         if let Some(pg) = self.embedded {
             pg.stop().await?;

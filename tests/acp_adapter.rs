@@ -882,3 +882,89 @@ async fn an_agent_that_dies_while_starting_is_explained() {
     // A session that never started sends nothing.
     assert!(events.recv().await.is_none());
 }
+
+/// An agent that answers a prompt with `FLOOD` text chunks as fast as `sh` can write
+/// them, recording in `progress` (in its working directory) how many it has written.
+const FLOOD: usize = 20_000;
+const FLOODING_AGENT: &str = r#"
+while IFS= read -r line; do
+  id=$(printf '%s' "$line" | sed -n -e 's/.*"id":\([0-9][0-9]*\).*/\1/p' -e 's/.*"id":\("[^"]*"\).*/\1/p')
+  case "$line" in
+  *'"method":"initialize"'*)
+    printf '{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":1,"agentCapabilities":{}}}\n' "$id" ;;
+  *'"method":"session/new"'*)
+    printf '{"jsonrpc":"2.0","id":%s,"result":{"sessionId":"s1"}}\n' "$id" ;;
+  *'"method":"session/prompt"'*)
+    i=0
+    while [ "$i" -lt "$FLOOD" ]; do
+      printf '{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"%d "}}}}\n' "$i"
+      i=$((i + 1))
+      if [ $((i % 100)) -eq 0 ]; then echo "$i" > progress.new; mv progress.new progress; fi
+    done
+    printf '{"jsonrpc":"2.0","id":%s,"result":{"stopReason":"end_turn"}}\n' "$id" ;;
+  esac
+done
+"#;
+
+/// How many chunks the flooding agent has written so far.
+fn flood_progress(dir: &std::path::Path) -> usize {
+    std::fs::read_to_string(dir.join("progress"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn an_agent_outrunning_its_consumer_blocks_on_its_pipe_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut provider_config = scripted(FLOODING_AGENT).config().clone();
+    provider_config
+        .env
+        .insert("FLOOD".to_owned(), FLOOD.to_string());
+    let (tx, events) = mpsc::channel(64);
+    let (session, info) = AcpProvider::new(provider_config)
+        .start(spec(&dir), Arc::new(TestLauncher), tx)
+        .await
+        .expect("the flooding agent starts");
+    let mut agent = Agent {
+        session: Some(session),
+        info,
+        events,
+    };
+    agent.prompt("go").await;
+
+    // Nobody takes events: the agent's writes must stop once the channel, the adapter's
+    // updates in flight and the pipe are full, far short of the whole flood.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = 0;
+    let mut steady_since = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = flood_progress(dir.path());
+        if now != last || now == 0 {
+            last = now;
+            steady_since = Instant::now();
+        } else if steady_since.elapsed() >= Duration::from_millis(1500) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent never stopped writing ({last} chunks)"
+        );
+    }
+    // 64 in the channel, 1024 in flight, about 550 in a 64 KiB pipe, one read chunk.
+    assert!(
+        last < 4_000,
+        "the agent wrote {last} of {FLOOD} chunks with nobody reading them"
+    );
+
+    // Once events are taken everything arrives, in order, then the prompt's answer.
+    let turn = agent.turn().await;
+    completed(&turn);
+    assert_eq!(turn.deltas.len(), FLOOD);
+    for (i, (_, text)) in turn.deltas.iter().enumerate() {
+        assert_eq!(text, &format!("{i} "), "chunk {i}");
+    }
+    assert_eq!(flood_progress(dir.path()), FLOOD);
+    agent.close().await;
+}

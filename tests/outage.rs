@@ -6,6 +6,10 @@
 //! agents are slowed instead), an API write during the pause answers 503
 //! `store_unavailable` within the bounded wait, and once the cluster runs again every event
 //! of every agent is committed, dense and in order, and every turn completes.
+//!
+//! And every other database call of a request has a deadline: with the cluster stopped,
+//! a read and a write answer 503 `store_unavailable` within `statement_deadline_ms`, and
+//! once it runs again the same requests succeed on a pool that kept no stuck connection.
 
 #[path = "api/helpers.rs"]
 #[allow(dead_code)]
@@ -73,6 +77,9 @@ impl Drop for Paused {
     }
 }
 
+/// The tests here stop the whole cluster: one at a time.
+static CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 const AGENTS: usize = 4;
 const CHUNKS: usize = 4000;
 const MAX_EVENTS: usize = 2000;
@@ -80,6 +87,7 @@ const MAX_BYTES: usize = 200_000;
 
 #[tokio::test]
 async fn a_stopped_database_slows_agents_loses_nothing_and_recovers() {
+    let _cluster = CLUSTER.lock().await;
     let app = spawn_app_with(|s| {
         s.events.queue_max_events = MAX_EVENTS;
         s.events.queue_max_bytes = MAX_BYTES;
@@ -240,5 +248,152 @@ async fn a_stopped_database_slows_agents_loses_nothing_and_recovers() {
         .await
         .unwrap();
     assert_ne!(res.status().as_u16(), 503);
+    app.stop().await;
+}
+
+const DEADLINE_MS: u64 = 800;
+
+#[tokio::test]
+async fn requests_answer_503_within_the_statement_deadline_while_the_database_is_stopped() {
+    let _cluster = CLUSTER.lock().await;
+    let app = spawn_app_with(|s| s.database.statement_deadline_ms = DEADLINE_MS).await;
+    let cluster = agentry::embedded_pg::test_cluster();
+    let repo = git_repo();
+    let other_repo = git_repo();
+    app.project(repo.path()).await;
+    let create_other = json!({"name": "other", "repo_path": other_repo.path()});
+
+    let paused = Paused::stop(cluster_processes(cluster.data_dir()));
+    let limit = Duration::from_millis(DEADLINE_MS) + Duration::from_millis(1500);
+    for attempt in 0..3 {
+        let asked = Instant::now();
+        let read = app.get("/v1/projects").await;
+        let read_in = asked.elapsed();
+        let problem = expect_status(read, 503).await;
+        assert_eq!(problem["code"], "store_unavailable", "{problem}");
+        assert!(read_in < limit, "read {attempt} answered after {read_in:?}");
+
+        let asked = Instant::now();
+        let write = app.post("/v1/projects", create_other.clone()).await;
+        let write_in = asked.elapsed();
+        let problem = expect_status(write, 503).await;
+        assert_eq!(problem["code"], "store_unavailable", "{problem}");
+        assert!(
+            write_in < limit,
+            "write {attempt} answered after {write_in:?}"
+        );
+        eprintln!("stopped database: read answered 503 in {read_in:?}, write in {write_in:?}");
+    }
+    drop(paused);
+
+    // Back: the same requests succeed, more of them than the pool has connections, so a
+    // connection left stuck in a stalled statement would show.
+    let listed = app.get_ok("/v1/projects").await;
+    assert_eq!(
+        listed["items"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    app.post_ok("/v1/projects", create_other, 201).await;
+    for _ in 0..40 {
+        let listed = app.get_ok("/v1/projects").await;
+        assert_eq!(
+            listed["items"].as_array().map(Vec::len),
+            Some(2),
+            "{listed}"
+        );
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_statement_past_its_deadline_closes_its_connection_and_the_pool_serves_on() {
+    let _cluster = CLUSTER.lock().await;
+    let options = fresh_database().await;
+    let pool = agentry::store::connect(options, 2).await.unwrap();
+    let db = agentry::store::DeadlinePool::new(pool.clone(), Duration::from_millis(300));
+    for _ in 0..4 {
+        let asked = Instant::now();
+        let err = sqlx::query("SELECT pg_sleep(10)")
+            .execute(&db)
+            .await
+            .expect_err("past the deadline");
+        assert!(
+            asked.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            asked.elapsed()
+        );
+        assert!(agentry::events::is_unavailable(&err), "{err:?}");
+    }
+    // Four stalled statements on a pool of two, still running on the server: a pool that
+    // kept their connections would have none to give for the next 10 s.
+    for _ in 0..10 {
+        let asked = Instant::now();
+        let one: i32 = sqlx::query_scalar("SELECT 1").fetch_one(&db).await.unwrap();
+        assert_eq!(one, 1);
+        assert!(
+            asked.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            asked.elapsed()
+        );
+    }
+    assert!(pool.size() <= 2);
+}
+
+#[tokio::test]
+async fn a_query_stalled_behind_a_lock_answers_503_and_the_service_recovers() {
+    let _cluster = CLUSTER.lock().await;
+    let app = spawn_app_with(|s| s.database.statement_deadline_ms = DEADLINE_MS).await;
+    let repo = git_repo();
+    let other_repo = git_repo();
+    app.project(repo.path()).await;
+
+    // The token lookup still answers; the service's own queries wait on the lock.
+    let mut lock = app.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE projects IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let limit = Duration::from_millis(DEADLINE_MS) + Duration::from_millis(1500);
+    for _ in 0..3 {
+        let asked = Instant::now();
+        let problem = expect_status(app.get("/v1/projects").await, 503).await;
+        assert_eq!(problem["code"], "store_unavailable", "{problem}");
+        assert!(
+            asked.elapsed() < limit,
+            "read answered after {:?}",
+            asked.elapsed()
+        );
+        let asked = Instant::now();
+        let write = app
+            .post(
+                "/v1/projects",
+                json!({"name": "other", "repo_path": other_repo.path()}),
+            )
+            .await;
+        let problem = expect_status(write, 503).await;
+        assert_eq!(problem["code"], "store_unavailable", "{problem}");
+        assert!(
+            asked.elapsed() < limit,
+            "write answered after {:?}",
+            asked.elapsed()
+        );
+    }
+    lock.rollback().await.unwrap();
+
+    for _ in 0..40 {
+        let listed = app.get_ok("/v1/projects").await;
+        assert_eq!(
+            listed["items"].as_array().map(Vec::len),
+            Some(1),
+            "{listed}"
+        );
+    }
+    app.post_ok(
+        "/v1/projects",
+        json!({"name": "other", "repo_path": other_repo.path()}),
+        201,
+    )
+    .await;
     app.stop().await;
 }

@@ -3,14 +3,13 @@
 
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
 use tokio::runtime::Handle;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::AuthError;
 use super::tokens;
-use crate::store;
+use crate::store::{self, DeadlinePool};
 
 /// A role in a team, lowest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
@@ -185,10 +184,10 @@ impl Principal {
     }
 }
 
-/// Resolve a bearer token to a principal. Its last use is recorded in the background on
-/// `runtime`.
+/// Resolve a bearer token to a principal, every lookup within the pool's deadline. Its
+/// last use is recorded in the background on `runtime`.
 pub async fn authenticate(
-    pool: &PgPool,
+    pool: &DeadlinePool,
     runtime: &Handle,
     token: &str,
 ) -> Result<Principal, AuthError> {

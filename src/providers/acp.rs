@@ -8,6 +8,12 @@
 //! at. The `session/prompt` response is consumed by an ordered callback, so `TurnEnded`
 //! follows every update the agent sent before answering. `Exited` is sent once, last,
 //! after the connection has ended and the process has been reaped.
+//!
+//! Back-pressure: a handler waits for room in the sink, and the agent's stdout passes
+//! through a gate (`gate`) that stops reading once `UPDATES_IN_FLIGHT` updates are read
+//! and not yet handled, so an agent that outruns its consumer blocks on its pipe instead
+//! of growing the server's memory. Answers to our requests follow the updates the agent
+//! wrote before them; the actor reads events while it waits for one.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -37,6 +43,10 @@ use crate::domain::{
 use crate::process::output::{StderrReader, StderrTail, describe_exit};
 use crate::process::{CommandSpec, ManagedChild, find_executable};
 
+mod gate;
+
+use gate::{UpdateCredits, UpdateGate};
+
 /// How long the agent may take to initialize and open its session.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// TERM → KILL grace when the session is closed or the agent has to be stopped.
@@ -45,6 +55,9 @@ const STOP_GRACE: Duration = Duration::from_secs(3);
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
 /// After the connection ends, how long the process may take to exit on its own.
 const EXIT_AFTER_EOF: Duration = Duration::from_millis(500);
+/// `session/update` notifications read from the agent and not yet handed to the event
+/// sink; at this many, its stdout is not read until the sink takes some (see `gate`).
+const UPDATES_IN_FLIGHT: usize = 1024;
 
 /// Configuration of one ACP provider (built in or from the providers config).
 #[derive(Debug, Clone)]
@@ -181,6 +194,8 @@ struct Shared {
     /// The session is being closed on purpose.
     closing: AtomicBool,
     stderr: StderrTail,
+    /// Credits of the gate on the agent's stdout: one per update being handled.
+    update_credits: Arc<UpdateCredits>,
 }
 
 impl Shared {
@@ -547,6 +562,9 @@ impl HandleDispatchFrom<acp::Agent> for InboundHandler {
     ) -> Result<Handled<Dispatch>, acp::Error> {
         match message {
             Dispatch::Notification(notification) if notification.method == "session/update" => {
+                // Its event is in the sink (or dropped) once this returns: the gate may
+                // read another update.
+                let _handled = gate::UpdateHandled(&self.shared.update_credits);
                 let (_, params) = notification.into_parts();
                 self.on_session_update(params).await;
                 Ok(Handled::Yes)
@@ -1116,6 +1134,8 @@ async fn establish(
         .block_task()
         .await
         .map_err(|e| request_error("initialize failed", &e))?;
+    // From here on the SDK hands every `session/update` to our handler.
+    shared.update_credits.arm();
     let caps = init.agent_capabilities;
     let servers = mcp_servers(&spec.mcp_servers, &caps.mcp_capabilities);
     let system_prompt = match &spec.system_prompt {
@@ -1420,6 +1440,8 @@ async fn start_session(
     };
 
     let (stderr_ring, stderr_task) = StderrTail::capture(stderr, "agentry::providers::acp::stderr");
+    let update_credits = Arc::new(UpdateCredits::new(UPDATES_IN_FLIGHT));
+    let stdout = UpdateGate::new(stdout, update_credits.clone());
     let shared = Arc::new(Shared {
         events: Emitter::new(events),
         root: std::fs::canonicalize(&spec.cwd).unwrap_or_else(|_| spec.cwd.clone()),
@@ -1432,6 +1454,7 @@ async fn start_session(
         interrupted: AtomicBool::new(false),
         closing: AtomicBool::new(false),
         stderr: stderr_ring,
+        update_credits,
     });
 
     let (established_tx, established_rx) = oneshot::channel::<Result<Established, ProviderError>>();

@@ -18,7 +18,6 @@ pub mod workspaces;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use sqlx::PgPool;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
@@ -27,11 +26,13 @@ pub use error::{ServiceError, ServiceResult};
 use crate::config::Limits;
 use crate::events::{Bus, EventWriter, NewTeamEvent};
 use crate::runtime::AgentManager;
+use crate::store::DeadlinePool;
 
 /// What services need from the running server, and nothing more.
 #[derive(Clone)]
 pub struct ServiceContext {
-    pub pool: PgPool,
+    /// Every call on it ends within `[database] statement_deadline_ms`.
+    pub pool: DeadlinePool,
     pub writer: EventWriter,
     pub bus: Arc<Bus>,
     pub agents: AgentManager,

@@ -3,6 +3,7 @@
 //! caller's team ids, or `None` for a server admin who sees every team.
 
 pub mod agents;
+pub mod deadline;
 pub mod events;
 pub mod idempotency;
 pub mod identity;
@@ -12,10 +13,12 @@ pub mod projects;
 pub mod server_lock;
 pub mod workspaces;
 
+pub use deadline::DeadlinePool;
+
 use std::time::Duration;
 
-use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgExecutor, PgPool};
 
 /// Migrations embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -43,8 +46,8 @@ pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
 }
 
 /// The newest migration applied successfully, if any.
-pub async fn applied_migration(pool: &PgPool) -> Result<Option<i64>, sqlx::Error> {
+pub async fn applied_migration(db: impl PgExecutor<'_>) -> Result<Option<i64>, sqlx::Error> {
     sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
-        .fetch_one(pool)
+        .fetch_one(db)
         .await
 }

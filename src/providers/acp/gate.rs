@@ -1,0 +1,371 @@
+//! Back-pressure between an ACP agent's stdout and the protocol SDK. The SDK reads every
+//! line it can into an unbounded queue ahead of its dispatch loop, so an agent that writes
+//! faster than its events are consumed would grow the server's memory without bound.
+//! [`UpdateGate`] sits between the pipe and the SDK and hands over a `session/update`
+//! notification only while fewer than `limit` of them have been read and not yet handled
+//! ([`UpdateCredits::release`], called by the session handler once the event is in the
+//! actor's bounded channel). At the limit it stops reading: the pipe fills and the agent
+//! blocks on its next write. Every other line (responses to our requests, the agent's
+//! requests, anything unparsable) passes without a credit, in wire order.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::task::{Context, Poll, Waker};
+
+use serde::Deserialize;
+use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use tokio::io::{AsyncRead, ReadBuf};
+
+/// Bytes asked of the pipe per read.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Credits for `session/update` lines read from the agent and not yet handled.
+pub(crate) struct UpdateCredits {
+    limit: usize,
+    in_flight: AtomicUsize,
+    /// Counting starts once the agent has answered `initialize`: before that the SDK
+    /// refuses notifications without handing them to us, so their credits would never
+    /// come back.
+    armed: AtomicBool,
+    /// The reader waiting for a credit.
+    waiter: Mutex<Option<Waker>>,
+}
+
+impl UpdateCredits {
+    pub(crate) fn new(limit: usize) -> Self {
+        Self {
+            limit: limit.max(1),
+            in_flight: AtomicUsize::new(0),
+            armed: AtomicBool::new(false),
+            waiter: Mutex::new(None),
+        }
+    }
+
+    /// Start counting (the connection is initialized).
+    pub(crate) fn arm(&self) {
+        self.armed.store(true, Ordering::Release);
+    }
+
+    /// `session/update` lines handed to the SDK and not yet handled.
+    #[cfg(test)]
+    fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// One `session/update` has been handled. A release without a matching take (a line
+    /// read before counting started) is ignored.
+    pub(crate) fn release(&self) {
+        let released = self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok();
+        if released && let Some(waker) = self.waiter().take() {
+            waker.wake();
+        }
+    }
+
+    fn poll_take(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if !self.armed.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        loop {
+            let n = self.in_flight.load(Ordering::Acquire);
+            if n >= self.limit {
+                *self.waiter() = Some(cx.waker().clone());
+                // A release between the load and the registration would be missed.
+                if self.in_flight.load(Ordering::Acquire) >= self.limit {
+                    return Poll::Pending;
+                }
+                continue;
+            }
+            if self
+                .in_flight
+                .compare_exchange(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return Poll::Ready(());
+            }
+        }
+    }
+
+    fn waiter(&self) -> std::sync::MutexGuard<'_, Option<Waker>> {
+        self.waiter
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Releases one credit when dropped, however the handling of the update ends.
+pub(crate) struct UpdateHandled<'a>(pub(crate) &'a UpdateCredits);
+
+impl Drop for UpdateHandled<'_> {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+/// The agent's stdout as the SDK reads it, a `session/update` line at a time per credit.
+pub(crate) struct UpdateGate<R> {
+    inner: R,
+    credits: std::sync::Arc<UpdateCredits>,
+    /// Bytes read from the pipe and not yet handed over: `buf[start..]`.
+    buf: Vec<u8>,
+    start: usize,
+    /// `buf[start..cleared]` may be handed over now.
+    cleared: usize,
+    /// `buf[cleared..scanned]` holds no newline.
+    scanned: usize,
+    /// The line ending at this offset is a counted update that waits for its credit.
+    waiting_for_credit: Option<usize>,
+    eof: bool,
+}
+
+impl<R> UpdateGate<R> {
+    pub(crate) fn new(inner: R, credits: std::sync::Arc<UpdateCredits>) -> Self {
+        Self {
+            inner,
+            credits,
+            buf: Vec::new(),
+            start: 0,
+            cleared: 0,
+            scanned: 0,
+            waiting_for_credit: None,
+            eof: false,
+        }
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for UpdateGate<R> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            if this.cleared > this.start {
+                let n = (this.cleared - this.start).min(out.remaining());
+                out.put_slice(&this.buf[this.start..this.start + n]);
+                this.start += n;
+                return Poll::Ready(Ok(()));
+            }
+            if let Some(end) = this.waiting_for_credit {
+                std::task::ready!(this.credits.poll_take(cx));
+                this.waiting_for_credit = None;
+                this.cleared = end;
+                this.scanned = end;
+                continue;
+            }
+            if let Some(i) = memchr(b'\n', &this.buf[this.scanned..]) {
+                let end = this.scanned + i + 1;
+                if is_session_update(&this.buf[this.cleared..end]) {
+                    this.waiting_for_credit = Some(end);
+                } else {
+                    this.cleared = end;
+                    this.scanned = end;
+                }
+                continue;
+            }
+            this.scanned = this.buf.len();
+            if this.eof {
+                // A last line without a newline: the SDK reads it as a line too.
+                if this.cleared < this.buf.len() {
+                    this.cleared = this.buf.len();
+                    continue;
+                }
+                return Poll::Ready(Ok(()));
+            }
+            // Everything before `start` is handed over: drop it before reading more.
+            if this.start > 0 {
+                this.buf.drain(..this.start);
+                this.cleared -= this.start;
+                this.scanned -= this.start;
+                this.start = 0;
+            }
+            let len = this.buf.len();
+            this.buf.resize(len + READ_CHUNK, 0);
+            let mut chunk = ReadBuf::new(&mut this.buf[len..]);
+            let polled = Pin::new(&mut this.inner).poll_read(cx, &mut chunk);
+            let got = chunk.filled().len();
+            this.buf.truncate(len + got);
+            match polled {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Ready(Ok(())) => this.eof = got == 0,
+            }
+        }
+    }
+}
+
+fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
+    haystack.iter().position(|&b| b == needle)
+}
+
+/// Whether the SDK will hand this line to our handler as a `session/update`
+/// notification: a JSON-RPC 2.0 object with that method, no `id`, `result` or `error`,
+/// and params that are absent, null, an object or an array. Anything else is not counted
+/// (a line counted but never handled would hold its credit for good).
+fn is_session_update(line: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Envelope<'a> {
+        #[serde(borrow, default)]
+        jsonrpc: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        method: Option<Cow<'a, str>>,
+        #[serde(default, deserialize_with = "present")]
+        id: bool,
+        #[serde(default, deserialize_with = "present")]
+        result: bool,
+        #[serde(default, deserialize_with = "present")]
+        error: bool,
+        #[serde(default = "yes", deserialize_with = "params_shape")]
+        params: bool,
+    }
+    match serde_json::from_slice::<Envelope<'_>>(line) {
+        Ok(e) => {
+            e.jsonrpc.as_deref() == Some("2.0")
+                && e.method.as_deref() == Some("session/update")
+                && !(e.id || e.result || e.error)
+                && e.params
+        }
+        Err(_) => false,
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn present<'de, D: de::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    IgnoredAny::deserialize(d).map(|_| true)
+}
+
+/// True for params the SDK accepts on a notification: null, an object or an array.
+fn params_shape<'de, D: de::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    struct Shape;
+    impl<'de> Visitor<'de> for Shape {
+        type Value = bool;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
+            Ok(true)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok(true)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(true)
+        }
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_str<E: de::Error>(self, _: &str) -> Result<bool, E> {
+            Ok(false)
+        }
+    }
+    d.deserialize_any(Shape)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    const UPDATE: &str =
+        r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{}}}"#;
+
+    #[test]
+    fn only_well_formed_session_update_notifications_are_counted() {
+        assert!(is_session_update(UPDATE.as_bytes()));
+        assert!(is_session_update(
+            b" {\"params\":null,\"method\":\"session/update\",\"jsonrpc\":\"2.0\"}\r\n"
+        ));
+        assert!(is_session_update(
+            br#"{"jsonrpc":"2.0","method":"session\/update"}"#
+        ));
+        for line in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"session/update","params":{}}"#,
+            r#"{"jsonrpc":"2.0","id":null,"method":"session/update","params":{}}"#,
+            r#"{"jsonrpc":"2.0","method":"session/update","params":1}"#,
+            r#"{"jsonrpc":"2.0","method":"session/update","result":{}}"#,
+            r#"{"method":"session/update","params":{}}"#,
+            r#"{"jsonrpc":"2.0","method":"session/request_permission","id":3,"params":{}}"#,
+            r#"{"jsonrpc":"2.0","id":4,"result":{"stopReason":"end_turn"}}"#,
+            r#"["session/update"]"#,
+            "session/update",
+            "",
+        ] {
+            assert!(!is_session_update(line.as_bytes()), "{line}");
+        }
+    }
+
+    #[tokio::test]
+    async fn reading_stops_at_the_limit_and_resumes_on_release() {
+        let credits = Arc::new(UpdateCredits::new(2));
+        credits.arm();
+        let (mut agent, pipe) = tokio::io::duplex(1 << 20);
+        let mut gate = UpdateGate::new(pipe, credits.clone());
+        let response = r#"{"jsonrpc":"2.0","id":1,"result":{}}"#;
+        let wire = format!("{UPDATE}\n{response}\n{UPDATE}\n{UPDATE}\n{response}\n");
+        agent.write_all(wire.as_bytes()).await.unwrap();
+        drop(agent);
+
+        let mut read = Vec::new();
+        let mut chunk = [0u8; 64 * 1024];
+        // Two updates and the response between them pass; the third update waits.
+        loop {
+            let n =
+                tokio::time::timeout(std::time::Duration::from_millis(200), gate.read(&mut chunk))
+                    .await;
+            match n {
+                Ok(n) => read.extend_from_slice(&chunk[..n.unwrap()]),
+                Err(_) => break,
+            }
+        }
+        let expected = format!("{UPDATE}\n{response}\n{UPDATE}\n");
+        assert_eq!(String::from_utf8_lossy(&read), expected);
+        assert_eq!(credits.in_flight(), 2);
+
+        credits.release();
+        let mut rest = Vec::new();
+        gate.read_to_end(&mut rest).await.unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&rest),
+            format!("{UPDATE}\n{response}\n")
+        );
+        assert_eq!(credits.in_flight(), 2);
+    }
+
+    #[tokio::test]
+    async fn nothing_is_counted_before_arming_and_a_stray_release_is_ignored() {
+        let credits = Arc::new(UpdateCredits::new(1));
+        credits.release();
+        let (mut agent, pipe) = tokio::io::duplex(1 << 20);
+        let mut gate = UpdateGate::new(pipe, credits.clone());
+        let wire = format!("{UPDATE}\n{UPDATE}\n{UPDATE}");
+        agent.write_all(wire.as_bytes()).await.unwrap();
+        drop(agent);
+        let mut read = String::new();
+        gate.read_to_string(&mut read).await.unwrap();
+        assert_eq!(read, wire);
+        assert_eq!(credits.in_flight(), 0);
+    }
+}
