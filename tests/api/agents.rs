@@ -227,7 +227,7 @@ async fn close_ends_the_process_and_a_prompt_reopens() {
 
 #[tokio::test]
 async fn an_idle_agent_process_is_stopped_and_the_next_prompt_resumes() {
-    let app = spawn_app_with(|s| s.agents.idle_timeout_s = 1).await;
+    let app = spawn_app_with(|s| s.agents.idle_timeout_s = 2).await;
     let repo = git_repo();
     let (id, _) = app.mock_agent(repo.path()).await;
     app.prompt(&id, "remember me").await;
@@ -241,7 +241,15 @@ async fn an_idle_agent_process_is_stopped_and_the_next_prompt_resumes() {
         || !pid_alive(pid),
     )
     .await;
-    let agent = app.get_ok(&format!("/v1/agents/{id}")).await;
+    // The actor records the close right after the process is gone.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let agent = loop {
+        let agent = app.get_ok(&format!("/v1/agents/{id}")).await;
+        if agent["status"] == "closed" || Instant::now() > deadline {
+            break agent;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
     assert_eq!(agent["status"], "closed");
     assert!(agent["runtime"]["pid"].is_null());
     assert!(
