@@ -442,12 +442,15 @@ fn valid_provider_id(id: &str) -> bool {
 }
 
 /// Variables that start with `AGENTRY_` but are not server settings: the settings file,
-/// the command-line client's server and token, and the seed of randomized tests.
-const NOT_SETTINGS: [&str; 4] = [
+/// the command-line client's server and token, the seed of randomized tests, and where
+/// the test suite finds the pinned agent CLIs (and whether it must).
+const NOT_SETTINGS: [&str; 6] = [
     "AGENTRY_CONFIG",
     "AGENTRY_URL",
     "AGENTRY_TOKEN",
     "AGENTRY_TEST_SEED",
+    "AGENTRY_CLI_CACHE",
+    "AGENTRY_REQUIRE_CLIS",
 ];
 
 /// The providers this server implements without `extends`, with the keys each one uses.
