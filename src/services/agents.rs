@@ -324,12 +324,7 @@ pub async fn create(
             "at most 50 labels; keys 1 to 100 characters; values strings",
         ));
     }
-    if !body.mcp_servers.is_object() {
-        return Err(ServiceError::invalid(
-            "mcp_servers",
-            "must be an object keyed by server name",
-        ));
-    }
+    check_mcp_servers(&body.mcp_servers)?;
     if let Some(mode) = &body.mode {
         let info = provider.info();
         if !info.modes.is_empty() && !info.modes.iter().any(|m| &m.id == mode) {
@@ -772,4 +767,99 @@ pub async fn timeline(
         items.push(row.into_event());
     }
     Ok(TimelinePage { items, more })
+}
+
+/// MCP servers are `{"<name>": {…}}`: a local server (`type` absent, `stdio` or `local`)
+/// with a `command` (a program, or a whole argv) and optional `args` and `env`; or a
+/// remote one (`type` `http` or `sse`) with a `url` and optional `headers`. Anything an
+/// agent could not start is refused here rather than skipped later.
+fn check_mcp_servers(servers: &Value) -> ServiceResult<()> {
+    let Some(servers) = servers.as_object() else {
+        return Err(ServiceError::invalid(
+            "mcp_servers",
+            "must be an object keyed by server name",
+        ));
+    };
+    let strings = |v: Option<&Value>| {
+        v.is_none_or(|v| v.as_array().is_some_and(|a| a.iter().all(Value::is_string)))
+    };
+    let string_map = |v: Option<&Value>| {
+        v.is_none_or(|v| {
+            v.as_object()
+                .is_some_and(|m| m.values().all(Value::is_string))
+        })
+    };
+    for (name, server) in servers {
+        if name.is_empty() || name.len() > 100 {
+            return Err(ServiceError::invalid(
+                "mcp_servers",
+                "server names are 1 to 100 characters",
+            ));
+        }
+        let Some(server) = server.as_object() else {
+            return Err(ServiceError::invalid(
+                "mcp_servers",
+                format!("`{name}` must be an object"),
+            ));
+        };
+        match server.get("type").map(|t| t.as_str()) {
+            None | Some(Some("stdio" | "local")) => {
+                let command_ok = match server.get("command") {
+                    Some(Value::String(c)) => !c.is_empty(),
+                    Some(Value::Array(argv)) => {
+                        argv.first()
+                            .and_then(Value::as_str)
+                            .is_some_and(|c| !c.is_empty())
+                            && argv.iter().all(Value::is_string)
+                    }
+                    _ => false,
+                };
+                if !command_ok {
+                    return Err(ServiceError::invalid(
+                        "mcp_servers",
+                        format!(
+                            "`{name}`: a local MCP server needs a `command`: a program, or an argv list of strings"
+                        ),
+                    ));
+                }
+                if !strings(server.get("args")) {
+                    return Err(ServiceError::invalid(
+                        "mcp_servers",
+                        format!("`{name}`: args must be a list of strings"),
+                    ));
+                }
+                if !string_map(server.get("env")) {
+                    return Err(ServiceError::invalid(
+                        "mcp_servers",
+                        format!("`{name}`: env must be an object of strings"),
+                    ));
+                }
+            }
+            Some(Some("http" | "sse")) => {
+                if !server
+                    .get("url")
+                    .and_then(Value::as_str)
+                    .is_some_and(|u| u.starts_with("http://") || u.starts_with("https://"))
+                {
+                    return Err(ServiceError::invalid(
+                        "mcp_servers",
+                        format!("`{name}`: a remote MCP server needs an http:// or https:// `url`"),
+                    ));
+                }
+                if !string_map(server.get("headers")) {
+                    return Err(ServiceError::invalid(
+                        "mcp_servers",
+                        format!("`{name}`: headers must be an object of strings"),
+                    ));
+                }
+            }
+            _ => {
+                return Err(ServiceError::invalid(
+                    "mcp_servers",
+                    format!("`{name}`: type must be `stdio`, `local`, `http` or `sse`"),
+                ));
+            }
+        }
+    }
+    Ok(())
 }

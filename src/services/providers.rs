@@ -66,6 +66,19 @@ pub async fn models(
     refresh: bool,
 ) -> ServiceResult<ModelList> {
     principal.allow(Access::Read)?;
+    // A provider that cannot run (its CLI is not installed, no credentials) has no
+    // catalog to probe: say why, as creating an agent on it does.
+    let provider = ctx
+        .agents
+        .registry()
+        .get(id)
+        .ok_or(ServiceError::NotFound("provider"))?;
+    if let Availability::Unavailable(reason) = provider.availability().await {
+        return Err(ServiceError::ProviderUnavailable {
+            provider: id.to_owned(),
+            reason,
+        });
+    }
     let items = ctx
         .agents
         .models(id, refresh)

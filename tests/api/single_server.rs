@@ -6,7 +6,11 @@ use std::time::Duration;
 
 use agentry::server::Application;
 
-use crate::helpers::{expect_status, git_repo, pid_alive, settings, spawn_app, spawn_on};
+use agentry::config::ProviderSettings;
+
+use crate::helpers::{
+    expect_status, git_repo, pid_alive, settings, spawn_app, spawn_app_with, spawn_on,
+};
 
 #[tokio::test]
 async fn a_second_server_on_a_live_database_refuses_and_leaves_the_first_alone() {
@@ -83,4 +87,31 @@ async fn the_model_catalog_can_be_refreshed() {
     expect_status(res, 400).await;
     let res = app.get("/v1/providers/nope/models?refresh=true").await;
     expect_status(res, 404).await;
+}
+
+#[tokio::test]
+async fn the_catalog_of_a_provider_that_cannot_run_says_why() {
+    let app = spawn_app_with(|s| {
+        s.providers.insert(
+            "claude".into(),
+            ProviderSettings {
+                command: Some(vec!["/nonexistent/claude".into()]),
+                ..ProviderSettings::default()
+            },
+        );
+    })
+    .await;
+    for refresh in ["false", "true"] {
+        let res = app
+            .get(&format!("/v1/providers/claude/models?refresh={refresh}"))
+            .await;
+        let body = expect_status(res, 422).await;
+        assert_eq!(body["code"], "provider_unavailable", "{body}");
+        assert!(
+            body["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("/nonexistent/claude")),
+            "{body}"
+        );
+    }
 }
