@@ -31,6 +31,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::{oneshot, watch};
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
+use super::emitter::Emitter;
 use super::{
     Availability, ChangeKind, EventSink, FileDiff, Location, ModeInfo, ModelInfo,
     PermissionDecision, PermissionRequest, PlanEntry, PlanStatus, ProcessLauncher, Provider,
@@ -135,41 +136,6 @@ impl Provider for AcpProvider {
 // ---------------------------------------------------------------------------------------
 // Events out
 // ---------------------------------------------------------------------------------------
-
-/// The adapter's side of the event sink. Once `finish` has sent `Exited` (or `close` has
-/// run) nothing more goes out.
-struct Emitter {
-    sink: tokio::sync::Mutex<Option<EventSink>>,
-}
-
-impl Emitter {
-    fn new(sink: EventSink) -> Self {
-        Self {
-            sink: tokio::sync::Mutex::new(Some(sink)),
-        }
-    }
-
-    async fn emit(&self, event: ProviderEvent) {
-        let guard = self.sink.lock().await;
-        if let Some(sink) = guard.as_ref() {
-            // A gone receiver means nobody listens any more; that is not our failure.
-            let _ = sink.send(event).await;
-        }
-    }
-
-    /// Send the last event.
-    async fn finish(&self, event: ProviderEvent) {
-        let sink = self.sink.lock().await.take();
-        if let Some(sink) = sink {
-            let _ = sink.send(event).await;
-        }
-    }
-
-    /// Stop sending without a last event (the session never started).
-    async fn close(&self) {
-        self.sink.lock().await.take();
-    }
-}
 
 // ---------------------------------------------------------------------------------------
 // Per-session state shared by the handlers, the session handle and the supervisor
@@ -1629,12 +1595,10 @@ async fn supervise<F>(
         shared.events.close().await;
         return;
     }
-    let reason = if shared.closing.load(Ordering::Acquire) {
-        "closed".to_owned()
-    } else {
-        reason
-    };
-    shared.events.finish(ProviderEvent::Exited { reason }).await;
+    shared
+        .events
+        .exited(reason, shared.closing.load(Ordering::Acquire))
+        .await;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ use tokio::io::AsyncRead;
 use tokio::sync::oneshot;
 
 use self::mapping::{Action, Mapper, ToolPermission};
+use super::emitter::Emitter;
 use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
     PermissionRequest, Probe, ProcessLauncher, Provider, ProviderCapabilities, ProviderError,
@@ -473,31 +474,6 @@ fn models_of(response: &Value) -> Vec<ModelInfo> {
 // Session state shared by the reader, the session handle and permission answers
 // ---------------------------------------------------------------------------------------
 
-/// The adapter's side of the event sink; once `Exited` is sent nothing more goes out.
-struct Emitter {
-    sink: tokio::sync::Mutex<Option<EventSink>>,
-}
-
-impl Emitter {
-    async fn emit(&self, event: ProviderEvent) {
-        let guard = self.sink.lock().await;
-        if let Some(sink) = guard.as_ref() {
-            let _ = sink.send(event).await;
-        }
-    }
-
-    async fn finish(&self, event: ProviderEvent) {
-        let sink = self.sink.lock().await.take();
-        if let Some(sink) = sink {
-            let _ = sink.send(event).await;
-        }
-    }
-
-    async fn close(&self) {
-        self.sink.lock().await.take();
-    }
-}
-
 type ControlReply = oneshot::Sender<Result<Value, String>>;
 
 struct Shared {
@@ -758,9 +734,7 @@ async fn start_session(
     let (stderr_tail, stderr_task) =
         StderrTail::capture(stderr, "agentry::providers::claude::stderr");
     let shared = Arc::new(Shared {
-        events: Emitter {
-            sink: tokio::sync::Mutex::new(Some(events)),
-        },
+        events: Emitter::new(events),
         writer: LineWriter::new(stdin),
         session_id: Mutex::new(session_id.clone()),
         controls: Mutex::new(HashMap::new()),
@@ -953,12 +927,10 @@ async fn supervise<R: AsyncRead + Unpin + Send + 'static>(
         shared.events.close().await;
         return;
     }
-    let reason = if shared.closing.load(Ordering::Acquire) {
-        "closed".to_owned()
-    } else {
-        reason
-    };
-    shared.events.finish(ProviderEvent::Exited { reason }).await;
+    shared
+        .events
+        .exited(reason, shared.closing.load(Ordering::Acquire))
+        .await;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -443,9 +443,7 @@ fn shared() -> (Arc<Shared>, mpsc::Receiver<ProviderEvent>) {
     let (tx, rx) = mpsc::channel(64);
     let (stdin, _reader) = tokio::io::duplex(1 << 16);
     let shared = Arc::new(Shared {
-        events: Emitter {
-            sink: tokio::sync::Mutex::new(Some(tx)),
-        },
+        events: Emitter::new(tx),
         writer: LineWriter::new(stdin),
         session_id: Mutex::new("s".into()),
         controls: Mutex::new(HashMap::new()),

@@ -24,6 +24,7 @@ use tokio::task::JoinHandle;
 
 pub use mapping::{Ask, Mapped, Mapper, decision_reply};
 
+use super::emitter::Emitter;
 use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
     PermissionRequest, Probe, ProcessLauncher, Provider, ProviderCapabilities, ProviderError,
@@ -658,33 +659,6 @@ async fn open_thread(peer: &Peer, spec: &SessionSpec, mode: &str) -> Result<Thre
 // Shared state, dispatch and supervision
 // ---------------------------------------------------------------------------------------
 
-/// The adapter's side of the event sink; nothing goes out after `finish`.
-struct Emitter {
-    sink: tokio::sync::Mutex<Option<EventSink>>,
-}
-
-impl Emitter {
-    fn new(sink: EventSink) -> Self {
-        Self {
-            sink: tokio::sync::Mutex::new(Some(sink)),
-        }
-    }
-
-    async fn emit(&self, event: ProviderEvent) {
-        let guard = self.sink.lock().await;
-        if let Some(sink) = guard.as_ref() {
-            let _ = sink.send(event).await;
-        }
-    }
-
-    async fn finish(&self, event: Option<ProviderEvent>) {
-        let sink = self.sink.lock().await.take();
-        if let (Some(sink), Some(event)) = (sink, event) {
-            let _ = sink.send(event).await;
-        }
-    }
-}
-
 #[derive(Default)]
 struct TurnState {
     /// A `turn/start` was sent and its turn has not completed.
@@ -876,17 +850,12 @@ async fn supervise(
     tracing::debug!(%reason, "Codex ended");
     let _ = done.send(reason.clone());
     if started.await.is_err() {
-        shared.events.finish(None).await;
+        shared.events.close().await;
         return;
     }
-    let reason = if shared.closing.load(Ordering::Acquire) {
-        "closed".to_owned()
-    } else {
-        reason
-    };
     shared
         .events
-        .finish(Some(ProviderEvent::Exited { reason }))
+        .exited(reason, shared.closing.load(Ordering::Acquire))
         .await;
 }
 
