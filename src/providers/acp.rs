@@ -31,7 +31,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::{oneshot, watch};
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
-use super::emitter::Emitter;
+use super::emitter::{Emitter, StopSignals, Stopper};
 use super::{
     Availability, ChangeKind, EventSink, FileDiff, Location, ModeInfo, ModelInfo,
     PermissionDecision, PermissionRequest, PlanEntry, PlanStatus, ProcessLauncher, Provider,
@@ -1424,7 +1424,13 @@ async fn start_session(
     });
 
     let (established_tx, established_rx) = oneshot::channel::<Result<Established, ProviderError>>();
-    let (close_tx, close_rx) = oneshot::channel::<()>();
+    let (
+        mut stopper,
+        StopSignals {
+            close: close_rx,
+            done: done_tx,
+        },
+    ) = Stopper::new();
     let transport = acp::ByteStreams::new(stdin.compat_write(), stdout.compat());
     let read_root = shared.clone();
     let write_root = shared.clone();
@@ -1480,7 +1486,6 @@ async fn start_session(
                 Ok(())
             });
 
-    let (done_tx, done_rx) = oneshot::channel();
     let (started_tx, started_rx) = oneshot::channel();
     tokio::spawn(supervise(
         connection,
@@ -1511,8 +1516,7 @@ async fn start_session(
                 session_id: established.session_id,
                 connection: established.connection,
                 shared,
-                close_tx: Some(close_tx),
-                done_rx: Some(done_rx),
+                stopper,
             };
             let _ = started_tx.send(());
             return Ok((Box::new(session), info));
@@ -1524,9 +1528,7 @@ async fn start_session(
     // explain why.
     drop(started_tx);
     shared.events.close().await;
-    shared.closing.store(true, Ordering::Release);
-    let _ = close_tx.send(());
-    let exit = done_rx.await.unwrap_or_default();
+    let exit = stopper.stop(&shared.closing).await;
     Err(match failure {
         Some(ProviderError::Gone) | None => ProviderError::Protocol(if exit.is_empty() {
             "the agent stopped while starting".to_owned()
@@ -1609,8 +1611,7 @@ struct AcpSession {
     session_id: String,
     connection: acp::v1::ConnectionTo<acp::Agent>,
     shared: Arc<Shared>,
-    close_tx: Option<oneshot::Sender<()>>,
-    done_rx: Option<oneshot::Receiver<String>>,
+    stopper: Stopper,
 }
 
 impl AcpSession {
@@ -1748,13 +1749,7 @@ impl ProviderSession for AcpSession {
     }
 
     async fn close(mut self: Box<Self>) {
-        self.shared.closing.store(true, Ordering::Release);
-        if let Some(close) = self.close_tx.take() {
-            let _ = close.send(());
-        }
-        if let Some(done) = self.done_rx.take() {
-            let _ = done.await;
-        }
+        self.stopper.stop(&self.shared.closing).await;
     }
 }
 

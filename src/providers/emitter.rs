@@ -1,5 +1,6 @@
-//! The adapter's side of the event sink, shared by every adapter: events go out until the
-//! session's last one (`Exited`), and nothing after it.
+//! What every adapter's session shares: the event sink, through which events go out
+//! until the session's last one (`Exited`) and nothing after it, and the handshake that
+//! stops the session's supervisor.
 
 use tokio::sync::Mutex;
 
@@ -42,6 +43,48 @@ impl Emitter {
     /// Stop sending without a last event (the session never started).
     pub async fn close(&self) {
         self.sink.lock().await.take();
+    }
+}
+
+/// The session handle's way to stop its supervisor: mark the session as closing (so the
+/// exit reads "closed"), ask the supervisor to stop the process, and wait for its exit
+/// description. Every adapter's supervisor takes the other ends (`close`, `done`).
+pub struct Stopper {
+    close: Option<tokio::sync::oneshot::Sender<()>>,
+    done: Option<tokio::sync::oneshot::Receiver<String>>,
+}
+
+/// The supervisor's ends of a `Stopper`.
+pub struct StopSignals {
+    /// Fires (or is dropped) when the process is to be stopped.
+    pub close: tokio::sync::oneshot::Receiver<()>,
+    /// Takes the exit's description once the process is gone.
+    pub done: tokio::sync::oneshot::Sender<String>,
+}
+
+impl Stopper {
+    pub fn new() -> (Self, StopSignals) {
+        let (close_tx, close) = tokio::sync::oneshot::channel();
+        let (done, done_rx) = tokio::sync::oneshot::channel();
+        (
+            Self {
+                close: Some(close_tx),
+                done: Some(done_rx),
+            },
+            StopSignals { close, done },
+        )
+    }
+
+    /// Stop the process and return how it ended ("" when the supervisor was gone).
+    pub async fn stop(&mut self, closing: &std::sync::atomic::AtomicBool) -> String {
+        closing.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(close) = self.close.take() {
+            let _ = close.send(());
+        }
+        match self.done.take() {
+            Some(done) => done.await.unwrap_or_default(),
+            None => String::new(),
+        }
     }
 }
 

@@ -23,7 +23,7 @@ use tokio::io::AsyncRead;
 use tokio::sync::oneshot;
 
 use self::mapping::{Action, Mapper, ToolPermission};
-use super::emitter::Emitter;
+use super::emitter::{Emitter, StopSignals, Stopper};
 use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
     PermissionRequest, Probe, ProcessLauncher, Provider, ProviderCapabilities, ProviderError,
@@ -745,8 +745,13 @@ async fn start_session(
         stderr: stderr_tail,
     });
 
-    let (close_tx, close_rx) = oneshot::channel();
-    let (done_tx, done_rx) = oneshot::channel();
+    let (
+        mut stopper,
+        StopSignals {
+            close: close_rx,
+            done: done_tx,
+        },
+    ) = Stopper::new();
     let (started_tx, started_rx) = oneshot::channel();
     tokio::spawn(supervise(
         child,
@@ -790,20 +795,11 @@ async fn start_session(
                 current_model: spec.model.clone(),
             };
             let _ = started_tx.send(());
-            Ok((
-                Box::new(ClaudeSession {
-                    shared,
-                    close_tx: Some(close_tx),
-                    done_rx: Some(done_rx),
-                }),
-                info,
-            ))
+            Ok((Box::new(ClaudeSession { shared, stopper }), info))
         }
         Err(e) => {
             drop(started_tx);
-            shared.closing.store(true, Ordering::Release);
-            let _ = close_tx.send(());
-            let exit = done_rx.await.unwrap_or_default();
+            let exit = stopper.stop(&shared.closing).await;
             let ended = matches!(e, ProviderError::Gone);
             let why = match e {
                 ProviderError::Gone => "the CLI stopped while starting".to_owned(),
@@ -939,8 +935,7 @@ async fn supervise<R: AsyncRead + Unpin + Send + 'static>(
 
 struct ClaudeSession {
     shared: Arc<Shared>,
-    close_tx: Option<oneshot::Sender<()>>,
-    done_rx: Option<oneshot::Receiver<String>>,
+    stopper: Stopper,
 }
 
 #[async_trait]
@@ -1009,13 +1004,7 @@ impl ProviderSession for ClaudeSession {
     }
 
     async fn close(mut self: Box<Self>) {
-        self.shared.closing.store(true, Ordering::Release);
-        if let Some(close) = self.close_tx.take() {
-            let _ = close.send(());
-        }
-        if let Some(done) = self.done_rx.take() {
-            let _ = done.await;
-        }
+        self.stopper.stop(&self.shared.closing).await;
     }
 }
 

@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 
 pub use mapping::{Ask, Mapped, Mapper, decision_reply};
 
-use super::emitter::Emitter;
+use super::emitter::{Emitter, StopSignals, Stopper};
 use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
     PermissionRequest, Probe, ProcessLauncher, Provider, ProviderCapabilities, ProviderError,
@@ -292,8 +292,13 @@ impl Provider for CodexProvider {
             stderr: conn.stderr.clone(),
         });
         let dispatcher = tokio::spawn(dispatch(conn.incoming, shared.clone()));
-        let (close_tx, close_rx) = oneshot::channel();
-        let (done_tx, done_rx) = oneshot::channel();
+        let (
+            mut stopper,
+            StopSignals {
+                close: close_rx,
+                done: done_tx,
+            },
+        ) = Stopper::new();
         let (started_tx, started_rx) = oneshot::channel();
         tokio::spawn(supervise(
             conn.child,
@@ -324,8 +329,7 @@ impl Provider for CodexProvider {
                     model: thread.model,
                     unsent_policy: false,
                     unsent_model: false,
-                    close_tx: Some(close_tx),
-                    done_rx: Some(done_rx),
+                    stopper,
                 };
                 let _ = started_tx.send(());
                 return Ok((Box::new(session), info));
@@ -338,9 +342,7 @@ impl Provider for CodexProvider {
         };
         // The session never started: stop the process, no events, say why.
         drop(started_tx);
-        shared.closing.store(true, Ordering::Release);
-        let _ = close_tx.send(());
-        let exit = done_rx.await.unwrap_or_default();
+        let exit = stopper.stop(&shared.closing).await;
         Err(ProviderError::Protocol(format!("{failure} ({exit})")))
     }
 }
@@ -871,8 +873,7 @@ struct CodexSession {
     /// The mode changed since the last turn started: the next one carries the policy.
     unsent_policy: bool,
     unsent_model: bool,
-    close_tx: Option<oneshot::Sender<()>>,
-    done_rx: Option<oneshot::Receiver<String>>,
+    stopper: Stopper,
 }
 
 #[async_trait]
@@ -1008,13 +1009,7 @@ impl ProviderSession for CodexSession {
     }
 
     async fn close(mut self: Box<Self>) {
-        self.shared.closing.store(true, Ordering::Release);
-        if let Some(close) = self.close_tx.take() {
-            let _ = close.send(());
-        }
-        if let Some(done) = self.done_rx.take() {
-            let _ = done.await;
-        }
+        self.stopper.stop(&self.shared.closing).await;
     }
 }
 
