@@ -43,10 +43,6 @@ fn configure(s: &mut Settings, cli: &Path, fake_url: &str, home: &Path) {
         ("ANTHROPIC_BASE_URL".to_owned(), fake_url.to_owned()),
         ("ANTHROPIC_API_KEY".to_owned(), "test-key".to_owned()),
         ("HOME".to_owned(), home.display().to_string()),
-        (
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".to_owned(),
-            "1".to_owned(),
-        ),
     ]);
     s.providers.insert(
         "claude".into(),

@@ -31,6 +31,9 @@ pub const BASE_ENV: &[&str] = &[
     "PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME",
 ];
 
+/// TERM → KILL grace for an agent's process when its session stops it.
+pub const STOP_GRACE: Duration = Duration::from_secs(3);
+
 /// How long `reconcile` gives a leftover process between TERM and KILL.
 const RECONCILE_GRACE: Duration = Duration::from_secs(2);
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
@@ -117,6 +120,36 @@ impl ManagedChild {
 
     pub fn take_stderr(&mut self) -> Option<ChildStderr> {
         self.child.stderr.take()
+    }
+
+    /// The three pipes of a child started with piped stdio; a child without them is
+    /// stopped at once and the answer is `None`.
+    pub async fn take_stdio(&mut self) -> Option<(ChildStdin, ChildStdout, ChildStderr)> {
+        match (self.take_stdin(), self.take_stdout(), self.take_stderr()) {
+            (Some(stdin), Some(stdout), Some(stderr)) => Some((stdin, stdout, stderr)),
+            _ => {
+                self.terminate(STOP_GRACE).await;
+                None
+            }
+        }
+    }
+
+    /// The end of a session's process once its stdin is closed: unless it already ended
+    /// (`status`), it gets `after_eof` to exit on its own (a CLI finishing its transcript),
+    /// then whatever is left of its group is stopped. Answers how it ended, when known.
+    pub async fn wind_down(
+        &mut self,
+        status: Option<ExitStatus>,
+        after_eof: Duration,
+    ) -> Option<ExitStatus> {
+        let mut status = status;
+        if status.is_none()
+            && let Ok(Ok(exited)) = tokio::time::timeout(after_eof, self.wait()).await
+        {
+            status = Some(exited);
+        }
+        let terminated = self.terminate(STOP_GRACE).await;
+        status.or(terminated)
     }
 
     /// Waits for the group leader to exit (closing its stdin first if still held).

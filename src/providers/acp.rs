@@ -31,7 +31,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::{oneshot, watch};
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
-use super::emitter::{Emitter, StopSignals, Stopper};
+use super::emitter::{Emitter, StopSignals, Stopper, report_exit};
 use super::{
     Availability, ChangeKind, EventSink, FileDiff, Location, ModeInfo, ModelInfo,
     PermissionDecision, PermissionRequest, PlanEntry, PlanStatus, ProcessLauncher, Provider,
@@ -50,8 +50,6 @@ use gate::{UpdateCredits, UpdateGate};
 
 /// How long the agent may take to initialize and open its session.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
-/// TERM → KILL grace when the session is closed or the agent has to be stopped.
-const STOP_GRACE: Duration = Duration::from_secs(3);
 /// After the process exits, how long its remaining output may take to be read.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
 /// After the connection ends, how long the process may take to exit on its own.
@@ -1396,10 +1394,7 @@ async fn start_session(
         })
         .await?;
     let pid = child.pid();
-    let (Some(stdin), Some(stdout), Some(stderr)) =
-        (child.take_stdin(), child.take_stdout(), child.take_stderr())
-    else {
-        child.terminate(STOP_GRACE).await;
+    let Some((stdin, stdout, stderr)) = child.take_stdio().await else {
         return Err(ProviderError::Protocol(
             "the agent process has no piped stdio".to_owned(),
         ));
@@ -1581,26 +1576,18 @@ async fn supervise<F>(
     }
     // Dropping the connection closes the agent's stdin.
     drop(connection);
-    if status.is_none()
-        && let Ok(Ok(exited)) = tokio::time::timeout(EXIT_AFTER_EOF, child.wait()).await
-    {
-        status = Some(exited);
-    }
-    let terminated = child.terminate(STOP_GRACE).await;
-    let status = status.or(terminated);
+    let status = child.wind_down(status, EXIT_AFTER_EOF).await;
     stderr_task.settle().await;
-
     let reason = describe_exit(status, broken.as_deref(), &shared.stderr_tail());
-    tracing::debug!(%reason, "ACP agent ended");
-    let _ = report.done.send(reason.clone());
-    if report.started.await.is_err() {
-        shared.events.close().await;
-        return;
-    }
-    shared
-        .events
-        .exited(reason, shared.closing.load(Ordering::Acquire))
-        .await;
+    report_exit(
+        &shared.events,
+        report.done,
+        report.started,
+        reason,
+        &shared.closing,
+        "acp",
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 //! until the session's last one (`Exited`) and nothing after it, and the handshake that
 //! stops the session's supervisor.
 
-use tokio::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::{Mutex, oneshot};
 
 use super::{EventSink, ProviderEvent};
 
@@ -46,26 +48,47 @@ impl Emitter {
     }
 }
 
+/// The last thing every supervisor does once its process is reaped: hand the exit's
+/// description to the waiting `Stopper`, then — only when the session was handed out
+/// (`started` resolves) — report it as the session's last event. A session that never
+/// started reports nothing: its failure is the answer to `start`.
+pub async fn report_exit(
+    events: &Emitter,
+    done: oneshot::Sender<String>,
+    started: oneshot::Receiver<()>,
+    reason: String,
+    closing: &AtomicBool,
+    agent: &'static str,
+) {
+    tracing::debug!(%reason, agent, "agent process ended");
+    let _ = done.send(reason.clone());
+    if started.await.is_err() {
+        events.close().await;
+        return;
+    }
+    events.exited(reason, closing.load(Ordering::Acquire)).await;
+}
+
 /// The session handle's way to stop its supervisor: mark the session as closing (so the
 /// exit reads "closed"), ask the supervisor to stop the process, and wait for its exit
 /// description. Every adapter's supervisor takes the other ends (`close`, `done`).
 pub struct Stopper {
-    close: Option<tokio::sync::oneshot::Sender<()>>,
-    done: Option<tokio::sync::oneshot::Receiver<String>>,
+    close: Option<oneshot::Sender<()>>,
+    done: Option<oneshot::Receiver<String>>,
 }
 
 /// The supervisor's ends of a `Stopper`.
 pub struct StopSignals {
     /// Fires (or is dropped) when the process is to be stopped.
-    pub close: tokio::sync::oneshot::Receiver<()>,
+    pub close: oneshot::Receiver<()>,
     /// Takes the exit's description once the process is gone.
-    pub done: tokio::sync::oneshot::Sender<String>,
+    pub done: oneshot::Sender<String>,
 }
 
 impl Stopper {
     pub fn new() -> (Self, StopSignals) {
-        let (close_tx, close) = tokio::sync::oneshot::channel();
-        let (done, done_rx) = tokio::sync::oneshot::channel();
+        let (close_tx, close) = oneshot::channel();
+        let (done, done_rx) = oneshot::channel();
         (
             Self {
                 close: Some(close_tx),
@@ -76,8 +99,8 @@ impl Stopper {
     }
 
     /// Stop the process and return how it ended ("" when the supervisor was gone).
-    pub async fn stop(&mut self, closing: &std::sync::atomic::AtomicBool) -> String {
-        closing.store(true, std::sync::atomic::Ordering::Release);
+    pub async fn stop(&mut self, closing: &AtomicBool) -> String {
+        closing.store(true, Ordering::Release);
         if let Some(close) = self.close.take() {
             let _ = close.send(());
         }

@@ -448,6 +448,9 @@ pub struct Builtin {
     pub program: &'static str,
     /// Credential and configuration variables passed on from the server's environment.
     pub pass_env: &'static [&'static str],
+    /// Environment every child of the provider gets unless the settings' `env` says
+    /// otherwise (a server's CLIs neither update themselves nor phone home).
+    pub env: &'static [(&'static str, &'static str)],
     pub modes: fn() -> Vec<ModeInfo>,
     pub default_mode: &'static str,
     pub build: fn(CliConfig) -> Arc<dyn Provider>,

@@ -129,7 +129,11 @@ pub fn builtin_config(b: &Builtin, id: &str, p: Option<&ProviderSettings>) -> Cl
         label: b.label.to_owned(),
         command: vec![b.program.to_owned()],
         args: Vec::new(),
-        env: BTreeMap::new(),
+        env: b
+            .env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
         pass_env: b.pass_env.iter().map(|v| (*v).to_owned()).collect(),
         modes: (b.modes)(),
         default_mode: Some(b.default_mode.to_owned()),
@@ -233,6 +237,28 @@ mod tests {
         let bare = acp_config("opencode", &ProviderSettings::default());
         assert_eq!(bare.command, ["opencode"]);
         assert_eq!(bare.label, "opencode");
+    }
+
+    #[test]
+    fn descriptor_env_is_a_default_the_settings_override() {
+        let claude = crate::providers::claude::builtin();
+        let quiet = "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC";
+        let plain = builtin_config(&claude, "claude", None);
+        assert_eq!(plain.env.get(quiet).map(String::as_str), Some("1"));
+
+        let settings = ProviderSettings {
+            env: BTreeMap::from([
+                (quiet.to_owned(), "0".to_owned()),
+                (
+                    "ANTHROPIC_BASE_URL".to_owned(),
+                    "http://127.0.0.1:9".to_owned(),
+                ),
+            ]),
+            ..ProviderSettings::default()
+        };
+        let merged = builtin_config(&claude, "claude", Some(&settings));
+        assert_eq!(merged.env.get(quiet).map(String::as_str), Some("0"));
+        assert_eq!(merged.env.len(), 2);
     }
 }
 

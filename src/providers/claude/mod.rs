@@ -23,7 +23,7 @@ use tokio::io::AsyncRead;
 use tokio::sync::oneshot;
 
 use self::mapping::{Action, Mapper, ToolPermission};
-use super::emitter::{Emitter, StopSignals, Stopper};
+use super::emitter::{Emitter, StopSignals, Stopper, report_exit};
 use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
     PermissionRequest, Probe, ProcessLauncher, Provider, ProviderCapabilities, ProviderError,
@@ -39,8 +39,6 @@ use crate::process::{CommandSpec, ManagedChild, find_executable};
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a mode or model change may take to be confirmed.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(15);
-/// TERM → KILL grace when the process has to be stopped.
-const STOP_GRACE: Duration = Duration::from_secs(3);
 /// After stdin is closed, how long the CLI may take to finish writing its transcript and
 /// exit on its own.
 const EXIT_AFTER_EOF: Duration = Duration::from_secs(3);
@@ -75,6 +73,9 @@ pub fn builtin() -> Builtin {
             "CLOUD_ML_REGION",
             "ANTHROPIC_VERTEX_PROJECT_ID",
         ],
+        // The only connection the CLI then makes is to the model API: no telemetry, no
+        // error reports, no self-update of a pinned CLI.
+        env: &[("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")],
         modes,
         default_mode: "default",
         build: |cfg| Arc::new(ClaudeProvider::new(cfg)),
@@ -307,13 +308,7 @@ impl Provider for ClaudeProvider {
         let answer = probe_initialize(&mut child).await;
         // Closing stdin ends the CLI; whatever is left is stopped.
         drop(child.take_stdin());
-        if tokio::time::timeout(EXIT_AFTER_EOF, child.wait())
-            .await
-            .is_err()
-        {
-            tracing::debug!("the catalog probe did not exit on its own");
-        }
-        child.terminate(STOP_GRACE).await;
+        child.wind_down(None, EXIT_AFTER_EOF).await;
         let response = answer?;
         Ok(models_of(&response))
     }
@@ -725,10 +720,7 @@ async fn start_session(
 ) -> Result<(Box<ClaudeSession>, SessionInfo), StartFailure> {
     let mut child = launcher.launch(command).await?;
     let pid = child.pid();
-    let (Some(stdin), Some(stdout), Some(stderr)) =
-        (child.take_stdin(), child.take_stdout(), child.take_stderr())
-    else {
-        child.terminate(STOP_GRACE).await;
+    let Some((stdin, stdout, stderr)) = child.take_stdio().await else {
         return Err(ProviderError::Protocol("the CLI has no piped stdio".to_owned()).into());
     };
     let (stderr_tail, stderr_task) =
@@ -904,29 +896,21 @@ async fn supervise<R: AsyncRead + Unpin + Send + 'static>(
     drop(reading);
     // End of input asks the CLI to finish (it writes its transcript and exits 0).
     shared.writer.close().await;
-    if status.is_none()
-        && let Ok(Ok(exited)) = tokio::time::timeout(EXIT_AFTER_EOF, child.wait()).await
-    {
-        status = Some(exited);
-    }
-    let terminated = child.terminate(STOP_GRACE).await;
-    let status = status.or(terminated);
+    let status = child.wind_down(status, EXIT_AFTER_EOF).await;
     stderr_task.settle().await;
     // Nobody will answer what is still waiting.
     lock(&shared.controls).clear();
     lock(&shared.permissions).clear();
-
     let reason = describe_exit(status, broken.as_deref(), &shared.stderr.tail());
-    tracing::debug!(%reason, "Claude Code ended");
-    let _ = report.done.send(reason.clone());
-    if report.started.await.is_err() {
-        shared.events.close().await;
-        return;
-    }
-    shared
-        .events
-        .exited(reason, shared.closing.load(Ordering::Acquire))
-        .await;
+    report_exit(
+        &shared.events,
+        report.done,
+        report.started,
+        reason,
+        &shared.closing,
+        "claude",
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------

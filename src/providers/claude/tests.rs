@@ -8,6 +8,7 @@ use tokio::sync::mpsc;
 
 use super::*;
 use crate::domain::{PermissionKind, ToolKind, ToolStatus, TurnOutcome};
+use crate::process::STOP_GRACE;
 use crate::providers::{ChangeKind, ToolCallUpdate, Usage};
 
 const TEXT: &str = include_str!("../../../tests/fixtures/claude/text.jsonl");

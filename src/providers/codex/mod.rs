@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 
 pub use mapping::{Ask, Mapped, Mapper, decision_reply};
 
-use super::emitter::{Emitter, StopSignals, Stopper};
+use super::emitter::{Emitter, StopSignals, Stopper, report_exit};
 use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
     PermissionRequest, Probe, ProcessLauncher, Provider, ProviderCapabilities, ProviderError,
@@ -33,14 +33,12 @@ use super::{
 use crate::domain::TurnOutcome;
 use crate::process::jsonrpc::{Incoming, Peer, PeerOptions, RequestId, RpcError};
 use crate::process::output::{StderrReader, StderrTail, describe_exit};
-use crate::process::{CommandSpec, ManagedChild, find_executable};
+use crate::process::{CommandSpec, ManagedChild, STOP_GRACE, find_executable};
 
 /// How long Codex may take to initialize and open its thread.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a catalog probe may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
-/// TERM → KILL grace when the session is closed.
-const STOP_GRACE: Duration = Duration::from_secs(3);
 /// After the process is gone, how long the rest of its output may take to be handled.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(1);
 /// How long `turn/interrupt` may take to be acknowledged.
@@ -60,6 +58,7 @@ pub fn builtin() -> Builtin {
         label: "Codex",
         program: "codex",
         pass_env: PASS_ENV,
+        env: &[],
         modes,
         default_mode: "auto",
         build: |cfg| Arc::new(CodexProvider::new(cfg)),
@@ -161,10 +160,7 @@ impl CodexProvider {
                 pass_env: self.cfg.pass_env.clone(),
             })
             .await?;
-        let (Some(stdin), Some(stdout), Some(stderr)) =
-            (child.take_stdin(), child.take_stdout(), child.take_stderr())
-        else {
-            child.terminate(STOP_GRACE).await;
+        let Some((stdin, stdout, stderr)) = child.take_stdio().await else {
             return Err(ProviderError::Protocol(
                 "the Codex process has no piped stdio".to_owned(),
             ));
@@ -838,8 +834,7 @@ async fn supervise(
         _ = close => {}
     }
     // Whatever is left of the group goes now; its output ends with it.
-    let terminated = child.terminate(STOP_GRACE).await;
-    let status = status.or(terminated);
+    let status = child.wind_down(status, Duration::ZERO).await;
     let mut dispatcher = dispatcher;
     if tokio::time::timeout(DRAIN_AFTER_EXIT, &mut dispatcher)
         .await
@@ -849,16 +844,15 @@ async fn supervise(
     }
     stderr_task.settle().await;
     let reason = describe_exit(status, None, &shared.stderr.tail());
-    tracing::debug!(%reason, "Codex ended");
-    let _ = done.send(reason.clone());
-    if started.await.is_err() {
-        shared.events.close().await;
-        return;
-    }
-    shared
-        .events
-        .exited(reason, shared.closing.load(Ordering::Acquire))
-        .await;
+    report_exit(
+        &shared.events,
+        done,
+        started,
+        reason,
+        &shared.closing,
+        "codex",
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------
