@@ -4,8 +4,11 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{ServiceContext, ServiceError, ServiceResult};
-use crate::auth::{Access, AuthError, Principal, Role, Scope, tokens};
+use serde_json::json;
+
+use super::audit::{self, Action, Entry};
+use super::{ServiceContext, ServiceError, ServiceResult, within_deadline};
+use crate::auth::{AuthError, Operation, Principal, Role, Scope, tokens};
 use crate::domain::{TeamId, TokenId, UserId};
 use crate::store;
 
@@ -68,7 +71,7 @@ pub struct TokenInfo {
 }
 
 pub fn me(principal: &Principal) -> ServiceResult<Me> {
-    principal.allow(Access::Read)?;
+    principal.authorize(Operation::ReadSelf)?;
     Ok(Me {
         id: principal.user_id.into(),
         email: principal.email.clone(),
@@ -91,28 +94,11 @@ pub async fn create_token(
     principal: &Principal,
     body: &CreateToken,
 ) -> ServiceResult<CreatedToken> {
-    principal.allow(Access::Manage)?;
-    let name = body.name.trim();
-    if name.is_empty() || name.len() > 100 {
-        return Err(ServiceError::invalid("name", "must be 1 to 100 characters"));
-    }
-    if let Some(d) = body.expires_in_days
-        && !(1..=3650).contains(&d)
-    {
-        return Err(ServiceError::invalid(
-            "expires_in_days",
-            "must be between 1 and 3650",
-        ));
-    }
-    if let Some(s) = body.scopes.iter().find(|s| Scope::parse(s).is_none()) {
-        return Err(ServiceError::invalid(
-            "scopes",
-            format!("unknown scope `{s}`; scopes are read, agents and admin"),
-        ));
-    }
+    principal.authorize(Operation::ManageSelf)?;
+    let name = check_token_request(body)?;
     let (team, role) = match body.team_id {
         Some(team) => {
-            principal.require(team.uuid(), Role::Owner, "team")?;
+            principal.authorize_in(team.uuid(), Operation::ManageTeam, "team")?;
             // An admin may name any team id: one that does not exist is a missing resource.
             if store::identity::team_name(&ctx.pool, team.uuid())
                 .await?
@@ -140,22 +126,102 @@ pub async fn create_token(
         }
         None => (principal.service_team, None),
     };
+    issue_token(ctx, principal, principal.user_id, team, role, name, body).await
+}
+
+/// A personal token for another user, issued by a server admin (in local mode, this is
+/// how the people of a team get their first token).
+pub async fn create_user_token(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    user: UserId,
+    body: &CreateToken,
+) -> ServiceResult<CreatedToken> {
+    principal.authorize(Operation::AdministerServer)?;
+    let name = check_token_request(body)?;
+    if body.team_id.is_some() || body.role.is_some() {
+        return Err(ServiceError::invalid(
+            "team_id",
+            "a user's token is personal; team service tokens are made with POST /v1/tokens",
+        ));
+    }
+    if store::identity::get_user(&ctx.pool, user.uuid())
+        .await?
+        .is_none()
+    {
+        return Err(ServiceError::NotFound("user"));
+    }
+    issue_token(ctx, principal, user.uuid(), None, None, name, body).await
+}
+
+/// The trimmed name, when the request is acceptable.
+fn check_token_request(body: &CreateToken) -> ServiceResult<&str> {
+    let name = body.name.trim();
+    if name.is_empty() || name.len() > 100 {
+        return Err(ServiceError::invalid("name", "must be 1 to 100 characters"));
+    }
+    if let Some(d) = body.expires_in_days
+        && !(1..=3650).contains(&d)
+    {
+        return Err(ServiceError::invalid(
+            "expires_in_days",
+            "must be between 1 and 3650",
+        ));
+    }
+    if let Some(s) = body.scopes.iter().find(|s| Scope::parse(s).is_none()) {
+        return Err(ServiceError::invalid(
+            "scopes",
+            format!("unknown scope `{s}`; scopes are read, agents and admin"),
+        ));
+    }
+    Ok(name)
+}
+
+/// Store a new token of `user` (its hash, never the secret) with its audit entry.
+async fn issue_token(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    user: uuid::Uuid,
+    team: Option<uuid::Uuid>,
+    role: Option<Role>,
+    name: &str,
+    body: &CreateToken,
+) -> ServiceResult<CreatedToken> {
     let token = tokens::generate();
     let expires_at = body
         .expires_in_days
         .map(|d| Utc::now() + Duration::days(i64::from(d)));
-    let row = store::identity::insert_token(
-        &ctx.pool,
-        uuid::Uuid::now_v7(),
-        principal.user_id,
-        team,
-        role.map(Role::as_str),
-        name,
-        &tokens::shown_prefix(&token),
-        &tokens::hash(&token),
-        &body.scopes,
-        expires_at,
-    )
+    let id = TokenId::new();
+    let row = within_deadline(ctx, async {
+        let mut tx = ctx.pool.pool().begin().await?;
+        let row = store::identity::insert_token(
+            &mut *tx,
+            id.uuid(),
+            user,
+            team,
+            role.map(Role::as_str),
+            name,
+            &tokens::shown_prefix(&token),
+            &tokens::hash(&token),
+            &body.scopes,
+            expires_at,
+        )
+        .await?;
+        audit::record_in(
+            &mut *tx,
+            principal,
+            &Entry::new(Action::TokenCreate, team, "token", id).details(json!({
+                "name": name,
+                "user_id": UserId::from(user),
+                "role": role,
+                "scopes": body.scopes,
+                "expires_at": expires_at,
+            })),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(row)
+    })
     .await?;
     Ok(CreatedToken {
         id: row.id.into(),
@@ -173,7 +239,7 @@ pub async fn list_tokens(
     after: Option<TokenId>,
     limit: i64,
 ) -> ServiceResult<Vec<TokenInfo>> {
-    principal.allow(Access::Read)?;
+    principal.authorize(Operation::ReadSelf)?;
     let rows =
         store::identity::list_tokens(&ctx.pool, principal.user_id, after.map(|t| t.uuid()), limit)
             .await?;
@@ -193,20 +259,38 @@ pub async fn list_tokens(
         .collect())
 }
 
-/// Revoke one of the caller's tokens (an admin: anyone's); it fails from now on.
+/// Revoke a token: your own, one of a team you own (a service token), or — a server
+/// admin — anyone's. It fails from the next request on.
 pub async fn revoke_token(
     ctx: &ServiceContext,
     principal: &Principal,
     id: TokenId,
 ) -> ServiceResult<()> {
-    principal.allow(Access::Manage)?;
-    let owner = if principal.is_admin {
-        None
-    } else {
-        Some(principal.user_id)
-    };
-    if !store::identity::revoke_token(&ctx.pool, id.uuid(), owner).await? {
-        return Err(ServiceError::NotFound("token"));
+    principal.authorize(Operation::ManageSelf)?;
+    let row = store::identity::get_token(&ctx.pool, id.uuid())
+        .await?
+        .filter(|r| r.revoked_at.is_none())
+        .ok_or(ServiceError::NotFound("token"))?;
+    if !principal.is_server_admin() && row.user_id != principal.user_id {
+        match row.team_id {
+            Some(team) => principal.authorize_in(team, Operation::ManageTeam, "token")?,
+            None => return Err(ServiceError::NotFound("token")),
+        }
     }
-    Ok(())
+    within_deadline(ctx, async {
+        let mut tx = ctx.pool.pool().begin().await?;
+        if !store::identity::revoke_token(&mut *tx, row.id, None).await? {
+            return Err(ServiceError::NotFound("token"));
+        }
+        audit::record_in(
+            &mut *tx,
+            principal,
+            &Entry::new(Action::TokenRevoke, row.team_id, "token", id)
+                .details(json!({"name": row.name, "user_id": UserId::from(row.user_id)})),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    })
+    .await
 }

@@ -199,6 +199,16 @@ pub async fn list_tokens(
     .await
 }
 
+pub async fn get_token(db: impl PgExecutor<'_>, id: Uuid) -> Result<Option<TokenRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, user_id, team_id, role, name, prefix, scopes, created_at, expires_at, last_used_at, revoked_at
+         FROM api_tokens WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(db)
+    .await
+}
+
 /// Revoke a token of `user_id` (any token when `user_id` is None). True when one was revoked.
 pub async fn revoke_token(
     db: impl PgExecutor<'_>,
