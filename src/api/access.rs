@@ -6,11 +6,10 @@
 //! cannot serve a request at all (its `Principal` extractor refuses), and a test walks
 //! the OpenAPI document so that a new route cannot be forgotten.
 
+use actix_web::HttpMessage;
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::http::Method;
 use actix_web::middleware::Next;
-use actix_web::HttpMessage;
 
 use super::auth::authenticate_request;
 use super::error::ApiError;
@@ -55,7 +54,11 @@ pub const ROUTES: &[(&str, &str, Operation)] = {
         ("GET", "/v1/agents/{id}/wait", ReadTeam),
         ("GET", "/v1/agents/{id}/timeline", ReadTeam),
         ("GET", "/v1/agents/{id}/permissions", ReadTeam),
-        ("POST", "/v1/agents/{id}/permissions/{request_id}", DriveAgents),
+        (
+            "POST",
+            "/v1/agents/{id}/permissions/{request_id}",
+            DriveAgents,
+        ),
         ("GET", "/v1/agents/{id}/events", ReadTeam),
         ("GET", "/v1/events", ReadTeam),
         ("GET", "/v1/providers", ReadSelf),
@@ -64,10 +67,10 @@ pub const ROUTES: &[(&str, &str, Operation)] = {
 };
 
 /// The operation of a route, when it is declared.
-pub fn operation(method: &Method, pattern: &str) -> Option<Operation> {
+pub fn operation(method: &str, pattern: &str) -> Option<Operation> {
     ROUTES
         .iter()
-        .find(|(m, p, _)| *p == pattern && method.as_str() == *m)
+        .find(|(m, p, _)| *p == pattern && method == *m)
         .map(|(_, _, op)| *op)
 }
 
@@ -82,7 +85,7 @@ pub async fn enforce(
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let op = req
         .match_pattern()
-        .and_then(|pattern| operation(req.method(), &pattern));
+        .and_then(|pattern| operation(req.method().as_str(), &pattern));
     if let Some(op) = op {
         let principal = authenticate_request(req.request()).await?;
         principal.authorize(op).map_err(ApiError::from)?;
@@ -120,7 +123,10 @@ mod tests {
             "routes with no access policy (add them to api::access::ROUTES): {missing:?}"
         );
         let stale: Vec<_> = declared.difference(&documented).collect();
-        assert!(stale.is_empty(), "declared routes that do not exist: {stale:?}");
+        assert!(
+            stale.is_empty(),
+            "declared routes that do not exist: {stale:?}"
+        );
     }
 
     #[test]

@@ -73,7 +73,9 @@ async fn list_audit(
         page.limit() + 1,
     )
     .await?;
-    Ok(web::Json(Page::from_rows(items, page.limit(), |e: &AuditEntry| {
-        e.id.to_string()
-    })))
+    Ok(web::Json(Page::from_rows(
+        items,
+        page.limit(),
+        |e: &AuditEntry| e.id.to_string(),
+    )))
 }

@@ -56,9 +56,11 @@ async fn list_teams(
 ) -> ApiResult<web::Json<Page<Team>>> {
     let after: Option<TeamId> = page.after()?;
     let items = teams::list(&state.services, &principal, after, page.limit() + 1).await?;
-    Ok(web::Json(Page::from_rows(items, page.limit(), |t: &Team| {
-        t.id.to_string()
-    })))
+    Ok(web::Json(Page::from_rows(
+        items,
+        page.limit(),
+        |t: &Team| t.id.to_string(),
+    )))
 }
 
 /// A team with its first 200 members (page through `/members` for more).
@@ -71,7 +73,9 @@ async fn get_team(
     id: web::Path<String>,
 ) -> ApiResult<web::Json<TeamDetail>> {
     let id: TeamId = parse_id(&id, "team")?;
-    Ok(web::Json(teams::get(&state.services, &principal, id).await?))
+    Ok(web::Json(
+        teams::get(&state.services, &principal, id).await?,
+    ))
 }
 
 /// The team's members and their roles.
@@ -88,9 +92,11 @@ async fn list_members(
     let id: TeamId = parse_id(&id, "team")?;
     let after: Option<UserId> = page.after()?;
     let items = teams::members(&state.services, &principal, id, after, page.limit() + 1).await?;
-    Ok(web::Json(Page::from_rows(items, page.limit(), |m: &Member| {
-        m.user_id.to_string()
-    })))
+    Ok(web::Json(Page::from_rows(
+        items,
+        page.limit(),
+        |m: &Member| m.user_id.to_string(),
+    )))
 }
 
 /// Add a user to the team with a role (201), or change a member's role (200). Owners

@@ -68,9 +68,11 @@ async fn list_users(
         page.limit() + 1,
     )
     .await?;
-    Ok(web::Json(Page::from_rows(items, page.limit(), |u: &User| {
-        u.id.to_string()
-    })))
+    Ok(web::Json(Page::from_rows(
+        items,
+        page.limit(),
+        |u: &User| u.id.to_string(),
+    )))
 }
 
 /// Issue a personal token for a user (server admins): how the people of a local team get

@@ -7,8 +7,8 @@
 
 use uuid::Uuid;
 
-use super::principal::{Access, Principal, Role};
 use super::AuthError;
+use super::principal::{Access, Principal, Role};
 
 /// What an operation is, for authorization.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,9 +86,9 @@ impl Principal {
     pub fn authorize(&self, op: Operation) -> Result<(), AuthError> {
         self.allow(op.access())?;
         match op {
-            Operation::AdministerServer if !self.is_server_admin() => Err(AuthError::Forbidden(
-                "this needs a server admin",
-            )),
+            Operation::AdministerServer if !self.is_server_admin() => {
+                Err(AuthError::Forbidden("this needs a server admin"))
+            }
             Operation::FindUsers
                 if !self.is_server_admin() && !self.teams.iter().any(|m| m.role == Role::Owner) =>
             {
@@ -102,7 +102,12 @@ impl Principal {
 
     /// `op` in `team`: the scopes allow it and the caller's role there is high enough. A
     /// team the caller cannot see is reported as a missing `what`.
-    pub fn authorize_in(&self, team: Uuid, op: Operation, what: &'static str) -> Result<(), AuthError> {
+    pub fn authorize_in(
+        &self,
+        team: Uuid,
+        op: Operation,
+        what: &'static str,
+    ) -> Result<(), AuthError> {
         self.authorize(op)?;
         match op.role() {
             Some(min) => self.require(team, min, what),

@@ -502,9 +502,8 @@ pub async fn prompt(
     audit::record(
         ctx,
         principal,
-        Entry::new(Action::AgentPrompt, Some(row.team_id), "agent", id).details(
-            json!({"turn_id": turn_id, "client_message_id": body.client_message_id}),
-        ),
+        Entry::new(Action::AgentPrompt, Some(row.team_id), "agent", id)
+            .details(json!({"turn_id": turn_id, "client_message_id": body.client_message_id})),
     )
     .await?;
     Ok(TurnAccepted { turn_id })
@@ -714,8 +713,13 @@ pub async fn answer_permission(
     audit::record(
         ctx,
         principal,
-        Entry::new(Action::PermissionAnswer, Some(row.team_id), "permission", request)
-            .details(details),
+        Entry::new(
+            Action::PermissionAnswer,
+            Some(row.team_id),
+            "permission",
+            request,
+        )
+        .details(details),
     )
     .await?;
     store::permissions::get(&ctx.pool, row.id, request.uuid())

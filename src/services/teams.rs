@@ -148,7 +148,8 @@ pub async fn list(
 ) -> ServiceResult<Vec<Team>> {
     principal.authorize(Operation::ReadSelf)?;
     let teams = principal.visible_teams();
-    let rows = store::teams::list(&ctx.pool, teams.as_deref(), after.map(|t| t.uuid()), limit).await?;
+    let rows =
+        store::teams::list(&ctx.pool, teams.as_deref(), after.map(|t| t.uuid()), limit).await?;
     Ok(rows.into_iter().map(|r| team(principal, r)).collect())
 }
 
@@ -211,7 +212,10 @@ pub async fn set_member(
     role: Role,
 ) -> ServiceResult<MemberChange> {
     let row = find(ctx, principal, id, Operation::ManageTeam).await?;
-    if store::teams::get_user(&ctx.pool, user.uuid()).await?.is_none() {
+    if store::teams::get_user(&ctx.pool, user.uuid())
+        .await?
+        .is_none()
+    {
         return Err(ServiceError::NotFound("user"));
     }
     let team_id = row.id;

@@ -99,10 +99,9 @@ pub async fn list(
 ) -> ServiceResult<Vec<User>> {
     principal.authorize(Operation::FindUsers)?;
     if !principal.is_server_admin() && email.is_none() {
-        return Err(AuthError::Forbidden(
-            "team owners look users up by exact email: pass `email`",
-        )
-        .into());
+        return Err(
+            AuthError::Forbidden("team owners look users up by exact email: pass `email`").into(),
+        );
     }
     let rows = store::teams::list_users(
         &ctx.pool,

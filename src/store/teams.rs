@@ -57,11 +57,12 @@ pub async fn list(
 
 /// A new team; false when the name is taken.
 pub async fn insert(db: impl PgExecutor<'_>, id: Uuid, name: &str) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query("INSERT INTO teams (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING")
-        .bind(id)
-        .bind(name)
-        .execute(db)
-        .await?;
+    let done =
+        sqlx::query("INSERT INTO teams (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING")
+            .bind(id)
+            .bind(name)
+            .execute(db)
+            .await?;
     Ok(done.rows_affected() == 1)
 }
 
