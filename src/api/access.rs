@@ -7,7 +7,7 @@
 //! the OpenAPI document so that a new route cannot be forgotten.
 
 use actix_web::HttpMessage;
-use actix_web::body::MessageBody;
+use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
 
@@ -82,16 +82,30 @@ pub fn operation(method: &str, pattern: &str) -> Option<Operation> {
 pub async fn enforce(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
     let op = req
         .match_pattern()
         .and_then(|pattern| operation(req.method().as_str(), &pattern));
     if let Some(op) = op {
-        let principal = authenticate_request(req.request()).await?;
-        principal.authorize(op).map_err(ApiError::from)?;
-        req.extensions_mut().insert(principal);
+        let checked = match authenticate_request(req.request()).await {
+            Ok(principal) => principal
+                .authorize(op)
+                .map(|()| principal)
+                .map_err(ApiError::from),
+            Err(e) => Err(e),
+        };
+        match checked {
+            Ok(principal) => {
+                req.extensions_mut().insert(principal);
+            }
+            // Answered here (not raised), so the outer middleware still tags the answer
+            // with its request id.
+            Err(e) => return Ok(req.error_response(e).map_into_right_body()),
+        }
     }
-    next.call(req).await
+    next.call(req)
+        .await
+        .map(ServiceResponse::map_into_left_body)
 }
 
 #[cfg(test)]

@@ -185,6 +185,26 @@ pub async fn record<'a>(
     Ok(())
 }
 
+/// Record that `user` signed in (`auth.sign_in`), whichever way they did: one call for
+/// every sign-in path. `details` says how (e.g. `{"method": "oidc"}`); never a token.
+pub async fn record_sign_in(
+    ctx: &ServiceContext,
+    user: Uuid,
+    request_id: Option<&str>,
+    details: Value,
+) -> ServiceResult<()> {
+    record(
+        ctx,
+        Actor {
+            kind: ActorKind::User,
+            id: user,
+            request_id,
+        },
+        Entry::new(Action::AuthSignIn, None, "user", UserId::from(user)).details(details),
+    )
+    .await
+}
+
 /// Who did it.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AuditActor {

@@ -308,14 +308,80 @@ async fn team_service_tokens_act_only_in_their_team_and_revocation_is_immediate(
             204,
         )
         .await;
-    ci.refused(
-        Method::GET,
-        &format!("/v1/workspaces/{}", ws["id"].as_str().unwrap()),
-        None,
-        401,
-        "token_revoked",
+    let (status, body, request_id) = ci
+        .call_full(
+            Method::GET,
+            &format!("/v1/workspaces/{}", ws["id"].as_str().unwrap()),
+            None,
+            Some("after-revoke"),
+        )
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (401, Some("token_revoked"))
+    );
+    assert_eq!(
+        request_id, "after-revoke",
+        "refusals carry the request id too"
+    );
+}
+
+#[tokio::test]
+async fn an_action_that_cannot_be_audited_is_not_reported_as_done() {
+    let app = spawn_app().await;
+    let admin = Caller::new(&app, &app.token);
+    let repo = git_repo();
+    let (agent, _) = app.mock_agent(repo.path()).await;
+    app.wait(&agent).await;
+    // From now on the audit log refuses every entry.
+    sqlx::query(
+        "CREATE FUNCTION refuse_audit() RETURNS trigger LANGUAGE plpgsql
+         AS $$ BEGIN RAISE EXCEPTION 'the audit log is refusing writes'; END $$",
     )
-    .await;
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER refuse_audit BEFORE INSERT ON audit_log
+         FOR EACH ROW EXECUTE FUNCTION refuse_audit()",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    // An action that is one write shares its entry's transaction: nothing is left of it.
+    let other = git_repo();
+    admin
+        .refused(
+            Method::POST,
+            "/v1/projects",
+            Some(json!({"name": "second", "repo_path": other.path()})),
+            500,
+            "internal",
+        )
+        .await;
+    let projects = admin.ok(Method::GET, "/v1/projects", None, 200).await;
+    assert_eq!(projects["items"].as_array().unwrap().len(), 1, "{projects}");
+    admin
+        .refused(
+            Method::POST,
+            "/v1/teams",
+            Some(json!({"name": "unaudited"})),
+            500,
+            "internal",
+        )
+        .await;
+    let teams = admin.ok(Method::GET, "/v1/teams", None, 200).await;
+    assert_eq!(teams["items"].as_array().unwrap().len(), 1, "{teams}");
+    // An action done before its entry is written is answered as a failure, not as done.
+    admin
+        .refused(
+            Method::POST,
+            &format!("/v1/agents/{agent}/interrupt"),
+            None,
+            500,
+            "internal",
+        )
+        .await;
 }
 
 /// The audit entries of `team`, newest first, read by `who` page by page.
