@@ -1,6 +1,8 @@
 //! The HTTP API: one module per resource, each handler registered with `.service()` and
-//! `#[utoipa::path]` so the OpenAPI document cannot miss it. Handlers are thin: extract,
-//! authenticate (the `Principal` extractor), call one service function, map the result.
+//! `#[utoipa::path]` so the OpenAPI document cannot miss it, and declared in
+//! `access::ROUTES` with the operation it performs, so every request is authenticated and
+//! its token scope checked before the handler runs. Handlers are thin: extract (the
+//! `Principal`), call one service function, map the result.
 //! This is the only layer that knows HTTP: request and response types belong to the
 //! services, and their errors become problem+json in `error`.
 
