@@ -96,27 +96,23 @@ pub async fn create_token(
 ) -> ServiceResult<CreatedToken> {
     principal.authorize(Operation::ManageSelf)?;
     let name = check_token_request(body)?;
-    let (team, role) = match body.team_id {
+    // A service token acts only in its team: what it creates is a token of that team.
+    let team = body.team_id.map(|t| t.uuid()).or(principal.service_team);
+    let (team, role) = match team {
         Some(team) => {
-            principal.authorize_in(team.uuid(), Operation::ManageTeam, "team")?;
+            principal.authorize_in(team, Operation::ManageTeam, "team")?;
             // An admin may name any team id: one that does not exist is a missing resource.
-            if store::identity::team_name(&ctx.pool, team.uuid())
-                .await?
-                .is_none()
-            {
+            if store::identity::team_name(&ctx.pool, team).await?.is_none() {
                 return Err(ServiceError::NotFound("team"));
             }
             let role = body.role.unwrap_or(Role::Member);
-            if principal
-                .role_in(team.uuid())
-                .is_some_and(|mine| role > mine)
-            {
+            if principal.role_in(team).is_some_and(|mine| role > mine) {
                 return Err(AuthError::Forbidden(
                     "a service token cannot have a higher role than yours",
                 )
                 .into());
             }
-            (Some(team.uuid()), Some(role))
+            (Some(team), Some(role))
         }
         None if body.role.is_some() => {
             return Err(ServiceError::invalid(
@@ -124,7 +120,7 @@ pub async fn create_token(
                 "only a team service token has a role",
             ));
         }
-        None => (principal.service_team, None),
+        None => (None, None),
     };
     issue_token(ctx, principal, principal.user_id, team, role, name, body).await
 }
@@ -232,7 +228,8 @@ async fn issue_token(
     })
 }
 
-/// A page of the caller's own tokens (never their secrets).
+/// A page of the caller's own tokens (never their secrets); for a team service token,
+/// only the tokens of its team made by the same person.
 pub async fn list_tokens(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -240,9 +237,14 @@ pub async fn list_tokens(
     limit: i64,
 ) -> ServiceResult<Vec<TokenInfo>> {
     principal.authorize(Operation::ReadSelf)?;
-    let rows =
-        store::identity::list_tokens(&ctx.pool, principal.user_id, after.map(|t| t.uuid()), limit)
-            .await?;
+    let rows = store::identity::list_tokens(
+        &ctx.pool,
+        principal.user_id,
+        principal.service_team,
+        after.map(|t| t.uuid()),
+        limit,
+    )
+    .await?;
     Ok(rows
         .into_iter()
         .map(|r| TokenInfo {
@@ -271,7 +273,9 @@ pub async fn revoke_token(
         .await?
         .filter(|r| r.revoked_at.is_none())
         .ok_or(ServiceError::NotFound("token"))?;
-    if !principal.is_server_admin() && row.user_id != principal.user_id {
+    // A person's own tokens are theirs to revoke; a service token acts for its team only.
+    let own = principal.service_team.is_none() && row.user_id == principal.user_id;
+    if !principal.is_server_admin() && !own {
         match row.team_id {
             Some(team) => principal.authorize_in(team, Operation::ManageTeam, "token")?,
             None => return Err(ServiceError::NotFound("token")),

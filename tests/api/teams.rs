@@ -299,6 +299,47 @@ async fn team_service_tokens_act_only_in_their_team_and_revocation_is_immediate(
         "not_found",
     )
     .await;
+    // A member-role service token makes no tokens (not even by leaving `team_id` out),
+    // sees only its team's tokens and cannot revoke its maker's personal ones.
+    let full = ana
+        .api
+        .ok(
+            Method::POST,
+            "/v1/tokens",
+            Some(json!({"name": "ci-full", "team_id": team_id})),
+            201,
+        )
+        .await;
+    let full = Caller::new(&app, full["token"].as_str().unwrap());
+    full.refused(
+        Method::POST,
+        "/v1/tokens",
+        Some(json!({"name": "escalate"})),
+        403,
+        "forbidden",
+    )
+    .await;
+    let names = |list: &Value| -> Vec<String> {
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let mine = ana.api.ok(Method::GET, "/v1/tokens", None, 200).await;
+    assert_eq!(names(&mine), ["ana's laptop", "ci", "ci-full"]);
+    let seen = full.ok(Method::GET, "/v1/tokens", None, 200).await;
+    assert_eq!(names(&seen), ["ci", "ci-full"]);
+    let laptop = mine["items"][0]["id"].as_str().unwrap();
+    full.refused(
+        Method::DELETE,
+        &format!("/v1/tokens/{laptop}"),
+        None,
+        404,
+        "not_found",
+    )
+    .await;
     // Another owner of the team revokes it; its next request is refused.
     cleo.api
         .ok(
