@@ -74,7 +74,7 @@ impl Scope {
     }
 }
 
-/// The kind of operation a service performs, checked against the token's scopes.
+/// What an operation asks of the token's scopes (each `policy::Operation` has one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
     /// Reading anything, including the event streams.
