@@ -32,7 +32,7 @@ pub const ROUTES: &[(&str, &str, Operation)] = {
         ("POST", "/v1/users", AdministerServer),
         ("GET", "/v1/users", FindUsers),
         ("POST", "/v1/users/{id}/tokens", AdministerServer),
-        ("GET", "/v1/audit", ReadAudit),
+        ("GET", "/v1/audit", ReadAsOwner),
         ("GET", "/v1/projects", ReadTeam),
         ("POST", "/v1/projects", ManageTeam),
         ("GET", "/v1/projects/{id}", ReadTeam),

@@ -22,8 +22,9 @@ pub enum Operation {
     /// Projects, members, team service tokens, team secrets: an owner, with the `admin`
     /// scope. (Leaving a team yourself is allowed at any role.)
     ManageTeam,
-    /// Read a team's audit log: an owner, with the `read` scope.
-    ReadAudit,
+    /// Read what only a team's owners see (its audit log, the names of its secrets): an
+    /// owner, with the `read` scope.
+    ReadAsOwner,
     /// Who am I, my tokens, my teams, the providers: anyone, with the `read` scope.
     ReadSelf,
     /// Create and revoke my own tokens, create a team (a user, not a service token):
@@ -42,7 +43,7 @@ impl Operation {
         Operation::ReadTeam,
         Operation::DriveAgents,
         Operation::ManageTeam,
-        Operation::ReadAudit,
+        Operation::ReadAsOwner,
         Operation::ReadSelf,
         Operation::ManageSelf,
         Operation::FindUsers,
@@ -53,7 +54,7 @@ impl Operation {
     pub fn access(self) -> Access {
         match self {
             Operation::ReadTeam
-            | Operation::ReadAudit
+            | Operation::ReadAsOwner
             | Operation::ReadSelf
             | Operation::FindUsers => Access::Read,
             Operation::DriveAgents => Access::Drive,
@@ -68,7 +69,7 @@ impl Operation {
         match self {
             Operation::ReadTeam => Some(Role::Viewer),
             Operation::DriveAgents => Some(Role::Member),
-            Operation::ManageTeam | Operation::ReadAudit | Operation::FindUsers => {
+            Operation::ManageTeam | Operation::ReadAsOwner | Operation::FindUsers => {
                 Some(Role::Owner)
             }
             Operation::ReadSelf | Operation::ManageSelf | Operation::AdministerServer => None,
@@ -149,7 +150,7 @@ mod tests {
     #[test]
     fn each_role_does_what_the_table_says_and_no_more() {
         use Operation::*;
-        let team_ops = [ReadTeam, DriveAgents, ManageTeam, ReadAudit];
+        let team_ops = [ReadTeam, DriveAgents, ManageTeam, ReadAsOwner];
         let expect = [
             (Role::Viewer, [true, false, false, false]),
             (Role::Member, [true, true, false, false]),
@@ -179,7 +180,7 @@ mod tests {
                 assert_eq!(r.unwrap_err().code(), "insufficient_scope", "{op:?}");
             }
         }
-        assert!(p.authorize_in(team, Operation::ReadAudit, "team").is_ok());
+        assert!(p.authorize_in(team, Operation::ReadAsOwner, "team").is_ok());
     }
 
     #[test]

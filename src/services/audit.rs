@@ -286,7 +286,7 @@ pub async fn list(
     before: Option<AuditId>,
     limit: i64,
 ) -> ServiceResult<Vec<AuditEntry>> {
-    principal.authorize(Operation::ReadAudit)?;
+    principal.authorize(Operation::ReadAsOwner)?;
     if let Some(a) = &filter.action
         && Action::parse(a).is_none()
     {
@@ -297,7 +297,7 @@ pub async fn list(
     }
     let teams: Option<Vec<Uuid>> = match filter.team_id {
         Some(team) => {
-            principal.authorize_in(team.uuid(), Operation::ReadAudit, "team")?;
+            principal.authorize_in(team.uuid(), Operation::ReadAsOwner, "team")?;
             if store::teams::get(&ctx.pool, team.uuid()).await?.is_none() {
                 return Err(ServiceError::NotFound("team"));
             }
