@@ -695,3 +695,44 @@ async fn the_audit_log_records_who_did_what_for_which_request() {
         json!({"kind": "service_token", "id": svc["id"]})
     );
 }
+
+#[tokio::test]
+async fn two_owners_demoting_each_other_at_once_leave_one_owner() {
+    let app = spawn_app().await;
+    let ana = person(&app, "ana").await;
+    let bo = person(&app, "bo").await;
+    for round in 0..5 {
+        let team_id = team(&ana, &format!("race {round}")).await;
+        add(&ana, &team_id, &bo, "owner").await;
+        let demote = |who: &Person, whom: &Person| {
+            let api = who.api.clone();
+            let path = format!("/v1/teams/{team_id}/members/{}", whom.id);
+            async move {
+                api.call(Method::PUT, &path, Some(json!({"role": "member"})))
+                    .await
+            }
+        };
+        let (a, b) = tokio::join!(demote(&ana, &bo), demote(&bo, &ana));
+        let mut statuses = [a.0, b.0];
+        statuses.sort_unstable();
+        assert_eq!(statuses, [200, 409], "round {round}: {a:?} {b:?}");
+        let conflict = if a.0 == 409 { &a.1 } else { &b.1 };
+        assert_eq!(conflict["code"], "last_owner");
+        let members = ana
+            .api
+            .ok(
+                Method::GET,
+                &format!("/v1/teams/{team_id}/members"),
+                None,
+                200,
+            )
+            .await;
+        let owners = members["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "owner")
+            .count();
+        assert_eq!(owners, 1, "round {round}: {members}");
+    }
+}
