@@ -345,6 +345,12 @@ async fn no_route_lets_another_team_or_a_lower_role_or_a_narrower_token_through(
                     format!("expected {expected:?}, got {status} {text}"),
                 );
             }
+        } else if admin_only(call) && status != 403 {
+            fail(
+                call,
+                "team B's owner",
+                format!("expected 403 on an admin route, got {status} {text}"),
+            );
         } else if status >= 500 {
             fail(call, "team B's owner", format!("got {status} {text}"));
         }
@@ -369,6 +375,12 @@ async fn no_route_lets_another_team_or_a_lower_role_or_a_narrower_token_through(
                     format!("expected an answer, got {status} {body}"),
                 );
             }
+        } else if admin_only(call) && status != 403 {
+            fail(
+                call,
+                "team A's viewer",
+                format!("expected 403 on an admin route, got {status} {body}"),
+            );
         } else if status >= 500 {
             fail(call, "team A's viewer", format!("got {status} {body}"));
         }
