@@ -2,12 +2,14 @@
 //! the server serves lists every operation (it is built from the handlers, so a new route
 //! is covered here without anyone remembering to add it). For every `/v1` operation the
 //! path, id filters and id fields of the body are filled with team A's resources, and:
-//! (a) the owner of team B gets 404 on every route that names a team-A resource, and no
-//!     answer anywhere carries a team-A id;
+//! (a) the owner of team B (a member of team B can do no more) gets 404 on every route
+//!     that names a team-A resource, and no answer anywhere carries a team-A id;
 //! (b) a viewer of team A gets 403 on every changing route that names a team-A resource,
-//!     and an answer (not 403) on its reads, except the owners-only audit log;
+//!     and an answer on its reads, except those the route table reserves for owners;
 //! (c) a `read`-scoped token of team A's owner gets 403 `insufficient_scope` on every
-//!     changing route.
+//!     changing route;
+//! routes only a server admin may call refuse both outsiders with 403. Afterwards team
+//! A's resources are as they were, and team B's activity stream never carried team A's.
 //! A route with a path parameter or an id filter the matrix does not know how to fill
 //! fails the test, naming it: that is how a new route forces an update here. Every
 //! failure is collected and reported with its route.
