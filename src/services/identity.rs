@@ -1,10 +1,10 @@
-//! The caller's identity and API tokens: who am I, create (shown once), list, revoke.
+//! The caller's identity and API tokens: who am I, create (shown once; a server admin may
+//! issue one for another user), list, revoke. Creating and revoking are audited.
 
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
-
 use serde_json::json;
+use utoipa::ToSchema;
 
 use super::audit::{self, Action, Entry};
 use super::{ServiceContext, ServiceError, ServiceResult, within_deadline};
