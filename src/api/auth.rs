@@ -1,12 +1,16 @@
-//! The `Principal` extractor: reads `Authorization: Bearer <token>` and asks `auth` who
-//! it is. A handler that takes a `Principal` cannot run unauthenticated.
+//! The `Principal` extractor. Requests to `/v1` routes are authenticated by
+//! `access::enforce` (which also checks the route's token scope) and the extractor hands
+//! out that principal; a `/v1` handler whose route has no declared access refuses to
+//! run. `authenticate_request` reads `Authorization: Bearer <token>` and asks `auth` who
+//! it is.
 
 use std::future::Future;
 use std::pin::Pin;
 
-use actix_web::{FromRequest, HttpRequest, dev::Payload, http::header, web};
+use actix_web::{FromRequest, HttpMessage, HttpRequest, dev::Payload, http::header, web};
 
 use super::error::ApiError;
+use super::middleware::RequestId;
 use crate::auth::{self, AuthError, Principal};
 use crate::server::AppState;
 
@@ -17,29 +21,55 @@ impl FromRequest for Principal {
     type Future = Pin<Box<dyn Future<Output = Result<Self, Self::Error>>>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        let state = req.app_data::<web::Data<AppState>>().cloned();
-        let header = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .map(|v| v.as_bytes().to_vec());
-        Box::pin(async move {
-            let state =
-                state.ok_or_else(|| ApiError::internal(anyhow::anyhow!("app state missing")))?;
-            let raw = header.ok_or(AuthError::TokenMissing)?;
-            if raw.len() > MAX_TOKEN_BYTES + 7 {
-                return Err(AuthError::TokenTooLarge.into());
-            }
-            let raw = std::str::from_utf8(&raw)
-                .map_err(|_| AuthError::TokenMalformed("the Authorization header is not text"))?;
-            let token = raw
-                .strip_prefix("Bearer ")
-                .or_else(|| raw.strip_prefix("bearer "))
-                .map(str::trim)
-                .ok_or(AuthError::TokenMalformed(
-                    "expected `Authorization: Bearer <token>`",
-                ))?;
-            let ctx = &state.services;
-            Ok(auth::authenticate(&ctx.pool, &ctx.runtime, token).await?)
-        })
+        if let Some(principal) = req.extensions().get::<Principal>() {
+            let principal = principal.clone();
+            return Box::pin(async move { Ok(principal) });
+        }
+        if req.path().starts_with("/v1/") {
+            let route = format!(
+                "{} {}",
+                req.method(),
+                req.match_pattern().unwrap_or_default()
+            );
+            return Box::pin(async move {
+                Err(ApiError::internal(anyhow::anyhow!(
+                    "route {route} has no access policy in api::access::ROUTES"
+                )))
+            });
+        }
+        Box::pin(authenticate_request(req))
+    }
+}
+
+/// Who sent `req`: its bearer token resolved to a principal, carrying the request's id.
+pub fn authenticate_request(
+    req: &HttpRequest,
+) -> impl Future<Output = Result<Principal, ApiError>> + 'static {
+    let state = req.app_data::<web::Data<AppState>>().cloned();
+    let header = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| v.as_bytes().to_vec());
+    let request_id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
+    async move {
+        let state =
+            state.ok_or_else(|| ApiError::internal(anyhow::anyhow!("app state missing")))?;
+        let raw = header.ok_or(AuthError::TokenMissing)?;
+        if raw.len() > MAX_TOKEN_BYTES + 7 {
+            return Err(AuthError::TokenTooLarge.into());
+        }
+        let raw = std::str::from_utf8(&raw)
+            .map_err(|_| AuthError::TokenMalformed("the Authorization header is not text"))?;
+        let token = raw
+            .strip_prefix("Bearer ")
+            .or_else(|| raw.strip_prefix("bearer "))
+            .map(str::trim)
+            .ok_or(AuthError::TokenMalformed(
+                "expected `Authorization: Bearer <token>`",
+            ))?;
+        let ctx = &state.services;
+        let mut principal = auth::authenticate(&ctx.pool, &ctx.runtime, token).await?;
+        principal.request_id = request_id;
+        Ok(principal)
     }
 }

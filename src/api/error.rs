@@ -177,6 +177,9 @@ impl From<ServiceError> for ApiError {
             | E::AgentArchived
             | E::ProjectNameTaken
             | E::ProjectHasWorkspaces
+            | E::TeamNameTaken
+            | E::LastOwner
+            | E::UserEmailTaken
             | E::WorkspacePathTaken(_)
             | E::BranchExists(_)
             | E::RepositoryUnavailable(_)

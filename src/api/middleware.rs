@@ -4,6 +4,7 @@
 
 use std::panic::AssertUnwindSafe;
 
+use actix_web::HttpMessage;
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{HeaderName, HeaderValue};
@@ -14,6 +15,10 @@ use tracing::Instrument;
 use super::error::ApiError;
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The request's id, in its extensions (the audit log records it).
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
 
 pub async fn request_id(
     req: ServiceRequest,
@@ -33,6 +38,7 @@ pub async fn request_id(
         .unwrap_or_else(|| uuid::Uuid::now_v7().simple().to_string());
     let span = tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.path());
     let started = std::time::Instant::now();
+    req.extensions_mut().insert(RequestId(id.clone()));
     let mut res = next.call(req).instrument(span.clone()).await?;
     span.in_scope(|| {
         tracing::debug!(

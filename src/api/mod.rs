@@ -1,10 +1,14 @@
 //! The HTTP API: one module per resource, each handler registered with `.service()` and
-//! `#[utoipa::path]` so the OpenAPI document cannot miss it. Handlers are thin: extract,
-//! authenticate (the `Principal` extractor), call one service function, map the result.
+//! `#[utoipa::path]` so the OpenAPI document cannot miss it, and declared in
+//! `access::ROUTES` with the operation it performs, so every request is authenticated and
+//! its token scope checked before the handler runs. Handlers are thin: extract (the
+//! `Principal`), call one service function, map the result.
 //! This is the only layer that knows HTTP: request and response types belong to the
 //! services, and their errors become problem+json in `error`.
 
+pub mod access;
 pub mod agents;
+pub mod audit;
 mod auth;
 pub mod docs;
 pub mod error;
@@ -17,6 +21,8 @@ pub mod openapi;
 pub mod projects;
 pub mod providers;
 pub mod sse;
+pub mod teams;
+pub mod users;
 pub mod workspaces;
 
 use actix_web::error::{JsonPayloadError, PathError, QueryPayloadError};
@@ -44,7 +50,11 @@ pub fn configure(cfg: &mut ServiceConfig, max_body_bytes: usize) {
     cfg.service(
         utoipa_actix_web::scope("/v1")
             .wrap(actix_web::middleware::from_fn(input::reject_nul))
+            .wrap(actix_web::middleware::from_fn(access::enforce))
             .configure(identity::configure)
+            .configure(teams::configure)
+            .configure(users::configure)
+            .configure(audit::configure)
             .configure(projects::configure)
             .configure(workspaces::configure)
             .configure(agents::configure)

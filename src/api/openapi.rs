@@ -171,6 +171,20 @@ fn example(status: u16, op_id: &str) -> Value {
             "project_has_workspaces",
             "archive the project's workspaces before deleting it",
         ),
+        (409, "set_member" | "remove_member") => (
+            "last_owner",
+            "a team keeps at least one owner: add another owner first",
+        ),
+        (409, "create_team") => ("team_name_taken", "a team with this name already exists"),
+        (409, "create_user") => ("user_email_taken", "a user with this email already exists"),
+        (403, "list_audit") => (
+            "forbidden",
+            "the audit log is for team owners and server admins",
+        ),
+        (403, "list_users") => (
+            "forbidden",
+            "team owners look users up by exact email: pass `email`",
+        ),
         (409, "workspace_diff") => (
             "workspace_archived",
             "the workspace is archived; its files are gone",
@@ -265,6 +279,8 @@ fn links() -> Vec<LinkSpec> {
     let agent_message = ("/v1/agents/{id}/messages", "post");
     let permissions = ("/v1/agents/{id}/permissions", "get");
     let token_create = ("/v1/tokens", "post");
+    let team_create = ("/v1/teams", "post");
+    let user_create = ("/v1/users", "post");
     let mock_agent = |source: &'static str| {
         Some(
             json!({"workspace_id": source, "provider": "mock", "workspace": null,
@@ -395,6 +411,22 @@ fn links() -> Vec<LinkSpec> {
         "AnswerPermission",
         "answer_permission",
         json!({"id": PATH_ID, "request_id": "$response.body#/items/0/request_id"}),
+        None,
+    ));
+    // A team leads to its members and its audit log; a user to their first token.
+    for (name, to, params) in [
+        ("GetTeam", "get_team", json!({"id": ID})),
+        ("ListMembers", "list_members", json!({"id": ID})),
+        ("TeamAudit", "list_audit", json!({"team_id": ID})),
+    ] {
+        out.push(link(team_create, CREATED, name, to, params, None));
+    }
+    out.push(link(
+        user_create,
+        CREATED,
+        "IssueToken",
+        "create_user_token",
+        json!({"id": ID}),
         None,
     ));
     // A token a client created can be revoked (never one it did not create: revoking

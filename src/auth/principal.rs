@@ -1,5 +1,5 @@
-//! The authenticated caller and the authorization rules every service applies: a role per
-//! team (a team the caller cannot see is reported as missing) and the token's scopes.
+//! The authenticated caller: who they are, their role in each team and their token's
+//! scopes. What each operation needs of them is stated in `policy`.
 
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
@@ -74,7 +74,7 @@ impl Scope {
     }
 }
 
-/// The kind of operation a service performs, checked against the token's scopes.
+/// What an operation asks of the token's scopes (each `policy::Operation` has one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
     /// Reading anything, including the event streams.
@@ -116,6 +116,26 @@ pub struct Principal {
     pub teams: Vec<Membership>,
     /// The scopes the token was issued with, as stored; empty means every scope.
     pub scopes: Vec<String>,
+    /// The id of the request being served (`X-Request-Id`), recorded in audit entries.
+    pub request_id: Option<String>,
+}
+
+/// Who acted, as the audit log records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActorKind {
+    User,
+    ServiceToken,
+    Admin,
+}
+
+impl ActorKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActorKind::User => "user",
+            ActorKind::ServiceToken => "service_token",
+            ActorKind::Admin => "admin",
+        }
+    }
 }
 
 impl Principal {
@@ -172,6 +192,18 @@ impl Principal {
     pub fn default_team(&self) -> Option<Uuid> {
         self.service_team
             .or_else(|| self.teams.first().map(|m| m.team_id))
+    }
+
+    /// How the audit log names this caller: a service token by its token id, a person
+    /// (or the server admin) by their user id.
+    pub fn actor(&self) -> (ActorKind, Uuid) {
+        if self.service_team.is_some() {
+            (ActorKind::ServiceToken, self.token_id)
+        } else if self.is_admin {
+            (ActorKind::Admin, self.user_id)
+        } else {
+            (ActorKind::User, self.user_id)
+        }
     }
 
     /// Identity used to scope idempotency keys.
@@ -247,6 +279,7 @@ pub async fn authenticate(
         service_team: row.team_id,
         teams,
         scopes: row.scopes,
+        request_id: None,
     })
 }
 
@@ -264,6 +297,7 @@ mod tests {
             service_team: None,
             teams: Vec::new(),
             scopes: scopes.iter().map(|s| s.to_string()).collect(),
+            request_id: None,
         }
     }
 

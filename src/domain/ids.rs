@@ -127,6 +127,10 @@ typed_id!(
     TokenId, "tok_"
 );
 typed_id!(
+    /// An entry of the audit log.
+    AuditId, "aud_"
+);
+typed_id!(
     /// A user or assistant message inside a timeline.
     MessageId, "msg_"
 );

@@ -10,9 +10,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use utoipa::ToSchema;
 
+use super::audit::{self, Action, Entry};
 use super::workspaces::{CreateWorkspace, WorkspaceKind};
 use super::{ServiceContext, ServiceError, ServiceResult};
-use crate::auth::{Access, Principal, Role};
+use crate::auth::{Operation, Principal};
 use crate::domain::{
     AgentEvent, AgentId, AgentStatus, Behavior, EventKind, NewEvent, PermissionId, ProjectId,
     TurnId, UserId, WorkspaceId,
@@ -238,14 +239,14 @@ fn to_agent(ctx: &ServiceContext, row: AgentRow) -> Agent {
     }
 }
 
-/// The agent's row, when the caller may see it and its token allows `access`.
+/// The agent's row, when the caller may see it and its token allows `op`.
 async fn load(
     ctx: &ServiceContext,
     principal: &Principal,
     id: AgentId,
-    access: Access,
+    op: Operation,
 ) -> ServiceResult<AgentRow> {
-    principal.allow(access)?;
+    principal.authorize(op)?;
     let teams = principal.visible_teams();
     store::agents::get(&ctx.pool, id.uuid(), teams.as_deref())
         .await?
@@ -258,8 +259,8 @@ async fn load_to_drive(
     principal: &Principal,
     id: AgentId,
 ) -> ServiceResult<AgentRow> {
-    let row = load(ctx, principal, id, Access::Drive).await?;
-    principal.require(row.team_id, Role::Member, "agent")?;
+    let row = load(ctx, principal, id, Operation::DriveAgents).await?;
+    principal.authorize_in(row.team_id, Operation::DriveAgents, "agent")?;
     Ok(row)
 }
 
@@ -269,7 +270,9 @@ pub async fn authorize_read(
     principal: &Principal,
     id: AgentId,
 ) -> ServiceResult<()> {
-    load(ctx, principal, id, Access::Read).await.map(|_| ())
+    load(ctx, principal, id, Operation::ReadTeam)
+        .await
+        .map(|_| ())
 }
 
 fn check_prompt(ctx: &ServiceContext, field: &'static str, text: &str) -> ServiceResult<()> {
@@ -290,7 +293,7 @@ pub async fn create(
     principal: &Principal,
     body: &CreateAgent,
 ) -> ServiceResult<Agent> {
-    principal.allow(Access::Drive)?;
+    principal.authorize(Operation::DriveAgents)?;
     let provider = ctx
         .agents
         .registry()
@@ -360,7 +363,7 @@ pub async fn create(
             super::workspaces::find(ctx, principal, ws.id).await?
         }
     };
-    principal.require(workspace.team_id, Role::Member, "workspace")?;
+    principal.authorize_in(workspace.team_id, Operation::DriveAgents, "workspace")?;
     if workspace.archived_at.is_some() {
         return Err(ServiceError::WorkspaceArchived("the workspace is archived"));
     }
@@ -396,6 +399,19 @@ pub async fn create(
         },
     )
     .await?;
+    audit::record(
+        ctx,
+        principal,
+        Entry::new(Action::AgentCreate, Some(workspace.team_id), "agent", id).details(json!({
+            "workspace_id": WorkspaceId::from(workspace.id),
+            "provider": body.provider,
+            "model": body.model,
+            "mode": body.mode,
+            "labels": body.labels,
+            "with_prompt": body.prompt.is_some(),
+        })),
+    )
+    .await?;
     let row = reload_row(ctx, id).await?;
     // Start the session (and the first prompt, queued behind it). A provider that fails to
     // start leaves the agent in `error` with the reason in its timeline; it is still created.
@@ -424,7 +440,11 @@ pub async fn list(
     after: Option<AgentId>,
     limit: i64,
 ) -> ServiceResult<Vec<Agent>> {
-    principal.allow(Access::Read)?;
+    principal.authorize(Operation::ReadTeam)?;
+    // A workspace filter names a workspace: one the caller cannot see is missing.
+    if let Some(w) = filter.workspace_id {
+        super::workspaces::find(ctx, principal, w).await?;
+    }
     let teams = principal.visible_teams();
     let labels = filter.label.as_ref().map(|(k, v)| json!({ k: v }));
     let rows = store::agents::list(
@@ -444,7 +464,7 @@ pub async fn list(
 }
 
 pub async fn get(ctx: &ServiceContext, principal: &Principal, id: AgentId) -> ServiceResult<Agent> {
-    let row = load(ctx, principal, id, Access::Read).await?;
+    let row = load(ctx, principal, id, Operation::ReadTeam).await?;
     Ok(to_agent(ctx, row))
 }
 
@@ -454,7 +474,7 @@ pub async fn prompt(
     id: AgentId,
     body: PromptBody,
 ) -> ServiceResult<TurnAccepted> {
-    principal.allow(Access::Drive)?;
+    principal.authorize(Operation::DriveAgents)?;
     check_prompt(ctx, "text", &body.text)?;
     if body
         .client_message_id
@@ -477,8 +497,15 @@ pub async fn prompt(
     }
     let turn_id = ctx
         .agents
-        .prompt(&context(&row), body.text, body.client_message_id)
+        .prompt(&context(&row), body.text, body.client_message_id.clone())
         .await?;
+    audit::record(
+        ctx,
+        principal,
+        Entry::new(Action::AgentPrompt, Some(row.team_id), "agent", id)
+            .details(json!({"turn_id": turn_id, "client_message_id": body.client_message_id})),
+    )
+    .await?;
     Ok(TurnAccepted { turn_id })
 }
 
@@ -487,9 +514,14 @@ pub async fn interrupt(
     principal: &Principal,
     id: AgentId,
 ) -> ServiceResult<()> {
-    load_to_drive(ctx, principal, id).await?;
+    let row = load_to_drive(ctx, principal, id).await?;
     ctx.agents.interrupt(id).await;
-    Ok(())
+    audit::record(
+        ctx,
+        principal,
+        Entry::new(Action::AgentInterrupt, Some(row.team_id), "agent", id),
+    )
+    .await
 }
 
 pub async fn set_mode(
@@ -521,7 +553,7 @@ pub async fn set_model(
     id: AgentId,
     model: String,
 ) -> ServiceResult<Agent> {
-    principal.allow(Access::Drive)?;
+    principal.authorize(Operation::DriveAgents)?;
     if model.trim().is_empty() || model.len() > 200 {
         return Err(ServiceError::invalid(
             "model",
@@ -597,6 +629,13 @@ pub async fn archive(
             },
         )
         .await?;
+        audit::record(
+            ctx,
+            principal,
+            Entry::new(Action::AgentArchive, Some(row.team_id), "agent", id)
+                .details(json!({"workspace_id": WorkspaceId::from(row.workspace_id)})),
+        )
+        .await?;
     }
     Ok(())
 }
@@ -634,7 +673,7 @@ pub async fn list_permissions(
     id: AgentId,
     status: Option<PermissionStatus>,
 ) -> ServiceResult<PermissionList> {
-    let row = load(ctx, principal, id, Access::Read).await?;
+    let row = load(ctx, principal, id, Operation::ReadTeam).await?;
     let rows =
         store::permissions::list(&ctx.pool, row.id, status.map(PermissionStatus::as_str)).await?;
     Ok(PermissionList {
@@ -650,6 +689,7 @@ pub async fn answer_permission(
     body: PermissionAnswerBody,
 ) -> ServiceResult<PermissionView> {
     let row = load_to_drive(ctx, principal, id).await?;
+    let details = json!({"agent_id": id, "behavior": body.behavior, "option_id": body.option_id});
     let answer = PermissionAnswer {
         behavior: body.behavior,
         option_id: body.option_id,
@@ -670,6 +710,18 @@ pub async fn answer_permission(
             };
         }
     }
+    audit::record(
+        ctx,
+        principal,
+        Entry::new(
+            Action::PermissionAnswer,
+            Some(row.team_id),
+            "permission",
+            request,
+        )
+        .details(details),
+    )
+    .await?;
     store::permissions::get(&ctx.pool, row.id, request.uuid())
         .await?
         .map(PermissionView::from)
@@ -684,7 +736,7 @@ pub async fn wait(
     id: AgentId,
     timeout: Duration,
 ) -> ServiceResult<WaitResult> {
-    load(ctx, principal, id, Access::Read).await?;
+    load(ctx, principal, id, Operation::ReadTeam).await?;
     let timeout = timeout.min(Duration::from_secs(ctx.limits.max_wait_s));
     let settled = |s: AgentStatus| !matches!(s, AgentStatus::Running | AgentStatus::Starting);
     let mut timed_out = false;
@@ -746,7 +798,7 @@ pub async fn timeline(
     from: TimelineFrom,
     limit: i64,
 ) -> ServiceResult<TimelinePage> {
-    load(ctx, principal, id, Access::Read).await?;
+    load(ctx, principal, id, Operation::ReadTeam).await?;
     let rows = match from {
         TimelineFrom::After(n) => {
             store::events::page_after(&ctx.pool, id.uuid(), n, limit + 1).await?

@@ -38,6 +38,12 @@ pub enum ServiceError {
     ProjectNameTaken,
     #[error("archive the project's workspaces before deleting it")]
     ProjectHasWorkspaces,
+    #[error("a team with this name already exists")]
+    TeamNameTaken,
+    #[error("a team keeps at least one owner: add another owner first")]
+    LastOwner,
+    #[error("a user with this email already exists")]
+    UserEmailTaken,
     #[error("{0}")]
     WorkspacePathTaken(&'static str),
     #[error("branch `{0}` already exists")]
@@ -94,6 +100,9 @@ impl ServiceError {
             ServiceError::AgentArchived => "agent_archived",
             ServiceError::ProjectNameTaken => "project_name_taken",
             ServiceError::ProjectHasWorkspaces => "project_has_workspaces",
+            ServiceError::TeamNameTaken => "team_name_taken",
+            ServiceError::LastOwner => "last_owner",
+            ServiceError::UserEmailTaken => "user_email_taken",
             ServiceError::WorkspacePathTaken(_) => "workspace_path_taken",
             ServiceError::BranchExists(_) => "branch_exists",
             ServiceError::RepositoryUnavailable(_) => "repository_unavailable",

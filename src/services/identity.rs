@@ -1,11 +1,14 @@
-//! The caller's identity and API tokens: who am I, create (shown once), list, revoke.
+//! The caller's identity and API tokens: who am I, create (shown once; a server admin may
+//! issue one for another user), list, revoke. Creating and revoking are audited.
 
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 use utoipa::ToSchema;
 
-use super::{ServiceContext, ServiceError, ServiceResult};
-use crate::auth::{Access, AuthError, Principal, Role, Scope, tokens};
+use super::audit::{self, Action, Entry};
+use super::{ServiceContext, ServiceError, ServiceResult, within_deadline};
+use crate::auth::{AuthError, Operation, Principal, Role, Scope, tokens};
 use crate::domain::{TeamId, TokenId, UserId};
 use crate::store;
 
@@ -68,7 +71,7 @@ pub struct TokenInfo {
 }
 
 pub fn me(principal: &Principal) -> ServiceResult<Me> {
-    principal.allow(Access::Read)?;
+    principal.authorize(Operation::ReadSelf)?;
     Ok(Me {
         id: principal.user_id.into(),
         email: principal.email.clone(),
@@ -91,7 +94,64 @@ pub async fn create_token(
     principal: &Principal,
     body: &CreateToken,
 ) -> ServiceResult<CreatedToken> {
-    principal.allow(Access::Manage)?;
+    principal.authorize(Operation::ManageSelf)?;
+    let name = check_token_request(body)?;
+    // A service token acts only in its team: what it creates is a token of that team.
+    let team = body.team_id.map(|t| t.uuid()).or(principal.service_team);
+    let (team, role) = match team {
+        Some(team) => {
+            principal.authorize_in(team, Operation::ManageTeam, "team")?;
+            // An admin may name any team id: one that does not exist is a missing resource.
+            if store::identity::team_name(&ctx.pool, team).await?.is_none() {
+                return Err(ServiceError::NotFound("team"));
+            }
+            let role = body.role.unwrap_or(Role::Member);
+            if principal.role_in(team).is_some_and(|mine| role > mine) {
+                return Err(AuthError::Forbidden(
+                    "a service token cannot have a higher role than yours",
+                )
+                .into());
+            }
+            (Some(team), Some(role))
+        }
+        None if body.role.is_some() => {
+            return Err(ServiceError::invalid(
+                "role",
+                "only a team service token has a role",
+            ));
+        }
+        None => (None, None),
+    };
+    issue_token(ctx, principal, principal.user_id, team, role, name, body).await
+}
+
+/// A personal token for another user, issued by a server admin (in local mode, this is
+/// how the people of a team get their first token).
+pub async fn create_user_token(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    user: UserId,
+    body: &CreateToken,
+) -> ServiceResult<CreatedToken> {
+    principal.authorize(Operation::AdministerServer)?;
+    let name = check_token_request(body)?;
+    if body.team_id.is_some() || body.role.is_some() {
+        return Err(ServiceError::invalid(
+            "team_id",
+            "a user's token is personal; team service tokens are made with POST /v1/tokens",
+        ));
+    }
+    if store::identity::get_user(&ctx.pool, user.uuid())
+        .await?
+        .is_none()
+    {
+        return Err(ServiceError::NotFound("user"));
+    }
+    issue_token(ctx, principal, user.uuid(), None, None, name, body).await
+}
+
+/// The trimmed name, when the request is acceptable.
+fn check_token_request(body: &CreateToken) -> ServiceResult<&str> {
     let name = body.name.trim();
     if name.is_empty() || name.len() > 100 {
         return Err(ServiceError::invalid("name", "must be 1 to 100 characters"));
@@ -110,52 +170,54 @@ pub async fn create_token(
             format!("unknown scope `{s}`; scopes are read, agents and admin"),
         ));
     }
-    let (team, role) = match body.team_id {
-        Some(team) => {
-            principal.require(team.uuid(), Role::Owner, "team")?;
-            // An admin may name any team id: one that does not exist is a missing resource.
-            if store::identity::team_name(&ctx.pool, team.uuid())
-                .await?
-                .is_none()
-            {
-                return Err(ServiceError::NotFound("team"));
-            }
-            let role = body.role.unwrap_or(Role::Member);
-            if principal
-                .role_in(team.uuid())
-                .is_some_and(|mine| role > mine)
-            {
-                return Err(AuthError::Forbidden(
-                    "a service token cannot have a higher role than yours",
-                )
-                .into());
-            }
-            (Some(team.uuid()), Some(role))
-        }
-        None if body.role.is_some() => {
-            return Err(ServiceError::invalid(
-                "role",
-                "only a team service token has a role",
-            ));
-        }
-        None => (principal.service_team, None),
-    };
+    Ok(name)
+}
+
+/// Store a new token of `user` (its hash, never the secret) with its audit entry.
+async fn issue_token(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    user: uuid::Uuid,
+    team: Option<uuid::Uuid>,
+    role: Option<Role>,
+    name: &str,
+    body: &CreateToken,
+) -> ServiceResult<CreatedToken> {
     let token = tokens::generate();
     let expires_at = body
         .expires_in_days
         .map(|d| Utc::now() + Duration::days(i64::from(d)));
-    let row = store::identity::insert_token(
-        &ctx.pool,
-        uuid::Uuid::now_v7(),
-        principal.user_id,
-        team,
-        role.map(Role::as_str),
-        name,
-        &tokens::shown_prefix(&token),
-        &tokens::hash(&token),
-        &body.scopes,
-        expires_at,
-    )
+    let id = TokenId::new();
+    let row = within_deadline(ctx, async {
+        let mut tx = ctx.pool.pool().begin().await?;
+        let row = store::identity::insert_token(
+            &mut *tx,
+            id.uuid(),
+            user,
+            team,
+            role.map(Role::as_str),
+            name,
+            &tokens::shown_prefix(&token),
+            &tokens::hash(&token),
+            &body.scopes,
+            expires_at,
+        )
+        .await?;
+        audit::record_in(
+            &mut *tx,
+            principal,
+            &Entry::new(Action::TokenCreate, team, "token", id).details(json!({
+                "name": name,
+                "user_id": UserId::from(user),
+                "role": role,
+                "scopes": body.scopes,
+                "expires_at": expires_at,
+            })),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(row)
+    })
     .await?;
     Ok(CreatedToken {
         id: row.id.into(),
@@ -166,17 +228,23 @@ pub async fn create_token(
     })
 }
 
-/// A page of the caller's own tokens (never their secrets).
+/// A page of the caller's own tokens (never their secrets); for a team service token,
+/// only the tokens of its team made by the same person.
 pub async fn list_tokens(
     ctx: &ServiceContext,
     principal: &Principal,
     after: Option<TokenId>,
     limit: i64,
 ) -> ServiceResult<Vec<TokenInfo>> {
-    principal.allow(Access::Read)?;
-    let rows =
-        store::identity::list_tokens(&ctx.pool, principal.user_id, after.map(|t| t.uuid()), limit)
-            .await?;
+    principal.authorize(Operation::ReadSelf)?;
+    let rows = store::identity::list_tokens(
+        &ctx.pool,
+        principal.user_id,
+        principal.service_team,
+        after.map(|t| t.uuid()),
+        limit,
+    )
+    .await?;
     Ok(rows
         .into_iter()
         .map(|r| TokenInfo {
@@ -193,20 +261,40 @@ pub async fn list_tokens(
         .collect())
 }
 
-/// Revoke one of the caller's tokens (an admin: anyone's); it fails from now on.
+/// Revoke a token: your own, one of a team you own (a service token), or — a server
+/// admin — anyone's. It fails from the next request on.
 pub async fn revoke_token(
     ctx: &ServiceContext,
     principal: &Principal,
     id: TokenId,
 ) -> ServiceResult<()> {
-    principal.allow(Access::Manage)?;
-    let owner = if principal.is_admin {
-        None
-    } else {
-        Some(principal.user_id)
-    };
-    if !store::identity::revoke_token(&ctx.pool, id.uuid(), owner).await? {
-        return Err(ServiceError::NotFound("token"));
+    principal.authorize(Operation::ManageSelf)?;
+    let row = store::identity::get_token(&ctx.pool, id.uuid())
+        .await?
+        .filter(|r| r.revoked_at.is_none())
+        .ok_or(ServiceError::NotFound("token"))?;
+    // A person's own tokens are theirs to revoke; a service token acts for its team only.
+    let own = principal.service_team.is_none() && row.user_id == principal.user_id;
+    if !principal.is_server_admin() && !own {
+        match row.team_id {
+            Some(team) => principal.authorize_in(team, Operation::ManageTeam, "token")?,
+            None => return Err(ServiceError::NotFound("token")),
+        }
     }
-    Ok(())
+    within_deadline(ctx, async {
+        let mut tx = ctx.pool.pool().begin().await?;
+        if !store::identity::revoke_token(&mut *tx, row.id, None).await? {
+            return Err(ServiceError::NotFound("token"));
+        }
+        audit::record_in(
+            &mut *tx,
+            principal,
+            &Entry::new(Action::TokenRevoke, row.team_id, "token", id)
+                .details(json!({"name": row.name, "user_id": UserId::from(row.user_id)})),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    })
+    .await
 }

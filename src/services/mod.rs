@@ -6,6 +6,7 @@
 //! to the runtime.
 
 pub mod agents;
+pub mod audit;
 pub mod error;
 pub mod health;
 pub mod idempotency;
@@ -13,6 +14,8 @@ pub mod identity;
 pub mod projects;
 pub mod providers;
 pub mod streams;
+pub mod teams;
+pub mod users;
 pub mod workspaces;
 
 use std::path::PathBuf;
@@ -51,6 +54,17 @@ impl ServiceContext {
         let mut rx = self.shutdown.clone();
         let _ = rx.wait_for(|s| *s).await;
     }
+}
+
+/// Run `work` (typically a transaction on `ctx.pool.pool()`) within the store's deadline,
+/// so a stalled database fails it with `StoreUnavailable` instead of hanging the request.
+pub(crate) async fn within_deadline<T>(
+    ctx: &ServiceContext,
+    work: impl std::future::Future<Output = ServiceResult<T>>,
+) -> ServiceResult<T> {
+    tokio::time::timeout(ctx.pool.deadline(), work)
+        .await
+        .map_err(|_| ServiceError::StoreUnavailable)?
 }
 
 /// Put an event on the team activity stream (committed before this returns).

@@ -6,8 +6,11 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{ServiceContext, ServiceError, ServiceResult};
-use crate::auth::{Access, Principal, Role};
+use serde_json::json;
+
+use super::audit::{self, Action, Entry};
+use super::{ServiceContext, ServiceError, ServiceResult, within_deadline};
+use crate::auth::{Operation, Principal};
 use crate::domain::{ProjectId, TeamId};
 use crate::git::{self, GitError};
 use crate::store;
@@ -64,7 +67,7 @@ pub async fn create(
     principal: &Principal,
     body: &CreateProject,
 ) -> ServiceResult<Project> {
-    principal.allow(Access::Manage)?;
+    principal.authorize(Operation::ManageTeam)?;
     validate_name("name", &body.name)?;
     let team = match body.team_id {
         Some(t) => t.uuid(),
@@ -72,7 +75,7 @@ pub async fn create(
             .default_team()
             .ok_or_else(|| ServiceError::invalid("team_id", "you belong to no team; name one"))?,
     };
-    principal.require(team, Role::Member, "team")?;
+    principal.authorize_in(team, Operation::ManageTeam, "team")?;
     // An admin may name any team id: one that does not exist is a missing resource.
     if store::identity::team_name(&ctx.pool, team).await?.is_none() {
         return Err(ServiceError::NotFound("team"));
@@ -96,15 +99,29 @@ pub async fn create(
     if store::projects::name_taken(&ctx.pool, team, body.name.trim()).await? {
         return Err(ServiceError::ProjectNameTaken);
     }
-    let row = store::projects::insert(
-        &ctx.pool,
-        ProjectId::new().uuid(),
-        team,
-        body.name.trim(),
-        &repo.toplevel.to_string_lossy(),
-        &repo.default_branch,
-        principal.user_id,
-    )
+    let id = ProjectId::new();
+    let row = within_deadline(ctx, async {
+        let mut tx = ctx.pool.pool().begin().await?;
+        let row = store::projects::insert(
+            &mut *tx,
+            id.uuid(),
+            team,
+            body.name.trim(),
+            &repo.toplevel.to_string_lossy(),
+            &repo.default_branch,
+            principal.user_id,
+        )
+        .await?;
+        audit::record_in(
+            &mut *tx,
+            principal,
+            &Entry::new(Action::ProjectCreate, Some(team), "project", id)
+                .details(json!({"name": row.name, "repo_path": row.repo_path})),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(row)
+    })
     .await?;
     Ok(row.into())
 }
@@ -116,7 +133,7 @@ pub async fn list(
     after: Option<ProjectId>,
     limit: i64,
 ) -> ServiceResult<Vec<Project>> {
-    principal.allow(Access::Read)?;
+    principal.authorize(Operation::ReadTeam)?;
     let teams = principal.visible_teams();
     let rows =
         store::projects::list(&ctx.pool, teams.as_deref(), after.map(|p| p.uuid()), limit).await?;
@@ -137,7 +154,7 @@ pub(crate) async fn find(
     principal: &Principal,
     id: ProjectId,
 ) -> ServiceResult<store::projects::ProjectRow> {
-    principal.allow(Access::Read)?;
+    principal.authorize(Operation::ReadTeam)?;
     let teams = principal.visible_teams();
     store::projects::get(&ctx.pool, id.uuid(), teams.as_deref())
         .await?
@@ -149,12 +166,24 @@ pub async fn delete(
     principal: &Principal,
     id: ProjectId,
 ) -> ServiceResult<()> {
-    principal.allow(Access::Manage)?;
+    principal.authorize(Operation::ManageTeam)?;
     let row = find(ctx, principal, id).await?;
-    principal.require(row.team_id, Role::Member, "project")?;
+    principal.authorize_in(row.team_id, Operation::ManageTeam, "project")?;
     if store::workspaces::active_count_for_project(&ctx.pool, row.id).await? > 0 {
         return Err(ServiceError::ProjectHasWorkspaces);
     }
-    store::projects::mark_deleted(&ctx.pool, row.id).await?;
-    Ok(())
+    within_deadline(ctx, async {
+        let mut tx = ctx.pool.pool().begin().await?;
+        store::projects::mark_deleted(&mut *tx, row.id).await?;
+        audit::record_in(
+            &mut *tx,
+            principal,
+            &Entry::new(Action::ProjectDelete, Some(row.team_id), "project", id)
+                .details(json!({"name": row.name})),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    })
+    .await
 }

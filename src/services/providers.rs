@@ -5,7 +5,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::{ServiceContext, ServiceError, ServiceResult};
-use crate::auth::{Access, Principal};
+use crate::auth::{Operation, Principal};
 use crate::providers::{Availability, ModeInfo, ModelInfo, ProviderCapabilities};
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -37,7 +37,7 @@ pub struct ModelList {
 }
 
 pub async fn list(ctx: &ServiceContext, principal: &Principal) -> ServiceResult<ProviderList> {
-    principal.allow(Access::Read)?;
+    principal.authorize(Operation::ReadSelf)?;
     let mut items = Vec::new();
     for p in ctx.agents.registry().all() {
         let info = p.info();
@@ -65,7 +65,7 @@ pub async fn models(
     id: &str,
     refresh: bool,
 ) -> ServiceResult<ModelList> {
-    principal.allow(Access::Read)?;
+    principal.authorize(Operation::ReadSelf)?;
     // A provider that cannot run (its CLI is not installed, no credentials) has no
     // catalog to probe: say why, as creating an agent on it does.
     let provider = ctx

@@ -8,7 +8,7 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use super::{ServiceContext, ServiceResult};
-use crate::auth::{Access, Principal};
+use crate::auth::{Operation, Principal};
 use crate::domain::{AgentEvent, AgentId, ProjectId, WorkspaceId};
 use crate::events::{Published, TeamActivity};
 use crate::store;
@@ -68,7 +68,7 @@ pub async fn open_team(
     project: Option<ProjectId>,
     workspace: Option<WorkspaceId>,
 ) -> ServiceResult<TeamStream> {
-    principal.allow(Access::Read)?;
+    principal.authorize(Operation::ReadTeam)?;
     if let Some(p) = project {
         super::projects::find(ctx, principal, p).await?;
     }

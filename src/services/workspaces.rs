@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use utoipa::ToSchema;
 
+use super::audit::{self, Action, Entry};
 use super::{ServiceContext, ServiceError, ServiceResult};
-use crate::auth::{Access, Principal, Role};
+use crate::auth::{Operation, Principal};
 use crate::domain::{ProjectId, WorkspaceId};
 use crate::events::NewTeamEvent;
 use crate::git::{self, GitError};
@@ -112,9 +113,9 @@ pub async fn create(
     principal: &Principal,
     body: &CreateWorkspace,
 ) -> ServiceResult<Workspace> {
-    principal.allow(Access::Drive)?;
+    principal.authorize(Operation::DriveAgents)?;
     let project = super::projects::find(ctx, principal, body.project_id).await?;
-    principal.require(project.team_id, Role::Member, "project")?;
+    principal.authorize_in(project.team_id, Operation::DriveAgents, "project")?;
     if let Some(t) = &body.title {
         super::projects::validate_name("title", t)?;
     }
@@ -191,6 +192,14 @@ pub async fn create(
             kind: "workspace_created",
             data: json!({"workspace_id": ws.id, "project_id": ws.project_id, "branch": ws.branch}),
         },
+    )
+    .await?;
+    audit::record(
+        ctx,
+        principal,
+        Entry::new(Action::WorkspaceCreate, Some(project.team_id), "workspace", ws.id).details(
+            json!({"project_id": ws.project_id, "kind": ws.kind, "branch": ws.branch, "base_commit": ws.base_commit}),
+        ),
     )
     .await?;
     Ok(ws)
@@ -285,7 +294,11 @@ pub async fn list(
     after: Option<WorkspaceId>,
     limit: i64,
 ) -> ServiceResult<Vec<Workspace>> {
-    principal.allow(Access::Read)?;
+    principal.authorize(Operation::ReadTeam)?;
+    // A project filter names a project: one the caller cannot see is missing.
+    if let Some(p) = project {
+        super::projects::find(ctx, principal, p).await?;
+    }
     let teams = principal.visible_teams();
     let rows = store::workspaces::list(
         &ctx.pool,
@@ -313,7 +326,7 @@ pub(crate) async fn find(
     principal: &Principal,
     id: WorkspaceId,
 ) -> ServiceResult<store::workspaces::WorkspaceRow> {
-    principal.allow(Access::Read)?;
+    principal.authorize(Operation::ReadTeam)?;
     let teams = principal.visible_teams();
     store::workspaces::get(&ctx.pool, id.uuid(), teams.as_deref())
         .await?
@@ -340,9 +353,9 @@ pub async fn archive(
     principal: &Principal,
     id: WorkspaceId,
 ) -> ServiceResult<Workspace> {
-    principal.allow(Access::Drive)?;
+    principal.authorize(Operation::DriveAgents)?;
     let ws = find(ctx, principal, id).await?;
-    principal.require(ws.team_id, Role::Member, "workspace")?;
+    principal.authorize_in(ws.team_id, Operation::DriveAgents, "workspace")?;
     if ws.archived_at.is_some() {
         return Ok(ws.into());
     }
@@ -369,6 +382,13 @@ pub async fn archive(
             kind: "workspace_archived",
             data: json!({"workspace_id": WorkspaceId::from(row.id)}),
         },
+    )
+    .await?;
+    audit::record(
+        ctx,
+        principal,
+        Entry::new(Action::WorkspaceArchive, Some(row.team_id), "workspace", id)
+            .details(json!({"project_id": ProjectId::from(row.project_id)})),
     )
     .await?;
     Ok(row.into())

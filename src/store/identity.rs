@@ -181,21 +181,35 @@ pub async fn touch_token(db: impl PgExecutor<'_>, id: Uuid) -> Result<(), sqlx::
     .map(|_| ())
 }
 
+/// Live tokens of `user_id`; only those of `team` when it is given.
 pub async fn list_tokens(
     db: impl PgExecutor<'_>,
     user_id: Uuid,
+    team: Option<Uuid>,
     after: Option<Uuid>,
     limit: i64,
 ) -> Result<Vec<TokenRow>, sqlx::Error> {
     sqlx::query_as(
         "SELECT id, user_id, team_id, role, name, prefix, scopes, created_at, expires_at, last_used_at, revoked_at
          FROM api_tokens WHERE user_id = $1 AND revoked_at IS NULL AND ($2::uuid IS NULL OR id > $2)
+           AND ($4::uuid IS NULL OR team_id = $4)
          ORDER BY id LIMIT $3",
     )
     .bind(user_id)
     .bind(after)
     .bind(limit)
+    .bind(team)
     .fetch_all(db)
+    .await
+}
+
+pub async fn get_token(db: impl PgExecutor<'_>, id: Uuid) -> Result<Option<TokenRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, user_id, team_id, role, name, prefix, scopes, created_at, expires_at, last_used_at, revoked_at
+         FROM api_tokens WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(db)
     .await
 }
 

@@ -3,6 +3,7 @@
 //! caller's team ids, or `None` for a server admin who sees every team.
 
 pub mod agents;
+pub mod audit;
 pub mod deadline;
 pub mod events;
 pub mod idempotency;
@@ -11,6 +12,7 @@ pub mod permissions;
 pub mod processes;
 pub mod projects;
 pub mod server_lock;
+pub mod teams;
 pub mod workspaces;
 
 pub use deadline::DeadlinePool;

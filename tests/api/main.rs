@@ -1,15 +1,18 @@
 //! API tests: each test gets a fresh database on a throwaway PostgreSQL cluster and a real
 //! server on a random port, and talks to it over HTTP like a client would.
 
+mod access_matrix;
 mod agents;
 mod helpers;
 mod idempotency_claims;
 mod input;
+mod people;
 mod platform;
 mod runtime;
 mod scopes;
 mod single_server;
 mod story;
 mod streams;
+mod teams;
 mod workspaces;
 mod writer;

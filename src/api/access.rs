@@ -1,0 +1,156 @@
+//! Who may call which route, in one table: every `/v1` route is declared here with the
+//! `Operation` it performs (`auth::policy` says which token scope and team role each
+//! needs). The `enforce` middleware authenticates every request to a declared route and
+//! checks the token's scope before the handler runs; the handler's service then checks
+//! the role in the team of the resource it loads. A handler whose route is missing here
+//! cannot serve a request at all (its `Principal` extractor refuses), and a test walks
+//! the OpenAPI document so that a new route cannot be forgotten.
+
+use actix_web::HttpMessage;
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::middleware::Next;
+
+use super::auth::authenticate_request;
+use super::error::ApiError;
+use crate::auth::Operation;
+
+/// Every `/v1` route: method, path template (as in the OpenAPI document) and operation.
+pub const ROUTES: &[(&str, &str, Operation)] = {
+    use Operation::*;
+    &[
+        ("GET", "/v1/me", ReadSelf),
+        ("GET", "/v1/tokens", ReadSelf),
+        ("POST", "/v1/tokens", ManageSelf),
+        ("DELETE", "/v1/tokens/{id}", ManageSelf),
+        ("POST", "/v1/teams", ManageSelf),
+        ("GET", "/v1/teams", ReadSelf),
+        ("GET", "/v1/teams/{id}", ReadTeam),
+        ("GET", "/v1/teams/{id}/members", ReadTeam),
+        ("PUT", "/v1/teams/{id}/members/{user_id}", ManageTeam),
+        ("DELETE", "/v1/teams/{id}/members/{user_id}", ManageTeam),
+        ("POST", "/v1/users", AdministerServer),
+        ("GET", "/v1/users", FindUsers),
+        ("POST", "/v1/users/{id}/tokens", AdministerServer),
+        ("GET", "/v1/audit", ReadAsOwner),
+        ("GET", "/v1/projects", ReadTeam),
+        ("POST", "/v1/projects", ManageTeam),
+        ("GET", "/v1/projects/{id}", ReadTeam),
+        ("DELETE", "/v1/projects/{id}", ManageTeam),
+        ("GET", "/v1/workspaces", ReadTeam),
+        ("POST", "/v1/workspaces", DriveAgents),
+        ("GET", "/v1/workspaces/{id}", ReadTeam),
+        ("GET", "/v1/workspaces/{id}/diff", ReadTeam),
+        ("POST", "/v1/workspaces/{id}/archive", DriveAgents),
+        ("GET", "/v1/agents", ReadTeam),
+        ("POST", "/v1/agents", DriveAgents),
+        ("GET", "/v1/agents/{id}", ReadTeam),
+        ("DELETE", "/v1/agents/{id}", DriveAgents),
+        ("POST", "/v1/agents/{id}/messages", DriveAgents),
+        ("POST", "/v1/agents/{id}/interrupt", DriveAgents),
+        ("PUT", "/v1/agents/{id}/mode", DriveAgents),
+        ("PUT", "/v1/agents/{id}/model", DriveAgents),
+        ("POST", "/v1/agents/{id}/close", DriveAgents),
+        ("GET", "/v1/agents/{id}/wait", ReadTeam),
+        ("GET", "/v1/agents/{id}/timeline", ReadTeam),
+        ("GET", "/v1/agents/{id}/permissions", ReadTeam),
+        (
+            "POST",
+            "/v1/agents/{id}/permissions/{request_id}",
+            DriveAgents,
+        ),
+        ("GET", "/v1/agents/{id}/events", ReadTeam),
+        ("GET", "/v1/events", ReadTeam),
+        ("GET", "/v1/providers", ReadSelf),
+        ("GET", "/v1/providers/{id}/models", ReadSelf),
+    ]
+};
+
+/// The operation of a route, when it is declared.
+pub fn operation(method: &str, pattern: &str) -> Option<Operation> {
+    ROUTES
+        .iter()
+        .find(|(m, p, _)| *p == pattern && method == *m)
+        .map(|(_, _, op)| *op)
+}
+
+/// Authenticate every request to a declared route and check its token's scope for the
+/// route's operation; the principal then rides in the request's extensions, where the
+/// `Principal` extractor takes it from. Requests to undeclared routes go on to the
+/// router, which answers 404 or 405 (or, for a handler missing from the table, its
+/// extractor refuses).
+pub async fn enforce(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+    let op = req
+        .match_pattern()
+        .and_then(|pattern| operation(req.method().as_str(), &pattern));
+    if let Some(op) = op {
+        let checked = match authenticate_request(req.request()).await {
+            Ok(principal) => principal
+                .authorize(op)
+                .map(|()| principal)
+                .map_err(ApiError::from),
+            Err(e) => Err(e),
+        };
+        match checked {
+            Ok(principal) => {
+                req.extensions_mut().insert(principal);
+            }
+            // Answered here (not raised), so the outer middleware still tags the answer
+            // with its request id.
+            Err(e) => return Ok(req.error_response(e).map_into_right_body()),
+        }
+    }
+    next.call(req)
+        .await
+        .map(ServiceResponse::map_into_left_body)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    #[test]
+    fn every_route_of_the_document_is_in_the_table_and_no_other() {
+        let doc = serde_json::to_value(super::super::docs::document()).unwrap();
+        let mut documented = BTreeSet::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            if !path.starts_with("/v1/") {
+                continue;
+            }
+            for method in item.as_object().unwrap().keys() {
+                documented.insert((method.to_uppercase(), path.clone()));
+            }
+        }
+        let declared: BTreeSet<(String, String)> = ROUTES
+            .iter()
+            .map(|(m, p, _)| (m.to_string(), p.to_string()))
+            .collect();
+        assert_eq!(declared.len(), ROUTES.len(), "a route is declared twice");
+        let missing: Vec<_> = documented.difference(&declared).collect();
+        assert!(
+            missing.is_empty(),
+            "routes with no access policy (add them to api::access::ROUTES): {missing:?}"
+        );
+        let stale: Vec<_> = declared.difference(&documented).collect();
+        assert!(
+            stale.is_empty(),
+            "declared routes that do not exist: {stale:?}"
+        );
+    }
+
+    #[test]
+    fn reads_read_and_everything_else_changes() {
+        for (method, path, op) in ROUTES {
+            assert_eq!(
+                *method != "GET",
+                op.mutates(),
+                "{method} {path} is declared as {op:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! The audit log: every action that changes a team's work or its access is recorded with
+//! who did it (a person, a service token or the server admin), the team, the target, a
+//! few details (never a secret or a token value) and the request id. Where the action is
+//! one database write the entry is written in the same transaction (`record_in`);
+//! otherwise right after the action succeeded (`record`), and a failure to record is
+//! logged and answered as an error, never swallowed.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::{Value, json};
+use sqlx::PgExecutor;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::{ServiceContext, ServiceError, ServiceResult};
+use crate::auth::{ActorKind, AuthError, Operation, Principal, Role};
+use crate::domain::{AuditId, TeamId, TokenId, UserId};
+use crate::store;
+
+/// What was done. The wire name is dotted (`agent.create`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    AgentCreate,
+    AgentPrompt,
+    AgentInterrupt,
+    AgentArchive,
+    PermissionAnswer,
+    WorkspaceCreate,
+    WorkspaceArchive,
+    ProjectCreate,
+    ProjectDelete,
+    TeamCreate,
+    MemberAdd,
+    MemberRemove,
+    MemberRole,
+    TokenCreate,
+    TokenRevoke,
+    UserCreate,
+    AuthSignIn,
+}
+
+impl Action {
+    pub const ALL: [Action; 17] = [
+        Action::AgentCreate,
+        Action::AgentPrompt,
+        Action::AgentInterrupt,
+        Action::AgentArchive,
+        Action::PermissionAnswer,
+        Action::WorkspaceCreate,
+        Action::WorkspaceArchive,
+        Action::ProjectCreate,
+        Action::ProjectDelete,
+        Action::TeamCreate,
+        Action::MemberAdd,
+        Action::MemberRemove,
+        Action::MemberRole,
+        Action::TokenCreate,
+        Action::TokenRevoke,
+        Action::UserCreate,
+        Action::AuthSignIn,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::AgentCreate => "agent.create",
+            Action::AgentPrompt => "agent.prompt",
+            Action::AgentInterrupt => "agent.interrupt",
+            Action::AgentArchive => "agent.archive",
+            Action::PermissionAnswer => "permission.answer",
+            Action::WorkspaceCreate => "workspace.create",
+            Action::WorkspaceArchive => "workspace.archive",
+            Action::ProjectCreate => "project.create",
+            Action::ProjectDelete => "project.delete",
+            Action::TeamCreate => "team.create",
+            Action::MemberAdd => "member.add",
+            Action::MemberRemove => "member.remove",
+            Action::MemberRole => "member.role",
+            Action::TokenCreate => "token.create",
+            Action::TokenRevoke => "token.revoke",
+            Action::UserCreate => "user.create",
+            Action::AuthSignIn => "auth.sign_in",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Action::ALL.into_iter().find(|a| a.as_str() == s)
+    }
+}
+
+/// One thing to record: the action, the team it happened in (none for server-wide
+/// actions such as a personal token), its target and details.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub action: Action,
+    pub team_id: Option<Uuid>,
+    /// The target's kind (`agent`, `workspace`, `member`, …) and its API id.
+    pub target: (&'static str, String),
+    /// A small JSON object; never a secret or a token value.
+    pub details: Value,
+}
+
+impl Entry {
+    pub fn new(
+        action: Action,
+        team_id: Option<Uuid>,
+        kind: &'static str,
+        id: impl ToString,
+    ) -> Self {
+        Self {
+            action,
+            team_id,
+            target: (kind, id.to_string()),
+            details: json!({}),
+        }
+    }
+
+    pub fn details(mut self, details: Value) -> Self {
+        self.details = details;
+        self
+    }
+}
+
+/// Who acted, as a principal or (for a sign-in) as a user about to get one.
+pub struct Actor<'a> {
+    pub kind: ActorKind,
+    pub id: Uuid,
+    pub request_id: Option<&'a str>,
+}
+
+impl<'a> From<&'a Principal> for Actor<'a> {
+    fn from(p: &'a Principal) -> Self {
+        let (kind, id) = p.actor();
+        Actor {
+            kind,
+            id,
+            request_id: p.request_id.as_deref(),
+        }
+    }
+}
+
+/// Record `entry` in the transaction (or on the connection) of the action itself.
+pub async fn record_in<'a>(
+    db: impl PgExecutor<'_>,
+    actor: impl Into<Actor<'a>>,
+    entry: &Entry,
+) -> Result<(), sqlx::Error> {
+    let actor = actor.into();
+    store::audit::insert(
+        db,
+        store::audit::NewEntry {
+            id: AuditId::new().uuid(),
+            actor_kind: actor.kind.as_str(),
+            actor_id: actor.id,
+            team_id: entry.team_id,
+            action: entry.action.as_str(),
+            target_kind: entry.target.0,
+            target_id: &entry.target.1,
+            details: &entry.details,
+            request_id: actor.request_id,
+        },
+    )
+    .await
+}
+
+/// Record `entry` after its action succeeded. A failure is logged with what was not
+/// recorded, and returned: an action that cannot be audited is not reported as done.
+pub async fn record<'a>(
+    ctx: &ServiceContext,
+    actor: impl Into<Actor<'a>>,
+    entry: Entry,
+) -> ServiceResult<()> {
+    let actor = actor.into();
+    let request_id = actor.request_id.map(str::to_owned);
+    if let Err(e) = record_in(&ctx.pool, actor, &entry).await {
+        tracing::error!(
+            error = %e,
+            action = entry.action.as_str(),
+            target_kind = entry.target.0,
+            target_id = %entry.target.1,
+            request_id = request_id.as_deref().unwrap_or(""),
+            "the action succeeded but could not be recorded in the audit log"
+        );
+        return Err(e.into());
+    }
+    Ok(())
+}
+
+/// Record that `user` signed in (`auth.sign_in`), whichever way they did: one call for
+/// every sign-in path. `details` says how (e.g. `{"method": "oidc"}`); never a token.
+pub async fn record_sign_in(
+    ctx: &ServiceContext,
+    user: Uuid,
+    request_id: Option<&str>,
+    details: Value,
+) -> ServiceResult<()> {
+    record(
+        ctx,
+        Actor {
+            kind: ActorKind::User,
+            id: user,
+            request_id,
+        },
+        Entry::new(Action::AuthSignIn, None, "user", UserId::from(user)).details(details),
+    )
+    .await
+}
+
+/// Who did it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AuditActor {
+    /// `user`, `service_token` or `admin`.
+    pub kind: String,
+    /// A `usr_…` id, or a `tok_…` id for a service token.
+    pub id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub email: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AuditTarget {
+    pub kind: String,
+    pub id: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"id": "aud_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "at": "2026-11-30T12:00:00Z",
+    "actor": {"kind": "user", "id": "usr_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c", "email": "ana@example.com"},
+    "team_id": "team_0193a1b2c3d47e8f9a0b1c2d3e4f5a6d", "action": "permission.answer",
+    "target": {"kind": "permission", "id": "perm_0193a1b2c3d47e8f9a0b1c2d3e4f5a6e"},
+    "details": {"agent_id": "agt_0193a1b2c3d47e8f9a0b1c2d3e4f5a6f", "behavior": "allow"},
+    "request_id": "0193a1b2c3d47e8f9a0b1c2d3e4f5a70"}))]
+pub struct AuditEntry {
+    pub id: AuditId,
+    pub at: DateTime<Utc>,
+    pub actor: AuditActor,
+    pub team_id: Option<TeamId>,
+    pub action: String,
+    pub target: AuditTarget,
+    #[schema(value_type = Object)]
+    pub details: Value,
+    pub request_id: Option<String>,
+}
+
+impl From<store::audit::EntryRow> for AuditEntry {
+    fn from(r: store::audit::EntryRow) -> Self {
+        let actor_id = r.actor_id.map(|id| {
+            if r.actor_kind == ActorKind::ServiceToken.as_str() {
+                TokenId::from(id).to_string()
+            } else {
+                UserId::from(id).to_string()
+            }
+        });
+        Self {
+            id: r.id.into(),
+            at: r.at,
+            actor: AuditActor {
+                kind: r.actor_kind,
+                id: actor_id,
+                email: r.actor_email,
+            },
+            team_id: r.team_id.map(Into::into),
+            action: r.action,
+            target: AuditTarget {
+                kind: r.target_kind,
+                id: r.target_id,
+            },
+            details: r.details,
+            request_id: r.request_id,
+        }
+    }
+}
+
+/// Which entries `list` returns; `actor_id` is a person's or a service token's id.
+#[derive(Debug, Default)]
+pub struct AuditFilter {
+    pub team_id: Option<TeamId>,
+    pub action: Option<String>,
+    pub actor_id: Option<Uuid>,
+}
+
+/// A page of the audit log, newest first: owners read their teams' entries, admins all.
+pub async fn list(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    filter: &AuditFilter,
+    before: Option<AuditId>,
+    limit: i64,
+) -> ServiceResult<Vec<AuditEntry>> {
+    principal.authorize(Operation::ReadAsOwner)?;
+    if let Some(a) = &filter.action
+        && Action::parse(a).is_none()
+    {
+        return Err(ServiceError::invalid(
+            "action",
+            format!("unknown action `{a}`"),
+        ));
+    }
+    let teams: Option<Vec<Uuid>> = match filter.team_id {
+        Some(team) => {
+            principal.authorize_in(team.uuid(), Operation::ReadAsOwner, "team")?;
+            if store::teams::get(&ctx.pool, team.uuid()).await?.is_none() {
+                return Err(ServiceError::NotFound("team"));
+            }
+            Some(vec![team.uuid()])
+        }
+        None if principal.is_server_admin() => None,
+        None => {
+            let owned: Vec<Uuid> = principal
+                .teams
+                .iter()
+                .filter(|m| principal.role_in(m.team_id) == Some(Role::Owner))
+                .map(|m| m.team_id)
+                .collect();
+            if owned.is_empty() {
+                return Err(AuthError::Forbidden(
+                    "the audit log is for team owners and server admins",
+                )
+                .into());
+            }
+            Some(owned)
+        }
+    };
+    let rows = store::audit::list(
+        &ctx.pool,
+        store::audit::Filter {
+            teams: teams.as_deref(),
+            action: filter.action.as_deref(),
+            actor_id: filter.actor_id,
+            before: before.map(|b| b.uuid()),
+            limit,
+        },
+    )
+    .await?;
+    Ok(rows.into_iter().map(AuditEntry::from).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn action_names_round_trip() {
+        for a in Action::ALL {
+            assert_eq!(Action::parse(a.as_str()), Some(a));
+        }
+        assert_eq!(Action::parse("agent.delete"), None);
+    }
+}

@@ -1,0 +1,302 @@
+//! Teams and their members: any person creates a team and becomes its owner; owners add
+//! members, change roles and remove members; a member may leave. A team always keeps an
+//! owner: the last one can be neither removed nor demoted. Membership changes of one team
+//! run one at a time (the team's row is locked), each with its audit entry in the same
+//! transaction.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use utoipa::ToSchema;
+
+use super::audit::{self, Action, Entry};
+use super::{ServiceContext, ServiceError, ServiceResult, within_deadline};
+use crate::auth::{AuthError, Operation, Principal, Role};
+use crate::domain::{TeamId, UserId};
+use crate::store;
+
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"name": "platform"}))]
+pub struct CreateTeam {
+    pub name: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"id": "team_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "name": "platform", "role": "owner",
+    "created_at": "2026-11-30T12:00:00Z"}))]
+pub struct Team {
+    pub id: TeamId,
+    pub name: String,
+    /// Your role in the team; null for a server admin who is not a member.
+    pub role: Option<Role>,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"user_id": "usr_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "email": "ana@example.com",
+    "name": "Ana", "role": "member", "added_at": "2026-11-30T12:00:00Z"}))]
+pub struct Member {
+    pub user_id: UserId,
+    pub email: String,
+    pub name: String,
+    pub role: Role,
+    pub added_at: DateTime<Utc>,
+}
+
+/// A team with its members.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"id": "team_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "name": "platform", "role": "owner",
+    "created_at": "2026-11-30T12:00:00Z", "members": [{"user_id": "usr_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c",
+    "email": "ana@example.com", "name": "Ana", "role": "owner", "added_at": "2026-11-30T12:00:00Z"}],
+    "more_members": false}))]
+pub struct TeamDetail {
+    pub id: TeamId,
+    pub name: String,
+    pub role: Option<Role>,
+    pub created_at: DateTime<Utc>,
+    /// The first `MEMBERS_SHOWN` members; page through `/members` for all of them.
+    pub members: Vec<Member>,
+    /// More members than shown here.
+    pub more_members: bool,
+}
+
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"role": "member"}))]
+pub struct MemberRole {
+    pub role: Role,
+}
+
+/// Whether `set_member` added someone or changed their role.
+pub enum MemberChange {
+    Added(Member),
+    Changed(Member),
+}
+
+/// How many members `get` shows.
+pub const MEMBERS_SHOWN: i64 = 200;
+
+fn member(r: store::teams::MemberRow) -> Member {
+    Member {
+        user_id: r.user_id.into(),
+        email: r.email,
+        name: r.name,
+        role: Role::parse(&r.role).unwrap_or(Role::Viewer),
+        added_at: r.created_at,
+    }
+}
+
+fn team(principal: &Principal, r: store::teams::TeamRow) -> Team {
+    Team {
+        id: r.id.into(),
+        name: r.name,
+        role: principal
+            .teams
+            .iter()
+            .find(|m| m.team_id == r.id)
+            .map(|m| m.role),
+        created_at: r.created_at,
+    }
+}
+
+/// A new team with the caller as its owner.
+pub async fn create(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    body: &CreateTeam,
+) -> ServiceResult<Team> {
+    principal.authorize(Operation::ManageSelf)?;
+    if principal.service_team.is_some() {
+        return Err(AuthError::Forbidden("a service token cannot create teams").into());
+    }
+    let name = body.name.trim();
+    super::projects::validate_name("name", name)?;
+    let id = TeamId::new().uuid();
+    within_deadline(ctx, async {
+        let mut tx = ctx.pool.pool().begin().await?;
+        if !store::teams::insert(&mut *tx, id, name).await? {
+            return Err(ServiceError::TeamNameTaken);
+        }
+        store::teams::set_member(&mut *tx, id, principal.user_id, Role::Owner.as_str()).await?;
+        audit::record_in(
+            &mut *tx,
+            principal,
+            &Entry::new(Action::TeamCreate, Some(id), "team", TeamId::from(id))
+                .details(json!({"name": name})),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    })
+    .await?;
+    let row = store::teams::get(&ctx.pool, id)
+        .await?
+        .ok_or(ServiceError::NotFound("team"))?;
+    Ok(Team {
+        role: Some(Role::Owner),
+        ..team(principal, row)
+    })
+}
+
+/// A page of the caller's teams (a server admin: every team), with the caller's role.
+pub async fn list(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    after: Option<TeamId>,
+    limit: i64,
+) -> ServiceResult<Vec<Team>> {
+    principal.authorize(Operation::ReadSelf)?;
+    let teams = principal.visible_teams();
+    let rows =
+        store::teams::list(&ctx.pool, teams.as_deref(), after.map(|t| t.uuid()), limit).await?;
+    Ok(rows.into_iter().map(|r| team(principal, r)).collect())
+}
+
+/// The team's row, when the caller may do `op` in it.
+async fn find(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: TeamId,
+    op: Operation,
+) -> ServiceResult<store::teams::TeamRow> {
+    // Visibility first: a team the caller cannot see is missing, whatever `op` needs.
+    principal.authorize_in(id.uuid(), Operation::ReadTeam, "team")?;
+    let row = store::teams::get(&ctx.pool, id.uuid())
+        .await?
+        .ok_or(ServiceError::NotFound("team"))?;
+    principal.authorize_in(row.id, op, "team")?;
+    Ok(row)
+}
+
+pub async fn get(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: TeamId,
+) -> ServiceResult<TeamDetail> {
+    let row = find(ctx, principal, id, Operation::ReadTeam).await?;
+    let mut members = store::teams::members(&ctx.pool, row.id, None, MEMBERS_SHOWN + 1).await?;
+    let more_members = members.len() as i64 > MEMBERS_SHOWN;
+    members.truncate(MEMBERS_SHOWN as usize);
+    let t = team(principal, row);
+    Ok(TeamDetail {
+        id: t.id,
+        name: t.name,
+        role: t.role,
+        created_at: t.created_at,
+        members: members.into_iter().map(member).collect(),
+        more_members,
+    })
+}
+
+/// A page of the team's members, by user id.
+pub async fn members(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: TeamId,
+    after: Option<UserId>,
+    limit: i64,
+) -> ServiceResult<Vec<Member>> {
+    let row = find(ctx, principal, id, Operation::ReadTeam).await?;
+    let rows = store::teams::members(&ctx.pool, row.id, after.map(|u| u.uuid()), limit).await?;
+    Ok(rows.into_iter().map(member).collect())
+}
+
+/// Add `user` to the team with `role`, or change their role (owners only). Demoting the
+/// last owner is refused.
+pub async fn set_member(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: TeamId,
+    user: UserId,
+    role: Role,
+) -> ServiceResult<MemberChange> {
+    let row = find(ctx, principal, id, Operation::ManageTeam).await?;
+    if store::teams::get_user(&ctx.pool, user.uuid())
+        .await?
+        .is_none()
+    {
+        return Err(ServiceError::NotFound("user"));
+    }
+    let team_id = row.id;
+    let added = within_deadline(ctx, async {
+        let mut tx = ctx.pool.pool().begin().await?;
+        if !store::teams::lock(&mut tx, team_id).await? {
+            return Err(ServiceError::NotFound("team"));
+        }
+        let before = store::teams::member(&mut *tx, team_id, user.uuid()).await?;
+        let was = before.as_ref().and_then(|m| Role::parse(&m.role));
+        if was == Some(Role::Owner)
+            && role != Role::Owner
+            && store::teams::owner_count(&mut *tx, team_id).await? <= 1
+        {
+            return Err(ServiceError::LastOwner);
+        }
+        let added = store::teams::set_member(&mut *tx, team_id, user.uuid(), role.as_str()).await?;
+        let entry = if added {
+            Entry::new(Action::MemberAdd, Some(team_id), "member", user)
+                .details(json!({"role": role}))
+        } else {
+            Entry::new(Action::MemberRole, Some(team_id), "member", user)
+                .details(json!({"role": role, "previous_role": was}))
+        };
+        audit::record_in(&mut *tx, principal, &entry).await?;
+        tx.commit().await?;
+        Ok(added)
+    })
+    .await?;
+    let m = store::teams::member(&ctx.pool, team_id, user.uuid())
+        .await?
+        .map(member)
+        .ok_or(ServiceError::NotFound("member"))?;
+    Ok(if added {
+        MemberChange::Added(m)
+    } else {
+        MemberChange::Changed(m)
+    })
+}
+
+/// Remove `user` from the team: owners remove anyone, anyone may leave. The last owner
+/// stays.
+pub async fn remove_member(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: TeamId,
+    user: UserId,
+) -> ServiceResult<()> {
+    let leaving = principal.service_team.is_none() && user.uuid() == principal.user_id;
+    let op = if leaving {
+        Operation::ReadTeam
+    } else {
+        Operation::ManageTeam
+    };
+    // Leaving changes something too: the token's scopes must allow what the route needs.
+    principal.allow(Operation::ManageTeam.access())?;
+    let row = find(ctx, principal, id, op).await?;
+    let team_id = row.id;
+    within_deadline(ctx, async {
+        let mut tx = ctx.pool.pool().begin().await?;
+        if !store::teams::lock(&mut tx, team_id).await? {
+            return Err(ServiceError::NotFound("team"));
+        }
+        let Some(before) = store::teams::member(&mut *tx, team_id, user.uuid()).await? else {
+            return Err(ServiceError::NotFound("member"));
+        };
+        if before.role == Role::Owner.as_str()
+            && store::teams::owner_count(&mut *tx, team_id).await? <= 1
+        {
+            return Err(ServiceError::LastOwner);
+        }
+        store::teams::remove_member(&mut *tx, team_id, user.uuid()).await?;
+        audit::record_in(
+            &mut *tx,
+            principal,
+            &Entry::new(Action::MemberRemove, Some(team_id), "member", user)
+                .details(json!({"role": before.role, "left": leaving})),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    })
+    .await
+}
