@@ -1393,6 +1393,7 @@ async fn start_session(
             cwd: spec.cwd.clone(),
             env: cfg.env.clone(),
             pass_env: Vec::new(),
+            secret_env: Default::default(),
         })
         .await?;
     let pid = child.pid();

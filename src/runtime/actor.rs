@@ -205,6 +205,7 @@ impl Actor {
         let launcher = Arc::new(AgentLauncher {
             ledger: self.shared.ledger.clone(),
             agent: self.id(),
+            secret_env: self.ctx.secret_env.clone(),
         });
         let (tx, rx) = mpsc::channel(1024);
         match self.provider.start(spec, launcher, tx).await {

@@ -15,7 +15,7 @@ use super::{ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{Access, Principal, Role};
 use crate::domain::{
     AgentEvent, AgentId, AgentStatus, Behavior, EventKind, NewEvent, PermissionId, ProjectId,
-    TurnId, UserId, WorkspaceId,
+    SecretEnv, TurnId, UserId, WorkspaceId,
 };
 use crate::events::NewTeamEvent;
 use crate::providers::Availability;
@@ -190,7 +190,9 @@ pub struct PermissionAnswerBody {
     pub updated_input: Option<Value>,
 }
 
-fn context(row: &AgentRow) -> AgentContext {
+/// What the runtime needs to run the agent; `secret_env` is what its provider takes from
+/// the team's secrets (see `team_env`).
+fn context(row: &AgentRow, secret_env: SecretEnv) -> AgentContext {
     AgentContext {
         id: row.id.into(),
         team_id: row.team_id,
@@ -203,7 +205,23 @@ fn context(row: &AgentRow) -> AgentContext {
         system_prompt: row.system_prompt.clone(),
         mcp_servers: row.mcp_servers.clone(),
         persistence: row.persistence.clone(),
+        secret_env,
     }
+}
+
+/// The team secrets `provider` takes, opened for an agent of `team`; a secret that is not
+/// set, or cannot be decrypted, makes the provider unavailable (422 at the edge).
+async fn team_env(
+    ctx: &ServiceContext,
+    provider: &str,
+    team: uuid::Uuid,
+) -> ServiceResult<SecretEnv> {
+    super::secrets::launch_env(ctx, provider, team)
+        .await?
+        .map_err(|reason| ServiceError::ProviderUnavailable {
+            provider: provider.to_owned(),
+            reason,
+        })
 }
 
 /// The agent as clients see it: its row, with what the runtime knows of it live.
@@ -334,7 +352,7 @@ pub async fn create(
             ));
         }
     }
-    let workspace = match (&body.workspace_id, &body.workspace) {
+    let existing = match (&body.workspace_id, &body.workspace) {
         (Some(_), Some(_)) => {
             return Err(ServiceError::invalid(
                 "workspace",
@@ -347,7 +365,25 @@ pub async fn create(
                 "required (or `workspace` to create one)",
             ));
         }
-        (Some(id), None) => super::workspaces::find(ctx, principal, *id).await?,
+        (Some(id), None) => Some(super::workspaces::find(ctx, principal, *id).await?),
+        (None, Some(_)) => None,
+    };
+    // The team's secrets are checked before anything is made: a provider the team cannot
+    // use leaves no new workspace behind.
+    let team = match (&existing, &body.workspace) {
+        (Some(ws), _) => ws.team_id,
+        (None, Some(spec)) => {
+            super::projects::find(ctx, principal, spec.project_id)
+                .await?
+                .team_id
+        }
+        (None, None) => unreachable!("refused above"),
+    };
+    principal.require(team, Role::Member, "workspace")?;
+    let secret_env = team_env(ctx, &body.provider, team).await?;
+    let workspace = match (existing, &body.workspace) {
+        (Some(ws), _) => ws,
+        (None, None) => unreachable!("refused above"),
         (None, Some(spec)) => {
             let create = CreateWorkspace {
                 project_id: spec.project_id,
@@ -399,7 +435,11 @@ pub async fn create(
     let row = reload_row(ctx, id).await?;
     // Start the session (and the first prompt, queued behind it). A provider that fails to
     // start leaves the agent in `error` with the reason in its timeline; it is still created.
-    match ctx.agents.start(&context(&row), body.prompt.clone()).await {
+    match ctx
+        .agents
+        .start(&context(&row, secret_env), body.prompt.clone())
+        .await
+    {
         Ok(_) | Err(RuntimeError::StartFailed(_) | RuntimeError::ActorGone) => {}
         Err(e) => return Err(e.into()),
     }
@@ -475,9 +515,15 @@ pub async fn prompt(
             "the agent's workspace is archived; its files are gone",
         ));
     }
+    // A closed agent is reopened by this prompt, with the team's secrets as they are now.
+    let secret_env = team_env(ctx, &row.provider, row.team_id).await?;
     let turn_id = ctx
         .agents
-        .prompt(&context(&row), body.text, body.client_message_id)
+        .prompt(
+            &context(&row, secret_env),
+            body.text,
+            body.client_message_id,
+        )
         .await?;
     Ok(TurnAccepted { turn_id })
 }

@@ -147,6 +147,7 @@ impl ClaudeProvider {
             cwd,
             env,
             pass_env: self.cfg.pass_env.clone(),
+            secret_env: Default::default(),
         })
     }
 
@@ -275,7 +276,7 @@ impl Provider for ClaudeProvider {
                 format!("`{program}` was not found on PATH")
             });
         }
-        let set = |name: &str| self.cfg.child_var(name).is_some_and(|v| !v.is_empty());
+        let set = |name: &str| self.cfg.var_is_set(name);
         if set("ANTHROPIC_API_KEY")
             || set("ANTHROPIC_AUTH_TOKEN")
             || set("CLAUDE_CODE_USE_BEDROCK")

@@ -159,6 +159,7 @@ impl CodexProvider {
                 cwd,
                 env: self.cfg.env.clone(),
                 pass_env: self.cfg.pass_env.clone(),
+                secret_env: Default::default(),
             })
             .await?;
         let (Some(stdin), Some(stdout), Some(stderr)) =
@@ -414,7 +415,7 @@ fn credentials(cfg: &CliConfig, exists: impl Fn(&std::path::Path) -> bool) -> Re
     if let Some(provider) = custom_model_provider(&cfg.args) {
         return match provider.env_key {
             None => Ok(()),
-            Some(key) if cfg.child_var(&key).is_some_and(|v| !v.is_empty()) => Ok(()),
+            Some(key) if cfg.var_is_set(&key) => Ok(()),
             Some(key) => Err(format!(
                 "no credentials: the model provider `{}` reads its key from {key}, which is not set",
                 provider.name
@@ -422,7 +423,7 @@ fn credentials(cfg: &CliConfig, exists: impl Fn(&std::path::Path) -> bool) -> Re
         };
     }
     for key in ["OPENAI_API_KEY", "CODEX_API_KEY"] {
-        if cfg.child_var(key).is_some_and(|v| !v.is_empty()) {
+        if cfg.var_is_set(key) {
             return Ok(());
         }
     }
