@@ -8,6 +8,7 @@ mod input;
 mod platform;
 mod runtime;
 mod scopes;
+mod secrets;
 mod single_server;
 mod story;
 mod streams;
