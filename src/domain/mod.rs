@@ -7,4 +7,4 @@ pub mod secret;
 
 pub use event::*;
 pub use ids::*;
-pub use secret::{SecretEnv, SecretValue};
+pub use secret::{Redactor, SecretEnv, SecretValue};

@@ -41,6 +41,85 @@ impl fmt::Display for SecretValue {
 /// Environment variables whose values are secrets, by name.
 pub type SecretEnv = BTreeMap<String, SecretValue>;
 
+/// What a secret value becomes in text that is stored or shown.
+pub const REDACTED: &str = "[redacted]";
+
+/// Values shorter than this are not searched for: a one-letter "secret" would blank out
+/// every word that contains the letter and protect nothing.
+const MIN_REDACTED_LEN: usize = 4;
+
+/// Masks an agent's secret values in what its provider reports (a tool that prints the
+/// environment, a CLI that quotes its key in an error), before it reaches a timeline, a
+/// status reason or a turn's error.
+#[derive(Clone, Default)]
+pub struct Redactor {
+    /// Longest first, so a value that contains another is masked whole.
+    values: Vec<String>,
+}
+
+impl fmt::Debug for Redactor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Redactor({} values)", self.values.len())
+    }
+}
+
+impl Redactor {
+    pub fn new(env: &SecretEnv) -> Self {
+        let mut values: Vec<String> = env
+            .values()
+            .map(|v| v.expose().to_owned())
+            .filter(|v| v.len() >= MIN_REDACTED_LEN)
+            .collect();
+        values.sort_by_key(|v| std::cmp::Reverse(v.len()));
+        values.dedup();
+        Self { values }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// `text` with every secret value replaced by `[redacted]`.
+    pub fn text<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
+        let mut out = std::borrow::Cow::Borrowed(text);
+        for v in &self.values {
+            if out.contains(v.as_str()) {
+                out = std::borrow::Cow::Owned(out.replace(v.as_str(), REDACTED));
+            }
+        }
+        out
+    }
+
+    /// Mask secret values in every string (and object key) of `value`, in place.
+    pub fn json(&self, value: &mut serde_json::Value) {
+        use serde_json::Value;
+        if self.is_empty() {
+            return;
+        }
+        match value {
+            Value::String(s) => {
+                if let std::borrow::Cow::Owned(masked) = self.text(s) {
+                    *s = masked;
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|v| self.json(v)),
+            Value::Object(map) => {
+                if map
+                    .keys()
+                    .any(|k| matches!(self.text(k), std::borrow::Cow::Owned(_)))
+                {
+                    let old = std::mem::take(map);
+                    for (k, v) in old {
+                        map.insert(self.text(&k).into_owned(), v);
+                    }
+                }
+                map.values_mut().for_each(|v| self.json(v));
+            }
+            _ => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,5 +132,28 @@ mod tests {
         let env = SecretEnv::from([("KEY".to_owned(), v.clone())]);
         assert!(!format!("{env:?}").contains("sk-live"));
         assert_eq!(v.expose(), "sk-live-123");
+    }
+
+    #[test]
+    fn the_redactor_masks_values_in_text_and_json() {
+        let env = SecretEnv::from([
+            ("A".to_owned(), SecretValue::new("sk-abc")),
+            ("B".to_owned(), SecretValue::new("sk-abc-longer")),
+            ("C".to_owned(), SecretValue::new("x")),
+        ]);
+        let r = Redactor::new(&env);
+        assert_eq!(
+            r.text("A=sk-abc B=sk-abc-longer x"),
+            "A=[redacted] B=[redacted] x"
+        );
+        let mut v = serde_json::json!({"output": ["key sk-abc-longer!"], "sk-abc": 1, "n": 2});
+        r.json(&mut v);
+        assert_eq!(
+            v,
+            serde_json::json!({"output": ["key [redacted]!"], "[redacted]": 1, "n": 2})
+        );
+        assert!(matches!(r.text("nothing"), std::borrow::Cow::Borrowed(_)));
+        assert!(Redactor::new(&SecretEnv::new()).is_empty());
+        assert!(!format!("{r:?}").contains("sk-"));
     }
 }

@@ -671,6 +671,23 @@ async fn agents_get_their_own_teams_secret_when_created_resumed_and_after_a_rest
         Some("alpha-rotated-41aa")
     );
 
+    // What the provider reports back (a tool that prints the value, a failure that
+    // quotes it) is masked before it is stored.
+    app.prompt(&a, "/tool echo alpha-rotated-41aa").await;
+    wait_idle(&app, &app.token, &a).await;
+    let timeline = serde_json::to_string(&app.timeline(&a).await).unwrap();
+    assert!(timeline.contains("echo [redacted]"), "{timeline}");
+    app.prompt(&a, "/fail bad key alpha-rotated-41aa").await;
+    let waited = wait_idle(&app, &app.token, &a).await;
+    assert_eq!(waited["last_turn"]["outcome"], "failed", "{waited}");
+    assert!(
+        waited["last_turn"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("bad key [redacted]"),
+        "{waited}"
+    );
+
     // Nothing the API answers carries a value: timelines, agents, providers.
     for (agent, token) in [(&a, &app.token), (&b, &owner_b)] {
         let mut texts = Vec::new();
