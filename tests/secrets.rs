@@ -412,7 +412,7 @@ async fn no_value_reaches_the_log_or_the_database_dump_whatever_happens_to_it() 
     let dir = dumps.path().to_owned();
     let app = spawn_app_with(move |s: &mut Settings| {
         let script = format!(
-            "env > \"$ENV_DUMP_DIR/$$.env\"; exec '{}' mock-agent",
+            "env > \"$ENV_DUMP_DIR/$$.env\"; echo \"starting with token $TEAM_TOKEN\" >&2; exec '{}' mock-agent",
             env!("CARGO_BIN_EXE_agentry")
         );
         s.providers.insert(
@@ -502,6 +502,10 @@ async fn no_value_reaches_the_log_or_the_database_dump_whatever_happens_to_it() 
     assert!(
         log.contains("cannot be decrypted") && log.contains("team secret deleted"),
         "the log was captured"
+    );
+    assert!(
+        log.contains("starting with token [redacted]"),
+        "the provider's stderr is logged, masked"
     );
     for value in [&v1, &v2, &v3] {
         assert_absent("API answers", &shown, value);

@@ -20,7 +20,7 @@ use sqlx::PgPool;
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 use uuid::Uuid;
 
-use crate::domain::{AgentId, SecretEnv};
+use crate::domain::{AgentId, Redactor, SecretEnv};
 use crate::store::processes as store;
 
 pub use crate::store::processes::LedgerRow;
@@ -94,6 +94,8 @@ pub struct ManagedChild {
     reaped: bool,
     /// `terminate` has run to completion: nothing is left to clean up.
     finished: bool,
+    /// Masks the values of the spec's `secret_env` (for what the child writes).
+    redactor: Redactor,
 }
 
 impl ManagedChild {
@@ -103,6 +105,11 @@ impl ManagedChild {
 
     pub fn pgid(&self) -> i32 {
         self.identity.pgid
+    }
+
+    /// Masks the child's secret values in text taken from it (its stderr).
+    pub fn redactor(&self) -> Redactor {
+        self.redactor.clone()
     }
 
     /// The ledger row recording this child, if it was started through [`Ledger::launch`].
@@ -313,6 +320,7 @@ pub fn spawn(spec: &CommandSpec) -> Result<ManagedChild, ProcessError> {
         ledger: None,
         reaped: false,
         finished: false,
+        redactor: Redactor::new(&spec.secret_env),
     })
 }
 

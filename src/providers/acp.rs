@@ -1406,7 +1406,8 @@ async fn start_session(
         ));
     };
 
-    let (stderr_ring, stderr_task) = StderrTail::capture(stderr, "agentry::providers::acp::stderr");
+    let (stderr_ring, stderr_task) =
+        StderrTail::capture_masked(stderr, "agentry::providers::acp::stderr", child.redactor());
     let update_credits = Arc::new(UpdateCredits::new(UPDATES_IN_FLIGHT));
     let stdout = UpdateGate::new(stdout, update_credits.clone());
     let shared = Arc::new(Shared {

@@ -389,9 +389,10 @@ async fn probe_initialize(child: &mut ManagedChild) -> Result<Value, ProviderErr
             "the CLI has no piped stdio".to_owned(),
         ));
     };
+    let redactor = child.redactor();
     let stderr = child
         .take_stderr()
-        .map(|e| StderrTail::capture(e, "agentry::providers::claude::stderr"));
+        .map(|e| StderrTail::capture_masked(e, "agentry::providers::claude::stderr", redactor));
     let writer = LineWriter::new(stdin);
     let id = "agentry_probe";
     writer
@@ -732,8 +733,11 @@ async fn start_session(
         child.terminate(STOP_GRACE).await;
         return Err(ProviderError::Protocol("the CLI has no piped stdio".to_owned()).into());
     };
-    let (stderr_tail, stderr_task) =
-        StderrTail::capture(stderr, "agentry::providers::claude::stderr");
+    let (stderr_tail, stderr_task) = StderrTail::capture_masked(
+        stderr,
+        "agentry::providers::claude::stderr",
+        child.redactor(),
+    );
     let shared = Arc::new(Shared {
         events: Emitter::new(events),
         writer: LineWriter::new(stdin),

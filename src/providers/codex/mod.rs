@@ -170,7 +170,8 @@ impl CodexProvider {
                 "the Codex process has no piped stdio".to_owned(),
             ));
         };
-        let (stderr, stderr_task) = StderrTail::capture(stderr, "agentry::providers::codex");
+        let (stderr, stderr_task) =
+            StderrTail::capture_masked(stderr, "agentry::providers::codex", child.redactor());
         let (peer, incoming) = Peer::start(
             stdout,
             stdin,
