@@ -117,6 +117,20 @@ pub async fn models(
             reason,
         });
     }
+    // Nor has a provider the caller's team has not set its secrets for (as in `list`).
+    let names = ctx.agents.registry().team_secrets(id);
+    if !names.is_empty() {
+        let opened = match principal.default_team() {
+            Some(team) => super::secrets::open_many(ctx, team, names).await?,
+            None => Default::default(),
+        };
+        if let Err(reason) = super::secrets::env_of(names, &opened) {
+            return Err(ServiceError::ProviderUnavailable {
+                provider: id.to_owned(),
+                reason,
+            });
+        }
+    }
     let items = ctx
         .agents
         .models(id, refresh)

@@ -487,6 +487,19 @@ async fn the_database_holds_no_plaintext_and_a_moved_or_altered_row_does_not_ope
             .contains("team secret TEAM_TOKEN not set"),
         "{body}"
     );
+    let (s, text) = call(
+        &app,
+        &app.token,
+        Method::GET,
+        "/v1/providers/envdump/models",
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, code(&text)),
+        (422, "provider_unavailable".into()),
+        "{text}"
+    );
     // The mock, which takes no secret, stays available.
     assert_eq!(
         provider_view(&app, &app.token, "mock").await["available"],
