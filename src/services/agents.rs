@@ -352,7 +352,14 @@ pub async fn create(
             ));
         }
     }
-    let existing = match (&body.workspace_id, &body.workspace) {
+    // The workspace named, or the spec of one to create, with the team it belongs to. The
+    // team's secrets are checked before anything is made: a provider the team cannot use
+    // leaves no new workspace behind.
+    enum Target<'a> {
+        Existing(Box<store::workspaces::WorkspaceRow>),
+        New(&'a NewWorkspaceSpec),
+    }
+    let (existing, team) = match (&body.workspace_id, &body.workspace) {
         (Some(_), Some(_)) => {
             return Err(ServiceError::invalid(
                 "workspace",
@@ -365,26 +372,21 @@ pub async fn create(
                 "required (or `workspace` to create one)",
             ));
         }
-        (Some(id), None) => Some(super::workspaces::find(ctx, principal, *id).await?),
-        (None, Some(_)) => None,
-    };
-    // The team's secrets are checked before anything is made: a provider the team cannot
-    // use leaves no new workspace behind.
-    let team = match (&existing, &body.workspace) {
-        (Some(ws), _) => ws.team_id,
-        (None, Some(spec)) => {
-            super::projects::find(ctx, principal, spec.project_id)
-                .await?
-                .team_id
+        (Some(id), None) => {
+            let ws = super::workspaces::find(ctx, principal, *id).await?;
+            let team = ws.team_id;
+            (Target::Existing(Box::new(ws)), team)
         }
-        (None, None) => unreachable!("refused above"),
+        (None, Some(spec)) => {
+            let project = super::projects::find(ctx, principal, spec.project_id).await?;
+            (Target::New(spec), project.team_id)
+        }
     };
     principal.require(team, Role::Member, "workspace")?;
     let secret_env = team_env(ctx, &body.provider, team).await?;
-    let workspace = match (existing, &body.workspace) {
-        (Some(ws), _) => ws,
-        (None, None) => unreachable!("refused above"),
-        (None, Some(spec)) => {
+    let workspace = match existing {
+        Target::Existing(ws) => *ws,
+        Target::New(spec) => {
             let create = CreateWorkspace {
                 project_id: spec.project_id,
                 kind: Some(WorkspaceKind::Worktree),
