@@ -888,3 +888,49 @@ async fn a_previous_key_still_opens_and_rotate_moves_every_value_to_the_current_
     assert!(out.contains("cannot re-encrypt TEAM_TOKEN"), "{out}");
     assert!(!out.contains("under-key-one"), "{out}");
 }
+
+#[tokio::test]
+async fn an_agent_stopped_for_being_idle_reopens_with_its_teams_secret() {
+    let dumps = tempfile::tempdir().unwrap();
+    let d = dumps.path().to_owned();
+    let dir = d.clone();
+    let app = spawn_app_with(move |s| {
+        envdump(s, &dir);
+        s.agents.idle_timeout_s = 1;
+    })
+    .await;
+    let repo = git_repo();
+    let team = default_team(&app).await;
+    put_secret(&app, &app.token, &team, "TEAM_TOKEN", "idle-value-3f9").await;
+    let ws = workspace(&app, &app.token, &team, repo.path()).await;
+    let (s, agent) = create_agent(&app, &app.token, &ws, ENVDUMP).await;
+    assert_eq!(s, 201, "{agent}");
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    // The environment of every process started so far (the agent may be closed again by
+    // the time it is read: the processes' own dumps are what counts).
+    let envs = || -> Vec<String> {
+        std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+            .collect()
+    };
+    let mut status = Value::Null;
+    for _ in 0..500 {
+        status = app.get_ok(&format!("/v1/agents/{agent}")).await["status"].clone();
+        if status == "closed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(status, "closed", "the idle agent's process was stopped");
+    assert_eq!(envs().len(), 1);
+    app.prompt(&agent, "wake up").await;
+    let waited = wait_idle(&app, &app.token, &agent).await;
+    assert_eq!(waited["last_turn"]["outcome"], "completed", "{waited}");
+    let envs = envs();
+    assert_eq!(envs.len(), 2, "the prompt started a second process");
+    for env in &envs {
+        assert_eq!(var(env, "TEAM_TOKEN"), Some("idle-value-3f9"), "{env}");
+    }
+    app.stop().await;
+}
