@@ -58,6 +58,21 @@ pub struct Settings {
     pub agents: AgentSettings,
     /// One table per provider id.
     pub providers: BTreeMap<String, ProviderSettings>,
+    /// The key that encrypts team secrets at rest.
+    pub secrets: SecretsSettings,
+}
+
+/// `[secrets]`: AES-256-GCM keys for team secrets, each 32 random bytes in base64
+/// (`openssl rand -base64 32`). Without `key` the server generates one at
+/// `<data_dir>/secrets-key` (mode 0600) on first start.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecretsSettings {
+    /// Encrypts new values and decrypts values stored under it.
+    pub key: Option<Secret>,
+    /// Earlier keys, only to decrypt what they encrypted until `agentry secrets rotate`
+    /// re-encrypts it under `key`.
+    pub previous_keys: Vec<Secret>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -136,6 +151,9 @@ pub struct ProviderSettings {
     pub label: Option<String>,
     pub default_mode: Option<String>,
     pub modes: Vec<ModeSetting>,
+    /// Environment variables each team supplies as a team secret (for example
+    /// `ANTHROPIC_API_KEY`); the provider is unavailable to a team that has not set them.
+    pub team_secrets: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -161,6 +179,7 @@ impl Default for Settings {
             events: EventSettings::default(),
             agents: AgentSettings::default(),
             providers: BTreeMap::new(),
+            secrets: SecretsSettings::default(),
         }
     }
 }
@@ -384,6 +403,13 @@ impl Settings {
         if self.events.commit_wait_ms == 0 {
             return Err(invalid("events.commit_wait_ms", "must be at least 1"));
         }
+        if let Some(key) = &self.secrets.key {
+            decode_secrets_key(key).map_err(|m| invalid("secrets.key", m))?;
+        }
+        for (i, key) in self.secrets.previous_keys.iter().enumerate() {
+            decode_secrets_key(key)
+                .map_err(|m| invalid(&format!("secrets.previous_keys[{i}]"), m))?;
+        }
         for (id, p) in &self.providers {
             if !valid_provider_id(id) {
                 return Err(invalid(
@@ -398,6 +424,30 @@ impl Settings {
                     &format!("providers.{id}.command"),
                     "must name a program",
                 ));
+            }
+            for (i, name) in p.team_secrets.iter().enumerate() {
+                let setting = format!("providers.{id}.team_secrets");
+                if !valid_env_name(name) {
+                    return Err(invalid(
+                        &setting,
+                        format!(
+                            "`{name}` is not a secret name (an environment variable name: \
+                             A-Z, 0-9 and `_`, not starting with a digit, at most 128)"
+                        ),
+                    ));
+                }
+                if p.team_secrets[..i].contains(name) {
+                    return Err(invalid(&setting, format!("`{name}` is named twice")));
+                }
+                if p.env.contains_key(name) {
+                    return Err(invalid(
+                        &setting,
+                        format!(
+                            "`{name}` is also set in providers.{id}.env; a variable comes \
+                             from one place"
+                        ),
+                    ));
+                }
             }
             if id == "mock"
                 && let Some(cmd) = &p.command
@@ -433,6 +483,38 @@ impl Settings {
     }
 }
 
+/// An environment variable name as team secrets use them: an uppercase letter or `_`,
+/// then up to 127 uppercase letters, digits or `_` (`^[A-Z_][A-Z0-9_]{0,127}$`).
+pub fn valid_env_name(name: &str) -> bool {
+    match name.as_bytes().split_first() {
+        Some((first, rest)) => {
+            (first.is_ascii_uppercase() || *first == b'_')
+                && rest.len() <= 127
+                && rest
+                    .iter()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || *b == b'_')
+        }
+        None => false,
+    }
+}
+
+/// A `[secrets]` key: standard base64 (padding optional, surrounding space ignored) of
+/// exactly 32 bytes.
+pub fn decode_secrets_key(key: &Secret) -> Result<[u8; 32], String> {
+    use base64::Engine;
+    let text = key.expose().trim();
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .or_else(|_| base64::engine::general_purpose::STANDARD_NO_PAD.decode(text))
+        .map_err(|_| "is not base64 (make one with `openssl rand -base64 32`)".to_owned())?;
+    <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| {
+        format!(
+            "decodes to {} bytes; an AES-256 key is 32 (make one with `openssl rand -base64 32`)",
+            bytes.len()
+        )
+    })
+}
+
 fn valid_provider_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 40
@@ -465,7 +547,7 @@ const BUILT_IN_PROVIDERS: [(&str, &[&str]); 3] = [
 const EXTENDABLE: [&str; 3] = ["acp", "claude", "codex"];
 
 /// The keys a built-in CLI provider's table may carry.
-const CLI_PROVIDER_KEYS: [&str; 7] = [
+const CLI_PROVIDER_KEYS: [&str; 8] = [
     "enabled",
     "command",
     "args",
@@ -473,13 +555,14 @@ const CLI_PROVIDER_KEYS: [&str; 7] = [
     "label",
     "default_mode",
     "modes",
+    "team_secrets",
 ];
 
 /// Built-in provider ids that the contract names but this server does not implement yet.
 const PLANNED_PROVIDERS: [&str; 4] = ["opencode", "gemini", "copilot", "pi"];
 
 /// The keys a provider table with `extends = "acp"` may carry (all of them are used).
-const ACP_PROVIDER_KEYS: [&str; 8] = [
+const ACP_PROVIDER_KEYS: [&str; 9] = [
     "enabled",
     "extends",
     "command",
@@ -488,6 +571,7 @@ const ACP_PROVIDER_KEYS: [&str; 8] = [
     "label",
     "default_mode",
     "modes",
+    "team_secrets",
 ];
 
 /// The settings path an `AGENTRY_` variable names (the part after the prefix).
@@ -518,7 +602,12 @@ fn typed_setting(path: &[String]) -> bool {
             | ["limits", _]
             | ["events", _]
             | ["agents", _]
-            | ["providers", _, "enabled" | "command" | "args" | "modes"]
+            | [
+                "providers",
+                _,
+                "enabled" | "command" | "args" | "modes" | "team_secrets"
+            ]
+            | ["secrets", "previous_keys"]
     )
 }
 
@@ -901,6 +990,80 @@ mod tests {
         assert_eq!(e.setting, "log.otlp_endpoint");
         let e = Settings::load_from(None, &env(&[("AGENTRY_EVENTS____X", "1")])).unwrap_err();
         assert_eq!(e.setting, "AGENTRY_EVENTS____X");
+    }
+
+    #[test]
+    fn team_secrets_are_environment_variable_names_a_provider_takes() {
+        let (_dir, path) = file(
+            "[providers.claude]\nteam_secrets = [\"ANTHROPIC_API_KEY\"]\n\
+             [providers.my-agent]\nextends = \"acp\"\nteam_secrets = [\"A_1\", \"_B\"]\n",
+        );
+        let s = Settings::load_from(Some(&path), &[]).unwrap();
+        assert_eq!(s.providers["claude"].team_secrets, ["ANTHROPIC_API_KEY"]);
+        assert_eq!(s.providers["my-agent"].team_secrets, ["A_1", "_B"]);
+        let s = Settings::load_from(
+            None,
+            &env(&[(
+                "AGENTRY_PROVIDERS__CODEX__TEAM_SECRETS",
+                "[\"OPENAI_API_KEY\"]",
+            )]),
+        )
+        .unwrap();
+        assert_eq!(s.providers["codex"].team_secrets, ["OPENAI_API_KEY"]);
+
+        for bad in ["\"lower\"", "\"1A\"", "\"A-B\"", "\"\""] {
+            let e = refused(
+                &format!("[providers.claude]\nteam_secrets = [{bad}]\n"),
+                &[],
+            );
+            assert_eq!(e.setting, "providers.claude.team_secrets", "{e}");
+        }
+        let e = refused("[providers.claude]\nteam_secrets = [\"K\", \"K\"]\n", &[]);
+        assert!(e.message.contains("twice"), "{e}");
+        let e = refused(
+            "[providers.claude]\nteam_secrets = [\"K\"]\nenv = { K = \"v\" }\n",
+            &[],
+        );
+        assert_eq!(e.setting, "providers.claude.team_secrets");
+        // The built-in mock takes no credentials.
+        let e = refused("[providers.mock]\nteam_secrets = [\"K\"]\n", &[]);
+        assert_eq!(e.setting, "providers.mock.team_secrets");
+    }
+
+    #[test]
+    fn secrets_keys_are_32_bytes_of_base64_and_redacted() {
+        let key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                ("AGENTRY_SECRETS__KEY", key),
+                ("AGENTRY_SECRETS__PREVIOUS_KEYS", &format!("[\"{key}\"]")),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.secrets.key.as_ref().unwrap().expose(), key);
+        assert_eq!(s.secrets.previous_keys.len(), 1);
+        assert!(
+            !format!("{s:?}").contains(key),
+            "keys are redacted in Debug"
+        );
+        assert_eq!(
+            decode_secrets_key(&Secret::new(key)).unwrap(),
+            std::array::from_fn::<u8, 32, _>(|i| i as u8)
+        );
+
+        let e = refused("[secrets]\nkey = \"c2hvcnQ=\"\n", &[]);
+        assert_eq!(e.setting, "secrets.key");
+        assert!(e.message.contains("32"), "{e}");
+        let e = refused("[secrets]\nkey = \"not base64!\"\n", &[]);
+        assert_eq!(e.setting, "secrets.key");
+        let e = refused(
+            &format!("[secrets]\nkey = \"{key}\"\nprevious_keys = [\"{key}\", \"x\"]\n"),
+            &[],
+        );
+        assert_eq!(e.setting, "secrets.previous_keys[1]");
+        let e = refused("[secrets]\nkeys = []\n", &[]);
+        assert_eq!(e.setting, "secrets.keys");
     }
 
     #[test]

@@ -55,6 +55,11 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// Team secrets: keys and rotation (run on the server host).
+    Secrets {
+        #[command(subcommand)]
+        command: SecretsCommand,
+    },
     /// The mock ACP agent on stdio (used by the built-in `mock` provider).
     MockAgent,
     /// Measure durable event throughput, SSE latency and memory.
@@ -73,6 +78,18 @@ enum TokenCommand {
         #[arg(long, default_value = "admin (cli)")]
         name: String,
     },
+}
+
+#[derive(Subcommand)]
+enum SecretsCommand {
+    /// Re-encrypt every stored team secret under the current `secrets.key` (values under
+    /// a key in `secrets.previous_keys` are opened with it). Safe beside a running server.
+    Rotate {
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
+    /// Print a new random key for `secrets.key` (base64 of 32 bytes).
+    NewKey,
 }
 
 fn load_settings(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<Settings> {
@@ -151,6 +168,19 @@ fn main() -> anyhow::Result<()> {
                 Ok(())
             })
         }
+        Command::Secrets {
+            command: SecretsCommand::NewKey,
+        } => {
+            println!("{}", agentry::services::secrets::new_key()?);
+            Ok(())
+        }
+        Command::Secrets {
+            command: SecretsCommand::Rotate { config },
+        } => {
+            let settings = load_settings(&config, None)?;
+            let _telemetry = agentry::telemetry::init(&settings.log);
+            rt.block_on(rotate_secrets(settings))
+        }
         Command::Bench(args) => {
             agentry::telemetry::init(&agentry::config::LogSettings {
                 filter: "warn".into(),
@@ -159,6 +189,44 @@ fn main() -> anyhow::Result<()> {
             rt.block_on(agentry::bench::run(args))
         }
     }
+}
+
+async fn rotate_secrets(settings: Settings) -> anyhow::Result<()> {
+    use agentry::services::secrets::{self, KeySource, Keyring};
+    let (keys, source) = Keyring::from_settings(&settings.secrets, &settings.data_dir)?;
+    if let KeySource::Generated(path) = &source {
+        // Nothing can be stored under a key that did not exist until now.
+        let _ = std::fs::remove_file(path);
+        anyhow::bail!(
+            "no `secrets.key` is set and no generated key exists in {}: nothing to rotate to",
+            settings.data_dir.display()
+        );
+    }
+    let (pool, pg) = agentry::server::open_database_beside_server(&settings).await?;
+    agentry::store::migrate(&pool).await?;
+    let report = secrets::rotate(&pool, &keys).await;
+    pool.close().await;
+    if let Some(pg) = pg {
+        pg.stop().await?;
+    }
+    let report = report?;
+    println!(
+        "team secrets: {} re-encrypted under key {}, {} changed meanwhile (already current), {} failed",
+        report.rotated,
+        keys.current_id(),
+        report.skipped,
+        report.failed.len()
+    );
+    for (team, name, why) in &report.failed {
+        eprintln!("cannot re-encrypt {name} of {team}: {why}");
+    }
+    anyhow::ensure!(
+        report.failed.is_empty(),
+        "{} team secrets could not be re-encrypted (see above); they stay unusable until \
+         their key is added to `secrets.previous_keys` or they are set again",
+        report.failed.len()
+    );
+    Ok(())
 }
 
 async fn serve(settings: Settings) -> anyhow::Result<()> {

@@ -22,7 +22,7 @@ use crate::events::{Bus, EventWriter, WriterLimits};
 use crate::process::Ledger;
 use crate::providers::ProviderRegistry;
 use crate::runtime::{AgentManager, ServerLock, reconcile_at_boot};
-use crate::services::ServiceContext;
+use crate::services::{ServiceContext, secrets};
 use crate::store;
 
 /// Shared by every request handler: the services' context, plus what only the HTTP layer
@@ -133,6 +133,15 @@ impl Application {
         if report.agents_closed + report.processes_killed + report.turns_failed > 0 {
             tracing::info!(?report, "reconciled what the previous run left");
         }
+        let (keyring, key_source) =
+            secrets::Keyring::from_settings(&settings.secrets, &settings.data_dir)?;
+        secrets::announce_key(
+            &pool,
+            &keyring,
+            &key_source,
+            settings.database.url.is_some(),
+        )
+        .await;
         let registry = ProviderRegistry::from_settings(&settings.providers)?;
         let agents = AgentManager::new(
             pool.clone(),
@@ -159,6 +168,7 @@ impl Application {
                 limits: settings.limits.clone(),
                 data_dir: settings.data_dir.clone(),
                 shutdown: shutdown_rx,
+                secrets: Arc::new(keyring),
             },
             settings: settings.clone(),
         });

@@ -63,6 +63,9 @@ pub const ROUTES: &[(&str, &str, Operation)] = {
         ("GET", "/v1/events", ReadTeam),
         ("GET", "/v1/providers", ReadSelf),
         ("GET", "/v1/providers/{id}/models", ReadSelf),
+        ("GET", "/v1/teams/{id}/secrets", ReadTeam),
+        ("PUT", "/v1/teams/{id}/secrets/{name}", ManageTeam),
+        ("DELETE", "/v1/teams/{id}/secrets/{name}", ManageTeam),
     ]
 };
 

@@ -20,6 +20,7 @@ pub mod middleware;
 pub mod openapi;
 pub mod projects;
 pub mod providers;
+pub mod secrets;
 pub mod sse;
 pub mod teams;
 pub mod users;
@@ -59,6 +60,7 @@ pub fn configure(cfg: &mut ServiceConfig, max_body_bytes: usize) {
             .configure(workspaces::configure)
             .configure(agents::configure)
             .configure(providers::configure)
+            .configure(secrets::configure)
             .configure(sse::configure),
     );
 }

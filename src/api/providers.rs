@@ -7,7 +7,9 @@ use utoipa::IntoParams;
 use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::error::{ApiResult, Problem};
+use super::parse_id;
 use crate::auth::Principal;
+use crate::domain::TeamId;
 use crate::server::AppState;
 use crate::services::providers::{self, ModelList, ProviderList};
 
@@ -15,14 +17,29 @@ pub fn configure(cfg: &mut ServiceConfig) {
     cfg.service(list_providers).service(list_models);
 }
 
-#[utoipa::path(tag = "providers", security(("bearer" = [])), responses((status = 200, body = ProviderList, example = json!({"items": [{"id": "mock", "label": "Mock agent", "protocol": "acp", "available": true, "unavailable_reason": null, "capabilities": {"resume": true, "set_mode": true, "set_model": true, "permissions": true, "mcp_servers": true}, "modes": [{"id": "default", "label": "Default", "description": null, "unattended": false}, {"id": "unattended", "label": "Unattended", "description": null, "unattended": true}], "default_mode": "default"}]}))))]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ProvidersQuery {
+    /// Whose availability to answer for (default: the caller's team); a provider that
+    /// takes team secrets is available only to a team that has set them.
+    pub team_id: Option<String>,
+}
+
+/// The providers, each `available` or not for the caller's team, with the reason.
+#[utoipa::path(tag = "providers", security(("bearer" = [])), params(ProvidersQuery), responses((status = 200, body = ProviderList, example = json!({"items": [{"id": "mock", "label": "Mock agent", "protocol": "acp", "available": true, "unavailable_reason": null, "capabilities": {"resume": true, "set_mode": true, "set_model": true, "permissions": true, "mcp_servers": true}, "modes": [{"id": "default", "label": "Default", "description": null, "unattended": false}, {"id": "unattended", "label": "Unattended", "description": null, "unattended": true}], "default_mode": "default", "team_secrets": []}, {"id": "claude", "label": "Claude Code", "protocol": "claude-stream-json", "available": false, "unavailable_reason": "team secret ANTHROPIC_API_KEY not set", "capabilities": {"resume": true, "set_mode": true, "set_model": true, "permissions": true, "mcp_servers": true}, "modes": [{"id": "default", "label": "Ask", "description": "Asks before running commands and editing files", "unattended": false}], "default_mode": "default", "team_secrets": ["ANTHROPIC_API_KEY"]}]})), (status = 404, body = Problem)))]
 #[get("/providers")]
 async fn list_providers(
     state: web::Data<AppState>,
     principal: Principal,
+    q: web::Query<ProvidersQuery>,
 ) -> ApiResult<web::Json<ProviderList>> {
+    let team = q
+        .team_id
+        .as_deref()
+        .map(|t| parse_id::<TeamId>(t, "team"))
+        .transpose()?;
     Ok(web::Json(
-        providers::list(&state.services, &principal).await?,
+        providers::list(&state.services, &principal, team).await?,
     ))
 }
 

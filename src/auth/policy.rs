@@ -14,7 +14,8 @@ use super::principal::{Access, Principal, Role};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Operation {
     /// Read a team's projects, workspaces, agents, timelines, permissions, diffs and
-    /// streams, and its members: a viewer, with the `read` scope.
+    /// streams, its members and the names of its secrets: a viewer, with the `read`
+    /// scope.
     ReadTeam,
     /// Create and drive workspaces and agents, answer permission requests: a member,
     /// with the `agents` scope.
@@ -22,8 +23,8 @@ pub enum Operation {
     /// Projects, members, team service tokens, team secrets: an owner, with the `admin`
     /// scope. (Leaving a team yourself is allowed at any role.)
     ManageTeam,
-    /// Read what only a team's owners see (its audit log, the names of its secrets): an
-    /// owner, with the `read` scope.
+    /// Read what only a team's owners see (its audit log): an owner, with the `read`
+    /// scope.
     ReadAsOwner,
     /// Who am I, my tokens, my teams, the providers: anyone, with the `read` scope.
     ReadSelf,

@@ -1,8 +1,10 @@
 //! Plain domain types with no I/O, shared by every layer: typed ids, the agent event
-//! envelope and its kinds, statuses and outcomes.
+//! envelope and its kinds, statuses and outcomes, and the redacting wrapper of secrets.
 
 pub mod event;
 pub mod ids;
+pub mod secret;
 
 pub use event::*;
 pub use ids::*;
+pub use secret::{Redactor, SecretEnv, SecretValue};

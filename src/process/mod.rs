@@ -20,7 +20,7 @@ use sqlx::PgPool;
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 use uuid::Uuid;
 
-use crate::domain::AgentId;
+use crate::domain::{AgentId, Redactor, SecretEnv};
 use crate::store::processes as store;
 
 pub use crate::store::processes::LedgerRow;
@@ -49,6 +49,9 @@ pub struct CommandSpec {
     /// Variables passed on from the server's own environment when set there (a
     /// provider's credentials, such as `ANTHROPIC_API_KEY`); `env` wins over them.
     pub pass_env: Vec<String>,
+    /// Secret variables (a team's credentials), set last: they win over `env` and
+    /// `pass_env`. Their values are redacted wherever the spec is formatted.
+    pub secret_env: SecretEnv,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +97,8 @@ pub struct ManagedChild {
     reaped: bool,
     /// `terminate` has run to completion: nothing is left to clean up.
     finished: bool,
+    /// Masks the values of the spec's `secret_env` (for what the child writes).
+    redactor: Redactor,
 }
 
 impl ManagedChild {
@@ -103,6 +108,11 @@ impl ManagedChild {
 
     pub fn pgid(&self) -> i32 {
         self.identity.pgid
+    }
+
+    /// Masks the child's secret values in text taken from it (its stderr).
+    pub fn redactor(&self) -> Redactor {
+        self.redactor.clone()
     }
 
     /// The ledger row recording this child, if it was started through [`Ledger::launch`].
@@ -273,7 +283,13 @@ impl Drop for ManagedChild {
 
 /// Spawn `spec` in a new process group (not yet recorded).
 pub fn spawn(spec: &CommandSpec) -> Result<ManagedChild, ProcessError> {
-    let env = child_env(|name| std::env::var_os(name), &spec.pass_env, &spec.env);
+    let mut extra = spec.env.clone();
+    extra.extend(
+        spec.secret_env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.expose().to_owned())),
+    );
+    let env = child_env(|name| std::env::var_os(name), &spec.pass_env, &extra);
     let path_var = env
         .iter()
         .find(|(k, _)| k == "PATH")
@@ -337,6 +353,7 @@ pub fn spawn(spec: &CommandSpec) -> Result<ManagedChild, ProcessError> {
         ledger: None,
         reaped: false,
         finished: false,
+        redactor: Redactor::new(&spec.secret_env),
     })
 }
 
@@ -625,6 +642,7 @@ mod tests {
             cwd: std::env::temp_dir(),
             env: BTreeMap::new(),
             pass_env: Vec::new(),
+            secret_env: SecretEnv::new(),
         }
     }
 
@@ -803,6 +821,36 @@ mod tests {
         if std::env::var_os("PATH").is_some() {
             assert!(names.contains(&"PATH"));
         }
+    }
+
+    #[tokio::test]
+    async fn secret_env_reaches_the_child_and_wins_over_env() {
+        let mut s = spec("/usr/bin/env", &[]);
+        s.env
+            .insert("TEAM_KEY".to_owned(), "from-settings".to_owned());
+        s.env.insert("OTHER".to_owned(), "kept".to_owned());
+        s.secret_env.insert(
+            "TEAM_KEY".to_owned(),
+            crate::domain::SecretValue::new("from-team"),
+        );
+        assert!(
+            !format!("{s:?}").contains("from-team"),
+            "a spec's Debug hides secret values"
+        );
+        let mut child = spawn(&s).unwrap();
+        let mut out = String::new();
+        child
+            .take_stdout()
+            .unwrap()
+            .read_to_string(&mut out)
+            .await
+            .unwrap();
+        assert!(child.wait().await.unwrap().success());
+        child.terminate(Duration::from_secs(1)).await;
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines.contains(&"TEAM_KEY=from-team"), "{out}");
+        assert!(lines.contains(&"OTHER=kept"), "{out}");
+        assert!(!out.contains("from-settings"), "{out}");
     }
 
     #[tokio::test]

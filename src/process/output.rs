@@ -10,6 +10,8 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::task::JoinHandle;
 
+use crate::domain::Redactor;
+
 /// Bytes of stderr kept for error messages.
 const RING_BYTES: usize = 8 * 1024;
 /// Lines of stderr quoted in an exit reason.
@@ -21,6 +23,8 @@ const FLUSH: Duration = Duration::from_millis(500);
 #[derive(Clone, Default)]
 pub struct StderrTail {
     ring: Arc<Mutex<Ring>>,
+    /// The child's secret values, masked in the lines logged and in the tail.
+    redactor: Redactor,
 }
 
 /// The task reading a child's stderr; `settle` waits briefly for its last bytes.
@@ -38,14 +42,30 @@ impl StderrTail {
     where
         R: AsyncRead + Unpin + Send + 'static,
     {
-        let tail = Self::default();
+        Self::capture_masked(stderr, source, Redactor::default())
+    }
+
+    /// Like `capture`, with the child's secret values (`ManagedChild::redactor`) masked.
+    pub fn capture_masked<R>(
+        stderr: R,
+        source: &'static str,
+        redactor: Redactor,
+    ) -> (Self, StderrReader)
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+    {
+        let tail = Self {
+            ring: Default::default(),
+            redactor,
+        };
         let task = tokio::spawn(drain(stderr, tail.clone(), source));
         (tail, StderrReader(task))
     }
 
     /// The last few non-empty lines.
     pub fn tail(&self) -> String {
-        self.lock().tail(TAIL_LINES)
+        let tail = self.lock().tail(TAIL_LINES);
+        self.redactor.text(&tail).into_owned()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Ring> {
@@ -96,7 +116,7 @@ async fn drain<R: AsyncRead + Unpin>(mut stderr: R, tail: StderrTail, source: &'
         tail.lock().push(&buf[..n]);
         for &byte in &buf[..n] {
             if byte == b'\n' {
-                tracing::debug!(target: "agentry::process::stderr", source, "{}", String::from_utf8_lossy(&line));
+                tracing::debug!(target: "agentry::process::stderr", source, "{}", tail.redactor.text(&String::from_utf8_lossy(&line)));
                 line.clear();
             } else if line.len() < 4096 {
                 line.push(byte);
@@ -104,7 +124,7 @@ async fn drain<R: AsyncRead + Unpin>(mut stderr: R, tail: StderrTail, source: &'
         }
     }
     if !line.is_empty() {
-        tracing::debug!(target: "agentry::process::stderr", source, "{}", String::from_utf8_lossy(&line));
+        tracing::debug!(target: "agentry::process::stderr", source, "{}", tail.redactor.text(&String::from_utf8_lossy(&line)));
     }
 }
 
@@ -151,6 +171,21 @@ mod tests {
         let (tail, reader) = StderrTail::capture(&b"one\n\ntwo\nthree"[..], "test");
         reader.settle().await;
         assert_eq!(tail.tail(), "one\ntwo\nthree");
+    }
+
+    #[tokio::test]
+    async fn secret_values_are_masked_in_the_tail() {
+        let env = crate::domain::SecretEnv::from([(
+            "K".to_owned(),
+            crate::domain::SecretValue::new("sk-hidden"),
+        )]);
+        let (tail, reader) = StderrTail::capture_masked(
+            &b"error: bad key sk-hidden\n"[..],
+            "test",
+            Redactor::new(&env),
+        );
+        reader.settle().await;
+        assert_eq!(tail.tail(), "error: bad key [redacted]");
     }
 
     #[test]

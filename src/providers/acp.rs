@@ -1391,6 +1391,7 @@ async fn start_session(
             cwd: spec.cwd.clone(),
             env: cfg.env.clone(),
             pass_env: Vec::new(),
+            secret_env: Default::default(),
         })
         .await?;
     let pid = child.pid();
@@ -1400,7 +1401,8 @@ async fn start_session(
         ));
     };
 
-    let (stderr_ring, stderr_task) = StderrTail::capture(stderr, "agentry::providers::acp::stderr");
+    let (stderr_ring, stderr_task) =
+        StderrTail::capture_masked(stderr, "agentry::providers::acp::stderr", child.redactor());
     let update_credits = Arc::new(UpdateCredits::new(UPDATES_IN_FLIGHT));
     let stdout = UpdateGate::new(stdout, update_credits.clone());
     let shared = Arc::new(Shared {

@@ -413,6 +413,10 @@ pub struct CliConfig {
     pub env: BTreeMap<String, String>,
     /// Credential variables passed on from the server's environment when set there.
     pub pass_env: Vec<String>,
+    /// Variables each team supplies as a team secret (the `team_secrets` setting). The
+    /// values reach the child through its launcher; whether a team has set them is the
+    /// caller's to check, so for `availability` they count as set.
+    pub team_secrets: Vec<String>,
     pub modes: Vec<ModeInfo>,
     pub default_mode: Option<String>,
 }
@@ -428,6 +432,13 @@ impl CliConfig {
             return std::env::var(name).ok();
         }
         None
+    }
+
+    /// The variable will have a non-empty value in the child: from `env` or the server's
+    /// environment (see `child_var`), or as a team secret.
+    pub fn var_is_set(&self, name: &str) -> bool {
+        self.team_secrets.iter().any(|t| t == name)
+            || self.child_var(name).is_some_and(|v| !v.is_empty())
     }
 
     /// The child's argv: `command`, then the adapter's `protocol` flags, then `args`.

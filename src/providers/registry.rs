@@ -6,6 +6,7 @@
 //! One merge rule for every built-in: `command` replaces the program (and may add
 //! arguments), `args` append after the adapter's own flags, `env` merges over the
 //! defaults, `label`/`modes`/`default_mode` override, and `enabled = false` hides it.
+//! `team_secrets` names variables each team supplies; the registry keeps them by id.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -34,6 +35,8 @@ pub struct ProviderRegistry {
     providers: BTreeMap<String, Arc<dyn Provider>>,
     /// Catalogs by provider id, filled on first use and replaced by a refresh.
     catalogs: Arc<Mutex<HashMap<String, Arc<Vec<ModelInfo>>>>>,
+    /// The `team_secrets` of each provider that takes any.
+    team_secrets: BTreeMap<String, Vec<String>>,
 }
 
 impl ProviderRegistry {
@@ -66,16 +69,21 @@ impl ProviderRegistry {
             }
             let cfg = builtin_config(b, b.id, own);
             registry.register((b.build)(cfg));
+            registry.set_team_secrets(b.id, own);
         }
         for (id, p) in providers {
             if p.enabled == Some(false) {
                 continue;
             }
             match p.extends.as_deref() {
-                Some("acp") => registry.register(Arc::new(AcpProvider::new(acp_config(id, p)))),
+                Some("acp") => {
+                    registry.register(Arc::new(AcpProvider::new(acp_config(id, p))));
+                    registry.set_team_secrets(id, Some(p));
+                }
                 Some(base) => {
                     if let Some(b) = builtins.iter().find(|b| b.id == base) {
                         registry.register((b.build)(builtin_config(b, id, Some(p))));
+                        registry.set_team_secrets(id, Some(p));
                     }
                 }
                 None => {}
@@ -88,6 +96,18 @@ impl ProviderRegistry {
         let id = provider.info().id;
         self.catalogs.lock().expect("catalogs lock").remove(&id);
         self.providers.insert(id, provider);
+    }
+
+    fn set_team_secrets(&mut self, id: &str, p: Option<&ProviderSettings>) {
+        match p.map(|p| &p.team_secrets).filter(|t| !t.is_empty()) {
+            Some(names) => self.team_secrets.insert(id.to_owned(), names.clone()),
+            None => self.team_secrets.remove(id),
+        };
+    }
+
+    /// The variables provider `id` takes from each team's secrets (none for most).
+    pub fn team_secrets(&self, id: &str) -> &[String] {
+        self.team_secrets.get(id).map_or(&[], Vec::as_slice)
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<dyn Provider>> {
@@ -135,6 +155,7 @@ pub fn builtin_config(b: &Builtin, id: &str, p: Option<&ProviderSettings>) -> Cl
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect(),
         pass_env: b.pass_env.iter().map(|v| (*v).to_owned()).collect(),
+        team_secrets: Vec::new(),
         modes: (b.modes)(),
         default_mode: Some(b.default_mode.to_owned()),
     };
@@ -154,6 +175,7 @@ pub fn builtin_config(b: &Builtin, id: &str, p: Option<&ProviderSettings>) -> Cl
     if let Some(mode) = &p.default_mode {
         cfg.default_mode = Some(mode.clone());
     }
+    cfg.team_secrets = p.team_secrets.clone();
     cfg
 }
 

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::domain::{
     AgentId, AgentStatus, Behavior, EventKind, MessageId, NewEvent, PermissionId, PermissionOption,
-    ToolStatus, TurnId, TurnOutcome,
+    Redactor, ToolStatus, TurnId, TurnOutcome,
 };
 use crate::events::NewTeamEvent;
 use crate::providers::{
@@ -64,6 +64,8 @@ pub(crate) struct Actor {
     stop: bool,
     /// When the agent last did anything (a command, a provider event).
     last_activity: Instant,
+    /// Masks the agent's team secret values in what it writes.
+    redactor: Redactor,
 }
 
 impl Actor {
@@ -74,6 +76,7 @@ impl Actor {
         snapshot: watch::Sender<Snapshot>,
         generation: u64,
     ) -> Self {
+        let redactor = Redactor::new(&ctx.secret_env);
         Self {
             shared,
             ctx,
@@ -88,6 +91,7 @@ impl Actor {
             outbox: Vec::new(),
             stop: false,
             last_activity: Instant::now(),
+            redactor,
         }
     }
 
@@ -205,6 +209,7 @@ impl Actor {
         let launcher = Arc::new(AgentLauncher {
             ledger: self.shared.ledger.clone(),
             agent: self.id(),
+            secret_env: self.ctx.secret_env.clone(),
         });
         let (tx, rx) = mpsc::channel(1024);
         match self.provider.start(spec, launcher, tx).await {
@@ -759,6 +764,10 @@ impl Actor {
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
+        let mut input = req.input.clone();
+        if let Some(input) = input.as_mut() {
+            self.redactor.json(input);
+        }
         let stored = store::permissions::insert(
             &self.shared.pool,
             store::permissions::NewPermission {
@@ -767,9 +776,9 @@ impl Actor {
                 turn_id: self.turn.as_ref().map(|t| t.id.uuid()),
                 provider_request_id: &req.provider_request_id,
                 kind: &kind,
-                title: &req.title,
+                title: &self.redactor.text(&req.title),
                 call_id: req.call_id.as_deref(),
-                input: req.input.as_ref(),
+                input: input.as_ref(),
                 options: &options,
             },
         )
@@ -921,7 +930,7 @@ impl Actor {
             self.id().uuid(),
             turn.id.uuid(),
             outcome_str(outcome),
-            error.as_deref(),
+            error.as_deref().map(|e| self.redactor.text(e)).as_deref(),
         )
         .await
         {
@@ -964,7 +973,8 @@ impl Actor {
         if self.outbox.is_empty() {
             return;
         }
-        let events = std::mem::take(&mut self.outbox);
+        let mut events = std::mem::take(&mut self.outbox);
+        self.redact(&mut events, &mut []);
         if let Err(e) = self.shared.writer.append_many(events).await {
             tracing::error!(agent_id = %self.id(), error = %e, "could not queue events");
         }
@@ -978,7 +988,22 @@ impl Actor {
     ) -> Result<Vec<crate::domain::AgentEvent>, crate::events::WriteError> {
         let mut all = std::mem::take(&mut self.outbox);
         all.extend(events);
+        let mut team = team;
+        self.redact(&mut all, &mut team);
         self.shared.writer.append_committed(all, team).await
+    }
+
+    /// Mask the agent's secret values in what it is about to write.
+    fn redact(&self, events: &mut [NewEvent], team: &mut [NewTeamEvent]) {
+        if self.redactor.is_empty() {
+            return;
+        }
+        for ev in events {
+            self.redactor.json(&mut ev.data);
+        }
+        for ev in team {
+            self.redactor.json(&mut ev.data);
+        }
     }
 
     fn team_event(&self, kind: &'static str, data: Value) -> NewTeamEvent {
@@ -1000,6 +1025,8 @@ impl Actor {
             return Ok(());
         }
         self.status = status;
+        let reason = reason.map(|r| self.redactor.text(r).into_owned());
+        let reason = reason.as_deref();
         store::agents::set_status(&self.shared.pool, self.id().uuid(), status.as_str(), reason)
             .await?;
         let mut data = json!({"status": status});

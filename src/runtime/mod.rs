@@ -22,7 +22,7 @@ use uuid::Uuid;
 pub use reconcile::reconcile_at_boot;
 pub use server_lock::{ServerLock, ServerLockError};
 
-use crate::domain::{AgentId, AgentStatus, Behavior, PermissionId, TurnId, TurnOutcome};
+use crate::domain::{AgentId, AgentStatus, Behavior, PermissionId, SecretEnv, TurnId, TurnOutcome};
 use crate::events::EventWriter;
 use crate::process::{CommandSpec, Ledger, ManagedChild, ProcessError};
 use crate::providers::{
@@ -97,6 +97,9 @@ pub struct AgentContext {
     pub system_prompt: Option<String>,
     pub mcp_servers: Value,
     pub persistence: Option<Value>,
+    /// The team secrets the provider takes, opened: set in the environment of every
+    /// process started for this agent (values redacted when formatted).
+    pub secret_env: SecretEnv,
 }
 
 pub(crate) enum Command {
@@ -447,15 +450,19 @@ impl ProcessLauncher for ProbeLauncher {
     }
 }
 
-/// Starts an agent's provider processes through the ledger.
+/// Starts an agent's provider processes through the ledger, with the agent's team
+/// secrets in their environment.
 pub(crate) struct AgentLauncher {
     pub ledger: Ledger,
     pub agent: AgentId,
+    pub secret_env: SecretEnv,
 }
 
 #[async_trait]
 impl ProcessLauncher for AgentLauncher {
-    async fn launch(&self, spec: CommandSpec) -> Result<ManagedChild, ProcessError> {
+    async fn launch(&self, mut spec: CommandSpec) -> Result<ManagedChild, ProcessError> {
+        spec.secret_env
+            .extend(self.secret_env.iter().map(|(k, v)| (k.clone(), v.clone())));
         self.ledger.launch(&spec, Some(self.agent)).await
     }
 }

@@ -16,7 +16,7 @@ use super::{ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{Operation, Principal};
 use crate::domain::{
     AgentEvent, AgentId, AgentStatus, Behavior, EventKind, NewEvent, PermissionId, ProjectId,
-    TurnId, UserId, WorkspaceId,
+    SecretEnv, TurnId, UserId, WorkspaceId,
 };
 use crate::events::NewTeamEvent;
 use crate::providers::Availability;
@@ -191,7 +191,9 @@ pub struct PermissionAnswerBody {
     pub updated_input: Option<Value>,
 }
 
-fn context(row: &AgentRow) -> AgentContext {
+/// What the runtime needs to run the agent; `secret_env` is what its provider takes from
+/// the team's secrets (see `team_env`).
+fn context(row: &AgentRow, secret_env: SecretEnv) -> AgentContext {
     AgentContext {
         id: row.id.into(),
         team_id: row.team_id,
@@ -204,7 +206,23 @@ fn context(row: &AgentRow) -> AgentContext {
         system_prompt: row.system_prompt.clone(),
         mcp_servers: row.mcp_servers.clone(),
         persistence: row.persistence.clone(),
+        secret_env,
     }
+}
+
+/// The team secrets `provider` takes, opened for an agent of `team`; a secret that is not
+/// set, or cannot be decrypted, makes the provider unavailable (422 at the edge).
+async fn team_env(
+    ctx: &ServiceContext,
+    provider: &str,
+    team: uuid::Uuid,
+) -> ServiceResult<SecretEnv> {
+    super::secrets::launch_env(ctx, provider, team)
+        .await?
+        .map_err(|reason| ServiceError::ProviderUnavailable {
+            provider: provider.to_owned(),
+            reason,
+        })
 }
 
 /// The agent as clients see it: its row, with what the runtime knows of it live.
@@ -337,7 +355,14 @@ pub async fn create(
             ));
         }
     }
-    let workspace = match (&body.workspace_id, &body.workspace) {
+    // The workspace named, or the spec of one to create, with the team it belongs to. The
+    // team's secrets are checked before anything is made: a provider the team cannot use
+    // leaves no new workspace behind.
+    enum Target<'a> {
+        Existing(Box<store::workspaces::WorkspaceRow>),
+        New(&'a NewWorkspaceSpec),
+    }
+    let (existing, team) = match (&body.workspace_id, &body.workspace) {
         (Some(_), Some(_)) => {
             return Err(ServiceError::invalid(
                 "workspace",
@@ -350,8 +375,21 @@ pub async fn create(
                 "required (or `workspace` to create one)",
             ));
         }
-        (Some(id), None) => super::workspaces::find(ctx, principal, *id).await?,
+        (Some(id), None) => {
+            let ws = super::workspaces::find(ctx, principal, *id).await?;
+            let team = ws.team_id;
+            (Target::Existing(Box::new(ws)), team)
+        }
         (None, Some(spec)) => {
+            let project = super::projects::find(ctx, principal, spec.project_id).await?;
+            (Target::New(spec), project.team_id)
+        }
+    };
+    principal.authorize_in(team, Operation::DriveAgents, "workspace")?;
+    let secret_env = team_env(ctx, &body.provider, team).await?;
+    let workspace = match existing {
+        Target::Existing(ws) => *ws,
+        Target::New(spec) => {
             let create = CreateWorkspace {
                 project_id: spec.project_id,
                 kind: Some(WorkspaceKind::Worktree),
@@ -415,7 +453,11 @@ pub async fn create(
     let row = reload_row(ctx, id).await?;
     // Start the session (and the first prompt, queued behind it). A provider that fails to
     // start leaves the agent in `error` with the reason in its timeline; it is still created.
-    match ctx.agents.start(&context(&row), body.prompt.clone()).await {
+    match ctx
+        .agents
+        .start(&context(&row, secret_env), body.prompt.clone())
+        .await
+    {
         Ok(_) | Err(RuntimeError::StartFailed(_) | RuntimeError::ActorGone) => {}
         Err(e) => return Err(e.into()),
     }
@@ -495,9 +537,15 @@ pub async fn prompt(
             "the agent's workspace is archived; its files are gone",
         ));
     }
+    // A closed agent is reopened by this prompt, with the team's secrets as they are now.
+    let secret_env = team_env(ctx, &row.provider, row.team_id).await?;
     let turn_id = ctx
         .agents
-        .prompt(&context(&row), body.text, body.client_message_id.clone())
+        .prompt(
+            &context(&row, secret_env),
+            body.text,
+            body.client_message_id.clone(),
+        )
         .await?;
     audit::record(
         ctx,

@@ -13,6 +13,7 @@ pub mod idempotency;
 pub mod identity;
 pub mod projects;
 pub mod providers;
+pub mod secrets;
 pub mod streams;
 pub mod teams;
 pub mod users;
@@ -46,6 +47,8 @@ pub struct ServiceContext {
     pub data_dir: PathBuf,
     /// Flips to true when the server stops, so long waits end.
     pub shutdown: watch::Receiver<bool>,
+    /// Seals and opens team secrets.
+    pub secrets: Arc<secrets::Keyring>,
 }
 
 impl ServiceContext {

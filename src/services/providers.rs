@@ -1,11 +1,13 @@
-//! Providers: which agent CLIs this server can run, whether they are usable now, their
-//! modes and models.
+//! Providers: which agent CLIs this server can run, whether they are usable now by the
+//! caller's team (a provider that takes team secrets needs the team to have set them),
+//! their modes and models.
 
 use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::{ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{Operation, Principal};
+use crate::domain::TeamId;
 use crate::providers::{Availability, ModeInfo, ModelInfo, ProviderCapabilities};
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -14,7 +16,7 @@ use crate::providers::{Availability, ModeInfo, ModelInfo, ProviderCapabilities};
     "permissions": true, "mcp_servers": true},
     "modes": [{"id": "default", "label": "Default", "description": null, "unattended": false},
               {"id": "unattended", "label": "Unattended", "description": null, "unattended": true}],
-    "default_mode": "default"}))]
+    "default_mode": "default", "team_secrets": []}))]
 pub struct ProviderView {
     pub id: String,
     pub label: String,
@@ -24,6 +26,9 @@ pub struct ProviderView {
     pub capabilities: ProviderCapabilities,
     pub modes: Vec<ModeInfo>,
     pub default_mode: Option<String>,
+    /// The team secrets this provider takes (names only); it is available to a team
+    /// only once the team has set each of them.
+    pub team_secrets: Vec<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -36,12 +41,44 @@ pub struct ModelList {
     pub items: Vec<ModelInfo>,
 }
 
-pub async fn list(ctx: &ServiceContext, principal: &Principal) -> ServiceResult<ProviderList> {
+/// The providers, with their availability for `team` (default: the caller's team).
+pub async fn list(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    team: Option<TeamId>,
+) -> ServiceResult<ProviderList> {
     principal.authorize(Operation::ReadSelf)?;
+    let team = match team {
+        Some(t) => {
+            principal.authorize_in(t.uuid(), Operation::ReadTeam, "team")?;
+            Some(t.uuid())
+        }
+        None => principal.default_team(),
+    };
+    let registry = ctx.agents.registry();
+    // Every secret any provider takes, opened once.
+    let mut wanted: Vec<String> = registry
+        .all()
+        .flat_map(|p| registry.team_secrets(&p.info().id).to_vec())
+        .collect();
+    wanted.sort();
+    wanted.dedup();
+    let opened = match team {
+        Some(team) => super::secrets::open_many(ctx, team, &wanted).await?,
+        None => Default::default(),
+    };
     let mut items = Vec::new();
-    for p in ctx.agents.registry().all() {
+    for p in registry.all() {
         let info = p.info();
-        let (available, unavailable_reason) = match p.availability().await {
+        let team_secrets = registry.team_secrets(&info.id).to_vec();
+        let availability = match p.availability().await {
+            Availability::Available => match super::secrets::env_of(&team_secrets, &opened) {
+                Ok(_) => Availability::Available,
+                Err(reason) => Availability::Unavailable(reason),
+            },
+            unavailable => unavailable,
+        };
+        let (available, unavailable_reason) = match availability {
             Availability::Available => (true, None),
             Availability::Unavailable(r) => (false, Some(r)),
         };
@@ -54,6 +91,7 @@ pub async fn list(ctx: &ServiceContext, principal: &Principal) -> ServiceResult<
             capabilities: info.capabilities,
             modes: info.modes,
             default_mode: info.default_mode,
+            team_secrets,
         });
     }
     Ok(ProviderList { items })
@@ -78,6 +116,20 @@ pub async fn models(
             provider: id.to_owned(),
             reason,
         });
+    }
+    // Nor has a provider the caller's team has not set its secrets for (as in `list`).
+    let names = ctx.agents.registry().team_secrets(id);
+    if !names.is_empty() {
+        let opened = match principal.default_team() {
+            Some(team) => super::secrets::open_many(ctx, team, names).await?,
+            None => Default::default(),
+        };
+        if let Err(reason) = super::secrets::env_of(names, &opened) {
+            return Err(ServiceError::ProviderUnavailable {
+                provider: id.to_owned(),
+                reason,
+            });
+        }
     }
     let items = ctx
         .agents

@@ -11,6 +11,7 @@ pub mod identity;
 pub mod permissions;
 pub mod processes;
 pub mod projects;
+pub mod secrets;
 pub mod server_lock;
 pub mod teams;
 pub mod workspaces;

@@ -83,9 +83,13 @@ fn path_value(a: &TeamA, path: &str, name: &str) -> Option<(String, bool)> {
         ("id", "providers") => ("mock".to_owned(), false),
         ("request_id", "agents") => (a.permission.clone(), true),
         ("user_id", "teams") => (a.owner_id.clone(), false),
+        ("name", "teams") => (MATRIX_SECRET.to_owned(), true),
         _ => return None,
     })
 }
+
+/// The name of a secret team A has set.
+const MATRIX_SECRET: &str = "MATRIX_SECRET";
 
 /// The value of an id filter or an id field of a body.
 fn id_value(a: &TeamA, name: &str) -> Option<String> {
@@ -256,6 +260,14 @@ async fn no_route_lets_another_team_or_a_lower_role_or_a_narrower_token_through(
             Method::POST,
             "/v1/tokens",
             Some(json!({"name": "ci", "team_id": team_a})),
+            201,
+        )
+        .await;
+    ana.api
+        .ok(
+            Method::PUT,
+            &format!("/v1/teams/{team_a}/secrets/{MATRIX_SECRET}"),
+            Some(json!({"value": "matrix-secret-value"})),
             201,
         )
         .await;

@@ -10,6 +10,7 @@ mod people;
 mod platform;
 mod runtime;
 mod scopes;
+mod secrets;
 mod single_server;
 mod story;
 mod streams;

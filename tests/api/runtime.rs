@@ -105,6 +105,7 @@ impl Provider for FakeProvider {
                 cwd: spec.cwd,
                 env: Default::default(),
                 pass_env: Vec::new(),
+                secret_env: Default::default(),
             })
             .await?;
         let pid = child.pid();
@@ -318,6 +319,7 @@ async fn harness(plan: Plan, interrupt_grace: Duration) -> Harness {
         system_prompt: None,
         mcp_servers: json!({}),
         persistence: None,
+        secret_env: Default::default(),
     };
     let seen = Arc::new(Mutex::new(Seen::default()));
     let mut registry = ProviderRegistry::new();

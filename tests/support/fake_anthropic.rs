@@ -89,6 +89,8 @@ struct State {
     requests: Vec<Value>,
     /// Every request line seen (`POST /v1/messages?beta=true`, …).
     lines: Vec<String>,
+    /// The `x-api-key` header of each `POST /v1/messages` (empty when absent).
+    api_keys: Vec<String>,
     message_no: u64,
 }
 
@@ -134,6 +136,11 @@ impl FakeAnthropic {
     /// Every request line received so far.
     pub fn request_lines(&self) -> Vec<String> {
         self.state.lock().unwrap().lines.clone()
+    }
+
+    /// The `x-api-key` each `POST /v1/messages` came with, in order.
+    pub fn api_keys(&self) -> Vec<String> {
+        self.state.lock().unwrap().api_keys.clone()
     }
 }
 
@@ -181,11 +188,20 @@ async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) -> std::io::Resu
     let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
     let mut lines = head.lines();
     let request_line = lines.next().unwrap_or_default().to_owned();
-    let length: usize = lines
+    let headers: Vec<(&str, &str)> = lines
         .filter_map(|l| l.split_once(':'))
-        .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
-        .and_then(|(_, v)| v.trim().parse().ok())
+        .map(|(k, v)| (k.trim(), v.trim()))
+        .collect();
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.to_string())
+    };
+    let length: usize = header("content-length")
+        .and_then(|v| v.parse().ok())
         .unwrap_or(0);
+    let api_key = header("x-api-key").unwrap_or_default();
     while buf.len() < head_end + length {
         let n = stream.read(&mut chunk).await?;
         if n == 0 {
@@ -210,6 +226,7 @@ async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) -> std::io::Resu
             let (reply, number) = {
                 let mut s = state.lock().unwrap();
                 s.requests.push(request);
+                s.api_keys.push(api_key);
                 s.message_no += 1;
                 (
                     s.replies

@@ -148,6 +148,7 @@ impl ClaudeProvider {
             cwd,
             env,
             pass_env: self.cfg.pass_env.clone(),
+            secret_env: Default::default(),
         })
     }
 
@@ -276,7 +277,7 @@ impl Provider for ClaudeProvider {
                 format!("`{program}` was not found on PATH")
             });
         }
-        let set = |name: &str| self.cfg.child_var(name).is_some_and(|v| !v.is_empty());
+        let set = |name: &str| self.cfg.var_is_set(name);
         if set("ANTHROPIC_API_KEY")
             || set("ANTHROPIC_AUTH_TOKEN")
             || set("CLAUDE_CODE_USE_BEDROCK")
@@ -383,9 +384,10 @@ async fn probe_initialize(child: &mut ManagedChild) -> Result<Value, ProviderErr
             "the CLI has no piped stdio".to_owned(),
         ));
     };
+    let redactor = child.redactor();
     let stderr = child
         .take_stderr()
-        .map(|e| StderrTail::capture(e, "agentry::providers::claude::stderr"));
+        .map(|e| StderrTail::capture_masked(e, "agentry::providers::claude::stderr", redactor));
     let writer = LineWriter::new(stdin);
     let id = "agentry_probe";
     writer
@@ -723,8 +725,11 @@ async fn start_session(
     let Some((stdin, stdout, stderr)) = child.take_stdio().await else {
         return Err(ProviderError::Protocol("the CLI has no piped stdio".to_owned()).into());
     };
-    let (stderr_tail, stderr_task) =
-        StderrTail::capture(stderr, "agentry::providers::claude::stderr");
+    let (stderr_tail, stderr_task) = StderrTail::capture_masked(
+        stderr,
+        "agentry::providers::claude::stderr",
+        child.redactor(),
+    );
     let shared = Arc::new(Shared {
         events: Emitter::new(events),
         writer: LineWriter::new(stdin),

@@ -158,6 +158,7 @@ impl CodexProvider {
                 cwd,
                 env: self.cfg.env.clone(),
                 pass_env: self.cfg.pass_env.clone(),
+                secret_env: Default::default(),
             })
             .await?;
         let Some((stdin, stdout, stderr)) = child.take_stdio().await else {
@@ -165,7 +166,8 @@ impl CodexProvider {
                 "the Codex process has no piped stdio".to_owned(),
             ));
         };
-        let (stderr, stderr_task) = StderrTail::capture(stderr, "agentry::providers::codex");
+        let (stderr, stderr_task) =
+            StderrTail::capture_masked(stderr, "agentry::providers::codex", child.redactor());
         let (peer, incoming) = Peer::start(
             stdout,
             stdin,
@@ -410,7 +412,7 @@ fn credentials(cfg: &CliConfig, exists: impl Fn(&std::path::Path) -> bool) -> Re
     if let Some(provider) = custom_model_provider(&cfg.args) {
         return match provider.env_key {
             None => Ok(()),
-            Some(key) if cfg.child_var(&key).is_some_and(|v| !v.is_empty()) => Ok(()),
+            Some(key) if cfg.var_is_set(&key) => Ok(()),
             Some(key) => Err(format!(
                 "no credentials: the model provider `{}` reads its key from {key}, which is not set",
                 provider.name
@@ -418,7 +420,7 @@ fn credentials(cfg: &CliConfig, exists: impl Fn(&std::path::Path) -> bool) -> Re
         };
     }
     for key in ["OPENAI_API_KEY", "CODEX_API_KEY"] {
-        if cfg.child_var(key).is_some_and(|v| !v.is_empty()) {
+        if cfg.var_is_set(key) {
             return Ok(());
         }
     }

@@ -1,0 +1,515 @@
+//! Team secrets end to end, looking for leaks: the real Claude Code CLI (the pinned
+//! install) configured with `team_secrets = ["ANTHROPIC_API_KEY"]` sends each team's own
+//! key to a fake Anthropic API, and never another team's; then the server's whole log
+//! (captured at trace level for agentry) and a `pg_dump` of its database are searched for
+//! every value: absent.
+
+#[path = "api/helpers.rs"]
+#[allow(dead_code)]
+mod helpers;
+
+#[path = "support/clis.rs"]
+mod clis;
+
+#[path = "support/fake_anthropic.rs"]
+#[allow(dead_code)]
+mod fake_anthropic;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use agentry::auth::tokens;
+use agentry::config::{ProviderSettings, Settings};
+use agentry::store::identity;
+use fake_anthropic::{FakeAnthropic, Reply};
+use helpers::*;
+use reqwest::Method;
+use serde_json::{Value, json};
+use sqlx::postgres::PgConnectOptions;
+use uuid::Uuid;
+
+// ---- the server's log, captured ----------------------------------------------------------
+
+fn log_buffer() -> &'static Mutex<Vec<u8>> {
+    static LOG: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
+    LOG.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+struct LogWriter;
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        log_buffer().lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Everything agentry logs in this test binary (every level), from here on.
+fn capture_logs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("info,agentry=trace"))
+            .with_writer(|| LogWriter)
+            .with_ansi(false)
+            .init();
+    });
+}
+
+fn captured_log() -> String {
+    String::from_utf8_lossy(&log_buffer().lock().unwrap()).into_owned()
+}
+
+// ---- the database, dumped ---------------------------------------------------------------
+
+fn pg_dump_binary() -> PathBuf {
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin/pg_dump"))
+        .filter(|p| p.is_file())
+        .collect();
+    found.sort();
+    found.pop().unwrap_or_else(|| PathBuf::from("pg_dump"))
+}
+
+/// The whole database as `pg_dump` writes it (schema and data, plain SQL).
+fn pg_dump(db: &PgConnectOptions) -> String {
+    let name = db.get_database().expect("a database name");
+    let target = match std::env::var("DATABASE_URL") {
+        Ok(url) => format!("{}/{name}", url.rsplit_once('/').unwrap().0),
+        Err(_) => format!(
+            "host={} port={} user={} dbname={name}",
+            db.get_socket()
+                .expect("the test cluster is on a unix socket")
+                .display(),
+            db.get_port(),
+            db.get_username()
+        ),
+    };
+    let out = std::process::Command::new(pg_dump_binary())
+        .arg("--dbname")
+        .arg(&target)
+        .output()
+        .expect("pg_dump runs (PostgreSQL client binaries are installed)");
+    assert!(
+        out.status.success(),
+        "pg_dump failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `value` appears nowhere in `text`, neither as written nor in the hex form a dump
+/// gives `bytea` columns.
+fn assert_absent(what: &str, text: &str, value: &str) {
+    assert!(!text.contains(value), "{value} is in the {what}");
+    let hex = hex_of(value);
+    assert!(!text.contains(&hex), "{value} (as hex) is in the {what}");
+}
+
+fn hex_of(value: &str) -> String {
+    value.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+// ---- teams and calls -------------------------------------------------------------------
+
+async fn call(
+    app: &TestApp,
+    token: &str,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = app.client.request(method, app.url(path)).bearer_auth(token);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let res = req.send().await.unwrap();
+    let status = res.status().as_u16();
+    let text = res.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// A second team with an owner; returns (wire team id, owner token).
+async fn other_team(app: &TestApp, name: &str) -> (String, String) {
+    let (team, user) = (Uuid::now_v7(), Uuid::now_v7());
+    identity::insert_team(&app.pool, team, name).await.unwrap();
+    identity::insert_user(&app.pool, user, &format!("{user}@example.com"), "B", false)
+        .await
+        .unwrap();
+    identity::upsert_member(&app.pool, team, user, "owner")
+        .await
+        .unwrap();
+    let token = tokens::generate();
+    identity::insert_token(
+        &app.pool,
+        Uuid::now_v7(),
+        user,
+        None,
+        None,
+        "t",
+        &tokens::shown_prefix(&token),
+        &tokens::hash(&token),
+        &[],
+        None,
+    )
+    .await
+    .unwrap();
+    (format!("team_{}", team.simple()), token)
+}
+
+async fn default_team(app: &TestApp) -> String {
+    app.get_ok("/v1/me").await["teams"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+async fn set_secret(app: &TestApp, token: &str, team: &str, name: &str, value: &str) {
+    let (s, body) = call(
+        app,
+        token,
+        Method::PUT,
+        &format!("/v1/teams/{team}/secrets/{name}"),
+        Some(json!({ "value": value })),
+    )
+    .await;
+    assert!(s == 201 || s == 200, "{body}");
+}
+
+/// A workspace of `team` (a new project on `repo`).
+async fn workspace(app: &TestApp, token: &str, team: &str, repo: &Path) -> String {
+    let (s, project) = call(
+        app,
+        token,
+        Method::POST,
+        "/v1/projects",
+        Some(json!({"name": format!("p-{}", Uuid::now_v7().simple()), "repo_path": repo, "team_id": team})),
+    )
+    .await;
+    assert_eq!(s, 201, "{project}");
+    let (s, ws) = call(
+        app,
+        token,
+        Method::POST,
+        "/v1/workspaces",
+        Some(json!({"project_id": project["id"]})),
+    )
+    .await;
+    assert_eq!(s, 201, "{ws}");
+    ws["id"].as_str().unwrap().to_owned()
+}
+
+async fn provider(app: &TestApp, token: &str, id: &str) -> Value {
+    let (s, list) = call(app, token, Method::GET, "/v1/providers", None).await;
+    assert_eq!(s, 200, "{list}");
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("{id} is listed: {list}"))
+}
+
+/// Prompt and wait for the turn to end; returns the `wait` answer.
+async fn turn(app: &TestApp, token: &str, agent: &str, text: &str) -> Value {
+    let (s, body) = call(
+        app,
+        token,
+        Method::POST,
+        &format!("/v1/agents/{agent}/messages"),
+        Some(json!({ "text": text })),
+    )
+    .await;
+    assert_eq!(s, 202, "{body}");
+    let (s, waited) = call(
+        app,
+        token,
+        Method::GET,
+        &format!("/v1/agents/{agent}/wait?timeout_s=60"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{waited}");
+    waited
+}
+
+/// Everything the API shows about an agent: the agent and its whole timeline.
+async fn agent_texts(app: &TestApp, token: &str, agent: &str) -> String {
+    let (_, a) = call(
+        app,
+        token,
+        Method::GET,
+        &format!("/v1/agents/{agent}"),
+        None,
+    )
+    .await;
+    let (_, t) = call(
+        app,
+        token,
+        Method::GET,
+        &format!("/v1/agents/{agent}/timeline?after_seq=0&limit=1000"),
+        None,
+    )
+    .await;
+    format!("{a}\n{t}")
+}
+
+#[tokio::test]
+async fn claude_sends_each_teams_own_key_and_no_value_reaches_a_log_or_the_database() {
+    capture_logs();
+    let Some(cli) = clis::cli("claude") else {
+        return;
+    };
+    let fake = FakeAnthropic::start().await;
+    let home = tempfile::tempdir().unwrap();
+    let (url, h) = (fake.url.clone(), home.path().to_path_buf());
+    let app = spawn_app_with(move |s: &mut Settings| {
+        let env = BTreeMap::from([
+            ("ANTHROPIC_BASE_URL".to_owned(), url),
+            ("HOME".to_owned(), h.display().to_string()),
+            (
+                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".to_owned(),
+                "1".to_owned(),
+            ),
+        ]);
+        s.providers.insert(
+            "claude".into(),
+            ProviderSettings {
+                command: Some(vec![cli.display().to_string()]),
+                env,
+                team_secrets: vec!["ANTHROPIC_API_KEY".into()],
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let repo = git_repo();
+    let team_a = default_team(&app).await;
+    let (team_b, owner_b) = other_team(&app, "b").await;
+    let key_a = format!("sk-ant-team-a-{}", Uuid::now_v7().simple());
+    let key_b = format!("sk-ant-team-b-{}", Uuid::now_v7().simple());
+
+    // Without its key, the provider is unavailable to the team, and says why.
+    let claude = provider(&app, &app.token, "claude").await;
+    assert_eq!(claude["available"], false, "{claude}");
+    assert_eq!(
+        claude["unavailable_reason"],
+        "team secret ANTHROPIC_API_KEY not set"
+    );
+    set_secret(&app, &app.token, &team_a, "ANTHROPIC_API_KEY", &key_a).await;
+    assert_eq!(
+        provider(&app, &app.token, "claude").await["available"],
+        true
+    );
+
+    // Team A's agent: every model request carries A's key.
+    let ws_a = workspace(&app, &app.token, &team_a, repo.path()).await;
+    let (s, agent_a) = call(
+        &app,
+        &app.token,
+        Method::POST,
+        "/v1/agents",
+        Some(json!({"workspace_id": ws_a, "provider": "claude", "mode": "default"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{agent_a}");
+    let agent_a = agent_a["id"].as_str().unwrap().to_owned();
+    fake.push(Reply::text("Hello from team A's model."));
+    let waited = turn(&app, &app.token, &agent_a, "say hello").await;
+    assert_eq!(waited["last_turn"]["outcome"], "completed", "{waited}");
+    let keys = fake.api_keys();
+    assert!(!keys.is_empty(), "the CLI called the model");
+    assert!(keys.iter().all(|k| *k == key_a), "{keys:?}");
+
+    // Team B, same provider, no secret: refused with the reason.
+    let ws_b = workspace(&app, &owner_b, &team_b, repo.path()).await;
+    let create_b = json!({"workspace_id": ws_b, "provider": "claude", "mode": "default"});
+    let (s, refused) = call(
+        &app,
+        &owner_b,
+        Method::POST,
+        "/v1/agents",
+        Some(create_b.clone()),
+    )
+    .await;
+    assert_eq!(s, 422, "{refused}");
+    assert_eq!(refused["code"], "provider_unavailable");
+    assert!(
+        refused["detail"]
+            .as_str()
+            .unwrap()
+            .contains("team secret ANTHROPIC_API_KEY not set"),
+        "{refused}"
+    );
+
+    // With its own key: the fake sees B's key for B's agent, never A's.
+    set_secret(&app, &owner_b, &team_b, "ANTHROPIC_API_KEY", &key_b).await;
+    app.post_ok(&format!("/v1/agents/{agent_a}/close"), json!({}), 200)
+        .await;
+    let before = fake.api_keys().len();
+    let (s, agent_b) = call(&app, &owner_b, Method::POST, "/v1/agents", Some(create_b)).await;
+    assert_eq!(s, 201, "{agent_b}");
+    let agent_b = agent_b["id"].as_str().unwrap().to_owned();
+    fake.push(Reply::text("Hello from team B's model."));
+    let waited = turn(&app, &owner_b, &agent_b, "say hello").await;
+    assert_eq!(waited["last_turn"]["outcome"], "completed", "{waited}");
+    let keys = fake.api_keys();
+    assert!(keys.len() > before, "B's agent called the model");
+    assert!(keys[before..].iter().all(|k| *k == key_b), "{keys:?}");
+
+    // A's closed agent, prompted again, resumes with A's key.
+    let before = keys.len();
+    fake.push(Reply::text("Team A again."));
+    let waited = turn(&app, &app.token, &agent_a, "and again").await;
+    assert_eq!(waited["last_turn"]["outcome"], "completed", "{waited}");
+    let keys = fake.api_keys();
+    assert!(keys.len() > before, "the resumed agent called the model");
+    assert!(keys[before..].iter().all(|k| *k == key_a), "{keys:?}");
+
+    // No API answer, log line or database row holds a key.
+    let shown = format!(
+        "{}\n{}\n{}",
+        agent_texts(&app, &app.token, &agent_a).await,
+        agent_texts(&app, &owner_b, &agent_b).await,
+        call(&app, &app.token, Method::GET, "/v1/providers", None)
+            .await
+            .1
+    );
+    let db = app.db.clone();
+    app.stop().await;
+    let dump = pg_dump(&db);
+    assert!(
+        dump.contains("team_secrets"),
+        "the dump has the secrets table"
+    );
+    let log = captured_log();
+    assert!(
+        log.contains("team secret set") && log.contains("ANTHROPIC_API_KEY"),
+        "the log was captured"
+    );
+    for key in [&key_a, &key_b] {
+        assert_absent("API answers", &shown, key);
+        assert_absent("server log", &log, key);
+        assert_absent("database dump", &dump, key);
+    }
+}
+
+#[tokio::test]
+async fn no_value_reaches_the_log_or_the_database_dump_whatever_happens_to_it() {
+    capture_logs();
+    let dumps = tempfile::tempdir().unwrap();
+    let dir = dumps.path().to_owned();
+    let app = spawn_app_with(move |s: &mut Settings| {
+        let script = format!(
+            "env > \"$ENV_DUMP_DIR/$$.env\"; echo \"starting with token $TEAM_TOKEN\" >&2; exec '{}' mock-agent",
+            env!("CARGO_BIN_EXE_agentry")
+        );
+        s.providers.insert(
+            "envdump".into(),
+            ProviderSettings {
+                extends: Some("acp".into()),
+                command: Some(vec!["sh".into(), "-c".into(), script]),
+                env: [("ENV_DUMP_DIR".to_owned(), dir.display().to_string())].into(),
+                team_secrets: vec!["TEAM_TOKEN".into()],
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let repo = git_repo();
+    let team_a = default_team(&app).await;
+    let (team_b, owner_b) = other_team(&app, "b").await;
+    let v1 = format!("v1-{}", Uuid::now_v7().simple());
+    let v2 = format!("v2-{}", Uuid::now_v7().simple());
+    let v3 = format!("v3-{}", Uuid::now_v7().simple());
+
+    set_secret(&app, &app.token, &team_a, "TEAM_TOKEN", &v1).await;
+    set_secret(&app, &owner_b, &team_b, "TEAM_TOKEN", &v2).await;
+    set_secret(&app, &owner_b, &team_b, "DELETED_LATER", &v3).await;
+    let ws = workspace(&app, &app.token, &team_a, repo.path()).await;
+    let (s, agent) = call(
+        &app,
+        &app.token,
+        Method::POST,
+        "/v1/agents",
+        Some(json!({"workspace_id": ws, "provider": "envdump", "prompt": format!("/tool echo {v1}")})),
+    )
+    .await;
+    assert_eq!(s, 201, "{agent}");
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    let (_, waited) = call(
+        &app,
+        &app.token,
+        Method::GET,
+        &format!("/v1/agents/{agent}/wait?timeout_s=30"),
+        None,
+    )
+    .await;
+    assert_eq!(waited["last_turn"]["outcome"], "completed", "{waited}");
+    let pid = app.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["pid"].clone();
+    let env = std::fs::read_to_string(dumps.path().join(format!("{pid}.env"))).unwrap();
+    assert!(
+        env.lines().any(|l| l == format!("TEAM_TOKEN={v1}")),
+        "the agent got the value"
+    );
+    let waited = turn(&app, &app.token, &agent, &format!("/fail rejected {v1}")).await;
+    assert_eq!(waited["last_turn"]["outcome"], "failed", "{waited}");
+
+    // An altered row: the provider reports it unavailable (and the server logs a warning
+    // naming the secret, not its value).
+    sqlx::query(
+        "UPDATE team_secrets SET ciphertext = set_byte(ciphertext, 0, get_byte(ciphertext, 0) # 1)
+         WHERE name = 'TEAM_TOKEN' AND team_id <> $1",
+    )
+    .bind(Uuid::parse_str(team_a.strip_prefix("team_").unwrap()).unwrap())
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let envdump = provider(&app, &owner_b, "envdump").await;
+    assert_eq!(envdump["available"], false, "{envdump}");
+    let (s, _) = call(
+        &app,
+        &owner_b,
+        Method::DELETE,
+        &format!("/v1/teams/{team_b}/secrets/DELETED_LATER"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 204);
+
+    let shown = format!(
+        "{}\n{}\n{}",
+        agent_texts(&app, &app.token, &agent).await,
+        envdump,
+        waited
+    );
+    let db = app.db.clone();
+    app.stop().await;
+    let dump = pg_dump(&db);
+    assert!(dump.contains("team_secrets"), "the dump has the table");
+    let log = captured_log();
+    assert!(
+        log.contains("cannot be decrypted") && log.contains("team secret deleted"),
+        "the log was captured"
+    );
+    assert!(
+        log.contains("starting with token [redacted]"),
+        "the provider's stderr is logged, masked"
+    );
+    for value in [&v1, &v2, &v3] {
+        assert_absent("API answers", &shown, value);
+        assert_absent("server log", &log, value);
+        assert_absent("database dump", &dump, value);
+    }
+}
