@@ -36,11 +36,13 @@ pub enum Action {
     TokenCreate,
     TokenRevoke,
     UserCreate,
+    SecretSet,
+    SecretDelete,
     AuthSignIn,
 }
 
 impl Action {
-    pub const ALL: [Action; 17] = [
+    pub const ALL: [Action; 19] = [
         Action::AgentCreate,
         Action::AgentPrompt,
         Action::AgentInterrupt,
@@ -57,6 +59,8 @@ impl Action {
         Action::TokenCreate,
         Action::TokenRevoke,
         Action::UserCreate,
+        Action::SecretSet,
+        Action::SecretDelete,
         Action::AuthSignIn,
     ];
 
@@ -78,6 +82,8 @@ impl Action {
             Action::TokenCreate => "token.create",
             Action::TokenRevoke => "token.revoke",
             Action::UserCreate => "user.create",
+            Action::SecretSet => "secret.set",
+            Action::SecretDelete => "secret.delete",
             Action::AuthSignIn => "auth.sign_in",
         }
     }

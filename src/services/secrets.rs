@@ -14,10 +14,12 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 use sqlx::PgPool;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use super::audit::{self, Action, Entry};
 use super::{ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{Operation, Principal};
 use crate::config::valid_env_name;
@@ -124,6 +126,14 @@ pub async fn put(
     )
     .await?;
     tracing::info!(team_id = %TeamId::from(team), name, created, key_id = %sealed.key_id, "team secret set");
+    // The name only: the value never goes into the audit log.
+    audit::record(
+        ctx,
+        principal,
+        Entry::new(Action::SecretSet, Some(team), "secret", name)
+            .details(json!({"created": created})),
+    )
+    .await?;
     Ok((row.into(), created))
 }
 
@@ -152,6 +162,12 @@ pub async fn delete(
         return Err(ServiceError::NotFound("secret"));
     }
     tracing::info!(team_id = %TeamId::from(team), name, "team secret deleted");
+    audit::record(
+        ctx,
+        principal,
+        Entry::new(Action::SecretDelete, Some(team), "secret", name),
+    )
+    .await?;
     Ok(())
 }
 

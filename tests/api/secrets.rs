@@ -278,6 +278,24 @@ async fn owners_set_secrets_that_no_answer_ever_shows() {
         !body.contains(value) && !body.contains("replaced-9c1") && !body.contains("\"value\""),
         "{body}"
     );
+    // Each change is in the audit log, by name; no value is.
+    let (s, body) = call(
+        &app,
+        &app.token,
+        Method::GET,
+        &format!("/v1/audit?team_id={team}&action=secret.set"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    let audit: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(audit["items"].as_array().unwrap().len(), 3, "{body}");
+    assert_eq!(audit["items"][2]["target"]["id"], "ANTHROPIC_API_KEY");
+    assert_eq!(audit["items"][2]["details"]["created"], true);
+    assert!(
+        !body.contains(value) && !body.contains("replaced-9c1"),
+        "{body}"
+    );
     // Pages, by name.
     let (_, body) = call(
         &app,
@@ -433,6 +451,16 @@ async fn owners_set_secrets_that_no_answer_ever_shows() {
     assert_eq!(s, 204);
     let (s, text) = call(&app, &app.token, Method::DELETE, &path, None).await;
     assert_eq!((s, code(&text)), (404, "not_found".into()), "{text}");
+    let (_, body) = call(
+        &app,
+        &app.token,
+        Method::GET,
+        &format!("/v1/audit?team_id={team}&action=secret.delete"),
+        None,
+    )
+    .await;
+    let audit: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(audit["items"].as_array().unwrap().len(), 1, "{body}");
     let (s, text) = call(
         &app,
         &app.token,
