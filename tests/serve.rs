@@ -58,6 +58,7 @@ fn get(url: &str, token: &str) -> u16 {
         .enable_all()
         .build()
         .unwrap();
+    agentry::telemetry::install_crypto_provider();
     rt.block_on(async {
         reqwest::Client::new()
             .get(url)

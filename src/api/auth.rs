@@ -39,7 +39,7 @@ impl FromRequest for Principal {
                     "expected `Authorization: Bearer <token>`",
                 ))?;
             let ctx = &state.services;
-            Ok(auth::authenticate(&ctx.pool, &ctx.runtime, token).await?)
+            Ok(auth::authenticate(&ctx.pool, &ctx.runtime, ctx.oidc.as_ref(), token).await?)
         })
     }
 }

@@ -43,6 +43,8 @@ pub struct ServiceContext {
     pub data_dir: PathBuf,
     /// Flips to true when the server stops, so long waits end.
     pub shutdown: watch::Receiver<bool>,
+    /// The OpenID Connect provider, when `[auth.oidc]` is configured.
+    pub oidc: Option<crate::auth::oidc::Oidc>,
 }
 
 impl ServiceContext {
