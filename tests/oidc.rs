@@ -388,3 +388,217 @@ async fn readiness_waits_for_the_identity_provider() {
     let bot = idp.client_credentials("ci-bot").await;
     expect_status(get_as(&app, &bot, "/v1/me").await, 200).await;
 }
+
+/// An app whose browser sign-in redirects back to itself, and a client that follows no
+/// redirects (each hop is checked).
+async fn browser_app(idp: &Idp) -> (TestApp, reqwest::Client) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut o = oidc_settings(idp);
+    o.client_id = Some("agentry-web".into());
+    o.redirect_url = Some(format!("http://127.0.0.1:{port}/auth/callback"));
+    let app = helpers::spawn_app_on(listener, move |s: &mut Settings| s.auth.oidc = Some(o)).await;
+    wait_ready(&app).await;
+    let browser = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    (app, browser)
+}
+
+fn location(res: &reqwest::Response) -> String {
+    assert_eq!(res.status(), 302, "a redirect");
+    res.headers()["location"].to_str().unwrap().to_owned()
+}
+
+/// Sign in through the real redirects: agentry → provider → agentry's callback. Returns
+/// the session cookie (name=value), its attributes, and the callback URL used.
+async fn sign_in(
+    app: &TestApp,
+    browser: &reqwest::Client,
+    return_to: &str,
+) -> (String, String, String) {
+    let res = browser
+        .get(app.url(&format!("/auth/login?return_to={return_to}")))
+        .send()
+        .await
+        .unwrap();
+    let to_idp = location(&res);
+    let authorize = url::Url::parse(&to_idp).unwrap();
+    let q: std::collections::HashMap<String, String> =
+        authorize.query_pairs().into_owned().collect();
+    assert_eq!(q["code_challenge_method"], "S256");
+    assert_eq!(q["response_type"], "code");
+    assert_eq!(q["client_id"], "agentry-web");
+    assert!(q["code_challenge"].len() >= 43 && q["state"].len() >= 32 && q["nonce"].len() >= 32);
+    let res = browser.get(&to_idp).send().await.unwrap();
+    let back = location(&res);
+    assert!(back.starts_with(&app.url("/auth/callback?")), "{back}");
+    let res = browser.get(&back).send().await.unwrap();
+    let cookie = res
+        .headers()
+        .get("set-cookie")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    assert_eq!(location(&res), return_to);
+    let (pair, attributes) = cookie.split_once(';').expect("a session cookie");
+    (pair.to_owned(), attributes.to_owned(), back)
+}
+
+#[tokio::test]
+async fn browser_sign_in_sessions_csrf_and_logout() {
+    let Some(idp) = Idp::start().await else {
+        return;
+    };
+    let (app, browser) = browser_app(&idp).await;
+    idp.set_user(user("carol", &["eng"]));
+    let (cookie, attributes, callback) = sign_in(&app, &browser, "/agents/agt_x").await;
+    assert!(cookie.starts_with("agentry_session=agt_ses_"), "{cookie}");
+    for a in ["HttpOnly", "Secure", "SameSite=Lax", "Path=/"] {
+        assert!(attributes.contains(a), "{a} in {attributes}");
+    }
+    // Only the session's hash is stored.
+    let secret = cookie.split_once('=').unwrap().1;
+    let dump: Vec<String> =
+        sqlx::query_scalar("SELECT encode(session_hash, 'escape') FROM user_sessions")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(dump.len(), 1);
+    assert!(!dump[0].contains(secret));
+
+    let with_cookie = |req: reqwest::RequestBuilder| req.header("cookie", &cookie);
+    let me = expect_status(
+        with_cookie(browser.get(app.url("/v1/me")))
+            .send()
+            .await
+            .unwrap(),
+        200,
+    )
+    .await;
+    assert_eq!(me["email"], "carol@example.com");
+    assert_eq!(me["teams"][0]["name"], "platform");
+
+    // The state is used once: replaying the callback fails.
+    let res = browser.get(&callback).send().await.unwrap();
+    assert_eq!(expect_status(res, 400).await["code"], "sign_in_failed");
+    // return_to cannot leave the server.
+    let res = browser
+        .get(app.url("/auth/login?return_to=//evil.example/x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(res, 422).await["code"], "validation_failed");
+
+    // CSRF: a cookie request that changes state needs this server's origin.
+    let body = json!({"name": "from-the-browser"});
+    let res = with_cookie(browser.post(app.url("/v1/tokens")))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(res, 403).await["code"], "csrf_rejected");
+    let res = with_cookie(browser.post(app.url("/v1/tokens")))
+        .header("origin", "http://evil.example")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(res, 403).await["code"], "csrf_rejected");
+    let res = with_cookie(browser.post(app.url("/v1/tokens")))
+        .header("origin", &app.base)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    expect_status(res, 201).await;
+    // Bearer requests never need it.
+    let bot = idp.client_credentials("ci-bot").await;
+    let res = browser
+        .post(app.url("/v1/tokens"))
+        .bearer_auth(&bot)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    expect_status(res, 201).await;
+
+    // Logout from another origin is refused; from ours it revokes the session.
+    let res = with_cookie(browser.post(app.url("/auth/logout")))
+        .header("origin", "http://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(res, 403).await["code"], "csrf_rejected");
+    let res = with_cookie(browser.post(app.url("/auth/logout")))
+        .header("origin", &app.base)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 204);
+    assert!(
+        res.headers()["set-cookie"]
+            .to_str()
+            .unwrap()
+            .contains("Max-Age=0")
+    );
+    let res = with_cookie(browser.get(app.url("/v1/me")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(res, 401).await["code"], "session_expired");
+}
+
+#[tokio::test]
+async fn an_idle_session_expires() {
+    let Some(idp) = Idp::start().await else {
+        return;
+    };
+    let (app, browser) = browser_app(&idp).await;
+    let (cookie, _, _) = sign_in(&app, &browser, "/").await;
+    let res = browser
+        .get(app.url("/v1/me"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    expect_status(res, 200).await;
+    // Time passes beyond the idle limit.
+    sqlx::query("UPDATE user_sessions SET idle_expires_at = now() - interval '1 second'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let res = browser
+        .get(app.url("/v1/me"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(res, 401).await["code"], "session_expired");
+    // A forged cookie is no session either.
+    let res = browser
+        .get(app.url("/v1/me"))
+        .header(
+            "cookie",
+            format!("agentry_session=agt_ses_{}", "0".repeat(64)),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(res, 401).await["code"], "session_expired");
+}
+
+#[tokio::test]
+async fn without_browser_settings_sign_in_is_not_found() {
+    let Some(idp) = Idp::start().await else {
+        return;
+    };
+    let app = app_for(&idp, |_| {}).await;
+    for path in ["/auth/login", "/auth/callback?code=c&state=s"] {
+        let res = app.client.get(app.url(path)).send().await.unwrap();
+        assert_eq!(
+            expect_status(res, 404).await["code"],
+            "sign_in_not_configured"
+        );
+    }
+}

@@ -1,5 +1,7 @@
 //! The `Principal` extractor: reads `Authorization: Bearer <token>` and asks `auth` who
-//! it is. A handler that takes a `Principal` cannot run unauthenticated.
+//! it is; without that header, a browser session cookie (`agentry_session`) is accepted,
+//! and a cookie request that changes state must pass the origin check (CSRF). A handler
+//! that takes a `Principal` cannot run unauthenticated.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -7,6 +9,7 @@ use std::pin::Pin;
 use actix_web::{FromRequest, HttpRequest, dev::Payload, http::header, web};
 
 use super::error::ApiError;
+use super::sessions;
 use crate::auth::{self, AuthError, Principal};
 use crate::server::AppState;
 
@@ -22,10 +25,22 @@ impl FromRequest for Principal {
             .headers()
             .get(header::AUTHORIZATION)
             .map(|v| v.as_bytes().to_vec());
+        let req = req.clone();
         Box::pin(async move {
             let state =
                 state.ok_or_else(|| ApiError::internal(anyhow::anyhow!("app state missing")))?;
-            let raw = header.ok_or(AuthError::TokenMissing)?;
+            let ctx = &state.services;
+            let Some(raw) = header else {
+                return match sessions::session_cookie(&req) {
+                    Some(cookie) if ctx.oidc.is_some() => {
+                        if sessions::changes_state(&req) {
+                            sessions::check_origin(&state, &req)?;
+                        }
+                        Ok(crate::services::sessions::session_principal(ctx, &cookie).await?)
+                    }
+                    _ => Err(AuthError::TokenMissing.into()),
+                };
+            };
             if raw.len() > MAX_TOKEN_BYTES + 7 {
                 return Err(AuthError::TokenTooLarge.into());
             }
@@ -38,7 +53,6 @@ impl FromRequest for Principal {
                 .ok_or(AuthError::TokenMalformed(
                     "expected `Authorization: Bearer <token>`",
                 ))?;
-            let ctx = &state.services;
             Ok(auth::authenticate(&ctx.pool, &ctx.runtime, ctx.oidc.as_ref(), token).await?)
         })
     }

@@ -12,6 +12,7 @@ pub mod idempotency;
 pub mod identity;
 pub mod projects;
 pub mod providers;
+pub mod sessions;
 pub mod streams;
 pub mod workspaces;
 

@@ -88,7 +88,6 @@ impl Oidc {
         self.inner.provider.read().expect("lock").clone()
     }
 
-    #[allow(dead_code)]
     pub(crate) fn http(&self) -> &reqwest::Client {
         &self.inner.http
     }

@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use crate::auth::{AuthError, Membership, Principal, Role};
 use crate::config::OidcSettings;
+use crate::store::identity::UserRow;
 use crate::store::{self, DeadlinePool};
 
 /// Who the provider says the caller is.
@@ -86,7 +87,17 @@ pub async fn principal_for(
     id: &IdpIdentity,
 ) -> Result<Principal, AuthError> {
     let user = store::oidc::upsert_user(pool, &s.issuer, &id.subject, &id.email, &id.name).await?;
-    sync_memberships(pool, s, user.id, &id.groups).await?;
+    principal_of(pool, s, user, &id.groups).await
+}
+
+/// Apply the group mapping for `groups` to a known user and build the caller.
+pub(super) async fn principal_of(
+    pool: &DeadlinePool,
+    s: &OidcSettings,
+    user: UserRow,
+    groups: &[String],
+) -> Result<Principal, AuthError> {
+    sync_memberships(pool, s, user.id, groups).await?;
     let teams = store::identity::memberships(pool, user.id)
         .await?
         .into_iter()
@@ -102,7 +113,7 @@ pub async fn principal_for(
         user_id: user.id,
         email: user.email,
         name: user.name,
-        is_admin: user.is_admin || id.groups.iter().any(|g| s.admin_groups.contains(g)),
+        is_admin: user.is_admin || groups.iter().any(|g| s.admin_groups.contains(g)),
         // No API token stands behind an IdP identity.
         token_id: Uuid::nil(),
         service_team: None,
