@@ -602,3 +602,40 @@ async fn without_browser_settings_sign_in_is_not_found() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_code_from_another_sign_in_is_refused() {
+    let Some(idp) = Idp::start().await else {
+        return;
+    };
+    let (app, browser) = browser_app(&idp).await;
+    // Two sign-ins started; the provider's answer to the second is delivered with the
+    // first's state (a login CSRF / code injection attempt).
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let res = browser.get(app.url("/auth/login")).send().await.unwrap();
+        let res = browser.get(location(&res)).send().await.unwrap();
+        answers.push(url::Url::parse(&location(&res)).unwrap());
+    }
+    let param = |u: &url::Url, name: &str| {
+        u.query_pairs()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.into_owned())
+            .unwrap()
+    };
+    let mixed = format!(
+        "/auth/callback?code={}&state={}",
+        param(&answers[1], "code"),
+        param(&answers[0], "state")
+    );
+    let res = browser.get(app.url(&mixed)).send().await.unwrap();
+    assert!(res.headers().get("set-cookie").is_none());
+    assert_eq!(expect_status(res, 400).await["code"], "sign_in_failed");
+    // A provider-side refusal is reported, not a session.
+    let res = browser
+        .get(app.url("/auth/callback?error=access_denied&state=x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(res, 400).await["code"], "sign_in_failed");
+}

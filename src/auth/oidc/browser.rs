@@ -179,6 +179,13 @@ pub async fn finish(
     let claims = idp
         .validate(&id_token, std::slice::from_ref(client_id))
         .await?;
+    // With several audiences, the ID token must have been issued to us (`azp`).
+    let azp = claims.get("azp").and_then(|v| v.as_str());
+    if azp.is_some_and(|a| a != client_id) {
+        return Err(SignInError::Failed(
+            "the ID token was issued to another client (azp)".into(),
+        ));
+    }
     if claims.get("nonce").and_then(|v| v.as_str()) != Some(login.nonce.as_str()) {
         return Err(SignInError::Failed(
             "the ID token's nonce does not match this sign-in".into(),

@@ -4,7 +4,7 @@
 //! the keys are loaded the server is not ready and JWTs answer 503 `idp_unavailable`.
 //! The key set is cached; a token naming an unknown `kid` refetches it, at most once per
 //! `jwks_refetch_min_interval_s`, so rotation needs no restart and a removed key stops
-//! validating after that refetch.
+//! validating after that refetch (the set is also refreshed when it is an hour old).
 
 pub mod browser;
 mod jwt;
@@ -24,6 +24,10 @@ pub use users::{IdpIdentity, principal_for};
 use crate::auth::AuthError;
 use crate::config::OidcSettings;
 use keys::SigningKey;
+
+/// The cached key set is fetched again when it is older than this, whatever the tokens
+/// name.
+const KEYS_MAX_AGE: Duration = Duration::from_secs(3600);
 
 /// The endpoints the discovery document names.
 #[derive(Debug, Clone, Deserialize)]
@@ -144,6 +148,25 @@ impl Oidc {
     /// The key the token names, refetching the key set once (rate-limited) when the
     /// `kid` is unknown. A key whose family does not fit the algorithm is refused.
     async fn key_for(&self, t: &jwt::Unverified<'_>) -> Result<SigningKey, AuthError> {
+        let stale = self
+            .inner
+            .last_fetch
+            .read()
+            .expect("lock")
+            .is_some_and(|at| at.elapsed() >= KEYS_MAX_AGE);
+        if stale {
+            // Keys the provider removed without introducing a new kid go away too.
+            let _one = self.inner.refetch.lock().await;
+            let still_stale = self
+                .inner
+                .last_fetch
+                .read()
+                .expect("lock")
+                .is_some_and(|at| at.elapsed() >= KEYS_MAX_AGE);
+            if still_stale && let Err(e) = self.refresh_keys().await {
+                tracing::warn!(error = %e, "could not refresh the identity provider's keys");
+            }
+        }
         if let Some(k) = self.find_key(t)? {
             return Ok(k);
         }
