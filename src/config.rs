@@ -276,7 +276,7 @@ impl OidcSettings {
             if ok.is_none() {
                 return Err(invalid(
                     "auth.oidc.redirect_url",
-                    "must be an absolute http(s) URL ending in /auth/callback",
+                    "must be an absolute http(s) URL: this server's public /auth/callback",
                 ));
             }
         }

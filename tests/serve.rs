@@ -282,8 +282,12 @@ fn serve_refuses_settings_it_does_not_implement() {
     let dir = tempfile::tempdir().unwrap();
     for (text, key) in [
         (
-            "[auth.oidc]\nissuer = \"https://idp.example.com\"\naudience = [\"agentry\"]\n",
-            "auth.oidc",
+            "[auth.oidc]\nissuer = \"https://idp.example.com\"\naudience = [\"agentry\"]\nrefresh_tokens = true\n",
+            "auth.oidc.refresh_tokens",
+        ),
+        (
+            "[auth.oidc]\nissuer = \"https://idp.example.com\"\naudience = [\"agentry\"]\nallowed_algs = [\"HS256\"]\n",
+            "auth.oidc.allowed_algs",
         ),
         (
             "[providers.gemini]\nenabled = true\ncommand = [\"gemini\"]\n",

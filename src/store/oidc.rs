@@ -46,17 +46,25 @@ pub async fn upsert_user(
 }
 
 /// The id of the team named `name`, created when it does not exist.
-pub async fn ensure_team(db: impl PgExecutor<'_>, name: &str) -> Result<Uuid, sqlx::Error> {
-    sqlx::query_scalar(
-        "WITH new AS (
-             INSERT INTO teams (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING RETURNING id
-         )
-         SELECT id FROM new UNION ALL SELECT id FROM teams WHERE name = $2 LIMIT 1",
+pub async fn ensure_team(db: impl PgExecutor<'_> + Copy, name: &str) -> Result<Uuid, sqlx::Error> {
+    let made: Option<Uuid> = sqlx::query_scalar(
+        "INSERT INTO teams (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING RETURNING id",
     )
     .bind(Uuid::now_v7())
     .bind(name)
-    .fetch_one(db)
-    .await
+    .fetch_optional(db)
+    .await?;
+    match made {
+        Some(id) => Ok(id),
+        // It exists (perhaps made a moment ago by a concurrent request): a new statement
+        // sees it.
+        None => {
+            sqlx::query_scalar("SELECT id FROM teams WHERE name = $1")
+                .bind(name)
+                .fetch_one(db)
+                .await
+        }
+    }
 }
 
 pub async fn remove_member(
@@ -156,7 +164,8 @@ pub async fn insert_login(
     expires_at: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "INSERT INTO oidc_logins (state_hash, code_verifier, nonce, return_to, expires_at)
+        "WITH gone AS (DELETE FROM oidc_logins WHERE expires_at < now())
+         INSERT INTO oidc_logins (state_hash, code_verifier, nonce, return_to, expires_at)
          VALUES ($1, $2, $3, $4, $5)",
     )
     .bind(state_hash)
@@ -178,14 +187,13 @@ pub struct LoginRow {
 }
 
 /// Take (read and delete) the sign-in started with this state: a state is used once.
-/// Expired sign-ins are swept on the way.
+/// (Expired sign-ins are swept whenever a new one starts.)
 pub async fn take_login(
     db: impl PgExecutor<'_>,
     state_hash: &[u8],
 ) -> Result<Option<LoginRow>, sqlx::Error> {
     sqlx::query_as(
-        "WITH gone AS (DELETE FROM oidc_logins WHERE expires_at < now() - interval '1 hour')
-         DELETE FROM oidc_logins WHERE state_hash = $1
+        "DELETE FROM oidc_logins WHERE state_hash = $1
          RETURNING code_verifier, nonce, return_to, expires_at",
     )
     .bind(state_hash)
