@@ -91,8 +91,233 @@ pub struct DatabaseSettings {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthSettings {
-    /// `[auth.oidc]`: parsed so that it can be refused by name until SSO is implemented.
-    pub oidc: Option<toml::Table>,
+    /// `[auth.oidc]`: bearer JWTs from an OpenID Connect provider, and browser sign-in.
+    pub oidc: Option<OidcSettings>,
+}
+
+/// `[auth.oidc]`: the identity provider whose JWTs are accepted as bearer tokens, and
+/// the browser sign-in (authorization code flow with PKCE) against it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OidcSettings {
+    /// Exactly the `iss` of the provider's tokens; discovery reads
+    /// `<issuer>/.well-known/openid-configuration`.
+    pub issuer: String,
+    /// Accepted `aud` values of bearer tokens: a token must name at least one.
+    pub audience: Vec<String>,
+    /// Overrides the `jwks_uri` of the discovery document.
+    #[serde(default)]
+    pub jwks_uri: Option<String>,
+    /// Signature algorithms accepted (default RS256, PS256, ES256, EdDSA). `none` and
+    /// the HMAC algorithms (HS*) are refused at start.
+    #[serde(default = "default_allowed_algs")]
+    pub allowed_algs: Vec<String>,
+    /// The claim holding the user's groups (a list of strings, or one string).
+    #[serde(default = "default_groups_claim")]
+    pub groups_claim: String,
+    #[serde(default = "default_email_claim")]
+    pub email_claim: String,
+    #[serde(default = "default_name_claim")]
+    pub name_claim: String,
+    /// Clock skew allowed on `exp`, `nbf` and `iat`, in seconds.
+    #[serde(default = "default_leeway_s")]
+    pub leeway_s: u64,
+    /// An unknown `kid` refetches the JWKS at most this often, in seconds.
+    #[serde(default = "default_jwks_refetch_min_interval_s")]
+    pub jwks_refetch_min_interval_s: u64,
+    /// IdP groups whose members are server admins (default none).
+    #[serde(default)]
+    pub admin_groups: Vec<String>,
+    /// Browser sign-in: the client registered at the provider. Without it, only bearer
+    /// tokens are accepted and `/auth/login` answers 404.
+    #[serde(default)]
+    pub client_id: Option<String>,
+    #[serde(default)]
+    pub client_secret: Option<Secret>,
+    /// Where the provider sends the browser back: `https://<this server>/auth/callback`.
+    #[serde(default)]
+    pub redirect_url: Option<String>,
+    #[serde(default = "default_scopes")]
+    pub scopes: String,
+    /// A browser session ends after this many seconds without a request…
+    #[serde(default = "default_session_idle_s")]
+    pub session_idle_s: u64,
+    /// …and this many seconds after sign-in, whatever happens.
+    #[serde(default = "default_session_absolute_s")]
+    pub session_absolute_s: u64,
+    /// `[auth.oidc.groups]`: IdP group name → the team its members join, and the role.
+    #[serde(default)]
+    pub groups: BTreeMap<String, GroupMapping>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct GroupMapping {
+    /// The team's name; it is created on first use.
+    pub team: String,
+    /// `owner`, `member` or `viewer`.
+    pub role: String,
+}
+
+/// The signature algorithms the OIDC validator implements.
+pub const OIDC_SUPPORTED_ALGS: [&str; 9] = [
+    "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA",
+];
+
+fn default_allowed_algs() -> Vec<String> {
+    ["RS256", "PS256", "ES256", "EdDSA"]
+        .map(String::from)
+        .to_vec()
+}
+fn default_groups_claim() -> String {
+    "groups".into()
+}
+fn default_email_claim() -> String {
+    "email".into()
+}
+fn default_name_claim() -> String {
+    "name".into()
+}
+fn default_leeway_s() -> u64 {
+    60
+}
+fn default_jwks_refetch_min_interval_s() -> u64 {
+    30
+}
+fn default_scopes() -> String {
+    "openid email profile".into()
+}
+fn default_session_idle_s() -> u64 {
+    8 * 3600
+}
+fn default_session_absolute_s() -> u64 {
+    7 * 24 * 3600
+}
+
+impl OidcSettings {
+    /// Settings for `issuer` and `audience` with every default (for tests and tools).
+    pub fn new(issuer: impl Into<String>, audience: Vec<String>) -> Self {
+        Self {
+            issuer: issuer.into(),
+            audience,
+            jwks_uri: None,
+            allowed_algs: default_allowed_algs(),
+            groups_claim: default_groups_claim(),
+            email_claim: default_email_claim(),
+            name_claim: default_name_claim(),
+            leeway_s: default_leeway_s(),
+            jwks_refetch_min_interval_s: default_jwks_refetch_min_interval_s(),
+            admin_groups: Vec::new(),
+            client_id: None,
+            client_secret: None,
+            redirect_url: None,
+            scopes: default_scopes(),
+            session_idle_s: default_session_idle_s(),
+            session_absolute_s: default_session_absolute_s(),
+            groups: BTreeMap::new(),
+        }
+    }
+
+    /// Browser sign-in is configured (a client id and a redirect URL).
+    pub fn browser_sign_in(&self) -> bool {
+        self.client_id.is_some() && self.redirect_url.is_some()
+    }
+
+    fn validate(&self) -> Result<(), SettingsError> {
+        let http_url = |u: &str| u.starts_with("https://") || u.starts_with("http://");
+        if !http_url(&self.issuer) {
+            return Err(invalid(
+                "auth.oidc.issuer",
+                "must be an https:// (or http://) URL",
+            ));
+        }
+        if self.audience.is_empty() || self.audience.iter().any(|a| a.is_empty()) {
+            return Err(invalid(
+                "auth.oidc.audience",
+                "must list at least one audience, none of them empty",
+            ));
+        }
+        if let Some(u) = &self.jwks_uri
+            && !http_url(u)
+        {
+            return Err(invalid("auth.oidc.jwks_uri", "must be an http(s) URL"));
+        }
+        if self.allowed_algs.is_empty() {
+            return Err(invalid("auth.oidc.allowed_algs", "must not be empty"));
+        }
+        for alg in &self.allowed_algs {
+            if alg.eq_ignore_ascii_case("none") || alg.to_ascii_uppercase().starts_with("HS") {
+                return Err(invalid(
+                    "auth.oidc.allowed_algs",
+                    format!(
+                        "`{alg}` is never accepted: unsigned and shared-secret (HMAC) tokens \
+                         cannot be verified with the provider's public keys"
+                    ),
+                ));
+            }
+            if !OIDC_SUPPORTED_ALGS.contains(&alg.as_str()) {
+                return Err(invalid(
+                    "auth.oidc.allowed_algs",
+                    format!(
+                        "`{alg}` is not supported (supported: {})",
+                        OIDC_SUPPORTED_ALGS.join(", ")
+                    ),
+                ));
+            }
+        }
+        for (name, claim) in [
+            ("groups_claim", &self.groups_claim),
+            ("email_claim", &self.email_claim),
+            ("name_claim", &self.name_claim),
+        ] {
+            if claim.is_empty() {
+                return Err(invalid(&format!("auth.oidc.{name}"), "must not be empty"));
+            }
+        }
+        if self.client_id.is_some() != self.redirect_url.is_some() {
+            return Err(invalid(
+                if self.client_id.is_some() {
+                    "auth.oidc.redirect_url"
+                } else {
+                    "auth.oidc.client_id"
+                },
+                "browser sign-in needs both client_id and redirect_url",
+            ));
+        }
+        if let Some(u) = &self.redirect_url {
+            let ok = url::Url::parse(u)
+                .ok()
+                .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
+            if ok.is_none() {
+                return Err(invalid(
+                    "auth.oidc.redirect_url",
+                    "must be an absolute http(s) URL: this server's public /auth/callback",
+                ));
+            }
+        }
+        if !self.scopes.split_whitespace().any(|s| s == "openid") {
+            return Err(invalid("auth.oidc.scopes", "must include `openid`"));
+        }
+        if self.session_idle_s == 0 || self.session_absolute_s < self.session_idle_s {
+            return Err(invalid(
+                "auth.oidc.session_absolute_s",
+                "sessions need session_idle_s >= 1 and session_absolute_s >= session_idle_s",
+            ));
+        }
+        for (group, m) in &self.groups {
+            let name = format!("auth.oidc.groups.{group}");
+            if !matches!(m.role.as_str(), "owner" | "member" | "viewer") {
+                return Err(invalid(
+                    &format!("{name}.role"),
+                    "must be `owner`, `member` or `viewer`",
+                ));
+            }
+            if m.team.trim().is_empty() {
+                return Err(invalid(&format!("{name}.team"), "must name a team"));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -347,12 +572,8 @@ impl Settings {
                 "must be at least 1",
             ));
         }
-        if self.auth.oidc.is_some() {
-            return Err(invalid(
-                "auth.oidc",
-                "OIDC sign-in is not implemented by this server yet; remove the table \
-                 (API tokens work without it)",
-            ));
+        if let Some(oidc) = &self.auth.oidc {
+            oidc.validate()?;
         }
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return Err(invalid("log.format", "must be `text` or `json`"));
@@ -525,14 +746,15 @@ fn valid_provider_id(id: &str) -> bool {
 
 /// Variables that start with `AGENTRY_` but are not server settings: the settings file,
 /// the command-line client's server and token, the seed of randomized tests, and where
-/// the test suite finds the pinned agent CLIs (and whether it must).
-const NOT_SETTINGS: [&str; 6] = [
+/// the test suite finds the pinned agent CLIs and test peers (and whether it must).
+const NOT_SETTINGS: [&str; 7] = [
     "AGENTRY_CONFIG",
     "AGENTRY_URL",
     "AGENTRY_TOKEN",
     "AGENTRY_TEST_SEED",
     "AGENTRY_CLI_CACHE",
     "AGENTRY_REQUIRE_CLIS",
+    "AGENTRY_TEST_PEERS_CACHE",
 ];
 
 /// The providers this server implements without `extends`, with the keys each one uses.
@@ -585,6 +807,9 @@ fn env_path(rest: &str) -> Vec<String> {
         } else if in_providers && path.len() == 3 && path[2] == "env" {
             path.push(parts[i..].join("__"));
             break;
+        } else if path.len() == 3 && path[..3] == ["auth", "oidc", "groups"] {
+            // An IdP group name is data: kept as written.
+            path.push(part.to_string());
         } else {
             path.push(part.to_ascii_lowercase());
         }
@@ -608,6 +833,17 @@ fn typed_setting(path: &[String]) -> bool {
                 "enabled" | "command" | "args" | "modes" | "team_secrets"
             ]
             | ["secrets", "previous_keys"]
+            | [
+                "auth",
+                "oidc",
+                "audience"
+                    | "allowed_algs"
+                    | "admin_groups"
+                    | "leeway_s"
+                    | "jwks_refetch_min_interval_s"
+                    | "session_idle_s"
+                    | "session_absolute_s"
+            ]
     )
 }
 
@@ -810,19 +1046,51 @@ mod tests {
     }
 
     #[test]
-    fn oidc_is_refused_until_it_is_implemented() {
+    fn oidc_settings_are_read_checked_and_unknown_keys_refused() {
+        let (_dir, path) = file(
+            "[auth.oidc]\nissuer = \"https://idp.example.com\"\naudience = [\"agentry\"]\n\
+             client_id = \"agentry-web\"\nredirect_url = \"https://agentry.example.com/auth/callback\"\n\
+             [auth.oidc.groups]\nPlatform-Eng = { team = \"platform\", role = \"owner\" }\n",
+        );
+        let s = Settings::load_from(Some(&path), &[]).unwrap();
+        let o = s.auth.oidc.as_ref().unwrap();
+        assert_eq!(o.allowed_algs, ["RS256", "PS256", "ES256", "EdDSA"]);
+        assert_eq!((o.leeway_s, o.jwks_refetch_min_interval_s), (60, 30));
+        assert_eq!(o.groups["Platform-Eng"].team, "platform");
+        assert!(o.browser_sign_in());
         let e = refused(
-            "[auth.oidc]\nissuer = \"https://idp.example.com\"\naudience = [\"agentry\"]\n",
+            "[auth.oidc]\nissuer = \"https://i\"\naudience = [\"a\"]\nbogus = 1\n",
             &[],
         );
-        assert_eq!(e.setting, "auth.oidc");
-        assert!(e.to_string().contains("auth.oidc"), "{e}");
-        let e = Settings::load_from(
+        assert_eq!(e.setting, "auth.oidc.bogus");
+        for alg in ["none", "HS256"] {
+            let e = refused(
+                &format!(
+                    "[auth.oidc]\nissuer = \"https://i\"\naudience = [\"a\"]\nallowed_algs = [\"RS256\", \"{alg}\"]\n"
+                ),
+                &[],
+            );
+            assert_eq!(e.setting, "auth.oidc.allowed_algs", "{e}");
+        }
+        let e = refused(
+            "[auth.oidc]\nissuer = \"https://i\"\naudience = [\"a\"]\n[auth.oidc.groups]\ng = { team = \"t\", role = \"boss\" }\n",
+            &[],
+        );
+        assert_eq!(e.setting, "auth.oidc.groups.g.role");
+        let s = Settings::load_from(
             None,
-            &env(&[("AGENTRY_AUTH__OIDC__ISSUER", "https://idp.example.com")]),
+            &env(&[
+                ("AGENTRY_AUTH__OIDC__ISSUER", "https://idp.example.com"),
+                ("AGENTRY_AUTH__OIDC__AUDIENCE", "[\"agentry\"]"),
+                ("AGENTRY_AUTH__OIDC__LEEWAY_S", "5"),
+                ("AGENTRY_AUTH__OIDC__GROUPS__Eng_Team__TEAM", "eng"),
+                ("AGENTRY_AUTH__OIDC__GROUPS__Eng_Team__ROLE", "viewer"),
+            ]),
         )
-        .unwrap_err();
-        assert_eq!(e.setting, "auth.oidc");
+        .unwrap();
+        let o = s.auth.oidc.unwrap();
+        assert_eq!(o.leeway_s, 5);
+        assert_eq!(o.groups["Eng_Team"].role, "viewer");
     }
 
     #[test]

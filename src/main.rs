@@ -106,6 +106,7 @@ fn load_settings(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<Se
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    agentry::telemetry::install_crypto_provider();
     if let Command::MockAgent = cli.command {
         // One agent per process: a single-threaded runtime is all it needs, and many of
         // them run beside the server.

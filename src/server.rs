@@ -107,6 +107,7 @@ impl Application {
         embedded: Option<EmbeddedPostgres>,
         listener: TcpListener,
     ) -> anyhow::Result<Self> {
+        crate::telemetry::install_crypto_provider();
         // Before anything changes the database: a second server refuses to start.
         let lock = ServerLock::acquire(&pool).await?;
         store::migrate(&pool)
@@ -155,6 +156,13 @@ impl Application {
                 .then(|| Duration::from_secs(settings.agents.idle_timeout_s)),
         );
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let oidc = match &settings.auth.oidc {
+            Some(o) => Some(crate::auth::oidc::Oidc::start(
+                o.clone(),
+                &Handle::current(),
+            )?),
+            None => None,
+        };
         let state = web::Data::new(AppState {
             services: ServiceContext {
                 pool: store::DeadlinePool::new(
@@ -169,6 +177,7 @@ impl Application {
                 data_dir: settings.data_dir.clone(),
                 shutdown: shutdown_rx,
                 secrets: Arc::new(keyring),
+                oidc,
             },
             settings: settings.clone(),
         });

@@ -78,7 +78,15 @@ fn otlp_provider(endpoint: &str) -> anyhow::Result<SdkTracerProvider> {
         .build())
 }
 
+/// Make ring the process's TLS crypto provider. Every HTTP client (reqwest over rustls)
+/// needs one; the server, its client commands and the tests call this before building
+/// any. Calling it again does nothing.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 fn reqwest_blocking() -> anyhow::Result<reqwest::blocking::Client> {
+    install_crypto_provider();
     // Built on its own thread: the blocking client must not be created inside a runtime.
     std::thread::spawn(|| reqwest::blocking::Client::builder().build())
         .join()

@@ -58,6 +58,7 @@ fn get(url: &str, token: &str) -> u16 {
         .enable_all()
         .build()
         .unwrap();
+    agentry::telemetry::install_crypto_provider();
     rt.block_on(async {
         reqwest::Client::new()
             .get(url)
@@ -281,8 +282,12 @@ fn serve_refuses_settings_it_does_not_implement() {
     let dir = tempfile::tempdir().unwrap();
     for (text, key) in [
         (
-            "[auth.oidc]\nissuer = \"https://idp.example.com\"\naudience = [\"agentry\"]\n",
-            "auth.oidc",
+            "[auth.oidc]\nissuer = \"https://idp.example.com\"\naudience = [\"agentry\"]\nrefresh_tokens = true\n",
+            "auth.oidc.refresh_tokens",
+        ),
+        (
+            "[auth.oidc]\nissuer = \"https://idp.example.com\"\naudience = [\"agentry\"]\nallowed_algs = [\"HS256\"]\n",
+            "auth.oidc.allowed_algs",
         ),
         (
             "[providers.gemini]\nenabled = true\ncommand = [\"gemini\"]\n",

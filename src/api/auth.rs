@@ -2,7 +2,8 @@
 //! `access::enforce` (which also checks the route's token scope) and the extractor hands
 //! out that principal; a `/v1` handler whose route has no declared access refuses to
 //! run. `authenticate_request` reads `Authorization: Bearer <token>` and asks `auth` who
-//! it is.
+//! it is; without that header, a browser session cookie (`agentry_session`) is accepted,
+//! and a cookie request that changes state must pass the origin check (CSRF).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -11,6 +12,7 @@ use actix_web::{FromRequest, HttpMessage, HttpRequest, dev::Payload, http::heade
 
 use super::error::ApiError;
 use super::middleware::RequestId;
+use super::sessions;
 use crate::auth::{self, AuthError, Principal};
 use crate::server::AppState;
 
@@ -51,10 +53,25 @@ pub fn authenticate_request(
         .get(header::AUTHORIZATION)
         .map(|v| v.as_bytes().to_vec());
     let request_id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
+    let req = req.clone();
     async move {
         let state =
             state.ok_or_else(|| ApiError::internal(anyhow::anyhow!("app state missing")))?;
-        let raw = header.ok_or(AuthError::TokenMissing)?;
+        let ctx = &state.services;
+        let Some(raw) = header else {
+            return match sessions::session_cookie(&req) {
+                Some(cookie) if ctx.oidc.is_some() => {
+                    if sessions::changes_state(&req) {
+                        sessions::check_origin(&state, &req)?;
+                    }
+                    let mut principal =
+                        crate::services::sessions::session_principal(ctx, &cookie).await?;
+                    principal.request_id = request_id;
+                    Ok(principal)
+                }
+                _ => Err(AuthError::TokenMissing.into()),
+            };
+        };
         if raw.len() > MAX_TOKEN_BYTES + 7 {
             return Err(AuthError::TokenTooLarge.into());
         }
@@ -67,8 +84,8 @@ pub fn authenticate_request(
             .ok_or(AuthError::TokenMalformed(
                 "expected `Authorization: Bearer <token>`",
             ))?;
-        let ctx = &state.services;
-        let mut principal = auth::authenticate(&ctx.pool, &ctx.runtime, token).await?;
+        let mut principal =
+            auth::authenticate(&ctx.pool, &ctx.runtime, ctx.oidc.as_ref(), token).await?;
         principal.request_id = request_id;
         Ok(principal)
     }

@@ -200,7 +200,16 @@ impl From<&AuthError> for ApiError {
             | E::TokenMalformed(_)
             | E::TokenUnknown
             | E::TokenRevoked(_)
-            | E::TokenExpired => StatusCode::UNAUTHORIZED,
+            | E::TokenExpired
+            | E::TokenInvalidSignature
+            | E::TokenUnknownKey
+            | E::TokenAlgorithmNotAllowed(_)
+            | E::TokenNotYetValid
+            | E::TokenInvalidIssuer
+            | E::TokenInvalidAudience
+            | E::SessionExpired => StatusCode::UNAUTHORIZED,
+            E::CsrfRejected(_) => StatusCode::FORBIDDEN,
+            E::IdpUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             E::NotVisible(_) => StatusCode::NOT_FOUND,
             E::RoleTooLow { .. } | E::Forbidden(_) | E::InsufficientScope { .. } => {
                 StatusCode::FORBIDDEN

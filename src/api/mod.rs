@@ -21,6 +21,7 @@ pub mod openapi;
 pub mod projects;
 pub mod providers;
 pub mod secrets;
+pub mod sessions;
 pub mod sse;
 pub mod teams;
 pub mod users;
@@ -48,6 +49,7 @@ pub fn configure(cfg: &mut ServiceConfig, max_body_bytes: usize) {
     .app_data(web::QueryConfig::default().error_handler(query_error))
     .app_data(web::PathConfig::default().error_handler(path_error));
     health::configure(cfg);
+    sessions::configure(cfg);
     cfg.service(
         utoipa_actix_web::scope("/v1")
             .wrap(actix_web::middleware::from_fn(input::reject_nul))

@@ -15,6 +15,26 @@ pub enum AuthError {
     TokenRevoked(&'static str),
     #[error("this token has expired")]
     TokenExpired,
+    #[error("the token's signature does not verify with the identity provider's key")]
+    TokenInvalidSignature,
+    #[error("the token names a key the identity provider does not publish")]
+    TokenUnknownKey,
+    #[error("{0}")]
+    TokenAlgorithmNotAllowed(String),
+    #[error("this token is not valid yet")]
+    TokenNotYetValid,
+    #[error("the token was not issued by the configured identity provider")]
+    TokenInvalidIssuer,
+    #[error("the token is not meant for this server (audience)")]
+    TokenInvalidAudience,
+    #[error("the browser session has ended; sign in again")]
+    SessionExpired,
+    /// A cookie-authenticated request that changes state came from another origin.
+    #[error("{0}")]
+    CsrfRejected(&'static str),
+    /// The identity provider's keys are not loaded yet (or it cannot be reached).
+    #[error("{0}")]
+    IdpUnavailable(String),
     /// A team (or a resource of a team) the caller cannot see: reported as missing.
     #[error("{0} not found")]
     NotVisible(&'static str),
@@ -44,6 +64,15 @@ impl AuthError {
             AuthError::TokenUnknown => "token_unknown",
             AuthError::TokenRevoked(_) => "token_revoked",
             AuthError::TokenExpired => "token_expired",
+            AuthError::TokenInvalidSignature => "token_invalid_signature",
+            AuthError::TokenUnknownKey => "token_unknown_key",
+            AuthError::TokenAlgorithmNotAllowed(_) => "token_algorithm_not_allowed",
+            AuthError::TokenNotYetValid => "token_not_yet_valid",
+            AuthError::TokenInvalidIssuer => "token_invalid_issuer",
+            AuthError::TokenInvalidAudience => "token_invalid_audience",
+            AuthError::SessionExpired => "session_expired",
+            AuthError::CsrfRejected(_) => "csrf_rejected",
+            AuthError::IdpUnavailable(_) => "idp_unavailable",
             AuthError::NotVisible(_) => "not_found",
             AuthError::RoleTooLow { .. } | AuthError::Forbidden(_) => "forbidden",
             AuthError::InsufficientScope { .. } => "insufficient_scope",

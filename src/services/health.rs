@@ -1,4 +1,5 @@
-//! Readiness: the store is reachable and every migration this server knows is applied.
+//! Readiness: the store is reachable and every migration this server knows is applied,
+//! and the identity provider's keys are loaded when one is configured.
 
 use super::{ServiceContext, ServiceError, ServiceResult};
 use crate::store;
@@ -6,7 +7,10 @@ use crate::store;
 pub async fn ready(ctx: &ServiceContext) -> ServiceResult<()> {
     let latest = store::MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
     match store::applied_migration(&ctx.pool).await {
-        Ok(Some(v)) if v >= latest => Ok(()),
+        Ok(Some(v)) if v >= latest => match &ctx.oidc {
+            Some(idp) if !idp.is_ready() => Err(ServiceError::NotReady),
+            _ => Ok(()),
+        },
         Ok(_) => Err(ServiceError::NotReady),
         Err(e) => {
             tracing::warn!(error = %e, "readiness: the store is unreachable");

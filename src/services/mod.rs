@@ -14,6 +14,7 @@ pub mod identity;
 pub mod projects;
 pub mod providers;
 pub mod secrets;
+pub mod sessions;
 pub mod streams;
 pub mod teams;
 pub mod users;
@@ -49,6 +50,8 @@ pub struct ServiceContext {
     pub shutdown: watch::Receiver<bool>,
     /// Seals and opens team secrets.
     pub secrets: Arc<secrets::Keyring>,
+    /// The OpenID Connect provider, when `[auth.oidc]` is configured.
+    pub oidc: Option<crate::auth::oidc::Oidc>,
 }
 
 impl ServiceContext {

@@ -38,10 +38,12 @@ pub async fn find_user_by_email(
     db: impl PgExecutor<'_>,
     email: &str,
 ) -> Result<Option<UserRow>, sqlx::Error> {
-    sqlx::query_as("SELECT id, email, name, is_admin FROM users WHERE email = $1")
-        .bind(email)
-        .fetch_optional(db)
-        .await
+    sqlx::query_as(
+        "SELECT id, email, name, is_admin FROM users WHERE email = $1 AND oidc_issuer IS NULL",
+    )
+    .bind(email)
+    .fetch_optional(db)
+    .await
 }
 
 pub async fn get_user(db: impl PgExecutor<'_>, id: Uuid) -> Result<Option<UserRow>, sqlx::Error> {

@@ -8,6 +8,7 @@ pub mod deadline;
 pub mod events;
 pub mod idempotency;
 pub mod identity;
+pub mod oidc;
 pub mod permissions;
 pub mod processes;
 pub mod projects;

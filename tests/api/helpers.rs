@@ -86,6 +86,17 @@ pub async fn spawn_app_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
     start(db, data_dir, None, s).await
 }
 
+/// Like `spawn_app_with`, serving on `listener` (for settings that name the server's own
+/// address, such as a sign-in redirect URL).
+#[allow(dead_code)] // used by the OIDC tests, not by tests/api
+pub async fn spawn_app_on(listener: TcpListener, tweak: impl FnOnce(&mut Settings)) -> TestApp {
+    let db = fresh_database().await;
+    let data_dir = tempfile::tempdir().unwrap();
+    let mut s = settings(data_dir.path());
+    tweak(&mut s);
+    start_on(db, data_dir, None, s, listener).await
+}
+
 /// Start an app on an existing database and data dir (for restarts).
 pub async fn spawn_on(db: PgConnectOptions, data_dir: TempDir, token: Option<String>) -> TestApp {
     spawn_on_with(db, data_dir, token, |_| {}).await
@@ -109,8 +120,18 @@ async fn start(
     token: Option<String>,
     settings: Settings,
 ) -> TestApp {
-    let pool = agentry::store::connect(db.clone(), 10).await.expect("pool");
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    start_on(db, data_dir, token, settings, listener).await
+}
+
+async fn start_on(
+    db: PgConnectOptions,
+    data_dir: TempDir,
+    token: Option<String>,
+    settings: Settings,
+    listener: TcpListener,
+) -> TestApp {
+    let pool = agentry::store::connect(db.clone(), 10).await.expect("pool");
     let app = Application::build_with(settings, pool.clone(), None, listener)
         .await
         .expect("app builds");

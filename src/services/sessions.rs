@@ -1,0 +1,64 @@
+//! Browser sign-in and sessions: start the provider's sign-in, finish it into a session,
+//! sign out. The flow itself (PKCE, state, nonce, the ID token) is `auth::oidc::browser`.
+
+use crate::auth::oidc::browser::{self, SignInError, SignedIn};
+use crate::auth::{AuthError, Principal};
+
+use serde_json::json;
+
+use super::audit;
+use super::{ServiceContext, ServiceError};
+
+fn provider(ctx: &ServiceContext) -> Result<&crate::auth::oidc::Oidc, SignInError> {
+    ctx.oidc.as_ref().ok_or(SignInError::NotConfigured)
+}
+
+/// Where to send the browser to sign in; `return_to` is a path on this server.
+pub async fn login_url(
+    ctx: &ServiceContext,
+    return_to: Option<&str>,
+) -> Result<String, SignInError> {
+    browser::begin(provider(ctx)?, &ctx.pool, return_to).await
+}
+
+/// Finish a sign-in the provider sent back, opening a session. The sign-in is in the
+/// audit log before the session is handed out; when it cannot be recorded, the session is
+/// revoked again and the sign-in fails.
+pub async fn finish_sign_in(
+    ctx: &ServiceContext,
+    code: &str,
+    state: &str,
+    request_id: Option<&str>,
+) -> Result<SignedIn, SignInError> {
+    let signed = browser::finish(provider(ctx)?, &ctx.pool, code, state).await?;
+    let recorded = audit::record_sign_in(
+        ctx,
+        signed.principal.user_id,
+        request_id,
+        json!({"method": "oidc", "issuer": provider(ctx)?.settings().issuer}),
+    )
+    .await;
+    if let Err(e) = recorded {
+        let _ = browser::sign_out(&ctx.pool, &signed.session).await;
+        return Err(match e {
+            ServiceError::Store(e) => SignInError::Auth(AuthError::Store(e)),
+            ServiceError::Auth(a) => SignInError::Auth(a),
+            other => SignInError::Failed(format!("the sign-in could not be recorded: {other}")),
+        });
+    }
+    tracing::info!(user_id = %signed.principal.user_id, "browser sign-in");
+    Ok(signed)
+}
+
+/// Revoke the session of this cookie value.
+pub async fn sign_out(ctx: &ServiceContext, cookie: &str) -> Result<(), AuthError> {
+    browser::sign_out(&ctx.pool, cookie).await.map(|_| ())
+}
+
+/// The caller of a session cookie (`session_expired` when there is no live session).
+pub async fn session_principal(ctx: &ServiceContext, cookie: &str) -> Result<Principal, AuthError> {
+    match &ctx.oidc {
+        Some(idp) => browser::authenticate_session(idp, &ctx.pool, cookie).await,
+        None => Err(AuthError::SessionExpired),
+    }
+}

@@ -1,0 +1,649 @@
+//! OpenID Connect end to end: agentry configured with `[auth.oidc]` against a real
+//! OpenID Provider (tests/support/oidc_idp.rs) on 127.0.0.1. Tokens come from the
+//! provider itself — its token endpoint, or its signing key for tokens whose claims a
+//! test chooses — and every refusal is checked for its exact code.
+
+#[path = "api/helpers.rs"]
+#[allow(dead_code)]
+mod helpers;
+
+#[path = "support/oidc_idp.rs"]
+#[allow(dead_code)]
+mod oidc_idp;
+
+use std::time::Duration;
+
+use agentry::config::{GroupMapping, OidcSettings, Settings};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use serde_json::{Value, json};
+
+use helpers::{TestApp, expect_status, spawn_app_with};
+use oidc_idp::{Idp, user};
+
+fn oidc_settings(idp: &Idp) -> OidcSettings {
+    let mut o = OidcSettings::new(idp.issuer.clone(), vec!["agentry".into()]);
+    o.groups.insert(
+        "eng".into(),
+        GroupMapping {
+            team: "platform".into(),
+            role: "member".into(),
+        },
+    );
+    o.groups.insert(
+        "eng-leads".into(),
+        GroupMapping {
+            team: "platform".into(),
+            role: "owner".into(),
+        },
+    );
+    o
+}
+
+async fn app_for(idp: &Idp, tweak: impl FnOnce(&mut OidcSettings)) -> TestApp {
+    let mut o = oidc_settings(idp);
+    tweak(&mut o);
+    let app = spawn_app_with(move |s: &mut Settings| s.auth.oidc = Some(o)).await;
+    wait_ready(&app).await;
+    app
+}
+
+async fn wait_ready(app: &TestApp) {
+    for _ in 0..200 {
+        let res = app.client.get(app.url("/readyz")).send().await.unwrap();
+        if res.status() == 200 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the server did not become ready");
+}
+
+async fn get_as(app: &TestApp, token: &str, path: &str) -> reqwest::Response {
+    app.client
+        .get(app.url(path))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// 401 with exactly `code`, the bearer challenge, and no key material in the answer.
+async fn refused(app: &TestApp, token: &str, code: &str, key_material: &str) {
+    let res = get_as(app, token, "/v1/me").await;
+    let challenge = res
+        .headers()
+        .get("www-authenticate")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let body = expect_status(res, 401).await;
+    assert_eq!(body["code"], code, "{body}");
+    assert!(
+        challenge.starts_with("Bearer error=\"invalid_token\""),
+        "{challenge}"
+    );
+    let text = body.to_string();
+    assert!(
+        !text.contains(&key_material[..16]),
+        "the answer shows key material: {text}"
+    );
+}
+
+fn now() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+/// The modulus of the provider's current key, to check that no answer shows it.
+async fn modulus(idp: &Idp) -> String {
+    let jwks: Value = reqwest::get(format!("{}/jwks", idp.issuer))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    jwks["keys"][0]["n"].as_str().unwrap().to_owned()
+}
+
+fn b64(v: &Value) -> String {
+    URL_SAFE_NO_PAD.encode(v.to_string())
+}
+
+#[tokio::test]
+async fn tokens_from_the_provider_are_accepted_and_users_upserted() {
+    let Some(idp) = Idp::start().await else {
+        return;
+    };
+    let app = app_for(&idp, |_| {}).await;
+
+    // A service client (client credentials grant).
+    let bot = idp.client_credentials("ci-bot").await;
+    let me = expect_status(get_as(&app, &bot, "/v1/me").await, 200).await;
+    assert!(me["id"].as_str().unwrap().starts_with("usr_"), "{me}");
+    assert_eq!(me["name"], "ci-bot");
+    assert_eq!(me["is_admin"], false);
+    assert_eq!(me["teams"], json!([]));
+
+    // A person (authorization code flow with PKCE), in two mapped groups of one team.
+    idp.set_user(user("alice", &["eng", "eng-leads", "unmapped"]));
+    let tokens = idp.authorization_code("agentry-web").await;
+    let alice = tokens["access_token"].as_str().unwrap();
+    let me = expect_status(get_as(&app, alice, "/v1/me").await, 200).await;
+    assert_eq!(me["email"], "alice@example.com");
+    assert_eq!(me["name"], "User alice");
+    let teams = me["teams"].as_array().unwrap();
+    assert_eq!(teams.len(), 1, "{me}");
+    assert_eq!(teams[0]["name"], "platform");
+    assert_eq!(teams[0]["role"], "owner", "the highest mapped role");
+
+    // Seen again with a new email: the same user, refreshed.
+    let mut changed = user("alice", &["eng"]);
+    changed["email"] = json!("alice@new.example.com");
+    idp.set_user(changed);
+    let tokens = idp.authorization_code("agentry-web").await;
+    let again = expect_status(
+        get_as(&app, tokens["access_token"].as_str().unwrap(), "/v1/me").await,
+        200,
+    )
+    .await;
+    assert_eq!(again["id"], me["id"]);
+    assert_eq!(again["email"], "alice@new.example.com");
+    assert_eq!(again["teams"][0]["role"], "member");
+
+    // The ID token is for the client, not for this API.
+    let id_token = tokens["id_token"].as_str().unwrap();
+    refused(
+        &app,
+        id_token,
+        "token_invalid_audience",
+        &modulus(&idp).await,
+    )
+    .await;
+
+    // Local mode stays on beside OIDC: the bootstrap admin token still works.
+    let admin = app.get_ok("/v1/me").await;
+    assert_eq!(admin["is_admin"], true);
+    // An API-token-shaped string is never sent to the provider.
+    let res = get_as(&app, "agt_pat_nope", "/v1/me").await;
+    assert_eq!(expect_status(res, 401).await["code"], "token_malformed");
+}
+
+#[tokio::test]
+async fn the_attack_suite_is_refused_with_precise_codes() {
+    let Some(idp) = Idp::start_with(0, Some("shared-kid")).await else {
+        return;
+    };
+    let Some(other) = Idp::start_with(0, Some("shared-kid")).await else {
+        return;
+    };
+    let app = app_for(&idp, |_| {}).await;
+    let n = modulus(&idp).await;
+    let claims = |over: Value| {
+        let mut c = json!({"iss": idp.issuer, "aud": "agentry", "sub": "mallory",
+            "iat": now(), "exp": now() + 600});
+        for (k, v) in over.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        c
+    };
+
+    // The control: claims chosen by the test, signed with the provider's key, pass.
+    let good = idp.sign("current", json!({}), claims(json!({}))).await;
+    expect_status(get_as(&app, &good, "/v1/me").await, 200).await;
+
+    // alg: none, no signature.
+    let none = format!(
+        "{}.{}.",
+        b64(&json!({"alg": "none", "typ": "JWT"})),
+        b64(&claims(json!({})))
+    );
+    refused(&app, &none, "token_algorithm_not_allowed", &n).await;
+    // HS256 keyed with the provider's RSA public key (PEM) — the key-confusion attack.
+    let hs = idp
+        .sign("hs256-public-pem", json!({}), claims(json!({})))
+        .await;
+    refused(&app, &hs, "token_algorithm_not_allowed", &n).await;
+    // An allowed algorithm that does not fit the named key's type (ES256 on an RSA key).
+    let parts: Vec<&str> = good.split('.').collect();
+    let es = format!(
+        "{}.{}.{}",
+        b64(&json!({"alg": "ES256", "kid": "shared-kid"})),
+        parts[1],
+        URL_SAFE_NO_PAD.encode([7u8; 64])
+    );
+    refused(&app, &es, "token_algorithm_not_allowed", &n).await;
+
+    let signed = |over: Value| idp.sign("current", json!({}), claims(over));
+    refused(
+        &app,
+        &signed(json!({"exp": now() - 3600})).await,
+        "token_expired",
+        &n,
+    )
+    .await;
+    refused(
+        &app,
+        &signed(json!({"nbf": now() + 3600})).await,
+        "token_not_yet_valid",
+        &n,
+    )
+    .await;
+    refused(
+        &app,
+        &signed(json!({"iss": "http://127.0.0.1:1"})).await,
+        "token_invalid_issuer",
+        &n,
+    )
+    .await;
+    refused(
+        &app,
+        &signed(json!({"aud": ["someone-else"]})).await,
+        "token_invalid_audience",
+        &n,
+    )
+    .await;
+    let no_exp = {
+        let mut c = claims(json!({}));
+        c.as_object_mut().unwrap().remove("exp");
+        idp.sign("current", json!({}), c).await
+    };
+    refused(&app, &no_exp, "token_malformed", &n).await;
+
+    // A key the provider does not publish.
+    let foreign = idp.sign("foreign", json!({}), claims(json!({}))).await;
+    refused(&app, &foreign, "token_unknown_key", &n).await;
+
+    // A tampered payload under the original signature.
+    let tampered = format!(
+        "{}.{}.{}",
+        parts[0],
+        b64(&claims(json!({"sub": "admin"}))),
+        parts[2]
+    );
+    refused(&app, &tampered, "token_invalid_signature", &n).await;
+
+    // A second provider whose key has the same kid.
+    let theirs = other.client_credentials("ci-bot").await;
+    assert!(theirs.starts_with("eyJ"));
+    refused(&app, &theirs, "token_invalid_signature", &n).await;
+
+    // A huge token.
+    let huge = format!(
+        "{}.{}.{}",
+        parts[0],
+        b64(&claims(json!({"pad": "x".repeat(20_000)}))),
+        parts[2]
+    );
+    refused(&app, &huge, "token_too_large", &n).await;
+
+    // A JWT-shaped string that is not one.
+    refused(&app, "eyJub3QganNvbg.e30.c2ln", "token_malformed", &n).await;
+}
+
+#[tokio::test]
+async fn rotated_keys_validate_without_a_restart_and_removed_keys_stop() {
+    let Some(idp) = Idp::start().await else {
+        return;
+    };
+    let app = app_for(&idp, |o| o.jwks_refetch_min_interval_s = 0).await;
+    let old = idp.client_credentials("ci-bot").await;
+    expect_status(get_as(&app, &old, "/v1/me").await, 200).await;
+
+    let kid = idp.rotate().await;
+    let new = idp.client_credentials("ci-bot").await;
+    let header: Value = serde_json::from_slice(
+        &URL_SAFE_NO_PAD
+            .decode(new.split('.').next().unwrap())
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(header["kid"], kid.as_str());
+    // The new key is fetched on first sight of its kid…
+    expect_status(get_as(&app, &new, "/v1/me").await, 200).await;
+    // …and the refetch dropped the removed key.
+    let res = get_as(&app, &old, "/v1/me").await;
+    assert_eq!(expect_status(res, 401).await["code"], "token_unknown_key");
+}
+
+#[tokio::test]
+async fn unknown_key_refetches_are_rate_limited() {
+    let Some(idp) = Idp::start().await else {
+        return;
+    };
+    let app = app_for(&idp, |o| o.jwks_refetch_min_interval_s = 3600).await;
+    idp.rotate().await;
+    let new = idp.client_credentials("ci-bot").await;
+    // The keys were fetched at start, less than an hour ago: no refetch yet.
+    let res = get_as(&app, &new, "/v1/me").await;
+    assert_eq!(expect_status(res, 401).await["code"], "token_unknown_key");
+}
+
+#[tokio::test]
+async fn leaving_an_idp_group_removes_the_team_on_the_next_request() {
+    let Some(idp) = Idp::start().await else {
+        return;
+    };
+    let app = app_for(&idp, |_| {}).await;
+    idp.set_user(user("bob", &["eng"]));
+    let tokens = idp.authorization_code("agentry-web").await;
+    let bob = tokens["access_token"].as_str().unwrap().to_owned();
+    let me = expect_status(get_as(&app, &bob, "/v1/me").await, 200).await;
+    let team = me["teams"][0]["id"].as_str().unwrap().to_owned();
+
+    // A project of the mapped team, made by the admin.
+    let repo = helpers::git_repo();
+    let project = app
+        .post_ok(
+            "/v1/projects",
+            json!({"name": "svc", "team_id": team, "repo_path": repo.path()}),
+            201,
+        )
+        .await;
+    let path = format!("/v1/projects/{}", project["id"].as_str().unwrap());
+    expect_status(get_as(&app, &bob, &path).await, 200).await;
+
+    // The provider drops bob from the group: his next token loses the team.
+    idp.set_user(user("bob", &[]));
+    let tokens = idp.authorization_code("agentry-web").await;
+    let bob = tokens["access_token"].as_str().unwrap();
+    let res = get_as(&app, bob, &path).await;
+    assert_eq!(expect_status(res, 404).await["code"], "not_found");
+    let me = expect_status(get_as(&app, bob, "/v1/me").await, 200).await;
+    assert_eq!(me["teams"], json!([]));
+    // Teams the mapping does not name are left alone: the admin's own team stays.
+    let admin = app.get_ok("/v1/me").await;
+    assert_eq!(admin["teams"][0]["name"], "default");
+}
+
+#[tokio::test]
+async fn readiness_waits_for_the_identity_provider() {
+    // A port with nothing listening yet; the provider comes up there later.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let issuer = format!("http://127.0.0.1:{port}");
+    let o = OidcSettings::new(issuer, vec!["agentry".into()]);
+    let app = spawn_app_with(move |s: &mut Settings| s.auth.oidc = Some(o)).await;
+    for _ in 0..3 {
+        let res = app.client.get(app.url("/readyz")).send().await.unwrap();
+        assert_eq!(expect_status(res, 503).await["code"], "not_ready");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // A JWT meanwhile: the server cannot check it yet, and says so.
+    let early = format!(
+        "{}.{}.c2ln",
+        b64(&json!({"alg": "RS256", "kid": "k"})),
+        b64(&json!({}))
+    );
+    let res = get_as(&app, &early, "/v1/me").await;
+    assert_eq!(expect_status(res, 503).await["code"], "idp_unavailable");
+    // API tokens work all along.
+    app.get_ok("/v1/me").await;
+
+    let Some(idp) = Idp::start_with(port, None).await else {
+        return;
+    };
+    wait_ready(&app).await;
+    let bot = idp.client_credentials("ci-bot").await;
+    expect_status(get_as(&app, &bot, "/v1/me").await, 200).await;
+}
+
+/// An app whose browser sign-in redirects back to itself, and a client that follows no
+/// redirects (each hop is checked).
+async fn browser_app(idp: &Idp) -> (TestApp, reqwest::Client) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut o = oidc_settings(idp);
+    o.client_id = Some("agentry-web".into());
+    o.redirect_url = Some(format!("http://127.0.0.1:{port}/auth/callback"));
+    let app = helpers::spawn_app_on(listener, move |s: &mut Settings| s.auth.oidc = Some(o)).await;
+    wait_ready(&app).await;
+    let browser = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    (app, browser)
+}
+
+fn location(res: &reqwest::Response) -> String {
+    assert_eq!(res.status(), 302, "a redirect");
+    res.headers()["location"].to_str().unwrap().to_owned()
+}
+
+/// Sign in through the real redirects: agentry → provider → agentry's callback. Returns
+/// the session cookie (name=value), its attributes, and the callback URL used.
+async fn sign_in(
+    app: &TestApp,
+    browser: &reqwest::Client,
+    return_to: &str,
+) -> (String, String, String) {
+    let res = browser
+        .get(app.url(&format!("/auth/login?return_to={return_to}")))
+        .send()
+        .await
+        .unwrap();
+    let to_idp = location(&res);
+    let authorize = url::Url::parse(&to_idp).unwrap();
+    let q: std::collections::HashMap<String, String> =
+        authorize.query_pairs().into_owned().collect();
+    assert_eq!(q["code_challenge_method"], "S256");
+    assert_eq!(q["response_type"], "code");
+    assert_eq!(q["client_id"], "agentry-web");
+    assert!(q["code_challenge"].len() >= 43 && q["state"].len() >= 32 && q["nonce"].len() >= 32);
+    let res = browser.get(&to_idp).send().await.unwrap();
+    let back = location(&res);
+    assert!(back.starts_with(&app.url("/auth/callback?")), "{back}");
+    let res = browser.get(&back).send().await.unwrap();
+    let cookie = res
+        .headers()
+        .get("set-cookie")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    assert_eq!(location(&res), return_to);
+    let (pair, attributes) = cookie.split_once(';').expect("a session cookie");
+    (pair.to_owned(), attributes.to_owned(), back)
+}
+
+#[tokio::test]
+async fn browser_sign_in_sessions_csrf_and_logout() {
+    let Some(idp) = Idp::start().await else {
+        return;
+    };
+    let (app, browser) = browser_app(&idp).await;
+    idp.set_user(user("carol", &["eng"]));
+    let (cookie, attributes, callback) = sign_in(&app, &browser, "/agents/agt_x").await;
+    assert!(cookie.starts_with("agentry_session=agt_ses_"), "{cookie}");
+    for a in ["HttpOnly", "Secure", "SameSite=Lax", "Path=/"] {
+        assert!(attributes.contains(a), "{a} in {attributes}");
+    }
+    // Only the session's hash is stored.
+    let secret = cookie.split_once('=').unwrap().1;
+    let dump: Vec<String> =
+        sqlx::query_scalar("SELECT encode(session_hash, 'escape') FROM user_sessions")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(dump.len(), 1);
+    assert!(!dump[0].contains(secret));
+
+    let with_cookie = |req: reqwest::RequestBuilder| req.header("cookie", &cookie);
+    let me = expect_status(
+        with_cookie(browser.get(app.url("/v1/me")))
+            .send()
+            .await
+            .unwrap(),
+        200,
+    )
+    .await;
+    assert_eq!(me["email"], "carol@example.com");
+    assert_eq!(me["teams"][0]["name"], "platform");
+    // The sign-in is in the audit log, as the user, for the callback's request.
+    let audit = app.get_ok("/v1/audit?action=auth.sign_in").await;
+    let entries = audit["items"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{audit}");
+    assert_eq!(entries[0]["actor"]["kind"], "user");
+    assert_eq!(entries[0]["actor"]["id"], me["id"]);
+    assert!(entries[0]["request_id"].is_string(), "{audit}");
+    assert!(!audit.to_string().contains("agt_ses_"), "{audit}");
+
+    // The state is used once: replaying the callback fails.
+    let res = browser.get(&callback).send().await.unwrap();
+    assert_eq!(expect_status(res, 400).await["code"], "sign_in_failed");
+    // return_to cannot leave the server.
+    let res = browser
+        .get(app.url("/auth/login?return_to=//evil.example/x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(res, 422).await["code"], "validation_failed");
+
+    // CSRF: a cookie request that changes state needs this server's origin.
+    let body = json!({"name": "from-the-browser"});
+    let res = with_cookie(browser.post(app.url("/v1/tokens")))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(res, 403).await["code"], "csrf_rejected");
+    let res = with_cookie(browser.post(app.url("/v1/tokens")))
+        .header("origin", "http://evil.example")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(res, 403).await["code"], "csrf_rejected");
+    let res = with_cookie(browser.post(app.url("/v1/tokens")))
+        .header("origin", &app.base)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    expect_status(res, 201).await;
+    // Bearer requests never need it.
+    let bot = idp.client_credentials("ci-bot").await;
+    let res = browser
+        .post(app.url("/v1/tokens"))
+        .bearer_auth(&bot)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    expect_status(res, 201).await;
+
+    // Logout from another origin is refused; from ours it revokes the session.
+    let res = with_cookie(browser.post(app.url("/auth/logout")))
+        .header("origin", "http://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(res, 403).await["code"], "csrf_rejected");
+    let res = with_cookie(browser.post(app.url("/auth/logout")))
+        .header("origin", &app.base)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 204);
+    assert!(
+        res.headers()["set-cookie"]
+            .to_str()
+            .unwrap()
+            .contains("Max-Age=0")
+    );
+    let res = with_cookie(browser.get(app.url("/v1/me")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(res, 401).await["code"], "session_expired");
+}
+
+#[tokio::test]
+async fn an_idle_session_expires() {
+    let Some(idp) = Idp::start().await else {
+        return;
+    };
+    let (app, browser) = browser_app(&idp).await;
+    let (cookie, _, _) = sign_in(&app, &browser, "/").await;
+    let res = browser
+        .get(app.url("/v1/me"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    expect_status(res, 200).await;
+    // Time passes beyond the idle limit.
+    sqlx::query("UPDATE user_sessions SET idle_expires_at = now() - interval '1 second'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let res = browser
+        .get(app.url("/v1/me"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(res, 401).await["code"], "session_expired");
+    // A forged cookie is no session either.
+    let res = browser
+        .get(app.url("/v1/me"))
+        .header(
+            "cookie",
+            format!("agentry_session=agt_ses_{}", "0".repeat(64)),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(res, 401).await["code"], "session_expired");
+}
+
+#[tokio::test]
+async fn without_browser_settings_sign_in_is_not_found() {
+    let Some(idp) = Idp::start().await else {
+        return;
+    };
+    let app = app_for(&idp, |_| {}).await;
+    for path in ["/auth/login", "/auth/callback?code=c&state=s"] {
+        let res = app.client.get(app.url(path)).send().await.unwrap();
+        assert_eq!(
+            expect_status(res, 404).await["code"],
+            "sign_in_not_configured"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_code_from_another_sign_in_is_refused() {
+    let Some(idp) = Idp::start().await else {
+        return;
+    };
+    let (app, browser) = browser_app(&idp).await;
+    // Two sign-ins started; the provider's answer to the second is delivered with the
+    // first's state (a login CSRF / code injection attempt).
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let res = browser.get(app.url("/auth/login")).send().await.unwrap();
+        let res = browser.get(location(&res)).send().await.unwrap();
+        answers.push(url::Url::parse(&location(&res)).unwrap());
+    }
+    let param = |u: &url::Url, name: &str| {
+        u.query_pairs()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.into_owned())
+            .unwrap()
+    };
+    let mixed = format!(
+        "/auth/callback?code={}&state={}",
+        param(&answers[1], "code"),
+        param(&answers[0], "state")
+    );
+    let res = browser.get(app.url(&mixed)).send().await.unwrap();
+    assert!(res.headers().get("set-cookie").is_none());
+    assert_eq!(expect_status(res, 400).await["code"], "sign_in_failed");
+    // A provider-side refusal is reported, not a session.
+    let res = browser
+        .get(app.url("/auth/callback?error=access_denied&state=x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(res, 400).await["code"], "sign_in_failed");
+}
