@@ -167,7 +167,8 @@ pub async fn insert_user(
     name: &str,
 ) -> Result<Option<UserRow>, sqlx::Error> {
     sqlx::query_as(
-        "INSERT INTO users (id, email, name) VALUES ($1, $2, $3) ON CONFLICT (email) DO NOTHING
+        "INSERT INTO users (id, email, name) VALUES ($1, $2, $3)
+         ON CONFLICT (email) WHERE oidc_issuer IS NULL DO NOTHING
          RETURNING id, email, name, is_admin, created_at",
     )
     .bind(id)
