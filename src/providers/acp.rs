@@ -33,7 +33,7 @@ use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
 use super::emitter::{Emitter, StopSignals, Stopper, report_exit};
 use super::{
-    Availability, ChangeKind, EventSink, FileDiff, Location, ModeInfo, ModelInfo,
+    Availability, ChangeKind, CliConfig, EventSink, FileDiff, Location, ModeInfo, ModelInfo,
     PermissionDecision, PermissionRequest, PlanEntry, PlanStatus, ProcessLauncher, Provider,
     ProviderCapabilities, ProviderError, ProviderEvent, ProviderInfo, ProviderSession, SessionInfo,
     SessionSpec, ToolCallUpdate, TurnInput, Usage,
@@ -67,10 +67,32 @@ pub struct AcpProviderConfig {
     pub command: Vec<String>,
     /// Extra environment for the child.
     pub env: BTreeMap<String, String>,
+    /// Variables passed on from the server's own environment when set there.
+    pub pass_env: Vec<String>,
     pub modes: Vec<ModeInfo>,
     pub default_mode: Option<String>,
     /// Models known without starting the agent (served by `GET /v1/providers/{id}/models`).
     pub models: Vec<ModelInfo>,
+}
+
+impl AcpProviderConfig {
+    /// The configuration of a built-in CLI that speaks ACP: its command, the flags that
+    /// put it in ACP mode (`protocol_args`), then the `args` setting.
+    pub fn from_cli(cfg: CliConfig, protocol_args: &[&str]) -> Self {
+        let mut command = cfg.command;
+        command.extend(protocol_args.iter().map(|a| (*a).to_owned()));
+        command.extend(cfg.args);
+        Self {
+            id: cfg.id,
+            label: cfg.label,
+            command,
+            env: cfg.env,
+            pass_env: cfg.pass_env,
+            modes: cfg.modes,
+            default_mode: cfg.default_mode,
+            models: Vec::new(),
+        }
+    }
 }
 
 /// A provider that runs an ACP agent over stdio.
@@ -1390,7 +1412,7 @@ async fn start_session(
             args: args.to_vec(),
             cwd: spec.cwd.clone(),
             env: cfg.env.clone(),
-            pass_env: Vec::new(),
+            pass_env: cfg.pass_env.clone(),
             secret_env: Default::default(),
         })
         .await?;

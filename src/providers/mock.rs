@@ -49,6 +49,7 @@ pub fn mock_provider(agentry_exe: PathBuf) -> AcpProvider {
             "mock-agent".to_owned(),
         ],
         env: Default::default(),
+        pass_env: Vec::new(),
         modes: MODES
             .iter()
             .map(|(id, label, description)| ModeInfo {

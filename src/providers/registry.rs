@@ -201,6 +201,7 @@ fn acp_config(id: &str, p: &ProviderSettings) -> AcpProviderConfig {
         label: p.label.clone().unwrap_or_else(|| id.to_owned()),
         command,
         env: p.env.clone(),
+        pass_env: Vec::new(),
         modes: modes(p),
         default_mode: p.default_mode.clone(),
         models: Vec::new(),

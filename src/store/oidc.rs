@@ -67,19 +67,6 @@ pub async fn ensure_team(db: impl PgExecutor<'_> + Copy, name: &str) -> Result<U
     }
 }
 
-pub async fn remove_member(
-    db: impl PgExecutor<'_>,
-    team: Uuid,
-    user: Uuid,
-) -> Result<(), sqlx::Error> {
-    sqlx::query("DELETE FROM team_members WHERE team_id = $1 AND user_id = $2")
-        .bind(team)
-        .bind(user)
-        .execute(db)
-        .await
-        .map(|_| ())
-}
-
 #[derive(Debug, Clone, FromRow)]
 pub struct SessionRow {
     pub id: Uuid,

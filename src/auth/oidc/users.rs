@@ -146,7 +146,9 @@ async fn sync_memberships(
                 let team_id = store::oidc::ensure_team(pool, team).await?;
                 store::identity::upsert_member(pool, team_id, user, role.as_str()).await?;
             }
-            (None, Some(m)) => store::oidc::remove_member(pool, m.team_id, user).await?,
+            (None, Some(m)) => {
+                store::teams::remove_member(pool, m.team_id, user).await?;
+            }
             (None, None) => {}
         }
     }
