@@ -1,12 +1,14 @@
 //! Who am I, and API tokens: create (shown once), list, revoke (effective at once).
 
 use actix_web::{HttpRequest, HttpResponse, delete, get, post, web};
+use serde::Deserialize;
+use utoipa::IntoParams;
 use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::error::{ApiResult, Problem};
 use super::{Page, PageQuery, idempotency, parse_id};
 use crate::auth::Principal;
-use crate::domain::TokenId;
+use crate::domain::{TeamId, TokenId};
 use crate::server::AppState;
 use crate::services::identity::{self, CreateToken, CreatedToken, Me, TokenInfo};
 
@@ -46,17 +48,32 @@ async fn create_token(
     .await
 }
 
-/// Your tokens (never their secrets).
-#[utoipa::path(tag = "identity", security(("bearer" = [])), params(PageQuery),
+/// Which tokens to list.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct TokenFilter {
+    /// A team's service tokens, whoever made them (members of the team) instead of yours.
+    team_id: Option<String>,
+}
+
+/// Your tokens, or with `team_id` the team's service tokens (never their secrets).
+#[utoipa::path(tag = "identity", security(("bearer" = [])), params(PageQuery, TokenFilter),
     responses((status = 200, body = Page<TokenInfo>, example = json!({"items": [{"id": "tok_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "name": "ci-bot", "prefix": "agt_pat_3f1c", "team_id": null, "role": null, "scopes": [], "created_at": "2026-11-30T12:00:00Z", "expires_at": "2027-02-28T12:00:00Z", "last_used_at": null}], "next_cursor": null})), (status = 401, body = Problem)))]
 #[get("/tokens")]
 async fn list_tokens(
     state: web::Data<AppState>,
     principal: Principal,
     page: web::Query<PageQuery>,
+    filter: web::Query<TokenFilter>,
 ) -> ApiResult<web::Json<Page<TokenInfo>>> {
     let after: Option<TokenId> = page.after()?;
-    let items = identity::list_tokens(&state.services, &principal, after, page.limit() + 1).await?;
+    let team: Option<TeamId> = filter
+        .team_id
+        .as_deref()
+        .map(|t| parse_id(t, "team"))
+        .transpose()?;
+    let items =
+        identity::list_tokens(&state.services, &principal, team, after, page.limit() + 1).await?;
     Ok(web::Json(Page::from_rows(
         items,
         page.limit(),

@@ -233,18 +233,30 @@ async fn issue_token(
 pub async fn list_tokens(
     ctx: &ServiceContext,
     principal: &Principal,
+    team: Option<TeamId>,
     after: Option<TokenId>,
     limit: i64,
 ) -> ServiceResult<Vec<TokenInfo>> {
     principal.authorize(Operation::ReadSelf)?;
-    let rows = store::identity::list_tokens(
-        &ctx.pool,
-        principal.user_id,
-        principal.service_team,
-        after.map(|t| t.uuid()),
-        limit,
-    )
-    .await?;
+    let after = after.map(|t| t.uuid());
+    let rows = match team {
+        // The bots acting in a team are visible to its members (never their secrets);
+        // its owners revoke them.
+        Some(team) => {
+            principal.authorize_in(team.uuid(), Operation::ReadTeam, "team")?;
+            store::identity::list_team_tokens(&ctx.pool, team.uuid(), after, limit).await?
+        }
+        None => {
+            store::identity::list_tokens(
+                &ctx.pool,
+                principal.user_id,
+                principal.service_team,
+                after,
+                limit,
+            )
+            .await?
+        }
+    };
     Ok(rows
         .into_iter()
         .map(|r| TokenInfo {

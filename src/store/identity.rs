@@ -205,6 +205,25 @@ pub async fn list_tokens(
     .await
 }
 
+/// The live service tokens of `team`, whoever made them.
+pub async fn list_team_tokens(
+    db: impl PgExecutor<'_>,
+    team: Uuid,
+    after: Option<Uuid>,
+    limit: i64,
+) -> Result<Vec<TokenRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, user_id, team_id, role, name, prefix, scopes, created_at, expires_at, last_used_at, revoked_at
+         FROM api_tokens WHERE team_id = $1 AND revoked_at IS NULL AND ($2::uuid IS NULL OR id > $2)
+         ORDER BY id LIMIT $3",
+    )
+    .bind(team)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
 pub async fn get_token(db: impl PgExecutor<'_>, id: Uuid) -> Result<Option<TokenRow>, sqlx::Error> {
     sqlx::query_as(
         "SELECT id, user_id, team_id, role, name, prefix, scopes, created_at, expires_at, last_used_at, revoked_at

@@ -340,6 +340,36 @@ async fn team_service_tokens_act_only_in_their_team_and_revocation_is_immediate(
         "not_found",
     )
     .await;
+    // The team's bots are listed for its members, whoever made them; not for outsiders.
+    let of_team = cleo
+        .api
+        .ok(
+            Method::GET,
+            &format!("/v1/tokens?team_id={team_id}"),
+            None,
+            200,
+        )
+        .await;
+    assert_eq!(names(&of_team), ["ci", "ci-full"]);
+    assert!(
+        of_team["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t.get("token").is_none() && t["team_id"] == team_id.as_str()),
+        "{of_team}"
+    );
+    let outsider = person(&app, "olaf").await;
+    outsider
+        .api
+        .refused(
+            Method::GET,
+            &format!("/v1/tokens?team_id={team_id}"),
+            None,
+            404,
+            "not_found",
+        )
+        .await;
     // Another owner of the team revokes it; its next request is refused.
     cleo.api
         .ok(
