@@ -14,6 +14,7 @@
 //! session-modes#agent`); the adapter takes them from the options Copilot offers and
 //! matches them by their fragment.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -23,6 +24,7 @@ use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, Probe, ProcessLauncher,
     Provider, ProviderError, ProviderInfo, ProviderSession, SessionInfo, SessionSpec, mode,
 };
+use crate::process::{find_executable, is_executable};
 
 /// ACP on stdio, and no usage reports from the CLI itself.
 const PROTOCOL_ARGS: &[&str] = &["--acp", "--disable-client-telemetry"];
@@ -118,10 +120,36 @@ pub struct CopilotProvider {
 
 impl CopilotProvider {
     pub fn new(cfg: CliConfig) -> Self {
-        let acp = AcpProvider::new(AcpProviderConfig::from_cli(cfg.clone(), PROTOCOL_ARGS))
+        let mut run = cfg.clone();
+        if let Some(native) = run.command.first().and_then(|p| native_binary(p)) {
+            run.command[0] = native.display().to_string();
+        }
+        let acp = AcpProvider::new(AcpProviderConfig::from_cli(run, PROTOCOL_ARGS))
             .with_mode_presets(mode_presets());
         Self { cfg, acp }
     }
+}
+
+/// The platform binary that `program` starts, when `program` is the npm package's
+/// launcher (`@github/copilot/npm-loader.js`, a node script that runs
+/// `@github/copilot-<platform>-<arch>/copilot` with the same arguments and stdio). Run
+/// directly, the process agentry supervises is the CLI itself: a signal reaches it, and
+/// no orphan keeps the pipes open when the launcher alone dies.
+fn native_binary(program: &str) -> Option<PathBuf> {
+    let launcher = std::fs::canonicalize(find_executable(program)?).ok()?;
+    if launcher.file_name()? != "npm-loader.js" {
+        return None;
+    }
+    let scope = launcher.parent()?.parent()?;
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "x64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    ["linux", "linuxmusl"]
+        .iter()
+        .map(|platform| scope.join(format!("copilot-{platform}-{arch}/copilot")))
+        .find(|candidate| is_executable(candidate))
 }
 
 #[async_trait]

@@ -217,7 +217,11 @@ pub fn messages_of(body: &Value, role: &str) -> Vec<String> {
         .into_iter()
         .flatten()
         .filter(|m| m["role"] == role)
-        .map(|m| conversation_text(&json!({"messages": [m]})).trim_end().to_owned())
+        .map(|m| {
+            conversation_text(&json!({"messages": [m]}))
+                .trim_end()
+                .to_owned()
+        })
         .collect()
 }
 
@@ -270,7 +274,11 @@ async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
         return;
     }
     let pieces = split(&reply.text, reply.chunks);
-    let mut frames = vec![chunk(&model, json!({"role": "assistant", "content": ""}), None)];
+    let mut frames = vec![chunk(
+        &model,
+        json!({"role": "assistant", "content": ""}),
+        None,
+    )];
     if !send_frames(&mut frames, &mut stream).await {
         return;
     }
