@@ -465,6 +465,59 @@ async fn a_closed_agent_resumes_its_conversation() {
 }
 
 #[tokio::test]
+async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("allow-all").await;
+    w.fake.push(Reply::text("Noted: mango."));
+    let first = w.turn(&agent, "remember mango", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+    let pid = w.pid(&agent).await;
+
+    let World {
+        app,
+        fake,
+        cli,
+        home,
+        repo: _repo,
+        _slot,
+    } = w;
+    let (db, data_dir, token) = app.stop().await;
+    assert!(!pid_alive(pid), "the server's stop ended the CLI");
+    let (url, h) = (fake.base_url(), home.path().to_path_buf());
+    let app = spawn_on_with(db, data_dir, Some(token), |s| configure(s, &cli, &url, &h)).await;
+
+    // Still unattended: a file is created without asking.
+    let path = path_of(&ws["path"]).join("after.txt");
+    fake.push(Reply::tool(
+        "create",
+        json!({"path": path, "file_text": "after\n"}),
+    ));
+    fake.push(Reply::text("You said mango."));
+    let mut stream = app.events(&agent, Some(last_seq(&first))).await;
+    app.prompt(&agent, "what fruit? and write after.txt").await;
+    let second = stream.until("turn_completed", LONG).await;
+    assert_eq!(
+        outcome(&second)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&second)
+    );
+    let started = of_kind(&second, "session_started");
+    assert_eq!(started.last().unwrap()["resumed"], true);
+    // The reopened session is put back in the agent's mode, not reported as another one.
+    assert!(
+        of_kind(&second, "mode_changed").is_empty(),
+        "{:?}",
+        kinds(&second)
+    );
+    let a = app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(a["mode"], "allow-all", "{a}");
+    let history = conversation_text(&fake.last_completion().body);
+    assert!(history.contains("remember mango"), "{history}");
+    assert!(history.contains("Noted: mango."), "{history}");
+}
+
+#[tokio::test]
 async fn allow_all_creates_files_without_asking() {
     let Some(w) = world().await else { return };
     let (agent, ws) = w.agent("allow-all").await;
