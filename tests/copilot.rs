@@ -419,6 +419,52 @@ async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
 }
 
 #[tokio::test]
+async fn an_interrupt_while_a_permission_is_pending_cancels_the_turn() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("agent").await;
+    let path = path_of(&ws["path"]).join("never.txt");
+    w.fake.push(Reply::tool(
+        "create",
+        json!({"path": path, "file_text": "never\n"}),
+    ));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "write never.txt").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    let res = w
+        .app
+        .post(&format!("/v1/agents/{agent}/interrupt"), json!({}))
+        .await;
+    assert_eq!(res.status(), 202);
+    let ended = stream.until("turn_completed", LONG).await;
+    let k = kinds(&ended);
+    assert_eq!(outcome(&ended)["outcome"], "canceled", "{k:?}");
+    // The call Copilot never closed is failed, the request expired.
+    let calls = of_kind(&ended, "tool_call");
+    assert_eq!(calls.last().unwrap()["status"], "failed", "{k:?}");
+    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(a["pending_permissions"], 0, "{a}");
+    assert!(!path.exists());
+    // An answer now reaches no one.
+    let late = w
+        .app
+        .post(
+            &format!(
+                "/v1/agents/{agent}/permissions/{}",
+                request["request_id"].as_str().unwrap()
+            ),
+            json!({"behavior": "allow"}),
+        )
+        .await;
+    assert!(late.status().is_client_error(), "{}", late.status());
+
+    w.fake.push(Reply::text("Back."));
+    let next = w.turn(&agent, "hello again", Some(last_seq(&ended))).await;
+    assert_eq!(outcome(&next)["outcome"], "completed", "{:?}", kinds(&next));
+    assert_eq!(last_message(&next), "Back.");
+}
+
+#[tokio::test]
 async fn a_closed_agent_resumes_its_conversation() {
     let Some(w) = world().await else { return };
     let (agent, _) = w.agent("agent").await;
