@@ -302,6 +302,10 @@ async fn an_approved_create_lands_in_the_worktree_and_its_diff() {
     let calls = of_kind(&after, "tool_call");
     let done = calls.last().expect("the call's end");
     assert_eq!(done["status"], "completed", "{done}");
+    // The call keeps the tool's own arguments; the request's view of it (with the diff)
+    // is what the permission request carried.
+    assert_eq!(done["input"]["file_text"], "hello from copilot\n", "{done}");
+    assert!(request["input"]["diff"].is_string(), "{request}");
     assert_eq!(
         std::fs::read_to_string(&path).unwrap(),
         "hello from copilot\n"

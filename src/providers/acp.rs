@@ -485,6 +485,20 @@ fn content_text(items: &[Value]) -> Option<String> {
 }
 
 impl ToolTracker {
+    /// A permission request's `rawInput` for a call announced earlier with its arguments
+    /// is the agent's view for the person asked (Copilot: `{fileName, diff}` for a
+    /// `create{path, file_text}`): the call keeps the arguments it was announced with.
+    fn keep_announced_input(&self, call: &mut Map<String, Value>) {
+        let announced = call
+            .get("toolCallId")
+            .and_then(id_string)
+            .and_then(|id| self.calls.get(&id))
+            .is_some_and(|known| known.input.as_object().is_none_or(|o| !o.is_empty()));
+        if announced {
+            call.remove("rawInput");
+        }
+    }
+
     /// Merge one ACP tool call (`tool_call` when `replace`, else `tool_call_update` or the
     /// `toolCall` of a permission request) into the known state. Returns the complete
     /// update and whether anything a reader would notice changed.
@@ -787,7 +801,11 @@ impl InboundHandler {
         let mut title = call.get("title").and_then(Value::as_str).map(str::to_owned);
         let mut input = call.get("rawInput").filter(|v| !v.is_null()).cloned();
         // Some agents (Gemini) announce the tool call only here: report it first.
-        let tool_update = lock(&self.shared.tools).apply(&mut call, false);
+        let tool_update = {
+            let mut tools = lock(&self.shared.tools);
+            tools.keep_announced_input(&mut call);
+            tools.apply(&mut call, false)
+        };
         if let Some((update, changed)) = tool_update {
             // What the request leaves out, the earlier `tool_call` may have said.
             if title.is_none() && update.title != update.name {

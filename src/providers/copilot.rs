@@ -349,6 +349,8 @@ done
         );
         let failed = tools.last().unwrap();
         assert_eq!(failed.status, ToolStatus::Failed);
+        // The request's `{fileName, diff}` did not replace the call's own arguments.
+        assert_eq!(failed.input, pending.input);
         assert_eq!(
             failed.error.as_deref(),
             Some("The user rejected this tool call.")
