@@ -759,14 +759,15 @@ const NOT_SETTINGS: [&str; 7] = [
 
 /// The providers this server implements without `extends`, with the keys each one uses.
 /// A provider id that is not here needs `extends = "acp"` (or another built-in's id).
-const BUILT_IN_PROVIDERS: [(&str, &[&str]); 3] = [
+const BUILT_IN_PROVIDERS: [(&str, &[&str]); 4] = [
     ("mock", &["enabled", "command"]),
     ("claude", &CLI_PROVIDER_KEYS),
     ("codex", &CLI_PROVIDER_KEYS),
+    ("copilot", &CLI_PROVIDER_KEYS),
 ];
 
 /// The built-ins a table can extend (`extends = "claude"` makes a second Claude profile).
-const EXTENDABLE: [&str; 3] = ["acp", "claude", "codex"];
+const EXTENDABLE: [&str; 4] = ["acp", "claude", "codex", "copilot"];
 
 /// The keys a built-in CLI provider's table may carry.
 const CLI_PROVIDER_KEYS: [&str; 8] = [
@@ -781,7 +782,7 @@ const CLI_PROVIDER_KEYS: [&str; 8] = [
 ];
 
 /// Built-in provider ids that the contract names but this server does not implement yet.
-const PLANNED_PROVIDERS: [&str; 4] = ["opencode", "gemini", "copilot", "pi"];
+const PLANNED_PROVIDERS: [&str; 3] = ["opencode", "gemini", "pi"];
 
 /// The keys a provider table with `extends = "acp"` may carry (all of them are used).
 const ACP_PROVIDER_KEYS: [&str; 9] = [
@@ -1152,6 +1153,24 @@ mod tests {
         let s = Settings::load_from(Some(&path), &[]).unwrap();
         assert_eq!(s.providers.len(), 2);
         assert_eq!(s.providers["my-agent"].modes.len(), 2);
+    }
+
+    #[test]
+    fn copilot_tables_are_accepted_as_a_built_in() {
+        let (_dir, path) = file(
+            "[providers.copilot]\ncommand = [\"/opt/copilot/bin/copilot\"]\n\
+             env = { COPILOT_OFFLINE = \"true\", COPILOT_PROVIDER_BASE_URL = \"http://127.0.0.1:9/v1\" }\n\
+             default_mode = \"allow-all\"\n\
+             [providers.copilot-github]\nextends = \"copilot\"\nlabel = \"Copilot (GitHub)\"\n",
+        );
+        let s = Settings::load_from(Some(&path), &[]).unwrap();
+        assert_eq!(s.providers.len(), 2);
+        assert_eq!(
+            s.providers["copilot-github"].extends.as_deref(),
+            Some("copilot")
+        );
+        let e = refused("[providers.copilot]\nextends = \"acp\"\n", &[]);
+        assert_eq!(e.setting, "providers.copilot.extends");
     }
 
     #[test]

@@ -45,8 +45,10 @@ use crate::process::output::{StderrReader, StderrTail, describe_exit};
 use crate::process::{CommandSpec, ManagedChild, find_executable};
 
 mod gate;
+mod presets;
 
 use gate::{UpdateCredits, UpdateGate};
+pub use presets::ModePreset;
 
 /// How long the agent may take to initialize and open its session.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
@@ -98,11 +100,22 @@ impl AcpProviderConfig {
 /// A provider that runs an ACP agent over stdio.
 pub struct AcpProvider {
     cfg: AcpProviderConfig,
+    presets: Arc<[ModePreset]>,
 }
 
 impl AcpProvider {
     pub fn new(cfg: AcpProviderConfig) -> Self {
-        Self { cfg }
+        Self {
+            cfg,
+            presets: Arc::from(Vec::new()),
+        }
+    }
+
+    /// Modes that are combinations of the agent's config options (see `presets`). A mode
+    /// without a preset is set as before: `session/set_mode` or the mode option.
+    pub fn with_mode_presets(mut self, presets: Vec<ModePreset>) -> Self {
+        self.presets = presets.into();
+        self
     }
 
     pub fn config(&self) -> &AcpProviderConfig {
@@ -149,7 +162,7 @@ impl Provider for AcpProvider {
         launcher: Arc<dyn ProcessLauncher>,
         events: EventSink,
     ) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
-        start_session(&self.cfg, spec, launcher, events).await
+        start_session(&self.cfg, self.presets.clone(), spec, launcher, events).await
     }
 }
 
@@ -217,6 +230,11 @@ struct ConfigState {
     /// Bumped whenever the agent itself reports a change.
     mode_reports: u64,
     model_reports: u64,
+    /// Modes read from and set through the config options; when there are any, the
+    /// current mode is the preset the options amount to.
+    presets: Arc<[ModePreset]>,
+    /// The agent's config options as last reported (kept for the presets only).
+    options: Vec<proto::SessionConfigOption>,
 }
 
 /// What absorbing an agent's config options changed.
@@ -230,13 +248,46 @@ impl ConfigState {
     fn absorb_modes(&mut self, modes: Option<&proto::SessionModeState>) {
         if let Some(modes) = modes {
             self.has_modes = true;
-            self.current_mode = Some(modes.current_mode_id.to_string());
+            if self.presets.is_empty() {
+                self.current_mode = Some(modes.current_mode_id.to_string());
+            } else {
+                presets::set_mode_value(&mut self.options, &modes.current_mode_id.0);
+            }
         }
+    }
+
+    /// The agent reported its mode (`current_mode_update`): the agentry mode it now is
+    /// in, when that changed.
+    fn mode_reported(&mut self, mode: &str) -> Option<String> {
+        let mode = if self.presets.is_empty() {
+            mode.to_owned()
+        } else {
+            presets::set_mode_value(&mut self.options, mode);
+            presets::current_preset(&self.presets, &self.options)?
+                .id
+                .clone()
+        };
+        if self.current_mode.as_deref() == Some(mode.as_str()) {
+            return None;
+        }
+        self.current_mode = Some(mode.clone());
+        self.mode_reports += 1;
+        Some(mode)
     }
 
     /// Take in the agent's config options; report the mode/model values that changed.
     fn absorb_options(&mut self, options: &[proto::SessionConfigOption]) -> ConfigChanges {
         let mut changes = ConfigChanges::default();
+        if !self.presets.is_empty() {
+            presets::merge_options(&mut self.options, options);
+            let preset = presets::current_preset(&self.presets, &self.options);
+            if let Some(preset) = preset
+                && self.current_mode.as_deref() != Some(preset.id.as_str())
+            {
+                self.current_mode = Some(preset.id.clone());
+                changes.mode = Some(preset.id.clone());
+            }
+        }
         for option in options {
             let category = option.category.as_ref();
             let is_model = matches!(category, Some(proto::SessionConfigOptionCategory::Model))
@@ -260,7 +311,11 @@ impl ConfigState {
                 && (self.mode_option.is_none() || self.mode_option.as_deref() == Some(&option.id.0))
             {
                 self.mode_option = Some(option.id.to_string());
-                if !self.has_modes && current.is_some() && current != self.current_mode {
+                if self.presets.is_empty()
+                    && !self.has_modes
+                    && current.is_some()
+                    && current != self.current_mode
+                {
                     self.current_mode.clone_from(&current);
                     changes.mode = current;
                 }
@@ -430,6 +485,20 @@ fn content_text(items: &[Value]) -> Option<String> {
 }
 
 impl ToolTracker {
+    /// A permission request's `rawInput` for a call announced earlier with its arguments
+    /// is the agent's view for the person asked (Copilot: `{fileName, diff}` for a
+    /// `create{path, file_text}`): the call keeps the arguments it was announced with.
+    fn keep_announced_input(&self, call: &mut Map<String, Value>) {
+        let announced = call
+            .get("toolCallId")
+            .and_then(id_string)
+            .and_then(|id| self.calls.get(&id))
+            .is_some_and(|known| known.input.as_object().is_none_or(|o| !o.is_empty()));
+        if announced {
+            call.remove("rawInput");
+        }
+    }
+
     /// Merge one ACP tool call (`tool_call` when `replace`, else `tool_call_update` or the
     /// `toolCall` of a permission request) into the known state. Returns the complete
     /// update and whether anything a reader would notice changed.
@@ -642,20 +711,13 @@ impl InboundHandler {
                 else {
                     return;
                 };
-                {
-                    let mut config = lock(&self.shared.config);
-                    if config.current_mode.as_deref() == Some(mode) {
-                        return;
-                    }
-                    config.current_mode = Some(mode.to_owned());
-                    config.mode_reports += 1;
-                }
+                let Some(mode) = lock(&self.shared.config).mode_reported(mode) else {
+                    return;
+                };
                 if self.shared.starting.load(Ordering::Acquire) {
                     return;
                 }
-                ProviderEvent::ModeChanged {
-                    mode: mode.to_owned(),
-                }
+                ProviderEvent::ModeChanged { mode }
             }
             UpdateTag::ConfigUpdate => {
                 let options = update
@@ -739,7 +801,11 @@ impl InboundHandler {
         let mut title = call.get("title").and_then(Value::as_str).map(str::to_owned);
         let mut input = call.get("rawInput").filter(|v| !v.is_null()).cloned();
         // Some agents (Gemini) announce the tool call only here: report it first.
-        let tool_update = lock(&self.shared.tools).apply(&mut call, false);
+        let tool_update = {
+            let mut tools = lock(&self.shared.tools);
+            tools.keep_announced_input(&mut call);
+            tools.apply(&mut call, false)
+        };
         if let Some((update, changed)) = tool_update {
             // What the request leaves out, the earlier `tool_call` may have said.
             if title.is_none() && update.title != update.name {
@@ -1294,46 +1360,76 @@ async fn change_mode(
     session_id: &str,
     mode: &str,
 ) -> Result<(), ProviderError> {
-    let (option, reports_before) = {
+    let (option, preset, reports_before) = {
         let config = lock(&shared.config);
+        let preset = match config.presets.iter().find(|p| p.id == mode) {
+            Some(preset) => Some(
+                presets::changes_for(preset, &config.options)
+                    .map_err(|e| ProviderError::Protocol(format!("mode `{mode}`: {e}")))?,
+            ),
+            None => None,
+        };
         let option = if config.has_modes {
             None
         } else {
             config.mode_option.clone()
         };
-        (option, config.mode_reports)
+        (option, preset, config.mode_reports)
     };
-    match option {
-        Some(option) => {
+    if let Some(changes) = preset {
+        // One option after the other, in the preset's order.
+        for (option, value) in changes {
             let response = connection
                 .send_request(proto::SetSessionConfigOptionRequest::new(
                     session_id.to_owned(),
                     option,
-                    mode,
+                    value,
                 ))
                 .block_task()
                 .await
                 .map_err(|e| request_error("session/set_config_option failed", &e))?;
-            let model = {
-                let mut config = lock(&shared.config);
-                let changes = config.absorb_options(&response.config_options);
-                changes.model
-            };
+            let model = lock(&shared.config)
+                .absorb_options(&response.config_options)
+                .model;
             if let Some(model) = model {
                 shared
                     .report_change(ProviderEvent::ModelChanged { model })
                     .await;
             }
         }
-        None => {
-            connection
-                .send_request(proto::SetSessionModeRequest::new(
-                    session_id.to_owned(),
-                    mode.to_owned(),
-                ))
-                .block_task()
-                .await
-                .map_err(|e| request_error("session/set_mode failed", &e))?;
+    } else {
+        match option {
+            Some(option) => {
+                let response = connection
+                    .send_request(proto::SetSessionConfigOptionRequest::new(
+                        session_id.to_owned(),
+                        option,
+                        mode,
+                    ))
+                    .block_task()
+                    .await
+                    .map_err(|e| request_error("session/set_config_option failed", &e))?;
+                let model = {
+                    let mut config = lock(&shared.config);
+                    let changes = config.absorb_options(&response.config_options);
+                    changes.model
+                };
+                if let Some(model) = model {
+                    shared
+                        .report_change(ProviderEvent::ModelChanged { model })
+                        .await;
+                }
+            }
+            None => {
+                connection
+                    .send_request(proto::SetSessionModeRequest::new(
+                        session_id.to_owned(),
+                        mode.to_owned(),
+                    ))
+                    .block_task()
+                    .await
+                    .map_err(|e| request_error("session/set_mode failed", &e))?;
+            }
         }
     }
     let report = {
@@ -1397,6 +1493,7 @@ async fn change_model(
 
 async fn start_session(
     cfg: &AcpProviderConfig,
+    presets: Arc<[ModePreset]>,
     spec: SessionSpec,
     launcher: Arc<dyn ProcessLauncher>,
     events: EventSink,
@@ -1433,7 +1530,10 @@ async fn start_session(
         replaying: AtomicBool::new(false),
         starting: AtomicBool::new(true),
         tools: Mutex::new(ToolTracker::default()),
-        config: Mutex::new(ConfigState::default()),
+        config: Mutex::new(ConfigState {
+            presets,
+            ..ConfigState::default()
+        }),
         permission_epoch: watch::channel(0).0,
         turn_active: AtomicBool::new(false),
         interrupted: AtomicBool::new(false),

@@ -13,6 +13,7 @@
 pub mod acp;
 pub mod claude;
 pub mod codex;
+pub mod copilot;
 pub mod emitter;
 pub mod mock;
 pub mod registry;

@@ -19,7 +19,11 @@ use super::{Builtin, CliConfig, ModeInfo, ModelInfo, Probe, Provider, ProviderEr
 
 /// The CLI providers this server implements, by id.
 pub fn builtins() -> Vec<Builtin> {
-    vec![super::claude::builtin(), super::codex::builtin()]
+    vec![
+        super::claude::builtin(),
+        super::codex::builtin(),
+        super::copilot::builtin(),
+    ]
 }
 
 /// Why the registry could not be built from the settings.

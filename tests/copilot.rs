@@ -1,0 +1,846 @@
+//! The `copilot` provider driven end to end: agentry's REST/SSE API, the real GitHub
+//! Copilot CLI (the pinned install) over ACP, offline, with its BYOK provider pointed at a
+//! fake Chat Completions server on 127.0.0.1 that scripts the model. The provider is
+//! configured through settings exactly as a user would configure it.
+
+#[path = "api/helpers.rs"]
+#[allow(dead_code)]
+mod helpers;
+
+#[path = "support/clis.rs"]
+mod clis;
+
+#[path = "support/fake_chat.rs"]
+#[allow(dead_code)]
+mod fake_chat;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agentry::config::{ProviderSettings, Settings};
+use fake_chat::{FakeChat, MODEL, Reply, conversation_text};
+use helpers::*;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+/// The CLI is large: at most this many run at once across the tests of this binary.
+static CLI_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(3);
+
+const LONG: Duration = Duration::from_secs(40);
+
+/// One test's world: the app, the fake model, the CLI's home, a repository.
+struct World {
+    app: TestApp,
+    fake: FakeChat,
+    cli: PathBuf,
+    home: TempDir,
+    repo: TempDir,
+    _slot: tokio::sync::SemaphorePermit<'static>,
+}
+
+/// The `[providers.copilot]` table of a BYOK setup against the fake, offline.
+fn configure(s: &mut Settings, cli: &Path, base_url: &str, home: &Path) {
+    let env = BTreeMap::from([
+        ("COPILOT_OFFLINE".to_owned(), "true".to_owned()),
+        ("COPILOT_PROVIDER_BASE_URL".to_owned(), base_url.to_owned()),
+        ("COPILOT_PROVIDER_TYPE".to_owned(), "openai".to_owned()),
+        ("COPILOT_PROVIDER_API_KEY".to_owned(), "test-key".to_owned()),
+        ("COPILOT_MODEL".to_owned(), MODEL.to_owned()),
+        (
+            "COPILOT_HOME".to_owned(),
+            home.join(".copilot").display().to_string(),
+        ),
+        ("HOME".to_owned(), home.display().to_string()),
+    ]);
+    s.providers.insert(
+        "copilot".into(),
+        ProviderSettings {
+            command: Some(vec![cli.display().to_string()]),
+            env,
+            ..Default::default()
+        },
+    );
+}
+
+/// `None` when the CLI is not installed and not required (a loud message was printed).
+async fn world() -> Option<World> {
+    let cli = clis::cli("copilot")?;
+    let slot = CLI_SLOTS.acquire().await.unwrap();
+    let fake = FakeChat::start().await;
+    let home = tempfile::tempdir().unwrap();
+    let (url, h, c) = (fake.base_url(), home.path().to_path_buf(), cli.clone());
+    let app = spawn_app_with(move |s| configure(s, &c, &url, &h)).await;
+    Some(World {
+        app,
+        fake,
+        cli,
+        home,
+        repo: git_repo(),
+        _slot: slot,
+    })
+}
+
+impl World {
+    /// A worktree workspace and a `copilot` agent in `mode`; returns (agent id, workspace).
+    async fn agent(&self, mode: &str) -> (String, Value) {
+        let project = self
+            .app
+            .post_ok(
+                "/v1/projects",
+                json!({"name": format!("p{}", uuid::Uuid::now_v7().simple()), "repo_path": self.repo.path()}),
+                201,
+            )
+            .await;
+        let ws = self
+            .app
+            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+            .await;
+        let agent = self
+            .app
+            .post_ok(
+                "/v1/agents",
+                json!({"workspace_id": ws["id"], "provider": "copilot", "mode": mode}),
+                201,
+            )
+            .await;
+        (agent["id"].as_str().unwrap().to_owned(), ws)
+    }
+
+    /// Prompt and read the agent's stream until the turn completes; returns its events.
+    async fn turn(&self, agent: &str, text: &str, after: Option<i64>) -> Vec<SseEvent> {
+        let mut stream = self.app.events(agent, after).await;
+        self.app.prompt(agent, text).await;
+        stream.until("turn_completed", LONG).await
+    }
+
+    async fn pid(&self, agent: &str) -> i32 {
+        self.app.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["pid"]
+            .as_i64()
+            .expect("a running CLI") as i32
+    }
+
+    /// Processes (any, not only children) that run with this test's Copilot home.
+    fn processes_of_this_test(&self) -> Vec<i32> {
+        let marker = format!(
+            "COPILOT_HOME={}",
+            self.home.path().join(".copilot").display()
+        );
+        processes_with_env(&marker)
+    }
+}
+
+/// Pids whose environment holds `entry` (`NAME=value`).
+fn processes_with_env(entry: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for dir in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = dir.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(dir.path().join("environ")) else {
+            continue;
+        };
+        if environ.split(|b| *b == 0).any(|e| e == entry.as_bytes()) && pid_alive(pid) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+fn kinds(events: &[SseEvent]) -> Vec<&str> {
+    events.iter().map(|e| e.event.as_str()).collect()
+}
+
+fn of_kind<'a>(events: &'a [SseEvent], kind: &str) -> Vec<&'a Value> {
+    events
+        .iter()
+        .filter(|e| e.event == kind)
+        .map(|e| &e.data["data"])
+        .collect()
+}
+
+fn last_seq(events: &[SseEvent]) -> i64 {
+    events.last().map(|e| e.id).unwrap_or(0)
+}
+
+fn outcome(events: &[SseEvent]) -> Value {
+    let ends = of_kind(events, "turn_completed");
+    (*ends.last().expect("a turn_completed")).clone()
+}
+
+/// The assistant's last whole message in `events`.
+fn last_message(events: &[SseEvent]) -> String {
+    of_kind(events, "assistant_message")
+        .last()
+        .map(|m| m["text"].as_str().unwrap().to_owned())
+        .unwrap_or_default()
+}
+
+async fn ledger_rows(app: &TestApp) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM managed_processes")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_text_turn_streams_deltas_and_completes_with_usage() {
+    let Some(w) = world().await else { return };
+    let providers = w.app.get_ok("/v1/providers").await;
+    let copilot = providers["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "copilot")
+        .expect("copilot is listed")
+        .clone();
+    assert_eq!(copilot["available"], true, "{copilot}");
+    assert_eq!(copilot["protocol"], "acp");
+    assert_eq!(copilot["default_mode"], "agent");
+    let modes: Vec<(&str, bool)> = copilot["modes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["id"].as_str().unwrap(), m["unattended"] == true))
+        .collect();
+    assert_eq!(
+        modes,
+        [
+            ("agent", false),
+            ("plan", false),
+            ("allow-all", true),
+            ("autopilot", true)
+        ]
+    );
+    let models = w.app.get_ok("/v1/providers/copilot/models").await;
+    assert_eq!(models["items"][0]["id"], MODEL, "{models}");
+
+    let (agent, _) = w.agent("agent").await;
+    w.fake.push(Reply::slow(
+        "Hello from the fake model, in pieces.",
+        4,
+        Duration::from_millis(20),
+    ));
+    let events = w.turn(&agent, "say hello", None).await;
+    let k = kinds(&events);
+    let deltas: String = of_kind(&events, "assistant_delta")
+        .iter()
+        .map(|d| d["text"].as_str().unwrap())
+        .collect();
+    assert!(of_kind(&events, "assistant_delta").len() >= 2, "{k:?}");
+    assert_eq!(deltas, "Hello from the fake model, in pieces.");
+    assert_eq!(last_message(&events), deltas);
+    // Copilot reports the context window as it goes and the tokens with its answer.
+    let usage = of_kind(&events, "usage");
+    assert!(!usage.is_empty(), "{k:?}");
+    assert_eq!(usage[0]["context_window_max"], 128000, "{}", usage[0]);
+    let done = outcome(&events);
+    assert_eq!(done["outcome"], "completed", "{done}");
+    assert_eq!(done["usage"]["input_tokens"], 30, "{done}");
+    assert_eq!(done["usage"]["output_tokens"], 7, "{done}");
+    // The mode the agent reports is agentry's, not Copilot's URL.
+    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(a["mode"], "agent", "{a}");
+
+    let request = w.fake.last_completion();
+    assert_eq!(request.body["stream"], true);
+    assert_eq!(request.body["model"], MODEL);
+    assert_eq!(request.header("authorization"), Some("Bearer test-key"));
+    assert!(conversation_text(&request.body).contains("say hello"));
+    // Offline: the only requests the CLI made were to the model endpoint.
+    for r in w.fake.requests() {
+        assert!(r.line.contains("/v1/"), "{}", r.line);
+    }
+}
+
+#[tokio::test]
+async fn an_approved_create_lands_in_the_worktree_and_its_diff() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("agent").await;
+    let path = path_of(&ws["path"]).join("hello.txt");
+    w.fake.push(Reply::tool(
+        "create",
+        json!({"path": path, "file_text": "hello from copilot\n"}),
+    ));
+    w.fake.push(Reply::text("The file is written."));
+
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "write hello.txt").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    assert_eq!(request["kind"], "tool");
+    let options: Vec<&str> = request["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["id"].as_str().unwrap())
+        .collect();
+    assert!(options.contains(&"allow_once"), "{request}");
+    assert!(options.contains(&"reject_once"), "{request}");
+    let pending = of_kind(&before, "tool_call");
+    assert_eq!(pending[0]["tool_kind"], "edit", "{}", pending[0]);
+    assert_eq!(pending[0]["diff"][0]["new_text"], "hello from copilot\n");
+    assert!(!path.exists(), "nothing is written before the answer");
+
+    w.app
+        .post_ok(
+            &format!(
+                "/v1/agents/{agent}/permissions/{}",
+                request["request_id"].as_str().unwrap()
+            ),
+            json!({"behavior": "allow"}),
+            200,
+        )
+        .await;
+    let after = stream.until("turn_completed", LONG).await;
+    assert_eq!(
+        outcome(&after)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&after)
+    );
+    let calls = of_kind(&after, "tool_call");
+    let done = calls.last().expect("the call's end");
+    assert_eq!(done["status"], "completed", "{done}");
+    // The call keeps the tool's own arguments; the request's view of it (with the diff)
+    // is what the permission request carried.
+    assert_eq!(done["input"]["file_text"], "hello from copilot\n", "{done}");
+    assert!(request["input"]["diff"].is_string(), "{request}");
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        "hello from copilot\n"
+    );
+    assert_eq!(last_message(&after), "The file is written.");
+
+    let diff = w
+        .app
+        .get_ok(&format!(
+            "/v1/workspaces/{}/diff",
+            ws["id"].as_str().unwrap()
+        ))
+        .await;
+    assert!(
+        diff["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["path"] == "hello.txt"),
+        "{diff}"
+    );
+    assert!(
+        diff["patch"]
+            .as_str()
+            .unwrap()
+            .contains("+hello from copilot")
+    );
+    // The model was told of the result.
+    let last = conversation_text(&w.fake.last_completion().body);
+    assert!(last.contains("Created file"), "{last}");
+}
+
+#[tokio::test]
+async fn a_denied_create_fails_the_tool_and_the_turn_completes() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("agent").await;
+    let path = path_of(&ws["path"]).join("denied.txt");
+    w.fake.push(Reply::tool(
+        "create",
+        json!({"path": path, "file_text": "no\n"}),
+    ));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "make denied.txt").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    w.app
+        .post_ok(
+            &format!(
+                "/v1/agents/{agent}/permissions/{}",
+                request["request_id"].as_str().unwrap()
+            ),
+            json!({"behavior": "deny"}),
+            200,
+        )
+        .await;
+    let after = stream.until("turn_completed", LONG).await;
+    assert_eq!(
+        outcome(&after)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&after)
+    );
+    let calls = of_kind(&after, "tool_call");
+    let failed = calls.last().expect("the call's end");
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert!(
+        failed["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("rejected"),
+        "{failed}"
+    );
+    assert!(!path.exists());
+    let resolved = of_kind(&after, "permission_resolved");
+    assert_eq!(resolved[0]["behavior"], "deny", "{}", resolved[0]);
+
+    // The agent goes on: the next turn works.
+    w.fake.push(Reply::text("Fine."));
+    let next = w.turn(&agent, "never mind", Some(last_seq(&after))).await;
+    assert_eq!(outcome(&next)["outcome"], "completed");
+    assert_eq!(last_message(&next), "Fine.");
+}
+
+#[tokio::test]
+async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("agent").await;
+    w.fake.push(Reply::slow(
+        "This answer takes a long while to arrive, word by word, far too long.",
+        40,
+        Duration::from_millis(250),
+    ));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "talk slowly").await;
+    stream.until("assistant_delta", LONG).await;
+    let res = w
+        .app
+        .post(&format!("/v1/agents/{agent}/interrupt"), json!({}))
+        .await;
+    assert_eq!(res.status(), 202);
+    let ended = stream.until("turn_completed", LONG).await;
+    assert_eq!(
+        outcome(&ended)["outcome"],
+        "canceled",
+        "{:?}",
+        kinds(&ended)
+    );
+
+    w.fake.push(Reply::text("Back again."));
+    let events = w
+        .turn(&agent, "are you there?", Some(last_seq(&ended)))
+        .await;
+    assert_eq!(outcome(&events)["outcome"], "completed");
+    assert_eq!(last_message(&events), "Back again.");
+}
+
+#[tokio::test]
+async fn an_interrupt_while_a_permission_is_pending_cancels_the_turn() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("agent").await;
+    let path = path_of(&ws["path"]).join("never.txt");
+    w.fake.push(Reply::tool(
+        "create",
+        json!({"path": path, "file_text": "never\n"}),
+    ));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "write never.txt").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    let res = w
+        .app
+        .post(&format!("/v1/agents/{agent}/interrupt"), json!({}))
+        .await;
+    assert_eq!(res.status(), 202);
+    let ended = stream.until("turn_completed", LONG).await;
+    let k = kinds(&ended);
+    assert_eq!(outcome(&ended)["outcome"], "canceled", "{k:?}");
+    // The call Copilot never closed is failed, the request expired.
+    let calls = of_kind(&ended, "tool_call");
+    assert_eq!(calls.last().unwrap()["status"], "failed", "{k:?}");
+    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(a["pending_permissions"], 0, "{a}");
+    assert!(!path.exists());
+    // An answer now reaches no one.
+    let late = w
+        .app
+        .post(
+            &format!(
+                "/v1/agents/{agent}/permissions/{}",
+                request["request_id"].as_str().unwrap()
+            ),
+            json!({"behavior": "allow"}),
+        )
+        .await;
+    assert!(late.status().is_client_error(), "{}", late.status());
+
+    w.fake.push(Reply::text("Back."));
+    let next = w.turn(&agent, "hello again", Some(last_seq(&ended))).await;
+    assert_eq!(outcome(&next)["outcome"], "completed", "{:?}", kinds(&next));
+    assert_eq!(last_message(&next), "Back.");
+}
+
+#[tokio::test]
+async fn a_closed_agent_resumes_its_conversation() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("agent").await;
+    w.fake.push(Reply::text("I will remember pineapple."));
+    let first = w.turn(&agent, "the secret word is pineapple", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
+    let id = a["runtime"]["provider_session_id"].clone();
+    assert!(id.is_string(), "{a}");
+    let pid = w.pid(&agent).await;
+
+    w.app
+        .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
+        .await;
+    eventually("the CLI to end", Duration::from_secs(5), || !pid_alive(pid)).await;
+    w.fake.push(Reply::text("It was pineapple."));
+    let second = w
+        .turn(&agent, "what was the word?", Some(last_seq(&first)))
+        .await;
+    assert_eq!(
+        outcome(&second)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&second)
+    );
+    let started = of_kind(&second, "session_started");
+    assert_eq!(started.len(), 1);
+    assert_eq!(started[0]["resumed"], true);
+    assert_eq!(started[0]["provider_session_id"], id);
+    // The replayed history is not reported again.
+    assert_eq!(
+        of_kind(&second, "assistant_message").len(),
+        1,
+        "{:?}",
+        kinds(&second)
+    );
+    let history = conversation_text(&w.fake.last_completion().body);
+    assert!(
+        history.contains("the secret word is pineapple"),
+        "{history}"
+    );
+    assert!(history.contains("I will remember pineapple."), "{history}");
+    assert!(history.contains("what was the word?"));
+}
+
+#[tokio::test]
+async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("allow-all").await;
+    w.fake.push(Reply::text("Noted: mango."));
+    let first = w.turn(&agent, "remember mango", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+    let pid = w.pid(&agent).await;
+
+    let World {
+        app,
+        fake,
+        cli,
+        home,
+        repo: _repo,
+        _slot,
+    } = w;
+    let (db, data_dir, token) = app.stop().await;
+    assert!(!pid_alive(pid), "the server's stop ended the CLI");
+    let (url, h) = (fake.base_url(), home.path().to_path_buf());
+    let app = spawn_on_with(db, data_dir, Some(token), |s| configure(s, &cli, &url, &h)).await;
+
+    // Still unattended: a file is created without asking.
+    let path = path_of(&ws["path"]).join("after.txt");
+    fake.push(Reply::tool(
+        "create",
+        json!({"path": path, "file_text": "after\n"}),
+    ));
+    fake.push(Reply::text("You said mango."));
+    let mut stream = app.events(&agent, Some(last_seq(&first))).await;
+    app.prompt(&agent, "what fruit? and write after.txt").await;
+    let second = stream.until("turn_completed", LONG).await;
+    assert_eq!(
+        outcome(&second)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&second)
+    );
+    let started = of_kind(&second, "session_started");
+    assert_eq!(started.last().unwrap()["resumed"], true);
+    // The reopened session is put back in the agent's mode, not reported as another one.
+    assert!(
+        of_kind(&second, "mode_changed").is_empty(),
+        "{:?}",
+        kinds(&second)
+    );
+    let a = app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(a["mode"], "allow-all", "{a}");
+    let history = conversation_text(&fake.last_completion().body);
+    assert!(history.contains("remember mango"), "{history}");
+    assert!(history.contains("Noted: mango."), "{history}");
+}
+
+#[tokio::test]
+async fn allow_all_creates_files_without_asking() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("allow-all").await;
+    let path = path_of(&ws["path"]).join("unattended.txt");
+    w.fake.push(Reply::tool(
+        "create",
+        json!({"path": path, "file_text": "unattended\n"}),
+    ));
+    w.fake.push(Reply::text("Done without asking."));
+    let events = w.turn(&agent, "write unattended.txt", None).await;
+    let k = kinds(&events);
+    assert_eq!(outcome(&events)["outcome"], "completed", "{k:?}");
+    assert!(!k.contains(&"permission_requested"), "{k:?}");
+    let calls = of_kind(&events, "tool_call");
+    assert_eq!(calls.last().unwrap()["status"], "completed");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "unattended\n");
+    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(a["mode"], "allow-all", "{a}");
+}
+
+async fn put(app: &TestApp, path: &str, body: Value) -> Value {
+    let res = app
+        .client
+        .put(app.url(path))
+        .bearer_auth(&app.token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    expect_status(res, 200).await
+}
+
+#[tokio::test]
+async fn switching_to_allow_all_in_a_live_session_stops_the_asking() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("agent").await;
+    w.fake.push(Reply::text("Ready."));
+    let first = w.turn(&agent, "get ready", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+
+    let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
+    let changed = put(
+        &w.app,
+        &format!("/v1/agents/{agent}/mode"),
+        json!({"mode": "allow-all"}),
+    )
+    .await;
+    assert_eq!(changed["mode"], "allow-all", "{changed}");
+    let path = path_of(&ws["path"]).join("switched.txt");
+    w.fake.push(Reply::tool(
+        "create",
+        json!({"path": path, "file_text": "switched\n"}),
+    ));
+    w.fake.push(Reply::text("Wrote it."));
+    w.app.prompt(&agent, "write switched.txt").await;
+    let events = stream.until("turn_completed", LONG).await;
+    let k = kinds(&events);
+    assert_eq!(outcome(&events)["outcome"], "completed", "{k:?}");
+    assert!(!k.contains(&"permission_requested"), "{k:?}");
+    let modes: Vec<&Value> = of_kind(&events, "mode_changed");
+    assert_eq!(modes.len(), 1, "{k:?}");
+    assert_eq!(modes[0]["mode"], "allow-all");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "switched\n");
+}
+
+#[tokio::test]
+async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("agent").await;
+    w.fake.push(Reply::slow(
+        "A long answer that will be cut short by a kill signal midway.",
+        40,
+        Duration::from_millis(250),
+    ));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "talk for a while").await;
+    stream.until("assistant_delta", LONG).await;
+    let pid = w.pid(&agent).await;
+    let killed = Instant::now();
+    // SAFETY: kill(2) on the CLI process this test's server started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let ended = stream.until("turn_completed", Duration::from_secs(5)).await;
+    let took = killed.elapsed();
+    eprintln!("the turn failed {took:?} after SIGKILL");
+    let done = outcome(&ended);
+    assert_eq!(done["outcome"], "failed", "{done}");
+    assert!(
+        took < Duration::from_secs(2),
+        "the turn failed after {took:?}"
+    );
+    assert!(
+        done["error"].as_str().unwrap().contains("signal 9"),
+        "{done}"
+    );
+
+    w.fake.push(Reply::text("Recovered."));
+    let events = w.turn(&agent, "still there?", Some(last_seq(&ended))).await;
+    assert_eq!(
+        outcome(&events)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&events)
+    );
+    assert_eq!(last_message(&events), "Recovered.");
+}
+
+#[tokio::test]
+async fn no_cli_process_is_left_after_archive_or_server_shutdown() {
+    let Some(w) = world().await else { return };
+    // Archive.
+    let (archived, _) = w.agent("agent").await;
+    w.fake.push(Reply::text("One."));
+    let events = w.turn(&archived, "one", None).await;
+    assert_eq!(outcome(&events)["outcome"], "completed");
+    let pid = w.pid(&archived).await;
+    assert_eq!(w.processes_of_this_test(), [pid], "the CLI is one process");
+    let res = w.app.delete(&format!("/v1/agents/{archived}")).await;
+    assert_eq!(res.status(), 204);
+    eventually(
+        "the archived agent's CLI to end",
+        Duration::from_secs(10),
+        || !pid_alive(pid),
+    )
+    .await;
+    assert!(w.processes_of_this_test().is_empty());
+    assert_eq!(
+        ledger_rows(&w.app).await,
+        0,
+        "the ledger is empty after archive"
+    );
+
+    // Server shutdown, with a turn in flight.
+    let (agent, _) = w.agent("agent").await;
+    w.fake.push(Reply::stalled("Still talking"));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "talk").await;
+    stream.until("assistant_delta", LONG).await;
+    let pid = w.pid(&agent).await;
+    let World {
+        app,
+        fake: _fake,
+        cli: _cli,
+        home,
+        repo: _repo,
+        _slot,
+    } = w;
+    let (db, _data_dir, _token) = app.stop().await;
+    assert!(!pid_alive(pid), "the server's stop ended the CLI");
+    let marker = format!("COPILOT_HOME={}", home.path().join(".copilot").display());
+    assert!(processes_with_env(&marker).is_empty());
+    let pool = sqlx::PgPool::connect_with(db).await.unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM managed_processes")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the ledger is empty after shutdown");
+}
+
+#[tokio::test]
+async fn without_credentials_copilot_is_unavailable_and_creation_is_refused() {
+    let Some(cli) = clis::cli("copilot") else {
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path().to_path_buf();
+    let app = spawn_app_with(move |s| {
+        // Empty values count as unset, whatever the server's own environment holds.
+        let env = [
+            "COPILOT_GITHUB_TOKEN",
+            "GH_TOKEN",
+            "GITHUB_TOKEN",
+            "COPILOT_PROVIDER_BASE_URL",
+        ]
+        .into_iter()
+        .map(|v| (v.to_owned(), String::new()))
+        .chain([("HOME".to_owned(), h.display().to_string())])
+        .collect();
+        s.providers.insert(
+            "copilot".into(),
+            ProviderSettings {
+                command: Some(vec![cli.display().to_string()]),
+                env,
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let providers = app.get_ok("/v1/providers").await;
+    let copilot = providers["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "copilot")
+        .unwrap()
+        .clone();
+    assert_eq!(copilot["available"], false, "{copilot}");
+    let reason = copilot["unavailable_reason"].as_str().unwrap();
+    for looked_for in [
+        "COPILOT_GITHUB_TOKEN",
+        "GH_TOKEN",
+        "GITHUB_TOKEN",
+        "COPILOT_PROVIDER_BASE_URL",
+    ] {
+        assert!(reason.contains(looked_for), "{reason}");
+    }
+
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let refused = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "copilot"}),
+            422,
+        )
+        .await;
+    assert_eq!(refused["code"], "provider_unavailable");
+    assert!(refused.to_string().contains("GH_TOKEN"), "{refused}");
+
+    // A GitHub token alone makes it available (it is not used: nothing is started).
+    let cli = clis::cli("copilot").unwrap();
+    let app2 = spawn_app_with(move |s| {
+        s.providers.insert(
+            "copilot".into(),
+            ProviderSettings {
+                command: Some(vec![cli.display().to_string()]),
+                env: BTreeMap::from([
+                    ("GH_TOKEN".to_owned(), "github_pat_placeholder".to_owned()),
+                    ("COPILOT_PROVIDER_BASE_URL".to_owned(), String::new()),
+                ]),
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let providers = app2.get_ok("/v1/providers").await;
+    let copilot = providers["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "copilot")
+        .unwrap()
+        .clone();
+    assert_eq!(copilot["available"], true, "{copilot}");
+
+    // A command that is not installed is named.
+    let app3 = spawn_app_with(|s| {
+        s.providers.insert(
+            "copilot".into(),
+            ProviderSettings {
+                command: Some(vec!["/nonexistent/copilot-cli".into()]),
+                env: BTreeMap::from([("GH_TOKEN".to_owned(), "x".to_owned())]),
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let providers = app3.get_ok("/v1/providers").await;
+    let copilot = providers["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "copilot")
+        .unwrap()
+        .clone();
+    assert_eq!(copilot["available"], false);
+    assert!(
+        copilot["unavailable_reason"]
+            .as_str()
+            .unwrap()
+            .contains("/nonexistent/copilot-cli"),
+        "{copilot}"
+    );
+}
