@@ -190,6 +190,7 @@ async fn provider_reports_itself_and_its_availability() {
         modes: Vec::new(),
         default_mode: None,
         models: Vec::new(),
+        model_flag: None,
     });
     match missing.availability().await {
         Availability::Unavailable(reason) => {
@@ -720,6 +721,7 @@ fn scripted(script: &str) -> AcpProvider {
         modes: Vec::new(),
         default_mode: None,
         models: Vec::new(),
+        model_flag: None,
     })
 }
 
@@ -806,15 +808,13 @@ async fn real_agent_wire_habits_are_mapped() {
                     .collect();
                 assert_eq!(
                     options,
-                    [
-                        ("proceed_once", Behavior::Allow),
-                        ("cancel", Behavior::Deny)
-                    ]
+                    [("allow", Behavior::Allow), ("deny", Behavior::Deny)]
                 );
                 request
                     .reply
                     .send(PermissionDecision::Selected {
-                        option_id: "proceed_once".into(),
+                        // agentry's id; the agent hears its own (`proceed_once`).
+                        option_id: "allow".into(),
                         behavior: Behavior::Allow,
                         message: None,
                         updated_input: None,

@@ -73,6 +73,9 @@ pub struct AcpProviderConfig {
     pub default_mode: Option<String>,
     /// Models known without starting the agent (served by `GET /v1/providers/{id}/models`).
     pub models: Vec<ModelInfo>,
+    /// The flag that starts the agent on a model (`--model`), for agents that report no
+    /// model config option: a session's model is then passed as `<flag> <model>`.
+    pub model_flag: Option<String>,
 }
 
 impl AcpProviderConfig {
@@ -91,6 +94,7 @@ impl AcpProviderConfig {
             modes: cfg.modes,
             default_mode: cfg.default_mode,
             models: Vec::new(),
+            model_flag: None,
         }
     }
 }
@@ -726,10 +730,10 @@ impl InboundHandler {
             let _ = responder.respond(permission_outcome(None));
             return;
         }
-        let options: Vec<PermissionOption> = params
+        let offered = params
             .get("options")
             .and_then(Value::as_array)
-            .map(|options| options.iter().filter_map(permission_option).collect())
+            .map(|options| permission_options(options))
             .unwrap_or_default();
         let mut call = match params.get_mut("toolCall").map(Value::take) {
             Some(Value::Object(call)) => call,
@@ -755,7 +759,7 @@ impl InboundHandler {
                     .await;
             }
         }
-        if options.is_empty() {
+        if offered.is_empty() {
             tracing::warn!("permission request without usable options; answering cancelled");
             let _ = responder.respond(permission_outcome(None));
             return;
@@ -772,7 +776,7 @@ impl InboundHandler {
                 title: title.unwrap_or_else(|| "Permission requested".to_owned()),
                 call_id,
                 input,
-                options,
+                options: offered.iter().map(|(option, _)| option.clone()).collect(),
                 reply,
             }))
             .await;
@@ -781,7 +785,9 @@ impl InboundHandler {
         let waiting = async move {
             let chosen = tokio::select! {
                 decision = decision => match decision {
-                    Ok(PermissionDecision::Selected { option_id, .. }) => Some(option_id),
+                    Ok(PermissionDecision::Selected { option_id, behavior, .. }) => {
+                        provider_option(&offered, &option_id, behavior)
+                    }
                     Ok(PermissionDecision::Cancelled) | Err(_) => None,
                 },
                 _ = epoch.wait_for(|now| *now != asked_at) => None,
@@ -838,38 +844,80 @@ fn take_text_chunk(update: &mut Map<String, Value>) -> Option<String> {
     }
 }
 
-fn permission_option(option: &Value) -> Option<PermissionOption> {
-    let id = option.get("optionId").and_then(id_string)?;
-    let label = option
-        .get("name")
-        .and_then(Value::as_str)
-        .unwrap_or(&id)
-        .to_owned();
-    let kind = option
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let behavior = if kind.starts_with("allow") {
-        Behavior::Allow
-    } else if kind.starts_with("reject") {
-        Behavior::Deny
-    } else {
-        // Unknown kinds: judge by the words agents use for refusing.
-        let words = format!("{id} {label}").to_ascii_lowercase();
-        if ["reject", "deny", "cancel", "abort", "no"]
-            .iter()
-            .any(|w| words.split(|c: char| !c.is_alphanumeric()).any(|t| t == *w))
-        {
-            Behavior::Deny
-        } else {
-            Behavior::Allow
+/// The options of a permission request as agentry shows them, each with the agent's own
+/// option id. Agents name their options differently (`proceed_once`, `allow_once`,
+/// `approved`, `once`…); what they mean is in the option's `kind`, so agentry's ids come
+/// from it: `allow`, `allow_always`, `deny`, `deny_always` (a second option of the same
+/// meaning gets `_2`, …). An option without a known kind is judged by its words.
+fn permission_options(options: &[Value]) -> Vec<(PermissionOption, String)> {
+    let mut out: Vec<(PermissionOption, String)> = Vec::new();
+    for option in options {
+        let Some(provider_id) = option.get("optionId").and_then(id_string) else {
+            continue;
+        };
+        let label = option
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or(&provider_id)
+            .to_owned();
+        let kind = option
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let (base, behavior) = match kind {
+            "allow_once" => ("allow", Behavior::Allow),
+            "allow_always" => ("allow_always", Behavior::Allow),
+            "reject_once" => ("deny", Behavior::Deny),
+            "reject_always" => ("deny_always", Behavior::Deny),
+            _ => {
+                // Unknown kinds: judge by the words agents use for refusing.
+                let words = format!("{provider_id} {label}").to_ascii_lowercase();
+                if ["reject", "deny", "cancel", "abort", "no"]
+                    .iter()
+                    .any(|w| words.split(|c: char| !c.is_alphanumeric()).any(|t| t == *w))
+                {
+                    ("deny", Behavior::Deny)
+                } else {
+                    ("allow", Behavior::Allow)
+                }
+            }
+        };
+        let mut id = base.to_owned();
+        let mut n = 1;
+        while out.iter().any(|(o, _)| o.id == id) {
+            n += 1;
+            id = format!("{base}_{n}");
         }
-    };
-    Some(PermissionOption {
-        id,
-        label,
-        behavior,
-    })
+        out.push((
+            PermissionOption {
+                id,
+                label,
+                behavior,
+            },
+            provider_id,
+        ));
+    }
+    out
+}
+
+/// The agent's option id for a person's choice: the option with agentry's id `chosen`
+/// (or, for a client that sent the agent's own id, that one), else the first option of
+/// the chosen behavior.
+fn provider_option(
+    offered: &[(PermissionOption, String)],
+    chosen: &str,
+    behavior: Behavior,
+) -> Option<String> {
+    offered
+        .iter()
+        .find(|(option, _)| option.id == chosen)
+        .or_else(|| offered.iter().find(|(_, provider)| provider == chosen))
+        .or_else(|| {
+            offered
+                .iter()
+                .find(|(option, _)| option.behavior == behavior)
+        })
+        .map(|(_, provider)| provider.clone())
 }
 
 fn permission_outcome(option_id: Option<String>) -> Value {
@@ -1225,7 +1273,7 @@ async fn establish(
         let option = lock(&shared.config).model_option.clone();
         let result = match option {
             Some(option) => change_model(connection, shared, &session_id, &option, model).await,
-            None => Err(ProviderError::Unsupported("changing the model")),
+            None => set_model_request(connection, shared, &session_id, model).await,
         };
         if let Err(e) = result {
             shared
@@ -1395,6 +1443,39 @@ async fn change_model(
     Ok(())
 }
 
+/// `session/set_model`, outside the current schema but still answered by agents that
+/// report no model config option (Gemini).
+async fn set_model_request(
+    connection: &acp::v1::ConnectionTo<acp::Agent>,
+    shared: &Shared,
+    session_id: &str,
+    model: &str,
+) -> Result<(), ProviderError> {
+    let request = UntypedMessage::new(
+        "session/set_model",
+        json!({"sessionId": session_id, "modelId": model}),
+    )
+    .map_err(|e| ProviderError::Protocol(e.message))?;
+    connection
+        .send_request(request)
+        .block_task()
+        .await
+        .map_err(|e| {
+            if e.code == acp::ErrorCode::METHOD_NOT_FOUND {
+                ProviderError::Unsupported("changing the model")
+            } else {
+                request_error("session/set_model failed", &e)
+            }
+        })?;
+    lock(&shared.config).current_model = Some(model.to_owned());
+    shared
+        .report_change(ProviderEvent::ModelChanged {
+            model: model.to_owned(),
+        })
+        .await;
+    Ok(())
+}
+
 async fn start_session(
     cfg: &AcpProviderConfig,
     spec: SessionSpec,
@@ -1406,10 +1487,19 @@ async fn start_session(
             "no command is configured".to_owned(),
         ));
     };
+    let mut args = args.to_vec();
+    let flagged_model = match (&cfg.model_flag, &spec.model) {
+        (Some(flag), Some(model)) => {
+            args.push(flag.clone());
+            args.push(model.clone());
+            Some(model.clone())
+        }
+        _ => None,
+    };
     let mut child = launcher
         .launch(CommandSpec {
             program: program.clone(),
-            args: args.to_vec(),
+            args,
             cwd: spec.cwd.clone(),
             env: cfg.env.clone(),
             pass_env: cfg.pass_env.clone(),
@@ -1433,7 +1523,11 @@ async fn start_session(
         replaying: AtomicBool::new(false),
         starting: AtomicBool::new(true),
         tools: Mutex::new(ToolTracker::default()),
-        config: Mutex::new(ConfigState::default()),
+        config: Mutex::new(ConfigState {
+            // Started on it: no need to ask for it again.
+            current_model: flagged_model,
+            ..ConfigState::default()
+        }),
         permission_epoch: watch::channel(0).0,
         turn_active: AtomicBool::new(false),
         interrupted: AtomicBool::new(false),
@@ -1747,7 +1841,8 @@ impl ProviderSession for AcpSession {
     async fn set_model(&mut self, model: &str) -> Result<(), ProviderError> {
         let option = lock(&self.shared.config).model_option.clone();
         let Some(option) = option else {
-            return Err(ProviderError::Unsupported("changing the model"));
+            return set_model_request(&self.connection, &self.shared, &self.session_id, model)
+                .await;
         };
         change_model(
             &self.connection,
@@ -1841,18 +1936,52 @@ mod tests {
     }
 
     #[test]
-    fn option_kinds_map_to_behaviors() {
-        let allow = permission_option(
-            &json!({"optionId": "proceed_once", "name": "Yes", "kind": "allow_once"}),
-        )
-        .unwrap();
-        assert_eq!(allow.behavior, Behavior::Allow);
-        let deny =
-            permission_option(&json!({"optionId": "cancel", "name": "No", "kind": "reject_once"}))
-                .unwrap();
-        assert_eq!(deny.behavior, Behavior::Deny);
-        let odd = permission_option(&json!({"optionId": "abort", "name": "Abort"})).unwrap();
-        assert_eq!(odd.behavior, Behavior::Deny);
+    fn options_get_agentry_ids_by_kind_and_answer_with_the_agents_ids() {
+        // Gemini's, codex-acp's and an agent's without kinds.
+        let gemini = permission_options(&[
+            json!({"optionId": "proceed_always", "name": "Always", "kind": "allow_always"}),
+            json!({"optionId": "proceed_once", "name": "Yes", "kind": "allow_once"}),
+            json!({"optionId": "cancel", "name": "No", "kind": "reject_once"}),
+        ]);
+        let shown: Vec<(&str, Behavior)> = gemini
+            .iter()
+            .map(|(o, _)| (o.id.as_str(), o.behavior))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("allow_always", Behavior::Allow),
+                ("allow", Behavior::Allow),
+                ("deny", Behavior::Deny)
+            ]
+        );
+        let answer = |chosen: &str, behavior| provider_option(&gemini, chosen, behavior);
+        assert_eq!(
+            answer("allow", Behavior::Allow).as_deref(),
+            Some("proceed_once")
+        );
+        assert_eq!(answer("deny", Behavior::Deny).as_deref(), Some("cancel"));
+        assert_eq!(
+            answer("proceed_always", Behavior::Allow).as_deref(),
+            Some("proceed_always")
+        );
+        assert_eq!(
+            answer("nonsense", Behavior::Deny).as_deref(),
+            Some("cancel")
+        );
+
+        let codex = permission_options(&[
+            json!({"optionId": "approved", "name": "Yes", "kind": "allow_once"}),
+            json!({"optionId": "approved-for-session", "name": "Yes, this session", "kind": "allow_once"}),
+            json!({"optionId": "abort", "name": "No"}),
+        ]);
+        let ids: Vec<&str> = codex.iter().map(|(o, _)| o.id.as_str()).collect();
+        assert_eq!(ids, ["allow", "allow_2", "deny"]);
+        assert_eq!(codex[2].0.behavior, Behavior::Deny);
+        assert_eq!(
+            provider_option(&codex, "allow_2", Behavior::Allow).as_deref(),
+            Some("approved-for-session")
+        );
     }
 
     #[test]

@@ -74,6 +74,7 @@ pub fn mock_provider(agentry_exe: PathBuf) -> AcpProvider {
                 context_window: Some(1_000_000),
             },
         ],
+        model_flag: None,
     })
 }
 

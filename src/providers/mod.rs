@@ -14,6 +14,7 @@ pub mod acp;
 pub mod claude;
 pub mod codex;
 pub mod emitter;
+pub mod gemini;
 pub mod mock;
 pub mod registry;
 
