@@ -1725,8 +1725,21 @@ impl AcpSession {
     }
 }
 
-/// The usage an agent put in its `session/prompt` answer (Copilot, OpenCode).
+/// The usage an agent put in its `session/prompt` answer: `usage` (Copilot, OpenCode) or
+/// `_meta.quota.token_count` (Gemini, the turn's sum over its model calls).
 fn prompt_usage(response: &Value) -> Option<Usage> {
+    if let Some(count) = response
+        .pointer("/_meta/quota/token_count")
+        .and_then(Value::as_object)
+        && response.get("usage").is_none()
+    {
+        let number = |key: &str| count.get(key).and_then(Value::as_u64).unwrap_or(0);
+        return Some(Usage {
+            input_tokens: number("input_tokens"),
+            output_tokens: number("output_tokens"),
+            ..Usage::default()
+        });
+    }
     let usage = response.get("usage")?.as_object()?;
     let number = |key: &str| usage.get(key).and_then(Value::as_u64).unwrap_or(0);
     Some(Usage {
@@ -2033,6 +2046,18 @@ mod tests {
                 .get("type")
                 .is_some_and(|t| t == "http")
         );
+    }
+
+    #[test]
+    fn gemini_reports_usage_in_its_quota_meta() {
+        // As Gemini CLI 0.61.0 answers `session/prompt`.
+        let answer = json!({"stopReason": "end_turn", "_meta": {"quota": {
+            "token_count": {"input_tokens": 240, "output_tokens": 30},
+            "model_usage": [{"model": "gemini-2.5-flash",
+                "token_count": {"input_tokens": 240, "output_tokens": 30}}]}}});
+        let usage = prompt_usage(&answer).expect("usage");
+        assert_eq!((usage.input_tokens, usage.output_tokens), (240, 30));
+        assert_eq!(prompt_usage(&json!({"stopReason": "end_turn"})), None);
     }
 
     #[test]

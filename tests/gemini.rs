@@ -1,0 +1,257 @@
+//! The `gemini` provider driven end to end: agentry's REST/SSE API, the real Gemini CLI
+//! (the pinned install, over ACP) and a fake Gemini API on 127.0.0.1 that scripts the
+//! model. The provider is configured through settings exactly as a user would.
+
+#[path = "api/helpers.rs"]
+#[allow(dead_code)]
+mod helpers;
+
+#[path = "support/clis.rs"]
+mod clis;
+
+#[path = "support/fake_gemini.rs"]
+#[allow(dead_code)]
+mod fake_gemini;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agentry::config::{ProviderSettings, Settings};
+use fake_gemini::{FakeGemini, REPLY_TOKENS, Reply, conversation_text, function_responses};
+use helpers::*;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+/// The CLI is large: at most this many run at once across the tests of this binary.
+static CLI_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(3);
+
+const LONG: Duration = Duration::from_secs(60);
+const MODEL: &str = "gemini-2.5-flash";
+
+/// One test's world: the app, the fake model, the CLI's home, a repository.
+struct World {
+    app: TestApp,
+    fake: FakeGemini,
+    cli: PathBuf,
+    home: TempDir,
+    repo: TempDir,
+    _slot: tokio::sync::SemaphorePermit<'static>,
+}
+
+/// A quiet, isolated home: no usage statistics, no update checks.
+fn quiet_home() -> TempDir {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().join(".gemini");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("settings.json"),
+        json!({"privacy": {"usageStatisticsEnabled": false},
+            "general": {"enableAutoUpdate": false, "enableAutoUpdateNotification": false}})
+        .to_string(),
+    )
+    .unwrap();
+    home
+}
+
+fn configure(s: &mut Settings, cli: &Path, fake_url: &str, home: &Path) {
+    let env = BTreeMap::from([
+        ("GOOGLE_GEMINI_BASE_URL".to_owned(), fake_url.to_owned()),
+        ("GEMINI_API_KEY".to_owned(), "test-key".to_owned()),
+        ("HOME".to_owned(), home.display().to_string()),
+    ]);
+    s.providers.insert(
+        "gemini".into(),
+        ProviderSettings {
+            command: Some(vec![cli.display().to_string()]),
+            env,
+            ..Default::default()
+        },
+    );
+}
+
+/// `None` when the CLI is not installed and not required (a loud message was printed).
+async fn world() -> Option<World> {
+    let cli = clis::cli("gemini")?;
+    let slot = CLI_SLOTS.acquire().await.unwrap();
+    let fake = FakeGemini::start().await;
+    let home = quiet_home();
+    let (url, h, c) = (fake.url.clone(), home.path().to_path_buf(), cli.clone());
+    let app = spawn_app_with(move |s| configure(s, &c, &url, &h)).await;
+    Some(World {
+        app,
+        fake,
+        cli,
+        home,
+        repo: git_repo(),
+        _slot: slot,
+    })
+}
+
+impl World {
+    /// A worktree workspace and a `gemini` agent in `mode`; returns (agent id, workspace).
+    async fn agent(&self, mode: &str) -> (String, Value) {
+        let project = self.app.project(self.repo.path()).await;
+        let ws = self
+            .app
+            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+            .await;
+        let agent = self
+            .app
+            .post_ok(
+                "/v1/agents",
+                json!({"workspace_id": ws["id"], "provider": "gemini", "mode": mode,
+                    "model": MODEL}),
+                201,
+            )
+            .await;
+        (agent["id"].as_str().unwrap().to_owned(), ws)
+    }
+
+    /// Prompt and read the agent's stream until the turn completes; returns its events.
+    async fn turn(&self, agent: &str, text: &str, after: Option<i64>) -> Vec<SseEvent> {
+        let mut stream = self.app.events(agent, after).await;
+        self.app.prompt(agent, text).await;
+        stream.until("turn_completed", LONG).await
+    }
+
+    async fn pid(&self, agent: &str) -> Option<i32> {
+        let a = self.app.get_ok(&format!("/v1/agents/{agent}")).await;
+        a["runtime"]["pid"].as_i64().map(|p| p as i32)
+    }
+
+    async fn ledger(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM managed_processes")
+            .fetch_one(&self.app.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn answer(&self, agent: &str, request: &Value, body: Value) {
+        self.app
+            .post_ok(
+                &format!(
+                    "/v1/agents/{agent}/permissions/{}",
+                    request["request_id"].as_str().unwrap()
+                ),
+                body,
+                200,
+            )
+            .await;
+    }
+}
+
+fn kinds(events: &[SseEvent]) -> Vec<&str> {
+    events.iter().map(|e| e.event.as_str()).collect()
+}
+
+fn of_kind<'a>(events: &'a [SseEvent], kind: &str) -> Vec<&'a Value> {
+    events
+        .iter()
+        .filter(|e| e.event == kind)
+        .map(|e| &e.data["data"])
+        .collect()
+}
+
+fn last_seq(events: &[SseEvent]) -> i64 {
+    events.last().map(|e| e.id).unwrap_or(0)
+}
+
+fn outcome(events: &[SseEvent]) -> Value {
+    let ends = of_kind(events, "turn_completed");
+    (*ends.last().expect("a turn_completed")).clone()
+}
+
+/// The assistant's whole messages in `events`.
+fn assistant_text(events: &[SseEvent]) -> String {
+    of_kind(events, "assistant_message")
+        .iter()
+        .map(|m| m["text"].as_str().unwrap())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Whether any process still runs with `needle` in its command line.
+fn running_with(needle: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if String::from_utf8_lossy(&cmdline).contains(needle) && pid_alive(pid) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn a_text_turn_streams_deltas_and_completes_with_usage() {
+    let Some(w) = world().await else { return };
+    let providers = w.app.get_ok("/v1/providers").await;
+    let gemini = providers["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "gemini")
+        .expect("gemini is listed")
+        .clone();
+    assert_eq!(gemini["available"], true, "{gemini}");
+    assert_eq!(gemini["protocol"], "acp");
+    assert_eq!(gemini["default_mode"], "default");
+    let unattended: Vec<&str> = gemini["modes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["unattended"] == true)
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(unattended, ["yolo"]);
+
+    let (agent, _) = w.agent("default").await;
+    w.fake.push(Reply::slow(
+        "Hello from the fake Gemini, in pieces.",
+        4,
+        Duration::from_millis(20),
+    ));
+    let events = w.turn(&agent, "say hello", None).await;
+    let k = kinds(&events);
+    assert_eq!(outcome(&events)["outcome"], "completed", "{k:?}");
+    assert_eq!(
+        k.iter().filter(|k| **k == "user_message").count(),
+        1,
+        "{k:?}"
+    );
+    let deltas: String = of_kind(&events, "assistant_delta")
+        .iter()
+        .map(|d| d["text"].as_str().unwrap())
+        .collect();
+    assert!(of_kind(&events, "assistant_delta").len() >= 2, "{k:?}");
+    assert_eq!(deltas, "Hello from the fake Gemini, in pieces.");
+    assert_eq!(assistant_text(&events), deltas);
+    let done = outcome(&events);
+    assert_eq!(done["usage"]["output_tokens"], REPLY_TOKENS, "{done}");
+    assert!(
+        done["usage"]["input_tokens"].as_u64().unwrap() > 0,
+        "{done}"
+    );
+
+    let request = w.fake.requests().pop().expect("the model was called");
+    assert!(conversation_text(&request).contains("say hello"));
+    assert!(
+        w.fake.api_keys().iter().all(|k| k == "test-key"),
+        "{:?}",
+        w.fake.api_keys()
+    );
+    assert!(
+        w.fake
+            .request_lines()
+            .iter()
+            .any(|l| l.contains(&format!("/v1beta/models/{MODEL}:streamGenerateContent"))),
+        "{:?}",
+        w.fake.request_lines()
+    );
+}
