@@ -191,6 +191,7 @@ async fn provider_reports_itself_and_its_availability() {
         default_mode: None,
         models: Vec::new(),
         model_flag: None,
+        serve_reads: true,
     });
     match missing.availability().await {
         Availability::Unavailable(reason) => {
@@ -722,6 +723,7 @@ fn scripted(script: &str) -> AcpProvider {
         default_mode: None,
         models: Vec::new(),
         model_flag: None,
+        serve_reads: true,
     })
 }
 

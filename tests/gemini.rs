@@ -255,3 +255,207 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
         w.fake.request_lines()
     );
 }
+
+#[tokio::test]
+async fn an_allowed_write_lands_in_the_worktree_and_its_diff() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("default").await;
+    let path = path_of(&ws["path"]).join("hello.txt");
+    w.fake.push(Reply::tool(
+        "write_file",
+        json!({"file_path": path, "content": "hello from gemini\n"}),
+    ));
+    w.fake.push(Reply::text("The file is written."));
+
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "write hello.txt").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    assert_eq!(request["kind"], "tool");
+    // agentry's option ids, not Gemini's (`proceed_once`, `cancel`, …).
+    let options: Vec<(&str, &str)> = request["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| (o["id"].as_str().unwrap(), o["behavior"].as_str().unwrap()))
+        .collect();
+    assert!(options.contains(&("allow", "allow")), "{options:?}");
+    assert!(options.contains(&("deny", "deny")), "{options:?}");
+    assert!(!request.to_string().contains("proceed_once"), "{request}");
+    // Gemini announces the call only inside the permission request: it is reported first.
+    let calls = of_kind(&before, "tool_call");
+    assert!(!calls.is_empty(), "{:?}", kinds(&before));
+    assert_eq!(calls[0]["call_id"], request["call_id"], "{request}");
+    assert!(!path.exists(), "nothing is written before the answer");
+
+    w.answer(
+        &agent,
+        &request,
+        json!({"behavior": "allow", "option_id": "allow"}),
+    )
+    .await;
+    let after = stream.until("turn_completed", LONG).await;
+    assert_eq!(
+        outcome(&after)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&after)
+    );
+    let calls = of_kind(&after, "tool_call");
+    let done = calls.last().expect("the call's end");
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["call_id"], request["call_id"]);
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        "hello from gemini\n"
+    );
+    assert!(assistant_text(&after).ends_with("The file is written."));
+    // The model heard that the write succeeded.
+    let responses = function_responses(&w.fake.requests().pop().unwrap());
+    assert_eq!(responses.len(), 1, "{responses:?}");
+    assert_eq!(responses[0]["name"], "write_file");
+
+    let diff = w
+        .app
+        .get_ok(&format!(
+            "/v1/workspaces/{}/diff",
+            ws["id"].as_str().unwrap()
+        ))
+        .await;
+    assert!(
+        diff["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["path"] == "hello.txt"),
+        "{diff}"
+    );
+    assert!(
+        diff["patch"]
+            .as_str()
+            .unwrap()
+            .contains("+hello from gemini")
+    );
+}
+
+#[tokio::test]
+async fn a_denied_write_fails_its_call_and_the_turn_completes() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("default").await;
+    let path = path_of(&ws["path"]).join("denied.txt");
+    w.fake.push(Reply::tool(
+        "write_file",
+        json!({"file_path": path, "content": "no\n"}),
+    ));
+    w.fake.push(Reply::text("Understood, I will not."));
+
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "make denied.txt").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    w.answer(&agent, &request, json!({"behavior": "deny"}))
+        .await;
+    let after = stream.until("turn_completed", LONG).await;
+    let k = kinds(&after);
+    assert_eq!(outcome(&after)["outcome"], "completed", "{k:?}");
+    let calls = of_kind(&after, "tool_call");
+    let last = calls.last().unwrap_or_else(|| panic!("{k:?}"));
+    assert_eq!(last["call_id"], request["call_id"]);
+    assert_eq!(last["status"], "failed", "{last}");
+    assert!(!path.exists());
+}
+
+#[tokio::test]
+async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("default").await;
+    w.fake.push(Reply::slow(
+        "This answer takes a long while to arrive, word by word, far too long.",
+        40,
+        Duration::from_millis(250),
+    ));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "talk slowly").await;
+    stream.until("assistant_delta", LONG).await;
+    let res = w
+        .app
+        .post(&format!("/v1/agents/{agent}/interrupt"), json!({}))
+        .await;
+    assert_eq!(res.status(), 202);
+    let ended = stream.until("turn_completed", LONG).await;
+    assert_eq!(
+        outcome(&ended)["outcome"],
+        "canceled",
+        "{:?}",
+        kinds(&ended)
+    );
+
+    w.fake.push(Reply::text("Back again."));
+    let events = w
+        .turn(&agent, "are you there?", Some(last_seq(&ended)))
+        .await;
+    assert_eq!(outcome(&events)["outcome"], "completed");
+    assert_eq!(assistant_text(&events), "Back again.");
+}
+
+#[tokio::test]
+async fn an_interrupt_while_a_permission_waits_expires_it() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("default").await;
+    let path = path_of(&ws["path"]).join("never.txt");
+    w.fake.push(Reply::tool(
+        "write_file",
+        json!({"file_path": path, "content": "never\n"}),
+    ));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "write never.txt").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    let res = w
+        .app
+        .post(&format!("/v1/agents/{agent}/interrupt"), json!({}))
+        .await;
+    assert_eq!(res.status(), 202);
+    let ended = stream.until("turn_completed", LONG).await;
+    let k = kinds(&ended);
+    assert_eq!(outcome(&ended)["outcome"], "canceled", "{k:?}");
+    let calls = of_kind(&ended, "tool_call");
+    assert_eq!(calls.last().unwrap()["status"], "failed", "{k:?}");
+    // The request can no longer be answered.
+    let late = w
+        .app
+        .post(
+            &format!(
+                "/v1/agents/{agent}/permissions/{}",
+                request["request_id"].as_str().unwrap()
+            ),
+            json!({"behavior": "allow"}),
+        )
+        .await;
+    assert!(late.status().is_client_error(), "{}", late.status());
+    assert!(!path.exists());
+
+    w.fake.push(Reply::text("Still here."));
+    let events = w.turn(&agent, "hello?", Some(last_seq(&ended))).await;
+    assert_eq!(outcome(&events)["outcome"], "completed");
+    assert_eq!(assistant_text(&events), "Still here.");
+}
+
+#[tokio::test]
+async fn yolo_runs_tools_without_asking() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("yolo").await;
+    let path = path_of(&ws["path"]).join("yolo.txt");
+    w.fake.push(Reply::tool(
+        "write_file",
+        json!({"file_path": path, "content": "unattended\n"}),
+    ));
+    w.fake.push(Reply::text("Done without asking."));
+    let events = w.turn(&agent, "write yolo.txt", None).await;
+    let k = kinds(&events);
+    assert_eq!(outcome(&events)["outcome"], "completed", "{k:?}");
+    assert!(!k.contains(&"permission_requested"), "{k:?}");
+    let calls = of_kind(&events, "tool_call");
+    assert_eq!(calls.last().unwrap()["status"], "completed", "{calls:?}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "unattended\n");
+}

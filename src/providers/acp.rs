@@ -76,6 +76,10 @@ pub struct AcpProviderConfig {
     /// The flag that starts the agent on a model (`--model`), for agents that report no
     /// model config option: a session's model is then passed as `<flag> <model>`.
     pub model_flag: Option<String>,
+    /// Offer the agent `fs/read_text_file` (writes are always offered, inside the
+    /// workspace). Off for an agent that cannot tell a missing file from a failed read in
+    /// a client's answer (Gemini): it then reads files itself.
+    pub serve_reads: bool,
 }
 
 impl AcpProviderConfig {
@@ -95,6 +99,7 @@ impl AcpProviderConfig {
             default_mode: cfg.default_mode,
             models: Vec::new(),
             model_flag: None,
+            serve_reads: true,
         }
     }
 }
@@ -1149,6 +1154,7 @@ async fn establish(
     connection: &acp::v1::ConnectionTo<acp::Agent>,
     spec: &SessionSpec,
     shared: &Arc<Shared>,
+    serve_reads: bool,
 ) -> Result<Established, ProviderError> {
     let init = connection
         .send_request(
@@ -1156,7 +1162,7 @@ async fn establish(
                 .client_capabilities(
                     proto::ClientCapabilities::new()
                         .fs(proto::FileSystemCapabilities::new()
-                            .read_text_file(true)
+                            .read_text_file(serve_reads)
                             .write_text_file(true))
                         .terminal(false),
                 )
@@ -1545,6 +1551,7 @@ async fn start_session(
         },
     ) = Stopper::new();
     let transport = acp::ByteStreams::new(stdin.compat_write(), stdout.compat());
+    let serve_reads = cfg.serve_reads;
     let read_root = shared.clone();
     let write_root = shared.clone();
     let foreground_shared = shared.clone();
@@ -1575,8 +1582,10 @@ async fn start_session(
             )
             .connect_with(transport, async move |cx| {
                 let mut established_tx = established_tx;
-                let setup =
-                    tokio::time::timeout(START_TIMEOUT, establish(&cx, &spec, &foreground_shared));
+                let setup = tokio::time::timeout(
+                    START_TIMEOUT,
+                    establish(&cx, &spec, &foreground_shared, serve_reads),
+                );
                 let outcome = tokio::select! {
                     outcome = setup => outcome.unwrap_or_else(|_| {
                         Err(ProviderError::Protocol(format!(

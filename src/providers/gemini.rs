@@ -85,6 +85,11 @@ impl GeminiProvider {
     pub fn new(cfg: CliConfig) -> Self {
         let mut acp = AcpProviderConfig::from_cli(cfg.clone(), &["--acp"]);
         acp.model_flag = Some("--model".to_owned());
+        // Gemini 0.61.0 reads a client's error answer as "[object Object]", so a missing
+        // file read through the client fails its write tool instead of creating the
+        // file: it reads by itself, and its writes still come to the workspace-confined
+        // `fs/write_text_file`.
+        acp.serve_reads = false;
         Self {
             cfg,
             acp: AcpProvider::new(acp),

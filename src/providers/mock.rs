@@ -75,6 +75,7 @@ pub fn mock_provider(agentry_exe: PathBuf) -> AcpProvider {
             },
         ],
         model_flag: None,
+        serve_reads: true,
     })
 }
 

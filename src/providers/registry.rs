@@ -210,6 +210,7 @@ fn acp_config(id: &str, p: &ProviderSettings) -> AcpProviderConfig {
         default_mode: p.default_mode.clone(),
         models: Vec::new(),
         model_flag: None,
+        serve_reads: true,
     }
 }
 
