@@ -459,3 +459,211 @@ async fn yolo_runs_tools_without_asking() {
     assert_eq!(calls.last().unwrap()["status"], "completed", "{calls:?}");
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "unattended\n");
 }
+
+/// The provider session id the agent reports.
+async fn session_id(app: &TestApp, agent: &str) -> String {
+    let a = app.get_ok(&format!("/v1/agents/{agent}")).await;
+    a["runtime"]["provider_session_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no session id: {a}"))
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_closed_agent_resumes_its_conversation() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("default").await;
+    w.fake.push(Reply::text("I will remember pineapple."));
+    let first = w.turn(&agent, "the secret word is pineapple", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+    let id = session_id(&w.app, &agent).await;
+    let pid = w.pid(&agent).await.expect("a live CLI");
+
+    w.app
+        .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
+        .await;
+    eventually("the CLI to end", Duration::from_secs(5), || !pid_alive(pid)).await;
+    // Reopened at once, within the minute the session was created in (see
+    // `providers::gemini::resume_wait`): the history must survive that.
+    w.fake.push(Reply::text("It was pineapple."));
+    let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
+    w.app.prompt(&agent, "what was the word?").await;
+    let second = stream
+        .until("turn_completed", Duration::from_secs(150))
+        .await;
+    let k = kinds(&second);
+    assert_eq!(outcome(&second)["outcome"], "completed", "{k:?}");
+    assert!(
+        of_kind(&second, "error").is_empty(),
+        "{:?}",
+        of_kind(&second, "error")
+    );
+    let started = of_kind(&second, "session_started");
+    assert_eq!(started.len(), 1);
+    assert_eq!(started[0]["resumed"], true);
+    assert_eq!(started[0]["provider_session_id"], id.as_str());
+    // The history Gemini replays on load is not reported again.
+    assert_eq!(of_kind(&second, "user_message").len(), 1, "{k:?}");
+    assert_eq!(assistant_text(&second), "It was pineapple.");
+    let last = w.fake.requests().pop().unwrap();
+    let history = conversation_text(&last);
+    assert!(
+        history.contains("the secret word is pineapple"),
+        "{history}"
+    );
+    assert!(history.contains("I will remember pineapple."), "{history}");
+    assert!(history.contains("what was the word?"));
+}
+
+#[tokio::test]
+async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("default").await;
+    w.fake.push(Reply::slow(
+        "A long answer that will be cut short by a kill signal midway.",
+        40,
+        Duration::from_millis(250),
+    ));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "talk for a while").await;
+    stream.until("assistant_delta", LONG).await;
+    let pid = w.pid(&agent).await.expect("a running process");
+    let killed = Instant::now();
+    // SAFETY: kill(2) on the CLI process this test's server started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let ended = stream.until("turn_completed", Duration::from_secs(5)).await;
+    let took = killed.elapsed();
+    eprintln!("the turn failed {took:?} after SIGKILL");
+    let done = outcome(&ended);
+    assert_eq!(done["outcome"], "failed", "{done}");
+    assert!(
+        took < Duration::from_secs(2),
+        "the turn failed after {took:?}"
+    );
+    assert!(
+        done["error"].as_str().unwrap().contains("signal 9"),
+        "{done}"
+    );
+
+    w.fake.push(Reply::text("Recovered."));
+    let mut stream = w.app.events(&agent, Some(last_seq(&ended))).await;
+    w.app.prompt(&agent, "still there?").await;
+    let events = stream
+        .until("turn_completed", Duration::from_secs(150))
+        .await;
+    assert_eq!(
+        outcome(&events)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&events)
+    );
+    assert_eq!(assistant_text(&events), "Recovered.");
+}
+
+#[tokio::test]
+async fn no_cli_process_is_left_after_archive_or_server_shutdown() {
+    let Some(w) = world().await else { return };
+    let marker = w.home.path().display().to_string();
+    // Archive: the CLI ends and leaves the ledger.
+    let (archived, ws) = w.agent("default").await;
+    w.fake.push(Reply::text("One."));
+    w.turn(&archived, "first", None).await;
+    let pid = w.pid(&archived).await.expect("a live CLI");
+    assert_eq!(w.ledger().await, 1);
+    let res = w
+        .app
+        .client
+        .delete(w.app.url(&format!("/v1/agents/{archived}")))
+        .bearer_auth(&w.app.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 204);
+    eventually(
+        "the archived agent's CLI to end",
+        Duration::from_secs(10),
+        || !pid_alive(pid),
+    )
+    .await;
+    assert_eq!(w.ledger().await, 0, "the ledger forgets the archived CLI");
+
+    // Shutdown: a live CLI ends with the server.
+    let agent = w
+        .app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "gemini", "model": MODEL}),
+            201,
+        )
+        .await;
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    w.fake.push(Reply::text("Two."));
+    w.turn(&agent, "second", None).await;
+    let pid = w.pid(&agent).await.expect("a live CLI");
+    let World { app, .. } = w;
+    let (db, _data_dir, _) = app.stop().await;
+    assert!(!pid_alive(pid), "the server's stop ended the CLI");
+    let pool = sqlx::PgPool::connect_with(db).await.unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM managed_processes")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the ledger is empty after shutdown");
+    // Nothing the CLI started survives it (its environment names this test's home).
+    let survivors: Vec<i32> = running_with(&marker);
+    assert!(survivors.is_empty(), "left running: {survivors:?}");
+}
+
+#[tokio::test]
+async fn without_credentials_gemini_is_unavailable_and_creation_is_refused() {
+    let Some(cli) = clis::cli("gemini") else {
+        return;
+    };
+    let app = spawn_app_with(move |s| {
+        // Empty values count as unset, whatever the server's own environment holds.
+        let env = [
+            "GEMINI_API_KEY",
+            "GOOGLE_API_KEY",
+            "GOOGLE_APPLICATION_CREDENTIALS",
+            "GOOGLE_GENAI_USE_VERTEXAI",
+        ]
+        .iter()
+        .map(|k| ((*k).to_owned(), String::new()))
+        .collect();
+        s.providers.insert(
+            "gemini".into(),
+            ProviderSettings {
+                command: Some(vec![cli.display().to_string()]),
+                env,
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let providers = app.get_ok("/v1/providers").await;
+    let gemini = providers["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "gemini")
+        .unwrap()
+        .clone();
+    assert_eq!(gemini["available"], false, "{gemini}");
+    let reason = gemini["unavailable_reason"].as_str().unwrap();
+    assert!(reason.contains("GEMINI_API_KEY"), "{reason}");
+
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let refused = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "gemini"}),
+            422,
+        )
+        .await;
+    assert_eq!(refused["code"], "provider_unavailable");
+    assert!(refused.to_string().contains("GEMINI_API_KEY"), "{refused}");
+}

@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::path::{Component, Path, PathBuf};
 use std::process::ExitStatus;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -54,6 +54,10 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
 /// After the connection ends, how long the process may take to exit on its own.
 const EXIT_AFTER_EOF: Duration = Duration::from_millis(500);
+/// After `session/load` answers, how long the agent must send no update for its history
+/// replay to count as over, and the longest that wait may take.
+const REPLAY_QUIET: Duration = Duration::from_millis(200);
+const REPLAY_SETTLE_MAX: Duration = Duration::from_secs(5);
 /// `session/update` notifications read from the agent and not yet handed to the event
 /// sink; at this many, its stdout is not read until the sink takes some (see `gate`).
 const UPDATES_IN_FLIGHT: usize = 1024;
@@ -174,8 +178,11 @@ struct Shared {
     events: Emitter,
     /// The session's workspace, canonical; file requests must stay inside it.
     root: PathBuf,
-    /// `session/load` is replaying history: drop every update until it answers.
+    /// `session/load` is replaying history: drop every update until it answers and the
+    /// agent has gone quiet (see `load_session`).
     replaying: AtomicBool,
+    /// `session/update` notifications received so far, replayed ones included.
+    updates_seen: AtomicU64,
     /// The session is being set up: mode and model changes go into `SessionInfo` rather
     /// than out as events.
     starting: AtomicBool,
@@ -560,6 +567,7 @@ impl HandleDispatchFrom<acp::Agent> for InboundHandler {
                 // Its event is in the sink (or dropped) once this returns: the gate may
                 // read another update.
                 let _handled = gate::UpdateHandled(&self.shared.update_credits);
+                self.shared.updates_seen.fetch_add(1, Ordering::AcqRel);
                 let (_, params) = notification.into_parts();
                 self.on_session_update(params).await;
                 Ok(Handled::Yes)
@@ -1318,12 +1326,9 @@ async fn load_session(
         .system_prompt(system_prompt.clone());
     let (answered, answer) = oneshot::channel();
     shared.replaying.store(true, Ordering::Release);
-    let replay_flag = shared.clone();
-    // An ordered callback: the flag drops exactly where the answer sits in the stream.
     let sent = connection
         .prepare_request(request)
         .on_receiving_result(move |result| async move {
-            replay_flag.replaying.store(false, Ordering::Release);
             let _ = answered.send(result);
             Ok(())
         });
@@ -1333,6 +1338,21 @@ async fn load_session(
             .unwrap_or_else(|_| Err(acp::Error::internal_error())),
         Err(e) => Err(e),
     };
+    // Some agents (Gemini) answer first and replay the history after the answer: the
+    // replay is over once the agent has been quiet for a moment. No prompt can be sent
+    // before the session is handed out, so nothing live is dropped.
+    if result.is_ok() {
+        let settle = async {
+            loop {
+                let seen = shared.updates_seen.load(Ordering::Acquire);
+                tokio::time::sleep(REPLAY_QUIET).await;
+                if shared.updates_seen.load(Ordering::Acquire) == seen {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(REPLAY_SETTLE_MAX, settle).await;
+    }
     shared.replaying.store(false, Ordering::Release);
     lock(&shared.tools).calls.clear();
     result
@@ -1527,6 +1547,7 @@ async fn start_session(
         events: Emitter::new(events),
         root: std::fs::canonicalize(&spec.cwd).unwrap_or_else(|_| spec.cwd.clone()),
         replaying: AtomicBool::new(false),
+        updates_seen: AtomicU64::new(0),
         starting: AtomicBool::new(true),
         tools: Mutex::new(ToolTracker::default()),
         config: Mutex::new(ConfigState {
