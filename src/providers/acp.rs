@@ -50,8 +50,10 @@ use gate::{UpdateCredits, UpdateGate};
 
 /// How long the agent may take to initialize and open its session.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
-/// After the process exits, how long its remaining output may take to be read.
-const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
+/// After the process exits, how long its remaining output may take to be read (a member
+/// of its group still holding the pipe, as codex-acp's do, must not delay the failure of
+/// the turn; what the leader wrote before it died is in the pipe already).
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(500);
 /// After the connection ends, how long the process may take to exit on its own.
 const EXIT_AFTER_EOF: Duration = Duration::from_millis(500);
 /// After `session/load` answers, how long the agent must send no update for its history
