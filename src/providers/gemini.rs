@@ -75,6 +75,35 @@ fn modes() -> Vec<ModeInfo> {
     ]
 }
 
+/// The models Gemini CLI 0.61.0 offers (its `session/new` answer lists the same). `auto`
+/// lets the CLI choose per request, which is what it does when no model is given.
+fn models() -> Vec<ModelInfo> {
+    [
+        ("auto", "Auto (the CLI chooses)", true, None),
+        ("gemini-2.5-pro", "Gemini 2.5 Pro", false, Some(1_048_576)),
+        (
+            "gemini-2.5-flash",
+            "Gemini 2.5 Flash",
+            false,
+            Some(1_048_576),
+        ),
+        (
+            "gemini-2.5-flash-lite",
+            "Gemini 2.5 Flash-Lite",
+            false,
+            Some(1_048_576),
+        ),
+    ]
+    .into_iter()
+    .map(|(id, label, is_default, context_window)| ModelInfo {
+        id: id.to_owned(),
+        label: label.to_owned(),
+        is_default,
+        context_window,
+    })
+    .collect()
+}
+
 /// Gemini CLI as a provider: the ACP adapter with Gemini's settings.
 pub struct GeminiProvider {
     cfg: CliConfig,
@@ -90,6 +119,7 @@ impl GeminiProvider {
         // file: it reads by itself, and its writes still come to the workspace-confined
         // `fs/write_text_file`.
         acp.serve_reads = false;
+        acp.models = models();
         Self {
             cfg,
             acp: AcpProvider::new(acp),
