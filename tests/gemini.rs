@@ -14,7 +14,7 @@ mod clis;
 mod fake_gemini;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use agentry::config::{ProviderSettings, Settings};
@@ -33,7 +33,6 @@ const MODEL: &str = "gemini-2.5-flash";
 struct World {
     app: TestApp,
     fake: FakeGemini,
-    cli: PathBuf,
     home: TempDir,
     repo: TempDir,
     _slot: tokio::sync::SemaphorePermit<'static>,
@@ -76,12 +75,11 @@ async fn world() -> Option<World> {
     let slot = CLI_SLOTS.acquire().await.unwrap();
     let fake = FakeGemini::start().await;
     let home = quiet_home();
-    let (url, h, c) = (fake.url.clone(), home.path().to_path_buf(), cli.clone());
-    let app = spawn_app_with(move |s| configure(s, &c, &url, &h)).await;
+    let (url, h) = (fake.url.clone(), home.path().to_path_buf());
+    let app = spawn_app_with(move |s| configure(s, &cli, &url, &h)).await;
     Some(World {
         app,
         fake,
-        cli,
         home,
         repo: git_repo(),
         _slot: slot,

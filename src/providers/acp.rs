@@ -86,6 +86,10 @@ pub struct AcpProviderConfig {
     /// workspace). Off for an agent that cannot tell a missing file from a failed read in
     /// a client's answer (Gemini): it then reads files itself.
     pub serve_reads: bool,
+    /// The `authenticate` method to try, once, when the agent answers that authentication
+    /// is required to open or reopen a session (Gemini wants one to reopen a session when
+    /// its credential is a plain API key).
+    pub auth_method: Option<String>,
 }
 
 impl AcpProviderConfig {
@@ -106,6 +110,7 @@ impl AcpProviderConfig {
             models: Vec::new(),
             model_flag: None,
             serve_reads: true,
+            auth_method: None,
         }
     }
 }
@@ -1041,6 +1046,12 @@ async fn write_text_file(
 // Starting a session
 // ---------------------------------------------------------------------------------------
 
+/// What the handshake offers and may do, from the provider's configuration.
+struct Handshake {
+    serve_reads: bool,
+    auth_method: Option<String>,
+}
+
 /// What the handshake established.
 struct Established {
     connection: acp::v1::ConnectionTo<acp::Agent>,
@@ -1164,8 +1175,9 @@ async fn establish(
     connection: &acp::v1::ConnectionTo<acp::Agent>,
     spec: &SessionSpec,
     shared: &Arc<Shared>,
-    serve_reads: bool,
+    handshake: &Handshake,
 ) -> Result<Established, ProviderError> {
+    let serve_reads = handshake.serve_reads;
     let init = connection
         .send_request(
             proto::InitializeRequest::new(acp::schema::ProtocolVersion::V1)
@@ -1212,7 +1224,15 @@ async fn establish(
     )> = None;
     if let Some(id) = resume_id {
         let attempt = if caps.load_session {
-            load_session(connection, shared, &id, spec, &servers, &system_prompt).await
+            let mut loaded =
+                load_session(connection, shared, &id, spec, &servers, &system_prompt).await;
+            if matches!(&loaded, Err(e) if e.code == acp::ErrorCode::AUTH_REQUIRED)
+                && authenticate(connection, handshake).await
+            {
+                loaded =
+                    load_session(connection, shared, &id, spec, &servers, &system_prompt).await;
+            }
+            loaded.map_err(|e| e.message)
         } else if caps.session_capabilities.resume.is_some() {
             let request = proto::ResumeSessionRequest::new(id.clone(), spec.cwd.clone())
                 .mcp_servers(servers.clone())
@@ -1249,15 +1269,16 @@ async fn establish(
     let (session_id, modes, options) = match opened {
         Some(opened) => opened,
         None => {
-            let response = connection
-                .send_request(
-                    proto::NewSessionRequest::new(spec.cwd.clone())
-                        .mcp_servers(servers)
-                        .system_prompt(system_prompt),
-                )
-                .block_task()
-                .await
-                .map_err(|e| request_error("session/new failed", &e))?;
+            let request = proto::NewSessionRequest::new(spec.cwd.clone())
+                .mcp_servers(servers)
+                .system_prompt(system_prompt);
+            let mut created = connection.send_request(request.clone()).block_task().await;
+            if matches!(&created, Err(e) if e.code == acp::ErrorCode::AUTH_REQUIRED)
+                && authenticate(connection, handshake).await
+            {
+                created = connection.send_request(request).block_task().await;
+            }
+            let response = created.map_err(|e| request_error("session/new failed", &e))?;
             (
                 response.session_id.to_string(),
                 response.modes,
@@ -1322,7 +1343,7 @@ async fn load_session(
     spec: &SessionSpec,
     servers: &[proto::McpServer],
     system_prompt: &Option<proto::SystemPrompt>,
-) -> Result<Reopened, String> {
+) -> Result<Reopened, acp::Error> {
     let request = proto::LoadSessionRequest::new(id.to_owned(), spec.cwd.clone())
         .mcp_servers(servers.to_vec())
         .system_prompt(system_prompt.clone());
@@ -1357,9 +1378,28 @@ async fn load_session(
     }
     shared.replaying.store(false, Ordering::Release);
     lock(&shared.tools).calls.clear();
-    result
-        .map(|r| (r.modes, r.config_options))
-        .map_err(|e| e.message)
+    result.map(|r| (r.modes, r.config_options))
+}
+
+/// `authenticate` with the configured method, if there is one; whether it succeeded.
+async fn authenticate(
+    connection: &acp::v1::ConnectionTo<acp::Agent>,
+    handshake: &Handshake,
+) -> bool {
+    let Some(method) = &handshake.auth_method else {
+        return false;
+    };
+    match connection
+        .send_request(proto::AuthenticateRequest::new(method.clone()))
+        .block_task()
+        .await
+    {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(method = %method, error = %e.message, "authenticate failed");
+            false
+        }
+    }
 }
 
 /// Ask the agent for another mode, through `session/set_mode` or its mode config option.
@@ -1574,7 +1614,10 @@ async fn start_session(
         },
     ) = Stopper::new();
     let transport = acp::ByteStreams::new(stdin.compat_write(), stdout.compat());
-    let serve_reads = cfg.serve_reads;
+    let handshake = Handshake {
+        serve_reads: cfg.serve_reads,
+        auth_method: cfg.auth_method.clone(),
+    };
     let read_root = shared.clone();
     let write_root = shared.clone();
     let foreground_shared = shared.clone();
@@ -1607,7 +1650,7 @@ async fn start_session(
                 let mut established_tx = established_tx;
                 let setup = tokio::time::timeout(
                     START_TIMEOUT,
-                    establish(&cx, &spec, &foreground_shared, serve_reads),
+                    establish(&cx, &spec, &foreground_shared, &handshake),
                 );
                 let outcome = tokio::select! {
                     outcome = setup => outcome.unwrap_or_else(|_| {

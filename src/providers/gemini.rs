@@ -120,6 +120,10 @@ impl GeminiProvider {
         // `fs/write_text_file`.
         acp.serve_reads = false;
         acp.models = models();
+        // Without a gateway and without an auth type chosen in its settings, Gemini opens
+        // new sessions on the key it finds but refuses to reopen one until told which
+        // credential to use.
+        acp.auth_method = auth_method(&cfg).map(str::to_owned);
         Self {
             cfg,
             acp: AcpProvider::new(acp),
@@ -182,6 +186,19 @@ impl Provider for GeminiProvider {
             handle.insert("created_at".to_owned(), Value::from(created_at));
         }
         Ok((session, info))
+    }
+}
+
+/// The `authenticate` method matching the credential the child will have, if any.
+fn auth_method(cfg: &CliConfig) -> Option<&'static str> {
+    if cfg.var_is_set("GEMINI_API_KEY") || cfg.var_is_set("GOOGLE_API_KEY") {
+        Some("gemini-api-key")
+    } else if cfg.var_is_set("GOOGLE_GENAI_USE_VERTEXAI")
+        || cfg.var_is_set("GOOGLE_APPLICATION_CREDENTIALS")
+    {
+        Some("vertex-ai")
+    } else {
+        None
     }
 }
 

@@ -76,6 +76,7 @@ pub fn mock_provider(agentry_exe: PathBuf) -> AcpProvider {
         ],
         model_flag: None,
         serve_reads: true,
+        auth_method: None,
     })
 }
 

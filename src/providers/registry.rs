@@ -211,6 +211,7 @@ fn acp_config(id: &str, p: &ProviderSettings) -> AcpProviderConfig {
         models: Vec::new(),
         model_flag: None,
         serve_reads: true,
+        auth_method: None,
     }
 }
 
