@@ -169,17 +169,22 @@ fn assistant_text(events: &[SseEvent]) -> String {
         .join("\n")
 }
 
-/// Whether any process still runs with `needle` in its command line.
-fn running_with(needle: &str) -> Vec<i32> {
+/// The live processes whose environment has `HOME=<home>` (the CLIs of one test, and
+/// anything they started).
+fn running_with_home(home: &str) -> Vec<i32> {
+    let wanted = format!("HOME={home}");
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
             continue;
         };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
             continue;
         };
-        if String::from_utf8_lossy(&cmdline).contains(needle) && pid_alive(pid) {
+        let has_home = environ
+            .split(|b| *b == 0)
+            .any(|var| var == wanted.as_bytes());
+        if has_home && pid_alive(pid) {
             found.push(pid);
         }
     }
@@ -598,6 +603,10 @@ async fn no_cli_process_is_left_after_archive_or_server_shutdown() {
     w.fake.push(Reply::text("Two."));
     w.turn(&agent, "second", None).await;
     let pid = w.pid(&agent).await.expect("a live CLI");
+    assert!(
+        running_with_home(&marker).contains(&pid),
+        "the live CLI is found by its HOME"
+    );
     let World { app, .. } = w;
     let (db, _data_dir, _) = app.stop().await;
     assert!(!pid_alive(pid), "the server's stop ended the CLI");
@@ -608,7 +617,7 @@ async fn no_cli_process_is_left_after_archive_or_server_shutdown() {
         .unwrap();
     assert_eq!(left, 0, "the ledger is empty after shutdown");
     // Nothing the CLI started survives it (its environment names this test's home).
-    let survivors: Vec<i32> = running_with(&marker);
+    let survivors = running_with_home(&marker);
     assert!(survivors.is_empty(), "left running: {survivors:?}");
 }
 
