@@ -674,3 +674,72 @@ async fn without_credentials_gemini_is_unavailable_and_creation_is_refused() {
     assert_eq!(refused["code"], "provider_unavailable");
     assert!(refused.to_string().contains("GEMINI_API_KEY"), "{refused}");
 }
+
+async fn put(app: &TestApp, path: &str, body: Value) -> Value {
+    let res = app
+        .client
+        .put(app.url(path))
+        .bearer_auth(&app.token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    expect_status(res, 200).await
+}
+
+#[tokio::test]
+async fn mode_and_model_change_in_a_live_session() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("default").await;
+    w.fake.push(Reply::text("Ready."));
+    let first = w.turn(&agent, "get ready", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+
+    let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
+    let changed = put(
+        &w.app,
+        &format!("/v1/agents/{agent}/mode"),
+        json!({"mode": "autoEdit"}),
+    )
+    .await;
+    assert_eq!(changed["mode"], "autoEdit", "{changed}");
+    let changed = put(
+        &w.app,
+        &format!("/v1/agents/{agent}/model"),
+        json!({"model": "gemini-2.5-pro"}),
+    )
+    .await;
+    assert_eq!(changed["model"], "gemini-2.5-pro", "{changed}");
+
+    // In autoEdit a write needs no approval.
+    let path = path_of(&ws["path"]).join("edited.txt");
+    w.fake.push(Reply::tool(
+        "write_file",
+        json!({"file_path": path, "content": "accepted\n"}),
+    ));
+    w.fake.push(Reply::text("Wrote it."));
+    w.app.prompt(&agent, "write edited.txt").await;
+    let events = stream.until("turn_completed", LONG).await;
+    let k = kinds(&events);
+    assert_eq!(outcome(&events)["outcome"], "completed", "{k:?}");
+    assert_eq!(
+        of_kind(&events, "mode_changed")[0]["mode"],
+        "autoEdit",
+        "{k:?}"
+    );
+    assert_eq!(
+        of_kind(&events, "model_changed")[0]["model"],
+        "gemini-2.5-pro",
+        "{k:?}"
+    );
+    assert!(!k.contains(&"permission_requested"), "{k:?}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "accepted\n");
+    // The model change reached the CLI: its last call asked for the model chosen.
+    let lines = w.fake.request_lines();
+    let last = lines
+        .iter()
+        .rev()
+        .find(|l| l.contains(":streamGenerateContent"))
+        .unwrap();
+    assert!(last.contains("/models/gemini-2.5-pro:"), "{lines:?}");
+}
