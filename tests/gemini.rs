@@ -308,6 +308,9 @@ async fn an_allowed_write_lands_in_the_worktree_and_its_diff() {
     let done = calls.last().expect("the call's end");
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(done["call_id"], request["call_id"]);
+    assert_eq!(done["tool_kind"], "write", "{done}");
+    assert_eq!(done["diff"][0]["change"], "add", "{done}");
+    assert_eq!(done["diff"][0]["new_text"], "hello from gemini\n", "{done}");
     assert_eq!(
         std::fs::read_to_string(&path).unwrap(),
         "hello from gemini\n"

@@ -365,6 +365,7 @@ impl ToolState {
 }
 
 /// An ACP `diff` content item (`path`, `oldText` absent or null for a new file, `newText`).
+/// Gemini sends `oldText: ""` for a new file and says so in `_meta.kind` (`add`).
 fn acp_diff(item: &Value) -> Option<FileDiff> {
     let path = item.get("path")?.as_str()?.to_owned();
     let old_text = item
@@ -375,16 +376,18 @@ fn acp_diff(item: &Value) -> Option<FileDiff> {
         .get("newText")
         .and_then(Value::as_str)
         .map(str::to_owned);
+    let added =
+        old_text.is_none() || item.pointer("/_meta/kind").and_then(Value::as_str) == Some("add");
     Some(FileDiff {
         path,
-        change: if old_text.is_none() {
+        change: if added {
             ChangeKind::Add
         } else {
             ChangeKind::Modify
         },
         move_path: None,
         unified: None,
-        old_text,
+        old_text: if added { None } else { old_text },
         new_text,
     })
 }
@@ -2121,6 +2124,75 @@ mod tests {
                 .get("type")
                 .is_some_and(|t| t == "http")
         );
+    }
+
+    /// What Gemini CLI 0.61.0 sent for an approved `write_file` in `default` mode
+    /// (recorded; workspace paths shortened to `/w`), mapped as the adapter maps it.
+    #[test]
+    fn a_recorded_gemini_write_maps_to_one_call_its_request_and_usage() {
+        const WRITE_ALLOW: &str = include_str!("../../tests/fixtures/gemini/write_allow.jsonl");
+        let mut tools = ToolTracker::default();
+        let mut calls = Vec::new();
+        let mut asked = None;
+        let mut usage = None;
+        for line in WRITE_ALLOW.lines() {
+            let mut message: Value = serde_json::from_str(line).unwrap();
+            match message["method"].as_str() {
+                Some("session/update") => {
+                    let update = message["params"]["update"].as_object_mut().unwrap();
+                    let tag = update["sessionUpdate"].as_str().unwrap().to_owned();
+                    if tag == "tool_call" || tag == "tool_call_update" {
+                        let (call, _) = tools.apply(update, tag == "tool_call").unwrap();
+                        calls.push(call);
+                    }
+                }
+                Some("session/request_permission") => {
+                    let params = &mut message["params"];
+                    let offered = permission_options(params["options"].as_array().unwrap());
+                    let call = params["toolCall"].as_object_mut().unwrap();
+                    // Never announced before: the request creates it.
+                    let (call, changed) = tools.apply(call, false).unwrap();
+                    assert!(changed);
+                    calls.push(call);
+                    asked = Some(offered);
+                }
+                Some(_) => {}
+                None if message["result"].get("stopReason").is_some() => {
+                    usage = prompt_usage(&message["result"]);
+                }
+                None => {}
+            }
+        }
+        let [pending, done] = calls.as_slice() else {
+            panic!("{calls:?}")
+        };
+        assert_eq!(pending.call_id, "write_file__write_file_1796125801389_0");
+        assert_eq!(pending.status, ToolStatus::Pending);
+        assert_eq!(pending.title, "Writing to hello.txt");
+        assert_eq!(done.call_id, pending.call_id);
+        assert_eq!(done.status, ToolStatus::Completed);
+        assert_eq!(done.tool_kind, ToolKind::Write, "a new file is a write");
+        assert_eq!(
+            done.diff,
+            [FileDiff {
+                path: "/w/hello.txt".into(),
+                change: ChangeKind::Add,
+                move_path: None,
+                unified: None,
+                old_text: None,
+                new_text: Some("hello from gemini\n".into()),
+            }]
+        );
+        assert_eq!(done.locations[0].path, "/w/hello.txt");
+        let offered = asked.expect("a permission request");
+        let ids: Vec<&str> = offered.iter().map(|(o, _)| o.id.as_str()).collect();
+        assert_eq!(ids, ["allow_always", "allow", "deny"]);
+        assert_eq!(
+            provider_option(&offered, "allow", Behavior::Allow).as_deref(),
+            Some("proceed_once")
+        );
+        let usage = usage.expect("usage");
+        assert_eq!((usage.input_tokens, usage.output_tokens), (240, 30));
     }
 
     #[test]
