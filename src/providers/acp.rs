@@ -986,6 +986,11 @@ fn resolve_inside(root: &Path, path: &Path) -> Result<PathBuf, acp::Error> {
     let resolved = loop {
         match std::fs::canonicalize(existing) {
             Ok(canonical) => break canonical,
+            // There but unresolvable: a dangling symlink, which a write would follow
+            // wherever it points.
+            Err(_) if std::fs::symlink_metadata(existing).is_ok() => {
+                return Err(outside_error(path));
+            }
             Err(_) => {
                 let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else {
                     return Err(outside_error(path));
@@ -2083,6 +2088,22 @@ mod tests {
         assert!(resolve_inside(&root, &root.join("new/file.txt")).is_ok());
         assert!(resolve_inside(&root, &root.join("../escape.txt")).is_err());
         assert!(resolve_inside(&root, Path::new("/etc/passwd")).is_err());
+
+        // Symlinks that lead out are refused, dangling ones included.
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.join("out")).unwrap();
+        assert!(resolve_inside(&root, &root.join("out/new.txt")).is_err());
+        std::os::unix::fs::symlink(outside.path().join("later.txt"), root.join("dangling"))
+            .unwrap();
+        assert!(resolve_inside(&root, &root.join("dangling")).is_err());
+        assert!(resolve_inside(&root, Path::new("dangling")).is_err());
+        // One that stays inside is fine.
+        std::fs::create_dir_all(root.join("real")).unwrap();
+        std::os::unix::fs::symlink(root.join("real"), root.join("alias")).unwrap();
+        assert_eq!(
+            resolve_inside(&root, &root.join("alias/f.txt")).unwrap(),
+            root.join("real/f.txt")
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
