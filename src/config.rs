@@ -759,15 +759,16 @@ const NOT_SETTINGS: [&str; 7] = [
 
 /// The providers this server implements without `extends`, with the keys each one uses.
 /// A provider id that is not here needs `extends = "acp"` (or another built-in's id).
-const BUILT_IN_PROVIDERS: [(&str, &[&str]); 4] = [
+const BUILT_IN_PROVIDERS: [(&str, &[&str]); 5] = [
     ("mock", &["enabled", "command"]),
     ("claude", &CLI_PROVIDER_KEYS),
     ("codex", &CLI_PROVIDER_KEYS),
     ("copilot", &CLI_PROVIDER_KEYS),
+    ("gemini", &CLI_PROVIDER_KEYS),
 ];
 
 /// The built-ins a table can extend (`extends = "claude"` makes a second Claude profile).
-const EXTENDABLE: [&str; 4] = ["acp", "claude", "codex", "copilot"];
+const EXTENDABLE: [&str; 5] = ["acp", "claude", "codex", "copilot", "gemini"];
 
 /// The keys a built-in CLI provider's table may carry.
 const CLI_PROVIDER_KEYS: [&str; 8] = [
@@ -782,7 +783,7 @@ const CLI_PROVIDER_KEYS: [&str; 8] = [
 ];
 
 /// Built-in provider ids that the contract names but this server does not implement yet.
-const PLANNED_PROVIDERS: [&str; 3] = ["opencode", "gemini", "pi"];
+const PLANNED_PROVIDERS: [&str; 2] = ["opencode", "pi"];
 
 /// The keys a provider table with `extends = "acp"` may carry (all of them are used).
 const ACP_PROVIDER_KEYS: [&str; 9] = [
@@ -1097,8 +1098,8 @@ mod tests {
     #[test]
     fn provider_tables_the_server_would_not_use_are_refused() {
         // A provider the contract names but this server does not implement yet.
-        let e = refused("[providers.gemini]\ncommand = [\"gemini\"]\n", &[]);
-        assert_eq!(e.setting, "providers.gemini");
+        let e = refused("[providers.pi]\ncommand = [\"pi\"]\n", &[]);
+        assert_eq!(e.setting, "providers.pi");
         assert!(e.message.contains("not implemented"), "{e}");
         // An id that is no provider at all, without `extends`.
         let e = refused("[providers.my-agent]\ncommand = [\"my-agent\"]\n", &[]);
@@ -1277,6 +1278,25 @@ mod tests {
         assert_eq!(e.setting, "log.otlp_endpoint");
         let e = Settings::load_from(None, &env(&[("AGENTRY_EVENTS____X", "1")])).unwrap_err();
         assert_eq!(e.setting, "AGENTRY_EVENTS____X");
+    }
+
+    #[test]
+    fn a_gemini_table_configures_the_built_in_and_can_be_extended() {
+        let (_dir, path) = file(
+            "[providers.gemini]\ncommand = [\"/opt/gemini\"]\nenv = { GEMINI_API_KEY = \"k\" }\n\
+             [providers.gemini-gateway]\nextends = \"gemini\"\nlabel = \"Gemini via gateway\"\n",
+        );
+        let s = Settings::load_from(Some(&path), &[]).unwrap();
+        assert_eq!(
+            s.providers["gemini"].command.as_deref(),
+            Some(&["/opt/gemini".to_owned()][..])
+        );
+        assert_eq!(
+            s.providers["gemini-gateway"].extends.as_deref(),
+            Some("gemini")
+        );
+        let e = refused("[providers.gemini]\nextends = \"acp\"\n", &[]);
+        assert_eq!(e.setting, "providers.gemini.extends");
     }
 
     #[test]

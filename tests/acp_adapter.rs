@@ -190,6 +190,9 @@ async fn provider_reports_itself_and_its_availability() {
         modes: Vec::new(),
         default_mode: None,
         models: Vec::new(),
+        model_flag: None,
+        serve_reads: true,
+        auth_method: None,
     });
     match missing.availability().await {
         Availability::Unavailable(reason) => {
@@ -720,6 +723,9 @@ fn scripted(script: &str) -> AcpProvider {
         modes: Vec::new(),
         default_mode: None,
         models: Vec::new(),
+        model_flag: None,
+        serve_reads: true,
+        auth_method: None,
     })
 }
 
@@ -806,15 +812,13 @@ async fn real_agent_wire_habits_are_mapped() {
                     .collect();
                 assert_eq!(
                     options,
-                    [
-                        ("proceed_once", Behavior::Allow),
-                        ("cancel", Behavior::Deny)
-                    ]
+                    [("allow", Behavior::Allow), ("deny", Behavior::Deny)]
                 );
                 request
                     .reply
                     .send(PermissionDecision::Selected {
-                        option_id: "proceed_once".into(),
+                        // agentry's id; the agent hears its own (`proceed_once`).
+                        option_id: "allow".into(),
                         behavior: Behavior::Allow,
                         message: None,
                         updated_input: None,
@@ -969,4 +973,93 @@ async fn an_agent_outrunning_its_consumer_blocks_on_its_pipe_and_loses_nothing()
     }
     assert_eq!(flood_progress(dir.path()), FLOOD);
     agent.close().await;
+}
+
+/// An agent that behaves like Gemini CLI reopening a session: `session/load` needs an
+/// `authenticate` first (answering -32000 until then), and the history it replays arrives
+/// partly after its answer.
+const LATE_REPLAY_AGENT: &str = r#"
+emit() { printf '%s\n' "$1"; }
+upd() { emit "{\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{\"sessionId\":\"s1\",\"update\":$1}}"; }
+authed=no
+while IFS= read -r line; do
+  id=$(printf '%s' "$line" | sed -n -e 's/.*"id":\([0-9][0-9]*\).*/\1/p' -e 's/.*"id":\("[^"]*"\).*/\1/p')
+  case "$line" in
+  *'"method":"initialize"'*)
+    emit "{\"jsonrpc\":\"2.0\",\"id\":$id,\"result\":{\"protocolVersion\":1,\"agentCapabilities\":{\"loadSession\":true}}}" ;;
+  *'"method":"authenticate"'*)
+    case "$line" in *'"methodId":"gemini-api-key"'*) authed=yes ;; esac
+    emit "{\"jsonrpc\":\"2.0\",\"id\":$id,\"result\":{}}" ;;
+  *'"method":"session/new"'*)
+    emit "{\"jsonrpc\":\"2.0\",\"id\":$id,\"result\":{\"sessionId\":\"s2\"}}" ;;
+  *'"method":"session/load"'*)
+    if [ "$authed" != yes ]; then
+      emit "{\"jsonrpc\":\"2.0\",\"id\":$id,\"error\":{\"code\":-32000,\"message\":\"Authentication required.\"}}"
+      continue
+    fi
+    upd '{"sessionUpdate":"user_message_chunk","content":{"type":"text","text":"old question"}}'
+    emit "{\"jsonrpc\":\"2.0\",\"id\":$id,\"result\":{}}"
+    sleep 0.05
+    upd '{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"old answer"}}'
+    sleep 0.05
+    upd '{"sessionUpdate":"tool_call","toolCallId":"old","title":"old tool","kind":"read","status":"completed"}' ;;
+  *'"method":"session/prompt"'*)
+    upd '{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"new answer"}}'
+    emit "{\"jsonrpc\":\"2.0\",\"id\":$id,\"result\":{\"stopReason\":\"end_turn\"}}" ;;
+  esac
+done
+"#;
+
+#[tokio::test]
+async fn a_reopen_that_needs_authentication_and_replays_late_keeps_only_new_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = scripted(LATE_REPLAY_AGENT).config().clone();
+    config.auth_method = Some("gemini-api-key".to_owned());
+    let (tx, events) = mpsc::channel(1024);
+    let (session, info) = AcpProvider::new(config)
+        .start(
+            SessionSpec {
+                resume: Some(json!({ "session_id": "s1" })),
+                ..spec(&dir)
+            },
+            Arc::new(TestLauncher),
+            tx,
+        )
+        .await
+        .expect("the agent starts");
+    let mut agent = Agent {
+        session: Some(session),
+        info,
+        events,
+    };
+    assert!(agent.info.resumed, "reopened after authenticating");
+    agent.prompt("go").await;
+    let turn = agent.turn().await;
+    completed(&turn);
+    assert_eq!(turn.text(), "new answer");
+    assert!(turn.tools.is_empty(), "{:?}", turn.tools);
+    agent.close().await;
+
+    // Without a method to authenticate with, the session cannot be reopened: a new one
+    // starts, and the timeline says why.
+    let (tx, mut events) = mpsc::channel(1024);
+    let (session, info) = scripted(LATE_REPLAY_AGENT)
+        .start(
+            SessionSpec {
+                resume: Some(json!({ "session_id": "s1" })),
+                ..spec(&dir)
+            },
+            Arc::new(TestLauncher),
+            tx,
+        )
+        .await
+        .expect("the agent starts");
+    assert!(!info.resumed);
+    match events.recv().await {
+        Some(ProviderEvent::Error { code, .. }) => {
+            assert_eq!(code.as_deref(), Some("resume_failed"))
+        }
+        other => panic!("expected resume_failed, got {other:?}"),
+    }
+    session.close().await;
 }

@@ -275,8 +275,8 @@ async fn an_approved_create_lands_in_the_worktree_and_its_diff() {
         .iter()
         .map(|o| o["id"].as_str().unwrap())
         .collect();
-    assert!(options.contains(&"allow_once"), "{request}");
-    assert!(options.contains(&"reject_once"), "{request}");
+    // agentry's own option ids, chosen by kind; Copilot's stay inside the adapter.
+    assert_eq!(options, ["allow", "allow_always", "deny"], "{request}");
     let pending = of_kind(&before, "tool_call");
     assert_eq!(pending[0]["tool_kind"], "edit", "{}", pending[0]);
     assert_eq!(pending[0]["diff"][0]["new_text"], "hello from copilot\n");

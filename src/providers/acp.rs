@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::path::{Component, Path, PathBuf};
 use std::process::ExitStatus;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -52,10 +52,16 @@ pub use presets::ModePreset;
 
 /// How long the agent may take to initialize and open its session.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
-/// After the process exits, how long its remaining output may take to be read.
-const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
+/// After the process exits, how long its remaining output may take to be read (a member
+/// of its group still holding the pipe, as codex-acp's do, must not delay the failure of
+/// the turn; what the leader wrote before it died is in the pipe already).
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(500);
 /// After the connection ends, how long the process may take to exit on its own.
 const EXIT_AFTER_EOF: Duration = Duration::from_millis(500);
+/// After `session/load` answers, how long the agent must send no update for its history
+/// replay to count as over, and the longest that wait may take.
+const REPLAY_QUIET: Duration = Duration::from_millis(200);
+const REPLAY_SETTLE_MAX: Duration = Duration::from_secs(5);
 /// `session/update` notifications read from the agent and not yet handed to the event
 /// sink; at this many, its stdout is not read until the sink takes some (see `gate`).
 const UPDATES_IN_FLIGHT: usize = 1024;
@@ -75,6 +81,17 @@ pub struct AcpProviderConfig {
     pub default_mode: Option<String>,
     /// Models known without starting the agent (served by `GET /v1/providers/{id}/models`).
     pub models: Vec<ModelInfo>,
+    /// The flag that starts the agent on a model (`--model`), for agents that report no
+    /// model config option: a session's model is then passed as `<flag> <model>`.
+    pub model_flag: Option<String>,
+    /// Offer the agent `fs/read_text_file` (writes are always offered, inside the
+    /// workspace). Off for an agent that cannot tell a missing file from a failed read in
+    /// a client's answer (Gemini): it then reads files itself.
+    pub serve_reads: bool,
+    /// The `authenticate` method to try, once, when the agent answers that authentication
+    /// is required to open or reopen a session (Gemini wants one to reopen a session when
+    /// its credential is a plain API key).
+    pub auth_method: Option<String>,
 }
 
 impl AcpProviderConfig {
@@ -93,6 +110,9 @@ impl AcpProviderConfig {
             modes: cfg.modes,
             default_mode: cfg.default_mode,
             models: Vec::new(),
+            model_flag: None,
+            serve_reads: true,
+            auth_method: None,
         }
     }
 }
@@ -178,8 +198,11 @@ struct Shared {
     events: Emitter,
     /// The session's workspace, canonical; file requests must stay inside it.
     root: PathBuf,
-    /// `session/load` is replaying history: drop every update until it answers.
+    /// `session/load` is replaying history: drop every update until it answers and the
+    /// agent has gone quiet (see `load_session`).
     replaying: AtomicBool,
+    /// `session/update` notifications received so far, replayed ones included.
+    updates_seen: AtomicU64,
     /// The session is being set up: mode and model changes go into `SessionInfo` rather
     /// than out as events.
     starting: AtomicBool,
@@ -397,6 +420,7 @@ impl ToolState {
 }
 
 /// An ACP `diff` content item (`path`, `oldText` absent or null for a new file, `newText`).
+/// Gemini sends `oldText: ""` for a new file and says so in `_meta.kind` (`add`).
 fn acp_diff(item: &Value) -> Option<FileDiff> {
     let path = item.get("path")?.as_str()?.to_owned();
     let old_text = item
@@ -407,16 +431,18 @@ fn acp_diff(item: &Value) -> Option<FileDiff> {
         .get("newText")
         .and_then(Value::as_str)
         .map(str::to_owned);
+    let added =
+        old_text.is_none() || item.pointer("/_meta/kind").and_then(Value::as_str) == Some("add");
     Some(FileDiff {
         path,
-        change: if old_text.is_none() {
+        change: if added {
             ChangeKind::Add
         } else {
             ChangeKind::Modify
         },
         move_path: None,
         unified: None,
-        old_text,
+        old_text: if added { None } else { old_text },
         new_text,
     })
 }
@@ -620,6 +646,7 @@ impl HandleDispatchFrom<acp::Agent> for InboundHandler {
                 // Its event is in the sink (or dropped) once this returns: the gate may
                 // read another update.
                 let _handled = gate::UpdateHandled(&self.shared.update_credits);
+                self.shared.updates_seen.fetch_add(1, Ordering::AcqRel);
                 let (_, params) = notification.into_parts();
                 self.on_session_update(params).await;
                 Ok(Handled::Yes)
@@ -788,10 +815,10 @@ impl InboundHandler {
             let _ = responder.respond(permission_outcome(None));
             return;
         }
-        let options: Vec<PermissionOption> = params
+        let offered = params
             .get("options")
             .and_then(Value::as_array)
-            .map(|options| options.iter().filter_map(permission_option).collect())
+            .map(|options| permission_options(options))
             .unwrap_or_default();
         let mut call = match params.get_mut("toolCall").map(Value::take) {
             Some(Value::Object(call)) => call,
@@ -821,7 +848,7 @@ impl InboundHandler {
                     .await;
             }
         }
-        if options.is_empty() {
+        if offered.is_empty() {
             tracing::warn!("permission request without usable options; answering cancelled");
             let _ = responder.respond(permission_outcome(None));
             return;
@@ -838,7 +865,7 @@ impl InboundHandler {
                 title: title.unwrap_or_else(|| "Permission requested".to_owned()),
                 call_id,
                 input,
-                options,
+                options: offered.iter().map(|(option, _)| option.clone()).collect(),
                 reply,
             }))
             .await;
@@ -847,7 +874,9 @@ impl InboundHandler {
         let waiting = async move {
             let chosen = tokio::select! {
                 decision = decision => match decision {
-                    Ok(PermissionDecision::Selected { option_id, .. }) => Some(option_id),
+                    Ok(PermissionDecision::Selected { option_id, behavior, .. }) => {
+                        provider_option(&offered, &option_id, behavior)
+                    }
                     Ok(PermissionDecision::Cancelled) | Err(_) => None,
                 },
                 _ = epoch.wait_for(|now| *now != asked_at) => None,
@@ -904,38 +933,80 @@ fn take_text_chunk(update: &mut Map<String, Value>) -> Option<String> {
     }
 }
 
-fn permission_option(option: &Value) -> Option<PermissionOption> {
-    let id = option.get("optionId").and_then(id_string)?;
-    let label = option
-        .get("name")
-        .and_then(Value::as_str)
-        .unwrap_or(&id)
-        .to_owned();
-    let kind = option
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let behavior = if kind.starts_with("allow") {
-        Behavior::Allow
-    } else if kind.starts_with("reject") {
-        Behavior::Deny
-    } else {
-        // Unknown kinds: judge by the words agents use for refusing.
-        let words = format!("{id} {label}").to_ascii_lowercase();
-        if ["reject", "deny", "cancel", "abort", "no"]
-            .iter()
-            .any(|w| words.split(|c: char| !c.is_alphanumeric()).any(|t| t == *w))
-        {
-            Behavior::Deny
-        } else {
-            Behavior::Allow
+/// The options of a permission request as agentry shows them, each with the agent's own
+/// option id. Agents name their options differently (`proceed_once`, `allow_once`,
+/// `approved`, `once`…); what they mean is in the option's `kind`, so agentry's ids come
+/// from it: `allow`, `allow_always`, `deny`, `deny_always` (a second option of the same
+/// meaning gets `_2`, …). An option without a known kind is judged by its words.
+fn permission_options(options: &[Value]) -> Vec<(PermissionOption, String)> {
+    let mut out: Vec<(PermissionOption, String)> = Vec::new();
+    for option in options {
+        let Some(provider_id) = option.get("optionId").and_then(id_string) else {
+            continue;
+        };
+        let label = option
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or(&provider_id)
+            .to_owned();
+        let kind = option
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let (base, behavior) = match kind {
+            "allow_once" => ("allow", Behavior::Allow),
+            "allow_always" => ("allow_always", Behavior::Allow),
+            "reject_once" => ("deny", Behavior::Deny),
+            "reject_always" => ("deny_always", Behavior::Deny),
+            _ => {
+                // Unknown kinds: judge by the words agents use for refusing.
+                let words = format!("{provider_id} {label}").to_ascii_lowercase();
+                if ["reject", "deny", "cancel", "abort", "no"]
+                    .iter()
+                    .any(|w| words.split(|c: char| !c.is_alphanumeric()).any(|t| t == *w))
+                {
+                    ("deny", Behavior::Deny)
+                } else {
+                    ("allow", Behavior::Allow)
+                }
+            }
+        };
+        let mut id = base.to_owned();
+        let mut n = 1;
+        while out.iter().any(|(o, _)| o.id == id) {
+            n += 1;
+            id = format!("{base}_{n}");
         }
-    };
-    Some(PermissionOption {
-        id,
-        label,
-        behavior,
-    })
+        out.push((
+            PermissionOption {
+                id,
+                label,
+                behavior,
+            },
+            provider_id,
+        ));
+    }
+    out
+}
+
+/// The agent's option id for a person's choice: the option with agentry's id `chosen`
+/// (or, for a client that sent the agent's own id, that one), else the first option of
+/// the chosen behavior.
+fn provider_option(
+    offered: &[(PermissionOption, String)],
+    chosen: &str,
+    behavior: Behavior,
+) -> Option<String> {
+    offered
+        .iter()
+        .find(|(option, _)| option.id == chosen)
+        .or_else(|| offered.iter().find(|(_, provider)| provider == chosen))
+        .or_else(|| {
+            offered
+                .iter()
+                .find(|(option, _)| option.behavior == behavior)
+        })
+        .map(|(_, provider)| provider.clone())
 }
 
 fn permission_outcome(option_id: Option<String>) -> Value {
@@ -981,6 +1052,11 @@ fn resolve_inside(root: &Path, path: &Path) -> Result<PathBuf, acp::Error> {
     let resolved = loop {
         match std::fs::canonicalize(existing) {
             Ok(canonical) => break canonical,
+            // There but unresolvable: a dangling symlink, which a write would follow
+            // wherever it points.
+            Err(_) if std::fs::symlink_metadata(existing).is_ok() => {
+                return Err(outside_error(path));
+            }
             Err(_) => {
                 let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else {
                     return Err(outside_error(path));
@@ -1043,6 +1119,12 @@ async fn write_text_file(
 // ---------------------------------------------------------------------------------------
 // Starting a session
 // ---------------------------------------------------------------------------------------
+
+/// What the handshake offers and may do, from the provider's configuration.
+struct Handshake {
+    serve_reads: bool,
+    auth_method: Option<String>,
+}
 
 /// What the handshake established.
 struct Established {
@@ -1167,14 +1249,16 @@ async fn establish(
     connection: &acp::v1::ConnectionTo<acp::Agent>,
     spec: &SessionSpec,
     shared: &Arc<Shared>,
+    handshake: &Handshake,
 ) -> Result<Established, ProviderError> {
+    let serve_reads = handshake.serve_reads;
     let init = connection
         .send_request(
             proto::InitializeRequest::new(acp::schema::ProtocolVersion::V1)
                 .client_capabilities(
                     proto::ClientCapabilities::new()
                         .fs(proto::FileSystemCapabilities::new()
-                            .read_text_file(true)
+                            .read_text_file(serve_reads)
                             .write_text_file(true))
                         .terminal(false),
                 )
@@ -1214,7 +1298,15 @@ async fn establish(
     )> = None;
     if let Some(id) = resume_id {
         let attempt = if caps.load_session {
-            load_session(connection, shared, &id, spec, &servers, &system_prompt).await
+            let mut loaded =
+                load_session(connection, shared, &id, spec, &servers, &system_prompt).await;
+            if matches!(&loaded, Err(e) if e.code == acp::ErrorCode::AUTH_REQUIRED)
+                && authenticate(connection, handshake).await
+            {
+                loaded =
+                    load_session(connection, shared, &id, spec, &servers, &system_prompt).await;
+            }
+            loaded.map_err(|e| e.message)
         } else if caps.session_capabilities.resume.is_some() {
             let request = proto::ResumeSessionRequest::new(id.clone(), spec.cwd.clone())
                 .mcp_servers(servers.clone())
@@ -1251,15 +1343,16 @@ async fn establish(
     let (session_id, modes, options) = match opened {
         Some(opened) => opened,
         None => {
-            let response = connection
-                .send_request(
-                    proto::NewSessionRequest::new(spec.cwd.clone())
-                        .mcp_servers(servers)
-                        .system_prompt(system_prompt),
-                )
-                .block_task()
-                .await
-                .map_err(|e| request_error("session/new failed", &e))?;
+            let request = proto::NewSessionRequest::new(spec.cwd.clone())
+                .mcp_servers(servers)
+                .system_prompt(system_prompt);
+            let mut created = connection.send_request(request.clone()).block_task().await;
+            if matches!(&created, Err(e) if e.code == acp::ErrorCode::AUTH_REQUIRED)
+                && authenticate(connection, handshake).await
+            {
+                created = connection.send_request(request).block_task().await;
+            }
+            let response = created.map_err(|e| request_error("session/new failed", &e))?;
             (
                 response.session_id.to_string(),
                 response.modes,
@@ -1291,7 +1384,7 @@ async fn establish(
         let option = lock(&shared.config).model_option.clone();
         let result = match option {
             Some(option) => change_model(connection, shared, &session_id, &option, model).await,
-            None => Err(ProviderError::Unsupported("changing the model")),
+            None => set_model_request(connection, shared, &session_id, model).await,
         };
         if let Err(e) = result {
             shared
@@ -1324,18 +1417,15 @@ async fn load_session(
     spec: &SessionSpec,
     servers: &[proto::McpServer],
     system_prompt: &Option<proto::SystemPrompt>,
-) -> Result<Reopened, String> {
+) -> Result<Reopened, acp::Error> {
     let request = proto::LoadSessionRequest::new(id.to_owned(), spec.cwd.clone())
         .mcp_servers(servers.to_vec())
         .system_prompt(system_prompt.clone());
     let (answered, answer) = oneshot::channel();
     shared.replaying.store(true, Ordering::Release);
-    let replay_flag = shared.clone();
-    // An ordered callback: the flag drops exactly where the answer sits in the stream.
     let sent = connection
         .prepare_request(request)
         .on_receiving_result(move |result| async move {
-            replay_flag.replaying.store(false, Ordering::Release);
             let _ = answered.send(result);
             Ok(())
         });
@@ -1345,11 +1435,45 @@ async fn load_session(
             .unwrap_or_else(|_| Err(acp::Error::internal_error())),
         Err(e) => Err(e),
     };
+    // Some agents (Gemini) answer first and replay the history after the answer: the
+    // replay is over once the agent has been quiet for a moment. No prompt can be sent
+    // before the session is handed out, so nothing live is dropped.
+    if result.is_ok() {
+        let settle = async {
+            loop {
+                let seen = shared.updates_seen.load(Ordering::Acquire);
+                tokio::time::sleep(REPLAY_QUIET).await;
+                if shared.updates_seen.load(Ordering::Acquire) == seen {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(REPLAY_SETTLE_MAX, settle).await;
+    }
     shared.replaying.store(false, Ordering::Release);
     lock(&shared.tools).calls.clear();
-    result
-        .map(|r| (r.modes, r.config_options))
-        .map_err(|e| e.message)
+    result.map(|r| (r.modes, r.config_options))
+}
+
+/// `authenticate` with the configured method, if there is one; whether it succeeded.
+async fn authenticate(
+    connection: &acp::v1::ConnectionTo<acp::Agent>,
+    handshake: &Handshake,
+) -> bool {
+    let Some(method) = &handshake.auth_method else {
+        return false;
+    };
+    match connection
+        .send_request(proto::AuthenticateRequest::new(method.clone()))
+        .block_task()
+        .await
+    {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(method = %method, error = %e.message, "authenticate failed");
+            false
+        }
+    }
 }
 
 /// Ask the agent for another mode, through `session/set_mode` or its mode config option.
@@ -1491,6 +1615,39 @@ async fn change_model(
     Ok(())
 }
 
+/// `session/set_model`, outside the current schema but still answered by agents that
+/// report no model config option (Gemini).
+async fn set_model_request(
+    connection: &acp::v1::ConnectionTo<acp::Agent>,
+    shared: &Shared,
+    session_id: &str,
+    model: &str,
+) -> Result<(), ProviderError> {
+    let request = UntypedMessage::new(
+        "session/set_model",
+        json!({"sessionId": session_id, "modelId": model}),
+    )
+    .map_err(|e| ProviderError::Protocol(e.message))?;
+    connection
+        .send_request(request)
+        .block_task()
+        .await
+        .map_err(|e| {
+            if e.code == acp::ErrorCode::METHOD_NOT_FOUND {
+                ProviderError::Unsupported("changing the model")
+            } else {
+                request_error("session/set_model failed", &e)
+            }
+        })?;
+    lock(&shared.config).current_model = Some(model.to_owned());
+    shared
+        .report_change(ProviderEvent::ModelChanged {
+            model: model.to_owned(),
+        })
+        .await;
+    Ok(())
+}
+
 async fn start_session(
     cfg: &AcpProviderConfig,
     presets: Arc<[ModePreset]>,
@@ -1503,10 +1660,19 @@ async fn start_session(
             "no command is configured".to_owned(),
         ));
     };
+    let mut args = args.to_vec();
+    let flagged_model = match (&cfg.model_flag, &spec.model) {
+        (Some(flag), Some(model)) => {
+            args.push(flag.clone());
+            args.push(model.clone());
+            Some(model.clone())
+        }
+        _ => None,
+    };
     let mut child = launcher
         .launch(CommandSpec {
             program: program.clone(),
-            args: args.to_vec(),
+            args,
             cwd: spec.cwd.clone(),
             env: cfg.env.clone(),
             pass_env: cfg.pass_env.clone(),
@@ -1528,10 +1694,13 @@ async fn start_session(
         events: Emitter::new(events),
         root: std::fs::canonicalize(&spec.cwd).unwrap_or_else(|_| spec.cwd.clone()),
         replaying: AtomicBool::new(false),
+        updates_seen: AtomicU64::new(0),
         starting: AtomicBool::new(true),
         tools: Mutex::new(ToolTracker::default()),
         config: Mutex::new(ConfigState {
             presets,
+            // Started on it: no need to ask for it again.
+            current_model: flagged_model,
             ..ConfigState::default()
         }),
         permission_epoch: watch::channel(0).0,
@@ -1551,6 +1720,10 @@ async fn start_session(
         },
     ) = Stopper::new();
     let transport = acp::ByteStreams::new(stdin.compat_write(), stdout.compat());
+    let handshake = Handshake {
+        serve_reads: cfg.serve_reads,
+        auth_method: cfg.auth_method.clone(),
+    };
     let read_root = shared.clone();
     let write_root = shared.clone();
     let foreground_shared = shared.clone();
@@ -1581,8 +1754,10 @@ async fn start_session(
             )
             .connect_with(transport, async move |cx| {
                 let mut established_tx = established_tx;
-                let setup =
-                    tokio::time::timeout(START_TIMEOUT, establish(&cx, &spec, &foreground_shared));
+                let setup = tokio::time::timeout(
+                    START_TIMEOUT,
+                    establish(&cx, &spec, &foreground_shared, &handshake),
+                );
                 let outcome = tokio::select! {
                     outcome = setup => outcome.unwrap_or_else(|_| {
                         Err(ProviderError::Protocol(format!(
@@ -1731,8 +1906,21 @@ impl AcpSession {
     }
 }
 
-/// The usage an agent put in its `session/prompt` answer (Copilot, OpenCode).
+/// The usage an agent put in its `session/prompt` answer: `usage` (Copilot, OpenCode) or
+/// `_meta.quota.token_count` (Gemini, the turn's sum over its model calls).
 fn prompt_usage(response: &Value) -> Option<Usage> {
+    if let Some(count) = response
+        .pointer("/_meta/quota/token_count")
+        .and_then(Value::as_object)
+        && response.get("usage").is_none()
+    {
+        let number = |key: &str| count.get(key).and_then(Value::as_u64).unwrap_or(0);
+        return Some(Usage {
+            input_tokens: number("input_tokens"),
+            output_tokens: number("output_tokens"),
+            ..Usage::default()
+        });
+    }
     let usage = response.get("usage")?.as_object()?;
     let number = |key: &str| usage.get(key).and_then(Value::as_u64).unwrap_or(0);
     Some(Usage {
@@ -1847,7 +2035,8 @@ impl ProviderSession for AcpSession {
     async fn set_model(&mut self, model: &str) -> Result<(), ProviderError> {
         let option = lock(&self.shared.config).model_option.clone();
         let Some(option) = option else {
-            return Err(ProviderError::Unsupported("changing the model"));
+            return set_model_request(&self.connection, &self.shared, &self.session_id, model)
+                .await;
         };
         change_model(
             &self.connection,
@@ -1941,18 +2130,52 @@ mod tests {
     }
 
     #[test]
-    fn option_kinds_map_to_behaviors() {
-        let allow = permission_option(
-            &json!({"optionId": "proceed_once", "name": "Yes", "kind": "allow_once"}),
-        )
-        .unwrap();
-        assert_eq!(allow.behavior, Behavior::Allow);
-        let deny =
-            permission_option(&json!({"optionId": "cancel", "name": "No", "kind": "reject_once"}))
-                .unwrap();
-        assert_eq!(deny.behavior, Behavior::Deny);
-        let odd = permission_option(&json!({"optionId": "abort", "name": "Abort"})).unwrap();
-        assert_eq!(odd.behavior, Behavior::Deny);
+    fn options_get_agentry_ids_by_kind_and_answer_with_the_agents_ids() {
+        // Gemini's, codex-acp's and an agent's without kinds.
+        let gemini = permission_options(&[
+            json!({"optionId": "proceed_always", "name": "Always", "kind": "allow_always"}),
+            json!({"optionId": "proceed_once", "name": "Yes", "kind": "allow_once"}),
+            json!({"optionId": "cancel", "name": "No", "kind": "reject_once"}),
+        ]);
+        let shown: Vec<(&str, Behavior)> = gemini
+            .iter()
+            .map(|(o, _)| (o.id.as_str(), o.behavior))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("allow_always", Behavior::Allow),
+                ("allow", Behavior::Allow),
+                ("deny", Behavior::Deny)
+            ]
+        );
+        let answer = |chosen: &str, behavior| provider_option(&gemini, chosen, behavior);
+        assert_eq!(
+            answer("allow", Behavior::Allow).as_deref(),
+            Some("proceed_once")
+        );
+        assert_eq!(answer("deny", Behavior::Deny).as_deref(), Some("cancel"));
+        assert_eq!(
+            answer("proceed_always", Behavior::Allow).as_deref(),
+            Some("proceed_always")
+        );
+        assert_eq!(
+            answer("nonsense", Behavior::Deny).as_deref(),
+            Some("cancel")
+        );
+
+        let codex = permission_options(&[
+            json!({"optionId": "approved", "name": "Yes", "kind": "allow_once"}),
+            json!({"optionId": "approved-for-session", "name": "Yes, this session", "kind": "allow_once"}),
+            json!({"optionId": "abort", "name": "No"}),
+        ]);
+        let ids: Vec<&str> = codex.iter().map(|(o, _)| o.id.as_str()).collect();
+        assert_eq!(ids, ["allow", "allow_2", "deny"]);
+        assert_eq!(codex[2].0.behavior, Behavior::Deny);
+        assert_eq!(
+            provider_option(&codex, "allow_2", Behavior::Allow).as_deref(),
+            Some("approved-for-session")
+        );
     }
 
     #[test]
@@ -1963,6 +2186,22 @@ mod tests {
         assert!(resolve_inside(&root, &root.join("new/file.txt")).is_ok());
         assert!(resolve_inside(&root, &root.join("../escape.txt")).is_err());
         assert!(resolve_inside(&root, Path::new("/etc/passwd")).is_err());
+
+        // Symlinks that lead out are refused, dangling ones included.
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.join("out")).unwrap();
+        assert!(resolve_inside(&root, &root.join("out/new.txt")).is_err());
+        std::os::unix::fs::symlink(outside.path().join("later.txt"), root.join("dangling"))
+            .unwrap();
+        assert!(resolve_inside(&root, &root.join("dangling")).is_err());
+        assert!(resolve_inside(&root, Path::new("dangling")).is_err());
+        // One that stays inside is fine.
+        std::fs::create_dir_all(root.join("real")).unwrap();
+        std::os::unix::fs::symlink(root.join("real"), root.join("alias")).unwrap();
+        assert_eq!(
+            resolve_inside(&root, &root.join("alias/f.txt")).unwrap(),
+            root.join("real/f.txt")
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -2004,6 +2243,87 @@ mod tests {
                 .get("type")
                 .is_some_and(|t| t == "http")
         );
+    }
+
+    /// What Gemini CLI 0.61.0 sent for an approved `write_file` in `default` mode
+    /// (recorded; workspace paths shortened to `/w`), mapped as the adapter maps it.
+    #[test]
+    fn a_recorded_gemini_write_maps_to_one_call_its_request_and_usage() {
+        const WRITE_ALLOW: &str = include_str!("../../tests/fixtures/gemini/write_allow.jsonl");
+        let mut tools = ToolTracker::default();
+        let mut calls = Vec::new();
+        let mut asked = None;
+        let mut usage = None;
+        for line in WRITE_ALLOW.lines() {
+            let mut message: Value = serde_json::from_str(line).unwrap();
+            match message["method"].as_str() {
+                Some("session/update") => {
+                    let update = message["params"]["update"].as_object_mut().unwrap();
+                    let tag = update["sessionUpdate"].as_str().unwrap().to_owned();
+                    if tag == "tool_call" || tag == "tool_call_update" {
+                        let (call, _) = tools.apply(update, tag == "tool_call").unwrap();
+                        calls.push(call);
+                    }
+                }
+                Some("session/request_permission") => {
+                    let params = &mut message["params"];
+                    let offered = permission_options(params["options"].as_array().unwrap());
+                    let call = params["toolCall"].as_object_mut().unwrap();
+                    // Never announced before: the request creates it.
+                    let (call, changed) = tools.apply(call, false).unwrap();
+                    assert!(changed);
+                    calls.push(call);
+                    asked = Some(offered);
+                }
+                Some(_) => {}
+                None if message["result"].get("stopReason").is_some() => {
+                    usage = prompt_usage(&message["result"]);
+                }
+                None => {}
+            }
+        }
+        let [pending, done] = calls.as_slice() else {
+            panic!("{calls:?}")
+        };
+        assert_eq!(pending.call_id, "write_file__write_file_1796125801389_0");
+        assert_eq!(pending.status, ToolStatus::Pending);
+        assert_eq!(pending.title, "Writing to hello.txt");
+        assert_eq!(done.call_id, pending.call_id);
+        assert_eq!(done.status, ToolStatus::Completed);
+        assert_eq!(done.tool_kind, ToolKind::Write, "a new file is a write");
+        assert_eq!(
+            done.diff,
+            [FileDiff {
+                path: "/w/hello.txt".into(),
+                change: ChangeKind::Add,
+                move_path: None,
+                unified: None,
+                old_text: None,
+                new_text: Some("hello from gemini\n".into()),
+            }]
+        );
+        assert_eq!(done.locations[0].path, "/w/hello.txt");
+        let offered = asked.expect("a permission request");
+        let ids: Vec<&str> = offered.iter().map(|(o, _)| o.id.as_str()).collect();
+        assert_eq!(ids, ["allow_always", "allow", "deny"]);
+        assert_eq!(
+            provider_option(&offered, "allow", Behavior::Allow).as_deref(),
+            Some("proceed_once")
+        );
+        let usage = usage.expect("usage");
+        assert_eq!((usage.input_tokens, usage.output_tokens), (240, 30));
+    }
+
+    #[test]
+    fn gemini_reports_usage_in_its_quota_meta() {
+        // As Gemini CLI 0.61.0 answers `session/prompt`.
+        let answer = json!({"stopReason": "end_turn", "_meta": {"quota": {
+            "token_count": {"input_tokens": 240, "output_tokens": 30},
+            "model_usage": [{"model": "gemini-2.5-flash",
+                "token_count": {"input_tokens": 240, "output_tokens": 30}}]}}});
+        let usage = prompt_usage(&answer).expect("usage");
+        assert_eq!((usage.input_tokens, usage.output_tokens), (240, 30));
+        assert_eq!(prompt_usage(&json!({"stopReason": "end_turn"})), None);
     }
 
     #[test]

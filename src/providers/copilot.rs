@@ -312,9 +312,9 @@ done
                     assert_eq!(
                         options,
                         [
-                            ("allow_once", Behavior::Allow),
+                            ("allow", Behavior::Allow),
                             ("allow_always", Behavior::Allow),
-                            ("reject_once", Behavior::Deny)
+                            ("deny", Behavior::Deny)
                         ]
                     );
                     assert_eq!(request.call_id.as_deref(), Some("call_1"));
@@ -322,7 +322,7 @@ done
                     request
                         .reply
                         .send(PermissionDecision::Selected {
-                            option_id: "reject_once".into(),
+                            option_id: "deny".into(),
                             behavior: Behavior::Deny,
                             message: None,
                             updated_input: None,

@@ -74,6 +74,9 @@ pub fn mock_provider(agentry_exe: PathBuf) -> AcpProvider {
                 context_window: Some(1_000_000),
             },
         ],
+        model_flag: None,
+        serve_reads: true,
+        auth_method: None,
     })
 }
 

@@ -15,6 +15,7 @@ pub mod claude;
 pub mod codex;
 pub mod copilot;
 pub mod emitter;
+pub mod gemini;
 pub mod mock;
 pub mod registry;
 

@@ -23,6 +23,7 @@ pub fn builtins() -> Vec<Builtin> {
         super::claude::builtin(),
         super::codex::builtin(),
         super::copilot::builtin(),
+        super::gemini::builtin(),
     ]
 }
 
@@ -209,6 +210,9 @@ fn acp_config(id: &str, p: &ProviderSettings) -> AcpProviderConfig {
         modes: modes(p),
         default_mode: p.default_mode.clone(),
         models: Vec::new(),
+        model_flag: None,
+        serve_reads: true,
+        auth_method: None,
     }
 }
 
@@ -239,11 +243,11 @@ mod tests {
         let toml = r#"
             [mock]
             enabled = false
-            [gemini]
+            [inhouse]
             extends = "acp"
-            command = ["gemini", "--experimental-acp"]
+            command = ["inhouse-agent", "--experimental-acp"]
             args = ["--yolo"]
-            label = "Gemini CLI"
+            label = "In-house agent"
             default_mode = "default"
             modes = [{ id = "default" }]
             [off]
@@ -252,11 +256,14 @@ mod tests {
         "#;
         let providers: BTreeMap<String, ProviderSettings> = toml::from_str(toml).expect("toml");
         let registry = ProviderRegistry::from_settings(&providers).expect("registry");
-        assert_eq!(ids(&registry), with_builtins(&["gemini"]));
+        assert_eq!(ids(&registry), with_builtins(&["inhouse"]));
 
-        let config = acp_config("gemini", &providers["gemini"]);
-        assert_eq!(config.command, ["gemini", "--experimental-acp", "--yolo"]);
-        assert_eq!(config.label, "Gemini CLI");
+        let config = acp_config("inhouse", &providers["inhouse"]);
+        assert_eq!(
+            config.command,
+            ["inhouse-agent", "--experimental-acp", "--yolo"]
+        );
+        assert_eq!(config.label, "In-house agent");
         assert_eq!(config.modes.len(), 1);
         assert_eq!(config.modes[0].label, "default");
         assert_eq!(config.default_mode.as_deref(), Some("default"));

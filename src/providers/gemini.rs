@@ -1,0 +1,269 @@
+//! Gemini CLI, driven over ACP (`gemini --acp`) through the shared ACP adapter. What is
+//! Gemini's own: its modes, its credentials, the flag that picks the model, a quiet
+//! environment, and one quirk of its session store (see `resume_wait`).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+use super::acp::{AcpProvider, AcpProviderConfig};
+use super::{
+    Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, Probe, ProcessLauncher,
+    Provider, ProviderError, ProviderInfo, ProviderSession, SessionInfo, SessionSpec, mode,
+};
+
+/// Variables that give Gemini CLI a credential (any one is enough).
+const CREDENTIALS: [&str; 4] = [
+    "GEMINI_API_KEY",
+    "GOOGLE_API_KEY",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "GOOGLE_GENAI_USE_VERTEXAI",
+];
+
+/// The built-in descriptor of `gemini`.
+pub fn builtin() -> Builtin {
+    Builtin {
+        id: "gemini",
+        label: "Gemini CLI",
+        program: "gemini",
+        pass_env: &[
+            "GEMINI_API_KEY",
+            "GOOGLE_API_KEY",
+            "GOOGLE_GEMINI_BASE_URL",
+            "GOOGLE_APPLICATION_CREDENTIALS",
+            "GOOGLE_CLOUD_PROJECT",
+            "GOOGLE_CLOUD_LOCATION",
+            "GOOGLE_GENAI_USE_VERTEXAI",
+            "GEMINI_MODEL",
+            "GEMINI_CLI_HOME",
+        ],
+        // It would otherwise relaunch itself as a child (with more heap), and stop at its
+        // folder-trust prompt in a workspace it has not seen.
+        env: &[
+            ("GEMINI_CLI_NO_RELAUNCH", "true"),
+            ("GEMINI_CLI_TRUST_WORKSPACE", "true"),
+        ],
+        modes,
+        default_mode: "default",
+        build: |cfg| Arc::new(GeminiProvider::new(cfg)),
+    }
+}
+
+fn modes() -> Vec<ModeInfo> {
+    vec![
+        mode(
+            "default",
+            "Default",
+            "Asks before editing files and running commands",
+            false,
+        ),
+        mode(
+            "autoEdit",
+            "Auto edit",
+            "Edits files without asking; asks before running commands",
+            false,
+        ),
+        mode(
+            "plan",
+            "Plan",
+            "Reads and plans only; changes nothing",
+            false,
+        ),
+        mode("yolo", "YOLO", "Runs every tool without asking", true),
+    ]
+}
+
+/// The models Gemini CLI 0.61.0 offers (its `session/new` answer lists the same). `auto`
+/// lets the CLI choose per request, which is what it does when no model is given.
+fn models() -> Vec<ModelInfo> {
+    [
+        ("auto", "Auto (the CLI chooses)", true, None),
+        ("gemini-2.5-pro", "Gemini 2.5 Pro", false, Some(1_048_576)),
+        (
+            "gemini-2.5-flash",
+            "Gemini 2.5 Flash",
+            false,
+            Some(1_048_576),
+        ),
+        (
+            "gemini-2.5-flash-lite",
+            "Gemini 2.5 Flash-Lite",
+            false,
+            Some(1_048_576),
+        ),
+    ]
+    .into_iter()
+    .map(|(id, label, is_default, context_window)| ModelInfo {
+        id: id.to_owned(),
+        label: label.to_owned(),
+        is_default,
+        context_window,
+    })
+    .collect()
+}
+
+/// Gemini CLI as a provider: the ACP adapter with Gemini's settings.
+pub struct GeminiProvider {
+    cfg: CliConfig,
+    acp: AcpProvider,
+}
+
+impl GeminiProvider {
+    pub fn new(cfg: CliConfig) -> Self {
+        let mut acp = AcpProviderConfig::from_cli(cfg.clone(), &["--acp"]);
+        acp.model_flag = Some("--model".to_owned());
+        // Gemini 0.61.0 reads a client's error answer as "[object Object]", so a missing
+        // file read through the client fails its write tool instead of creating the
+        // file: it reads by itself, and its writes still come to the workspace-confined
+        // `fs/write_text_file`.
+        acp.serve_reads = false;
+        acp.models = models();
+        // Without a gateway and without an auth type chosen in its settings, Gemini opens
+        // new sessions on the key it finds but refuses to reopen one until told which
+        // credential to use.
+        acp.auth_method = auth_method(&cfg).map(str::to_owned);
+        Self {
+            cfg,
+            acp: AcpProvider::new(acp),
+        }
+    }
+}
+
+#[async_trait]
+impl Provider for GeminiProvider {
+    fn info(&self) -> ProviderInfo {
+        self.acp.info()
+    }
+
+    async fn availability(&self) -> Availability {
+        if let Availability::Unavailable(why) = self.acp.availability().await {
+            return Availability::Unavailable(why);
+        }
+        if CREDENTIALS.iter().any(|name| self.cfg.var_is_set(name)) {
+            return Availability::Available;
+        }
+        Availability::Unavailable(format!(
+            "no Gemini credentials: set one of {} (in the server's environment, the \
+             provider's `env`, or as a team secret named in `team_secrets`)",
+            CREDENTIALS.join(", ")
+        ))
+    }
+
+    async fn models(&self, probe: &Probe) -> Result<Vec<ModelInfo>, ProviderError> {
+        self.acp.models(probe).await
+    }
+
+    async fn start(
+        &self,
+        spec: SessionSpec,
+        launcher: Arc<dyn ProcessLauncher>,
+        events: EventSink,
+    ) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
+        let created = spec
+            .resume
+            .as_ref()
+            .and_then(|handle| handle.get("created_at"))
+            .and_then(Value::as_u64);
+        if let Some(created) = created
+            && let Some(wait) = resume_wait(created, now_secs())
+        {
+            tracing::info!(
+                wait_ms = wait.as_millis() as u64,
+                "waiting for the minute the Gemini session was created in to pass"
+            );
+            tokio::time::sleep(wait).await;
+        }
+        let (session, mut info) = self.acp.start(spec, launcher, events).await?;
+        // Keep when the conversation was created (a resume keeps the first time).
+        let created_at = if info.resumed {
+            created.unwrap_or_else(now_secs)
+        } else {
+            now_secs()
+        };
+        if let Some(Value::Object(handle)) = info.persistence.as_mut() {
+            handle.insert("created_at".to_owned(), Value::from(created_at));
+        }
+        Ok((session, info))
+    }
+}
+
+/// The `authenticate` method matching the credential the child will have, if any.
+fn auth_method(cfg: &CliConfig) -> Option<&'static str> {
+    if cfg.var_is_set("GEMINI_API_KEY") || cfg.var_is_set("GOOGLE_API_KEY") {
+        Some("gemini-api-key")
+    } else if cfg.var_is_set("GOOGLE_GENAI_USE_VERTEXAI")
+        || cfg.var_is_set("GOOGLE_APPLICATION_CREDENTIALS")
+    {
+        Some("vertex-ai")
+    } else {
+        None
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// How long to wait before reopening a session created at `created` (Unix seconds),
+/// `now` being the current time. Gemini CLI names a conversation's file after the UTC
+/// minute it started in and opens a fresh file of that name whenever a session starts;
+/// a `session/load` within the minute of creation therefore finds the conversation
+/// emptied and fails. Waiting until that minute is over keeps the history.
+pub fn resume_wait(created: u64, now: u64) -> Option<Duration> {
+    if created / 60 != now / 60 {
+        return None;
+    }
+    // Up to a second past the turn of the minute, for clocks that disagree slightly.
+    let next = (created / 60 + 1) * 60;
+    Some(Duration::from_secs(next - now + 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resume_in_the_minute_of_creation_waits_for_the_next_one() {
+        assert_eq!(resume_wait(120, 120), Some(Duration::from_secs(61)));
+        assert_eq!(resume_wait(120, 179), Some(Duration::from_secs(2)));
+        assert_eq!(resume_wait(119, 120), None);
+        assert_eq!(resume_wait(120, 300), None);
+    }
+
+    #[test]
+    fn credentials_decide_availability() {
+        let cfg = |env: &[(&str, &str)]| CliConfig {
+            id: "gemini".into(),
+            label: "Gemini CLI".into(),
+            command: vec!["sh".into()],
+            args: Vec::new(),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            pass_env: Vec::new(),
+            team_secrets: Vec::new(),
+            modes: modes(),
+            default_mode: Some("default".into()),
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let without = runtime.block_on(GeminiProvider::new(cfg(&[])).availability());
+        match without {
+            Availability::Unavailable(why) => assert!(why.contains("GEMINI_API_KEY"), "{why}"),
+            Availability::Available => panic!("available without a credential"),
+        }
+        let with =
+            runtime.block_on(GeminiProvider::new(cfg(&[("GEMINI_API_KEY", "k")])).availability());
+        assert!(matches!(with, Availability::Available));
+        let mut secret = cfg(&[]);
+        secret.team_secrets = vec!["GEMINI_API_KEY".into()];
+        let by_secret = runtime.block_on(GeminiProvider::new(secret).availability());
+        assert!(matches!(by_secret, Availability::Available));
+    }
+}

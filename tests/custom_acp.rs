@@ -1,0 +1,300 @@
+//! Any ACP agent from configuration: codex-acp (the pinned install) as
+//! `[providers.codex-acp] extends = "acp"`, pointed at the fake OpenAI Responses server
+//! exactly as a user would configure it, and driven through agentry's REST/SSE API.
+
+#[path = "api/helpers.rs"]
+#[allow(dead_code)]
+mod helpers;
+
+#[path = "support/clis.rs"]
+mod clis;
+
+#[path = "support/fake_openai.rs"]
+#[allow(dead_code)]
+mod fake_openai;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use agentry::config::{ModeSetting, ProviderSettings};
+use fake_openai::{FakeOpenAi, Reply, input_text};
+use helpers::*;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+const LONG: Duration = Duration::from_secs(60);
+/// A model Codex knows, so that it offers `apply_patch`.
+const MODEL: &str = "gpt-5.5";
+
+fn mode(id: &str, unattended: bool) -> ModeSetting {
+    ModeSetting {
+        id: id.to_owned(),
+        label: None,
+        description: None,
+        unattended,
+    }
+}
+
+/// The `[providers.codex-acp]` table a user would write.
+fn table(cli: &Path, base_url: &str, home: &Path) -> ProviderSettings {
+    ProviderSettings {
+        extends: Some("acp".into()),
+        label: Some("Codex over ACP".into()),
+        command: Some(vec![
+            cli.display().to_string(),
+            "-c".into(),
+            format!("model={MODEL}"),
+            "-c".into(),
+            "model_provider=fake".into(),
+            "-c".into(),
+            format!(
+                r#"model_providers.fake={{name="Fake",base_url="{base_url}",env_key="OPENAI_API_KEY",wire_api="responses"}}"#
+            ),
+        ]),
+        env: BTreeMap::from([
+            ("CODEX_HOME".to_owned(), home.display().to_string()),
+            ("HOME".to_owned(), home.display().to_string()),
+            ("OPENAI_API_KEY".to_owned(), "x".to_owned()),
+        ]),
+        modes: vec![
+            mode("read-only", false),
+            mode("auto", false),
+            mode("full-access", true),
+        ],
+        default_mode: Some("full-access".into()),
+        ..Default::default()
+    }
+}
+
+struct Rig {
+    app: TestApp,
+    fake: FakeOpenAi,
+    _home: TempDir,
+    repo: TempDir,
+}
+
+impl Rig {
+    async fn start() -> Option<Self> {
+        let cli = clis::cli("codex-acp")?;
+        let fake = FakeOpenAi::start().await;
+        let home = tempfile::tempdir().unwrap();
+        let table = table(&cli, &fake.base_url(), home.path());
+        let app = spawn_app_with(|s| {
+            s.providers.insert("codex-acp".into(), table);
+        })
+        .await;
+        Some(Self {
+            app,
+            fake,
+            _home: home,
+            repo: git_repo(),
+        })
+    }
+
+    /// A worktree workspace and a codex-acp agent in `mode`: (agent, workspace).
+    async fn agent(&self, mode: &str) -> (String, Value) {
+        let project = self.app.project(self.repo.path()).await;
+        let ws = self
+            .app
+            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+            .await;
+        let agent = self
+            .app
+            .post_ok(
+                "/v1/agents",
+                json!({"workspace_id": ws["id"], "provider": "codex-acp", "mode": mode}),
+                201,
+            )
+            .await;
+        (agent["id"].as_str().unwrap().to_owned(), ws)
+    }
+
+    async fn turn(&self, agent: &str, text: &str, after: Option<i64>) -> Vec<SseEvent> {
+        let mut stream = self.app.events(agent, after).await;
+        self.app.prompt(agent, text).await;
+        stream.until("turn_completed", LONG).await
+    }
+
+    async fn pid(&self, agent: &str) -> Option<i32> {
+        let a = self.app.get_ok(&format!("/v1/agents/{agent}")).await;
+        a["runtime"]["pid"].as_i64().map(|p| p as i32)
+    }
+}
+
+fn kinds(events: &[SseEvent]) -> Vec<&str> {
+    events.iter().map(|e| e.event.as_str()).collect()
+}
+
+fn of_kind<'a>(events: &'a [SseEvent], kind: &str) -> Vec<&'a Value> {
+    events
+        .iter()
+        .filter(|e| e.event == kind)
+        .map(|e| &e.data["data"])
+        .collect()
+}
+
+fn last_seq(events: &[SseEvent]) -> i64 {
+    events.last().map(|e| e.id).unwrap_or(0)
+}
+
+fn outcome(events: &[SseEvent]) -> Value {
+    (*of_kind(events, "turn_completed")
+        .last()
+        .expect("a turn_completed"))
+    .clone()
+}
+
+fn assistant_text(events: &[SseEvent]) -> String {
+    of_kind(events, "assistant_message")
+        .iter()
+        .map(|m| m["text"].as_str().unwrap())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn a_configured_acp_agent_is_listed_and_runs_a_text_turn() {
+    let Some(rig) = Rig::start().await else {
+        return;
+    };
+    let providers = rig.app.get_ok("/v1/providers").await;
+    let listed = providers["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "codex-acp")
+        .expect("the configured agent is listed")
+        .clone();
+    assert_eq!(listed["available"], true, "{listed}");
+    assert_eq!(listed["protocol"], "acp");
+    assert_eq!(listed["label"], "Codex over ACP");
+
+    rig.fake.script([Reply::text("Hello over ACP.")]);
+    let (agent, _) = rig.agent("full-access").await;
+    let events = rig.turn(&agent, "say hello", None).await;
+    let k = kinds(&events);
+    assert_eq!(outcome(&events)["outcome"], "completed", "{k:?}");
+    assert_eq!(assistant_text(&events), "Hello over ACP.");
+    assert!(input_text(rig.fake.requests().last().unwrap()).contains("say hello"));
+}
+
+#[tokio::test]
+async fn a_file_write_is_approved_and_lands_in_the_worktree() {
+    let Some(rig) = Rig::start().await else {
+        return;
+    };
+    let patch = "*** Begin Patch\n*** Add File: hello.txt\n+hello over acp\n*** End Patch\n";
+    rig.fake
+        .script([Reply::patch("call_p", patch), Reply::text("Patched.")]);
+    let (agent, ws) = rig.agent("read-only").await;
+    let mut stream = rig.app.events(&agent, None).await;
+    rig.app.prompt(&agent, "add hello.txt").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    let options: Vec<&str> = request["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["id"].as_str().unwrap())
+        .collect();
+    // agentry's ids, chosen by kind (codex-acp's own are `approved`, `abort`, …).
+    assert!(options.contains(&"allow"), "{request}");
+    assert!(options.contains(&"deny"), "{request}");
+    rig.app
+        .post_ok(
+            &format!(
+                "/v1/agents/{agent}/permissions/{}",
+                request["request_id"].as_str().unwrap()
+            ),
+            json!({"behavior": "allow"}),
+            200,
+        )
+        .await;
+    let after = stream.until("turn_completed", LONG).await;
+    let k = kinds(&after);
+    assert_eq!(outcome(&after)["outcome"], "completed", "{k:?}");
+    let dir = path_of(&ws["path"]);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("hello.txt")).unwrap(),
+        "hello over acp\n"
+    );
+    let diff = rig
+        .app
+        .get_ok(&format!(
+            "/v1/workspaces/{}/diff",
+            ws["id"].as_str().unwrap()
+        ))
+        .await;
+    assert!(
+        diff["patch"].as_str().unwrap().contains("+hello over acp"),
+        "{diff}"
+    );
+}
+
+#[tokio::test]
+async fn a_closed_agent_resumes_its_conversation() {
+    let Some(rig) = Rig::start().await else {
+        return;
+    };
+    rig.fake
+        .script([Reply::text("Noted: blue."), Reply::text("It was blue.")]);
+    let (agent, _) = rig.agent("full-access").await;
+    let first = rig.turn(&agent, "my colour is blue", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+    let pid = rig.pid(&agent).await.expect("a live agent");
+    rig.app
+        .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
+        .await;
+    eventually("the agent to end", Duration::from_secs(5), || {
+        !pid_alive(pid)
+    })
+    .await;
+
+    let second = rig
+        .turn(&agent, "which colour?", Some(last_seq(&first)))
+        .await;
+    let k = kinds(&second);
+    assert_eq!(outcome(&second)["outcome"], "completed", "{k:?}");
+    let started = of_kind(&second, "session_started");
+    assert_eq!(started.last().unwrap()["resumed"], true, "{k:?}");
+    assert_eq!(assistant_text(&second), "It was blue.");
+    let history = input_text(rig.fake.requests().last().unwrap());
+    assert!(
+        history.contains("my colour is blue") && history.contains("Noted: blue."),
+        "{history}"
+    );
+}
+
+#[tokio::test]
+async fn a_killed_agent_fails_the_turn_quickly_and_is_usable_after() {
+    let Some(rig) = Rig::start().await else {
+        return;
+    };
+    rig.fake
+        .script([Reply::stalled("Working on it"), Reply::text("Recovered.")]);
+    let (agent, _) = rig.agent("full-access").await;
+    let mut stream = rig.app.events(&agent, None).await;
+    rig.app.prompt(&agent, "long task").await;
+    stream.until("assistant_delta", LONG).await;
+    let pid = rig.pid(&agent).await.expect("a running process");
+    let killed = Instant::now();
+    // SAFETY: kill(2) on the agent process this test's server started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let ended = stream.until("turn_completed", Duration::from_secs(5)).await;
+    let took = killed.elapsed();
+    eprintln!("the turn failed {took:?} after SIGKILL");
+    assert_eq!(outcome(&ended)["outcome"], "failed", "{:?}", kinds(&ended));
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+
+    let events = rig
+        .turn(&agent, "still there?", Some(last_seq(&ended)))
+        .await;
+    assert_eq!(
+        outcome(&events)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&events)
+    );
+    assert_eq!(assistant_text(&events), "Recovered.");
+}

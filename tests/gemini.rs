@@ -1,0 +1,748 @@
+//! The `gemini` provider driven end to end: agentry's REST/SSE API, the real Gemini CLI
+//! (the pinned install, over ACP) and a fake Gemini API on 127.0.0.1 that scripts the
+//! model. The provider is configured through settings exactly as a user would.
+
+#[path = "api/helpers.rs"]
+#[allow(dead_code)]
+mod helpers;
+
+#[path = "support/clis.rs"]
+mod clis;
+
+#[path = "support/fake_gemini.rs"]
+#[allow(dead_code)]
+mod fake_gemini;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use agentry::config::{ProviderSettings, Settings};
+use fake_gemini::{FakeGemini, REPLY_TOKENS, Reply, conversation_text, function_responses};
+use helpers::*;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+/// The CLI is large: at most this many run at once across the tests of this binary.
+static CLI_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(3);
+
+const LONG: Duration = Duration::from_secs(60);
+const MODEL: &str = "gemini-2.5-flash";
+
+/// One test's world: the app, the fake model, the CLI's home, a repository.
+struct World {
+    app: TestApp,
+    fake: FakeGemini,
+    home: TempDir,
+    repo: TempDir,
+    _slot: tokio::sync::SemaphorePermit<'static>,
+}
+
+/// A quiet, isolated home: no usage statistics, no update checks.
+fn quiet_home() -> TempDir {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().join(".gemini");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("settings.json"),
+        json!({"privacy": {"usageStatisticsEnabled": false},
+            "general": {"enableAutoUpdate": false, "enableAutoUpdateNotification": false}})
+        .to_string(),
+    )
+    .unwrap();
+    home
+}
+
+fn configure(s: &mut Settings, cli: &Path, fake_url: &str, home: &Path) {
+    let env = BTreeMap::from([
+        ("GOOGLE_GEMINI_BASE_URL".to_owned(), fake_url.to_owned()),
+        ("GEMINI_API_KEY".to_owned(), "test-key".to_owned()),
+        ("HOME".to_owned(), home.display().to_string()),
+    ]);
+    s.providers.insert(
+        "gemini".into(),
+        ProviderSettings {
+            command: Some(vec![cli.display().to_string()]),
+            env,
+            ..Default::default()
+        },
+    );
+}
+
+/// `None` when the CLI is not installed and not required (a loud message was printed).
+async fn world() -> Option<World> {
+    let cli = clis::cli("gemini")?;
+    let slot = CLI_SLOTS.acquire().await.unwrap();
+    let fake = FakeGemini::start().await;
+    let home = quiet_home();
+    let (url, h) = (fake.url.clone(), home.path().to_path_buf());
+    let app = spawn_app_with(move |s| configure(s, &cli, &url, &h)).await;
+    Some(World {
+        app,
+        fake,
+        home,
+        repo: git_repo(),
+        _slot: slot,
+    })
+}
+
+impl World {
+    /// A worktree workspace and a `gemini` agent in `mode`; returns (agent id, workspace).
+    async fn agent(&self, mode: &str) -> (String, Value) {
+        let project = self.app.project(self.repo.path()).await;
+        let ws = self
+            .app
+            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+            .await;
+        let agent = self
+            .app
+            .post_ok(
+                "/v1/agents",
+                json!({"workspace_id": ws["id"], "provider": "gemini", "mode": mode,
+                    "model": MODEL}),
+                201,
+            )
+            .await;
+        (agent["id"].as_str().unwrap().to_owned(), ws)
+    }
+
+    /// Prompt and read the agent's stream until the turn completes; returns its events.
+    async fn turn(&self, agent: &str, text: &str, after: Option<i64>) -> Vec<SseEvent> {
+        let mut stream = self.app.events(agent, after).await;
+        self.app.prompt(agent, text).await;
+        stream.until("turn_completed", LONG).await
+    }
+
+    async fn pid(&self, agent: &str) -> Option<i32> {
+        let a = self.app.get_ok(&format!("/v1/agents/{agent}")).await;
+        a["runtime"]["pid"].as_i64().map(|p| p as i32)
+    }
+
+    async fn ledger(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM managed_processes")
+            .fetch_one(&self.app.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn answer(&self, agent: &str, request: &Value, body: Value) {
+        self.app
+            .post_ok(
+                &format!(
+                    "/v1/agents/{agent}/permissions/{}",
+                    request["request_id"].as_str().unwrap()
+                ),
+                body,
+                200,
+            )
+            .await;
+    }
+}
+
+fn kinds(events: &[SseEvent]) -> Vec<&str> {
+    events.iter().map(|e| e.event.as_str()).collect()
+}
+
+fn of_kind<'a>(events: &'a [SseEvent], kind: &str) -> Vec<&'a Value> {
+    events
+        .iter()
+        .filter(|e| e.event == kind)
+        .map(|e| &e.data["data"])
+        .collect()
+}
+
+fn last_seq(events: &[SseEvent]) -> i64 {
+    events.last().map(|e| e.id).unwrap_or(0)
+}
+
+fn outcome(events: &[SseEvent]) -> Value {
+    let ends = of_kind(events, "turn_completed");
+    (*ends.last().expect("a turn_completed")).clone()
+}
+
+/// The assistant's whole messages in `events`.
+fn assistant_text(events: &[SseEvent]) -> String {
+    of_kind(events, "assistant_message")
+        .iter()
+        .map(|m| m["text"].as_str().unwrap())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The live processes whose environment has `HOME=<home>` (the CLIs of one test, and
+/// anything they started).
+fn running_with_home(home: &str) -> Vec<i32> {
+    let wanted = format!("HOME={home}");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        let has_home = environ
+            .split(|b| *b == 0)
+            .any(|var| var == wanted.as_bytes());
+        if has_home && pid_alive(pid) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn a_text_turn_streams_deltas_and_completes_with_usage() {
+    let Some(w) = world().await else { return };
+    let providers = w.app.get_ok("/v1/providers").await;
+    let gemini = providers["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "gemini")
+        .expect("gemini is listed")
+        .clone();
+    assert_eq!(gemini["available"], true, "{gemini}");
+    assert_eq!(gemini["protocol"], "acp");
+    assert_eq!(gemini["default_mode"], "default");
+    let unattended: Vec<&str> = gemini["modes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["unattended"] == true)
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(unattended, ["yolo"]);
+
+    let (agent, _) = w.agent("default").await;
+    w.fake.push(Reply::slow(
+        "Hello from the fake Gemini, in pieces.",
+        4,
+        Duration::from_millis(20),
+    ));
+    let events = w.turn(&agent, "say hello", None).await;
+    let k = kinds(&events);
+    assert_eq!(outcome(&events)["outcome"], "completed", "{k:?}");
+    assert_eq!(
+        k.iter().filter(|k| **k == "user_message").count(),
+        1,
+        "{k:?}"
+    );
+    let deltas: String = of_kind(&events, "assistant_delta")
+        .iter()
+        .map(|d| d["text"].as_str().unwrap())
+        .collect();
+    assert!(of_kind(&events, "assistant_delta").len() >= 2, "{k:?}");
+    assert_eq!(deltas, "Hello from the fake Gemini, in pieces.");
+    assert_eq!(assistant_text(&events), deltas);
+    let done = outcome(&events);
+    assert_eq!(done["usage"]["output_tokens"], REPLY_TOKENS, "{done}");
+    assert!(
+        done["usage"]["input_tokens"].as_u64().unwrap() > 0,
+        "{done}"
+    );
+
+    let request = w.fake.requests().pop().expect("the model was called");
+    assert!(conversation_text(&request).contains("say hello"));
+    assert!(
+        w.fake.api_keys().iter().all(|k| k == "test-key"),
+        "{:?}",
+        w.fake.api_keys()
+    );
+    assert!(
+        w.fake
+            .request_lines()
+            .iter()
+            .any(|l| l.contains(&format!("/v1beta/models/{MODEL}:streamGenerateContent"))),
+        "{:?}",
+        w.fake.request_lines()
+    );
+}
+
+#[tokio::test]
+async fn an_allowed_write_lands_in_the_worktree_and_its_diff() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("default").await;
+    let path = path_of(&ws["path"]).join("hello.txt");
+    w.fake.push(Reply::tool(
+        "write_file",
+        json!({"file_path": path, "content": "hello from gemini\n"}),
+    ));
+    w.fake.push(Reply::text("The file is written."));
+
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "write hello.txt").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    assert_eq!(request["kind"], "tool");
+    // agentry's option ids, not Gemini's (`proceed_once`, `cancel`, …).
+    let options: Vec<(&str, &str)> = request["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| (o["id"].as_str().unwrap(), o["behavior"].as_str().unwrap()))
+        .collect();
+    assert!(options.contains(&("allow", "allow")), "{options:?}");
+    assert!(options.contains(&("deny", "deny")), "{options:?}");
+    assert!(!request.to_string().contains("proceed_once"), "{request}");
+    // Gemini announces the call only inside the permission request: it is reported first.
+    let calls = of_kind(&before, "tool_call");
+    assert!(!calls.is_empty(), "{:?}", kinds(&before));
+    assert_eq!(calls[0]["call_id"], request["call_id"], "{request}");
+    assert!(!path.exists(), "nothing is written before the answer");
+
+    w.answer(
+        &agent,
+        &request,
+        json!({"behavior": "allow", "option_id": "allow"}),
+    )
+    .await;
+    let after = stream.until("turn_completed", LONG).await;
+    assert_eq!(
+        outcome(&after)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&after)
+    );
+    let calls = of_kind(&after, "tool_call");
+    let done = calls.last().expect("the call's end");
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["call_id"], request["call_id"]);
+    assert_eq!(done["tool_kind"], "write", "{done}");
+    assert_eq!(done["diff"][0]["change"], "add", "{done}");
+    assert_eq!(done["diff"][0]["new_text"], "hello from gemini\n", "{done}");
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        "hello from gemini\n"
+    );
+    assert!(assistant_text(&after).ends_with("The file is written."));
+    // The model heard that the write succeeded.
+    let responses = function_responses(&w.fake.requests().pop().unwrap());
+    assert_eq!(responses.len(), 1, "{responses:?}");
+    assert_eq!(responses[0]["name"], "write_file");
+
+    let diff = w
+        .app
+        .get_ok(&format!(
+            "/v1/workspaces/{}/diff",
+            ws["id"].as_str().unwrap()
+        ))
+        .await;
+    assert!(
+        diff["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["path"] == "hello.txt"),
+        "{diff}"
+    );
+    assert!(
+        diff["patch"]
+            .as_str()
+            .unwrap()
+            .contains("+hello from gemini")
+    );
+}
+
+#[tokio::test]
+async fn a_denied_write_fails_its_call_and_the_turn_completes() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("default").await;
+    let path = path_of(&ws["path"]).join("denied.txt");
+    w.fake.push(Reply::tool(
+        "write_file",
+        json!({"file_path": path, "content": "no\n"}),
+    ));
+    w.fake.push(Reply::text("Understood, I will not."));
+
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "make denied.txt").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    w.answer(&agent, &request, json!({"behavior": "deny"}))
+        .await;
+    let after = stream.until("turn_completed", LONG).await;
+    let k = kinds(&after);
+    assert_eq!(outcome(&after)["outcome"], "completed", "{k:?}");
+    let calls = of_kind(&after, "tool_call");
+    let last = calls.last().unwrap_or_else(|| panic!("{k:?}"));
+    assert_eq!(last["call_id"], request["call_id"]);
+    assert_eq!(last["status"], "failed", "{last}");
+    assert!(!path.exists());
+}
+
+#[tokio::test]
+async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("default").await;
+    w.fake.push(Reply::slow(
+        "This answer takes a long while to arrive, word by word, far too long.",
+        40,
+        Duration::from_millis(250),
+    ));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "talk slowly").await;
+    stream.until("assistant_delta", LONG).await;
+    let res = w
+        .app
+        .post(&format!("/v1/agents/{agent}/interrupt"), json!({}))
+        .await;
+    assert_eq!(res.status(), 202);
+    let ended = stream.until("turn_completed", LONG).await;
+    assert_eq!(
+        outcome(&ended)["outcome"],
+        "canceled",
+        "{:?}",
+        kinds(&ended)
+    );
+
+    w.fake.push(Reply::text("Back again."));
+    let events = w
+        .turn(&agent, "are you there?", Some(last_seq(&ended)))
+        .await;
+    assert_eq!(outcome(&events)["outcome"], "completed");
+    assert_eq!(assistant_text(&events), "Back again.");
+}
+
+#[tokio::test]
+async fn an_interrupt_while_a_permission_waits_expires_it() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("default").await;
+    let path = path_of(&ws["path"]).join("never.txt");
+    w.fake.push(Reply::tool(
+        "write_file",
+        json!({"file_path": path, "content": "never\n"}),
+    ));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "write never.txt").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    let res = w
+        .app
+        .post(&format!("/v1/agents/{agent}/interrupt"), json!({}))
+        .await;
+    assert_eq!(res.status(), 202);
+    let ended = stream.until("turn_completed", LONG).await;
+    let k = kinds(&ended);
+    assert_eq!(outcome(&ended)["outcome"], "canceled", "{k:?}");
+    let calls = of_kind(&ended, "tool_call");
+    assert_eq!(calls.last().unwrap()["status"], "failed", "{k:?}");
+    // The request can no longer be answered.
+    let late = w
+        .app
+        .post(
+            &format!(
+                "/v1/agents/{agent}/permissions/{}",
+                request["request_id"].as_str().unwrap()
+            ),
+            json!({"behavior": "allow"}),
+        )
+        .await;
+    assert!(late.status().is_client_error(), "{}", late.status());
+    assert!(!path.exists());
+
+    w.fake.push(Reply::text("Still here."));
+    let events = w.turn(&agent, "hello?", Some(last_seq(&ended))).await;
+    assert_eq!(outcome(&events)["outcome"], "completed");
+    assert_eq!(assistant_text(&events), "Still here.");
+}
+
+#[tokio::test]
+async fn yolo_runs_tools_without_asking() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("yolo").await;
+    let path = path_of(&ws["path"]).join("yolo.txt");
+    w.fake.push(Reply::tool(
+        "write_file",
+        json!({"file_path": path, "content": "unattended\n"}),
+    ));
+    w.fake.push(Reply::text("Done without asking."));
+    let events = w.turn(&agent, "write yolo.txt", None).await;
+    let k = kinds(&events);
+    assert_eq!(outcome(&events)["outcome"], "completed", "{k:?}");
+    assert!(!k.contains(&"permission_requested"), "{k:?}");
+    let calls = of_kind(&events, "tool_call");
+    assert_eq!(calls.last().unwrap()["status"], "completed", "{calls:?}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "unattended\n");
+}
+
+/// The provider session id the agent reports.
+async fn session_id(app: &TestApp, agent: &str) -> String {
+    let a = app.get_ok(&format!("/v1/agents/{agent}")).await;
+    a["runtime"]["provider_session_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no session id: {a}"))
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_closed_agent_resumes_its_conversation() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("default").await;
+    w.fake.push(Reply::text("I will remember pineapple."));
+    let first = w.turn(&agent, "the secret word is pineapple", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+    let id = session_id(&w.app, &agent).await;
+    let pid = w.pid(&agent).await.expect("a live CLI");
+
+    w.app
+        .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
+        .await;
+    eventually("the CLI to end", Duration::from_secs(5), || !pid_alive(pid)).await;
+    // Reopened at once, within the minute the session was created in (see
+    // `providers::gemini::resume_wait`): the history must survive that.
+    w.fake.push(Reply::text("It was pineapple."));
+    let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
+    w.app.prompt(&agent, "what was the word?").await;
+    let second = stream
+        .until("turn_completed", Duration::from_secs(150))
+        .await;
+    let k = kinds(&second);
+    assert_eq!(outcome(&second)["outcome"], "completed", "{k:?}");
+    assert!(
+        of_kind(&second, "error").is_empty(),
+        "{:?}",
+        of_kind(&second, "error")
+    );
+    let started = of_kind(&second, "session_started");
+    assert_eq!(started.len(), 1);
+    assert_eq!(started[0]["resumed"], true);
+    assert_eq!(started[0]["provider_session_id"], id.as_str());
+    // The history Gemini replays on load is not reported again.
+    assert_eq!(of_kind(&second, "user_message").len(), 1, "{k:?}");
+    assert_eq!(assistant_text(&second), "It was pineapple.");
+    let last = w.fake.requests().pop().unwrap();
+    let history = conversation_text(&last);
+    assert!(
+        history.contains("the secret word is pineapple"),
+        "{history}"
+    );
+    assert!(history.contains("I will remember pineapple."), "{history}");
+    assert!(history.contains("what was the word?"));
+}
+
+#[tokio::test]
+async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("default").await;
+    w.fake.push(Reply::slow(
+        "A long answer that will be cut short by a kill signal midway.",
+        40,
+        Duration::from_millis(250),
+    ));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "talk for a while").await;
+    stream.until("assistant_delta", LONG).await;
+    let pid = w.pid(&agent).await.expect("a running process");
+    let killed = Instant::now();
+    // SAFETY: kill(2) on the CLI process this test's server started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let ended = stream.until("turn_completed", Duration::from_secs(5)).await;
+    let took = killed.elapsed();
+    eprintln!("the turn failed {took:?} after SIGKILL");
+    let done = outcome(&ended);
+    assert_eq!(done["outcome"], "failed", "{done}");
+    assert!(
+        took < Duration::from_secs(2),
+        "the turn failed after {took:?}"
+    );
+    assert!(
+        done["error"].as_str().unwrap().contains("signal 9"),
+        "{done}"
+    );
+
+    w.fake.push(Reply::text("Recovered."));
+    let mut stream = w.app.events(&agent, Some(last_seq(&ended))).await;
+    w.app.prompt(&agent, "still there?").await;
+    let events = stream
+        .until("turn_completed", Duration::from_secs(150))
+        .await;
+    assert_eq!(
+        outcome(&events)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&events)
+    );
+    assert_eq!(assistant_text(&events), "Recovered.");
+}
+
+#[tokio::test]
+async fn no_cli_process_is_left_after_archive_or_server_shutdown() {
+    let Some(w) = world().await else { return };
+    let marker = w.home.path().display().to_string();
+    // Archive: the CLI ends and leaves the ledger.
+    let (archived, ws) = w.agent("default").await;
+    w.fake.push(Reply::text("One."));
+    w.turn(&archived, "first", None).await;
+    let pid = w.pid(&archived).await.expect("a live CLI");
+    assert_eq!(w.ledger().await, 1);
+    let res = w
+        .app
+        .client
+        .delete(w.app.url(&format!("/v1/agents/{archived}")))
+        .bearer_auth(&w.app.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 204);
+    eventually(
+        "the archived agent's CLI to end",
+        Duration::from_secs(10),
+        || !pid_alive(pid),
+    )
+    .await;
+    assert_eq!(w.ledger().await, 0, "the ledger forgets the archived CLI");
+
+    // Shutdown: a live CLI ends with the server.
+    let agent = w
+        .app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "gemini", "model": MODEL}),
+            201,
+        )
+        .await;
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    w.fake.push(Reply::text("Two."));
+    w.turn(&agent, "second", None).await;
+    let pid = w.pid(&agent).await.expect("a live CLI");
+    assert!(
+        running_with_home(&marker).contains(&pid),
+        "the live CLI is found by its HOME"
+    );
+    let World { app, .. } = w;
+    let (db, _data_dir, _) = app.stop().await;
+    assert!(!pid_alive(pid), "the server's stop ended the CLI");
+    let pool = sqlx::PgPool::connect_with(db).await.unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM managed_processes")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the ledger is empty after shutdown");
+    // Nothing the CLI started survives it (its environment names this test's home).
+    let survivors = running_with_home(&marker);
+    assert!(survivors.is_empty(), "left running: {survivors:?}");
+}
+
+#[tokio::test]
+async fn without_credentials_gemini_is_unavailable_and_creation_is_refused() {
+    let Some(cli) = clis::cli("gemini") else {
+        return;
+    };
+    let app = spawn_app_with(move |s| {
+        // Empty values count as unset, whatever the server's own environment holds.
+        let env = [
+            "GEMINI_API_KEY",
+            "GOOGLE_API_KEY",
+            "GOOGLE_APPLICATION_CREDENTIALS",
+            "GOOGLE_GENAI_USE_VERTEXAI",
+        ]
+        .iter()
+        .map(|k| ((*k).to_owned(), String::new()))
+        .collect();
+        s.providers.insert(
+            "gemini".into(),
+            ProviderSettings {
+                command: Some(vec![cli.display().to_string()]),
+                env,
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let providers = app.get_ok("/v1/providers").await;
+    let gemini = providers["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "gemini")
+        .unwrap()
+        .clone();
+    assert_eq!(gemini["available"], false, "{gemini}");
+    let reason = gemini["unavailable_reason"].as_str().unwrap();
+    assert!(reason.contains("GEMINI_API_KEY"), "{reason}");
+
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let refused = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "gemini"}),
+            422,
+        )
+        .await;
+    assert_eq!(refused["code"], "provider_unavailable");
+    assert!(refused.to_string().contains("GEMINI_API_KEY"), "{refused}");
+}
+
+async fn put(app: &TestApp, path: &str, body: Value) -> Value {
+    let res = app
+        .client
+        .put(app.url(path))
+        .bearer_auth(&app.token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    expect_status(res, 200).await
+}
+
+#[tokio::test]
+async fn mode_and_model_change_in_a_live_session() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("default").await;
+    w.fake.push(Reply::text("Ready."));
+    let first = w.turn(&agent, "get ready", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+
+    let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
+    let changed = put(
+        &w.app,
+        &format!("/v1/agents/{agent}/mode"),
+        json!({"mode": "autoEdit"}),
+    )
+    .await;
+    assert_eq!(changed["mode"], "autoEdit", "{changed}");
+    let changed = put(
+        &w.app,
+        &format!("/v1/agents/{agent}/model"),
+        json!({"model": "gemini-2.5-pro"}),
+    )
+    .await;
+    assert_eq!(changed["model"], "gemini-2.5-pro", "{changed}");
+
+    // In autoEdit a write needs no approval.
+    let path = path_of(&ws["path"]).join("edited.txt");
+    w.fake.push(Reply::tool(
+        "write_file",
+        json!({"file_path": path, "content": "accepted\n"}),
+    ));
+    w.fake.push(Reply::text("Wrote it."));
+    w.app.prompt(&agent, "write edited.txt").await;
+    let events = stream.until("turn_completed", LONG).await;
+    let k = kinds(&events);
+    assert_eq!(outcome(&events)["outcome"], "completed", "{k:?}");
+    assert_eq!(
+        of_kind(&events, "mode_changed")[0]["mode"],
+        "autoEdit",
+        "{k:?}"
+    );
+    assert_eq!(
+        of_kind(&events, "model_changed")[0]["model"],
+        "gemini-2.5-pro",
+        "{k:?}"
+    );
+    assert!(!k.contains(&"permission_requested"), "{k:?}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "accepted\n");
+    // The model change reached the CLI: its last call asked for the model chosen.
+    let lines = w.fake.request_lines();
+    let last = lines
+        .iter()
+        .rev()
+        .find(|l| l.contains(":streamGenerateContent"))
+        .unwrap();
+    assert!(last.contains("/models/gemini-2.5-pro:"), "{lines:?}");
+}
