@@ -108,27 +108,6 @@ impl World {
     }
 }
 
-fn kinds(events: &[SseEvent]) -> Vec<&str> {
-    events.iter().map(|e| e.event.as_str()).collect()
-}
-
-fn of_kind<'a>(events: &'a [SseEvent], kind: &str) -> Vec<&'a Value> {
-    events
-        .iter()
-        .filter(|e| e.event == kind)
-        .map(|e| &e.data["data"])
-        .collect()
-}
-
-fn last_seq(events: &[SseEvent]) -> i64 {
-    events.last().map(|e| e.id).unwrap_or(0)
-}
-
-fn outcome(events: &[SseEvent]) -> Value {
-    let ends = of_kind(events, "turn_completed");
-    (*ends.last().expect("a turn_completed")).clone()
-}
-
 /// The assistant's whole messages in `events`.
 fn assistant_text(events: &[SseEvent]) -> String {
     of_kind(events, "assistant_message")
@@ -631,18 +610,6 @@ async fn shell_output_with_a_nul_is_stored_with_a_replacement_character() {
     }));
 }
 
-async fn put(app: &TestApp, path: &str, body: Value) -> Value {
-    let res = app
-        .client
-        .put(app.url(path))
-        .bearer_auth(&app.token)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    expect_status(res, 200).await
-}
-
 #[tokio::test]
 async fn mode_and_model_change_in_a_live_session() {
     let Some(w) = world().await else { return };
@@ -652,19 +619,21 @@ async fn mode_and_model_change_in_a_live_session() {
     assert_eq!(outcome(&first)["outcome"], "completed");
 
     let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
-    let changed = put(
-        &w.app,
-        &format!("/v1/agents/{agent}/mode"),
-        json!({"mode": "acceptEdits"}),
-    )
-    .await;
+    let changed = w
+        .app
+        .put_ok(
+            &format!("/v1/agents/{agent}/mode"),
+            json!({"mode": "acceptEdits"}),
+        )
+        .await;
     assert_eq!(changed["mode"], "acceptEdits", "{changed}");
-    let changed = put(
-        &w.app,
-        &format!("/v1/agents/{agent}/model"),
-        json!({"model": "sonnet"}),
-    )
-    .await;
+    let changed = w
+        .app
+        .put_ok(
+            &format!("/v1/agents/{agent}/model"),
+            json!({"model": "sonnet"}),
+        )
+        .await;
     assert_eq!(changed["model"], "sonnet", "{changed}");
 
     // In acceptEdits a write needs no approval.

@@ -147,27 +147,6 @@ fn processes_with_env(entry: &str) -> Vec<i32> {
     found
 }
 
-fn kinds(events: &[SseEvent]) -> Vec<&str> {
-    events.iter().map(|e| e.event.as_str()).collect()
-}
-
-fn of_kind<'a>(events: &'a [SseEvent], kind: &str) -> Vec<&'a Value> {
-    events
-        .iter()
-        .filter(|e| e.event == kind)
-        .map(|e| &e.data["data"])
-        .collect()
-}
-
-fn last_seq(events: &[SseEvent]) -> i64 {
-    events.last().map(|e| e.id).unwrap_or(0)
-}
-
-fn outcome(events: &[SseEvent]) -> Value {
-    let ends = of_kind(events, "turn_completed");
-    (*ends.last().expect("a turn_completed")).clone()
-}
-
 /// The assistant's last whole message in `events`.
 fn last_message(events: &[SseEvent]) -> String {
     of_kind(events, "assistant_message")
@@ -588,18 +567,6 @@ async fn allow_all_creates_files_without_asking() {
     assert_eq!(a["mode"], "allow-all", "{a}");
 }
 
-async fn put(app: &TestApp, path: &str, body: Value) -> Value {
-    let res = app
-        .client
-        .put(app.url(path))
-        .bearer_auth(&app.token)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    expect_status(res, 200).await
-}
-
 #[tokio::test]
 async fn switching_to_allow_all_in_a_live_session_stops_the_asking() {
     let Some(w) = world().await else { return };
@@ -609,12 +576,13 @@ async fn switching_to_allow_all_in_a_live_session_stops_the_asking() {
     assert_eq!(outcome(&first)["outcome"], "completed");
 
     let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
-    let changed = put(
-        &w.app,
-        &format!("/v1/agents/{agent}/mode"),
-        json!({"mode": "allow-all"}),
-    )
-    .await;
+    let changed = w
+        .app
+        .put_ok(
+            &format!("/v1/agents/{agent}/mode"),
+            json!({"mode": "allow-all"}),
+        )
+        .await;
     assert_eq!(changed["mode"], "allow-all", "{changed}");
     let path = path_of(&ws["path"]).join("switched.txt");
     w.fake.push(Reply::tool(

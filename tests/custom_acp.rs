@@ -122,29 +122,6 @@ impl Rig {
     }
 }
 
-fn kinds(events: &[SseEvent]) -> Vec<&str> {
-    events.iter().map(|e| e.event.as_str()).collect()
-}
-
-fn of_kind<'a>(events: &'a [SseEvent], kind: &str) -> Vec<&'a Value> {
-    events
-        .iter()
-        .filter(|e| e.event == kind)
-        .map(|e| &e.data["data"])
-        .collect()
-}
-
-fn last_seq(events: &[SseEvent]) -> i64 {
-    events.last().map(|e| e.id).unwrap_or(0)
-}
-
-fn outcome(events: &[SseEvent]) -> Value {
-    (*of_kind(events, "turn_completed")
-        .last()
-        .expect("a turn_completed"))
-    .clone()
-}
-
 fn assistant_text(events: &[SseEvent]) -> String {
     of_kind(events, "assistant_message")
         .iter()

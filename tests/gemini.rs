@@ -139,27 +139,6 @@ impl World {
     }
 }
 
-fn kinds(events: &[SseEvent]) -> Vec<&str> {
-    events.iter().map(|e| e.event.as_str()).collect()
-}
-
-fn of_kind<'a>(events: &'a [SseEvent], kind: &str) -> Vec<&'a Value> {
-    events
-        .iter()
-        .filter(|e| e.event == kind)
-        .map(|e| &e.data["data"])
-        .collect()
-}
-
-fn last_seq(events: &[SseEvent]) -> i64 {
-    events.last().map(|e| e.id).unwrap_or(0)
-}
-
-fn outcome(events: &[SseEvent]) -> Value {
-    let ends = of_kind(events, "turn_completed");
-    (*ends.last().expect("a turn_completed")).clone()
-}
-
 /// The assistant's whole messages in `events`.
 fn assistant_text(events: &[SseEvent]) -> String {
     of_kind(events, "assistant_message")
@@ -678,18 +657,6 @@ async fn without_credentials_gemini_is_unavailable_and_creation_is_refused() {
     assert!(refused.to_string().contains("GEMINI_API_KEY"), "{refused}");
 }
 
-async fn put(app: &TestApp, path: &str, body: Value) -> Value {
-    let res = app
-        .client
-        .put(app.url(path))
-        .bearer_auth(&app.token)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    expect_status(res, 200).await
-}
-
 #[tokio::test]
 async fn mode_and_model_change_in_a_live_session() {
     let Some(w) = world().await else { return };
@@ -699,19 +666,21 @@ async fn mode_and_model_change_in_a_live_session() {
     assert_eq!(outcome(&first)["outcome"], "completed");
 
     let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
-    let changed = put(
-        &w.app,
-        &format!("/v1/agents/{agent}/mode"),
-        json!({"mode": "autoEdit"}),
-    )
-    .await;
+    let changed = w
+        .app
+        .put_ok(
+            &format!("/v1/agents/{agent}/mode"),
+            json!({"mode": "autoEdit"}),
+        )
+        .await;
     assert_eq!(changed["mode"], "autoEdit", "{changed}");
-    let changed = put(
-        &w.app,
-        &format!("/v1/agents/{agent}/model"),
-        json!({"model": "gemini-2.5-pro"}),
-    )
-    .await;
+    let changed = w
+        .app
+        .put_ok(
+            &format!("/v1/agents/{agent}/model"),
+            json!({"model": "gemini-2.5-pro"}),
+        )
+        .await;
     assert_eq!(changed["model"], "gemini-2.5-pro", "{changed}");
 
     // In autoEdit a write needs no approval.

@@ -207,6 +207,19 @@ impl TestApp {
         expect_status(self.get(path).await, 200).await
     }
 
+    /// `PUT` a JSON body; the answer must be 200.
+    pub async fn put_ok(&self, path: &str, body: Value) -> Value {
+        let res = self
+            .client
+            .put(self.url(path))
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        expect_status(res, 200).await
+    }
+
     /// Graceful stop (like SIGTERM): agents closed, processes ended.
     pub async fn stop(mut self) -> (PgConnectOptions, TempDir, String) {
         if let Some(s) = self.stop.take() {
@@ -320,6 +333,31 @@ pub struct SseEvent {
     pub id: i64,
     pub event: String,
     pub data: Value,
+}
+
+/// The event kinds of `events`, in order.
+pub fn kinds(events: &[SseEvent]) -> Vec<&str> {
+    events.iter().map(|e| e.event.as_str()).collect()
+}
+
+/// The `data` of each event of `kind`.
+pub fn of_kind<'a>(events: &'a [SseEvent], kind: &str) -> Vec<&'a Value> {
+    events
+        .iter()
+        .filter(|e| e.event == kind)
+        .map(|e| &e.data["data"])
+        .collect()
+}
+
+/// The seq of the last event, to resume after it.
+pub fn last_seq(events: &[SseEvent]) -> i64 {
+    events.last().map(|e| e.id).unwrap_or(0)
+}
+
+/// The data of the last `turn_completed`.
+pub fn outcome(events: &[SseEvent]) -> Value {
+    let ends = of_kind(events, "turn_completed");
+    (*ends.last().expect("a turn_completed")).clone()
 }
 
 pub struct SseReader {
