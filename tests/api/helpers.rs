@@ -208,6 +208,7 @@ impl TestApp {
     }
 
     /// `PUT` a JSON body; the answer must be 200.
+    #[allow(dead_code)] // for the real-CLI suites; tests/api reads events its own way
     pub async fn put_ok(&self, path: &str, body: Value) -> Value {
         let res = self
             .client
@@ -336,11 +337,13 @@ pub struct SseEvent {
 }
 
 /// The event kinds of `events`, in order.
+#[allow(dead_code)] // for the real-CLI suites; tests/api reads events its own way
 pub fn kinds(events: &[SseEvent]) -> Vec<&str> {
     events.iter().map(|e| e.event.as_str()).collect()
 }
 
 /// The `data` of each event of `kind`.
+#[allow(dead_code)] // for the real-CLI suites; tests/api reads events its own way
 pub fn of_kind<'a>(events: &'a [SseEvent], kind: &str) -> Vec<&'a Value> {
     events
         .iter()
@@ -350,11 +353,13 @@ pub fn of_kind<'a>(events: &'a [SseEvent], kind: &str) -> Vec<&'a Value> {
 }
 
 /// The seq of the last event, to resume after it.
+#[allow(dead_code)] // for the real-CLI suites; tests/api reads events its own way
 pub fn last_seq(events: &[SseEvent]) -> i64 {
     events.last().map(|e| e.id).unwrap_or(0)
 }
 
 /// The data of the last `turn_completed`.
+#[allow(dead_code)] // for the real-CLI suites; tests/api reads events its own way
 pub fn outcome(events: &[SseEvent]) -> Value {
     let ends = of_kind(events, "turn_completed");
     (*ends.last().expect("a turn_completed")).clone()
