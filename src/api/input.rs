@@ -3,7 +3,7 @@
 //! one is answered 422 `validation_failed` naming the field, before any handler runs.
 
 use actix_web::HttpMessage;
-use actix_web::body::MessageBody;
+use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
 use actix_web::http::{Method, StatusCode};
 use actix_web::middleware::Next;
@@ -22,32 +22,51 @@ pub struct BodyLimit(pub usize);
 pub async fn reject_nul(
     mut req: ServiceRequest,
     next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+    match refusal(&mut req).await {
+        // Answered here (not raised), so the outer middleware still tags the answer with
+        // its request id.
+        Some(e) => Ok(req.error_response(e).map_into_right_body()),
+        None => next
+            .call(req)
+            .await
+            .map(ServiceResponse::map_into_left_body),
+    }
+}
+
+/// Why `req` is refused before any handler, if it is; otherwise its body, read to look
+/// into it, is put back for the extractors.
+async fn refusal(req: &mut ServiceRequest) -> Option<actix_web::Error> {
     if let Some(field) = nul_in_path(req.path()).or_else(|| nul_in_query(req.query_string())) {
-        return Err(ApiError::validation(&field, MESSAGE).into());
+        return Some(ApiError::validation(&field, MESSAGE).into());
     }
     if matches!(*req.method(), Method::POST | Method::PUT | Method::PATCH) {
         let limit = req.app_data::<BodyLimit>().map_or(usize::MAX, |l| l.0);
         let mut payload = req.take_payload();
         let mut body = BytesMut::new();
         while let Some(chunk) = payload.next().await {
-            body.extend_from_slice(&chunk?);
+            match chunk {
+                Ok(chunk) => body.extend_from_slice(&chunk),
+                Err(e) => return Some(e.into()),
+            }
             if body.len() > limit {
-                return Err(ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "payload_too_large",
-                    format!("the body is larger than {limit} bytes"),
-                )
-                .into());
+                return Some(
+                    ApiError::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "payload_too_large",
+                        format!("the body is larger than {limit} bytes"),
+                    )
+                    .into(),
+                );
             }
         }
         let body = body.freeze();
         if let Some(field) = nul_in_json(&body) {
-            return Err(ApiError::validation(&field, MESSAGE).into());
+            return Some(ApiError::validation(&field, MESSAGE).into());
         }
         req.set_payload(replay(body));
     }
-    next.call(req).await
+    None
 }
 
 /// The body again, for the extractors after this middleware.

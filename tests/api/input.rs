@@ -11,6 +11,8 @@ async fn assert_rejected(res: reqwest::Response, field: &str) {
         "application/problem+json",
         "{field}"
     );
+    // Refused before any handler, and still traceable to its request.
+    assert!(res.headers().contains_key("x-request-id"), "{field}");
     let body = expect_status(res, 422).await;
     assert_eq!(body["code"], "validation_failed", "{body}");
     assert_eq!(body["errors"][0]["field"], field, "{body}");
