@@ -204,6 +204,11 @@ impl AgentManager {
         &self.shared.registry
     }
 
+    /// The process ledger every child of this server is recorded in.
+    pub fn ledger(&self) -> &Ledger {
+        &self.shared.ledger
+    }
+
     /// The model catalog of provider `id` (see `ProviderRegistry::models`). A probe that
     /// runs the CLI does so through the ledger, in an empty directory removed afterwards.
     pub async fn models(
