@@ -57,6 +57,7 @@ pub struct Settings {
     pub events: EventSettings,
     pub agents: AgentSettings,
     pub workspaces: WorkspaceSettings,
+    pub metrics: MetricsSettings,
     /// One table per provider id.
     pub providers: BTreeMap<String, ProviderSettings>,
     /// The key that encrypts team secrets at rest.
@@ -405,6 +406,7 @@ impl Default for Settings {
             events: EventSettings::default(),
             agents: AgentSettings::default(),
             workspaces: WorkspaceSettings::default(),
+            metrics: MetricsSettings::default(),
             providers: BTreeMap::new(),
             secrets: SecretsSettings::default(),
         }
@@ -456,6 +458,14 @@ impl Default for AgentSettings {
             idle_timeout_s: 900,
         }
     }
+}
+
+/// `[metrics]`: `GET /metrics` answers anyone who can reach it unless `token` is set;
+/// then it asks for `Authorization: Bearer <token>`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsSettings {
+    pub token: Option<Secret>,
 }
 
 /// `[workspaces]`: bounds on the repository's own setup and teardown commands
@@ -622,6 +632,11 @@ impl Settings {
                 "limits.max_prompt_bytes",
                 "must be between 1 and limits.max_body_bytes",
             ));
+        }
+        if let Some(t) = &self.metrics.token
+            && t.expose().len() < 16
+        {
+            return Err(invalid("metrics.token", "must be at least 16 characters"));
         }
         if self.workspaces.setup_timeout_s == 0 {
             return Err(invalid("workspaces.setup_timeout_s", "must be at least 1"));

@@ -9,6 +9,7 @@ pub mod domain;
 pub mod embedded_pg;
 pub mod events;
 pub mod git;
+pub mod metrics;
 pub mod process;
 pub mod providers;
 pub mod runtime;

@@ -30,6 +30,8 @@ use crate::store;
 pub struct AppState {
     pub services: ServiceContext,
     pub settings: Settings,
+    /// Requests counted for `GET /metrics`.
+    pub http: api::metrics::HttpMetrics,
 }
 
 pub struct Application {
@@ -181,6 +183,7 @@ impl Application {
                 oidc,
             },
             settings: settings.clone(),
+            http: Default::default(),
         });
 
         let replica = state.services.agents.ledger().replica.clone();
@@ -198,7 +201,8 @@ impl Application {
                 .app_data(data.clone())
                 .configure(|cfg| api::configure(cfg, max_body))
                 .split_for_parts();
-            app.wrap(actix_web::middleware::from_fn(api::middleware::catch_panic))
+            app.wrap(actix_web::middleware::from_fn(api::metrics::record))
+                .wrap(actix_web::middleware::from_fn(api::middleware::catch_panic))
                 .wrap(actix_web::middleware::from_fn(api::middleware::request_id))
                 .service(api::docs::swagger())
                 .route("/docs", web::get().to(api::docs::redirect_to_ui))

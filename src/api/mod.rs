@@ -16,6 +16,7 @@ pub mod health;
 mod idempotency;
 pub mod identity;
 pub mod input;
+pub mod metrics;
 pub mod middleware;
 pub mod openapi;
 pub mod projects;
@@ -49,6 +50,7 @@ pub fn configure(cfg: &mut ServiceConfig, max_body_bytes: usize) {
     .app_data(web::QueryConfig::default().error_handler(query_error))
     .app_data(web::PathConfig::default().error_handler(path_error));
     health::configure(cfg);
+    metrics::configure(cfg);
     sessions::configure(cfg);
     cfg.service(
         utoipa_actix_web::scope("/v1")

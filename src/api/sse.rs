@@ -162,6 +162,7 @@ async fn pump_agent(
                             }
                         }
                         Err(broadcast::error::RecvError::Lagged(_)) => {
+                            stream.fell_behind();
                             flush(&tx, &mut out).await?;
                             replay_agent(stream, &mut last, &tx).await?;
                         }
@@ -286,7 +287,10 @@ async fn pump_team(
                     }
                     last = a.id;
                 }
-                Err(broadcast::error::RecvError::Lagged(_)) => replay_team(stream, &mut last, &tx).await?,
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    stream.fell_behind();
+                    replay_team(stream, &mut last, &tx).await?
+                }
                 Err(broadcast::error::RecvError::Closed) => return Ok(()),
             },
         }

@@ -11,6 +11,7 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use crate::domain::{AgentEvent, AgentId};
+use crate::metrics::Counter;
 
 /// A committed agent event, serialised at most once however many clients read it.
 #[derive(Debug)]
@@ -52,6 +53,8 @@ pub struct Bus {
     agents: Mutex<HashMap<AgentId, broadcast::Sender<Arc<Published>>>>,
     team: broadcast::Sender<Arc<TeamActivity>>,
     capacity: usize,
+    /// Streams that fell behind and caught up from the database.
+    pub resyncs: Counter,
 }
 
 impl Bus {
@@ -61,6 +64,7 @@ impl Bus {
             agents: Mutex::new(HashMap::new()),
             team,
             capacity,
+            resyncs: Counter::default(),
         }
     }
 
@@ -69,6 +73,12 @@ impl Bus {
         map.entry(agent)
             .or_insert_with(|| broadcast::channel(self.capacity).0)
             .subscribe()
+    }
+
+    /// Receivers listening now (agent streams and team streams).
+    pub fn subscribers(&self) -> usize {
+        let map = self.agents.lock().expect("bus lock");
+        map.values().map(|tx| tx.receiver_count()).sum::<usize>() + self.team.receiver_count()
     }
 
     pub fn subscribe_team(&self) -> broadcast::Receiver<Arc<TeamActivity>> {

@@ -32,6 +32,7 @@ use super::bus::{Bus, Published, TeamActivity};
 use super::fault::{Fault, classify};
 use super::scrub::{ENVELOPE_BYTES, scrub};
 use crate::domain::{AgentEvent, AgentId, EventKind, NewEvent};
+use crate::metrics::{self, Histogram};
 use crate::store;
 use crate::store::events::TeamEventRow;
 
@@ -147,6 +148,10 @@ struct Shared {
     overdrafts: AtomicU64,
     max_queue_wait_us: AtomicU64,
     max_isolation_us: AtomicU64,
+    /// Events (agent and team) per committed batch.
+    batch_events: Histogram,
+    /// Time to commit one batch, retries and isolation included.
+    commit_seconds: Histogram,
     store_down: AtomicBool,
 }
 
@@ -170,6 +175,8 @@ impl Shared {
             overdrafts: AtomicU64::new(0),
             max_queue_wait_us: AtomicU64::new(0),
             max_isolation_us: AtomicU64::new(0),
+            batch_events: Histogram::new(metrics::SIZES),
+            commit_seconds: Histogram::new(metrics::SECONDS),
             store_down: AtomicBool::new(false),
         }
     }
@@ -335,6 +342,16 @@ impl EventWriter {
 
     pub async fn forget(&self, agent: AgentId) {
         let _ = self.tx.send(WriteOp::Forget(agent));
+    }
+
+    /// Events per committed batch.
+    pub fn batch_histogram(&self) -> &Histogram {
+        &self.shared.batch_events
+    }
+
+    /// Seconds to commit a batch.
+    pub fn commit_histogram(&self) -> &Histogram {
+        &self.shared.commit_seconds
     }
 
     /// The writer's counters.
@@ -540,10 +557,19 @@ impl Writer {
             self.next_seq.remove(&id);
         }
 
+        let commit_started = Instant::now();
         let mut rows = self.commit_all(&mut events, &team).await;
 
         // Committed: now, and only now, visible.
         let committed_at = Instant::now();
+        if !events.is_empty() || !team.is_empty() {
+            self.shared
+                .batch_events
+                .observe((events.len() + team.len()) as f64);
+            self.shared
+                .commit_seconds
+                .observe(committed_at.duration_since(commit_started).as_secs_f64());
+        }
         let mut released = Charge::default();
         let mut oldest: Option<Instant> = None;
         for (p, (start, end)) in batch.into_iter().zip(spans) {

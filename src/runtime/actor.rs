@@ -925,6 +925,10 @@ impl Actor {
         if let Err(e) = self.commit(vec![ev], Vec::new()).await {
             tracing::error!(error = %e, "could not record the end of a turn");
         }
+        self.shared
+            .turns
+            .with(&[&self.ctx.provider, outcome_str(outcome)])
+            .inc();
         if let Err(e) = store::agents::turn_finished(
             &self.shared.pool,
             self.id().uuid(),

@@ -24,6 +24,7 @@ pub use server_lock::{ServerLock, ServerLockError};
 
 use crate::domain::{AgentId, AgentStatus, Behavior, PermissionId, SecretEnv, TurnId, TurnOutcome};
 use crate::events::EventWriter;
+use crate::metrics::{Counter, Family};
 use crate::process::{CommandSpec, Ledger, ManagedChild, ProcessError};
 use crate::providers::{
     CatalogScope, ModelInfo, Probe, ProcessLauncher, Provider, ProviderRegistry,
@@ -146,6 +147,8 @@ pub(crate) struct Shared {
     /// Idle time after which an agent's process is stopped (`None`: never).
     pub idle_timeout: Option<Duration>,
     actors: Mutex<HashMap<AgentId, ActorHandle>>,
+    /// Turns ended, by provider and outcome.
+    pub turns: Family<Counter>,
     generation: AtomicU64,
     shutting_down: AtomicBool,
     rt: Handle,
@@ -174,6 +177,7 @@ impl AgentManager {
                 interrupt_grace: Duration::from_secs(5),
                 idle_timeout: None,
                 actors: Mutex::new(HashMap::new()),
+                turns: Family::counters(&["provider", "outcome"]),
                 generation: AtomicU64::new(1),
                 shutting_down: AtomicBool::new(false),
                 rt,
@@ -202,6 +206,20 @@ impl AgentManager {
 
     pub fn registry(&self) -> &ProviderRegistry {
         &self.shared.registry
+    }
+
+    /// Turns ended on this server, by provider and outcome.
+    pub fn turns(&self) -> &Family<Counter> {
+        &self.shared.turns
+    }
+
+    /// Live agents whose provider process runs now.
+    pub fn running_processes(&self) -> usize {
+        let actors = self.shared.actors.lock().expect("actors lock");
+        actors
+            .values()
+            .filter(|h| !h.tx.is_closed() && h.snapshot.borrow().pid.is_some())
+            .count()
     }
 
     /// The process ledger every child of this server is recorded in.

@@ -18,3 +18,8 @@ pub async fn ready(ctx: &ServiceContext) -> ServiceResult<()> {
         }
     }
 }
+
+/// What `GET /metrics` reads from the store: agents (not archived) by provider and status.
+pub async fn agent_counts(ctx: &ServiceContext) -> ServiceResult<Vec<(String, String, i64)>> {
+    Ok(store::agents::count_by_provider_and_status(&ctx.pool).await?)
+}

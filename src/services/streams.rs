@@ -38,6 +38,11 @@ impl AgentStream {
 
     /// Live events as they are committed. Subscribe before reading pages, so nothing
     /// committed in between is missed.
+    /// Count a reader that fell behind the bus and catches up from the database.
+    pub fn fell_behind(&self) {
+        self.ctx.bus.resyncs.inc();
+    }
+
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Published>> {
         self.ctx.bus.subscribe(self.id)
     }
@@ -92,6 +97,11 @@ impl TeamStream {
     }
 
     /// Live activity of every team; filter it with `admits`.
+    /// Count a reader that fell behind the bus and catches up from the database.
+    pub fn fell_behind(&self) {
+        self.ctx.bus.resyncs.inc();
+    }
+
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<TeamActivity>> {
         self.ctx.bus.subscribe_team()
     }

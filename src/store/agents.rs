@@ -257,3 +257,15 @@ pub async fn open_agents(db: impl PgExecutor<'_>) -> Result<Vec<OpenAgent>, sqlx
     .fetch_all(db)
     .await
 }
+
+/// Agents not archived, counted by provider and status.
+pub async fn count_by_provider_and_status(
+    db: impl PgExecutor<'_>,
+) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT provider, status, count(*) FROM agents WHERE archived_at IS NULL
+         GROUP BY provider, status ORDER BY provider, status",
+    )
+    .fetch_all(db)
+    .await
+}

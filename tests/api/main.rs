@@ -6,6 +6,7 @@ mod agents;
 mod helpers;
 mod idempotency_claims;
 mod input;
+mod metrics;
 mod people;
 mod platform;
 mod runtime;

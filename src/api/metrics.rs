@@ -1,0 +1,191 @@
+//! `GET /metrics`: Prometheus text for this server — requests by route template, agents,
+//! turns, the event writer, streams, provider processes and the database pool. Open to
+//! whoever reaches it unless `[metrics] token` is set.
+
+use std::time::Instant;
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::header;
+use actix_web::middleware::Next;
+use actix_web::{HttpRequest, HttpResponse, get, web};
+use utoipa_actix_web::service_config::ServiceConfig;
+
+use super::error::ApiError;
+use crate::metrics::{self, Counter, Family, Histogram, Page};
+use crate::server::AppState;
+use crate::services::health;
+
+pub fn configure(cfg: &mut ServiceConfig) {
+    cfg.service(metrics_page);
+}
+
+/// The HTTP edge's own instruments.
+pub struct HttpMetrics {
+    requests: Family<Counter>,
+    durations: Family<Histogram>,
+}
+
+impl Default for HttpMetrics {
+    fn default() -> Self {
+        Self {
+            requests: Family::counters(&["method", "route", "status"]),
+            durations: Family::new(&["route"], || Histogram::new(metrics::SECONDS)),
+        }
+    }
+}
+
+/// Count every request by its route template (never the raw path: ids would make one
+/// series per resource); a path no route matches counts as `unmatched`.
+pub async fn record(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let started = Instant::now();
+    let method = req.method().as_str().to_owned();
+    let route = req
+        .match_pattern()
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let state = req.app_data::<web::Data<AppState>>().cloned();
+    let res = next.call(req).await?;
+    if let Some(state) = state {
+        let status = res.status().as_u16().to_string();
+        state.http.requests.with(&[&method, &route, &status]).inc();
+        state
+            .http
+            .durations
+            .with(&[&route])
+            .observe(started.elapsed().as_secs_f64());
+    }
+    Ok(res)
+}
+
+/// Prometheus text format 0.0.4.
+#[utoipa::path(tag = "health",
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "Metrics in the Prometheus text format", content_type = "text/plain",
+            example = "# HELP agentry_events_written_total Events committed.\n# TYPE agentry_events_written_total counter\nagentry_events_written_total 42\n"),
+        (status = 401, body = crate::api::error::Problem)))]
+#[get("/metrics")]
+async fn metrics_page(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    if let Some(token) = &state.settings.metrics.token {
+        let sent = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match sent {
+            None => {
+                return Err(ApiError::unauthorized(
+                    "token_missing",
+                    "send `Authorization: Bearer <metrics.token>`",
+                ));
+            }
+            // Digests are compared, so the time taken tells nothing about the token.
+            Some(s) if digest(s) != digest(token.expose()) => {
+                return Err(ApiError::unauthorized(
+                    "token_invalid",
+                    "this is not the metrics token",
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    let s = &state.services;
+    let mut page = Page::default();
+
+    let agents = health::agent_counts(s).await?;
+    let samples: Vec<(Vec<String>, f64)> = agents
+        .into_iter()
+        .map(|(provider, status, n)| (vec![status, provider], n as f64))
+        .collect();
+    page.gauges(
+        "agentry_agents",
+        "Agents not archived, by status and provider (from the database).",
+        &["status", "provider"],
+        &samples,
+    );
+    page.counter_family(
+        "agentry_turns_total",
+        "Turns ended on this server, by provider and outcome.",
+        s.agents.turns(),
+    );
+    let writer = s.writer.stats();
+    page.counter(
+        "agentry_events_written_total",
+        "Events committed by this server's writer (agent events, stand-ins included).",
+        writer.committed_events,
+    );
+    page.counter(
+        "agentry_events_rejected_total",
+        "Agent events the database refused, stored as event_rejected errors instead.",
+        writer.rejected_events,
+    );
+    page.gauge(
+        "agentry_writer_queued_events",
+        "Events accepted and not yet committed.",
+        writer.queued_events as f64,
+    );
+    page.histogram(
+        "agentry_writer_batch_events",
+        "Events (agent and team) per committed batch.",
+        s.writer.batch_histogram(),
+    );
+    page.histogram(
+        "agentry_writer_commit_seconds",
+        "Time to commit one batch, retries included.",
+        s.writer.commit_histogram(),
+    );
+    page.gauge(
+        "agentry_sse_subscribers",
+        "Open event streams (agent and team) on this server.",
+        s.bus.subscribers() as f64,
+    );
+    page.counter(
+        "agentry_sse_resyncs_total",
+        "Streams that fell behind and caught up from the database.",
+        s.bus.resyncs.get(),
+    );
+    page.gauge(
+        "agentry_provider_processes",
+        "Agents whose provider process runs on this server now.",
+        s.agents.running_processes() as f64,
+    );
+    let pool = s.pool.pool();
+    let idle = pool.num_idle() as f64;
+    page.gauges(
+        "agentry_db_connections",
+        "Database connections of this server, by state.",
+        &["state"],
+        &[
+            (vec!["idle".into()], idle),
+            (vec!["in_use".into()], f64::from(pool.size()) - idle),
+        ],
+    );
+    page.counter_family(
+        "agentry_http_requests_total",
+        "HTTP requests, by method, route template and status.",
+        &state.http.requests,
+    );
+    page.histogram_family(
+        "agentry_http_request_duration_seconds",
+        "HTTP request durations (until the response head), by route template.",
+        &state.http.durations,
+    );
+    Ok(HttpResponse::Ok()
+        .insert_header((
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        ))
+        .body(page.finish()))
+}
+
+fn digest(s: &str) -> Vec<u8> {
+    ring::digest::digest(&ring::digest::SHA256, s.as_bytes())
+        .as_ref()
+        .to_vec()
+}
