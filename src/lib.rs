@@ -4,6 +4,7 @@
 pub mod api;
 pub mod auth;
 pub mod bench;
+pub mod client;
 pub mod config;
 pub mod domain;
 pub mod embedded_pg;

@@ -21,6 +21,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    connection: agentry::client::Connection,
 }
 
 #[derive(clap::Args, Clone)]
@@ -64,6 +66,8 @@ enum Command {
     MockAgent,
     /// Measure durable event throughput, SSE latency and memory.
     Bench(agentry::bench::BenchArgs),
+    #[command(flatten)]
+    Client(agentry::client::ClientCommand),
 }
 
 #[derive(Subcommand)]
@@ -120,6 +124,10 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     match cli.command {
         Command::MockAgent => unreachable!("handled above"),
+        Command::Client(command) => {
+            let code = agentry::client::main(cli.connection, command, &rt);
+            std::process::exit(code);
+        }
         Command::Openapi => {
             print!("{}", agentry::api::docs::document_json());
             Ok(())

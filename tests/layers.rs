@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 /// Highest first. Modules in one layer may use each other.
 const LAYERS: &[&[&str]] = &[
     // Commands beside the server that build a whole application.
-    &["bench"],
+    &["bench", "client"],
     // The HTTP edge and the wiring of the application state it serves.
     &["api", "server"],
     &["services"],

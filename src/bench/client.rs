@@ -6,6 +6,8 @@ use anyhow::Context;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
+use crate::client::api::SseFrames;
+
 #[derive(Clone)]
 pub struct Api {
     client: reqwest::Client,
@@ -159,58 +161,5 @@ impl SseStream {
             .await
             .map_err(|_| anyhow::anyhow!("no byte from the stream for {timeout:?}"))??;
         Ok(chunk.map(|bytes| self.frames.push(&bytes)))
-    }
-}
-
-/// Splits an SSE byte stream into the `data:` payloads of its complete messages.
-#[derive(Default)]
-pub struct SseFrames {
-    buf: Vec<u8>,
-    /// Bytes of `buf` already searched for a message end.
-    scanned: usize,
-}
-
-impl SseFrames {
-    pub fn push(&mut self, bytes: &[u8]) -> Vec<Vec<u8>> {
-        self.buf.extend_from_slice(bytes);
-        let mut out = Vec::new();
-        let mut start = 0;
-        let mut from = self.scanned.saturating_sub(1).max(start);
-        while let Some(pos) = self.buf[from..].windows(2).position(|w| w == b"\n\n") {
-            let end = from + pos;
-            let message = &self.buf[start..end];
-            if let Some(data) = message
-                .split(|b| *b == b'\n')
-                .find_map(|l| l.strip_prefix(b"data: "))
-            {
-                out.push(data.to_vec());
-            }
-            start = end + 2;
-            from = start;
-        }
-        self.buf.drain(..start);
-        self.scanned = self.buf.len();
-        out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn frames_split_across_chunks_come_out_whole_and_once() {
-        let mut f = SseFrames::default();
-        assert!(
-            f.push(b"retry: 3000\n\nid: 1\nevent: status\nda")
-                .is_empty()
-        );
-        assert!(f.push(b"ta: {\"seq\":1}\n").is_empty());
-        let out = f.push(b"\n: ping\n\nid: 2\ndata: {\"seq\":2}\n\nid: 3\n");
-        assert_eq!(out, vec![b"{\"seq\":1}".to_vec(), b"{\"seq\":2}".to_vec()]);
-        assert_eq!(
-            f.push(b"data: {\"seq\":3}\n\n"),
-            vec![b"{\"seq\":3}".to_vec()]
-        );
     }
 }

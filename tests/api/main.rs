@@ -3,6 +3,7 @@
 
 mod access_matrix;
 mod agents;
+mod cli;
 mod helpers;
 mod idempotency_claims;
 mod input;

@@ -1,0 +1,387 @@
+//! The command-line client, run as a real process against a real server with the mock
+//! provider: exit statuses, text and `--json` output, permissions, logs that resume.
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+/// Run `agentry <args>` against `app` with a config home of its own (so no stored login
+/// leaks in); the process's output.
+async fn agentry(app: &TestApp, home: &Path, args: &[&str]) -> Output {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"));
+    cmd.args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("AGENTRY_URL", &app.base)
+        .env("AGENTRY_TOKEN", &app.token)
+        .kill_on_drop(true);
+    tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .expect("the command ends")
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Each line of `--json` output as an event.
+fn json_lines(o: &Output) -> Vec<Value> {
+    stdout(o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+#[tokio::test]
+async fn run_streams_a_turn_and_exits_by_its_outcome() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    app.project(repo.path()).await;
+    let home = tempfile::tempdir().unwrap();
+
+    let ok = agentry(
+        &app,
+        home.path(),
+        &[
+            "run",
+            "--project",
+            "demo",
+            "--provider",
+            "mock",
+            "hello there",
+        ],
+    )
+    .await;
+    assert_eq!(ok.status.code(), Some(0), "{}", stderr(&ok));
+    let text = stdout(&ok);
+    assert!(text.contains("> hello there"), "{text}");
+    assert!(text.contains("— turn completed"), "{text}");
+    assert!(!text.contains("\x1b["), "no colour when piped");
+
+    let failed = agentry(
+        &app,
+        home.path(),
+        &[
+            "run",
+            "--project",
+            "demo",
+            "--provider",
+            "mock",
+            "--json",
+            "/fail broken on purpose",
+        ],
+    )
+    .await;
+    assert_eq!(failed.status.code(), Some(1), "{}", stderr(&failed));
+    let events = json_lines(&failed);
+    let seqs: Vec<i64> = events.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as i64).collect::<Vec<_>>(),
+        "every event once, in order"
+    );
+    let last = events.last().unwrap();
+    assert_eq!(last["kind"], "turn_completed");
+    assert_eq!(last["data"]["outcome"], "failed");
+
+    let detached = agentry(
+        &app,
+        home.path(),
+        &[
+            "run",
+            "--project",
+            "demo",
+            "--provider",
+            "mock",
+            "--label",
+            "ci=7",
+            "--detach",
+            "/sleep 100",
+        ],
+    )
+    .await;
+    assert_eq!(detached.status.code(), Some(0));
+    let id = stdout(&detached).trim().to_owned();
+    assert!(id.starts_with("agt_"), "{id}");
+    let agent = app.get_ok(&format!("/v1/agents/{id}")).await;
+    assert_eq!(agent["labels"], json!({"ci": "7"}));
+
+    // Mistakes are exit 2 with a message, never a panic.
+    for args in [
+        &["run", "--project", "nope", "hi"][..],
+        &["run", "--project", "demo", "--label", "novalue", "hi"],
+        &["send", "agt_00000000000000000000000000000000", "hi"],
+    ] {
+        let o = agentry(&app, home.path(), args).await;
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).starts_with("agentry: "),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+    let o = agentry(&app, home.path(), &["run", "--project", "demo"]).await;
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "a missing prompt is a usage error"
+    );
+}
+
+#[tokio::test]
+async fn a_bad_token_or_an_unreachable_server_is_exit_2() {
+    let app = spawn_app().await;
+    let home = tempfile::tempdir().unwrap();
+    let o = agentry(&app, home.path(), &["ls", "--token", "agt_pat_wrong"]).await;
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("agentry login"), "{}", stderr(&o));
+    let o = agentry(&app, home.path(), &["--url", "http://127.0.0.1:9", "ls"]).await;
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("cannot reach http://127.0.0.1:9"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[tokio::test]
+async fn permissions_are_answered_by_flag_or_by_command() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    app.project(repo.path()).await;
+    let home = tempfile::tempdir().unwrap();
+
+    let allowed = agentry(
+        &app,
+        home.path(),
+        &[
+            "run",
+            "--project",
+            "demo",
+            "--provider",
+            "mock",
+            "--on-permission",
+            "allow",
+            "/ask deploy?",
+        ],
+    )
+    .await;
+    assert_eq!(allowed.status.code(), Some(0), "{}", stderr(&allowed));
+    assert!(
+        stdout(&allowed).contains("? permission: deploy?"),
+        "{}",
+        stdout(&allowed)
+    );
+    assert!(stdout(&allowed).contains("allow"), "{}", stdout(&allowed));
+
+    // `wait`: someone else answers with `agentry deny`.
+    let detached = agentry(
+        &app,
+        home.path(),
+        &[
+            "run",
+            "--project",
+            "demo",
+            "--provider",
+            "mock",
+            "--detach",
+            "/ask ship it?",
+        ],
+    )
+    .await;
+    let id = stdout(&detached).trim().to_owned();
+    let waiting = app
+        .get_ok(&format!("/v1/agents/{id}/wait?timeout_s=10"))
+        .await;
+    assert_eq!(
+        waiting["pending_permissions"].as_array().unwrap().len(),
+        1,
+        "{waiting}"
+    );
+    let none_named = agentry(&app, home.path(), &["approve", &id, "perm_nope"]).await;
+    assert_eq!(none_named.status.code(), Some(2));
+    let denied = agentry(&app, home.path(), &["deny", &id, "--message", "not today"]).await;
+    assert_eq!(denied.status.code(), Some(0), "{}", stderr(&denied));
+    let done = app.wait(&id).await;
+    assert_eq!(done["last_turn"]["outcome"], "completed");
+    let logs = agentry(&app, home.path(), &["logs", &id]).await;
+    assert!(stdout(&logs).contains("deny"), "{}", stdout(&logs));
+    let again = agentry(&app, home.path(), &["approve", &id]).await;
+    assert_eq!(again.status.code(), Some(2), "nothing is pending any more");
+    assert!(
+        stderr(&again).contains("no pending permission"),
+        "{}",
+        stderr(&again)
+    );
+}
+
+#[tokio::test]
+async fn send_logs_diff_interrupt_archive_and_listings() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    app.project(repo.path()).await;
+    let home = tempfile::tempdir().unwrap();
+    let run = agentry(
+        &app,
+        home.path(),
+        &[
+            "run",
+            "--project",
+            "demo",
+            "--provider",
+            "mock",
+            "/write notes.txt from the cli",
+        ],
+    )
+    .await;
+    assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+    let id = app.get_ok("/v1/agents").await["items"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let sent = agentry(
+        &app,
+        home.path(),
+        &["send", &id, "second", "--wait", "--json"],
+    )
+    .await;
+    assert_eq!(sent.status.code(), Some(0), "{}", stderr(&sent));
+    let events = json_lines(&sent);
+    assert_eq!(
+        events.first().unwrap()["kind"],
+        "turn_started",
+        "only the new turn"
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e["kind"] == "user_message")
+            .count(),
+        1
+    );
+
+    let logs = agentry(&app, home.path(), &["logs", &id, "--json"]).await;
+    let all = json_lines(&logs);
+    assert_eq!(
+        all.len(),
+        app.timeline(&id).await.len(),
+        "logs prints every event"
+    );
+
+    let diff = agentry(&app, home.path(), &["diff", &id]).await;
+    assert!(stdout(&diff).contains("+from the cli"), "{}", stdout(&diff));
+
+    let ls = agentry(&app, home.path(), &["ls"]).await;
+    assert!(stdout(&ls).contains(&id), "{}", stdout(&ls));
+    let ls = agentry(&app, home.path(), &["ls", "--json"]).await;
+    let listed: Value = serde_json::from_str(&stdout(&ls)).unwrap();
+    assert_eq!(listed["items"][0]["id"], id.as_str());
+
+    let providers = agentry(&app, home.path(), &["providers"]).await;
+    assert!(
+        stdout(&providers).contains("mock"),
+        "{}",
+        stdout(&providers)
+    );
+    let models = agentry(&app, home.path(), &["models", "mock", "--json"]).await;
+    let models: Value = serde_json::from_str(&stdout(&models)).unwrap();
+    assert_eq!(models["items"][0]["id"], "mock-small");
+
+    // Interrupt a sleeping turn: `send --wait` reports it canceled (exit 1).
+    let waiter = {
+        let base = app.base.clone();
+        let token = app.token.clone();
+        let home = home.path().to_owned();
+        let id = id.clone();
+        tokio::spawn(async move {
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+                .args(["send", &id, "/sleep 20000", "--wait"])
+                .env_clear()
+                .env("HOME", home)
+                .env("AGENTRY_URL", base)
+                .env("AGENTRY_TOKEN", token)
+                .output()
+                .await
+                .unwrap()
+        })
+    };
+    let mut running = false;
+    for _ in 0..100 {
+        if app.get_ok(&format!("/v1/agents/{id}")).await["status"] == "running" {
+            running = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(running, "the sleeping turn started");
+    let interrupted = agentry(&app, home.path(), &["interrupt", &id]).await;
+    assert_eq!(
+        interrupted.status.code(),
+        Some(0),
+        "{}",
+        stderr(&interrupted)
+    );
+    let waited = waiter.await.unwrap();
+    assert_eq!(waited.status.code(), Some(1), "{}", stderr(&waited));
+    assert!(String::from_utf8_lossy(&waited.stdout).contains("turn canceled"));
+
+    let archived = agentry(&app, home.path(), &["archive", &id]).await;
+    assert_eq!(archived.status.code(), Some(0));
+    let agent = app.get_ok(&format!("/v1/agents/{id}")).await;
+    assert!(!agent["archived_at"].is_null());
+}
+
+#[tokio::test]
+async fn login_stores_the_server_and_token_privately() {
+    use std::os::unix::fs::PermissionsExt;
+    let app = spawn_app().await;
+    let home = tempfile::tempdir().unwrap();
+    let login = agentry(&app, home.path(), &["login"]).await;
+    assert_eq!(login.status.code(), Some(0), "{}", stderr(&login));
+    assert!(
+        stdout(&login).contains("admin@localhost"),
+        "{}",
+        stdout(&login)
+    );
+    let file = home.path().join(".config/agentry/client.toml");
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let stored = std::fs::read_to_string(&file).unwrap();
+    assert!(stored.contains(&app.token));
+
+    // Later commands use it with nothing in the environment.
+    let o = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("providers")
+        .env_clear()
+        .env("HOME", home.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // A wrong token is not stored.
+    let bad = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .args(["login", "--url", &app.base, "--token", "agt_pat_bad"])
+        .env_clear()
+        .env("HOME", home.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), stored);
+}
