@@ -3,6 +3,7 @@
 
 mod access_matrix;
 mod agents;
+mod ci_docs;
 mod cli;
 mod helpers;
 mod idempotency_claims;
