@@ -385,3 +385,101 @@ async fn login_stores_the_server_and_token_privately() {
     assert_eq!(bad.status.code(), Some(2));
     assert_eq!(std::fs::read_to_string(&file).unwrap(), stored);
 }
+
+/// A TCP proxy in front of the server whose open connections the test can cut.
+struct Cutter {
+    addr: std::net::SocketAddr,
+    cut: tokio::sync::watch::Sender<u64>,
+    /// Connections accepted so far.
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Cutter {
+    async fn start(target: &str) -> Self {
+        let target = target.trim_start_matches("http://").to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (cut, cuts) = tokio::sync::watch::channel(0u64);
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let target = target.clone();
+                let mut cuts = cuts.clone();
+                cuts.mark_unchanged();
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = cuts.changed() => {}
+                    }
+                });
+            }
+        });
+        Self {
+            addr,
+            cut,
+            accepted,
+        }
+    }
+
+    /// Drop every connection open now.
+    fn cut(&self) {
+        self.cut.send_modify(|n| *n += 1);
+    }
+}
+
+#[tokio::test]
+async fn logs_follow_resumes_after_a_dropped_connection_without_gaps_or_repeats() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let (agent, _) = app.mock_agent(repo.path()).await;
+    app.wait(&agent).await;
+    let proxy = Cutter::start(&app.base).await;
+    let home = tempfile::tempdir().unwrap();
+    let mut follower = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .args(["logs", "-f", &agent, "--json"])
+        .env_clear()
+        .env("HOME", home.path())
+        .env("AGENTRY_URL", format!("http://{}", proxy.addr))
+        .env("AGENTRY_TOKEN", &app.token)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+
+    // A long turn; the connection is cut twice while it streams.
+    app.prompt(&agent, "/load 3000 1").await;
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        proxy.cut();
+    }
+    let done = app.wait(&agent).await;
+    assert_eq!(done["last_turn"]["outcome"], "completed");
+    let last = app.timeline(&agent).await.last().unwrap()["seq"]
+        .as_i64()
+        .unwrap();
+
+    // Read what the follower printed until it reached the last event.
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(follower.stdout.take().unwrap()).lines();
+    let mut seqs = Vec::new();
+    while seqs.last() != Some(&last) {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("the follower keeps printing")
+            .unwrap()
+            .expect("the follower is still running");
+        let e: Value = serde_json::from_str(&line).unwrap();
+        seqs.push(e["seq"].as_i64().unwrap());
+    }
+    assert_eq!(
+        seqs,
+        (1..=last).collect::<Vec<_>>(),
+        "every event once, in order"
+    );
+    follower.kill().await.unwrap();
+}
