@@ -481,5 +481,10 @@ async fn logs_follow_resumes_after_a_dropped_connection_without_gaps_or_repeats(
         (1..=last).collect::<Vec<_>>(),
         "every event once, in order"
     );
+    let connections = proxy.accepted.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        connections >= 3,
+        "the stream was cut and reopened: {connections} connections"
+    );
     follower.kill().await.unwrap();
 }
