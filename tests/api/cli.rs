@@ -451,11 +451,31 @@ async fn logs_follow_resumes_after_a_dropped_connection_without_gaps_or_repeats(
         .spawn()
         .unwrap();
 
+    // What it prints, read as it comes (a full pipe would stall it).
+    let (seq_tx, mut seq_rx) = tokio::sync::mpsc::unbounded_channel();
+    let stdout = follower.stdout.take().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::AsyncBufReadExt;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let e: Value = serde_json::from_str(&line).unwrap();
+            let _ = seq_tx.send(e["seq"].as_i64().unwrap());
+        }
+    });
+
+    eventually("the follower to connect", Duration::from_secs(10), || {
+        proxy.accepted.load(std::sync::atomic::Ordering::SeqCst) == 1
+    })
+    .await;
     // A long turn; the connection is cut twice while it streams.
     app.prompt(&agent, "/load 3000 1").await;
-    for _ in 0..2 {
-        tokio::time::sleep(Duration::from_millis(700)).await;
+    for round in 1..=2 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
         proxy.cut();
+        eventually("the follower to reconnect", Duration::from_secs(10), || {
+            proxy.accepted.load(std::sync::atomic::Ordering::SeqCst) > round
+        })
+        .await;
     }
     let done = app.wait(&agent).await;
     assert_eq!(done["last_turn"]["outcome"], "completed");
@@ -463,18 +483,13 @@ async fn logs_follow_resumes_after_a_dropped_connection_without_gaps_or_repeats(
         .as_i64()
         .unwrap();
 
-    // Read what the follower printed until it reached the last event.
-    use tokio::io::AsyncBufReadExt;
-    let mut lines = tokio::io::BufReader::new(follower.stdout.take().unwrap()).lines();
     let mut seqs = Vec::new();
     while seqs.last() != Some(&last) {
-        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        let seq = tokio::time::timeout(Duration::from_secs(30), seq_rx.recv())
             .await
             .expect("the follower keeps printing")
-            .unwrap()
             .expect("the follower is still running");
-        let e: Value = serde_json::from_str(&line).unwrap();
-        seqs.push(e["seq"].as_i64().unwrap());
+        seqs.push(seq);
     }
     assert_eq!(
         seqs,
