@@ -205,6 +205,7 @@ impl Application {
                 .wrap(actix_web::middleware::from_fn(api::middleware::catch_panic))
                 .wrap(actix_web::middleware::from_fn(api::middleware::request_id))
                 .service(api::docs::swagger())
+                .configure(api::ui::configure)
                 .route("/docs", web::get().to(api::docs::redirect_to_ui))
                 .default_service(web::to(api::docs::fallback))
         })

@@ -25,6 +25,7 @@ pub mod secrets;
 pub mod sessions;
 pub mod sse;
 pub mod teams;
+pub mod ui;
 pub mod users;
 pub mod workspaces;
 
