@@ -39,10 +39,13 @@ pub enum Action {
     SecretSet,
     SecretDelete,
     AuthSignIn,
+    HookCreate,
+    HookUpdate,
+    HookDelete,
 }
 
 impl Action {
-    pub const ALL: [Action; 19] = [
+    pub const ALL: [Action; 22] = [
         Action::AgentCreate,
         Action::AgentPrompt,
         Action::AgentInterrupt,
@@ -62,6 +65,9 @@ impl Action {
         Action::SecretSet,
         Action::SecretDelete,
         Action::AuthSignIn,
+        Action::HookCreate,
+        Action::HookUpdate,
+        Action::HookDelete,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -85,6 +91,9 @@ impl Action {
             Action::SecretSet => "secret.set",
             Action::SecretDelete => "secret.delete",
             Action::AuthSignIn => "auth.sign_in",
+            Action::HookCreate => "hook.create",
+            Action::HookUpdate => "hook.update",
+            Action::HookDelete => "hook.delete",
         }
     }
 

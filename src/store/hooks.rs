@@ -303,6 +303,8 @@ pub struct DueDelivery {
     pub body: String,
     pub attempts: i32,
     pub retry_until: DateTime<Utc>,
+    /// The hook's own team (null: server-wide).
+    pub hook_team_id: Option<Uuid>,
     pub url: String,
     pub key_id: String,
     pub nonce: Vec<u8>,
@@ -329,7 +331,7 @@ pub async fn claim_due(
             RETURNING d.id, d.hook_id, d.event, d.team_id, d.body, d.attempts, d.retry_until
          )
          SELECT c.id, c.hook_id, c.event, c.team_id, c.body, c.attempts, c.retry_until,
-                h.url, h.key_id, h.nonce, h.ciphertext
+                h.team_id AS hook_team_id, h.url, h.key_id, h.nonce, h.ciphertext
          FROM claimed c JOIN hooks h ON h.id = c.hook_id",
     )
     .bind(limit)
