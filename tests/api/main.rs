@@ -4,6 +4,7 @@
 mod access_matrix;
 mod agents;
 mod helpers;
+mod hooks;
 mod idempotency_claims;
 mod input;
 mod people;
