@@ -5,7 +5,6 @@
 //! policy bot answering permission requests, and notifications that retry, survive a
 //! restart and can be redelivered.
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,6 +26,8 @@ const SECRET: &str = "whsec_test_0123456789";
 /// One request the receiver got.
 #[derive(Debug, Clone)]
 struct Received {
+    /// The request target (path and query).
+    path: String,
     event: String,
     delivery: String,
     body: Value,
@@ -127,6 +128,11 @@ impl Receiver {
                         Reply::Status(401)
                     } else {
                         let r = Received {
+                            path: head
+                                .split_whitespace()
+                                .nth(1)
+                                .unwrap_or_default()
+                                .to_owned(),
                             event: header("agentry-event"),
                             delivery: header("agentry-delivery"),
                             body: serde_json::from_str(&raw).unwrap_or(Value::Null),
@@ -487,4 +493,380 @@ async fn settings_file_hooks_are_server_wide_stable_and_read_only() {
     assert_eq!(listed["items"].as_array().unwrap().len(), 1);
     let deliveries = app.get_ok(&format!("/v1/hooks/{id}/deliveries")).await;
     assert_eq!(deliveries["items"][0]["status"], "delivered", "{deliveries}");
+}
+
+#[tokio::test]
+async fn workspace_create_before_keeps_replaces_or_fails_the_creation() {
+    let app = app().await;
+    let receiver = Receiver::start().await;
+    let gate = hook(&app, "gate", &["workspace.create.before"], &receiver.url("/gate")).await;
+    let gate_id = gate["id"].as_str().unwrap().to_owned();
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+
+    // 204: unchanged.
+    let ws = app
+        .post_ok(
+            "/v1/workspaces",
+            json!({"project_id": project["id"], "title": "first"}),
+            201,
+        )
+        .await;
+    assert_eq!(ws["title"], "first");
+    let seen = receiver.of("workspace.create.before");
+    assert_eq!(seen[0].body["payload"]["request"]["title"], "first");
+    assert_eq!(seen[0].body["team_id"], ws_team(&app, &project).await);
+    assert!(seen[0].body["id"].as_str().unwrap().starts_with("dlv_"));
+    assert_eq!(seen[0].delivery, seen[0].body["id"].as_str().unwrap());
+
+    // 200 with a replacement: the whole request is replaced.
+    receiver.answer(|r| {
+        let mut req = r.body["payload"]["request"].clone();
+        req["title"] = json!("renamed by policy");
+        req["branch"] = json!("policy/chosen");
+        Reply::Json(200, json!({"request": req}))
+    });
+    let ws = app
+        .post_ok(
+            "/v1/workspaces",
+            json!({"project_id": project["id"], "title": "second"}),
+            201,
+        )
+        .await;
+    assert_eq!(ws["title"], "renamed by policy");
+    assert_eq!(ws["branch"], "policy/chosen");
+
+    let before = workspaces(&app).await.len();
+    let branches_before = branches(repo.path());
+    // Each failure: 422 hook_failed naming the hook, nothing made.
+    let cases: Vec<(Reply, &str)> = vec![
+        (
+            Reply::Json(200, json!({"request": {"project_id": project["id"], "colour": "red"}})),
+            "not a workspace request",
+        ),
+        (Reply::Json(200, json!({"title": "no request key"})), "without a JSON object"),
+        (Reply::Raw(200, "not json".into()), "without a JSON object"),
+        (Reply::Status(500), "500"),
+        (Reply::Status(201), "201"),
+        (Reply::Status(302), "302"),
+        (Reply::Slow(Duration::from_secs(4)), "no answer within 2 s"),
+    ];
+    for (reply, why) in cases {
+        let r = reply.clone();
+        receiver.answer(move |_| r.clone());
+        let res = app
+            .post(
+                "/v1/workspaces",
+                json!({"project_id": project["id"], "title": "vetoed"}),
+            )
+            .await;
+        let body = refused(res, 422, "hook_failed").await;
+        let detail = body["detail"].as_str().unwrap();
+        assert!(
+            detail.starts_with(&format!("hook gate ({gate_id}) failed: ")) && detail.contains(why),
+            "{reply:?}: {detail}"
+        );
+    }
+    assert_eq!(workspaces(&app).await.len(), before);
+    assert_eq!(branches(repo.path()), branches_before);
+    // Each call is listed with its outcome.
+    let deliveries = app.get_ok(&format!("/v1/hooks/{gate_id}/deliveries")).await;
+    let items = deliveries["items"].as_array().unwrap();
+    assert_eq!(items.len(), 9, "{deliveries}");
+    assert_eq!(items[0]["status"], "failed");
+    assert_eq!(items[8]["status"], "delivered");
+    assert_eq!(items[8]["response_status"], 204);
+
+    // A disabled hook is not called.
+    app.client
+        .patch(app.url(&format!("/v1/hooks/{gate_id}")))
+        .bearer_auth(&app.token)
+        .json(&json!({"enabled": false}))
+        .send()
+        .await
+        .unwrap();
+    app.post_ok(
+        "/v1/workspaces",
+        json!({"project_id": project["id"], "title": "free"}),
+        201,
+    )
+    .await;
+}
+
+/// The team id of `project`'s team, as hook bodies carry it.
+async fn ws_team(app: &TestApp, project: &Value) -> Value {
+    let p = app
+        .get_ok(&format!("/v1/projects/{}", project["id"].as_str().unwrap()))
+        .await;
+    p["team_id"].clone()
+}
+
+#[tokio::test]
+async fn worktree_hooks_choose_branch_and_destination_and_a_failing_after_hook_removes_the_worktree()
+{
+    let app = app().await;
+    let receiver = Receiver::start().await;
+    hook(&app, "placement", &["worktree.create.before"], &receiver.url("/before")).await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let root = app.data_dir.path().join("worktrees");
+    let chosen = root.join("placed").join("feature-x");
+    let dest = chosen.clone();
+    receiver.answer(move |r| {
+        let mut req = r.body["payload"]["request"].clone();
+        req["branch"] = json!("feature/x");
+        req["path"] = json!(dest);
+        Reply::Json(200, json!({"request": req}))
+    });
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    assert_eq!(ws["branch"], "feature/x");
+    assert_eq!(ws["path"], chosen.to_string_lossy().as_ref());
+    assert!(chosen.join("README.md").exists());
+    let request = &receiver.of("worktree.create.before")[0].body["payload"]["request"];
+    assert_eq!(request["project_id"], project["id"]);
+    assert_eq!(request["base_ref"], "main");
+    assert!(request["branch"].as_str().unwrap().starts_with("agentry/"));
+
+    // Destinations outside the data dir, relative, existing, or a changed project fail.
+    let before = workspaces(&app).await.len();
+    let branches_before = branches(repo.path());
+    let outside = tempfile::tempdir().unwrap();
+    let bad: Vec<Value> = vec![
+        json!({"path": outside.path().join("w")}),
+        json!({"path": "relative/dir"}),
+        json!({"path": root.join("..").join("escape")}),
+        json!({"path": chosen}),
+        json!({"project_id": "prj_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b"}),
+        json!({"branch": "bad..branch"}),
+    ];
+    for change in bad {
+        let c = change.clone();
+        let next = root.join("placed").join("next");
+        receiver.answer(move |r| {
+            let mut req = r.body["payload"]["request"].clone();
+            req["path"] = json!(next);
+            for (k, v) in c.as_object().unwrap() {
+                req[k] = v.clone();
+            }
+            Reply::Json(200, json!({"request": req}))
+        });
+        let res = app
+            .post("/v1/workspaces", json!({"project_id": project["id"]}))
+            .await;
+        let status = res.status().as_u16();
+        let body: Value = res.json().await.unwrap();
+        assert!(
+            (status == 422 && ["hook_failed", "validation_failed"].contains(&body["code"].as_str().unwrap())),
+            "{change}: {status} {body}"
+        );
+    }
+    assert_eq!(workspaces(&app).await.len(), before);
+    assert_eq!(branches(repo.path()), branches_before);
+    assert!(!outside.path().join("w").exists());
+
+    // worktree.create.after: the worktree exists while it runs; a failure removes it.
+    receiver.answer(|_| Reply::Status(204));
+    let after = Receiver::start().await;
+    hook(&app, "warm-caches", &["worktree.create.after"], &after.url("/after")).await;
+    after.answer(|r| {
+        let path = r.body["payload"]["worktree"]["path"].as_str().unwrap();
+        if std::path::Path::new(path).join("README.md").exists() {
+            Reply::Status(500)
+        } else {
+            Reply::Status(409)
+        }
+    });
+    let res = app
+        .post("/v1/workspaces", json!({"project_id": project["id"], "title": "doomed"}))
+        .await;
+    let body = refused(res, 422, "hook_failed").await;
+    assert!(body["detail"].as_str().unwrap().contains("500"), "{body}");
+    let got = after.of("worktree.create.after");
+    let made = got[0].body["payload"]["worktree"].clone();
+    assert_eq!(made["source_checkout"], repo.path().to_string_lossy().as_ref());
+    assert!(!std::path::Path::new(made["path"].as_str().unwrap()).exists());
+    assert!(
+        !branches(repo.path()).contains(made["branch"].as_str().unwrap()),
+        "{}",
+        branches(repo.path())
+    );
+    assert_eq!(workspaces(&app).await.len(), before);
+    // Acknowledged: the workspace is made.
+    after.answer(|_| Reply::Status(204));
+    app.post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+}
+
+fn digest(value: &str) -> String {
+    hex::encode(Sha256::digest(value.as_bytes()))
+}
+
+#[tokio::test]
+async fn agent_hooks_run_server_first_accumulate_env_that_reaches_the_process_and_is_never_stored()
+{
+    let app = app().await;
+    let srv = Receiver::start().await;
+    let team_rx = Receiver::start().await;
+    // A server-wide hook (admins), then a team hook: called in that order.
+    app.post_ok(
+        "/v1/hooks",
+        json!({"name": "company", "events": ["agent.create.before", "agent.open.before"],
+            "url": srv.url("/company"), "secret": SECRET, "team_id": null}),
+        201,
+    )
+    .await;
+    hook(&app, "team-env", &["agent.open.before"], &team_rx.url("/team")).await;
+    srv.answer(|r| {
+        let mut req = r.body["payload"]["request"].clone();
+        if r.event == "agent.create.before" {
+            req["config"]["title"] = json!("titled by policy");
+            req["config"]["labels"]["owner"] = json!("platform");
+            req["env"] = json!({"FIRST_VAR": "first-secret-value"});
+        } else {
+            req["env"]["SECOND_VAR"] = json!("second-secret-value");
+        }
+        Reply::Json(200, json!({"request": req}))
+    });
+    // The team hook sees what the server hook made, and adds to it.
+    team_rx.answer(|r| {
+        let req = &r.body["payload"]["request"];
+        if req["env"]["SECOND_VAR"] != "second-secret-value" {
+            return Reply::Status(412);
+        }
+        let mut req = req.clone();
+        req["env"]["THIRD_VAR"] = json!("third-secret-value");
+        Reply::Json(200, json!({"request": req}))
+    });
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let agent = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "mock", "title": "mine",
+                "labels": {"ci": "1"}, "prompt": "/env FIRST_VAR"}),
+            201,
+        )
+        .await;
+    let id = agent["id"].as_str().unwrap().to_owned();
+    assert_eq!(agent["title"], "titled by policy");
+    assert_eq!(agent["labels"], json!({"ci": "1", "owner": "platform"}));
+    let create = &srv.of("agent.create.before")[0].body["payload"]["request"];
+    assert_eq!(create["config"]["workspace_id"], ws["id"]);
+    assert!(create["config"].get("prompt").is_none(), "{create}");
+    let open = &team_rx.of("agent.open.before")[0].body["payload"]["request"];
+    assert_eq!(open["agent_id"], id.as_str());
+    assert_eq!(open["env"]["FIRST_VAR"], "first-secret-value");
+    app.wait(&id).await;
+    for name in ["SECOND_VAR", "THIRD_VAR"] {
+        app.post_ok(
+            &format!("/v1/agents/{id}/messages"),
+            json!({"text": format!("/env {name}")}),
+            202,
+        )
+        .await;
+        app.wait(&id).await;
+    }
+    let text = serde_json::to_string(&app.timeline(&id).await).unwrap();
+    for (name, value) in [
+        ("FIRST_VAR", "first-secret-value"),
+        ("SECOND_VAR", "second-secret-value"),
+        ("THIRD_VAR", "third-secret-value"),
+    ] {
+        assert!(
+            text.contains(&format!("{name} sha256={}", digest(value))),
+            "{name} did not reach the process: {text}"
+        );
+    }
+
+    // Reopened after a close: agent.open.before runs again.
+    app.post_ok(&format!("/v1/agents/{id}/close"), json!({}), 200)
+        .await;
+    app.post_ok(
+        &format!("/v1/agents/{id}/messages"),
+        json!({"text": "/env THIRD_VAR"}),
+        202,
+    )
+    .await;
+    app.wait(&id).await;
+    assert_eq!(team_rx.of("agent.open.before").len(), 2);
+    let text = serde_json::to_string(&app.timeline(&id).await).unwrap();
+    assert_eq!(
+        text.matches(&format!("THIRD_VAR sha256={}", digest("third-secret-value")))
+            .count(),
+        2
+    );
+
+    // The values are nowhere at rest: not in a timeline, the audit log, a delivery.
+    let audit = app.get_ok("/v1/audit").await.to_string();
+    let stored: Vec<String> = sqlx::query_scalar("SELECT body FROM hook_deliveries")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    let agents_row: Vec<String> = sqlx::query_scalar("SELECT row_to_json(a)::text FROM agents a")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    for value in ["first-secret-value", "second-secret-value", "third-secret-value"] {
+        assert!(!text.contains(value) && !audit.contains(value));
+        assert!(stored.iter().all(|b| !b.contains(value)), "{stored:?}");
+        assert!(agents_row.iter().all(|b| !b.contains(value)));
+    }
+
+    // A replacement outside the limits fails the creation, leaving no agent.
+    srv.answer(|r| {
+        let mut req = r.body["payload"]["request"].clone();
+        if r.event == "agent.create.before" {
+            req["config"]["workspace_id"] = json!("wsp_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b");
+        }
+        Reply::Json(200, json!({"request": req}))
+    });
+    let count = app.get_ok("/v1/agents").await["items"].as_array().unwrap().len();
+    let res = app
+        .post("/v1/agents", json!({"workspace_id": ws["id"], "provider": "mock"}))
+        .await;
+    let body = refused(res, 422, "hook_failed").await;
+    assert!(body["detail"].as_str().unwrap().starts_with("hook company (hook_"), "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("workspace_id"), "{body}");
+    // An open hook that fails (bad env name) leaves no agent either.
+    srv.answer(|r| {
+        let mut req = r.body["payload"]["request"].clone();
+        if r.event == "agent.open.before" {
+            req["env"]["bad name"] = json!("x");
+        }
+        Reply::Json(200, json!({"request": req}))
+    });
+    let res = app
+        .post("/v1/agents", json!({"workspace_id": ws["id"], "provider": "mock"}))
+        .await;
+    refused(res, 422, "hook_failed").await;
+    // An MCP server colliding with a saved one names both sources.
+    srv.answer(|r| {
+        let mut req = r.body["payload"]["request"].clone();
+        if r.event == "agent.open.before" {
+            req["mcp_servers"]["tools"] = json!({"type": "http", "url": "https://tools.example.com/mcp"});
+        }
+        Reply::Json(200, json!({"request": req}))
+    });
+    let res = app
+        .post(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "mock",
+                "mcp_servers": {"tools": {"command": "my-tools"}}}),
+        )
+        .await;
+    let body = refused(res, 422, "hook_failed").await;
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("hook company (") && detail.contains("saved MCP server `tools`"),
+        "{detail}"
+    );
+    assert_eq!(
+        app.get_ok("/v1/agents").await["items"].as_array().unwrap().len(),
+        count
+    );
 }
