@@ -26,8 +26,6 @@ const SECRET: &str = "whsec_test_0123456789";
 /// One request the receiver got.
 #[derive(Debug, Clone)]
 struct Received {
-    /// The request target (path and query).
-    path: String,
     event: String,
     delivery: String,
     body: Value,
@@ -128,11 +126,6 @@ impl Receiver {
                         Reply::Status(401)
                     } else {
                         let r = Received {
-                            path: head
-                                .split_whitespace()
-                                .nth(1)
-                                .unwrap_or_default()
-                                .to_owned(),
                             event: header("agentry-event"),
                             delivery: header("agentry-delivery"),
                             body: serde_json::from_str(&raw).unwrap_or(Value::Null),
@@ -869,4 +862,349 @@ async fn agent_hooks_run_server_first_accumulate_env_that_reaches_the_process_an
         app.get_ok("/v1/agents").await["items"].as_array().unwrap().len(),
         count
     );
+}
+
+/// Wait until the agent has a pending permission request; returns it.
+async fn pending(app: &TestApp, agent: &str) -> Value {
+    for _ in 0..400 {
+        let p = app
+            .get_ok(&format!("/v1/agents/{agent}/permissions?status=pending"))
+            .await;
+        if let Some(r) = p["items"].as_array().unwrap().first() {
+            return r.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the agent never asked");
+}
+
+#[tokio::test]
+async fn a_policy_bot_answers_permissions_from_notifications_and_every_notification_arrives() {
+    let app = app().await;
+    let rx = Receiver::start().await;
+    let all = [
+        "workspace.create.after",
+        "workspace.archive.after",
+        "agent.create.after",
+        "agent.close.after",
+        "agent.archive.after",
+        "agent.turn.before",
+        "agent.turn.after",
+        "agent.permission.before",
+        "agent.permission.after",
+    ];
+    hook(&app, "bot", &all, &rx.url("/bot")).await;
+    // A hook narrowed to other labels hears no agent event.
+    let narrow = Receiver::start().await;
+    app.post_ok(
+        "/v1/hooks",
+        json!({"name": "narrow", "events": ["agent.turn.after", "agent.create.after"],
+            "url": narrow.url("/n"), "secret": SECRET, "labels": {"team": "other"}}),
+        201,
+    )
+    .await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let agent = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "mock", "labels": {"team": "infra"}}),
+            201,
+        )
+        .await;
+    let id = agent["id"].as_str().unwrap().to_owned();
+    app.wait(&id).await;
+
+    // The bot: reads each `agent.permission.before`, decides by the request, answers
+    // through the permissions API.
+    let mut outcomes = Vec::new();
+    for (n, command) in ["rm -rf /", "git status"].into_iter().enumerate() {
+        app.post_ok(
+            &format!("/v1/agents/{id}/messages"),
+            json!({"text": format!("/ask {command}")}),
+            202,
+        )
+        .await;
+        let asked = rx
+            .wait_for("agent.permission.before", n + 1, Duration::from_secs(20))
+            .await;
+        let payload = &asked[n].body["payload"];
+        assert_eq!(payload["agent"]["id"], id.as_str());
+        let request = &payload["request"];
+        assert_eq!(request["status"], "pending", "{payload}");
+        let title = request["title"].as_str().unwrap();
+        let behavior = if title.contains("rm -rf") { "deny" } else { "allow" };
+        let request_id = request["request_id"].as_str().unwrap();
+        assert_eq!(pending(&app, &id).await["request_id"], request_id);
+        app.post_ok(
+            &format!("/v1/agents/{id}/permissions/{request_id}"),
+            json!({"behavior": behavior}),
+            200,
+        )
+        .await;
+        app.wait(&id).await;
+        outcomes.push(behavior);
+    }
+    let text = serde_json::to_string(&app.timeline(&id).await).unwrap();
+    assert!(text.contains("deny") && text.contains("allow"), "{text}");
+    let resolved = rx
+        .wait_for("agent.permission.after", 2, Duration::from_secs(20))
+        .await;
+    let got: Vec<&str> = resolved
+        .iter()
+        .map(|r| r.body["payload"]["resolution"]["behavior"].as_str().unwrap())
+        .collect();
+    assert_eq!(got, outcomes);
+    let turns = rx
+        .wait_for("agent.turn.after", 2, Duration::from_secs(20))
+        .await;
+    let before = rx.of("agent.turn.before");
+    assert_eq!(before.len(), 2);
+    for (b, a) in before.iter().zip(&turns) {
+        assert_eq!(b.body["payload"]["turn_id"], a.body["payload"]["turn_id"]);
+        assert_eq!(a.body["payload"]["outcome"], "completed");
+        assert!(a.body["payload"]["error"].is_null());
+    }
+    // A failing turn carries its outcome and error.
+    app.post_ok(
+        &format!("/v1/agents/{id}/messages"),
+        json!({"text": "/fail out of coffee"}),
+        202,
+    )
+    .await;
+    let turns = rx
+        .wait_for("agent.turn.after", 3, Duration::from_secs(20))
+        .await;
+    assert_eq!(turns[2].body["payload"]["outcome"], "failed");
+    assert!(
+        turns[2].body["payload"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("out of coffee")
+    );
+
+    app.delete(&format!("/v1/agents/{id}")).await;
+    app.post_ok(
+        &format!("/v1/workspaces/{}/archive", ws["id"].as_str().unwrap()),
+        json!({}),
+        200,
+    )
+    .await;
+    rx.wait_for("workspace.archive.after", 1, Duration::from_secs(20))
+        .await;
+    let archived = rx
+        .wait_for("agent.archive.after", 1, Duration::from_secs(20))
+        .await;
+    assert!(archived[0].body["payload"]["archived_at"].is_string());
+    for event in all {
+        assert!(!rx.of(event).is_empty(), "no {event}");
+    }
+    assert_eq!(
+        rx.of("agent.close.after")[0].body["payload"]["agent"]["id"],
+        id.as_str()
+    );
+    assert_eq!(
+        rx.of("agent.create.after")[0].body["payload"]["agent"]["labels"],
+        json!({"team": "infra"})
+    );
+    // Every body has the delivery envelope; ids are unique.
+    let got = rx.got();
+    let mut ids: Vec<&str> = got.iter().map(|r| r.delivery.as_str()).collect();
+    for r in &got {
+        assert_eq!(r.body["hook"], r.event.as_str());
+        assert_eq!(r.body["id"], r.delivery.as_str());
+        assert!(r.body["at"].is_string() && r.body["team_id"].is_string());
+        assert!(!r.raw.contains(&app.token));
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), got.len());
+    assert!(narrow.got().is_empty(), "{:?}", narrow.got());
+}
+
+/// The hook's deliveries, as the API lists them.
+async fn deliveries(app: &TestApp, hook: &Value) -> Vec<Value> {
+    app.get_ok(&format!(
+        "/v1/hooks/{}/deliveries",
+        hook["id"].as_str().unwrap()
+    ))
+    .await["items"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+async fn delivered(app: &TestApp, hook: &Value, within: Duration) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let items = deliveries(app, hook).await;
+        if !items.is_empty() && items.iter().all(|d| d["status"] == "delivered") {
+            return items;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{items:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn notifications_are_retried_until_the_receiver_comes_back() {
+    let app = app().await;
+    let rx = Receiver::start().await;
+    let addr = rx.addr;
+    let h = hook(&app, "flaky", &["workspace.create.after"], &rx.url("/in")).await;
+    drop(rx); // the receiver is down
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let started = std::time::Instant::now();
+    app.post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    // The creation was not held up by the dead receiver.
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        let items = deliveries(&app, &h).await;
+        if items.first().is_some_and(|d| d["attempts"].as_i64() >= Some(2)) {
+            break items[0].clone();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{items:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(first["status"], "pending");
+    assert!(first["error"].is_string(), "{first}");
+    // Back up on the same address: the retry gets through, with the same delivery id.
+    let rx = Receiver::start_on(addr).await;
+    let items = delivered(&app, &h, Duration::from_secs(30)).await;
+    assert_eq!(items[0]["id"], first["id"]);
+    assert_eq!(items[0]["response_status"], 204);
+    assert!(items[0]["delivered_at"].is_string());
+    assert_eq!(rx.of("workspace.create.after")[0].delivery, first["id"].as_str().unwrap());
+}
+
+#[tokio::test]
+async fn the_outbox_survives_a_restart_and_a_delivery_can_be_sent_again() {
+    let app = app().await;
+    let rx = Receiver::start().await;
+    rx.answer(|_| Reply::Status(503));
+    let h = hook(&app, "durable", &["workspace.create.after"], &rx.url("/in")).await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    app.post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    rx.wait_for("workspace.create.after", 1, Duration::from_secs(20))
+        .await;
+    let items = deliveries(&app, &h).await;
+    assert_eq!(items[0]["status"], "pending");
+    assert_eq!(items[0]["response_status"], 503);
+    let (db, dir, token) = app.stop().await;
+    let seen_while_down = rx.of("workspace.create.after").len();
+
+    rx.answer(|_| Reply::Status(204));
+    let app = spawn_on_with(db, dir, Some(token), |s| {
+        s.hooks.allow_private_networks = true;
+        s.hooks.timeout_s = 2;
+    })
+    .await;
+    let items = delivered(&app, &h, Duration::from_secs(30)).await;
+    assert_eq!(items.len(), 1);
+    let got = rx.of("workspace.create.after");
+    assert!(got.len() > seen_while_down);
+    // Every attempt carried the same delivery id and the same body.
+    assert!(got.iter().all(|r| r.delivery == items[0]["id"].as_str().unwrap()));
+    assert!(got.iter().all(|r| r.raw == got[0].raw));
+
+    // Redeliver: sent once more, same id.
+    let n = got.len();
+    let res = app
+        .post(
+            &format!(
+                "/v1/hooks/{}/deliveries/{}/redeliver",
+                h["id"].as_str().unwrap(),
+                items[0]["id"].as_str().unwrap()
+            ),
+            json!({}),
+        )
+        .await;
+    assert_eq!(res.status(), 202);
+    let again = rx
+        .wait_for("workspace.create.after", n + 1, Duration::from_secs(20))
+        .await;
+    assert_eq!(again[n].delivery, items[0]["id"].as_str().unwrap());
+    delivered(&app, &h, Duration::from_secs(20)).await;
+    // An unknown delivery is missing.
+    let res = app
+        .post(
+            &format!(
+                "/v1/hooks/{}/deliveries/dlv_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b/redeliver",
+                h["id"].as_str().unwrap()
+            ),
+            json!({}),
+        )
+        .await;
+    refused(res, 404, "not_found").await;
+}
+
+#[tokio::test]
+async fn a_team_hook_never_reaches_a_private_address_even_when_its_name_resolves_to_one() {
+    // Default settings: private networks are off for team hooks.
+    let app = spawn_app().await;
+    let rx = Receiver::start().await;
+    // A loopback literal is refused at creation; a name that resolves to loopback is
+    // refused when called (so DNS cannot rebind around the first check).
+    let res = app
+        .post(
+            "/v1/hooks",
+            json!({"name": "sneaky", "events": ["workspace.create.after"],
+                "url": rx.url("/in"), "secret": SECRET}),
+        )
+        .await;
+    refused(res, 422, "validation_failed").await;
+    // The machine's own name resolves to a loopback or private address here (and on
+    // any ordinary host), but it is no literal address: accepted at creation.
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost.localdomain".into());
+    let resolved: Vec<std::net::SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
+        .await
+        .map(|a| a.collect())
+        .unwrap_or_default();
+    assert!(!resolved.is_empty(), "{host} does not resolve on this machine");
+    let res = app
+        .post(
+            "/v1/hooks",
+            json!({"name": "sneaky", "events": ["workspace.create.after"],
+                "url": format!("http://{host}:{}/in", rx.addr.port()), "secret": SECRET}),
+        )
+        .await;
+    assert_eq!(res.status(), 201);
+    let created: Option<Value> = res.json().await.ok();
+    let h = created.expect("a host name is accepted at creation");
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    app.post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let items = deliveries(&app, &h).await;
+        if let Some(d) = items
+            .first()
+            .filter(|d| d["attempts"].as_i64() >= Some(1) && d["error"].is_string())
+        {
+            assert_eq!(d["status"], "pending");
+            let error = d["error"].as_str().unwrap();
+            assert!(
+                error.contains("a loopback, private or link-local address"),
+                "{host} ({resolved:?}): {error}"
+            );
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{items:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(rx.got().is_empty(), "the receiver was reached");
 }
