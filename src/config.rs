@@ -914,7 +914,10 @@ fn typed_setting(path: &[String]) -> bool {
                 "enabled" | "command" | "args" | "modes" | "team_secrets"
             ]
             | ["secrets", "previous_keys"]
-            | ["hooks", "timeout_s" | "allow_private_networks" | "allowed_hosts"]
+            | [
+                "hooks",
+                "timeout_s" | "allow_private_networks" | "allowed_hosts"
+            ]
             | [
                 "auth",
                 "oidc",
@@ -1342,6 +1345,55 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.setting, "database.statement_deadline_ms");
+    }
+
+    #[test]
+    fn hook_settings_and_server_hooks_are_read_in_either_spelling() {
+        let (_d, path) = file(
+            "[hooks]\ntimeout_s = 5\nallow_private_networks = true\nallowed_hosts = [\"hooks.example.com\"]\n\
+             [[hooks.server]]\nname = \"sink\"\nevents = [\"agent.turn.after\"]\n\
+             url = \"https://hooks.example.com/in\"\nsecret = \"s3cret\"\n",
+        );
+        let s = Settings::load_from(Some(&path), &[]).unwrap();
+        assert_eq!(s.hooks.timeout_s, 5);
+        assert!(s.hooks.allow_private_networks);
+        assert_eq!(s.hooks.server[0].name, "sink");
+        assert!(s.hooks.server[0].enabled);
+        assert!(!format!("{:?}", s.hooks).contains("s3cret"));
+        // `[[hooks]]` alone lists server hooks.
+        let (_d, path) = file(
+            "[[hooks]]\nname = \"a\"\nevents = [\"agent.turn.after\"]\nurl = \"http://x\"\nsecret = \"k\"\n",
+        );
+        let s = Settings::load_from(Some(&path), &[]).unwrap();
+        assert_eq!(s.hooks.server.len(), 1);
+        assert_eq!(s.hooks.timeout_s, 30);
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                ("AGENTRY_HOOKS__TIMEOUT_S", "7"),
+                ("AGENTRY_HOOKS__ALLOW_PRIVATE_NETWORKS", "true"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            (s.hooks.timeout_s, s.hooks.allow_private_networks),
+            (7, true)
+        );
+        // Unknown keys and bad values are refused by name.
+        let (_d, path) = file("[hooks]\nretries = 3\n");
+        let e = Settings::load_from(Some(&path), &[]).unwrap_err();
+        assert!(e.to_string().contains("retries"), "{e}");
+        let (_d, path) = file("[hooks]\ntimeout_s = 0\n");
+        assert_eq!(
+            Settings::load_from(Some(&path), &[]).unwrap_err().setting,
+            "hooks.timeout_s"
+        );
+        let (_d, path) =
+            file("[[hooks]]\nname = \"a\"\nevents = []\nurl = \"http://x\"\nsecret = \"k\"\n");
+        assert_eq!(
+            Settings::load_from(Some(&path), &[]).unwrap_err().setting,
+            "hooks.server[0].events"
+        );
     }
 
     #[test]

@@ -84,9 +84,11 @@ async fn list_hooks(
 ) -> ApiResult<web::Json<Page<Hook>>> {
     let after: Option<HookId> = page.after()?;
     let items = hooks::list(&state.services, &principal, after, page.limit() + 1).await?;
-    Ok(web::Json(Page::from_rows(items, page.limit(), |h: &Hook| {
-        h.id.to_string()
-    })))
+    Ok(web::Json(Page::from_rows(
+        items,
+        page.limit(),
+        |h: &Hook| h.id.to_string(),
+    )))
 }
 
 #[utoipa::path(tag = "hooks", security(("bearer" = [])), params(("id" = String, Path)),
@@ -98,7 +100,9 @@ async fn get_hook(
     id: web::Path<String>,
 ) -> ApiResult<web::Json<Hook>> {
     let id: HookId = parse_id(&id, "hook")?;
-    Ok(web::Json(hooks::get(&state.services, &principal, id).await?))
+    Ok(web::Json(
+        hooks::get(&state.services, &principal, id).await?,
+    ))
 }
 
 /// Change a hook: the fields given change (`secret` is replaced, never shown). Hooks of

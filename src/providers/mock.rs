@@ -764,7 +764,10 @@ impl Turn {
     fn env(&self, name: &str) -> acp::Result<()> {
         use sha2::{Digest, Sha256};
         let text = match std::env::var(name) {
-            Ok(v) => format!("{name} sha256={}", hex::encode(Sha256::digest(v.as_bytes()))),
+            Ok(v) => format!(
+                "{name} sha256={}",
+                hex::encode(Sha256::digest(v.as_bytes()))
+            ),
             Err(_) => format!("{name} unset"),
         };
         self.reply(&text)

@@ -11,8 +11,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use super::{
-    AgentContext, AgentLauncher, Command, Moment, PermissionAnswer, RuntimeError, Shared,
-    Snapshot, outcome_str,
+    AgentContext, AgentLauncher, Command, Moment, PermissionAnswer, RuntimeError, Shared, Snapshot,
+    outcome_str,
 };
 use crate::domain::{
     AgentId, AgentStatus, Behavior, EventKind, MessageId, NewEvent, PermissionId, PermissionOption,

@@ -496,11 +496,7 @@ pub async fn create(
     agent_ctx.mcp_servers = launch.mcp_servers;
     // Start the session (and the first prompt, queued behind it). A provider that fails to
     // start leaves the agent in `error` with the reason in its timeline; it is still created.
-    match ctx
-        .agents
-        .start(&agent_ctx, body.prompt.clone())
-        .await
-    {
+    match ctx.agents.start(&agent_ctx, body.prompt.clone()).await {
         Ok(_) | Err(RuntimeError::StartFailed(_) | RuntimeError::ActorGone) => {}
         Err(e) => return Err(e.into()),
     }
@@ -527,7 +523,9 @@ async fn create_hooks(
             return Err("`config` must be an object".into());
         };
         for fixed in ["workspace_id", "workspace"] {
-            if cfg.get(fixed).unwrap_or(&Value::Null) != previous["config"].get(fixed).unwrap_or(&Value::Null) {
+            if cfg.get(fixed).unwrap_or(&Value::Null)
+                != previous["config"].get(fixed).unwrap_or(&Value::Null)
+            {
                 return Err(format!("`config.{fixed}` may not be changed"));
             }
         }

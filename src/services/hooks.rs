@@ -24,9 +24,7 @@ use super::audit::{self, Action, Entry};
 use super::{ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{Operation, Principal, Role};
 use crate::config::{FileHook, HookSettings, valid_env_name};
-use crate::domain::{
-    DeliveryId, HookEvent, HookId, ProjectId, SecretEnv, SecretValue, TeamId,
-};
+use crate::domain::{DeliveryId, HookEvent, HookId, ProjectId, SecretEnv, SecretValue, TeamId};
 use crate::runtime::{Moment, outcome_str};
 use crate::store;
 use crate::store::hooks::{CallableHook, HookRow};
@@ -237,8 +235,7 @@ fn check_labels(labels: &Value) -> ServiceResult<()> {
     match labels.as_object() {
         Some(m)
             if m.len() <= 50
-                && m
-                    .iter()
+                && m.iter()
                     .all(|(k, v)| !k.is_empty() && k.len() <= 100 && v.is_string()) =>
         {
             Ok(())
@@ -263,12 +260,24 @@ fn seal_name(id: Uuid) -> String {
     format!("hook:{}", HookId::from(id))
 }
 
-fn seal(ctx: &ServiceContext, team: Option<Uuid>, id: Uuid, secret: &SecretValue) -> super::secrets::Sealed {
+fn seal(
+    ctx: &ServiceContext,
+    team: Option<Uuid>,
+    id: Uuid,
+    secret: &SecretValue,
+) -> super::secrets::Sealed {
     ctx.secrets
         .seal(team.unwrap_or(Uuid::nil()), &seal_name(id), secret)
 }
 
-fn open_secret(ctx: &ServiceContext, team: Option<Uuid>, id: Uuid, key_id: &str, nonce: &[u8], ciphertext: &[u8]) -> Result<SecretValue, String> {
+fn open_secret(
+    ctx: &ServiceContext,
+    team: Option<Uuid>,
+    id: Uuid,
+    key_id: &str,
+    nonce: &[u8],
+    ciphertext: &[u8],
+) -> Result<SecretValue, String> {
     let sealed = super::secrets::Sealed {
         key_id: key_id.to_owned(),
         nonce: nonce.to_vec(),
@@ -397,7 +406,9 @@ async fn load(
 }
 
 pub async fn get(ctx: &ServiceContext, principal: &Principal, id: HookId) -> ServiceResult<Hook> {
-    Ok(load(ctx, principal, id, Operation::ReadAsOwner).await?.into())
+    Ok(load(ctx, principal, id, Operation::ReadAsOwner)
+        .await?
+        .into())
 }
 
 /// The hooks the caller manages: its teams' (where it is an owner), and for a server
@@ -419,8 +430,14 @@ pub async fn list(
             .map(|m| m.team_id)
             .filter(|t| principal.service_team.is_none_or(|s| s == *t))
             .collect();
-        store::hooks::list(&ctx.pool, Some(&owned), false, after.map(|a| a.uuid()), limit)
-            .await?
+        store::hooks::list(
+            &ctx.pool,
+            Some(&owned),
+            false,
+            after.map(|a| a.uuid()),
+            limit,
+        )
+        .await?
     };
     Ok(rows.into_iter().map(Hook::from).collect())
 }
@@ -459,7 +476,10 @@ pub async fn update(
         Some(None) => Some(None),
         None => None,
     };
-    let sealed = body.secret.as_ref().map(|s| seal(ctx, row.team_id, row.id, s));
+    let sealed = body
+        .secret
+        .as_ref()
+        .map(|s| seal(ctx, row.team_id, row.id, s));
     let updated = store::hooks::update(
         &ctx.pool,
         row.id,
@@ -467,9 +487,13 @@ pub async fn update(
             name: body.name.as_deref(),
             events: events.as_deref(),
             url: body.url.as_deref(),
-            sealed: sealed
-                .as_ref()
-                .map(|s| (s.key_id.as_str(), s.nonce.as_slice(), s.ciphertext.as_slice())),
+            sealed: sealed.as_ref().map(|s| {
+                (
+                    s.key_id.as_str(),
+                    s.nonce.as_slice(),
+                    s.ciphertext.as_slice(),
+                )
+            }),
             project_id: project,
             labels: body.labels.as_ref(),
             enabled: body.enabled,
@@ -524,8 +548,7 @@ pub async fn deliveries(
     limit: i64,
 ) -> ServiceResult<Vec<Delivery>> {
     let row = load(ctx, principal, id, Operation::ReadAsOwner).await?;
-    let rows =
-        store::hooks::deliveries(&ctx.pool, row.id, before.map(|d| d.uuid()), limit).await?;
+    let rows = store::hooks::deliveries(&ctx.pool, row.id, before.map(|d| d.uuid()), limit).await?;
     Ok(rows.into_iter().map(Delivery::from).collect())
 }
 
@@ -562,23 +585,24 @@ pub fn settings_hook_id(name: &str) -> Uuid {
 
 /// Make the server-wide hooks of the settings file what the database holds: insert or
 /// update each (its secret sealed anew), delete the ones the file no longer lists.
-pub async fn sync_settings_hooks(
-    ctx: &ServiceContext,
-    hooks: &[FileHook],
-) -> anyhow::Result<()> {
+pub async fn sync_settings_hooks(ctx: &ServiceContext, hooks: &[FileHook]) -> anyhow::Result<()> {
     let mut keep = Vec::new();
     for (i, h) in hooks.iter().enumerate() {
         let at = format!("hooks.server[{i}]");
-        let events = check_events(&h.events).map_err(|e| anyhow::anyhow!("invalid setting `{at}.events`: {e}"))?;
+        let events = check_events(&h.events)
+            .map_err(|e| anyhow::anyhow!("invalid setting `{at}.events`: {e}"))?;
         delivery::check_url(&h.url, false, ctx.hooks.settings())
             .map_err(|m| anyhow::anyhow!("invalid setting `{at}.url`: {m}"))?;
         let labels = serde_json::to_value(&h.labels)?;
         let project = match &h.project_id {
             Some(p) => {
-                let p: ProjectId = p
-                    .parse()
-                    .map_err(|_| anyhow::anyhow!("invalid setting `{at}.project_id`: not a project id"))?;
-                if store::projects::get(&ctx.pool, p.uuid(), None).await?.is_none() {
+                let p: ProjectId = p.parse().map_err(|_| {
+                    anyhow::anyhow!("invalid setting `{at}.project_id`: not a project id")
+                })?;
+                if store::projects::get(&ctx.pool, p.uuid(), None)
+                    .await?
+                    .is_none()
+                {
                     anyhow::bail!("invalid setting `{at}.project_id`: no project {p}");
                 }
                 Some(p.uuid())
@@ -643,7 +667,10 @@ async fn hooks_for(
     subject: &Subject<'_>,
 ) -> ServiceResult<Vec<CallableHook>> {
     let all = store::hooks::for_event(&ctx.pool, event.as_str(), subject.team).await?;
-    Ok(all.into_iter().filter(|h| matches(&h.hook, subject)).collect())
+    Ok(all
+        .into_iter()
+        .filter(|h| matches(&h.hook, subject))
+        .collect())
 }
 
 fn body_of(id: Uuid, event: HookEvent, team: Uuid, payload: Value) -> String {
@@ -661,7 +688,12 @@ fn body_of(id: Uuid, event: HookEvent, team: Uuid, payload: Value) -> String {
 
 /// Queue `event` with `payload` for every enabled hook it concerns (in the outbox; the
 /// worker sends it). Never fails the caller: a store error is logged.
-pub(crate) async fn notify(ctx: &ServiceContext, event: HookEvent, subject: Subject<'_>, payload: Value) {
+pub(crate) async fn notify(
+    ctx: &ServiceContext,
+    event: HookEvent,
+    subject: Subject<'_>,
+    payload: Value,
+) {
     if let Err(e) = enqueue(ctx, event, &subject, payload).await {
         tracing::error!(event = event.as_str(), error = %e, "could not queue a hook notification");
     }
@@ -745,7 +777,9 @@ async fn moment(ctx: &ServiceContext, m: Moment) -> ServiceResult<()> {
             outcome,
             error,
             ..
-        } => json!({"agent": agent, "turn_id": turn, "outcome": outcome_str(outcome), "error": error}),
+        } => {
+            json!({"agent": agent, "turn_id": turn, "outcome": outcome_str(outcome), "error": error})
+        }
         Moment::PermissionRequested { request, .. } => {
             let view = store::permissions::get(&ctx.pool, agent_id.uuid(), request.uuid())
                 .await?
@@ -873,11 +907,17 @@ fn check_env(env: &Value) -> Result<(), String> {
     }
     for (k, v) in m {
         if !valid_env_name(k) {
-            return Err(format!("`env` name `{k}` is not an environment variable name (A-Z, 0-9, `_`)"));
+            return Err(format!(
+                "`env` name `{k}` is not an environment variable name (A-Z, 0-9, `_`)"
+            ));
         }
         match v.as_str() {
             Some(s) if s.len() <= super::secrets::MAX_VALUE_BYTES && !s.contains('\0') => {}
-            _ => return Err(format!("`env` value of `{k}` must be a string of at most 32 KiB")),
+            _ => {
+                return Err(format!(
+                    "`env` value of `{k}` must be a string of at most 32 KiB"
+                ));
+            }
         }
     }
     Ok(())
@@ -943,8 +983,15 @@ pub(crate) async fn call_waiting(
                 HookId::from(hook.id)
             ))
         };
-        let secret = open_secret(ctx, hook.team_id, hook.id, &h.key_id, &h.nonce, &h.ciphertext)
-            .map_err(failed)?;
+        let secret = open_secret(
+            ctx,
+            hook.team_id,
+            hook.id,
+            &h.key_id,
+            &h.nonce,
+            &h.ciphertext,
+        )
+        .map_err(failed)?;
         let id = Uuid::now_v7();
         let mut payload = serde_json::Map::new();
         payload.insert(payload_key.to_owned(), request.clone());
@@ -964,10 +1011,11 @@ pub(crate) async fn call_waiting(
         let outcome: Result<Option<Value>, String> = match (answer.error.as_ref(), answer.status) {
             (Some(e), _) => Err(e.clone()),
             (None, Some(204)) => Ok(None),
-            (None, Some(200)) => match &answering {
-                Answering::Acknowledge => Ok(None),
-                Answering::Replace(check) => {
-                    match serde_json::from_slice::<Value>(&answer.body) {
+            (None, Some(200)) => {
+                match &answering {
+                    Answering::Acknowledge => Ok(None),
+                    Answering::Replace(check) => {
+                        match serde_json::from_slice::<Value>(&answer.body) {
                         Ok(Value::Object(mut m)) if m.contains_key("request") => {
                             let new = m.remove("request").unwrap_or_default();
                             check(&request, &new).map(Some)
@@ -977,8 +1025,9 @@ pub(crate) async fn call_waiting(
                                 .into(),
                         ),
                     }
+                    }
                 }
-            },
+            }
             (None, Some(s)) => Err(format!("the receiver answered {s} (expected 200 or 204)")),
             (None, None) => Err("no answer".into()),
         };
@@ -1051,8 +1100,22 @@ mod tests {
     #[test]
     fn only_listed_fields_may_change() {
         let p = json!({"agent_id": "agt_1", "env": {}, "mcp_servers": {}});
-        assert!(only_changed(&p, &json!({"agent_id": "agt_1", "env": {"A": "1"}, "mcp_servers": {}}), &["env", "mcp_servers"]).is_ok());
-        assert!(only_changed(&p, &json!({"agent_id": "agt_2", "env": {}}), &["env", "mcp_servers"]).is_err());
+        assert!(
+            only_changed(
+                &p,
+                &json!({"agent_id": "agt_1", "env": {"A": "1"}, "mcp_servers": {}}),
+                &["env", "mcp_servers"]
+            )
+            .is_ok()
+        );
+        assert!(
+            only_changed(
+                &p,
+                &json!({"agent_id": "agt_2", "env": {}}),
+                &["env", "mcp_servers"]
+            )
+            .is_err()
+        );
     }
 
     #[test]

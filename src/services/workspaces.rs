@@ -137,8 +137,7 @@ pub async fn create(
         Answering::Replace(&check),
     )
     .await?;
-    let replaced: CreateWorkspace =
-        serde_json::from_value(request).map_err(anyhow::Error::from)?;
+    let replaced: CreateWorkspace = serde_json::from_value(request).map_err(anyhow::Error::from)?;
     let (body, project) = if replaced.project_id == body.project_id {
         (&replaced, project)
     } else {
@@ -367,7 +366,10 @@ fn check_destination(root: &Path, path: &Path) -> Result<(), String> {
     {
         return Err("`path` may not contain `.` or `..`".into());
     }
-    let inside = path.strip_prefix(root).ok().filter(|rest| rest.components().count() >= 1);
+    let inside = path
+        .strip_prefix(root)
+        .ok()
+        .filter(|rest| rest.components().count() >= 1);
     if inside.is_none() {
         return Err(format!("`path` must be inside {}", root.display()));
     }

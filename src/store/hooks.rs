@@ -86,12 +86,11 @@ pub async fn delete_settings_hooks_except(
     db: impl PgExecutor<'_>,
     keep: &[Uuid],
 ) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(
-        "DELETE FROM hooks WHERE settings_position IS NOT NULL AND NOT (id = ANY($1))",
-    )
-    .bind(keep)
-    .execute(db)
-    .await?;
+    let done =
+        sqlx::query("DELETE FROM hooks WHERE settings_position IS NOT NULL AND NOT (id = ANY($1))")
+            .bind(keep)
+            .execute(db)
+            .await?;
     Ok(done.rows_affected())
 }
 

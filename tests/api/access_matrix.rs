@@ -230,8 +230,10 @@ async fn no_route_lets_another_team_or_a_lower_role_or_a_narrower_token_through(
         .ok(
             Method::POST,
             "/v1/hooks",
-            Some(json!({"name": "matrix", "events": ["workspace.create.after"],
-                "url": "https://hooks.invalid/matrix", "secret": "matrix-hook-secret"})),
+            Some(
+                json!({"name": "matrix", "events": ["workspace.create.after"],
+                "url": "https://hooks.invalid/matrix", "secret": "matrix-hook-secret"}),
+            ),
             201,
         )
         .await;
@@ -249,7 +251,12 @@ async fn no_route_lets_another_team_or_a_lower_role_or_a_narrower_token_through(
     for _ in 0..100 {
         let d = ana
             .api
-            .ok(Method::GET, &format!("/v1/hooks/{hook}/deliveries"), None, 200)
+            .ok(
+                Method::GET,
+                &format!("/v1/hooks/{hook}/deliveries"),
+                None,
+                200,
+            )
             .await;
         if let Some(id) = d["items"][0]["id"].as_str() {
             delivery = Some(id.to_owned());

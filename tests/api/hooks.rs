@@ -110,7 +110,9 @@ impl Receiver {
                         head.lines()
                             .find_map(|l| {
                                 let (k, v) = l.split_once(':')?;
-                                k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+                                k.trim()
+                                    .eq_ignore_ascii_case(name)
+                                    .then(|| v.trim().to_owned())
                             })
                             .unwrap_or_default()
                     };
@@ -181,7 +183,10 @@ impl Receiver {
     }
 
     fn of(&self, event: &str) -> Vec<Received> {
-        self.got().into_iter().filter(|r| r.event == event).collect()
+        self.got()
+            .into_iter()
+            .filter(|r| r.event == event)
+            .collect()
     }
 
     /// Wait until `n` requests of `event` arrived; returns them.
@@ -258,8 +263,10 @@ async fn hooks_are_managed_by_owners_validated_and_never_show_their_secret() {
         .ok(
             Method::POST,
             "/v1/hooks",
-            Some(json!({"name": "tickets", "events": ["agent.turn.after", "agent.turn.after"],
-                "url": "https://hooks.example.com/in", "secret": SECRET, "labels": {"ci": "1"}})),
+            Some(
+                json!({"name": "tickets", "events": ["agent.turn.after", "agent.turn.after"],
+                "url": "https://hooks.example.com/in", "secret": SECRET, "labels": {"ci": "1"}}),
+            ),
             201,
         )
         .await;
@@ -287,7 +294,13 @@ async fn hooks_are_managed_by_owners_validated_and_never_show_their_secret() {
 
     // Another team's hook is missing; a viewer of the team may not read it.
     bob.api
-        .refused(Method::GET, &format!("/v1/hooks/{id}"), None, 404, "not_found")
+        .refused(
+            Method::GET,
+            &format!("/v1/hooks/{id}"),
+            None,
+            404,
+            "not_found",
+        )
         .await;
     bob.api
         .refused(
@@ -299,21 +312,35 @@ async fn hooks_are_managed_by_owners_validated_and_never_show_their_secret() {
         )
         .await;
     bob.api
-        .refused(Method::DELETE, &format!("/v1/hooks/{id}"), None, 404, "not_found")
+        .refused(
+            Method::DELETE,
+            &format!("/v1/hooks/{id}"),
+            None,
+            404,
+            "not_found",
+        )
         .await;
     assert_eq!(
         bob.api.ok(Method::GET, "/v1/hooks", None, 200).await["items"],
         json!([])
     );
     vic.api
-        .refused(Method::GET, &format!("/v1/hooks/{id}"), None, 403, "forbidden")
+        .refused(
+            Method::GET,
+            &format!("/v1/hooks/{id}"),
+            None,
+            403,
+            "forbidden",
+        )
         .await;
     bob.api
         .refused(
             Method::POST,
             "/v1/hooks",
-            Some(json!({"name": "x", "events": ["agent.turn.after"], "url": "https://a.example.com",
-                "secret": SECRET, "team_id": team_a})),
+            Some(
+                json!({"name": "x", "events": ["agent.turn.after"], "url": "https://a.example.com",
+                "secret": SECRET, "team_id": team_a}),
+            ),
             404,
             "not_found",
         )
@@ -376,8 +403,10 @@ async fn hooks_are_managed_by_owners_validated_and_never_show_their_secret() {
         .refused(
             Method::POST,
             "/v1/hooks",
-            Some(json!({"name": "srv", "events": ["agent.turn.after"], "url": "http://127.0.0.1:9/",
-                "secret": SECRET, "team_id": null})),
+            Some(
+                json!({"name": "srv", "events": ["agent.turn.after"], "url": "http://127.0.0.1:9/",
+                "secret": SECRET, "team_id": null}),
+            ),
             403,
             "forbidden",
         )
@@ -406,11 +435,22 @@ async fn hooks_are_managed_by_owners_validated_and_never_show_their_secret() {
         .ok(Method::DELETE, &format!("/v1/hooks/{id}"), None, 204)
         .await;
     ana.api
-        .refused(Method::GET, &format!("/v1/hooks/{id}"), None, 404, "not_found")
+        .refused(
+            Method::GET,
+            &format!("/v1/hooks/{id}"),
+            None,
+            404,
+            "not_found",
+        )
         .await;
     let audit = ana
         .api
-        .ok(Method::GET, &format!("/v1/audit?team_id={team_a}"), None, 200)
+        .ok(
+            Method::GET,
+            &format!("/v1/audit?team_id={team_a}"),
+            None,
+            200,
+        )
         .await;
     let actions: Vec<&str> = audit["items"]
         .as_array()
@@ -455,7 +495,12 @@ async fn settings_file_hooks_are_server_wide_stable_and_read_only() {
         .await
         .unwrap();
     refused(res, 409, "hook_read_only").await;
-    refused(app.delete(&format!("/v1/hooks/{id}")).await, 409, "hook_read_only").await;
+    refused(
+        app.delete(&format!("/v1/hooks/{id}")).await,
+        409,
+        "hook_read_only",
+    )
+    .await;
 
     let repo = git_repo();
     let project = app.project(repo.path()).await;
@@ -485,14 +530,23 @@ async fn settings_file_hooks_are_server_wide_stable_and_read_only() {
     assert_eq!(listed["items"][0]["id"], id.as_str());
     assert_eq!(listed["items"].as_array().unwrap().len(), 1);
     let deliveries = app.get_ok(&format!("/v1/hooks/{id}/deliveries")).await;
-    assert_eq!(deliveries["items"][0]["status"], "delivered", "{deliveries}");
+    assert_eq!(
+        deliveries["items"][0]["status"], "delivered",
+        "{deliveries}"
+    );
 }
 
 #[tokio::test]
 async fn workspace_create_before_keeps_replaces_or_fails_the_creation() {
     let app = app().await;
     let receiver = Receiver::start().await;
-    let gate = hook(&app, "gate", &["workspace.create.before"], &receiver.url("/gate")).await;
+    let gate = hook(
+        &app,
+        "gate",
+        &["workspace.create.before"],
+        &receiver.url("/gate"),
+    )
+    .await;
     let gate_id = gate["id"].as_str().unwrap().to_owned();
     let repo = git_repo();
     let project = app.project(repo.path()).await;
@@ -534,10 +588,16 @@ async fn workspace_create_before_keeps_replaces_or_fails_the_creation() {
     // Each failure: 422 hook_failed naming the hook, nothing made.
     let cases: Vec<(Reply, &str)> = vec![
         (
-            Reply::Json(200, json!({"request": {"project_id": project["id"], "colour": "red"}})),
+            Reply::Json(
+                200,
+                json!({"request": {"project_id": project["id"], "colour": "red"}}),
+            ),
             "not a workspace request",
         ),
-        (Reply::Json(200, json!({"title": "no request key"})), "without a JSON object"),
+        (
+            Reply::Json(200, json!({"title": "no request key"})),
+            "without a JSON object",
+        ),
         (Reply::Raw(200, "not json".into()), "without a JSON object"),
         (Reply::Status(500), "500"),
         (Reply::Status(201), "201"),
@@ -596,10 +656,16 @@ async fn ws_team(app: &TestApp, project: &Value) -> Value {
 
 #[tokio::test]
 async fn worktree_hooks_choose_branch_and_destination_and_a_failing_after_hook_removes_the_worktree()
-{
+ {
     let app = app().await;
     let receiver = Receiver::start().await;
-    hook(&app, "placement", &["worktree.create.before"], &receiver.url("/before")).await;
+    hook(
+        &app,
+        "placement",
+        &["worktree.create.before"],
+        &receiver.url("/before"),
+    )
+    .await;
     let repo = git_repo();
     let project = app.project(repo.path()).await;
     let root = app.data_dir.path().join("worktrees");
@@ -651,7 +717,8 @@ async fn worktree_hooks_choose_branch_and_destination_and_a_failing_after_hook_r
         let status = res.status().as_u16();
         let body: Value = res.json().await.unwrap();
         assert!(
-            (status == 422 && ["hook_failed", "validation_failed"].contains(&body["code"].as_str().unwrap())),
+            (status == 422
+                && ["hook_failed", "validation_failed"].contains(&body["code"].as_str().unwrap())),
             "{change}: {status} {body}"
         );
     }
@@ -662,7 +729,13 @@ async fn worktree_hooks_choose_branch_and_destination_and_a_failing_after_hook_r
     // worktree.create.after: the worktree exists while it runs; a failure removes it.
     receiver.answer(|_| Reply::Status(204));
     let after = Receiver::start().await;
-    hook(&app, "warm-caches", &["worktree.create.after"], &after.url("/after")).await;
+    hook(
+        &app,
+        "warm-caches",
+        &["worktree.create.after"],
+        &after.url("/after"),
+    )
+    .await;
     after.answer(|r| {
         let path = r.body["payload"]["worktree"]["path"].as_str().unwrap();
         if std::path::Path::new(path).join("README.md").exists() {
@@ -672,13 +745,19 @@ async fn worktree_hooks_choose_branch_and_destination_and_a_failing_after_hook_r
         }
     });
     let res = app
-        .post("/v1/workspaces", json!({"project_id": project["id"], "title": "doomed"}))
+        .post(
+            "/v1/workspaces",
+            json!({"project_id": project["id"], "title": "doomed"}),
+        )
         .await;
     let body = refused(res, 422, "hook_failed").await;
     assert!(body["detail"].as_str().unwrap().contains("500"), "{body}");
     let got = after.of("worktree.create.after");
     let made = got[0].body["payload"]["worktree"].clone();
-    assert_eq!(made["source_checkout"], repo.path().to_string_lossy().as_ref());
+    assert_eq!(
+        made["source_checkout"],
+        repo.path().to_string_lossy().as_ref()
+    );
     assert!(!std::path::Path::new(made["path"].as_str().unwrap()).exists());
     assert!(
         !branches(repo.path()).contains(made["branch"].as_str().unwrap()),
@@ -710,7 +789,13 @@ async fn agent_hooks_run_server_first_accumulate_env_that_reaches_the_process_an
         201,
     )
     .await;
-    hook(&app, "team-env", &["agent.open.before"], &team_rx.url("/team")).await;
+    hook(
+        &app,
+        "team-env",
+        &["agent.open.before"],
+        &team_rx.url("/team"),
+    )
+    .await;
     srv.answer(|r| {
         let mut req = r.body["payload"]["request"].clone();
         if r.event == "agent.create.before" {
@@ -789,8 +874,11 @@ async fn agent_hooks_run_server_first_accumulate_env_that_reaches_the_process_an
     assert_eq!(team_rx.of("agent.open.before").len(), 2);
     let text = serde_json::to_string(&app.timeline(&id).await).unwrap();
     assert_eq!(
-        text.matches(&format!("THIRD_VAR sha256={}", digest("third-secret-value")))
-            .count(),
+        text.matches(&format!(
+            "THIRD_VAR sha256={}",
+            digest("third-secret-value")
+        ))
+        .count(),
         2
     );
 
@@ -804,7 +892,11 @@ async fn agent_hooks_run_server_first_accumulate_env_that_reaches_the_process_an
         .fetch_all(&app.pool)
         .await
         .unwrap();
-    for value in ["first-secret-value", "second-secret-value", "third-secret-value"] {
+    for value in [
+        "first-secret-value",
+        "second-secret-value",
+        "third-secret-value",
+    ] {
         assert!(!text.contains(value) && !audit.contains(value));
         assert!(stored.iter().all(|b| !b.contains(value)), "{stored:?}");
         assert!(agents_row.iter().all(|b| !b.contains(value)));
@@ -818,13 +910,28 @@ async fn agent_hooks_run_server_first_accumulate_env_that_reaches_the_process_an
         }
         Reply::Json(200, json!({"request": req}))
     });
-    let count = app.get_ok("/v1/agents").await["items"].as_array().unwrap().len();
+    let count = app.get_ok("/v1/agents").await["items"]
+        .as_array()
+        .unwrap()
+        .len();
     let res = app
-        .post("/v1/agents", json!({"workspace_id": ws["id"], "provider": "mock"}))
+        .post(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "mock"}),
+        )
         .await;
     let body = refused(res, 422, "hook_failed").await;
-    assert!(body["detail"].as_str().unwrap().starts_with("hook company (hook_"), "{body}");
-    assert!(body["detail"].as_str().unwrap().contains("workspace_id"), "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("hook company (hook_"),
+        "{body}"
+    );
+    assert!(
+        body["detail"].as_str().unwrap().contains("workspace_id"),
+        "{body}"
+    );
     // An open hook that fails (bad env name) leaves no agent either.
     srv.answer(|r| {
         let mut req = r.body["payload"]["request"].clone();
@@ -834,14 +941,18 @@ async fn agent_hooks_run_server_first_accumulate_env_that_reaches_the_process_an
         Reply::Json(200, json!({"request": req}))
     });
     let res = app
-        .post("/v1/agents", json!({"workspace_id": ws["id"], "provider": "mock"}))
+        .post(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "mock"}),
+        )
         .await;
     refused(res, 422, "hook_failed").await;
     // An MCP server colliding with a saved one names both sources.
     srv.answer(|r| {
         let mut req = r.body["payload"]["request"].clone();
         if r.event == "agent.open.before" {
-            req["mcp_servers"]["tools"] = json!({"type": "http", "url": "https://tools.example.com/mcp"});
+            req["mcp_servers"]["tools"] =
+                json!({"type": "http", "url": "https://tools.example.com/mcp"});
         }
         Reply::Json(200, json!({"request": req}))
     });
@@ -859,7 +970,10 @@ async fn agent_hooks_run_server_first_accumulate_env_that_reaches_the_process_an
         "{detail}"
     );
     assert_eq!(
-        app.get_ok("/v1/agents").await["items"].as_array().unwrap().len(),
+        app.get_ok("/v1/agents").await["items"]
+            .as_array()
+            .unwrap()
+            .len(),
         count
     );
 }
@@ -936,7 +1050,11 @@ async fn a_policy_bot_answers_permissions_from_notifications_and_every_notificat
         let request = &payload["request"];
         assert_eq!(request["status"], "pending", "{payload}");
         let title = request["title"].as_str().unwrap();
-        let behavior = if title.contains("rm -rf") { "deny" } else { "allow" };
+        let behavior = if title.contains("rm -rf") {
+            "deny"
+        } else {
+            "allow"
+        };
         let request_id = request["request_id"].as_str().unwrap();
         assert_eq!(pending(&app, &id).await["request_id"], request_id);
         app.post_ok(
@@ -955,7 +1073,11 @@ async fn a_policy_bot_answers_permissions_from_notifications_and_every_notificat
         .await;
     let got: Vec<&str> = resolved
         .iter()
-        .map(|r| r.body["payload"]["resolution"]["behavior"].as_str().unwrap())
+        .map(|r| {
+            r.body["payload"]["resolution"]["behavior"]
+                .as_str()
+                .unwrap()
+        })
         .collect();
     assert_eq!(got, outcomes);
     let turns = rx
@@ -1067,7 +1189,10 @@ async fn notifications_are_retried_until_the_receiver_comes_back() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let first = loop {
         let items = deliveries(&app, &h).await;
-        if items.first().is_some_and(|d| d["attempts"].as_i64() >= Some(2)) {
+        if items
+            .first()
+            .is_some_and(|d| d["attempts"].as_i64() >= Some(2))
+        {
             break items[0].clone();
         }
         assert!(tokio::time::Instant::now() < deadline, "{items:?}");
@@ -1081,7 +1206,10 @@ async fn notifications_are_retried_until_the_receiver_comes_back() {
     assert_eq!(items[0]["id"], first["id"]);
     assert_eq!(items[0]["response_status"], 204);
     assert!(items[0]["delivered_at"].is_string());
-    assert_eq!(rx.of("workspace.create.after")[0].delivery, first["id"].as_str().unwrap());
+    assert_eq!(
+        rx.of("workspace.create.after")[0].delivery,
+        first["id"].as_str().unwrap()
+    );
 }
 
 #[tokio::test]
@@ -1113,7 +1241,10 @@ async fn the_outbox_survives_a_restart_and_a_delivery_can_be_sent_again() {
     let got = rx.of("workspace.create.after");
     assert!(got.len() > seen_while_down);
     // Every attempt carried the same delivery id and the same body.
-    assert!(got.iter().all(|r| r.delivery == items[0]["id"].as_str().unwrap()));
+    assert!(
+        got.iter()
+            .all(|r| r.delivery == items[0]["id"].as_str().unwrap())
+    );
     assert!(got.iter().all(|r| r.raw == got[0].raw));
 
     // Redeliver: sent once more, same id.
@@ -1173,7 +1304,10 @@ async fn a_team_hook_never_reaches_a_private_address_even_when_its_name_resolves
         .await
         .map(|a| a.collect())
         .unwrap_or_default();
-    assert!(!resolved.is_empty(), "{host} does not resolve on this machine");
+    assert!(
+        !resolved.is_empty(),
+        "{host} does not resolve on this machine"
+    );
     let res = app
         .post(
             "/v1/hooks",

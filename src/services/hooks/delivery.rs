@@ -76,9 +76,7 @@ pub fn check_url(raw: &str, team_hook: bool, settings: &HookSettings) -> Result<
             Host::Ipv6(ip) => ip.to_string(),
         };
         if !allowed.iter().any(|a| a.eq_ignore_ascii_case(&name)) {
-            return Err(format!(
-                "host `{name}` is not in `hooks.allowed_hosts`"
-            ));
+            return Err(format!("host `{name}` is not in `hooks.allowed_hosts`"));
         }
     }
     if team_hook && !settings.allow_private_networks {
@@ -108,9 +106,8 @@ impl Resolve for PublicOnly {
     fn resolve(&self, name: Name) -> Resolving {
         let host = name.as_str().to_owned();
         Box::pin(async move {
-            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
-                .await?
-                .collect();
+            let addrs: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
             if let Some(bad) = addrs.iter().find(|a| is_internal(a.ip())) {
                 return Err(format!(
                     "{host} resolves to {}, a loopback, private or link-local address",
@@ -220,10 +217,7 @@ impl Caller {
         let res = match sent {
             Ok(r) => r,
             Err(e) if e.is_timeout() => {
-                return failed(format!(
-                    "no answer within {} s",
-                    self.settings.timeout_s
-                ));
+                return failed(format!("no answer within {} s", self.settings.timeout_s));
             }
             Err(e) => return failed(describe(&e)),
         };
@@ -235,7 +229,9 @@ impl Caller {
             match chunk {
                 Ok(c) => {
                     if body.len() + c.len() > MAX_ANSWER_BYTES {
-                        error = Some(format!("the answer is larger than {MAX_ANSWER_BYTES} bytes"));
+                        error = Some(format!(
+                            "the answer is larger than {MAX_ANSWER_BYTES} bytes"
+                        ));
                         break;
                     }
                     body.extend_from_slice(&c);
@@ -293,8 +289,17 @@ mod tests {
     #[test]
     fn internal_addresses_are_recognised() {
         for ip in [
-            "127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "0.0.0.0",
-            "100.64.0.1", "::1", "fe80::1", "fd00::1", "::ffff:127.0.0.1",
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "100.64.0.1",
+            "::1",
+            "fe80::1",
+            "fd00::1",
+            "::ffff:127.0.0.1",
         ] {
             assert!(is_internal(ip.parse().unwrap()), "{ip}");
         }
