@@ -164,7 +164,8 @@ async fn list_deliveries(
     )))
 }
 
-/// Send a delivery again (same id and body), retried like a new one.
+/// Send a notification again (same id and body), retried like a new one. The recorded
+/// calls of waiting hooks are not sent again (404).
 #[utoipa::path(tag = "hooks", security(("bearer" = [])),
     params(("id" = String, Path), ("delivery_id" = String, Path)),
     responses((status = 202, description = "Queued"), (status = 403, body = Problem),

@@ -559,7 +559,16 @@ pub async fn redeliver(
     delivery: DeliveryId,
 ) -> ServiceResult<()> {
     let row = load(ctx, principal, id, Operation::ManageTeam).await?;
-    if !store::hooks::redeliver(&ctx.pool, row.id, delivery.uuid(), RETRY_WINDOW_S).await? {
+    let waiting: Vec<&str> = HookEvent::ALL
+        .into_iter()
+        .filter(|e| e.waits())
+        .map(HookEvent::as_str)
+        .collect();
+    // A waiting hook's call belonged to its operation, which is over: only
+    // notifications are sent again.
+    if !store::hooks::redeliver(&ctx.pool, row.id, delivery.uuid(), RETRY_WINDOW_S, &waiting)
+        .await?
+    {
         return Err(ServiceError::NotFound("delivery"));
     }
     ctx.hooks.wake.notify_one();

@@ -386,21 +386,24 @@ pub async fn deliveries(
     .await
 }
 
-/// Send a delivery again from now (same id, same body), retried for `retry_for_s`.
+/// Send a notification again from now (same id, same body), retried for `retry_for_s`.
+/// The recorded calls of waiting hooks (`waiting` events) are not sent again.
 pub async fn redeliver(
     db: impl PgExecutor<'_>,
     hook: Uuid,
     id: Uuid,
     retry_for_s: f64,
+    waiting: &[&str],
 ) -> Result<bool, sqlx::Error> {
     let done = sqlx::query(
         "UPDATE hook_deliveries SET status = 'pending', next_attempt_at = now(),
             retry_until = now() + make_interval(secs => $3), delivered_at = NULL
-         WHERE hook_id = $1 AND id = $2",
+         WHERE hook_id = $1 AND id = $2 AND NOT (event = ANY($4))",
     )
     .bind(hook)
     .bind(id)
     .bind(retry_for_s)
+    .bind(waiting)
     .execute(db)
     .await?;
     Ok(done.rows_affected() > 0)

@@ -629,6 +629,17 @@ async fn workspace_create_before_keeps_replaces_or_fails_the_creation() {
     assert_eq!(items[0]["status"], "failed");
     assert_eq!(items[8]["status"], "delivered");
     assert_eq!(items[8]["response_status"], 204);
+    // A waiting call belonged to its operation: it is not sent again.
+    let res = app
+        .post(
+            &format!(
+                "/v1/hooks/{gate_id}/deliveries/{}/redeliver",
+                items[0]["id"].as_str().unwrap()
+            ),
+            json!({}),
+        )
+        .await;
+    refused(res, 404, "not_found").await;
 
     // A disabled hook is not called.
     app.client
