@@ -285,6 +285,38 @@ async fn hooks_are_managed_by_owners_validated_and_never_show_their_secret() {
         assert!(!v.to_string().contains(SECRET), "{v}");
     }
     assert_eq!(listed["items"].as_array().unwrap().len(), 1);
+    // Idempotent creation: the same key and body give the same hook; another body, 409.
+    let body = json!({"name": "ci", "events": ["agent.turn.after"],
+        "url": "https://hooks.example.com/ci", "secret": SECRET});
+    let mut ids = Vec::new();
+    for expected in [201, 200] {
+        let (s, b, _) = ana
+            .api
+            .call_full_with_key(Method::POST, "/v1/hooks", &body, "hook-key-1")
+            .await;
+        assert_eq!(s, expected, "{b}");
+        ids.push(b["id"].clone());
+    }
+    assert_eq!(ids[0], ids[1]);
+    let mut other = body.clone();
+    other["secret"] = json!("a different secret");
+    let (s, b, _) = ana
+        .api
+        .call_full_with_key(Method::POST, "/v1/hooks", &other, "hook-key-1")
+        .await;
+    assert_eq!(
+        (s, b["code"].as_str()),
+        (409, Some("idempotency_key_reused")),
+        "{b}"
+    );
+    ana.api
+        .ok(
+            Method::DELETE,
+            &format!("/v1/hooks/{}", ids[0].as_str().unwrap()),
+            None,
+            204,
+        )
+        .await;
     // At rest the secret is sealed, never in clear.
     let stored: Vec<u8> = sqlx::query_scalar("SELECT ciphertext FROM hooks")
         .fetch_one(&app.pool)
@@ -1030,6 +1062,23 @@ async fn a_policy_bot_answers_permissions_from_notifications_and_every_notificat
     .await;
     let repo = git_repo();
     let project = app.project(repo.path()).await;
+    // A hook narrowed to another project hears nothing of this one.
+    let other_repo = git_repo();
+    let other = app
+        .post_ok(
+            "/v1/projects",
+            json!({"name": "other", "repo_path": other_repo.path()}),
+            201,
+        )
+        .await;
+    let elsewhere = Receiver::start().await;
+    app.post_ok(
+        "/v1/hooks",
+        json!({"name": "elsewhere", "events": all, "url": elsewhere.url("/e"),
+            "secret": SECRET, "project_id": other["id"]}),
+        201,
+    )
+    .await;
     let ws = app
         .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
         .await;
@@ -1156,6 +1205,12 @@ async fn a_policy_bot_answers_permissions_from_notifications_and_every_notificat
     ids.dedup();
     assert_eq!(ids.len(), got.len());
     assert!(narrow.got().is_empty(), "{:?}", narrow.got());
+    assert!(elsewhere.got().is_empty(), "{:?}", elsewhere.got());
+    app.post_ok("/v1/workspaces", json!({"project_id": other["id"]}), 201)
+        .await;
+    elsewhere
+        .wait_for("workspace.create.after", 1, Duration::from_secs(20))
+        .await;
 }
 
 /// The hook's deliveries, as the API lists them.
