@@ -575,6 +575,37 @@ pub async fn redeliver(
     Ok(())
 }
 
+/// Re-encrypt the hook secrets that are not under the current key (`agentry secrets
+/// rotate`). Returns how many were re-encrypted, and the hooks whose secret cannot be
+/// opened with any key the server has.
+pub async fn rotate(
+    pool: &sqlx::PgPool,
+    keys: &super::secrets::Keyring,
+) -> Result<(usize, Vec<(HookId, super::secrets::OpenError)>), sqlx::Error> {
+    let mut rotated = 0;
+    let mut failed = Vec::new();
+    for row in store::hooks::sealed_not_under(pool, keys.current_id()).await? {
+        let team = row.team_id.unwrap_or(Uuid::nil());
+        let sealed = super::secrets::Sealed {
+            key_id: row.key_id.clone(),
+            nonce: row.nonce.clone(),
+            ciphertext: row.ciphertext.clone(),
+        };
+        match keys.open(team, &seal_name(row.id), &sealed) {
+            Ok(secret) => {
+                let new = keys.seal(team, &seal_name(row.id), &secret);
+                if store::hooks::reseal(pool, &row, &new.key_id, &new.nonce, &new.ciphertext)
+                    .await?
+                {
+                    rotated += 1;
+                }
+            }
+            Err(e) => failed.push((row.id.into(), e)),
+        }
+    }
+    Ok((rotated, failed))
+}
+
 // ---- settings-file hooks -------------------------------------------------------------
 
 /// The id of a settings-file hook: derived from its name, so it is the same at every

@@ -1408,3 +1408,37 @@ async fn a_team_hook_never_reaches_a_private_address_even_when_its_name_resolves
     }
     assert!(rx.got().is_empty(), "the receiver was reached");
 }
+
+#[tokio::test]
+async fn rotating_the_secrets_key_moves_hook_secrets_and_they_still_sign() {
+    use crate::secrets::{rotate, with_keys};
+    let rx = Receiver::start().await;
+    let app = spawn_app_with(|s| {
+        s.hooks.allow_private_networks = true;
+        with_keys(s, 1, &[]);
+    })
+    .await;
+    let h = hook(
+        &app,
+        "rotating",
+        &["workspace.create.after"],
+        &rx.url("/in"),
+    )
+    .await;
+    let (db, dir, token) = app.stop().await;
+    let (ok, out) = rotate(&db, dir.path(), 2, &[1]);
+    assert!(ok && out.contains("hook secrets: 1 moved"), "{out}");
+    assert!(!out.contains(SECRET), "{out}");
+    // Under the new key alone the hook still signs with its secret.
+    let app = spawn_on_with(db, dir, Some(token), |s| {
+        s.hooks.allow_private_networks = true;
+        with_keys(s, 2, &[]);
+    })
+    .await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    app.post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    delivered(&app, &h, Duration::from_secs(20)).await;
+    assert_eq!(rx.of("workspace.create.after").len(), 1);
+}
