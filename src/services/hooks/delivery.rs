@@ -176,7 +176,11 @@ impl Caller {
         };
         Ok(Self {
             open: base().build()?,
-            guarded: base().dns_resolver(Arc::new(PublicOnly)).build()?,
+            // No proxy: a proxy would resolve the name itself, around `PublicOnly`.
+            guarded: base()
+                .no_proxy()
+                .dns_resolver(Arc::new(PublicOnly))
+                .build()?,
             settings: settings.clone(),
         })
     }
