@@ -399,13 +399,14 @@ pub async fn create(
     principal.authorize_in(team, Operation::DriveAgents, "workspace")?;
     // `agent.create.before` may change the saved configuration (not where the agent
     // works) and add launch environment; the result is checked like the caller's own.
-    let replaced = create_hooks(ctx, body, team, project).await?;
+    let replaced = create_hooks(ctx, principal, body, team, project).await?;
     let (body, create_env) = (&replaced.0, replaced.1);
     let provider = check_create(ctx, body).await?;
     let id = AgentId::new();
     // `agent.open.before`: launch-only environment and MCP servers, for this start.
     let launch = open_hooks(
         ctx,
+        principal,
         OpenSubject {
             agent: id,
             team,
@@ -508,6 +509,7 @@ pub async fn create(
 /// caller's prompt) and the launch environment.
 async fn create_hooks(
     ctx: &ServiceContext,
+    principal: &Principal,
     body: &CreateAgent,
     team: uuid::Uuid,
     project: uuid::Uuid,
@@ -538,6 +540,7 @@ async fn create_hooks(
     };
     let request = hooks::call_waiting(
         ctx,
+        principal,
         HookEvent::AgentCreateBefore,
         Subject {
             team,
@@ -576,6 +579,7 @@ struct Launch {
 /// the waiting hooks, for one start of the provider process.
 async fn open_hooks(
     ctx: &ServiceContext,
+    principal: &Principal,
     subject: OpenSubject<'_>,
     env: Value,
 ) -> ServiceResult<Launch> {
@@ -598,6 +602,7 @@ async fn open_hooks(
     };
     let request = hooks::call_waiting(
         ctx,
+        principal,
         HookEvent::AgentOpenBefore,
         Subject {
             team: subject.team,
@@ -698,6 +703,7 @@ pub async fn prompt(
     let agent_ctx = if ctx.agents.snapshot(id).is_none() {
         let launch = open_hooks(
             ctx,
+            principal,
             OpenSubject {
                 agent: id,
                 team: row.team_id,

@@ -42,10 +42,11 @@ pub enum Action {
     HookCreate,
     HookUpdate,
     HookDelete,
+    HookFail,
 }
 
 impl Action {
-    pub const ALL: [Action; 22] = [
+    pub const ALL: [Action; 23] = [
         Action::AgentCreate,
         Action::AgentPrompt,
         Action::AgentInterrupt,
@@ -68,6 +69,7 @@ impl Action {
         Action::HookCreate,
         Action::HookUpdate,
         Action::HookDelete,
+        Action::HookFail,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -94,6 +96,7 @@ impl Action {
             Action::HookCreate => "hook.create",
             Action::HookUpdate => "hook.update",
             Action::HookDelete => "hook.delete",
+            Action::HookFail => "hook.fail",
         }
     }
 

@@ -1007,6 +1007,7 @@ pub(crate) enum Answering<'a> {
 /// `hook_failed` naming it.
 pub(crate) async fn call_waiting(
     ctx: &ServiceContext,
+    by: &Principal,
     event: HookEvent,
     subject: Subject<'_>,
     payload_key: &str,
@@ -1095,6 +1096,19 @@ pub(crate) async fn call_waiting(
             Ok(None) => {}
             Err(why) => {
                 tracing::info!(hook_id = %HookId::from(hook.id), event = event.as_str(), why = %why, "a waiting hook failed its operation");
+                // The refusal is on record, with who asked for the operation.
+                audit::record(
+                    ctx,
+                    by,
+                    Entry::new(
+                        Action::HookFail,
+                        Some(subject.team),
+                        "hook",
+                        HookId::from(hook.id),
+                    )
+                    .details(json!({"event": event.as_str(), "name": hook.name, "why": why})),
+                )
+                .await?;
                 return Err(failed(why));
             }
         }

@@ -126,6 +126,7 @@ pub async fn create(
     };
     let request = hooks::call_waiting(
         ctx,
+        principal,
         HookEvent::WorkspaceCreateBefore,
         Subject {
             team: project.team_id,
@@ -184,7 +185,16 @@ pub async fn create(
             .await?
         }
         WorkspaceKind::Worktree => {
-            let made = add_worktree(ctx, &repo, &project, body, &base_ref, &base_commit).await?;
+            let made = add_worktree(
+                ctx,
+                principal,
+                &repo,
+                &project,
+                body,
+                &base_ref,
+                &base_commit,
+            )
+            .await?;
             let undo = || async {
                 // Not recorded, so not ours to keep: undo the worktree (and its new
                 // branch) we just made.
@@ -193,6 +203,7 @@ pub async fn create(
             };
             let after = hooks::call_waiting(
                 ctx,
+                principal,
                 HookEvent::WorktreeCreateAfter,
                 Subject {
                     team: project.team_id,
@@ -292,8 +303,10 @@ impl From<ServiceError> for AddFailed {
 
 /// `worktree.create.before` (which may choose the branch, base and destination), then
 /// `git worktree add`.
+#[allow(clippy::too_many_arguments)]
 async fn add_one(
     ctx: &ServiceContext,
+    principal: &Principal,
     repo: &Path,
     project: &store::projects::ProjectRow,
     branch: &str,
@@ -315,6 +328,7 @@ async fn add_one(
     };
     let chosen = hooks::call_waiting(
         ctx,
+        principal,
         HookEvent::WorktreeCreateBefore,
         Subject {
             team: project.team_id,
@@ -396,6 +410,7 @@ fn check_destination(root: &Path, path: &Path) -> Result<(), String> {
 /// Create the worktree on a unique branch and directory.
 async fn add_worktree(
     ctx: &ServiceContext,
+    principal: &Principal,
     repo: &Path,
     project: &store::projects::ProjectRow,
     body: &CreateWorkspace,
@@ -426,7 +441,18 @@ async fn add_worktree(
             {
                 continue;
             }
-            return match add_one(ctx, repo, project, branch, &path, base_ref, base_commit).await {
+            return match add_one(
+                ctx,
+                principal,
+                repo,
+                project,
+                branch,
+                &path,
+                base_ref,
+                base_commit,
+            )
+            .await
+            {
                 Ok(made) => Ok(made),
                 Err(AddFailed::Git(e)) => Err(git_error("branch", e)),
                 Err(AddFailed::Other(e)) => Err(e),
@@ -459,7 +485,18 @@ async fn add_worktree(
         {
             continue;
         }
-        match add_one(ctx, repo, project, &branch, &path, base_ref, base_commit).await {
+        match add_one(
+            ctx,
+            principal,
+            repo,
+            project,
+            &branch,
+            &path,
+            base_ref,
+            base_commit,
+        )
+        .await
+        {
             Ok(made) => return Ok(made),
             // Another request took this name a moment ago: try the next one.
             Err(AddFailed::Git(GitError::BranchExists(_))) => continue,

@@ -654,6 +654,18 @@ async fn workspace_create_before_keeps_replaces_or_fails_the_creation() {
     }
     assert_eq!(workspaces(&app).await.len(), before);
     assert_eq!(branches(repo.path()), branches_before);
+    // Each refusal is in the audit log, with who asked.
+    let audit = app.get_ok("/v1/audit?limit=200").await;
+    let fails: Vec<&Value> = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == "hook.fail")
+        .collect();
+    assert_eq!(fails.len(), 7, "{audit}");
+    assert_eq!(fails[0]["target"]["id"], gate_id.as_str());
+    assert_eq!(fails[0]["details"]["event"], "workspace.create.before");
+    assert_eq!(fails[0]["actor"]["kind"], "admin");
     // Each call is listed with its outcome.
     let deliveries = app.get_ok(&format!("/v1/hooks/{gate_id}/deliveries")).await;
     let items = deliveries["items"].as_array().unwrap();
