@@ -888,7 +888,6 @@ impl Actor {
                    "resolved_by": null, "message": "the agent withdrew the request"}),
         )
         .await;
-        self.flush().await;
         self.shared.moment(Moment::PermissionResolved {
             agent: self.id(),
             request: expired,

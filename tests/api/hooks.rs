@@ -987,6 +987,16 @@ async fn agent_hooks_run_server_first_accumulate_env_that_reaches_the_process_an
         body["detail"].as_str().unwrap().contains("workspace_id"),
         "{body}"
     );
+    // With a workspace to make in the same call: neither is left behind.
+    let spaces = workspaces(&app).await.len();
+    let res = app
+        .post(
+            "/v1/agents",
+            json!({"workspace": {"project_id": project["id"]}, "provider": "mock"}),
+        )
+        .await;
+    refused(res, 422, "hook_failed").await;
+    assert_eq!(workspaces(&app).await.len(), spaces);
     // An open hook that fails (bad env name) leaves no agent either.
     srv.answer(|r| {
         let mut req = r.body["payload"]["request"].clone();
