@@ -62,6 +62,55 @@ pub struct Settings {
     pub providers: BTreeMap<String, ProviderSettings>,
     /// The key that encrypts team secrets at rest.
     pub secrets: SecretsSettings,
+    /// Lifecycle hooks: delivery settings and server-wide hooks.
+    pub hooks: HookSettings,
+}
+
+/// `[hooks]`: how hooks are called, and the server-wide hooks of the settings file
+/// (`[[hooks.server]]`; a file that only lists hooks may also write them as `[[hooks]]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HookSettings {
+    /// Seconds a receiver has to answer one call (default 30); a waiting hook that does
+    /// not answer in time fails its operation.
+    pub timeout_s: u64,
+    /// Let team hooks reach loopback, private and link-local addresses (default false).
+    pub allow_private_networks: bool,
+    /// When set, hook URLs must name one of these hosts (exact, case-insensitive).
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Server-wide hooks, read-only in the API; each is known by an id derived from its
+    /// name, so deliveries keep their hook across restarts.
+    pub server: Vec<FileHook>,
+}
+
+impl Default for HookSettings {
+    fn default() -> Self {
+        Self {
+            timeout_s: 30,
+            allow_private_networks: false,
+            allowed_hosts: None,
+            server: Vec::new(),
+        }
+    }
+}
+
+/// One `[[hooks.server]]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileHook {
+    pub name: String,
+    pub events: Vec<String>,
+    pub url: String,
+    pub secret: Secret,
+    pub project_id: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// `[secrets]`: AES-256-GCM keys for team secrets, each 32 random bytes in base64
@@ -409,6 +458,7 @@ impl Default for Settings {
             metrics: MetricsSettings::default(),
             providers: BTreeMap::new(),
             secrets: SecretsSettings::default(),
+            hooks: HookSettings::default(),
         }
     }
 }
@@ -544,6 +594,17 @@ impl Settings {
             }
             None => toml::Table::new(),
         };
+        // `[[hooks]]` alone is the list of server hooks: the same as `[[hooks.server]]`.
+        if let Some(toml::Value::Array(list)) = table.get("hooks") {
+            let list = list.clone();
+            table.insert(
+                "hooks".into(),
+                toml::Value::Table(toml::Table::from_iter([(
+                    "server".to_owned(),
+                    toml::Value::Array(list),
+                )])),
+            );
+        }
         for (name, raw) in env {
             let path: Vec<String> = if name == "DATABASE_URL" {
                 if env.iter().any(|(n, _)| n == "AGENTRY_DATABASE__URL") {
@@ -677,6 +738,24 @@ impl Settings {
         for (i, key) in self.secrets.previous_keys.iter().enumerate() {
             decode_secrets_key(key)
                 .map_err(|m| invalid(&format!("secrets.previous_keys[{i}]"), m))?;
+        }
+        if self.hooks.timeout_s == 0 || self.hooks.timeout_s > 300 {
+            return Err(invalid("hooks.timeout_s", "must be between 1 and 300"));
+        }
+        for (i, h) in self.hooks.server.iter().enumerate() {
+            let at = |key: &str| format!("hooks.server[{i}].{key}");
+            if h.name.trim().is_empty() || h.name.len() > 100 {
+                return Err(invalid(&at("name"), "must be 1 to 100 characters"));
+            }
+            if self.hooks.server[..i].iter().any(|o| o.name == h.name) {
+                return Err(invalid(&at("name"), format!("`{}` is used twice", h.name)));
+            }
+            if h.secret.expose().is_empty() {
+                return Err(invalid(&at("secret"), "must not be empty"));
+            }
+            if h.events.is_empty() {
+                return Err(invalid(&at("events"), "must name at least one event"));
+            }
         }
         for (id, p) in &self.providers {
             if !valid_provider_id(id) {
@@ -882,6 +961,10 @@ fn typed_setting(path: &[String]) -> bool {
                 "enabled" | "command" | "args" | "modes" | "team_secrets"
             ]
             | ["secrets", "previous_keys"]
+            | [
+                "hooks",
+                "timeout_s" | "allow_private_networks" | "allowed_hosts"
+            ]
             | [
                 "auth",
                 "oidc",
@@ -1309,6 +1392,55 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.setting, "database.statement_deadline_ms");
+    }
+
+    #[test]
+    fn hook_settings_and_server_hooks_are_read_in_either_spelling() {
+        let (_d, path) = file(
+            "[hooks]\ntimeout_s = 5\nallow_private_networks = true\nallowed_hosts = [\"hooks.example.com\"]\n\
+             [[hooks.server]]\nname = \"sink\"\nevents = [\"agent.turn.after\"]\n\
+             url = \"https://hooks.example.com/in\"\nsecret = \"s3cret\"\n",
+        );
+        let s = Settings::load_from(Some(&path), &[]).unwrap();
+        assert_eq!(s.hooks.timeout_s, 5);
+        assert!(s.hooks.allow_private_networks);
+        assert_eq!(s.hooks.server[0].name, "sink");
+        assert!(s.hooks.server[0].enabled);
+        assert!(!format!("{:?}", s.hooks).contains("s3cret"));
+        // `[[hooks]]` alone lists server hooks.
+        let (_d, path) = file(
+            "[[hooks]]\nname = \"a\"\nevents = [\"agent.turn.after\"]\nurl = \"http://x\"\nsecret = \"k\"\n",
+        );
+        let s = Settings::load_from(Some(&path), &[]).unwrap();
+        assert_eq!(s.hooks.server.len(), 1);
+        assert_eq!(s.hooks.timeout_s, 30);
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                ("AGENTRY_HOOKS__TIMEOUT_S", "7"),
+                ("AGENTRY_HOOKS__ALLOW_PRIVATE_NETWORKS", "true"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            (s.hooks.timeout_s, s.hooks.allow_private_networks),
+            (7, true)
+        );
+        // Unknown keys and bad values are refused by name.
+        let (_d, path) = file("[hooks]\nretries = 3\n");
+        let e = Settings::load_from(Some(&path), &[]).unwrap_err();
+        assert!(e.to_string().contains("retries"), "{e}");
+        let (_d, path) = file("[hooks]\ntimeout_s = 0\n");
+        assert_eq!(
+            Settings::load_from(Some(&path), &[]).unwrap_err().setting,
+            "hooks.timeout_s"
+        );
+        let (_d, path) =
+            file("[[hooks]]\nname = \"a\"\nevents = []\nurl = \"http://x\"\nsecret = \"k\"\n");
+        assert_eq!(
+            Settings::load_from(Some(&path), &[]).unwrap_err().setting,
+            "hooks.server[0].events"
+        );
     }
 
     #[test]

@@ -214,6 +214,7 @@ async fn rotate_secrets(settings: Settings) -> anyhow::Result<()> {
     let (pool, pg) = agentry::server::open_database_beside_server(&settings).await?;
     agentry::store::migrate(&pool).await?;
     let report = secrets::rotate(&pool, &keys).await;
+    let hooks = agentry::services::hooks::rotate(&pool, &keys).await;
     pool.close().await;
     if let Some(pg) = pg {
         pg.stop().await?;
@@ -228,6 +229,14 @@ async fn rotate_secrets(settings: Settings) -> anyhow::Result<()> {
     );
     for (team, name, why) in &report.failed {
         eprintln!("cannot re-encrypt {name} of {team}: {why}");
+    }
+    let (hooks_rotated, hooks_failed) = hooks?;
+    println!(
+        "hook secrets: {hooks_rotated} moved to the current key, {} failed",
+        hooks_failed.len()
+    );
+    for (hook, why) in &hooks_failed {
+        eprintln!("cannot re-encrypt the secret of hook {hook}: {why}; set it again (PATCH)");
     }
     anyhow::ensure!(
         report.failed.is_empty(),

@@ -22,7 +22,7 @@ use crate::events::{Bus, EventWriter, WriterLimits};
 use crate::process::Ledger;
 use crate::providers::ProviderRegistry;
 use crate::runtime::{AgentManager, ServerLock, reconcile_at_boot};
-use crate::services::{ServiceContext, secrets};
+use crate::services::{ServiceContext, hooks, secrets};
 use crate::store;
 
 /// Shared by every request handler: the services' context, plus what only the HTTP layer
@@ -42,6 +42,7 @@ pub struct Application {
     embedded: Option<EmbeddedPostgres>,
     bootstrap_token: Option<String>,
     lock: ServerLock,
+    hook_tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// Connect to the configured database, or start the embedded one.
@@ -146,6 +147,7 @@ impl Application {
         )
         .await;
         let registry = ProviderRegistry::from_settings(&settings.providers)?;
+        let (moments_tx, moments_rx) = tokio::sync::mpsc::unbounded_channel();
         let agents = AgentManager::new(
             pool.clone(),
             writer.clone(),
@@ -156,7 +158,8 @@ impl Application {
         .with_idle_timeout(
             (settings.agents.idle_timeout_s > 0)
                 .then(|| Duration::from_secs(settings.agents.idle_timeout_s)),
-        );
+        )
+        .with_moments(moments_tx);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let oidc = match &settings.auth.oidc {
             Some(o) => Some(crate::auth::oidc::Oidc::start(
@@ -180,6 +183,7 @@ impl Application {
                 data_dir: settings.data_dir.clone(),
                 shutdown: shutdown_rx,
                 secrets: Arc::new(keyring),
+                hooks: Arc::new(hooks::Hooks::new(&settings.hooks)?),
                 oidc,
             },
             settings: settings.clone(),
@@ -190,6 +194,12 @@ impl Application {
         if let Err(e) = crate::services::setup::fail_interrupted(&state.services, &replica).await {
             tracing::warn!(error = %e, "could not close the setups the previous run left running");
         }
+        hooks::sync_settings_hooks(&state.services, &settings.hooks.server).await?;
+        // Notifications: the runtime's moments go to the outbox, the worker sends it.
+        let hook_tasks = vec![
+            tokio::spawn(hooks::run_moments(state.services.clone(), moments_rx)),
+            tokio::spawn(hooks::run_worker(state.services.clone())),
+        ];
 
         let port = listener.local_addr()?.port();
         let data = state.clone();
@@ -229,6 +239,7 @@ impl Application {
             embedded,
             bootstrap_token,
             lock,
+            hook_tasks,
         })
     }
 
@@ -259,6 +270,12 @@ impl Application {
         self.state.services.agents.shutdown().await;
         handle.stop(true).await;
         let _ = server.await;
+        // The worker ends on the shutdown signal (a delivery cut short stays pending and
+        // is sent again after its lease); the moments listener ends here.
+        for task in self.hook_tasks {
+            task.abort();
+            let _ = task.await;
+        }
         self.state.services.pool.pool().close().await;
         self.lock.release().await;
         if let Some(pg) = self.embedded {

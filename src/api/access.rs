@@ -66,6 +66,17 @@ pub const ROUTES: &[(&str, &str, Operation)] = {
         ("GET", "/v1/teams/{id}/secrets", ReadTeam),
         ("PUT", "/v1/teams/{id}/secrets/{name}", ManageTeam),
         ("DELETE", "/v1/teams/{id}/secrets/{name}", ManageTeam),
+        ("POST", "/v1/hooks", ManageTeam),
+        ("GET", "/v1/hooks", ReadAsOwner),
+        ("GET", "/v1/hooks/{id}", ReadAsOwner),
+        ("PATCH", "/v1/hooks/{id}", ManageTeam),
+        ("DELETE", "/v1/hooks/{id}", ManageTeam),
+        ("GET", "/v1/hooks/{id}/deliveries", ReadAsOwner),
+        (
+            "POST",
+            "/v1/hooks/{id}/deliveries/{delivery_id}/redeliver",
+            ManageTeam,
+        ),
     ]
 };
 

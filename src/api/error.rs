@@ -167,7 +167,7 @@ impl From<ServiceError> for ApiError {
             E::Invalid { field, message } => return ApiError::validation(field, message.clone()),
             E::NotFound(_) => StatusCode::NOT_FOUND,
             E::PromptTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            E::UnknownProvider(_) | E::ProviderUnavailable { .. } => {
+            E::UnknownProvider(_) | E::ProviderUnavailable { .. } | E::HookFailed(_) => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
             E::ProviderUnreachable(_) | E::StoreUnavailable | E::NotReady => {
@@ -185,7 +185,8 @@ impl From<ServiceError> for ApiError {
             | E::RepositoryUnavailable(_)
             | E::PermissionExpired
             | E::IdempotencyKeyReused
-            | E::IdempotencyKeyInProgress(_) => StatusCode::CONFLICT,
+            | E::IdempotencyKeyInProgress(_)
+            | E::HookReadOnly => StatusCode::CONFLICT,
         };
         ApiError::new(status, e.code(), e.to_string())
     }

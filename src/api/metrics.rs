@@ -167,6 +167,11 @@ async fn metrics_page(
         ],
     );
     page.counter_family(
+        "agentry_hook_deliveries_total",
+        "Hook calls and notification attempts, by outcome (delivered, retry, failed).",
+        &s.hooks.deliveries,
+    );
+    page.counter_family(
         "agentry_http_requests_total",
         "HTTP requests, by method, route template and status.",
         &state.http.requests,

@@ -13,6 +13,7 @@ mod auth;
 pub mod docs;
 pub mod error;
 pub mod health;
+pub mod hooks;
 mod idempotency;
 pub mod identity;
 pub mod input;
@@ -66,6 +67,7 @@ pub fn configure(cfg: &mut ServiceConfig, max_body_bytes: usize) {
             .configure(agents::configure)
             .configure(providers::configure)
             .configure(secrets::configure)
+            .configure(hooks::configure)
             .configure(sse::configure),
     );
 }

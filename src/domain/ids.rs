@@ -131,6 +131,14 @@ typed_id!(
     AuditId, "aud_"
 );
 typed_id!(
+    /// A lifecycle hook (a webhook).
+    HookId, "hook_"
+);
+typed_id!(
+    /// One delivery of a hook notification (the same id on every retry).
+    DeliveryId, "dlv_"
+);
+typed_id!(
     /// A user or assistant message inside a timeline.
     MessageId, "msg_"
 );

@@ -395,6 +395,17 @@ pub async fn worktree_remove(repo: &Path, path: &Path) -> Result<(), GitError> {
     Ok(())
 }
 
+/// Deletes local branch `branch` (for undoing a worktree just made, whose branch nobody
+/// has used yet).
+pub async fn branch_delete(repo: &Path, branch: &str) -> Result<(), GitError> {
+    check_branch_name(repo, branch).await?;
+    let _guard = lock_repo(repo).await;
+    let mut cmd = git(repo);
+    cmd.args(["branch", "-D", "--"]).arg(branch);
+    run_ok(cmd, "branch -D").await?;
+    Ok(())
+}
+
 /// Changes of the working tree of `worktree` (tracked and untracked, not ignored
 /// files) against `base_commit`. The patch is capped at [`PATCH_LIMIT`] bytes.
 pub async fn diff(worktree: &Path, base_commit: &str) -> Result<Diff, GitError> {

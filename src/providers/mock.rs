@@ -553,6 +553,7 @@ impl Turn {
             "/sleep" => self.sleep(rest).await,
             "/load" => self.load(rest).await,
             "/write" => self.write(rest).await,
+            "/env" => self.env(rest).map(Ok),
             _ => self.reply(&format!("You said: {text}")).map(Ok),
         };
         match outcome? {
@@ -755,6 +756,21 @@ impl Turn {
             }
         }
         Ok(Ok(()))
+    }
+
+    /// `/env NAME`: whether the process has `NAME` in its environment, told by a digest
+    /// of the value (`NAME sha256=<hex>`, or `NAME unset`), so a test can check a value
+    /// that must not appear in any timeline.
+    fn env(&self, name: &str) -> acp::Result<()> {
+        use sha2::{Digest, Sha256};
+        let text = match std::env::var(name) {
+            Ok(v) => format!(
+                "{name} sha256={}",
+                hex::encode(Sha256::digest(v.as_bytes()))
+            ),
+            Err(_) => format!("{name} unset"),
+        };
+        self.reply(&text)
     }
 
     async fn write(&mut self, args: &str) -> acp::Result<Result<(), Cancelled>> {

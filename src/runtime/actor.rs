@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use super::{
-    AgentContext, AgentLauncher, Command, PermissionAnswer, RuntimeError, Shared, Snapshot,
+    AgentContext, AgentLauncher, Command, Moment, PermissionAnswer, RuntimeError, Shared, Snapshot,
     outcome_str,
 };
 use crate::domain::{
@@ -275,6 +275,7 @@ impl Actor {
             .await;
         }
         let _ = self.set_status(AgentStatus::Closed, Some(reason)).await;
+        self.shared.moment(Moment::Closed { agent: self.id() });
         self.stop = true;
     }
 
@@ -419,7 +420,13 @@ impl Actor {
             )
             .await
         {
-            Ok(_) => self.set_status(AgentStatus::Running, None).await,
+            Ok(_) => {
+                self.shared.moment(Moment::TurnStarted {
+                    agent: self.id(),
+                    turn: turn_id,
+                });
+                self.set_status(AgentStatus::Running, None).await
+            }
             Err(e) => Err(e.into()),
         };
         if let Err(e) = started {
@@ -549,6 +556,11 @@ impl Actor {
             vec![team],
         )
         .await?;
+        self.shared.moment(Moment::PermissionResolved {
+            agent: self.id(),
+            request: id,
+            resolution: resolution.clone(),
+        });
         let _ = pending.reply.send(PermissionDecision::Selected {
             option_id: option.id,
             behavior: answer.behavior,
@@ -809,6 +821,10 @@ impl Actor {
         {
             tracing::error!(error = %e, "could not record a permission request");
         }
+        self.shared.moment(Moment::PermissionRequested {
+            agent: self.id(),
+            request: id,
+        });
         self.pending.insert(
             id,
             PendingPermission {
@@ -872,6 +888,11 @@ impl Actor {
                    "resolved_by": null, "message": "the agent withdrew the request"}),
         )
         .await;
+        self.shared.moment(Moment::PermissionResolved {
+            agent: self.id(),
+            request: expired,
+            resolution: json!({"behavior": Behavior::Deny, "expired": true}),
+        });
         if self.pending.is_empty() && self.turn.is_some() {
             let _ = self.set_status(AgentStatus::Running, None).await;
         }
@@ -901,6 +922,7 @@ impl Actor {
                 .await;
         }
         // Requests nobody answered expire with the turn; the provider hears "cancelled".
+        let expired: Vec<PermissionId> = self.pending.keys().copied().collect();
         for (_, p) in self.pending.drain() {
             let _ = p.reply.send(PermissionDecision::Cancelled);
         }
@@ -929,6 +951,19 @@ impl Actor {
             .turns
             .with(&[&self.ctx.provider, outcome_str(outcome)])
             .inc();
+        for request in expired {
+            self.shared.moment(Moment::PermissionResolved {
+                agent: self.id(),
+                request,
+                resolution: json!({"behavior": Behavior::Deny, "expired": true}),
+            });
+        }
+        self.shared.moment(Moment::TurnEnded {
+            agent: self.id(),
+            turn: turn.id,
+            outcome,
+            error: error.as_deref().map(|e| self.redactor.text(e).into_owned()),
+        });
         if let Err(e) = store::agents::turn_finished(
             &self.shared.pool,
             self.id().uuid(),

@@ -131,6 +131,35 @@ pub(crate) enum Command {
     },
 }
 
+/// A moment of an agent's life that lifecycle hooks hear about. An actor sends it once
+/// the moment is committed to the timeline, on a channel that never blocks it; whoever
+/// listens (the hooks service) does the rest on its own time.
+#[derive(Debug, Clone)]
+pub enum Moment {
+    TurnStarted {
+        agent: AgentId,
+        turn: TurnId,
+    },
+    TurnEnded {
+        agent: AgentId,
+        turn: TurnId,
+        outcome: TurnOutcome,
+        error: Option<String>,
+    },
+    PermissionRequested {
+        agent: AgentId,
+        request: PermissionId,
+    },
+    PermissionResolved {
+        agent: AgentId,
+        request: PermissionId,
+        resolution: Value,
+    },
+    Closed {
+        agent: AgentId,
+    },
+}
+
 #[derive(Clone)]
 struct ActorHandle {
     generation: u64,
@@ -146,6 +175,8 @@ pub(crate) struct Shared {
     pub interrupt_grace: Duration,
     /// Idle time after which an agent's process is stopped (`None`: never).
     pub idle_timeout: Option<Duration>,
+    /// Where actors report `Moment`s (none: nobody listens).
+    moments: Option<mpsc::UnboundedSender<Moment>>,
     actors: Mutex<HashMap<AgentId, ActorHandle>>,
     /// Turns ended, by provider and outcome.
     pub turns: Family<Counter>,
@@ -176,6 +207,7 @@ impl AgentManager {
                 ledger,
                 interrupt_grace: Duration::from_secs(5),
                 idle_timeout: None,
+                moments: None,
                 actors: Mutex::new(HashMap::new()),
                 turns: Family::counters(&["provider", "outcome"]),
                 generation: AtomicU64::new(1),
@@ -201,6 +233,14 @@ impl AgentManager {
         Arc::get_mut(&mut self.shared)
             .expect("the idle timeout is set before the manager is shared")
             .idle_timeout = idle;
+        self
+    }
+
+    /// Report every agent's `Moment`s on `tx`. Set it before the manager is cloned or used.
+    pub fn with_moments(mut self, tx: mpsc::UnboundedSender<Moment>) -> Self {
+        Arc::get_mut(&mut self.shared)
+            .expect("the moments channel is set before the manager is shared")
+            .moments = Some(tx);
         self
     }
 
@@ -454,6 +494,13 @@ impl AgentManager {
 }
 
 impl Shared {
+    /// Report a moment; never waits (a listener that is gone is ignored).
+    pub(crate) fn moment(&self, m: Moment) {
+        if let Some(tx) = &self.moments {
+            let _ = tx.send(m);
+        }
+    }
+
     /// Called by an actor as it stops: drop its handle unless a newer actor replaced it.
     pub(crate) fn remove_actor(&self, id: AgentId, generation: u64) {
         let mut actors = self.actors.lock().expect("actors lock");

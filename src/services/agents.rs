@@ -11,12 +11,13 @@ use serde_json::{Value, json};
 use utoipa::ToSchema;
 
 use super::audit::{self, Action, Entry};
+use super::hooks::{self, Answering, Subject};
 use super::workspaces::{CreateWorkspace, WorkspaceKind};
 use super::{ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{Operation, Principal};
 use crate::domain::{
-    AgentEvent, AgentId, AgentStatus, Behavior, EventKind, NewEvent, PermissionId, ProjectId,
-    SecretEnv, TurnId, UserId, WorkspaceId,
+    AgentEvent, AgentId, AgentStatus, Behavior, EventKind, HookEvent, NewEvent, PermissionId,
+    ProjectId, SecretEnv, TurnId, UserId, WorkspaceId,
 };
 use crate::events::NewTeamEvent;
 use crate::providers::Availability;
@@ -226,7 +227,7 @@ async fn team_env(
 }
 
 /// The agent as clients see it: its row, with what the runtime knows of it live.
-fn to_agent(ctx: &ServiceContext, row: AgentRow) -> Agent {
+pub(crate) fn to_agent(ctx: &ServiceContext, row: AgentRow) -> Agent {
     let snap = ctx.agents.snapshot(row.id.into());
     let status = snap
         .as_ref()
@@ -306,12 +307,12 @@ fn check_prompt(ctx: &ServiceContext, field: &'static str, text: &str) -> Servic
     Ok(())
 }
 
-pub async fn create(
+/// The checks of a create-agent request that need no team: the provider is known and
+/// usable, and every field is acceptable. Returns the provider.
+async fn check_create(
     ctx: &ServiceContext,
-    principal: &Principal,
     body: &CreateAgent,
-) -> ServiceResult<Agent> {
-    principal.authorize(Operation::DriveAgents)?;
+) -> ServiceResult<std::sync::Arc<dyn crate::providers::Provider>> {
     let provider = ctx
         .agents
         .registry()
@@ -355,6 +356,16 @@ pub async fn create(
             ));
         }
     }
+    Ok(provider)
+}
+
+pub async fn create(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    body: &CreateAgent,
+) -> ServiceResult<Agent> {
+    principal.authorize(Operation::DriveAgents)?;
+    check_create(ctx, body).await?;
     // The workspace named, or the spec of one to create, with the team it belongs to. The
     // team's secrets are checked before anything is made: a provider the team cannot use
     // leaves no new workspace behind.
@@ -362,7 +373,7 @@ pub async fn create(
         Existing(Box<store::workspaces::WorkspaceRow>),
         New(&'a NewWorkspaceSpec),
     }
-    let (existing, team) = match (&body.workspace_id, &body.workspace) {
+    let (existing, team, project) = match (&body.workspace_id, &body.workspace) {
         (Some(_), Some(_)) => {
             return Err(ServiceError::invalid(
                 "workspace",
@@ -377,16 +388,36 @@ pub async fn create(
         }
         (Some(id), None) => {
             let ws = super::workspaces::find(ctx, principal, *id).await?;
-            let team = ws.team_id;
-            (Target::Existing(Box::new(ws)), team)
+            let (team, project) = (ws.team_id, ws.project_id);
+            (Target::Existing(Box::new(ws)), team, project)
         }
         (None, Some(spec)) => {
             let project = super::projects::find(ctx, principal, spec.project_id).await?;
-            (Target::New(spec), project.team_id)
+            (Target::New(spec), project.team_id, project.id)
         }
     };
     principal.authorize_in(team, Operation::DriveAgents, "workspace")?;
-    let secret_env = team_env(ctx, &body.provider, team).await?;
+    // `agent.create.before` may change the saved configuration (not where the agent
+    // works) and add launch environment; the result is checked like the caller's own.
+    let replaced = create_hooks(ctx, principal, body, team, project).await?;
+    let (body, create_env) = (&replaced.0, replaced.1);
+    let provider = check_create(ctx, body).await?;
+    let id = AgentId::new();
+    // `agent.open.before`: launch-only environment and MCP servers, for this start.
+    let launch = open_hooks(
+        ctx,
+        principal,
+        OpenSubject {
+            agent: id,
+            team,
+            project,
+            labels: &body.labels,
+            saved_mcp: &body.mcp_servers,
+        },
+        create_env,
+    )
+    .await?;
+    let mut secret_env = team_env(ctx, &body.provider, team).await?;
     let workspace = match existing {
         Target::Existing(ws) => *ws,
         Target::New(spec) => {
@@ -405,7 +436,6 @@ pub async fn create(
     if workspace.archived_at.is_some() {
         return Err(ServiceError::WorkspaceArchived("the workspace is archived"));
     }
-    let id = AgentId::new();
     store::agents::insert(
         &ctx.pool,
         store::agents::NewAgent {
@@ -451,17 +481,147 @@ pub async fn create(
     )
     .await?;
     let row = reload_row(ctx, id).await?;
+    hooks::notify(
+        ctx,
+        HookEvent::AgentCreateAfter,
+        Subject {
+            team: row.team_id,
+            project: Some(row.project_id),
+            labels: Some(&row.labels),
+        },
+        json!({"agent": to_agent(ctx, row.clone())}),
+    )
+    .await;
+    secret_env.extend(launch.env);
+    let mut agent_ctx = context(&row, secret_env);
+    agent_ctx.mcp_servers = launch.mcp_servers;
     // Start the session (and the first prompt, queued behind it). A provider that fails to
     // start leaves the agent in `error` with the reason in its timeline; it is still created.
-    match ctx
-        .agents
-        .start(&context(&row, secret_env), body.prompt.clone())
-        .await
-    {
+    match ctx.agents.start(&agent_ctx, body.prompt.clone()).await {
         Ok(_) | Err(RuntimeError::StartFailed(_) | RuntimeError::ActorGone) => {}
         Err(e) => return Err(e.into()),
     }
     reload(ctx, id).await
+}
+
+/// `agent.create.before`: the request (its configuration without `prompt`, and launch
+/// `env`) through the team's waiting hooks. Returns the configuration to save (with the
+/// caller's prompt) and the launch environment.
+async fn create_hooks(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    body: &CreateAgent,
+    team: uuid::Uuid,
+    project: uuid::Uuid,
+) -> ServiceResult<(CreateAgent, Value)> {
+    let mut config = serde_json::to_value(body).map_err(anyhow::Error::from)?;
+    if let Some(m) = config.as_object_mut() {
+        m.remove("prompt");
+    }
+    let check = |previous: &Value, new: &Value| {
+        hooks::only_changed(previous, new, &["config", "env"])?;
+        hooks::checked_env(new)?;
+        let Some(cfg) = new.get("config").and_then(Value::as_object) else {
+            return Err("`config` must be an object".into());
+        };
+        for fixed in ["workspace_id", "workspace"] {
+            if cfg.get(fixed).unwrap_or(&Value::Null)
+                != previous["config"].get(fixed).unwrap_or(&Value::Null)
+            {
+                return Err(format!("`config.{fixed}` may not be changed"));
+            }
+        }
+        if cfg.contains_key("prompt") {
+            return Err("`config.prompt` is not part of the configuration".into());
+        }
+        let parsed: CreateAgent = serde_json::from_value(Value::Object(cfg.clone()))
+            .map_err(|e| format!("`config` is not an agent configuration: {e}"))?;
+        Ok(json!({"config": parsed, "env": new.get("env").cloned().unwrap_or_else(|| json!({}))}))
+    };
+    let request = hooks::call_waiting(
+        ctx,
+        principal,
+        HookEvent::AgentCreateBefore,
+        Subject {
+            team,
+            project: Some(project),
+            labels: Some(&body.labels),
+        },
+        "request",
+        json!({"config": config, "env": {}}),
+        Answering::Replace(&check),
+    )
+    .await?;
+    let mut parsed: CreateAgent =
+        serde_json::from_value(request["config"].clone()).map_err(anyhow::Error::from)?;
+    parsed.prompt = body.prompt.clone();
+    let env = request.get("env").cloned().unwrap_or_else(|| json!({}));
+    Ok((parsed, env))
+}
+
+/// The agent an `agent.open.before` call is about.
+struct OpenSubject<'a> {
+    agent: AgentId,
+    team: uuid::Uuid,
+    project: uuid::Uuid,
+    labels: &'a Value,
+    saved_mcp: &'a Value,
+}
+
+/// What hooks add to one launch; never stored.
+struct Launch {
+    env: SecretEnv,
+    /// The saved MCP servers with those of hooks.
+    mcp_servers: Value,
+}
+
+/// `agent.open.before`: launch-only `env` (starting from `env`) and `mcp_servers` from
+/// the waiting hooks, for one start of the provider process.
+async fn open_hooks(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    subject: OpenSubject<'_>,
+    env: Value,
+) -> ServiceResult<Launch> {
+    let saved = subject.saved_mcp;
+    let check = |previous: &Value, new: &Value| {
+        hooks::only_changed(previous, new, &["env", "mcp_servers"])?;
+        hooks::checked_env(new)?;
+        let mcp = new.get("mcp_servers").cloned().unwrap_or_else(|| json!({}));
+        check_mcp_servers(&mcp).map_err(|e| e.to_string())?;
+        if let Some(m) = mcp.as_object()
+            && let Some(name) = m.keys().find(|k| saved.get(k.as_str()).is_some())
+        {
+            return Err(format!(
+                "MCP server `{name}` collides with the agent's saved MCP server `{name}`"
+            ));
+        }
+        let mut out = new.clone();
+        out["mcp_servers"] = mcp;
+        Ok(out)
+    };
+    let request = hooks::call_waiting(
+        ctx,
+        principal,
+        HookEvent::AgentOpenBefore,
+        Subject {
+            team: subject.team,
+            project: Some(subject.project),
+            labels: Some(subject.labels),
+        },
+        "request",
+        json!({"agent_id": subject.agent, "env": env, "mcp_servers": {}}),
+        Answering::Replace(&check),
+    )
+    .await?;
+    let mut mcp_servers = saved.as_object().cloned().unwrap_or_default();
+    if let Some(m) = request.get("mcp_servers").and_then(Value::as_object) {
+        mcp_servers.extend(m.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    Ok(Launch {
+        env: hooks::env_of(&request),
+        mcp_servers: Value::Object(mcp_servers),
+    })
 }
 
 /// Which agents `list` returns.
@@ -537,15 +697,33 @@ pub async fn prompt(
             "the agent's workspace is archived; its files are gone",
         ));
     }
-    // A closed agent is reopened by this prompt, with the team's secrets as they are now.
-    let secret_env = team_env(ctx, &row.provider, row.team_id).await?;
+    // A closed agent is reopened by this prompt, with the team's secrets as they are now
+    // and what `agent.open.before` hooks add for this launch.
+    let mut secret_env = team_env(ctx, &row.provider, row.team_id).await?;
+    let agent_ctx = if ctx.agents.snapshot(id).is_none() {
+        let launch = open_hooks(
+            ctx,
+            principal,
+            OpenSubject {
+                agent: id,
+                team: row.team_id,
+                project: row.project_id,
+                labels: &row.labels,
+                saved_mcp: &row.mcp_servers,
+            },
+            json!({}),
+        )
+        .await?;
+        secret_env.extend(launch.env);
+        let mut c = context(&row, secret_env);
+        c.mcp_servers = launch.mcp_servers;
+        c
+    } else {
+        context(&row, secret_env)
+    };
     let turn_id = ctx
         .agents
-        .prompt(
-            &context(&row, secret_env),
-            body.text,
-            body.client_message_id.clone(),
-        )
+        .prompt(&agent_ctx, body.text, body.client_message_id.clone())
         .await?;
     audit::record(
         ctx,
@@ -684,6 +862,19 @@ pub async fn archive(
                 .details(json!({"workspace_id": WorkspaceId::from(row.workspace_id)})),
         )
         .await?;
+        let row = reload_row(ctx, id).await?;
+        let archived_at = row.archived_at;
+        hooks::notify(
+            ctx,
+            HookEvent::AgentArchiveAfter,
+            Subject {
+                team: row.team_id,
+                project: Some(row.project_id),
+                labels: Some(&row.labels.clone()),
+            },
+            json!({"agent": to_agent(ctx, row), "archived_at": archived_at}),
+        )
+        .await;
     }
     Ok(())
 }

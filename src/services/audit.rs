@@ -39,10 +39,14 @@ pub enum Action {
     SecretSet,
     SecretDelete,
     AuthSignIn,
+    HookCreate,
+    HookUpdate,
+    HookDelete,
+    HookFail,
 }
 
 impl Action {
-    pub const ALL: [Action; 19] = [
+    pub const ALL: [Action; 23] = [
         Action::AgentCreate,
         Action::AgentPrompt,
         Action::AgentInterrupt,
@@ -62,6 +66,10 @@ impl Action {
         Action::SecretSet,
         Action::SecretDelete,
         Action::AuthSignIn,
+        Action::HookCreate,
+        Action::HookUpdate,
+        Action::HookDelete,
+        Action::HookFail,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -85,6 +93,10 @@ impl Action {
             Action::SecretSet => "secret.set",
             Action::SecretDelete => "secret.delete",
             Action::AuthSignIn => "auth.sign_in",
+            Action::HookCreate => "hook.create",
+            Action::HookUpdate => "hook.update",
+            Action::HookDelete => "hook.delete",
+            Action::HookFail => "hook.fail",
         }
     }
 

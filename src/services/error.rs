@@ -56,6 +56,11 @@ pub enum ServiceError {
     IdempotencyKeyReused,
     #[error("{0}")]
     IdempotencyKeyInProgress(&'static str),
+    /// A waiting hook refused or failed: `hook <name> (<id>) failed: <why>`.
+    #[error("{0}")]
+    HookFailed(String),
+    #[error("this hook comes from the settings file; change it there")]
+    HookReadOnly,
     /// The store cannot be reached (or did not answer in time).
     #[error("the database is unavailable; retry later")]
     StoreUnavailable,
@@ -109,6 +114,8 @@ impl ServiceError {
             ServiceError::PermissionExpired => "permission_expired",
             ServiceError::IdempotencyKeyReused => "idempotency_key_reused",
             ServiceError::IdempotencyKeyInProgress(_) => "idempotency_key_in_progress",
+            ServiceError::HookFailed(_) => "hook_failed",
+            ServiceError::HookReadOnly => "hook_read_only",
             ServiceError::StoreUnavailable => "store_unavailable",
             ServiceError::NotReady => "not_ready",
             ServiceError::Runtime(_) => "runtime",

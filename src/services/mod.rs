@@ -9,6 +9,7 @@ pub mod agents;
 pub mod audit;
 pub mod error;
 pub mod health;
+pub mod hooks;
 pub mod idempotency;
 pub mod identity;
 pub mod projects;
@@ -53,6 +54,8 @@ pub struct ServiceContext {
     pub shutdown: watch::Receiver<bool>,
     /// Seals and opens team secrets.
     pub secrets: Arc<secrets::Keyring>,
+    /// Lifecycle hooks: their HTTP clients and settings.
+    pub hooks: Arc<hooks::Hooks>,
     /// The OpenID Connect provider, when `[auth.oidc]` is configured.
     pub oidc: Option<crate::auth::oidc::Oidc>,
 }

@@ -10,9 +10,10 @@ use serde_json::json;
 use utoipa::ToSchema;
 
 use super::audit::{self, Action, Entry};
+use super::hooks::{self, Answering, Subject};
 use super::{ServiceContext, ServiceError, ServiceResult, setup};
 use crate::auth::{Operation, Principal};
-use crate::domain::{ProjectId, WorkspaceId};
+use crate::domain::{HookEvent, ProjectId, WorkspaceId};
 use crate::events::NewTeamEvent;
 use crate::git::{self, GitError};
 use crate::store;
@@ -124,6 +125,35 @@ pub async fn create(
     principal.authorize(Operation::DriveAgents)?;
     let project = super::projects::find(ctx, principal, body.project_id).await?;
     principal.authorize_in(project.team_id, Operation::DriveAgents, "project")?;
+    // `workspace.create.before` may replace the whole request; the replacement is
+    // checked like the caller's own.
+    let check = |_: &serde_json::Value, new: &serde_json::Value| {
+        let parsed: CreateWorkspace = serde_json::from_value(new.clone())
+            .map_err(|e| format!("the replacement request is not a workspace request: {e}"))?;
+        serde_json::to_value(parsed).map_err(|e| e.to_string())
+    };
+    let request = hooks::call_waiting(
+        ctx,
+        principal,
+        HookEvent::WorkspaceCreateBefore,
+        Subject {
+            team: project.team_id,
+            project: Some(project.id),
+            labels: None,
+        },
+        "request",
+        serde_json::to_value(body).map_err(anyhow::Error::from)?,
+        Answering::Replace(&check),
+    )
+    .await?;
+    let replaced: CreateWorkspace = serde_json::from_value(request).map_err(anyhow::Error::from)?;
+    let (body, project) = if replaced.project_id == body.project_id {
+        (&replaced, project)
+    } else {
+        let p = super::projects::find(ctx, principal, replaced.project_id).await?;
+        principal.authorize_in(p.team_id, Operation::DriveAgents, "project")?;
+        (&replaced, p)
+    };
     if let Some(t) = &body.title {
         super::projects::validate_name("title", t)?;
     }
@@ -165,8 +195,44 @@ pub async fn create(
             .await?
         }
         WorkspaceKind::Worktree => {
-            let (branch, path) = add_worktree(ctx, &repo, project.id, body, &base_commit).await?;
-            scripts = setup::read(&repo, &base_commit).await;
+            let made = add_worktree(
+                ctx,
+                principal,
+                &repo,
+                &project,
+                body,
+                &base_ref,
+                &base_commit,
+            )
+            .await?;
+            let undo = || async {
+                // Not recorded, so not ours to keep: undo the worktree (and its new
+                // branch) we just made.
+                let _ = git::worktree_remove(&repo, &made.path).await;
+                let _ = git::branch_delete(&repo, &made.branch).await;
+            };
+            let after = hooks::call_waiting(
+                ctx,
+                principal,
+                HookEvent::WorktreeCreateAfter,
+                Subject {
+                    team: project.team_id,
+                    project: Some(project.id),
+                    labels: None,
+                },
+                "worktree",
+                json!({"path": made.path, "branch": made.branch, "source_checkout": project.repo_path}),
+                Answering::Acknowledge,
+            )
+            .await;
+            if let Err(e) = after {
+                undo().await;
+                return Err(e);
+            }
+            // The repository's setup commands (`.agentry.toml` of the commit the worktree
+            // starts at) run once the workspace is registered, after
+            // `worktree.create.after`.
+            scripts = setup::read(&repo, &made.base_commit).await;
             let runs_setup = scripts.has_setup();
             let inserted = store::workspaces::insert(
                 &ctx.pool,
@@ -176,10 +242,10 @@ pub async fn create(
                     team_id: project.team_id,
                     kind: "worktree",
                     title: body.title.as_deref(),
-                    path: &path.to_string_lossy(),
-                    branch: Some(&branch),
-                    base_ref: Some(&base_ref),
-                    base_commit: Some(&base_commit),
+                    path: &made.path.to_string_lossy(),
+                    branch: Some(&made.branch),
+                    base_ref: Some(&made.base_ref),
+                    base_commit: Some(&made.base_commit),
                     created_by: principal.user_id,
                     setup_replica: runs_setup.then_some(ctx.agents.ledger().replica.as_str()),
                 },
@@ -188,8 +254,7 @@ pub async fn create(
             match inserted {
                 Ok(row) => row,
                 Err(e) => {
-                    // Not recorded, so not ours to keep: undo the worktree we just made.
-                    let _ = git::worktree_remove(&repo, &path).await;
+                    undo().await;
                     return Err(e.into());
                 }
             }
@@ -237,21 +302,158 @@ pub async fn create(
             ws = Workspace::from(row);
         }
     }
+    hooks::notify(
+        ctx,
+        HookEvent::WorkspaceCreateAfter,
+        Subject {
+            team: project.team_id,
+            project: Some(project.id),
+            labels: None,
+        },
+        json!({"workspace": ws}),
+    )
+    .await;
     Ok(ws)
 }
 
-/// Create the worktree on a unique branch and directory; returns both.
+/// A worktree made: where, on which branch, from which base.
+struct MadeWorktree {
+    branch: String,
+    path: PathBuf,
+    base_ref: String,
+    base_commit: String,
+}
+
+/// Why one attempt to make a worktree did not.
+enum AddFailed {
+    /// Git refused (a name taken meanwhile: the caller may try the next one).
+    Git(GitError),
+    Other(ServiceError),
+}
+
+impl From<ServiceError> for AddFailed {
+    fn from(e: ServiceError) -> Self {
+        AddFailed::Other(e)
+    }
+}
+
+/// `worktree.create.before` (which may choose the branch, base and destination), then
+/// `git worktree add`.
+#[allow(clippy::too_many_arguments)]
+async fn add_one(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    repo: &Path,
+    project: &store::projects::ProjectRow,
+    branch: &str,
+    path: &Path,
+    base_ref: &str,
+    base_commit: &str,
+) -> Result<MadeWorktree, AddFailed> {
+    let root = worktrees_root(ctx);
+    let check = |previous: &serde_json::Value, new: &serde_json::Value| {
+        hooks::only_changed(previous, new, &["base_ref", "branch", "path"])?;
+        for key in ["base_ref", "branch", "path"] {
+            if !new.get(key).is_some_and(serde_json::Value::is_string) {
+                return Err(format!("`{key}` must be a string"));
+            }
+        }
+        let path = Path::new(new["path"].as_str().unwrap_or_default());
+        check_destination(&root, path)?;
+        Ok(new.clone())
+    };
+    let chosen = hooks::call_waiting(
+        ctx,
+        principal,
+        HookEvent::WorktreeCreateBefore,
+        Subject {
+            team: project.team_id,
+            project: Some(project.id),
+            labels: None,
+        },
+        "request",
+        json!({"project_id": ProjectId::from(project.id), "base_ref": base_ref, "branch": branch,
+               "path": path}),
+        Answering::Replace(&check),
+    )
+    .await?;
+    let branch = chosen["branch"].as_str().unwrap_or(branch).to_owned();
+    let path = PathBuf::from(chosen["path"].as_str().unwrap_or_default());
+    let new_ref = chosen["base_ref"].as_str().unwrap_or(base_ref).to_owned();
+    let base_commit = if new_ref == base_ref {
+        base_commit.to_owned()
+    } else {
+        validate_ref("base_ref", &new_ref)?;
+        git::resolve_commit(repo, &new_ref)
+            .await
+            .map_err(|e| git_error("base_ref", e))?
+    };
+    git::worktree_add(repo, &path, &branch, &base_commit)
+        .await
+        .map_err(AddFailed::Git)?;
+    Ok(MadeWorktree {
+        branch,
+        path,
+        base_ref: new_ref,
+        base_commit,
+    })
+}
+
+fn worktrees_root(ctx: &ServiceContext) -> PathBuf {
+    ctx.data_dir.join("worktrees")
+}
+
+/// A destination a hook chose: absolute, under `<data_dir>/worktrees`, no `..`, and
+/// not existing yet.
+fn check_destination(root: &Path, path: &Path) -> Result<(), String> {
+    use std::path::Component;
+    if !path.is_absolute() {
+        return Err("`path` must be absolute".into());
+    }
+    if path
+        .components()
+        .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
+    {
+        return Err("`path` may not contain `.` or `..`".into());
+    }
+    let inside = path
+        .strip_prefix(root)
+        .ok()
+        .filter(|rest| rest.components().count() >= 1);
+    if inside.is_none() {
+        return Err(format!("`path` must be inside {}", root.display()));
+    }
+    // A symlink on the way could lead outside: the nearest existing ancestor must
+    // resolve inside the root too.
+    let mut ancestor = path.parent();
+    while let Some(a) = ancestor {
+        if a.exists() {
+            let real = a.canonicalize().map_err(|e| format!("`path`: {e}"))?;
+            let real_root = root.canonicalize().map_err(|e| format!("`path`: {e}"))?;
+            if !real.starts_with(&real_root) {
+                return Err(format!("`path` must be inside {}", root.display()));
+            }
+            break;
+        }
+        ancestor = a.parent();
+    }
+    if std::fs::symlink_metadata(path).is_ok() {
+        return Err("`path` already exists".into());
+    }
+    Ok(())
+}
+
+/// Create the worktree on a unique branch and directory.
 async fn add_worktree(
     ctx: &ServiceContext,
+    principal: &Principal,
     repo: &Path,
-    project: uuid::Uuid,
+    project: &store::projects::ProjectRow,
     body: &CreateWorkspace,
+    base_ref: &str,
     base_commit: &str,
-) -> ServiceResult<(String, PathBuf)> {
-    let root = ctx
-        .data_dir
-        .join("worktrees")
-        .join(ProjectId::from(project).to_string());
+) -> ServiceResult<MadeWorktree> {
+    let root = worktrees_root(ctx).join(ProjectId::from(project.id).to_string());
     if let Some(branch) = &body.branch {
         git::check_branch_name(repo, branch)
             .await
@@ -267,7 +469,7 @@ async fn add_worktree(
             if path.exists()
                 || store::workspaces::path_or_branch_taken(
                     &ctx.pool,
-                    project,
+                    project.id,
                     &path.to_string_lossy(),
                     None,
                 )
@@ -275,10 +477,22 @@ async fn add_worktree(
             {
                 continue;
             }
-            git::worktree_add(repo, &path, branch, base_commit)
-                .await
-                .map_err(|e| git_error("branch", e))?;
-            return Ok((branch.clone(), path));
+            return match add_one(
+                ctx,
+                principal,
+                repo,
+                project,
+                branch,
+                &path,
+                base_ref,
+                base_commit,
+            )
+            .await
+            {
+                Ok(made) => Ok(made),
+                Err(AddFailed::Git(e)) => Err(git_error("branch", e)),
+                Err(AddFailed::Other(e)) => Err(e),
+            };
         }
         return Err(ServiceError::WorkspacePathTaken(
             "no free directory for this branch",
@@ -296,7 +510,7 @@ async fn add_worktree(
         if path.exists()
             || store::workspaces::path_or_branch_taken(
                 &ctx.pool,
-                project,
+                project.id,
                 &path.to_string_lossy(),
                 Some(&branch),
             )
@@ -307,12 +521,24 @@ async fn add_worktree(
         {
             continue;
         }
-        match git::worktree_add(repo, &path, &branch, base_commit).await {
-            Ok(()) => return Ok((branch, path)),
+        match add_one(
+            ctx,
+            principal,
+            repo,
+            project,
+            &branch,
+            &path,
+            base_ref,
+            base_commit,
+        )
+        .await
+        {
+            Ok(made) => return Ok(made),
             // Another request took this name a moment ago: try the next one.
-            Err(GitError::BranchExists(_)) => continue,
-            Err(GitError::Failed(m)) if m.contains("already exists") => continue,
-            Err(e) => return Err(git_error("branch", e)),
+            Err(AddFailed::Git(GitError::BranchExists(_))) => continue,
+            Err(AddFailed::Git(GitError::Failed(m))) if m.contains("already exists") => continue,
+            Err(AddFailed::Git(e)) => return Err(git_error("branch", e)),
+            Err(AddFailed::Other(e)) => return Err(e),
         }
     }
     Err(ServiceError::WorkspacePathTaken(
@@ -437,5 +663,18 @@ pub async fn archive(
             .details(json!({"project_id": ProjectId::from(row.project_id)})),
     )
     .await?;
-    Ok(row.into())
+    let (team, project) = (row.team_id, row.project_id);
+    let ws = Workspace::from(row);
+    hooks::notify(
+        ctx,
+        HookEvent::WorkspaceArchiveAfter,
+        Subject {
+            team,
+            project: Some(project),
+            labels: None,
+        },
+        json!({"workspace": ws}),
+    )
+    .await;
+    Ok(ws)
 }

@@ -6,6 +6,7 @@ pub mod agents;
 pub mod audit;
 pub mod deadline;
 pub mod events;
+pub mod hooks;
 pub mod idempotency;
 pub mod identity;
 pub mod oidc;

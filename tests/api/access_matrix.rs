@@ -33,11 +33,13 @@ struct TeamA {
     service_token_secret: String,
     team: String,
     owner_id: String,
+    hook: String,
+    delivery: String,
 }
 
 impl TeamA {
     /// Every id of team A's resources (user ids are not a team's resources).
-    fn ids(&self) -> [&str; 6] {
+    fn ids(&self) -> [&str; 8] {
         [
             &self.project,
             &self.workspace,
@@ -45,6 +47,8 @@ impl TeamA {
             &self.permission,
             &self.service_token,
             &self.team,
+            &self.hook,
+            &self.delivery,
         ]
     }
 }
@@ -84,6 +88,8 @@ fn path_value(a: &TeamA, path: &str, name: &str) -> Option<(String, bool)> {
         ("request_id", "agents") => (a.permission.clone(), true),
         ("user_id", "teams") => (a.owner_id.clone(), false),
         ("name", "teams") => (MATRIX_SECRET.to_owned(), true),
+        ("id", "hooks") => (a.hook.clone(), true),
+        ("delivery_id", "hooks") => (a.delivery.clone(), true),
         _ => return None,
     })
 }
@@ -218,6 +224,20 @@ async fn no_route_lets_another_team_or_a_lower_role_or_a_narrower_token_through(
             201,
         )
         .await;
+    // A hook of team A (its receiver does not exist: its delivery stays pending).
+    let hook = ana
+        .api
+        .ok(
+            Method::POST,
+            "/v1/hooks",
+            Some(
+                json!({"name": "matrix", "events": ["workspace.create.after"],
+                "url": "https://hooks.invalid/matrix", "secret": "matrix-hook-secret"}),
+            ),
+            201,
+        )
+        .await;
+    let hook = hook["id"].as_str().unwrap().to_owned();
     let ws = ana
         .api
         .ok(
@@ -227,6 +247,23 @@ async fn no_route_lets_another_team_or_a_lower_role_or_a_narrower_token_through(
             201,
         )
         .await;
+    let mut delivery = None;
+    for _ in 0..100 {
+        let d = ana
+            .api
+            .ok(
+                Method::GET,
+                &format!("/v1/hooks/{hook}/deliveries"),
+                None,
+                200,
+            )
+            .await;
+        if let Some(id) = d["items"][0]["id"].as_str() {
+            delivery = Some(id.to_owned());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let agent = ana
         .api
         .ok(
@@ -280,6 +317,8 @@ async fn no_route_lets_another_team_or_a_lower_role_or_a_narrower_token_through(
         service_token_secret: svc["token"].as_str().unwrap().to_owned(),
         team: team_a.clone(),
         owner_id: ana.id.clone(),
+        hook: hook.clone(),
+        delivery: delivery.expect("the hook has a delivery"),
     };
     let read_token = ana
         .api

@@ -6,6 +6,7 @@ mod agents;
 mod ci_docs;
 mod cli;
 mod helpers;
+mod hooks;
 mod idempotency_claims;
 mod input;
 mod metrics;

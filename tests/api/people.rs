@@ -65,6 +65,38 @@ impl Caller {
         (status, body, rid)
     }
 
+    /// A request with an `Idempotency-Key`; answers the status, the body and the
+    /// `X-Request-Id`.
+    pub async fn call_full_with_key(
+        &self,
+        method: Method,
+        path: &str,
+        body: &Value,
+        key: &str,
+    ) -> (u16, Value, String) {
+        let res = self
+            .client
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .header("Idempotency-Key", key)
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        let status = res.status().as_u16();
+        let rid = res
+            .headers()
+            .get("x-request-id")
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        let text = res.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::Null),
+            rid,
+        )
+    }
+
     pub async fn call(&self, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
         let (s, b, _) = self.call_full(method, path, body.as_ref(), None).await;
         (s, b)

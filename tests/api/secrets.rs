@@ -44,7 +44,7 @@ fn key(n: u8) -> String {
     base64::engine::general_purpose::STANDARD.encode([n; 32])
 }
 
-fn with_keys(s: &mut Settings, current: u8, previous: &[u8]) {
+pub(crate) fn with_keys(s: &mut Settings, current: u8, previous: &[u8]) {
     s.secrets.key = Some(Secret::new(key(current)));
     s.secrets.previous_keys = previous.iter().map(|n| Secret::new(key(*n))).collect();
 }
@@ -795,7 +795,7 @@ fn database_url(db: &sqlx::postgres::PgConnectOptions) -> String {
 }
 
 /// `agentry secrets rotate` with `current` and `previous` keys; its exit status and output.
-fn rotate(
+pub(crate) fn rotate(
     app_db: &sqlx::postgres::PgConnectOptions,
     data_dir: &Path,
     current: u8,
