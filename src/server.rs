@@ -143,7 +143,8 @@ impl Application {
             settings.database.url.is_some(),
         )
         .await;
-        let registry = ProviderRegistry::from_settings(&settings.providers)?;
+        let registry =
+            ProviderRegistry::from_settings_in(&settings.providers, Some(&settings.data_dir))?;
         let agents = AgentManager::new(
             pool.clone(),
             writer.clone(),
