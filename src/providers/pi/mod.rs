@@ -394,6 +394,8 @@ impl Provider for PiProvider {
             next_id: AtomicU64::new(1),
             dialogs: Mutex::new(HashMap::new()),
             mode_file,
+            running: AtomicBool::new(false),
+            abort_on_start: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             stderr: stderr_tail,
         });
@@ -477,6 +479,11 @@ struct Shared {
     dialogs: Mutex<HashMap<String, Dialog>>,
     /// The file the gate extension reads the mode from.
     mode_file: PathBuf,
+    /// Pi is running a prompt (between `agent_start` and `agent_end`).
+    running: AtomicBool,
+    /// An interrupt came after the prompt was sent but before Pi started on it (Pi
+    /// ignores an `abort` then): abort as soon as it starts.
+    abort_on_start: AtomicBool,
     closing: AtomicBool,
     stderr: StderrTail,
 }
@@ -518,6 +525,17 @@ impl Shared {
     }
 
     async fn handle(self: &Arc<Self>, mapper: &mut Mapper, message: &Value) {
+        match message["type"].as_str() {
+            Some("agent_start") => {
+                self.running.store(true, Ordering::Release);
+                if self.abort_on_start.swap(false, Ordering::AcqRel) {
+                    let abort = json!({"id": self.next_id(), "type": "abort"});
+                    let _ = self.writer.send(&abort).await;
+                }
+            }
+            Some("agent_end") => self.running.store(false, Ordering::Release),
+            _ => {}
+        }
         for action in mapper.map(message) {
             match action {
                 Action::Event(event) => self.events.emit(event).await,
@@ -826,6 +844,7 @@ impl ProviderSession for PiSession {
         // The response only says the prompt was accepted; a refusal ends the turn (see
         // `Shared::handle`), everything else arrives as events.
         let id = self.shared.next_id();
+        self.shared.abort_on_start.store(false, Ordering::Release);
         self.shared
             .writer
             .send(&json!({"id": id, "type": "prompt", "message": input.text}))
@@ -840,6 +859,9 @@ impl ProviderSession for PiSession {
             self.shared
                 .answer_dialog(&id, PermissionDecision::Cancelled)
                 .await;
+        }
+        if !self.shared.running.load(Ordering::Acquire) {
+            self.shared.abort_on_start.store(true, Ordering::Release);
         }
         let id = self.shared.next_id();
         // `agent_end` ends the turn; the response itself is not awaited.

@@ -416,6 +416,8 @@ fn shared_for_test(events: EventSink, dir: &Path) -> (Arc<Shared>, tokio::io::Du
         next_id: AtomicU64::new(1),
         dialogs: Mutex::new(HashMap::new()),
         mode_file: dir.join("s.mode"),
+        running: AtomicBool::new(false),
+        abort_on_start: AtomicBool::new(false),
         closing: AtomicBool::new(false),
         stderr: StderrTail::default(),
     });
@@ -569,4 +571,75 @@ fn the_gate_extension_is_written_once_and_kept() {
     std::fs::write(&path, "old").unwrap();
     provider.install_gate().unwrap();
     assert_eq!(std::fs::read_to_string(&path).unwrap(), GATE_SOURCE);
+}
+
+#[tokio::test]
+async fn an_interrupt_before_pi_starts_the_prompt_aborts_it_once_it_starts() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, _rx) = mpsc::channel(64);
+    let (shared, from_adapter) = shared_for_test(tx, dir.path());
+    let (mut pi_stdout, adapter_stdout) = tokio::io::duplex(1 << 16);
+    let reader = tokio::spawn(read_stdout(
+        adapter_stdout,
+        shared.clone(),
+        Mapper::new(dir.path()),
+    ));
+    let mut session = PiSession {
+        shared: shared.clone(),
+        stopper: Stopper::new().0,
+    };
+    let mut sent = BufReader::new(from_adapter).lines();
+    let mut next_sent = async || -> Value {
+        serde_json::from_str(&sent.next_line().await.unwrap().unwrap()).unwrap()
+    };
+    session
+        .prompt(TurnInput {
+            text: "hi".to_owned(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(next_sent().await["type"], "prompt");
+    // Pi has accepted the prompt but not started on it: this abort is lost on Pi…
+    session.interrupt().await.unwrap();
+    assert_eq!(next_sent().await["type"], "abort");
+    // …so it is sent again when Pi starts.
+    pi_stdout
+        .write_all(b"{\"type\":\"agent_start\"}\n")
+        .await
+        .unwrap();
+    assert_eq!(next_sent().await["type"], "abort");
+    // A running prompt is aborted once, and the next prompt starts clean.
+    pi_stdout
+        .write_all(b"{\"type\":\"agent_end\",\"messages\":[]}\n")
+        .await
+        .unwrap();
+    session
+        .prompt(TurnInput {
+            text: "again".to_owned(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(next_sent().await["type"], "prompt");
+    pi_stdout
+        .write_all(b"{\"type\":\"agent_start\"}\n")
+        .await
+        .unwrap();
+    eventually_running(&shared).await;
+    session.interrupt().await.unwrap();
+    assert_eq!(next_sent().await["type"], "abort");
+    assert!(!shared.abort_on_start.load(Ordering::Acquire));
+    drop(pi_stdout);
+    reader.await.unwrap();
+}
+
+async fn eventually_running(shared: &Shared) {
+    for _ in 0..200 {
+        if shared.running.load(Ordering::Acquire) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("Pi's agent_start was not seen");
 }
