@@ -33,6 +33,9 @@ static CLI_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(3);
 
 const LONG: Duration = Duration::from_secs(40);
 
+/// A second model of the fake provider.
+const OTHER_MODEL: &str = "fake-model-2";
+
 /// The fake model as Pi names it: `<provider>/<id>`.
 fn pi_model() -> String {
     format!("fake/{MODEL}")
@@ -55,7 +58,7 @@ fn agent_dir(home: &Path, base_url: &str) -> PathBuf {
     let models = json!({"providers": {"fake": {
         "baseUrl": base_url, "api": "openai-completions", "apiKey": "test-key",
         "compat": {"supportsDeveloperRole": false, "supportsReasoningEffort": false},
-        "models": [{"id": MODEL}]}}});
+        "models": [{"id": MODEL}, {"id": OTHER_MODEL, "name": "Other fake", "contextWindow": 64000}]}}});
     std::fs::write(dir.join("models.json"), models.to_string()).unwrap();
     let settings = json!({"defaultProvider": "fake", "defaultModel": MODEL});
     std::fs::write(dir.join("settings.json"), settings.to_string()).unwrap();
@@ -224,8 +227,20 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
         "{pi}"
     );
     let models = w.app.get_ok("/v1/providers/pi/models").await;
-    assert_eq!(models["items"][0]["id"], pi_model(), "{models}");
-    assert_eq!(models["items"][0]["is_default"], true, "{models}");
+    let listed: Vec<(&str, bool)> = models["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["id"].as_str().unwrap(), m["is_default"] == true))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (pi_model().as_str(), true),
+            (format!("fake/{OTHER_MODEL}").as_str(), false)
+        ],
+        "{models}"
+    );
 
     let (agent, _) = w.agent("ask").await;
     w.fake.push(Reply::slow(
@@ -848,4 +863,50 @@ async fn a_pi_fork_configured_with_extends_runs_its_own_command() {
         kinds(&events)
     );
     assert_eq!(last_message(&events), "Forked hello.");
+}
+
+#[tokio::test]
+async fn the_model_is_chosen_at_creation_and_changed_in_a_live_session() {
+    let Some(w) = world().await else { return };
+    let project = w.app.project(w.repo.path()).await;
+    let ws = w
+        .app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let other = format!("fake/{OTHER_MODEL}");
+    let agent = w
+        .app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "pi", "model": other}),
+            201,
+        )
+        .await;
+    let agent = agent["id"].as_str().unwrap();
+    w.fake.push(Reply::text("From the other model."));
+    let first = w.turn(agent, "which model?", None).await;
+    assert_eq!(
+        outcome(&first)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&first)
+    );
+    assert_eq!(w.fake.last_completion().body["model"], OTHER_MODEL);
+    assert_eq!(of_kind(&first, "usage")[0]["context_window_max"], 64000);
+
+    let changed = w
+        .app
+        .put_ok(
+            &format!("/v1/agents/{agent}/model"),
+            json!({"model": pi_model()}),
+        )
+        .await;
+    assert_eq!(changed["model"], pi_model(), "{changed}");
+    w.fake.push(Reply::text("From the first model."));
+    let second = w.turn(agent, "and now?", Some(last_seq(&first))).await;
+    assert_eq!(outcome(&second)["outcome"], "completed");
+    assert_eq!(w.fake.last_completion().body["model"], MODEL);
+    assert_eq!(of_kind(&second, "usage")[0]["context_window_max"], 128000);
+    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(a["model"], pi_model(), "{a}");
 }

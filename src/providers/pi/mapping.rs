@@ -311,6 +311,13 @@ impl Mapper {
             ToolStatus::Completed
         };
         let mut update = self.tool_update(id, &name, input, status);
+        // An edit says where its change starts.
+        if let (Some(line), Some(location)) = (
+            line["result"]["details"]["firstChangedLine"].as_u64(),
+            update.locations.first_mut(),
+        ) {
+            location.line = Some(line);
+        }
         update.output = Some(Value::String(text.clone()));
         if failed {
             update.error = Some(text);

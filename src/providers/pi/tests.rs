@@ -228,6 +228,26 @@ fn an_aborted_turn_is_canceled() {
 }
 
 #[test]
+fn a_finished_edit_points_at_its_first_changed_line() {
+    let mut mapper = Mapper::new("/w");
+    let edit = json!({"path": "src/lib.rs", "edits": [{"oldText": "a", "newText": "b"}]});
+    let lines = [
+        json!({"type": "tool_execution_start", "toolCallId": "e1", "toolName": "edit", "args": edit}),
+        json!({"type": "tool_execution_end", "toolCallId": "e1", "toolName": "edit", "isError": false,
+            "result": {"content": [{"type": "text", "text": "Successfully replaced 1 block(s) in src/lib.rs."}],
+                "details": {"diff": "-1 a\n+1 b", "firstChangedLine": 12}}}),
+    ];
+    let actions: Vec<Action> = lines.iter().flat_map(|l| mapper.map(l)).collect();
+    let calls = tools(&actions);
+    assert_eq!(calls[0].tool_kind, ToolKind::Edit);
+    assert_eq!(calls[0].status, ToolStatus::Running);
+    assert_eq!(calls[0].locations[0].line, None);
+    assert_eq!(calls[1].status, ToolStatus::Completed);
+    assert_eq!(calls[1].locations[0].path, "src/lib.rs");
+    assert_eq!(calls[1].locations[0].line, Some(12));
+}
+
+#[test]
 fn a_failed_model_call_fails_the_turn_with_its_message() {
     let mut mapper = Mapper::new("/w");
     let lines = [
