@@ -878,7 +878,9 @@ async fn the_model_is_chosen_at_creation_and_changed_in_a_live_session() {
         .app
         .post_ok(
             "/v1/agents",
-            json!({"workspace_id": ws["id"], "provider": "pi", "model": other}),
+            json!({"workspace_id": ws["id"], "provider": "pi", "model": other,
+                "system_prompt": "Always answer in haiku.",
+                "mcp_servers": {"files": {"command": "mcp-files"}}}),
             201,
         )
         .await;
@@ -891,8 +893,18 @@ async fn the_model_is_chosen_at_creation_and_changed_in_a_live_session() {
         "{:?}",
         kinds(&first)
     );
-    assert_eq!(w.fake.last_completion().body["model"], OTHER_MODEL);
+    let request = w.fake.last_completion();
+    assert_eq!(request.body["model"], OTHER_MODEL);
+    let system = fake_chat::messages_of(&request.body, "system").join("\n");
+    assert!(system.contains("Always answer in haiku."), "{system}");
     assert_eq!(of_kind(&first, "usage")[0]["context_window_max"], 64000);
+    // Pi has no MCP: the agent says so instead of silently dropping the servers.
+    let errors = of_kind(&first, "error");
+    assert!(
+        errors.iter().any(|e| e["code"] == "mcp_unsupported"),
+        "{:?}",
+        kinds(&first)
+    );
 
     let changed = w
         .app
