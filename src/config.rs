@@ -56,6 +56,7 @@ pub struct Settings {
     pub limits: Limits,
     pub events: EventSettings,
     pub agents: AgentSettings,
+    pub workspaces: WorkspaceSettings,
     /// One table per provider id.
     pub providers: BTreeMap<String, ProviderSettings>,
     /// The key that encrypts team secrets at rest.
@@ -403,6 +404,7 @@ impl Default for Settings {
             limits: Limits::default(),
             events: EventSettings::default(),
             agents: AgentSettings::default(),
+            workspaces: WorkspaceSettings::default(),
             providers: BTreeMap::new(),
             secrets: SecretsSettings::default(),
         }
@@ -452,6 +454,27 @@ impl Default for AgentSettings {
     fn default() -> Self {
         Self {
             idle_timeout_s: 900,
+        }
+    }
+}
+
+/// `[workspaces]`: bounds on the repository's own setup and teardown commands
+/// (`.agentry.toml`, `[worktree] setup` / `teardown`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkspaceSettings {
+    /// Seconds all setup commands of a new worktree may take together; past it they are
+    /// stopped and the workspace is `setup_failed`.
+    pub setup_timeout_s: u64,
+    /// Seconds all teardown commands may take before an archive goes on without them.
+    pub teardown_timeout_s: u64,
+}
+
+impl Default for WorkspaceSettings {
+    fn default() -> Self {
+        Self {
+            setup_timeout_s: 600,
+            teardown_timeout_s: 120,
         }
     }
 }
@@ -598,6 +621,15 @@ impl Settings {
             return Err(invalid(
                 "limits.max_prompt_bytes",
                 "must be between 1 and limits.max_body_bytes",
+            ));
+        }
+        if self.workspaces.setup_timeout_s == 0 {
+            return Err(invalid("workspaces.setup_timeout_s", "must be at least 1"));
+        }
+        if self.workspaces.teardown_timeout_s == 0 {
+            return Err(invalid(
+                "workspaces.teardown_timeout_s",
+                "must be at least 1",
             ));
         }
         if self.events.batch_max_events == 0 {

@@ -175,6 +175,7 @@ impl Application {
                 agents,
                 runtime: Handle::current(),
                 limits: settings.limits.clone(),
+                workspaces: settings.workspaces.clone(),
                 data_dir: settings.data_dir.clone(),
                 shutdown: shutdown_rx,
                 secrets: Arc::new(keyring),
@@ -182,6 +183,11 @@ impl Application {
             },
             settings: settings.clone(),
         });
+
+        let replica = state.services.agents.ledger().replica.clone();
+        if let Err(e) = crate::services::setup::fail_interrupted(&state.services, &replica).await {
+            tracing::warn!(error = %e, "could not close the setups the previous run left running");
+        }
 
         let port = listener.local_addr()?.port();
         let data = state.clone();

@@ -73,7 +73,7 @@ fn table(cli: &Path, base_url: &str, home: &Path) -> ProviderSettings {
 struct Rig {
     app: TestApp,
     fake: FakeOpenAi,
-    _home: TempDir,
+    home: TempDir,
     repo: TempDir,
 }
 
@@ -90,7 +90,7 @@ impl Rig {
         Some(Self {
             app,
             fake,
-            _home: home,
+            home,
             repo: git_repo(),
         })
     }
@@ -117,6 +117,11 @@ impl Rig {
         let mut stream = self.app.events(agent, after).await;
         self.app.prompt(agent, text).await;
         stream.until("turn_completed", LONG).await
+    }
+
+    /// The live processes started for this test's agents (they carry its `CODEX_HOME`).
+    fn processes(&self) -> Vec<i32> {
+        processes_with_env(&format!("CODEX_HOME={}", self.home.path().display()))
     }
 
     async fn pid(&self, agent: &str) -> Option<i32> {
@@ -277,4 +282,157 @@ async fn a_killed_agent_fails_the_turn_quickly_and_is_usable_after() {
         kinds(&events)
     );
     assert_eq!(assistant_text(&events), "Recovered.");
+}
+
+#[tokio::test]
+async fn a_denied_write_changes_nothing_and_the_agent_goes_on() {
+    let Some(rig) = Rig::start().await else {
+        return;
+    };
+    let patch = "*** Begin Patch\n*** Add File: denied.txt\n+no\n*** End Patch\n";
+    rig.fake.script([
+        Reply::patch("call_d", patch),
+        Reply::text("Fine, not writing."),
+        Reply::text("Still here."),
+    ]);
+    let (agent, ws) = rig.agent("read-only").await;
+    let mut stream = rig.app.events(&agent, None).await;
+    rig.app.prompt(&agent, "add denied.txt").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    let id = request["request_id"].as_str().unwrap();
+    rig.app
+        .post_ok(
+            &format!("/v1/agents/{agent}/permissions/{id}"),
+            json!({"behavior": "deny"}),
+            200,
+        )
+        .await;
+    let after = stream.until("turn_completed", LONG).await;
+    let k = kinds(&after);
+    let resolved = of_kind(&after, "permission_resolved");
+    assert_eq!(resolved[0]["behavior"], "deny", "{k:?}");
+    // codex-acp's only way to refuse is `abort`, which ends the turn.
+    let ended = outcome(&after)["outcome"].as_str().unwrap().to_owned();
+    assert!(
+        matches!(ended.as_str(), "completed" | "canceled"),
+        "{ended} {k:?}"
+    );
+    for call in of_kind(&after, "tool_call") {
+        assert_ne!(
+            call["status"], "completed",
+            "the denied call never completed: {call}"
+        );
+    }
+    assert!(!path_of(&ws["path"]).join("denied.txt").exists());
+
+    let next = rig
+        .turn(&agent, "are you there?", Some(last_seq(&after)))
+        .await;
+    assert_eq!(outcome(&next)["outcome"], "completed", "{:?}", kinds(&next));
+}
+
+#[tokio::test]
+async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
+    let Some(rig) = Rig::start().await else {
+        return;
+    };
+    rig.fake
+        .script([Reply::stalled("Thinking hard"), Reply::text("Back.")]);
+    let (agent, _) = rig.agent("full-access").await;
+    let mut stream = rig.app.events(&agent, None).await;
+    rig.app.prompt(&agent, "take your time").await;
+    stream.until("assistant_delta", LONG).await;
+    rig.app
+        .post_ok(&format!("/v1/agents/{agent}/interrupt"), json!({}), 202)
+        .await;
+    let ended = stream.until("turn_completed", LONG).await;
+    assert_eq!(
+        outcome(&ended)["outcome"],
+        "canceled",
+        "{:?}",
+        kinds(&ended)
+    );
+    let next = rig.turn(&agent, "again", Some(last_seq(&ended))).await;
+    assert_eq!(outcome(&next)["outcome"], "completed", "{:?}", kinds(&next));
+    assert_eq!(assistant_text(&next), "Back.");
+}
+
+#[tokio::test]
+async fn the_unattended_mode_writes_without_asking() {
+    let Some(rig) = Rig::start().await else {
+        return;
+    };
+    let patch = "*** Begin Patch\n*** Add File: quiet.txt\n+unattended\n*** End Patch\n";
+    rig.fake
+        .script([Reply::patch("call_q", patch), Reply::text("Done.")]);
+    let (agent, ws) = rig.agent("full-access").await;
+    let events = rig.turn(&agent, "add quiet.txt", None).await;
+    let k = kinds(&events);
+    assert_eq!(outcome(&events)["outcome"], "completed", "{k:?}");
+    assert!(!k.contains(&"permission_requested"), "{k:?}");
+    assert_eq!(
+        std::fs::read_to_string(path_of(&ws["path"]).join("quiet.txt")).unwrap(),
+        "unattended\n"
+    );
+}
+
+#[tokio::test]
+async fn no_agent_process_is_left_after_archive_or_server_shutdown() {
+    let Some(rig) = Rig::start().await else {
+        return;
+    };
+    rig.fake
+        .script([Reply::text("One."), Reply::stalled("Still talking")]);
+    let (archived, ws) = rig.agent("full-access").await;
+    let events = rig.turn(&archived, "one", None).await;
+    assert_eq!(outcome(&events)["outcome"], "completed");
+    let pid = rig.pid(&archived).await.expect("a live agent");
+    assert!(rig.processes().contains(&pid), "{:?}", rig.processes());
+    let res = rig.app.delete(&format!("/v1/agents/{archived}")).await;
+    assert_eq!(res.status(), 204);
+    eventually(
+        "the archived agent's processes to end",
+        Duration::from_secs(10),
+        || rig.processes().is_empty(),
+    )
+    .await;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM managed_processes")
+        .fetch_one(&rig.app.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "the ledger is empty after archive");
+
+    // Server shutdown with a turn in flight.
+    let agent = rig
+        .app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "codex-acp", "mode": "full-access"}),
+            201,
+        )
+        .await;
+    let agent = agent["id"].as_str().unwrap();
+    let mut stream = rig.app.events(agent, None).await;
+    rig.app.prompt(agent, "talk").await;
+    stream.until("assistant_delta", LONG).await;
+    assert!(!rig.processes().is_empty());
+    let Rig {
+        app,
+        fake: _fake,
+        home,
+        repo: _repo,
+    } = rig;
+    let (db, _data_dir, _token) = app.stop().await;
+    let marker = format!("CODEX_HOME={}", home.path().display());
+    assert!(
+        processes_with_env(&marker).is_empty(),
+        "the server's stop ended every process"
+    );
+    let pool = sqlx::PgPool::connect_with(db).await.unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM managed_processes")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "the ledger is empty after shutdown");
 }

@@ -9,7 +9,7 @@ use utoipa_actix_web::service_config::ServiceConfig;
 use super::error::{ApiResult, Problem};
 use super::parse_id;
 use crate::auth::Principal;
-use crate::domain::TeamId;
+use crate::domain::{TeamId, WorkspaceId};
 use crate::server::AppState;
 use crate::services::providers::{self, ModelList, ProviderList};
 
@@ -46,7 +46,13 @@ async fn list_providers(
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ModelsQuery {
-    /// Probe the provider again instead of using what it reported before.
+    /// The catalog as the provider sees it in this workspace (a CLI may read the
+    /// project's own settings); without it, the server-wide catalog.
+    pub workspace_id: Option<String>,
+    /// Probe again instead of answering what the provider reported before. With
+    /// `workspace_id` only that workspace is probed again; without it, every workspace's
+    /// catalog of this provider is forgotten (probed again when next asked for) and the
+    /// server-wide one is probed again.
     pub refresh: Option<bool>,
 }
 
@@ -59,7 +65,19 @@ async fn list_models(
     id: web::Path<String>,
     q: web::Query<ModelsQuery>,
 ) -> ApiResult<web::Json<ModelList>> {
+    let workspace = q
+        .workspace_id
+        .as_deref()
+        .map(|w| parse_id::<WorkspaceId>(w, "workspace"))
+        .transpose()?;
     Ok(web::Json(
-        providers::models(&state.services, &principal, &id, q.refresh.unwrap_or(false)).await?,
+        providers::models(
+            &state.services,
+            &principal,
+            &id,
+            workspace,
+            q.refresh.unwrap_or(false),
+        )
+        .await?,
     ))
 }

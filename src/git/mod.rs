@@ -260,6 +260,37 @@ pub async fn resolve_commit(repo: &Path, rev: &str) -> Result<String, GitError> 
     Ok(sha)
 }
 
+/// The bytes of `path` as committed in `commit` (a full commit id), or `None` when that
+/// commit has no such file. Larger files than `max` bytes are refused.
+pub async fn read_committed_file(
+    repo: &Path,
+    commit: &str,
+    path: &str,
+    max: u64,
+) -> Result<Option<Vec<u8>>, GitError> {
+    if !matches!(commit.len(), 40 | 64) || !commit.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(GitError::UnknownRevision(commit.to_owned()));
+    }
+    let spec = format!("{commit}:{path}");
+    let mut cmd = git(repo);
+    cmd.args(["cat-file", "-s", "--end-of-options"]).arg(&spec);
+    let out = run(cmd).await?;
+    if !out.status.success() {
+        // `cat-file -s` fails (128) for a path the commit does not have.
+        return Ok(None);
+    }
+    let size: u64 = stdout_line(&out.stdout).trim().parse().unwrap_or(u64::MAX);
+    if size > max {
+        return Err(GitError::Failed(format!(
+            "{path} in {commit} is {size} bytes, more than the {max} allowed"
+        )));
+    }
+    let mut cmd = git(repo);
+    cmd.args(["cat-file", "blob", "--end-of-options"])
+        .arg(&spec);
+    Ok(Some(run_ok(cmd, "cat-file").await?))
+}
+
 /// Our own rules on top of git's: no `..`, no leading `-` or `/`, no whitespace or
 /// control characters, no reflog syntax, at most [`MAX_BRANCH_LEN`] bytes.
 fn branch_name_is_acceptable(branch: &str) -> bool {

@@ -103,8 +103,19 @@ pub trait ProcessLauncher: Send + Sync {
     async fn launch(&self, spec: CommandSpec) -> Result<ManagedChild, ProcessError>;
 }
 
-/// What a catalog probe may use: a launcher that records its processes, and an empty
-/// working directory of its own (removed after the probe).
+/// Where a catalog is probed: the server-wide default, or one workspace's directory (a
+/// CLI may read settings of the project it runs in). The registry keeps one catalog per
+/// provider and scope.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum CatalogScope {
+    Global,
+    /// The workspace's directory.
+    Workspace(PathBuf),
+}
+
+/// What a catalog probe may use: a launcher that records its processes, and a working
+/// directory — the workspace for a workspace scope, else an empty directory of its own
+/// (removed after the probe).
 pub struct Probe {
     pub launcher: Arc<dyn ProcessLauncher>,
     pub cwd: PathBuf,

@@ -12,11 +12,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use tokio::sync::OnceCell;
+
 use crate::config::ProviderSettings;
 
 use super::acp::{AcpProvider, AcpProviderConfig};
 use super::mock::mock_provider;
-use super::{Builtin, CliConfig, ModeInfo, ModelInfo, Probe, Provider, ProviderError};
+use super::{Builtin, CatalogScope, CliConfig, ModeInfo, ModelInfo, Probe, Provider};
 
 /// The CLI providers this server implements, by id.
 pub fn builtins() -> Vec<Builtin> {
@@ -40,8 +42,9 @@ pub enum RegistryError {
 #[derive(Clone, Default)]
 pub struct ProviderRegistry {
     providers: BTreeMap<String, Arc<dyn Provider>>,
-    /// Catalogs by provider id, filled on first use and replaced by a refresh.
-    catalogs: Arc<Mutex<HashMap<String, Arc<Vec<ModelInfo>>>>>,
+    /// Catalogs by provider id and scope, filled on first use (one probe however many ask
+    /// at once) and replaced by a refresh.
+    catalogs: Arc<Mutex<HashMap<(String, CatalogScope), Slot>>>,
     /// The `team_secrets` of each provider that takes any.
     team_secrets: BTreeMap<String, Vec<String>>,
 }
@@ -114,7 +117,10 @@ impl ProviderRegistry {
 
     pub fn register(&mut self, provider: Arc<dyn Provider>) {
         let id = provider.info().id;
-        self.catalogs.lock().expect("catalogs lock").remove(&id);
+        self.catalogs
+            .lock()
+            .expect("catalogs lock")
+            .retain(|(p, _), _| *p != id);
         self.providers.insert(id, provider);
     }
 
@@ -138,29 +144,67 @@ impl ProviderRegistry {
         self.providers.values()
     }
 
-    /// The models of provider `id`: the cached catalog, or a fresh probe when nothing is
-    /// cached or `refresh` is set (the probe's answer then replaces the cache; a failed
-    /// probe leaves the cache as it was). `None` when no such provider exists.
+    /// The models of provider `id` in `scope`, following the snapshot rule:
+    /// - a cold scope is probed once (concurrent readers share that probe), and what it
+    ///   answered — models or an error — stays until an explicit refresh: warm reads never
+    ///   start a provider process;
+    /// - a refresh of one workspace re-probes that workspace only;
+    /// - a refresh of the global scope forgets every workspace scope of the provider (they
+    ///   are probed again when next read) and re-probes the global one;
+    /// - a failed refresh reports the failure and keeps the scope's last good catalog.
+    ///
+    /// `None` when no such provider exists. Errors are the probe's message.
     pub async fn models(
         &self,
         id: &str,
+        scope: &CatalogScope,
         refresh: bool,
         probe: &Probe,
-    ) -> Option<Result<Arc<Vec<ModelInfo>>, ProviderError>> {
+    ) -> Option<Result<Arc<Vec<ModelInfo>>, String>> {
         let provider = self.get(id)?;
-        if !refresh && let Some(cached) = self.catalogs.lock().expect("catalogs lock").get(id) {
-            return Some(Ok(cached.clone()));
+        let key = (id.to_owned(), scope.clone());
+        if refresh {
+            let fresh = provider
+                .models(probe)
+                .await
+                .map(Arc::new)
+                .map_err(|e| e.to_string());
+            let mut catalogs = self.catalogs.lock().expect("catalogs lock");
+            if *scope == CatalogScope::Global {
+                catalogs.retain(|(p, s), _| p != id || *s == CatalogScope::Global);
+            }
+            let keep_last_good = fresh.is_err()
+                && catalogs
+                    .get(&key)
+                    .and_then(|slot| slot.get())
+                    .is_some_and(Result::is_ok);
+            if !keep_last_good {
+                catalogs.insert(key, Arc::new(OnceCell::new_with(Some(fresh.clone()))));
+            }
+            return Some(fresh);
         }
-        Some(provider.models(probe).await.map(|models| {
-            let models = Arc::new(models);
-            self.catalogs
-                .lock()
-                .expect("catalogs lock")
-                .insert(id.to_owned(), models.clone());
-            models
-        }))
+        let slot = self
+            .catalogs
+            .lock()
+            .expect("catalogs lock")
+            .entry(key)
+            .or_default()
+            .clone();
+        let answer = slot
+            .get_or_init(|| async {
+                provider
+                    .models(probe)
+                    .await
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
+            .await;
+        Some(answer.clone())
     }
 }
+
+/// One scope's catalog: empty while cold or being probed for the first time.
+type Slot = Arc<OnceCell<Result<Arc<Vec<ModelInfo>>, String>>>;
 
 /// A built-in's configuration under id `id`, with the table's settings merged in.
 pub fn builtin_config(b: &Builtin, id: &str, p: Option<&ProviderSettings>) -> CliConfig {
@@ -321,8 +365,8 @@ mod catalog_tests {
 
     use super::*;
     use crate::providers::{
-        Availability, EventSink, ProcessLauncher, ProviderCapabilities, ProviderInfo,
-        ProviderSession, SessionInfo, SessionSpec,
+        Availability, EventSink, ProcessLauncher, ProviderCapabilities, ProviderError,
+        ProviderInfo, ProviderSession, SessionInfo, SessionSpec,
     };
 
     /// A provider whose catalog source can change and that counts its probes.
@@ -348,6 +392,8 @@ mod catalog_tests {
         }
         async fn models(&self, _probe: &Probe) -> Result<Vec<ModelInfo>, ProviderError> {
             self.probes.fetch_add(1, Ordering::SeqCst);
+            // A probe takes time: other readers get their turn meanwhile.
+            tokio::task::yield_now().await;
             let source = self.source.lock().unwrap().clone();
             if source.is_empty() {
                 return Err(ProviderError::Unavailable("the probe failed".into()));
@@ -372,10 +418,6 @@ mod catalog_tests {
         }
     }
 
-    fn ids(models: &[ModelInfo]) -> Vec<&str> {
-        models.iter().map(|m| m.id.as_str()).collect()
-    }
-
     struct NoLaunch;
 
     #[async_trait]
@@ -388,53 +430,145 @@ mod catalog_tests {
         }
     }
 
-    #[tokio::test]
-    async fn the_catalog_is_cached_and_a_refresh_replaces_it() {
-        let probe = Probe {
+    const GLOBAL: CatalogScope = CatalogScope::Global;
+
+    fn probe() -> Probe {
+        Probe {
             launcher: Arc::new(NoLaunch),
             cwd: std::env::temp_dir(),
-        };
-        let provider = Arc::new(Catalog {
-            source: Mutex::new(vec!["a"]),
+        }
+    }
+
+    fn catalog(models: Vec<&'static str>) -> Arc<Catalog> {
+        Arc::new(Catalog {
+            source: Mutex::new(models),
             probes: AtomicUsize::new(0),
-        });
+        })
+    }
+
+    async fn read(
+        registry: &ProviderRegistry,
+        scope: &CatalogScope,
+        refresh: bool,
+    ) -> Result<Vec<String>, String> {
+        registry
+            .models("cat", scope, refresh, &probe())
+            .await
+            .expect("the provider exists")
+            .map(|m| m.iter().map(|m| m.id.clone()).collect())
+    }
+
+    #[tokio::test]
+    async fn the_catalog_is_cached_and_a_refresh_replaces_it() {
+        let provider = catalog(vec!["a"]);
         let mut registry = ProviderRegistry::new();
         registry.register(provider.clone());
-        assert!(registry.models("nope", false, &probe).await.is_none());
+        assert!(
+            registry
+                .models("nope", &GLOBAL, false, &probe())
+                .await
+                .is_none()
+        );
 
-        let first = registry
-            .models("cat", false, &probe)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(ids(&first), ["a"]);
+        assert_eq!(read(&registry, &GLOBAL, false).await.unwrap(), ["a"]);
         *provider.source.lock().unwrap() = vec!["a", "b"];
-        let cached = registry
-            .models("cat", false, &probe)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(ids(&cached), ["a"], "served from the cache");
+        assert_eq!(
+            read(&registry, &GLOBAL, false).await.unwrap(),
+            ["a"],
+            "served from the cache"
+        );
         assert_eq!(provider.probes.load(Ordering::SeqCst), 1);
 
-        let refreshed = registry.models("cat", true, &probe).await.unwrap().unwrap();
-        assert_eq!(ids(&refreshed), ["a", "b"], "a refresh probes again");
-        let after = registry
-            .models("cat", false, &probe)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(ids(&after), ["a", "b"], "and replaces the cached catalog");
+        assert_eq!(
+            read(&registry, &GLOBAL, true).await.unwrap(),
+            ["a", "b"],
+            "a refresh probes again"
+        );
+        assert_eq!(
+            read(&registry, &GLOBAL, false).await.unwrap(),
+            ["a", "b"],
+            "and replaces the cache"
+        );
 
         // A failed refresh reports the failure and keeps the last good catalog.
         provider.source.lock().unwrap().clear();
-        assert!(registry.models("cat", true, &probe).await.unwrap().is_err());
-        let kept = registry
-            .models("cat", false, &probe)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(ids(&kept), ["a", "b"]);
+        assert!(read(&registry, &GLOBAL, true).await.is_err());
+        assert_eq!(read(&registry, &GLOBAL, false).await.unwrap(), ["a", "b"]);
         assert_eq!(provider.probes.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn each_workspace_has_its_own_catalog_and_a_global_refresh_forgets_them() {
+        let provider = catalog(vec!["a"]);
+        let mut registry = ProviderRegistry::new();
+        registry.register(provider.clone());
+        let one = CatalogScope::Workspace("/w/one".into());
+        let two = CatalogScope::Workspace("/w/two".into());
+        let probes = || provider.probes.load(Ordering::SeqCst);
+
+        assert_eq!(read(&registry, &GLOBAL, false).await.unwrap(), ["a"]);
+        assert_eq!(read(&registry, &one, false).await.unwrap(), ["a"]);
+        assert_eq!(probes(), 2, "a cold scope is probed");
+        *provider.source.lock().unwrap() = vec!["b"];
+        assert_eq!(read(&registry, &two, false).await.unwrap(), ["b"]);
+        assert_eq!(
+            read(&registry, &one, false).await.unwrap(),
+            ["a"],
+            "warm: no probe"
+        );
+        assert_eq!(probes(), 3);
+
+        // A workspace refresh touches that workspace only.
+        assert_eq!(read(&registry, &one, true).await.unwrap(), ["b"]);
+        assert_eq!(read(&registry, &GLOBAL, false).await.unwrap(), ["a"]);
+        assert_eq!(probes(), 4);
+
+        // A global refresh probes the global scope at once and the workspaces lazily.
+        *provider.source.lock().unwrap() = vec!["c"];
+        assert_eq!(read(&registry, &GLOBAL, true).await.unwrap(), ["c"]);
+        assert_eq!(probes(), 5, "only the global scope was probed");
+        assert_eq!(read(&registry, &two, false).await.unwrap(), ["c"]);
+        assert_eq!(probes(), 6, "a forgotten workspace is probed when read");
+    }
+
+    #[tokio::test]
+    async fn a_failed_first_probe_stays_until_a_refresh() {
+        let provider = catalog(vec![]);
+        let mut registry = ProviderRegistry::new();
+        registry.register(provider.clone());
+        assert!(read(&registry, &GLOBAL, false).await.is_err());
+        *provider.source.lock().unwrap() = vec!["a"];
+        assert!(
+            read(&registry, &GLOBAL, false).await.is_err(),
+            "warm error: no probe"
+        );
+        assert_eq!(provider.probes.load(Ordering::SeqCst), 1);
+        assert_eq!(read(&registry, &GLOBAL, true).await.unwrap(), ["a"]);
+    }
+
+    #[tokio::test]
+    async fn concurrent_cold_reads_share_one_probe() {
+        let provider = catalog(vec!["a"]);
+        let mut registry = ProviderRegistry::new();
+        registry.register(provider.clone());
+        let reads: Vec<_> = (0..8).map(|_| read(&registry, &GLOBAL, false)).collect();
+        for r in futures::future::join_all(reads).await {
+            assert_eq!(r.unwrap(), ["a"]);
+        }
+        assert_eq!(provider.probes.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn building_the_registry_probes_nothing() {
+        let provider = catalog(vec!["a"]);
+        let mut registry = ProviderRegistry::new();
+        registry.register(provider.clone());
+        assert_eq!(read(&registry, &GLOBAL, false).await.unwrap(), ["a"]);
+        // Registering the provider again (a new configuration) forgets its catalogs
+        // without probing; the next read does.
+        registry.register(provider.clone());
+        assert_eq!(provider.probes.load(Ordering::SeqCst), 1);
+        assert_eq!(read(&registry, &GLOBAL, false).await.unwrap(), ["a"]);
+        assert_eq!(provider.probes.load(Ordering::SeqCst), 2);
     }
 }

@@ -26,7 +26,7 @@ use crate::domain::{AgentId, AgentStatus, Behavior, PermissionId, SecretEnv, Tur
 use crate::events::EventWriter;
 use crate::process::{CommandSpec, Ledger, ManagedChild, ProcessError};
 use crate::providers::{
-    ModelInfo, Probe, ProcessLauncher, Provider, ProviderError, ProviderRegistry,
+    CatalogScope, ModelInfo, Probe, ProcessLauncher, Provider, ProviderRegistry,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -204,27 +204,47 @@ impl AgentManager {
         &self.shared.registry
     }
 
-    /// The model catalog of provider `id` (see `ProviderRegistry::models`). A probe that
-    /// runs the CLI does so through the ledger, in an empty directory removed afterwards.
+    /// The process ledger every child of this server is recorded in.
+    pub fn ledger(&self) -> &Ledger {
+        &self.shared.ledger
+    }
+
+    /// The model catalog of provider `id` in `scope` (see `ProviderRegistry::models`). A
+    /// probe that runs the CLI does so through the ledger: in the workspace for a workspace
+    /// scope, else in an empty directory removed afterwards.
     pub async fn models(
         &self,
         id: &str,
+        scope: &CatalogScope,
         refresh: bool,
-    ) -> Option<Result<Arc<Vec<ModelInfo>>, ProviderError>> {
-        let cwd = std::env::temp_dir().join(format!("agentry-probe-{}", Uuid::now_v7()));
-        if let Err(e) = std::fs::create_dir_all(&cwd) {
-            return Some(Err(ProviderError::Protocol(format!(
-                "could not create a directory for the catalog probe: {e}"
-            ))));
-        }
+    ) -> Option<Result<Arc<Vec<ModelInfo>>, String>> {
+        let launcher = Arc::new(ProbeLauncher {
+            ledger: self.shared.ledger.clone(),
+        });
+        let (cwd, throwaway) = match scope {
+            CatalogScope::Workspace(path) => (path.clone(), false),
+            CatalogScope::Global => {
+                let cwd = std::env::temp_dir().join(format!("agentry-probe-{}", Uuid::now_v7()));
+                if let Err(e) = std::fs::create_dir_all(&cwd) {
+                    return Some(Err(format!(
+                        "could not create a directory for the catalog probe: {e}"
+                    )));
+                }
+                (cwd, true)
+            }
+        };
         let probe = Probe {
-            launcher: Arc::new(ProbeLauncher {
-                ledger: self.shared.ledger.clone(),
-            }),
+            launcher,
             cwd: cwd.clone(),
         };
-        let models = self.shared.registry.models(id, refresh, &probe).await;
-        let _ = std::fs::remove_dir_all(&cwd);
+        let models = self
+            .shared
+            .registry
+            .models(id, scope, refresh, &probe)
+            .await;
+        if throwaway {
+            let _ = std::fs::remove_dir_all(&cwd);
+        }
         models
     }
 

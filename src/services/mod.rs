@@ -15,6 +15,7 @@ pub mod projects;
 pub mod providers;
 pub mod secrets;
 pub mod sessions;
+pub mod setup;
 pub mod streams;
 pub mod teams;
 pub mod users;
@@ -28,7 +29,7 @@ use tokio::sync::watch;
 
 pub use error::{ServiceError, ServiceResult};
 
-use crate::config::Limits;
+use crate::config::{Limits, WorkspaceSettings};
 use crate::events::{Bus, EventWriter, NewTeamEvent};
 use crate::runtime::AgentManager;
 use crate::store::DeadlinePool;
@@ -44,6 +45,8 @@ pub struct ServiceContext {
     /// The main runtime: long-lived tasks go here, not on an HTTP worker's.
     pub runtime: Handle,
     pub limits: Limits,
+    /// Bounds on repository setup and teardown commands.
+    pub workspaces: WorkspaceSettings,
     /// Worktrees live under `<data_dir>/worktrees`.
     pub data_dir: PathBuf,
     /// Flips to true when the server stops, so long waits end.

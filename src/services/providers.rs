@@ -7,8 +7,8 @@ use utoipa::ToSchema;
 
 use super::{ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{Operation, Principal};
-use crate::domain::TeamId;
-use crate::providers::{Availability, ModeInfo, ModelInfo, ProviderCapabilities};
+use crate::domain::{TeamId, WorkspaceId};
+use crate::providers::{Availability, CatalogScope, ModeInfo, ModelInfo, ProviderCapabilities};
 
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({"id": "mock", "label": "Mock agent", "protocol": "acp", "available": true,
@@ -101,9 +101,23 @@ pub async fn models(
     ctx: &ServiceContext,
     principal: &Principal,
     id: &str,
+    workspace: Option<WorkspaceId>,
     refresh: bool,
 ) -> ServiceResult<ModelList> {
     principal.authorize(Operation::ReadSelf)?;
+    // A workspace scope names a workspace: one the caller cannot see is missing.
+    let scope = match workspace {
+        None => CatalogScope::Global,
+        Some(w) => {
+            let ws = super::workspaces::find(ctx, principal, w).await?;
+            if ws.archived_at.is_some() {
+                return Err(ServiceError::WorkspaceArchived(
+                    "the workspace is archived; its files are gone",
+                ));
+            }
+            CatalogScope::Workspace(ws.path.into())
+        }
+    };
     // A provider that cannot run (its CLI is not installed, no credentials) has no
     // catalog to probe: say why, as creating an agent on it does.
     let provider = ctx
@@ -133,10 +147,10 @@ pub async fn models(
     }
     let items = ctx
         .agents
-        .models(id, refresh)
+        .models(id, &scope, refresh)
         .await
         .ok_or(ServiceError::NotFound("provider"))?
-        .map_err(|e| ServiceError::ProviderUnreachable(e.to_string()))?;
+        .map_err(ServiceError::ProviderUnreachable)?;
     Ok(ModelList {
         items: items.to_vec(),
     })

@@ -10,7 +10,7 @@ use serde_json::json;
 use utoipa::ToSchema;
 
 use super::audit::{self, Action, Entry};
-use super::{ServiceContext, ServiceError, ServiceResult};
+use super::{ServiceContext, ServiceError, ServiceResult, setup};
 use crate::auth::{Operation, Principal};
 use crate::domain::{ProjectId, WorkspaceId};
 use crate::events::NewTeamEvent;
@@ -52,10 +52,16 @@ pub struct Workspace {
     pub branch: Option<String>,
     pub base_ref: Option<String>,
     pub base_commit: Option<String>,
-    /// `active` or `archived`.
+    /// `active`, `setup_failed` (the repository's setup commands failed; agents may
+    /// still be opened) or `archived`.
     pub status: String,
     pub created_at: DateTime<Utc>,
     pub archived_at: Option<DateTime<Utc>>,
+    /// `running`, `succeeded` or `failed` when the repository's `.agentry.toml` has
+    /// setup commands; null otherwise.
+    pub setup_status: Option<String>,
+    /// What the setup commands printed (the last 64 KiB).
+    pub setup_output: Option<String>,
 }
 
 impl From<store::workspaces::WorkspaceRow> for Workspace {
@@ -76,6 +82,8 @@ impl From<store::workspaces::WorkspaceRow> for Workspace {
             status: r.status,
             created_at: r.created_at,
             archived_at: r.archived_at,
+            setup_status: r.setup_status,
+            setup_output: r.setup_output,
         }
     }
 }
@@ -129,6 +137,7 @@ pub async fn create(
         .await
         .map_err(|e| git_error("base_ref", e))?;
     let id = WorkspaceId::new();
+    let mut scripts = setup::RepoScripts::None;
     let row = match body.kind.unwrap_or(WorkspaceKind::Worktree) {
         WorkspaceKind::Directory => {
             if body.branch.is_some() {
@@ -150,12 +159,15 @@ pub async fn create(
                     base_ref: Some(&base_ref),
                     base_commit: Some(&base_commit),
                     created_by: principal.user_id,
+                    setup_replica: None,
                 },
             )
             .await?
         }
         WorkspaceKind::Worktree => {
             let (branch, path) = add_worktree(ctx, &repo, project.id, body, &base_commit).await?;
+            scripts = setup::read(&repo, &base_commit).await;
+            let runs_setup = scripts.has_setup();
             let inserted = store::workspaces::insert(
                 &ctx.pool,
                 store::workspaces::NewWorkspace {
@@ -169,6 +181,7 @@ pub async fn create(
                     base_ref: Some(&base_ref),
                     base_commit: Some(&base_commit),
                     created_by: principal.user_id,
+                    setup_replica: runs_setup.then_some(ctx.agents.ledger().replica.as_str()),
                 },
             )
             .await;
@@ -182,7 +195,15 @@ pub async fn create(
             }
         }
     };
-    let ws = Workspace::from(row);
+    let target = setup::Target {
+        workspace_id: id,
+        team_id: row.team_id,
+        project_id: row.project_id,
+        path: PathBuf::from(&row.path),
+        branch: row.branch.clone(),
+        base_commit: row.base_commit.clone(),
+    };
+    let mut ws = Workspace::from(row);
     super::announce(
         ctx,
         NewTeamEvent {
@@ -202,6 +223,20 @@ pub async fn create(
         ),
     )
     .await?;
+    if scripts.has_setup() {
+        // The setup runs to its end even if the client goes away meanwhile: it is its
+        // own task, and the request waits for it.
+        let task_ctx = ctx.clone();
+        let run = ctx
+            .runtime
+            .spawn(async move { setup::run_setup(&task_ctx, &target, scripts).await });
+        let finished = run.await.map_err(|e| {
+            ServiceError::Unexpected(anyhow::anyhow!("the setup task failed: {e}"))
+        })??;
+        if let Some(row) = finished {
+            ws = Workspace::from(row);
+        }
+    }
     Ok(ws)
 }
 
@@ -368,6 +403,17 @@ pub async fn archive(
         let project = store::projects::get(&ctx.pool, ws.project_id, None)
             .await?
             .ok_or(ServiceError::NotFound("project"))?;
+        let target = setup::Target {
+            workspace_id: id,
+            team_id: ws.team_id,
+            project_id: ws.project_id,
+            path: PathBuf::from(&ws.path),
+            branch: ws.branch.clone(),
+            base_commit: ws.base_commit.clone(),
+        };
+        if Path::new(&ws.path).is_dir() {
+            setup::run_teardown(ctx, &target, Path::new(&project.repo_path)).await;
+        }
         git::worktree_remove(Path::new(&project.repo_path), Path::new(&ws.path)).await?;
     }
     let row = store::workspaces::mark_archived(&ctx.pool, ws.id)

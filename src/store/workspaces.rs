@@ -18,6 +18,9 @@ pub struct WorkspaceRow {
     pub status: String,
     pub created_at: DateTime<Utc>,
     pub archived_at: Option<DateTime<Utc>>,
+    /// `running`, `succeeded` or `failed` when the repository has setup commands.
+    pub setup_status: Option<String>,
+    pub setup_output: Option<String>,
 }
 
 pub struct NewWorkspace<'a> {
@@ -31,6 +34,8 @@ pub struct NewWorkspace<'a> {
     pub base_ref: Option<&'a str>,
     pub base_commit: Option<&'a str>,
     pub created_by: Uuid,
+    /// Set (to this replica) when setup commands are about to run in it.
+    pub setup_replica: Option<&'a str>,
 }
 
 pub async fn insert(
@@ -38,9 +43,11 @@ pub async fn insert(
     w: NewWorkspace<'_>,
 ) -> Result<WorkspaceRow, sqlx::Error> {
     sqlx::query_as(
-        "INSERT INTO workspaces (id, project_id, team_id, kind, title, path, branch, base_ref, base_commit, status, created_by)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'active', $10)
-         RETURNING id, project_id, team_id, kind, title, path, branch, base_ref, base_commit, status, created_at, archived_at",
+        "INSERT INTO workspaces (id, project_id, team_id, kind, title, path, branch, base_ref, base_commit, status, created_by,
+                                 setup_status, setup_replica)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'active', $10,
+                 CASE WHEN $11::text IS NULL THEN NULL ELSE 'running' END, $11)
+         RETURNING id, project_id, team_id, kind, title, path, branch, base_ref, base_commit, status, created_at, archived_at, setup_status, setup_output",
     )
     .bind(w.id)
     .bind(w.project_id)
@@ -52,6 +59,7 @@ pub async fn insert(
     .bind(w.base_ref)
     .bind(w.base_commit)
     .bind(w.created_by)
+    .bind(w.setup_replica)
     .fetch_one(db)
     .await
 }
@@ -62,7 +70,7 @@ pub async fn get(
     teams: Option<&[Uuid]>,
 ) -> Result<Option<WorkspaceRow>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT id, project_id, team_id, kind, title, path, branch, base_ref, base_commit, status, created_at, archived_at
+        "SELECT id, project_id, team_id, kind, title, path, branch, base_ref, base_commit, status, created_at, archived_at, setup_status, setup_output
          FROM workspaces WHERE id = $1 AND ($2::uuid[] IS NULL OR team_id = ANY($2))",
     )
     .bind(id)
@@ -80,7 +88,7 @@ pub async fn list(
     limit: i64,
 ) -> Result<Vec<WorkspaceRow>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT id, project_id, team_id, kind, title, path, branch, base_ref, base_commit, status, created_at, archived_at
+        "SELECT id, project_id, team_id, kind, title, path, branch, base_ref, base_commit, status, created_at, archived_at, setup_status, setup_output
          FROM workspaces
          WHERE ($1::uuid[] IS NULL OR team_id = ANY($1)) AND ($2::uuid IS NULL OR project_id = $2)
            AND ($3 OR archived_at IS NULL) AND ($4::uuid IS NULL OR id > $4)
@@ -119,7 +127,7 @@ pub async fn mark_archived(
 ) -> Result<Option<WorkspaceRow>, sqlx::Error> {
     sqlx::query_as(
         "UPDATE workspaces SET status = 'archived', archived_at = COALESCE(archived_at, now()) WHERE id = $1
-         RETURNING id, project_id, team_id, kind, title, path, branch, base_ref, base_commit, status, created_at, archived_at",
+         RETURNING id, project_id, team_id, kind, title, path, branch, base_ref, base_commit, status, created_at, archived_at, setup_status, setup_output",
     )
     .bind(id)
     .fetch_optional(db)
@@ -135,5 +143,47 @@ pub async fn active_count_for_project(
     )
     .bind(project_id)
     .fetch_one(db)
+    .await
+}
+
+/// Record how a workspace's setup ended: `failed` also marks the workspace `setup_failed`
+/// (unless it was archived meanwhile).
+pub async fn finish_setup(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    succeeded: bool,
+    output: &str,
+) -> Result<Option<WorkspaceRow>, sqlx::Error> {
+    sqlx::query_as(
+        "UPDATE workspaces SET setup_status = CASE WHEN $2 THEN 'succeeded' ELSE 'failed' END,
+                setup_output = $3, setup_replica = NULL,
+                status = CASE WHEN status = 'active' AND NOT $2 THEN 'setup_failed' ELSE status END
+         WHERE id = $1
+         RETURNING id, project_id, team_id, kind, title, path, branch, base_ref, base_commit, status, created_at, archived_at, setup_status, setup_output",
+    )
+    .bind(id)
+    .bind(succeeded)
+    .bind(output)
+    .fetch_optional(db)
+    .await
+}
+
+/// Setups this replica started and never finished (it stopped while they ran): they
+/// fail, and the caller announces each.
+pub async fn fail_interrupted_setups(
+    db: impl PgExecutor<'_>,
+    replica: &str,
+    note: &str,
+) -> Result<Vec<WorkspaceRow>, sqlx::Error> {
+    sqlx::query_as(
+        "UPDATE workspaces SET setup_status = 'failed', setup_replica = NULL,
+                setup_output = COALESCE(setup_output, '') || $2,
+                status = CASE WHEN status = 'active' THEN 'setup_failed' ELSE status END
+         WHERE setup_status = 'running' AND setup_replica = $1
+         RETURNING id, project_id, team_id, kind, title, path, branch, base_ref, base_commit, status, created_at, archived_at, setup_status, setup_output",
+    )
+    .bind(replica)
+    .bind(note)
+    .fetch_all(db)
     .await
 }

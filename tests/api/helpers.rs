@@ -457,6 +457,24 @@ pub fn git(dir: &Path, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// Pids whose environment holds `entry` (`NAME=value`).
+#[allow(dead_code)]
+pub fn processes_with_env(entry: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for dir in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = dir.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(dir.path().join("environ")) else {
+            continue;
+        };
+        if environ.split(|b| *b == 0).any(|e| e == entry.as_bytes()) && pid_alive(pid) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
 pub fn pid_alive(pid: i32) -> bool {
     // A zombie is gone for our purposes.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

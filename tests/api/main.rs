@@ -11,6 +11,7 @@ mod platform;
 mod runtime;
 mod scopes;
 mod secrets;
+mod setup_scripts;
 mod single_server;
 mod story;
 mod streams;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use agentry::server::Application;
 
 use agentry::config::ProviderSettings;
+use serde_json::json;
 
 use crate::helpers::{
     expect_status, git_repo, pid_alive, settings, spawn_app, spawn_app_with, spawn_on,
@@ -86,6 +87,30 @@ async fn the_model_catalog_can_be_refreshed() {
     let res = app.get("/v1/providers/mock/models?refresh=maybe").await;
     expect_status(res, 400).await;
     let res = app.get("/v1/providers/nope/models?refresh=true").await;
+    expect_status(res, 404).await;
+
+    // A workspace has its own catalog; an archived one has no files to probe in.
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let id = ws["id"].as_str().unwrap();
+    let scoped = app
+        .get_ok(&format!(
+            "/v1/providers/mock/models?workspace_id={id}&refresh=true"
+        ))
+        .await;
+    assert_eq!(scoped, cached);
+    app.post_ok(&format!("/v1/workspaces/{id}/archive"), json!({}), 200)
+        .await;
+    let res = app
+        .get(&format!("/v1/providers/mock/models?workspace_id={id}"))
+        .await;
+    assert_eq!(expect_status(res, 409).await["code"], "workspace_archived");
+    let res = app
+        .get("/v1/providers/mock/models?workspace_id=wsp_00000000000000000000000000000000")
+        .await;
     expect_status(res, 404).await;
 }
 
