@@ -165,23 +165,6 @@ impl World {
     }
 }
 
-/// Pids whose environment holds `entry` (`NAME=value`).
-fn processes_with_env(entry: &str) -> Vec<i32> {
-    let mut found = Vec::new();
-    for dir in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = dir.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(environ) = std::fs::read(dir.path().join("environ")) else {
-            continue;
-        };
-        if environ.split(|b| *b == 0).any(|e| e == entry.as_bytes()) && pid_alive(pid) {
-            found.push(pid);
-        }
-    }
-    found
-}
-
 /// The assistant's last whole message in `events`.
 fn last_message(events: &[SseEvent]) -> String {
     of_kind(events, "assistant_message")
