@@ -905,3 +905,33 @@ async fn the_model_is_chosen_at_creation_and_changed_in_a_live_session() {
     let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
     assert_eq!(a["model"], pi_model(), "{a}");
 }
+
+#[tokio::test]
+async fn an_unreadable_session_file_starts_afresh_and_says_so() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("ask").await;
+    w.fake.push(Reply::text("Noted."));
+    let first = w.turn(&agent, "remember kiwi", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+    w.app
+        .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
+        .await;
+    let sessions = w.app.data_dir.path().join("providers/pi/sessions");
+    let file = std::fs::read_dir(&sessions)
+        .unwrap()
+        .flatten()
+        .map(|f| f.path())
+        .find(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .expect("the agent's session file");
+    std::fs::write(&file, "not a session\n").unwrap();
+
+    w.fake.push(Reply::text("A fresh start."));
+    let second = w.turn(&agent, "what fruit?", Some(last_seq(&first))).await;
+    let k = kinds(&second);
+    assert_eq!(outcome(&second)["outcome"], "completed", "{k:?}");
+    assert_eq!(of_kind(&second, "session_started")[0]["resumed"], false);
+    let errors = of_kind(&second, "error");
+    assert!(errors.iter().any(|e| e["code"] == "resume_failed"), "{k:?}");
+    let history = conversation_text(&w.fake.last_completion().body);
+    assert!(!history.contains("remember kiwi"), "{history}");
+}

@@ -425,6 +425,23 @@ impl Provider for PiProvider {
             .await;
         match state {
             Ok(state) => {
+                // Pi starts an empty conversation over a session file it cannot read,
+                // without a word: say so rather than claim a resume.
+                let lost = resumed && state["messageCount"].as_u64() == Some(0);
+                if lost {
+                    tracing::warn!(file = %session_file.display(), "Pi found no conversation in the session file");
+                    shared
+                        .events
+                        .emit(ProviderEvent::Error {
+                            message: format!(
+                                "Pi could not read the earlier conversation in {}; a new conversation was started",
+                                session_file.display()
+                            ),
+                            code: Some("resume_failed".to_owned()),
+                        })
+                        .await;
+                }
+                let resumed = resumed && !lost;
                 if !spec.mcp_servers.is_empty() {
                     shared
                         .events
