@@ -885,16 +885,17 @@ const NOT_SETTINGS: [&str; 7] = [
 
 /// The providers this server implements without `extends`, with the keys each one uses.
 /// A provider id that is not here needs `extends = "acp"` (or another built-in's id).
-const BUILT_IN_PROVIDERS: [(&str, &[&str]); 5] = [
+const BUILT_IN_PROVIDERS: [(&str, &[&str]); 6] = [
     ("mock", &["enabled", "command"]),
     ("claude", &CLI_PROVIDER_KEYS),
     ("codex", &CLI_PROVIDER_KEYS),
     ("copilot", &CLI_PROVIDER_KEYS),
     ("gemini", &CLI_PROVIDER_KEYS),
+    ("pi", &CLI_PROVIDER_KEYS),
 ];
 
 /// The built-ins a table can extend (`extends = "claude"` makes a second Claude profile).
-const EXTENDABLE: [&str; 5] = ["acp", "claude", "codex", "copilot", "gemini"];
+const EXTENDABLE: [&str; 6] = ["acp", "claude", "codex", "copilot", "gemini", "pi"];
 
 /// The keys a built-in CLI provider's table may carry.
 const CLI_PROVIDER_KEYS: [&str; 8] = [
@@ -909,7 +910,7 @@ const CLI_PROVIDER_KEYS: [&str; 8] = [
 ];
 
 /// Built-in provider ids that the contract names but this server does not implement yet.
-const PLANNED_PROVIDERS: [&str; 2] = ["opencode", "pi"];
+const PLANNED_PROVIDERS: [&str; 1] = ["opencode"];
 
 /// The keys a provider table with `extends = "acp"` may carry (all of them are used).
 const ACP_PROVIDER_KEYS: [&str; 9] = [
@@ -1228,8 +1229,8 @@ mod tests {
     #[test]
     fn provider_tables_the_server_would_not_use_are_refused() {
         // A provider the contract names but this server does not implement yet.
-        let e = refused("[providers.pi]\ncommand = [\"pi\"]\n", &[]);
-        assert_eq!(e.setting, "providers.pi");
+        let e = refused("[providers.opencode]\ncommand = [\"opencode\"]\n", &[]);
+        assert_eq!(e.setting, "providers.opencode");
         assert!(e.message.contains("not implemented"), "{e}");
         // An id that is no provider at all, without `extends`.
         let e = refused("[providers.my-agent]\ncommand = [\"my-agent\"]\n", &[]);
@@ -1265,9 +1266,12 @@ mod tests {
         let e = refused("[providers.codex]\ntimeout = 3\n", &[]);
         assert_eq!(e.setting, "providers.codex.timeout");
         // The same through the environment.
-        let e = Settings::load_from(None, &env(&[("AGENTRY_PROVIDERS__PI__ENABLED", "true")]))
-            .unwrap_err();
-        assert_eq!(e.setting, "providers.pi");
+        let e = Settings::load_from(
+            None,
+            &env(&[("AGENTRY_PROVIDERS__OPENCODE__ENABLED", "true")]),
+        )
+        .unwrap_err();
+        assert_eq!(e.setting, "providers.opencode");
         let e = Settings::load_from(None, &env(&[("AGENTRY_PROVIDERS__MOCK__LABEL", "M")]))
             .unwrap_err();
         assert_eq!(e.setting, "providers.mock.label");

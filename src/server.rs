@@ -146,7 +146,8 @@ impl Application {
             settings.database.url.is_some(),
         )
         .await;
-        let registry = ProviderRegistry::from_settings(&settings.providers)?;
+        let registry =
+            ProviderRegistry::from_settings_in(&settings.providers, Some(&settings.data_dir))?;
         let (moments_tx, moments_rx) = tokio::sync::mpsc::unbounded_channel();
         let agents = AgentManager::new(
             pool.clone(),

@@ -247,6 +247,7 @@ mod tests {
                 .collect(),
             pass_env: Vec::new(),
             team_secrets: Vec::new(),
+            state_dir: None,
             modes: modes(),
             default_mode: Some("default".into()),
         };

@@ -17,6 +17,7 @@ pub mod copilot;
 pub mod emitter;
 pub mod gemini;
 pub mod mock;
+pub mod pi;
 pub mod registry;
 
 pub use registry::ProviderRegistry;
@@ -432,6 +433,10 @@ pub struct CliConfig {
     pub team_secrets: Vec<String>,
     pub modes: Vec<ModeInfo>,
     pub default_mode: Option<String>,
+    /// Where the adapter may keep files of its own across restarts
+    /// (`<data_dir>/providers/<id>`); `None` when the registry was built without a data
+    /// directory (then an adapter that needs one uses a temporary directory).
+    pub state_dir: Option<PathBuf>,
 }
 
 impl CliConfig {

@@ -9,6 +9,7 @@
 //! `team_secrets` names variables each team supplies; the registry keeps them by id.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::OnceCell;
@@ -26,6 +27,7 @@ pub fn builtins() -> Vec<Builtin> {
         super::codex::builtin(),
         super::copilot::builtin(),
         super::gemini::builtin(),
+        super::pi::builtin(),
     ]
 }
 
@@ -57,6 +59,16 @@ impl ProviderRegistry {
     pub fn from_settings(
         providers: &BTreeMap<String, ProviderSettings>,
     ) -> Result<Self, RegistryError> {
+        Self::from_settings_in(providers, None)
+    }
+
+    /// `from_settings`, with each CLI provider's `state_dir` at
+    /// `<data_dir>/providers/<id>`.
+    pub fn from_settings_in(
+        providers: &BTreeMap<String, ProviderSettings>,
+        data_dir: Option<&Path>,
+    ) -> Result<Self, RegistryError> {
+        let state_dir = |id: &str| data_dir.map(|d| d.join("providers").join(id));
         let mut registry = Self::new();
         let mock = providers.get("mock");
         if mock.and_then(|p| p.enabled) != Some(false) {
@@ -75,7 +87,8 @@ impl ProviderRegistry {
             if own.and_then(|p| p.enabled) == Some(false) {
                 continue;
             }
-            let cfg = builtin_config(b, b.id, own);
+            let mut cfg = builtin_config(b, b.id, own);
+            cfg.state_dir = state_dir(b.id);
             registry.register((b.build)(cfg));
             registry.set_team_secrets(b.id, own);
         }
@@ -90,7 +103,9 @@ impl ProviderRegistry {
                 }
                 Some(base) => {
                     if let Some(b) = builtins.iter().find(|b| b.id == base) {
-                        registry.register((b.build)(builtin_config(b, id, Some(p))));
+                        let mut cfg = builtin_config(b, id, Some(p));
+                        cfg.state_dir = state_dir(id);
+                        registry.register((b.build)(cfg));
                         registry.set_team_secrets(id, Some(p));
                     }
                 }
@@ -207,6 +222,7 @@ pub fn builtin_config(b: &Builtin, id: &str, p: Option<&ProviderSettings>) -> Cl
         team_secrets: Vec::new(),
         modes: (b.modes)(),
         default_mode: Some(b.default_mode.to_owned()),
+        state_dir: None,
     };
     let Some(p) = p else { return cfg };
     if let Some(command) = &p.command {

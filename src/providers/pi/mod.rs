@@ -1,0 +1,946 @@
+//! Pi (`pi --mode rpc`), driven directly over its JSONL RPC: commands (`prompt`, `abort`,
+//! `get_state`, `get_available_models`, `set_model`) on stdin, responses and events on
+//! stdout (mapped in `mapping`). One process per session.
+//!
+//! Sessions: each agent has its own session file under the provider's state directory
+//! (`<data_dir>/providers/<id>/sessions/<uuid>.jsonl`), passed with `--session`; the path
+//! is the persistence handle, so a closed agent (or one whose server restarted) reopens
+//! the same file with its history.
+//!
+//! Permissions: Pi never asks by design. agentry ships its own small extension (`gate.ts`,
+//! written to the state directory and loaded with `-e`) that asks over Pi's extension UI
+//! sub-protocol before `write`, `edit` and `bash` calls while the agent's mode is `ask`;
+//! in `full-access` it lets them run. The mode lives in a small file next to the session
+//! file that the gate reads on every call, so a live session can switch modes. A gate
+//! dialog becomes a `permission_requested` of kind `tool` for its call; any other
+//! extension's dialog one of kind `question`.
+//!
+//! Ordering: one task reads stdout and hands each line's events to the sink before it
+//! reads the next, so `TurnEnded` (from `agent_end`) follows everything the turn
+//! produced. The same task owns the process and sends `Exited` last.
+
+pub mod mapping;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use tokio::io::AsyncRead;
+use tokio::sync::oneshot;
+
+use self::mapping::{Action, Dialog, DialogMethod, Mapper};
+use super::emitter::{Emitter, StopSignals, Stopper, report_exit};
+use super::{
+    Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
+    PermissionRequest, Probe, ProcessLauncher, Provider, ProviderCapabilities, ProviderError,
+    ProviderEvent, ProviderInfo, ProviderSession, SessionInfo, SessionSpec, TurnInput, mode,
+};
+use crate::domain::{Behavior, PermissionKind, PermissionOption};
+use crate::process::framing::{FramingError, LineReader};
+use crate::process::line_writer::LineWriter;
+use crate::process::output::{StderrReader, StderrTail, describe_exit};
+use crate::process::{CommandSpec, find_executable};
+
+/// How long Pi may take to answer its first `get_state` (it loads extensions first).
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a command such as `set_model` may take to be answered.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(15);
+/// After stdin is closed, how long Pi may take to exit on its own.
+const EXIT_AFTER_EOF: Duration = Duration::from_secs(2);
+/// After the process exits, how long its remaining output may take to be read.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(500);
+/// Longest stdout line kept; a longer one is reported and skipped.
+const MAX_LINE: usize = 16 * 1024 * 1024;
+
+const PROTOCOL: &str = "pi-rpc";
+/// The variable through which the gate extension finds its mode file.
+const GATE_FILE_VAR: &str = "AGENTRY_PI_GATE_FILE";
+/// The gate extension, written next to the sessions at start.
+const GATE_SOURCE: &str = include_str!("gate.ts");
+
+/// The mode in which the gate asks; the other one (`full-access`) lets everything run.
+const ASK: &str = "ask";
+const FULL_ACCESS: &str = "full-access";
+
+/// The built-in descriptor of `pi`.
+pub fn builtin() -> Builtin {
+    Builtin {
+        id: "pi",
+        label: "Pi",
+        program: "pi",
+        pass_env: &[
+            "PI_CODING_AGENT_DIR",
+            "ANTHROPIC_API_KEY",
+            "ANTHROPIC_OAUTH_TOKEN",
+            "OPENAI_API_KEY",
+            "AZURE_OPENAI_API_KEY",
+            "AZURE_OPENAI_BASE_URL",
+            "AZURE_OPENAI_RESOURCE_NAME",
+            "AZURE_OPENAI_API_VERSION",
+            "AZURE_OPENAI_DEPLOYMENT_NAME_MAP",
+            "DEEPSEEK_API_KEY",
+            "GEMINI_API_KEY",
+            "GROQ_API_KEY",
+            "CEREBRAS_API_KEY",
+            "XAI_API_KEY",
+            "FIREWORKS_API_KEY",
+            "OPENROUTER_API_KEY",
+            "AI_GATEWAY_API_KEY",
+            "ZAI_API_KEY",
+            "MISTRAL_API_KEY",
+            "MINIMAX_API_KEY",
+        ],
+        // No update checks, package checks or install telemetry from a server's CLI.
+        env: &[("PI_OFFLINE", "1"), ("PI_SKIP_VERSION_CHECK", "1")],
+        modes,
+        default_mode: ASK,
+        build: |cfg| Arc::new(PiProvider::new(cfg)),
+    }
+}
+
+/// Pi has no modes of its own; these are agentry's, made by its gate extension.
+fn modes() -> Vec<ModeInfo> {
+    vec![
+        mode(
+            ASK,
+            "Ask",
+            "agentry's gate extension asks before every write, edit and bash call (Pi itself never asks)",
+            false,
+        ),
+        mode(
+            FULL_ACCESS,
+            "Full access",
+            "Every tool runs without asking (Pi's own behaviour)",
+            true,
+        ),
+    ]
+}
+
+/// Pi as a provider.
+pub struct PiProvider {
+    cfg: CliConfig,
+    start_timeout: Duration,
+}
+
+impl PiProvider {
+    pub fn new(cfg: CliConfig) -> Self {
+        Self {
+            cfg,
+            start_timeout: START_TIMEOUT,
+        }
+    }
+
+    /// Where this provider keeps its gate extension and the agents' session files.
+    fn state_dir(&self) -> PathBuf {
+        self.cfg
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("agentry-pi").join(&self.cfg.id))
+    }
+
+    /// The command with the protocol flags in `flags` and `env` on top of the settings'.
+    fn command(
+        &self,
+        flags: &[String],
+        cwd: PathBuf,
+        env: &[(&str, String)],
+    ) -> Result<CommandSpec, ProviderError> {
+        let argv = self.cfg.argv(flags);
+        let Some((program, args)) = argv.split_first() else {
+            return Err(ProviderError::Unavailable(
+                "no command is configured".to_owned(),
+            ));
+        };
+        let mut all = self.cfg.env.clone();
+        all.extend(env.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+        Ok(CommandSpec {
+            program: program.clone(),
+            args: args.to_vec(),
+            cwd,
+            env: all,
+            pass_env: self.cfg.pass_env.clone(),
+            secret_env: Default::default(),
+        })
+    }
+
+    /// Write the gate extension (when it is not there already, or differs) and return
+    /// its path.
+    fn install_gate(&self) -> Result<PathBuf, ProviderError> {
+        let dir = self.state_dir();
+        let path = dir.join("agentry-gate.ts");
+        if std::fs::read_to_string(&path).ok().as_deref() != Some(GATE_SOURCE) {
+            std::fs::create_dir_all(&dir).map_err(|e| state_error(&dir, e))?;
+            write_atomically(&path, GATE_SOURCE).map_err(|e| state_error(&path, e))?;
+        }
+        Ok(path)
+    }
+}
+
+fn state_error(path: &Path, e: std::io::Error) -> ProviderError {
+    ProviderError::Unavailable(format!("cannot write {}: {e}", path.display()))
+}
+
+/// Replace `path` with `text` so a reader never sees half of it.
+fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp{}", uuid::Uuid::now_v7().simple()));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The session file named by a persistence handle.
+fn session_file_of(handle: Option<&Value>) -> Option<PathBuf> {
+    handle
+        .and_then(|h| h.get("session_file"))
+        .and_then(Value::as_str)
+        .filter(|f| !f.is_empty())
+        .map(PathBuf::from)
+}
+
+/// `provider/id` of a Pi model object.
+fn model_id(model: &Value) -> Option<String> {
+    let id = model.get("id").and_then(Value::as_str)?;
+    Some(match model.get("provider").and_then(Value::as_str) {
+        Some(provider) => format!("{provider}/{id}"),
+        None => id.to_owned(),
+    })
+}
+
+/// The catalog of a `get_available_models` answer; `current` is marked the default.
+fn models_of(data: &Value, current: Option<&str>) -> Vec<ModelInfo> {
+    data["models"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| {
+            let id = model_id(m)?;
+            Some(ModelInfo {
+                label: m
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or(&id)
+                    .to_owned(),
+                is_default: current == Some(id.as_str()),
+                context_window: m.get("contextWindow").and_then(Value::as_u64),
+                id,
+            })
+        })
+        .collect()
+}
+
+#[async_trait]
+impl Provider for PiProvider {
+    fn info(&self) -> ProviderInfo {
+        ProviderInfo {
+            id: self.cfg.id.clone(),
+            label: self.cfg.label.clone(),
+            protocol: PROTOCOL.to_owned(),
+            capabilities: ProviderCapabilities {
+                resume: true,
+                set_mode: true,
+                set_model: true,
+                permissions: true,
+                mcp_servers: false,
+            },
+            modes: self.cfg.modes.clone(),
+            default_mode: self.cfg.default_mode.clone(),
+        }
+    }
+
+    async fn availability(&self) -> Availability {
+        let Some(program) = self.cfg.command.first() else {
+            return Availability::Unavailable("no command is configured".to_owned());
+        };
+        if find_executable(program).is_none() {
+            return Availability::Unavailable(if program.contains('/') {
+                format!("`{program}` does not exist or is not executable")
+            } else {
+                format!("`{program}` was not found on PATH")
+            });
+        }
+        Availability::Available
+    }
+
+    async fn models(&self, probe: &Probe) -> Result<Vec<ModelInfo>, ProviderError> {
+        let flags: Vec<String> = ["--mode", "rpc", "--no-session"]
+            .iter()
+            .map(|f| (*f).to_owned())
+            .collect();
+        let spec = self.command(&flags, probe.cwd.clone(), &[])?;
+        let mut child = probe.launcher.launch(spec).await?;
+        let Some((stdin, stdout, stderr)) = child.take_stdio().await else {
+            return Err(ProviderError::Protocol("Pi has no piped stdio".to_owned()));
+        };
+        let (tail, reader) =
+            StderrTail::capture_masked(stderr, "agentry::providers::pi::stderr", child.redactor());
+        let writer = LineWriter::new(stdin);
+        let ask = async {
+            writer
+                .send(&json!({"id": "state", "type": "get_state"}))
+                .await
+                .map_err(|_| ProviderError::Gone)?;
+            writer
+                .send(&json!({"id": "models", "type": "get_available_models"}))
+                .await
+                .map_err(|_| ProviderError::Gone)?;
+            let mut lines = LineReader::with_max(stdout, MAX_LINE);
+            let mut mapper = Mapper::new(&probe.cwd);
+            let mut current = None;
+            loop {
+                let line = match lines.next_line().await {
+                    Ok(Some(line)) => line,
+                    Ok(None) | Err(FramingError::Io(_)) => return Err(ProviderError::Gone),
+                    Err(FramingError::LineTooLong { .. }) => continue,
+                };
+                let Ok(message) = serde_json::from_slice::<Value>(&line) else {
+                    continue;
+                };
+                for action in mapper.map(&message) {
+                    if let Action::Response { id, result, .. } = action {
+                        match (id.as_deref(), result) {
+                            (Some("state"), Ok(state)) => current = model_id(&state["model"]),
+                            (Some("models"), Ok(data)) => {
+                                return Ok(models_of(&data, current.as_deref()));
+                            }
+                            (Some("models"), Err(e)) => return Err(ProviderError::Protocol(e)),
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        };
+        let result = match tokio::time::timeout(self.start_timeout, ask).await {
+            Ok(result) => result,
+            Err(_) => Err(ProviderError::Protocol(format!(
+                "Pi did not list its models within {} s",
+                self.start_timeout.as_secs()
+            ))),
+        };
+        writer.close().await;
+        let status = child.wind_down(None, EXIT_AFTER_EOF).await;
+        reader.settle().await;
+        match result {
+            Err(ProviderError::Gone) => Err(ProviderError::Protocol(describe_exit(
+                status,
+                Some("Pi stopped before it listed its models"),
+                &tail.tail(),
+            ))),
+            other => other,
+        }
+    }
+
+    async fn start(
+        &self,
+        spec: SessionSpec,
+        launcher: Arc<dyn ProcessLauncher>,
+        events: EventSink,
+    ) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
+        let gate = self.install_gate()?;
+        let sessions = self.state_dir().join("sessions");
+        std::fs::create_dir_all(&sessions).map_err(|e| state_error(&sessions, e))?;
+        let session_file = session_file_of(spec.resume.as_ref())
+            .unwrap_or_else(|| sessions.join(format!("{}.jsonl", uuid::Uuid::now_v7())));
+        // Pi writes the file once the conversation has something in it: a session closed
+        // before its first prompt has nothing to reopen.
+        let resumed = session_file.is_file();
+        let mode = spec
+            .mode
+            .clone()
+            .or_else(|| self.cfg.default_mode.clone())
+            .unwrap_or_else(|| ASK.to_owned());
+        let mode_file = session_file.with_extension("mode");
+        if let Some(dir) = mode_file.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| state_error(dir, e))?;
+        }
+        write_atomically(&mode_file, &mode).map_err(|e| state_error(&mode_file, e))?;
+
+        let mut flags: Vec<String> = vec![
+            "--mode".into(),
+            "rpc".into(),
+            "--session".into(),
+            session_file.display().to_string(),
+            "-e".into(),
+            gate.display().to_string(),
+        ];
+        if let Some(model) = &spec.model {
+            flags.push("--model".into());
+            flags.push(model.clone());
+        }
+        if let Some(prompt) = &spec.system_prompt {
+            flags.push("--append-system-prompt".into());
+            flags.push(prompt.clone());
+        }
+        let command = self.command(
+            &flags,
+            spec.cwd.clone(),
+            &[(GATE_FILE_VAR, mode_file.display().to_string())],
+        )?;
+
+        let mut child = launcher.launch(command).await?;
+        let pid = child.pid();
+        let Some((stdin, stdout, stderr)) = child.take_stdio().await else {
+            return Err(ProviderError::Protocol("Pi has no piped stdio".to_owned()));
+        };
+        let (stderr_tail, stderr_task) =
+            StderrTail::capture_masked(stderr, "agentry::providers::pi::stderr", child.redactor());
+        let shared = Arc::new(Shared {
+            events: Emitter::new(events),
+            writer: LineWriter::new(stdin),
+            commands: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            dialogs: Mutex::new(HashMap::new()),
+            mode_file,
+            running: AtomicBool::new(false),
+            abort_on_start: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            stderr: stderr_tail,
+        });
+        let (
+            mut stopper,
+            StopSignals {
+                close: close_rx,
+                done: done_tx,
+            },
+        ) = Stopper::new();
+        let (started_tx, started_rx) = oneshot::channel();
+        tokio::spawn(supervise(
+            child,
+            stdout,
+            stderr_task,
+            shared.clone(),
+            Mapper::new(&spec.cwd),
+            Supervision {
+                close: close_rx,
+                done: done_tx,
+                started: started_rx,
+            },
+        ));
+
+        let state = shared
+            .command(json!({"type": "get_state"}), self.start_timeout)
+            .await;
+        match state {
+            Ok(state) => {
+                // Pi starts an empty conversation over a session file it cannot read,
+                // without a word: say so rather than claim a resume.
+                let lost = resumed && state["messageCount"].as_u64() == Some(0);
+                if lost {
+                    tracing::warn!(file = %session_file.display(), "Pi found no conversation in the session file");
+                    shared
+                        .events
+                        .emit(ProviderEvent::Error {
+                            message: format!(
+                                "Pi could not read the earlier conversation in {}; a new conversation was started",
+                                session_file.display()
+                            ),
+                            code: Some("resume_failed".to_owned()),
+                        })
+                        .await;
+                }
+                let resumed = resumed && !lost;
+                if !spec.mcp_servers.is_empty() {
+                    shared
+                        .events
+                        .emit(ProviderEvent::Error {
+                            message: "Pi does not support MCP servers; the agent's MCP servers are not available to it".to_owned(),
+                            code: Some("mcp_unsupported".to_owned()),
+                        })
+                        .await;
+                }
+                let info = SessionInfo {
+                    provider_session_id: state["sessionId"].as_str().map(str::to_owned),
+                    persistence: Some(json!({"session_file": session_file.display().to_string()})),
+                    pid: Some(pid),
+                    resumed,
+                    current_mode: Some(mode),
+                    current_model: model_id(&state["model"]).or(spec.model.clone()),
+                };
+                let _ = started_tx.send(());
+                Ok((Box::new(PiSession { shared, stopper }), info))
+            }
+            Err(e) => {
+                drop(started_tx);
+                let exit = stopper.stop(&shared.closing).await;
+                let why = match e {
+                    ProviderError::Gone => "Pi stopped while starting".to_owned(),
+                    other => other.to_string(),
+                };
+                Err(ProviderError::Protocol(if exit.is_empty() {
+                    why
+                } else {
+                    format!("{why}: {exit}")
+                }))
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Session state shared by the reader, the session handle and dialog answers
+// ---------------------------------------------------------------------------------------
+
+type CommandReply = oneshot::Sender<Result<Value, String>>;
+
+struct Shared {
+    events: Emitter,
+    writer: LineWriter,
+    /// Our commands waiting for their response, by id.
+    commands: Mutex<HashMap<String, CommandReply>>,
+    next_id: AtomicU64,
+    /// Dialogs not answered yet. Whoever removes an entry (the person's answer, an
+    /// interrupt, Pi's own timeout) answers it or drops it.
+    dialogs: Mutex<HashMap<String, Dialog>>,
+    /// The file the gate extension reads the mode from.
+    mode_file: PathBuf,
+    /// Pi is running a prompt (between `agent_start` and `agent_end`).
+    running: AtomicBool,
+    /// An interrupt came after the prompt was sent but before Pi started on it (Pi
+    /// ignores an `abort` then): abort as soon as it starts.
+    abort_on_start: AtomicBool,
+    closing: AtomicBool,
+    stderr: StderrTail,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    fn next_id(&self) -> String {
+        format!("agentry_{}", self.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Send a command and wait (at most `timeout`) for its response's `data`.
+    async fn command(&self, mut command: Value, timeout: Duration) -> Result<Value, ProviderError> {
+        let id = self.next_id();
+        command["id"] = json!(id);
+        let name = command["type"].as_str().unwrap_or("command").to_owned();
+        let (tx, rx) = oneshot::channel();
+        lock(&self.commands).insert(id.clone(), tx);
+        if self.writer.send(&command).await.is_err() {
+            lock(&self.commands).remove(&id);
+            return Err(ProviderError::Gone);
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(Ok(data))) => Ok(data),
+            Ok(Ok(Err(error))) => Err(ProviderError::Protocol(format!(
+                "`{name}` was refused: {error}"
+            ))),
+            Ok(Err(_)) => Err(ProviderError::Gone),
+            Err(_) => {
+                lock(&self.commands).remove(&id);
+                Err(ProviderError::Protocol(format!(
+                    "`{name}` got no answer within {} s",
+                    timeout.as_secs()
+                )))
+            }
+        }
+    }
+
+    async fn handle(self: &Arc<Self>, mapper: &mut Mapper, message: &Value) {
+        match message["type"].as_str() {
+            Some("agent_start") => {
+                self.running.store(true, Ordering::Release);
+                if self.abort_on_start.swap(false, Ordering::AcqRel) {
+                    let abort = json!({"id": self.next_id(), "type": "abort"});
+                    let _ = self.writer.send(&abort).await;
+                }
+            }
+            Some("agent_end") => self.running.store(false, Ordering::Release),
+            _ => {}
+        }
+        for action in mapper.map(message) {
+            match action {
+                Action::Event(event) => self.events.emit(event).await,
+                Action::Response {
+                    id,
+                    command,
+                    result,
+                } => {
+                    let waiting = id.as_ref().and_then(|id| lock(&self.commands).remove(id));
+                    match waiting {
+                        Some(reply) => {
+                            let _ = reply.send(result);
+                        }
+                        // A prompt Pi refused never starts a turn: end it here.
+                        None if command == "prompt" => {
+                            if let Err(error) = result {
+                                self.events
+                                    .emit(ProviderEvent::TurnEnded {
+                                        outcome: crate::domain::TurnOutcome::Failed,
+                                        error: Some(format!("Pi refused the prompt: {error}")),
+                                        usage: None,
+                                    })
+                                    .await;
+                            }
+                        }
+                        None => {
+                            if let Err(error) = result {
+                                tracing::debug!(%command, %error, "Pi refused a command");
+                            }
+                        }
+                    }
+                }
+                Action::Dialog(dialog) => self.raise_dialog(dialog).await,
+            }
+        }
+    }
+
+    async fn raise_dialog(self: &Arc<Self>, dialog: Dialog) {
+        let (kind, call_id, input, options) = match &dialog.gate {
+            Some(gate) => (
+                PermissionKind::Tool,
+                Some(gate.call_id.clone()),
+                Some(gate.input.clone()),
+                allow_deny("Allow", "Deny"),
+            ),
+            None => (
+                PermissionKind::Question,
+                None,
+                Some(json!({
+                    "method": method_name(dialog.method),
+                    "message": dialog.message,
+                    "options": dialog.options,
+                })),
+                question_options(&dialog),
+            ),
+        };
+        let id = dialog.id.clone();
+        let title = dialog.title.clone();
+        let timeout = dialog.timeout_ms;
+        lock(&self.dialogs).insert(id.clone(), dialog);
+        let (reply, answer) = oneshot::channel();
+        self.events
+            .emit(ProviderEvent::PermissionRequested(PermissionRequest {
+                provider_request_id: id.clone(),
+                kind,
+                title,
+                call_id,
+                input,
+                options,
+                reply,
+            }))
+            .await;
+        let shared = self.clone();
+        let answered = id.clone();
+        tokio::spawn(async move {
+            let decision = answer.await.unwrap_or(PermissionDecision::Cancelled);
+            shared.answer_dialog(&answered, decision).await;
+        });
+        // Pi answers a timed dialog itself: then the request is withdrawn.
+        if let Some(ms) = timeout {
+            let shared = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                if lock(&shared.dialogs).remove(&id).is_some() {
+                    shared
+                        .events
+                        .emit(ProviderEvent::PermissionWithdrawn {
+                            provider_request_id: id,
+                        })
+                        .await;
+                }
+            });
+        }
+    }
+
+    /// Answer dialog `id`, unless someone already did.
+    async fn answer_dialog(&self, id: &str, decision: PermissionDecision) {
+        let Some(dialog) = lock(&self.dialogs).remove(id) else {
+            return;
+        };
+        let response = dialog_response(&dialog, decision);
+        if self.writer.send(&response).await.is_err() {
+            tracing::debug!("Pi is gone; a dialog answer was not delivered");
+        }
+    }
+}
+
+fn method_name(method: DialogMethod) -> &'static str {
+    match method {
+        DialogMethod::Select => "select",
+        DialogMethod::Confirm => "confirm",
+        DialogMethod::Input => "input",
+        DialogMethod::Editor => "editor",
+    }
+}
+
+fn allow_deny(allow: &str, deny: &str) -> Vec<PermissionOption> {
+    vec![
+        PermissionOption {
+            id: "allow".to_owned(),
+            label: allow.to_owned(),
+            behavior: Behavior::Allow,
+        },
+        PermissionOption {
+            id: "deny".to_owned(),
+            label: deny.to_owned(),
+            behavior: Behavior::Deny,
+        },
+    ]
+}
+
+/// The options of another extension's dialog: a `select`'s choices (`option_<n>`, each
+/// an allow) and a `deny` that dismisses it; `confirm` yes/no; `input`/`editor` allow
+/// (with the text as the answer's message) or deny.
+fn question_options(dialog: &Dialog) -> Vec<PermissionOption> {
+    match dialog.method {
+        DialogMethod::Select => {
+            let mut options: Vec<PermissionOption> = dialog
+                .options
+                .iter()
+                .enumerate()
+                .map(|(n, label)| PermissionOption {
+                    id: format!("option_{n}"),
+                    label: label.clone(),
+                    behavior: Behavior::Allow,
+                })
+                .collect();
+            options.push(PermissionOption {
+                id: "deny".to_owned(),
+                label: "Dismiss".to_owned(),
+                behavior: Behavior::Deny,
+            });
+            options
+        }
+        DialogMethod::Confirm => allow_deny("Yes", "No"),
+        DialogMethod::Input | DialogMethod::Editor => allow_deny("Answer", "Dismiss"),
+    }
+}
+
+/// The `extension_ui_response` for a decision on `dialog`.
+fn dialog_response(dialog: &Dialog, decision: PermissionDecision) -> Value {
+    let id = &dialog.id;
+    let cancelled = json!({"type": "extension_ui_response", "id": id, "cancelled": true});
+    let PermissionDecision::Selected {
+        option_id,
+        behavior,
+        message,
+        ..
+    } = decision
+    else {
+        return cancelled;
+    };
+    match dialog.method {
+        DialogMethod::Confirm => json!({"type": "extension_ui_response", "id": id,
+            "confirmed": behavior == Behavior::Allow}),
+        DialogMethod::Select => {
+            let chosen = option_id
+                .strip_prefix("option_")
+                .and_then(|n| n.parse::<usize>().ok())
+                .and_then(|n| dialog.options.get(n));
+            match (behavior, chosen) {
+                (Behavior::Allow, Some(value)) => {
+                    json!({"type": "extension_ui_response", "id": id, "value": value})
+                }
+                _ => cancelled,
+            }
+        }
+        DialogMethod::Input | DialogMethod::Editor => match behavior {
+            Behavior::Allow => json!({"type": "extension_ui_response", "id": id,
+                "value": message.unwrap_or_default()}),
+            Behavior::Deny => cancelled,
+        },
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Reading and supervising
+// ---------------------------------------------------------------------------------------
+
+struct Supervision {
+    close: oneshot::Receiver<()>,
+    done: oneshot::Sender<String>,
+    /// Resolves once the session is handed out; dropped if it never is (then no events).
+    started: oneshot::Receiver<()>,
+}
+
+/// Read stdout to its end, handing each line to the session.
+async fn read_stdout<R: AsyncRead + Unpin>(
+    stdout: R,
+    shared: Arc<Shared>,
+    mut mapper: Mapper,
+) -> Option<String> {
+    let mut lines = LineReader::with_max(stdout, MAX_LINE);
+    loop {
+        match lines.next_line().await {
+            Ok(Some(line)) => {
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                match serde_json::from_slice::<Value>(&line) {
+                    Ok(message) => shared.handle(&mut mapper, &message).await,
+                    Err(e) => {
+                        let shown = String::from_utf8_lossy(&line[..line.len().min(200)]);
+                        tracing::warn!(error = %e, line = %shown, "Pi wrote a line that is not JSON");
+                        shared
+                            .events
+                            .emit(ProviderEvent::Error {
+                                message: format!("Pi wrote a line that is not JSON ({e}): {shown}"),
+                                code: Some("provider_output_invalid".to_owned()),
+                            })
+                            .await;
+                    }
+                }
+            }
+            Ok(None) => return None,
+            Err(FramingError::LineTooLong { len }) => {
+                shared
+                    .events
+                    .emit(ProviderEvent::Error {
+                        message: format!(
+                            "Pi wrote a line of {len} bytes, over the limit of {MAX_LINE}; it was skipped"
+                        ),
+                        code: Some("provider_output_invalid".to_owned()),
+                    })
+                    .await;
+            }
+            Err(FramingError::Io(e)) => return Some(e.to_string()),
+        }
+    }
+}
+
+/// Own the process: read its output until it ends, exits or the session is closed; then
+/// stop it, reap it and report how it ended (to `done`, and last of all as `Exited`).
+async fn supervise<R: AsyncRead + Unpin + Send + 'static>(
+    mut child: crate::process::ManagedChild,
+    stdout: R,
+    stderr_task: StderrReader,
+    shared: Arc<Shared>,
+    mapper: Mapper,
+    report: Supervision,
+) {
+    let mut reading = Box::pin(read_stdout(stdout, shared.clone(), mapper));
+    let mut status: Option<ExitStatus> = None;
+    let mut broken: Option<String> = None;
+    tokio::select! {
+        error = &mut reading => broken = error,
+        waited = child.wait() => {
+            status = waited.ok();
+            if let Ok(error) = tokio::time::timeout(DRAIN_AFTER_EXIT, &mut reading).await {
+                broken = error;
+            }
+        }
+        _ = report.close => {}
+    }
+    drop(reading);
+    // End of input ends Pi's RPC loop.
+    shared.writer.close().await;
+    let status = child.wind_down(status, EXIT_AFTER_EOF).await;
+    stderr_task.settle().await;
+    lock(&shared.commands).clear();
+    lock(&shared.dialogs).clear();
+    let reason = describe_exit(status, broken.as_deref(), &shared.stderr.tail());
+    report_exit(
+        &shared.events,
+        report.done,
+        report.started,
+        reason,
+        &shared.closing,
+        "pi",
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------
+// The live session
+// ---------------------------------------------------------------------------------------
+
+struct PiSession {
+    shared: Arc<Shared>,
+    stopper: Stopper,
+}
+
+#[async_trait]
+impl ProviderSession for PiSession {
+    async fn prompt(&mut self, input: TurnInput) -> Result<(), ProviderError> {
+        // The response only says the prompt was accepted; a refusal ends the turn (see
+        // `Shared::handle`), everything else arrives as events.
+        let id = self.shared.next_id();
+        self.shared.abort_on_start.store(false, Ordering::Release);
+        self.shared
+            .writer
+            .send(&json!({"id": id, "type": "prompt", "message": input.text}))
+            .await
+            .map_err(|_| ProviderError::Gone)
+    }
+
+    async fn interrupt(&mut self) -> Result<(), ProviderError> {
+        // A dialog Pi waits on would hold the turn open: dismiss it first.
+        let waiting: Vec<String> = lock(&self.shared.dialogs).keys().cloned().collect();
+        for id in waiting {
+            self.shared
+                .answer_dialog(&id, PermissionDecision::Cancelled)
+                .await;
+        }
+        if !self.shared.running.load(Ordering::Acquire) {
+            self.shared.abort_on_start.store(true, Ordering::Release);
+        }
+        let id = self.shared.next_id();
+        // `agent_end` ends the turn; the response itself is not awaited.
+        self.shared
+            .writer
+            .send(&json!({"id": id, "type": "abort"}))
+            .await
+            .map_err(|_| ProviderError::Gone)
+    }
+
+    async fn set_mode(&mut self, mode: &str) -> Result<(), ProviderError> {
+        if mode != ASK && mode != FULL_ACCESS {
+            return Err(ProviderError::Protocol(format!(
+                "Pi has no mode `{mode}`; its modes are `{ASK}` and `{FULL_ACCESS}`"
+            )));
+        }
+        write_atomically(&self.shared.mode_file, mode)
+            .map_err(|e| state_error(&self.shared.mode_file, e))
+    }
+
+    async fn set_model(&mut self, model: &str) -> Result<(), ProviderError> {
+        let (provider, id) = match model.split_once('/') {
+            Some((provider, id)) => (provider.to_owned(), id.to_owned()),
+            None => {
+                // A bare id: find its provider in Pi's catalog.
+                let data = self
+                    .shared
+                    .command(json!({"type": "get_available_models"}), COMMAND_TIMEOUT)
+                    .await?;
+                let found = data["models"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|m| m["id"] == model)
+                    .and_then(|m| m["provider"].as_str().map(str::to_owned));
+                let Some(provider) = found else {
+                    return Err(ProviderError::Protocol(format!(
+                        "Pi knows no model `{model}`"
+                    )));
+                };
+                (provider, model.to_owned())
+            }
+        };
+        self.shared
+            .command(
+                json!({"type": "set_model", "provider": provider, "modelId": id}),
+                COMMAND_TIMEOUT,
+            )
+            .await
+            .map(|_| ())
+    }
+
+    async fn close(mut self: Box<Self>) {
+        self.stopper.stop(&self.shared.closing).await;
+    }
+}
+
+impl Drop for PiSession {
+    fn drop(&mut self) {
+        self.shared.closing.store(true, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,937 @@
+//! The `pi` provider driven end to end: agentry's REST/SSE API, the real Pi CLI (the
+//! pinned install) over `--mode rpc`, offline, with a custom model provider (its agent
+//! dir's `models.json`) pointed at a fake Chat Completions server on 127.0.0.1 that
+//! scripts the model. The provider is configured through settings exactly as a user
+//! would configure it; approvals go through agentry's gate extension.
+
+#[path = "api/helpers.rs"]
+#[allow(dead_code)]
+mod helpers;
+
+#[path = "support/http.rs"]
+mod http;
+
+#[path = "support/clis.rs"]
+mod clis;
+
+#[path = "support/fake_chat.rs"]
+#[allow(dead_code)]
+mod fake_chat;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agentry::config::{ProviderSettings, Settings};
+use fake_chat::{FakeChat, MODEL, Reply, conversation_text};
+use helpers::*;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+/// At most this many CLIs run at once across the tests of this binary.
+static CLI_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(3);
+
+const LONG: Duration = Duration::from_secs(40);
+
+/// A second model of the fake provider.
+const OTHER_MODEL: &str = "fake-model-2";
+
+/// The fake model as Pi names it: `<provider>/<id>`.
+fn pi_model() -> String {
+    format!("fake/{MODEL}")
+}
+
+/// One test's world: the app, the fake model, Pi's agent dir, a repository.
+struct World {
+    app: TestApp,
+    fake: FakeChat,
+    cli: PathBuf,
+    home: TempDir,
+    repo: TempDir,
+    _slot: tokio::sync::SemaphorePermit<'static>,
+}
+
+/// Pi's agent dir with a `fake` provider at `base_url` as its default model.
+fn agent_dir(home: &Path, base_url: &str) -> PathBuf {
+    let dir = home.join("agent");
+    std::fs::create_dir_all(&dir).unwrap();
+    let models = json!({"providers": {"fake": {
+        "baseUrl": base_url, "api": "openai-completions", "apiKey": "test-key",
+        "compat": {"supportsDeveloperRole": false, "supportsReasoningEffort": false},
+        "models": [{"id": MODEL}, {"id": OTHER_MODEL, "name": "Other fake", "contextWindow": 64000}]}}});
+    std::fs::write(dir.join("models.json"), models.to_string()).unwrap();
+    let settings = json!({"defaultProvider": "fake", "defaultModel": MODEL});
+    std::fs::write(dir.join("settings.json"), settings.to_string()).unwrap();
+    dir
+}
+
+/// The `[providers.pi]` table: the pinned CLI, its agent dir, a home of its own.
+fn configure(s: &mut Settings, cli: &Path, base_url: &str, home: &Path) {
+    let dir = agent_dir(home, base_url);
+    let env = BTreeMap::from([
+        ("PI_CODING_AGENT_DIR".to_owned(), dir.display().to_string()),
+        ("HOME".to_owned(), home.display().to_string()),
+    ]);
+    s.providers.insert(
+        "pi".into(),
+        ProviderSettings {
+            command: Some(vec![cli.display().to_string()]),
+            env,
+            ..Default::default()
+        },
+    );
+}
+
+/// `None` when the CLI is not installed and not required (a loud message was printed).
+async fn world() -> Option<World> {
+    let cli = clis::cli("pi")?;
+    let slot = CLI_SLOTS.acquire().await.unwrap();
+    let fake = FakeChat::start().await;
+    let home = tempfile::tempdir().unwrap();
+    let (url, h, c) = (fake.base_url(), home.path().to_path_buf(), cli.clone());
+    let app = spawn_app_with(move |s| configure(s, &c, &url, &h)).await;
+    Some(World {
+        app,
+        fake,
+        cli,
+        home,
+        repo: git_repo(),
+        _slot: slot,
+    })
+}
+
+impl World {
+    /// A worktree workspace and a `pi` agent in `mode`; returns (agent id, workspace).
+    async fn agent(&self, mode: &str) -> (String, Value) {
+        let project = self
+            .app
+            .post_ok(
+                "/v1/projects",
+                json!({"name": format!("p{}", uuid::Uuid::now_v7().simple()), "repo_path": self.repo.path()}),
+                201,
+            )
+            .await;
+        let ws = self
+            .app
+            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+            .await;
+        let agent = self
+            .app
+            .post_ok(
+                "/v1/agents",
+                json!({"workspace_id": ws["id"], "provider": "pi", "mode": mode}),
+                201,
+            )
+            .await;
+        (agent["id"].as_str().unwrap().to_owned(), ws)
+    }
+
+    /// Prompt and read the agent's stream until the turn completes; returns its events.
+    async fn turn(&self, agent: &str, text: &str, after: Option<i64>) -> Vec<SseEvent> {
+        let mut stream = self.app.events(agent, after).await;
+        self.app.prompt(agent, text).await;
+        stream.until("turn_completed", LONG).await
+    }
+
+    async fn pid(&self, agent: &str) -> i32 {
+        self.app.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["pid"]
+            .as_i64()
+            .expect("a running CLI") as i32
+    }
+
+    fn marker(&self) -> String {
+        format!(
+            "PI_CODING_AGENT_DIR={}",
+            self.home.path().join("agent").display()
+        )
+    }
+
+    /// Processes (any, not only children) that run with this test's agent dir.
+    fn processes_of_this_test(&self) -> Vec<i32> {
+        processes_with_env(&self.marker())
+    }
+
+    async fn answer(&self, agent: &str, request: &Value, behavior: &str) {
+        self.app
+            .post_ok(
+                &format!(
+                    "/v1/agents/{agent}/permissions/{}",
+                    request["request_id"].as_str().unwrap()
+                ),
+                json!({"behavior": behavior}),
+                200,
+            )
+            .await;
+    }
+}
+
+/// The assistant's last whole message in `events`.
+fn last_message(events: &[SseEvent]) -> String {
+    of_kind(events, "assistant_message")
+        .last()
+        .map(|m| m["text"].as_str().unwrap().to_owned())
+        .unwrap_or_default()
+}
+
+async fn ledger_rows(app: &TestApp) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM managed_processes")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_text_turn_streams_deltas_and_completes_with_usage() {
+    let Some(w) = world().await else { return };
+    let providers = w.app.get_ok("/v1/providers").await;
+    let pi = providers["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "pi")
+        .expect("pi is listed")
+        .clone();
+    assert_eq!(pi["available"], true, "{pi}");
+    assert_eq!(pi["protocol"], "pi-rpc");
+    assert_eq!(pi["default_mode"], "ask");
+    let modes: Vec<(&str, bool)> = pi["modes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["id"].as_str().unwrap(), m["unattended"] == true))
+        .collect();
+    assert_eq!(modes, [("ask", false), ("full-access", true)]);
+    // The modes say they are agentry's, not Pi's.
+    assert!(
+        pi["modes"][0]["description"]
+            .as_str()
+            .unwrap()
+            .contains("Pi itself never asks"),
+        "{pi}"
+    );
+    let models = w.app.get_ok("/v1/providers/pi/models").await;
+    let listed: Vec<(&str, bool)> = models["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["id"].as_str().unwrap(), m["is_default"] == true))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (pi_model().as_str(), true),
+            (format!("fake/{OTHER_MODEL}").as_str(), false)
+        ],
+        "{models}"
+    );
+
+    let (agent, _) = w.agent("ask").await;
+    w.fake.push(Reply::slow(
+        "Hello from the fake model, in pieces.",
+        4,
+        Duration::from_millis(20),
+    ));
+    let events = w.turn(&agent, "say hello", None).await;
+    let k = kinds(&events);
+    let deltas: String = of_kind(&events, "assistant_delta")
+        .iter()
+        .map(|d| d["text"].as_str().unwrap())
+        .collect();
+    assert!(of_kind(&events, "assistant_delta").len() >= 2, "{k:?}");
+    assert_eq!(deltas, "Hello from the fake model, in pieces.");
+    assert_eq!(last_message(&events), deltas);
+    assert_eq!(of_kind(&events, "user_message").len(), 1, "{k:?}");
+    let usage = of_kind(&events, "usage");
+    assert!(!usage.is_empty(), "{k:?}");
+    assert_eq!(usage[0]["context_window_max"], 128000, "{}", usage[0]);
+    let done = outcome(&events);
+    assert_eq!(done["outcome"], "completed", "{done}");
+    assert_eq!(done["usage"]["input_tokens"], 30, "{done}");
+    assert_eq!(done["usage"]["output_tokens"], 7, "{done}");
+    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(a["mode"], "ask", "{a}");
+    assert_eq!(a["model"], pi_model(), "{a}");
+
+    let request = w.fake.last_completion();
+    assert_eq!(request.body["stream"], true);
+    assert_eq!(request.body["model"], MODEL);
+    assert_eq!(request.header("authorization"), Some("Bearer test-key"));
+    assert!(conversation_text(&request.body).contains("say hello"));
+    // Offline: the only requests the CLI made were to the model endpoint.
+    for r in w.fake.requests() {
+        assert!(r.line.contains("/v1/"), "{}", r.line);
+    }
+}
+
+#[tokio::test]
+async fn an_approved_write_lands_in_the_worktree_and_its_diff() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("ask").await;
+    let path = path_of(&ws["path"]).join("hello.txt");
+    w.fake.push(Reply::tool(
+        "write",
+        json!({"path": path, "content": "hello from pi\n"}),
+    ));
+    w.fake.push(Reply::text("The file is written."));
+
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "write hello.txt").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    assert_eq!(request["kind"], "tool", "{request}");
+    let options: Vec<&str> = request["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(options, ["allow", "deny"], "{request}");
+    assert_eq!(request["input"]["content"], "hello from pi\n", "{request}");
+    let calls = of_kind(&before, "tool_call");
+    let pending = calls.first().expect("the call is announced first");
+    assert_eq!(pending["status"], "pending", "{pending}");
+    assert_eq!(pending["tool_kind"], "write", "{pending}");
+    assert_eq!(pending["diff"][0]["change"], "add", "{pending}");
+    assert_eq!(pending["diff"][0]["new_text"], "hello from pi\n");
+    assert_eq!(request["call_id"], pending["call_id"], "{request}");
+    assert!(!path.exists(), "nothing is written before the answer");
+
+    w.answer(&agent, &request, "allow").await;
+    let after = stream.until("turn_completed", LONG).await;
+    assert_eq!(
+        outcome(&after)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&after)
+    );
+    let calls = of_kind(&after, "tool_call");
+    let done = calls.last().expect("the call's end");
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["input"]["content"], "hello from pi\n", "{done}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "hello from pi\n");
+    assert_eq!(last_message(&after), "The file is written.");
+
+    let diff = w
+        .app
+        .get_ok(&format!(
+            "/v1/workspaces/{}/diff",
+            ws["id"].as_str().unwrap()
+        ))
+        .await;
+    assert!(
+        diff["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["path"] == "hello.txt"),
+        "{diff}"
+    );
+    assert!(diff["patch"].as_str().unwrap().contains("+hello from pi"));
+    // The model was told of the result.
+    let last = conversation_text(&w.fake.last_completion().body);
+    assert!(last.contains("Successfully wrote"), "{last}");
+}
+
+#[tokio::test]
+async fn a_denied_write_fails_the_tool_and_the_turn_completes() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("ask").await;
+    let path = path_of(&ws["path"]).join("denied.txt");
+    w.fake.push(Reply::tool(
+        "write",
+        json!({"path": path, "content": "no\n"}),
+    ));
+    w.fake.push(Reply::text("Understood."));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "make denied.txt").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    w.answer(&agent, &request, "deny").await;
+    let after = stream.until("turn_completed", LONG).await;
+    assert_eq!(
+        outcome(&after)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&after)
+    );
+    let calls = of_kind(&after, "tool_call");
+    let failed = calls.last().expect("the call's end");
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert!(
+        failed["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("denied"),
+        "{failed}"
+    );
+    assert!(!path.exists());
+    let resolved = of_kind(&after, "permission_resolved");
+    assert_eq!(resolved[0]["behavior"], "deny", "{}", resolved[0]);
+    // The model heard why.
+    let last = conversation_text(&w.fake.last_completion().body);
+    assert!(last.contains("The user denied this tool call."), "{last}");
+
+    // The agent goes on: the next turn works.
+    w.fake.push(Reply::text("Fine."));
+    let next = w.turn(&agent, "never mind", Some(last_seq(&after))).await;
+    assert_eq!(outcome(&next)["outcome"], "completed");
+    assert_eq!(last_message(&next), "Fine.");
+}
+
+#[tokio::test]
+async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("ask").await;
+    w.fake.push(Reply::slow(
+        "This answer takes a long while to arrive, word by word, far too long.",
+        40,
+        Duration::from_millis(250),
+    ));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "talk slowly").await;
+    stream.until("assistant_delta", LONG).await;
+    let res = w
+        .app
+        .post(&format!("/v1/agents/{agent}/interrupt"), json!({}))
+        .await;
+    assert_eq!(res.status(), 202);
+    let ended = stream.until("turn_completed", LONG).await;
+    assert_eq!(
+        outcome(&ended)["outcome"],
+        "canceled",
+        "{:?}",
+        kinds(&ended)
+    );
+
+    w.fake.push(Reply::text("Back again."));
+    let events = w
+        .turn(&agent, "are you there?", Some(last_seq(&ended)))
+        .await;
+    assert_eq!(outcome(&events)["outcome"], "completed");
+    assert_eq!(last_message(&events), "Back again.");
+}
+
+#[tokio::test]
+async fn an_interrupt_while_a_permission_is_pending_cancels_the_turn() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("ask").await;
+    let path = path_of(&ws["path"]).join("never.txt");
+    w.fake.push(Reply::tool(
+        "write",
+        json!({"path": path, "content": "never\n"}),
+    ));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "write never.txt").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    let res = w
+        .app
+        .post(&format!("/v1/agents/{agent}/interrupt"), json!({}))
+        .await;
+    assert_eq!(res.status(), 202);
+    let ended = stream.until("turn_completed", LONG).await;
+    let k = kinds(&ended);
+    assert_eq!(outcome(&ended)["outcome"], "canceled", "{k:?}");
+    let calls = of_kind(&ended, "tool_call");
+    assert_eq!(calls.last().unwrap()["status"], "failed", "{k:?}");
+    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(a["pending_permissions"], 0, "{a}");
+    assert!(!path.exists());
+    // An answer now reaches no one.
+    let late = w
+        .app
+        .post(
+            &format!(
+                "/v1/agents/{agent}/permissions/{}",
+                request["request_id"].as_str().unwrap()
+            ),
+            json!({"behavior": "allow"}),
+        )
+        .await;
+    assert!(late.status().is_client_error(), "{}", late.status());
+
+    w.fake.push(Reply::text("Back."));
+    let next = w.turn(&agent, "hello again", Some(last_seq(&ended))).await;
+    assert_eq!(outcome(&next)["outcome"], "completed", "{:?}", kinds(&next));
+    assert_eq!(last_message(&next), "Back.");
+    assert!(!path.exists());
+}
+
+#[tokio::test]
+async fn a_closed_agent_resumes_its_conversation() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("ask").await;
+    w.fake.push(Reply::text("I will remember pineapple."));
+    let first = w.turn(&agent, "the secret word is pineapple", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
+    let id = a["runtime"]["provider_session_id"].clone();
+    assert!(id.is_string(), "{a}");
+    let pid = w.pid(&agent).await;
+
+    w.app
+        .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
+        .await;
+    eventually("the CLI to end", Duration::from_secs(5), || !pid_alive(pid)).await;
+    w.fake.push(Reply::text("It was pineapple."));
+    let second = w
+        .turn(&agent, "what was the word?", Some(last_seq(&first)))
+        .await;
+    assert_eq!(
+        outcome(&second)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&second)
+    );
+    let started = of_kind(&second, "session_started");
+    assert_eq!(started.len(), 1);
+    assert_eq!(started[0]["resumed"], true);
+    assert_eq!(started[0]["provider_session_id"], id);
+    // The reopened history is not reported again.
+    assert_eq!(
+        of_kind(&second, "assistant_message").len(),
+        1,
+        "{:?}",
+        kinds(&second)
+    );
+    let history = conversation_text(&w.fake.last_completion().body);
+    assert!(
+        history.contains("the secret word is pineapple"),
+        "{history}"
+    );
+    assert!(history.contains("I will remember pineapple."), "{history}");
+    assert!(history.contains("what was the word?"));
+}
+
+#[tokio::test]
+async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("full-access").await;
+    w.fake.push(Reply::text("Noted: mango."));
+    let first = w.turn(&agent, "remember mango", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+    let pid = w.pid(&agent).await;
+
+    let World {
+        app,
+        fake,
+        cli,
+        home,
+        repo: _repo,
+        _slot,
+    } = w;
+    let (db, data_dir, token) = app.stop().await;
+    assert!(!pid_alive(pid), "the server's stop ended the CLI");
+    // The session file is kept under the data dir.
+    let sessions = data_dir.path().join("providers/pi/sessions");
+    let files: Vec<_> = std::fs::read_dir(&sessions)
+        .unwrap()
+        .flatten()
+        .filter(|f| f.path().extension().is_some_and(|e| e == "jsonl"))
+        .collect();
+    assert_eq!(files.len(), 1, "one session file in {}", sessions.display());
+    let (url, h) = (fake.base_url(), home.path().to_path_buf());
+    let app = spawn_on_with(db, data_dir, Some(token), |s| configure(s, &cli, &url, &h)).await;
+
+    // Still unattended: a file is written without asking.
+    let path = path_of(&ws["path"]).join("after.txt");
+    fake.push(Reply::tool(
+        "write",
+        json!({"path": path, "content": "after\n"}),
+    ));
+    fake.push(Reply::text("You said mango."));
+    let mut stream = app.events(&agent, Some(last_seq(&first))).await;
+    app.prompt(&agent, "what fruit? and write after.txt").await;
+    let second = stream.until("turn_completed", LONG).await;
+    let k = kinds(&second);
+    assert_eq!(outcome(&second)["outcome"], "completed", "{k:?}");
+    assert!(!k.contains(&"permission_requested"), "{k:?}");
+    let started = of_kind(&second, "session_started");
+    assert_eq!(started.last().unwrap()["resumed"], true);
+    assert!(of_kind(&second, "mode_changed").is_empty(), "{k:?}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "after\n");
+    let a = app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(a["mode"], "full-access", "{a}");
+    let history = conversation_text(&fake.last_completion().body);
+    assert!(history.contains("remember mango"), "{history}");
+    assert!(history.contains("Noted: mango."), "{history}");
+}
+
+#[tokio::test]
+async fn full_access_writes_files_and_runs_commands_without_asking() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("full-access").await;
+    let path = path_of(&ws["path"]).join("unattended.txt");
+    w.fake.push(Reply::tool(
+        "write",
+        json!({"path": path, "content": "unattended\n"}),
+    ));
+    w.fake.push(Reply::tool(
+        "bash",
+        json!({"command": "echo ran > ran.txt"}),
+    ));
+    w.fake.push(Reply::text("Done without asking."));
+    let events = w.turn(&agent, "write unattended.txt", None).await;
+    let k = kinds(&events);
+    assert_eq!(outcome(&events)["outcome"], "completed", "{k:?}");
+    assert!(!k.contains(&"permission_requested"), "{k:?}");
+    let calls = of_kind(&events, "tool_call");
+    let ends: Vec<(&str, &str)> = calls
+        .iter()
+        .filter(|c| c["status"] != "pending" && c["status"] != "running")
+        .map(|c| {
+            (
+                c["tool_kind"].as_str().unwrap(),
+                c["status"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(ends, [("write", "completed"), ("shell", "completed")]);
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "unattended\n");
+    assert_eq!(
+        std::fs::read_to_string(path_of(&ws["path"]).join("ran.txt")).unwrap(),
+        "ran\n"
+    );
+}
+
+#[tokio::test]
+async fn switching_modes_in_a_live_session_turns_the_gate_off_and_on() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("ask").await;
+    w.fake.push(Reply::text("Ready."));
+    let first = w.turn(&agent, "get ready", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+    let pid = w.pid(&agent).await;
+
+    let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
+    let changed = w
+        .app
+        .put_ok(
+            &format!("/v1/agents/{agent}/mode"),
+            json!({"mode": "full-access"}),
+        )
+        .await;
+    assert_eq!(changed["mode"], "full-access", "{changed}");
+    let path = path_of(&ws["path"]).join("switched.txt");
+    w.fake.push(Reply::tool(
+        "write",
+        json!({"path": path, "content": "switched\n"}),
+    ));
+    w.fake.push(Reply::text("Wrote it."));
+    w.app.prompt(&agent, "write switched.txt").await;
+    let events = stream.until("turn_completed", LONG).await;
+    let k = kinds(&events);
+    assert_eq!(outcome(&events)["outcome"], "completed", "{k:?}");
+    assert!(!k.contains(&"permission_requested"), "{k:?}");
+    let modes = of_kind(&events, "mode_changed");
+    assert_eq!(modes.len(), 1, "{k:?}");
+    assert_eq!(modes[0]["mode"], "full-access");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "switched\n");
+    assert_eq!(w.pid(&agent).await, pid, "the same process, not a restart");
+
+    // And back: the gate asks again.
+    w.app
+        .put_ok(&format!("/v1/agents/{agent}/mode"), json!({"mode": "ask"}))
+        .await;
+    w.fake
+        .push(Reply::tool("bash", json!({"command": "echo no > no.txt"})));
+    w.fake.push(Reply::text("Asked."));
+    let mut stream = w.app.events(&agent, Some(last_seq(&events))).await;
+    w.app.prompt(&agent, "run a command").await;
+    let asked = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&asked, "permission_requested")[0].clone();
+    assert_eq!(request["input"]["command"], "echo no > no.txt", "{request}");
+    w.answer(&agent, &request, "deny").await;
+    let done = stream.until("turn_completed", LONG).await;
+    assert_eq!(outcome(&done)["outcome"], "completed");
+    assert!(!path_of(&ws["path"]).join("no.txt").exists());
+}
+
+#[tokio::test]
+async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("ask").await;
+    w.fake.push(Reply::slow(
+        "A long answer that will be cut short by a kill signal midway.",
+        40,
+        Duration::from_millis(250),
+    ));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "talk for a while").await;
+    stream.until("assistant_delta", LONG).await;
+    let pid = w.pid(&agent).await;
+    let killed = Instant::now();
+    // SAFETY: kill(2) on the CLI process this test's server started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let ended = stream.until("turn_completed", Duration::from_secs(5)).await;
+    let took = killed.elapsed();
+    eprintln!("the turn failed {took:?} after SIGKILL");
+    let done = outcome(&ended);
+    assert_eq!(done["outcome"], "failed", "{done}");
+    assert!(
+        took < Duration::from_secs(2),
+        "the turn failed after {took:?}"
+    );
+    assert!(
+        done["error"].as_str().unwrap().contains("signal 9"),
+        "{done}"
+    );
+
+    w.fake.push(Reply::text("Recovered."));
+    let events = w.turn(&agent, "still there?", Some(last_seq(&ended))).await;
+    assert_eq!(
+        outcome(&events)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&events)
+    );
+    assert_eq!(last_message(&events), "Recovered.");
+}
+
+#[tokio::test]
+async fn no_cli_process_is_left_after_archive_or_server_shutdown() {
+    let Some(w) = world().await else { return };
+    // Archive.
+    let (archived, _) = w.agent("ask").await;
+    w.fake.push(Reply::text("One."));
+    let events = w.turn(&archived, "one", None).await;
+    assert_eq!(outcome(&events)["outcome"], "completed");
+    let pid = w.pid(&archived).await;
+    assert_eq!(w.processes_of_this_test(), [pid], "the CLI is one process");
+    let res = w.app.delete(&format!("/v1/agents/{archived}")).await;
+    assert_eq!(res.status(), 204);
+    eventually(
+        "the archived agent's CLI to end",
+        Duration::from_secs(10),
+        || !pid_alive(pid),
+    )
+    .await;
+    assert!(w.processes_of_this_test().is_empty());
+    assert_eq!(
+        ledger_rows(&w.app).await,
+        0,
+        "the ledger is empty after archive"
+    );
+
+    // Server shutdown, with a turn in flight.
+    let (agent, _) = w.agent("ask").await;
+    w.fake.push(Reply::stalled("Still talking"));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "talk").await;
+    stream.until("assistant_delta", LONG).await;
+    let pid = w.pid(&agent).await;
+    let marker = w.marker();
+    let World {
+        app,
+        fake: _fake,
+        cli: _cli,
+        home: _home,
+        repo: _repo,
+        _slot,
+    } = w;
+    let (db, _data_dir, _token) = app.stop().await;
+    assert!(!pid_alive(pid), "the server's stop ended the CLI");
+    assert!(processes_with_env(&marker).is_empty());
+    let pool = sqlx::PgPool::connect_with(db).await.unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM managed_processes")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the ledger is empty after shutdown");
+}
+
+#[tokio::test]
+async fn a_missing_cli_is_unavailable_and_creation_is_refused() {
+    let app = spawn_app_with(|s| {
+        s.providers.insert(
+            "pi".into(),
+            ProviderSettings {
+                command: Some(vec!["/nonexistent/pi-cli".into()]),
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let providers = app.get_ok("/v1/providers").await;
+    let pi = providers["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "pi")
+        .unwrap()
+        .clone();
+    assert_eq!(pi["available"], false, "{pi}");
+    assert!(
+        pi["unavailable_reason"]
+            .as_str()
+            .unwrap()
+            .contains("/nonexistent/pi-cli"),
+        "{pi}"
+    );
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let refused = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "pi"}),
+            422,
+        )
+        .await;
+    assert_eq!(refused["code"], "provider_unavailable");
+    assert!(
+        refused.to_string().contains("/nonexistent/pi-cli"),
+        "{refused}"
+    );
+}
+
+#[tokio::test]
+async fn a_pi_fork_configured_with_extends_runs_its_own_command() {
+    // `omp` stands for any Pi fork that speaks the same RPC: here it is Pi itself under
+    // another id, with its own command, label and agent dir.
+    let Some(w) = world().await else { return };
+    let (url, h) = (w.fake.base_url(), w.home.path().join("fork"));
+    let dir = agent_dir(&h, &url);
+    let cli = w.cli.clone();
+    let app = spawn_app_with(move |s| {
+        s.providers.insert(
+            "omp".into(),
+            ProviderSettings {
+                extends: Some("pi".into()),
+                command: Some(vec![cli.display().to_string()]),
+                label: Some("Oh My Pi".into()),
+                env: BTreeMap::from([(
+                    "PI_CODING_AGENT_DIR".to_owned(),
+                    dir.display().to_string(),
+                )]),
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let providers = app.get_ok("/v1/providers").await;
+    let omp = providers["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "omp")
+        .expect("omp is listed")
+        .clone();
+    assert_eq!(omp["protocol"], "pi-rpc", "{omp}");
+    assert_eq!(omp["label"], "Oh My Pi", "{omp}");
+    assert_eq!(omp["available"], true, "{omp}");
+
+    let project = app.project(w.repo.path()).await;
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let agent = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "omp"}),
+            201,
+        )
+        .await;
+    let agent = agent["id"].as_str().unwrap();
+    w.fake.push(Reply::text("Forked hello."));
+    let mut stream = app.events(agent, None).await;
+    app.prompt(agent, "hello fork").await;
+    let events = stream.until("turn_completed", LONG).await;
+    assert_eq!(
+        outcome(&events)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&events)
+    );
+    assert_eq!(last_message(&events), "Forked hello.");
+}
+
+#[tokio::test]
+async fn the_model_is_chosen_at_creation_and_changed_in_a_live_session() {
+    let Some(w) = world().await else { return };
+    let project = w.app.project(w.repo.path()).await;
+    let ws = w
+        .app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let other = format!("fake/{OTHER_MODEL}");
+    let agent = w
+        .app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "pi", "model": other,
+                "system_prompt": "Always answer in haiku.",
+                "mcp_servers": {"files": {"command": "mcp-files"}}}),
+            201,
+        )
+        .await;
+    let agent = agent["id"].as_str().unwrap();
+    w.fake.push(Reply::text("From the other model."));
+    let first = w.turn(agent, "which model?", None).await;
+    assert_eq!(
+        outcome(&first)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&first)
+    );
+    let request = w.fake.last_completion();
+    assert_eq!(request.body["model"], OTHER_MODEL);
+    let system = fake_chat::messages_of(&request.body, "system").join("\n");
+    assert!(system.contains("Always answer in haiku."), "{system}");
+    assert_eq!(of_kind(&first, "usage")[0]["context_window_max"], 64000);
+    // Pi has no MCP: the agent says so instead of silently dropping the servers.
+    let errors = of_kind(&first, "error");
+    assert!(
+        errors.iter().any(|e| e["code"] == "mcp_unsupported"),
+        "{:?}",
+        kinds(&first)
+    );
+
+    let changed = w
+        .app
+        .put_ok(
+            &format!("/v1/agents/{agent}/model"),
+            json!({"model": pi_model()}),
+        )
+        .await;
+    assert_eq!(changed["model"], pi_model(), "{changed}");
+    w.fake.push(Reply::text("From the first model."));
+    let second = w.turn(agent, "and now?", Some(last_seq(&first))).await;
+    assert_eq!(outcome(&second)["outcome"], "completed");
+    assert_eq!(w.fake.last_completion().body["model"], MODEL);
+    assert_eq!(of_kind(&second, "usage")[0]["context_window_max"], 128000);
+    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(a["model"], pi_model(), "{a}");
+}
+
+#[tokio::test]
+async fn an_unreadable_session_file_starts_afresh_and_says_so() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("ask").await;
+    w.fake.push(Reply::text("Noted."));
+    let first = w.turn(&agent, "remember kiwi", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+    w.app
+        .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
+        .await;
+    let sessions = w.app.data_dir.path().join("providers/pi/sessions");
+    let file = std::fs::read_dir(&sessions)
+        .unwrap()
+        .flatten()
+        .map(|f| f.path())
+        .find(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .expect("the agent's session file");
+    std::fs::write(&file, "not a session\n").unwrap();
+
+    w.fake.push(Reply::text("A fresh start."));
+    let second = w.turn(&agent, "what fruit?", Some(last_seq(&first))).await;
+    let k = kinds(&second);
+    assert_eq!(outcome(&second)["outcome"], "completed", "{k:?}");
+    assert_eq!(of_kind(&second, "session_started")[0]["resumed"], false);
+    let errors = of_kind(&second, "error");
+    assert!(errors.iter().any(|e| e["code"] == "resume_failed"), "{k:?}");
+    let history = conversation_text(&w.fake.last_completion().body);
+    assert!(!history.contains("remember kiwi"), "{history}");
+}
