@@ -126,5 +126,8 @@ async fn hold(
             Err(e) => tracing::warn!(error = %e, "cannot reconnect to take the single-server lock"),
         }
     }
+    if let Err(e) = store::server_lock::release(&mut conn).await {
+        tracing::debug!(error = %e, "could not give the single-server lock up before closing");
+    }
     let _ = conn.close().await;
 }

@@ -15,6 +15,15 @@ pub async fn try_acquire(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
         .await
 }
 
+/// Give the lock up now. Closing the connection also releases it, but only once the
+/// server's backend has ended, which a server started right after may not wait for.
+pub async fn release(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+        .bind(KEY)
+        .fetch_one(conn)
+        .await
+}
+
 /// Whether this session still holds the lock.
 pub async fn held(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar(
