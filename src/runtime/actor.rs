@@ -381,6 +381,10 @@ impl Actor {
             self.handle_provider_event(Some(ProviderEvent::ModelChanged { model }))
                 .await;
         }
+        // The caller's answer follows: whoever reads the timeline after it sees the change.
+        if let Err(e) = self.commit(Vec::new(), Vec::new()).await {
+            tracing::warn!(agent_id = %self.id(), error = %e, "could not commit a mode or model change");
+        }
     }
 
     async fn start_turn(
