@@ -6,6 +6,9 @@
 #[allow(dead_code)]
 mod helpers;
 
+#[path = "support/scenarios.rs"]
+mod scenarios;
+
 #[path = "support/clis.rs"]
 mod clis;
 
@@ -15,7 +18,7 @@ mod fake_gemini;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agentry::config::{ProviderSettings, Settings};
 use fake_gemini::{FakeGemini, REPLY_TOKENS, Reply, conversation_text, function_responses};
@@ -118,13 +121,6 @@ impl World {
         a["runtime"]["pid"].as_i64().map(|p| p as i32)
     }
 
-    async fn ledger(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM managed_processes")
-            .fetch_one(&self.app.pool)
-            .await
-            .unwrap()
-    }
-
     async fn answer(&self, agent: &str, request: &Value, body: Value) {
         self.app
             .post_ok(
@@ -146,28 +142,6 @@ fn assistant_text(events: &[SseEvent]) -> String {
         .map(|m| m["text"].as_str().unwrap())
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-/// The live processes whose environment has `HOME=<home>` (the CLIs of one test, and
-/// anything they started).
-fn running_with_home(home: &str) -> Vec<i32> {
-    let wanted = format!("HOME={home}");
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
-            continue;
-        };
-        let has_home = environ
-            .split(|b| *b == 0)
-            .any(|var| var == wanted.as_bytes());
-        if has_home && pid_alive(pid) {
-            found.push(pid);
-        }
-    }
-    found
 }
 
 #[tokio::test]
@@ -501,109 +475,6 @@ async fn a_closed_agent_resumes_its_conversation() {
 }
 
 #[tokio::test]
-async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
-    let Some(w) = world().await else { return };
-    let (agent, _) = w.agent("default").await;
-    w.fake.push(Reply::slow(
-        "A long answer that will be cut short by a kill signal midway.",
-        40,
-        Duration::from_millis(250),
-    ));
-    let mut stream = w.app.events(&agent, None).await;
-    w.app.prompt(&agent, "talk for a while").await;
-    stream.until("assistant_delta", LONG).await;
-    let pid = w.pid(&agent).await.expect("a running process");
-    let killed = Instant::now();
-    // SAFETY: kill(2) on the CLI process this test's server started.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-    let ended = stream.until("turn_completed", Duration::from_secs(5)).await;
-    let took = killed.elapsed();
-    eprintln!("the turn failed {took:?} after SIGKILL");
-    let done = outcome(&ended);
-    assert_eq!(done["outcome"], "failed", "{done}");
-    assert!(
-        took < Duration::from_secs(2),
-        "the turn failed after {took:?}"
-    );
-    assert!(
-        done["error"].as_str().unwrap().contains("signal 9"),
-        "{done}"
-    );
-
-    w.fake.push(Reply::text("Recovered."));
-    let mut stream = w.app.events(&agent, Some(last_seq(&ended))).await;
-    w.app.prompt(&agent, "still there?").await;
-    let events = stream
-        .until("turn_completed", Duration::from_secs(150))
-        .await;
-    assert_eq!(
-        outcome(&events)["outcome"],
-        "completed",
-        "{:?}",
-        kinds(&events)
-    );
-    assert_eq!(assistant_text(&events), "Recovered.");
-}
-
-#[tokio::test]
-async fn no_cli_process_is_left_after_archive_or_server_shutdown() {
-    let Some(w) = world().await else { return };
-    let marker = w.home.path().display().to_string();
-    // Archive: the CLI ends and leaves the ledger.
-    let (archived, ws) = w.agent("default").await;
-    w.fake.push(Reply::text("One."));
-    w.turn(&archived, "first", None).await;
-    let pid = w.pid(&archived).await.expect("a live CLI");
-    assert_eq!(w.ledger().await, 1);
-    let res = w
-        .app
-        .client
-        .delete(w.app.url(&format!("/v1/agents/{archived}")))
-        .bearer_auth(&w.app.token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 204);
-    eventually(
-        "the archived agent's CLI to end",
-        Duration::from_secs(10),
-        || !pid_alive(pid),
-    )
-    .await;
-    assert_eq!(w.ledger().await, 0, "the ledger forgets the archived CLI");
-
-    // Shutdown: a live CLI ends with the server.
-    let agent = w
-        .app
-        .post_ok(
-            "/v1/agents",
-            json!({"workspace_id": ws["id"], "provider": "gemini", "model": MODEL}),
-            201,
-        )
-        .await;
-    let agent = agent["id"].as_str().unwrap().to_owned();
-    w.fake.push(Reply::text("Two."));
-    w.turn(&agent, "second", None).await;
-    let pid = w.pid(&agent).await.expect("a live CLI");
-    assert!(
-        running_with_home(&marker).contains(&pid),
-        "the live CLI is found by its HOME"
-    );
-    let World { app, .. } = w;
-    let (db, _data_dir, _) = app.stop().await;
-    assert!(!pid_alive(pid), "the server's stop ended the CLI");
-    let pool = sqlx::PgPool::connect_with(db).await.unwrap();
-    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM managed_processes")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(left, 0, "the ledger is empty after shutdown");
-    // Nothing the CLI started survives it (its environment names this test's home).
-    let survivors = running_with_home(&marker);
-    assert!(survivors.is_empty(), "left running: {survivors:?}");
-}
-
-#[tokio::test]
 async fn without_credentials_gemini_is_unavailable_and_creation_is_refused() {
     let Some(cli) = clis::cli("gemini") else {
         return;
@@ -714,4 +585,79 @@ async fn mode_and_model_change_in_a_live_session() {
         .find(|l| l.contains(":streamGenerateContent"))
         .unwrap();
     assert!(last.contains("/models/gemini-2.5-pro:"), "{lines:?}");
+}
+
+impl scenarios::Rig for World {
+    /// Gemini's first turn in a new process can be slow.
+    const PATIENCE: Duration = Duration::from_secs(150);
+
+    fn app(&self) -> &TestApp {
+        &self.app
+    }
+    async fn agent(&self) -> String {
+        let project = self
+            .app
+            .post_ok(
+                "/v1/projects",
+                json!({"name": format!("p{}", uuid::Uuid::now_v7().simple()), "repo_path": self.repo.path()}),
+                201,
+            )
+            .await;
+        let ws = self
+            .app
+            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+            .await;
+        let agent = self
+            .app
+            .post_ok(
+                "/v1/agents",
+                json!({"workspace_id": ws["id"], "provider": "gemini", "mode": "default", "model": MODEL}),
+                201,
+            )
+            .await;
+        agent["id"].as_str().unwrap().to_owned()
+    }
+    fn reply_slowly(&self) {
+        self.fake.push(Reply::slow(
+            "A long answer that will be cut short by a kill signal midway.",
+            40,
+            Duration::from_millis(250),
+        ));
+    }
+    fn reply_stalled(&self) {
+        // Longer than any test: 200 chunks, half a second apart.
+        self.fake.push(Reply::slow(
+            "Still talking",
+            200,
+            Duration::from_millis(500),
+        ));
+    }
+    fn reply_text(&self, text: &str) {
+        self.fake.push(Reply::text(text));
+    }
+    fn marker(&self) -> String {
+        format!("HOME={}", self.home.path().display())
+    }
+    fn into_app(self) -> (TestApp, Box<dyn std::any::Any>) {
+        let World {
+            app,
+            fake,
+            home,
+            repo,
+            _slot,
+        } = self;
+        (app, Box::new((fake, home, repo, _slot)))
+    }
+}
+
+#[tokio::test]
+async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
+    let Some(w) = world().await else { return };
+    scenarios::a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers(&w).await;
+}
+
+#[tokio::test]
+async fn no_cli_process_is_left_after_archive_or_server_shutdown() {
+    let Some(w) = world().await else { return };
+    scenarios::no_cli_process_is_left_after_archive_or_server_shutdown(w).await;
 }

@@ -11,6 +11,9 @@ mod helpers;
 #[path = "support/http.rs"]
 mod http;
 
+#[path = "support/scenarios.rs"]
+mod scenarios;
+
 #[path = "support/clis.rs"]
 mod clis;
 
@@ -20,7 +23,7 @@ mod fake_chat;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agentry::config::{ProviderSettings, Settings};
 use fake_chat::{FakeChat, MODEL, Reply, conversation_text};
@@ -146,11 +149,6 @@ impl World {
         )
     }
 
-    /// Processes (any, not only children) that run with this test's agent dir.
-    fn processes_of_this_test(&self) -> Vec<i32> {
-        processes_with_env(&self.marker())
-    }
-
     async fn answer(&self, agent: &str, request: &Value, behavior: &str) {
         self.app
             .post_ok(
@@ -171,13 +169,6 @@ fn last_message(events: &[SseEvent]) -> String {
         .last()
         .map(|m| m["text"].as_str().unwrap().to_owned())
         .unwrap_or_default()
-}
-
-async fn ledger_rows(app: &TestApp) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM managed_processes")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap()
 }
 
 #[tokio::test]
@@ -648,99 +639,6 @@ async fn switching_modes_in_a_live_session_turns_the_gate_off_and_on() {
 }
 
 #[tokio::test]
-async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
-    let Some(w) = world().await else { return };
-    let (agent, _) = w.agent("ask").await;
-    w.fake.push(Reply::slow(
-        "A long answer that will be cut short by a kill signal midway.",
-        40,
-        Duration::from_millis(250),
-    ));
-    let mut stream = w.app.events(&agent, None).await;
-    w.app.prompt(&agent, "talk for a while").await;
-    stream.until("assistant_delta", LONG).await;
-    let pid = w.pid(&agent).await;
-    let killed = Instant::now();
-    // SAFETY: kill(2) on the CLI process this test's server started.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-    let ended = stream.until("turn_completed", Duration::from_secs(5)).await;
-    let took = killed.elapsed();
-    eprintln!("the turn failed {took:?} after SIGKILL");
-    let done = outcome(&ended);
-    assert_eq!(done["outcome"], "failed", "{done}");
-    assert!(
-        took < Duration::from_secs(2),
-        "the turn failed after {took:?}"
-    );
-    assert!(
-        done["error"].as_str().unwrap().contains("signal 9"),
-        "{done}"
-    );
-
-    w.fake.push(Reply::text("Recovered."));
-    let events = w.turn(&agent, "still there?", Some(last_seq(&ended))).await;
-    assert_eq!(
-        outcome(&events)["outcome"],
-        "completed",
-        "{:?}",
-        kinds(&events)
-    );
-    assert_eq!(last_message(&events), "Recovered.");
-}
-
-#[tokio::test]
-async fn no_cli_process_is_left_after_archive_or_server_shutdown() {
-    let Some(w) = world().await else { return };
-    // Archive.
-    let (archived, _) = w.agent("ask").await;
-    w.fake.push(Reply::text("One."));
-    let events = w.turn(&archived, "one", None).await;
-    assert_eq!(outcome(&events)["outcome"], "completed");
-    let pid = w.pid(&archived).await;
-    assert_eq!(w.processes_of_this_test(), [pid], "the CLI is one process");
-    let res = w.app.delete(&format!("/v1/agents/{archived}")).await;
-    assert_eq!(res.status(), 204);
-    eventually(
-        "the archived agent's CLI to end",
-        Duration::from_secs(10),
-        || !pid_alive(pid),
-    )
-    .await;
-    assert!(w.processes_of_this_test().is_empty());
-    assert_eq!(
-        ledger_rows(&w.app).await,
-        0,
-        "the ledger is empty after archive"
-    );
-
-    // Server shutdown, with a turn in flight.
-    let (agent, _) = w.agent("ask").await;
-    w.fake.push(Reply::stalled("Still talking"));
-    let mut stream = w.app.events(&agent, None).await;
-    w.app.prompt(&agent, "talk").await;
-    stream.until("assistant_delta", LONG).await;
-    let pid = w.pid(&agent).await;
-    let marker = w.marker();
-    let World {
-        app,
-        fake: _fake,
-        cli: _cli,
-        home: _home,
-        repo: _repo,
-        _slot,
-    } = w;
-    let (db, _data_dir, _token) = app.stop().await;
-    assert!(!pid_alive(pid), "the server's stop ended the CLI");
-    assert!(processes_with_env(&marker).is_empty());
-    let pool = sqlx::PgPool::connect_with(db).await.unwrap();
-    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM managed_processes")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(left, 0, "the ledger is empty after shutdown");
-}
-
-#[tokio::test]
 async fn a_missing_cli_is_unavailable_and_creation_is_refused() {
     let app = spawn_app_with(|s| {
         s.providers.insert(
@@ -934,4 +832,54 @@ async fn an_unreadable_session_file_starts_afresh_and_says_so() {
     assert!(errors.iter().any(|e| e["code"] == "resume_failed"), "{k:?}");
     let history = conversation_text(&w.fake.last_completion().body);
     assert!(!history.contains("remember kiwi"), "{history}");
+}
+
+impl scenarios::Rig for World {
+    const PATIENCE: Duration = LONG;
+
+    fn app(&self) -> &TestApp {
+        &self.app
+    }
+    async fn agent(&self) -> String {
+        World::agent(self, "ask").await.0
+    }
+    fn reply_slowly(&self) {
+        self.fake.push(Reply::slow(
+            "A long answer that will be cut short by a kill signal midway.",
+            40,
+            Duration::from_millis(250),
+        ));
+    }
+    fn reply_stalled(&self) {
+        self.fake.push(Reply::stalled("Still talking"));
+    }
+    fn reply_text(&self, text: &str) {
+        self.fake.push(Reply::text(text));
+    }
+    fn marker(&self) -> String {
+        World::marker(self)
+    }
+    fn into_app(self) -> (TestApp, Box<dyn std::any::Any>) {
+        let World {
+            app,
+            fake,
+            cli,
+            home,
+            repo,
+            _slot,
+        } = self;
+        (app, Box::new((fake, cli, home, repo, _slot)))
+    }
+}
+
+#[tokio::test]
+async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
+    let Some(w) = world().await else { return };
+    scenarios::a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers(&w).await;
+}
+
+#[tokio::test]
+async fn no_cli_process_is_left_after_archive_or_server_shutdown() {
+    let Some(w) = world().await else { return };
+    scenarios::no_cli_process_is_left_after_archive_or_server_shutdown(w).await;
 }

@@ -528,7 +528,10 @@ async fn a_provider_exiting_while_a_permission_is_pending_expires_it_and_fails_t
     };
     // The request is stored a moment before the status says so.
     while h.agent_view().await["status"] != "waiting_permission" {
-        assert!(Instant::now() < deadline, "the agent never waited for the answer");
+        assert!(
+            Instant::now() < deadline,
+            "the agent never waited for the answer"
+        );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 
