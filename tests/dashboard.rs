@@ -63,6 +63,22 @@ async fn the_dashboard_works_in_a_real_browser() {
         .await;
     let agent = agent["id"].as_str().unwrap().to_owned();
     app.wait(&agent).await;
+    // An agent with a long timeline (100,000 streamed chunks, then many small turns so
+    // that the tail is not one message).
+    let long = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "mock", "title": "Long timeline",
+                   "prompt": "/load 100000 0"}),
+            201,
+        )
+        .await;
+    let long = long["id"].as_str().unwrap().to_owned();
+    assert_eq!(app.wait(&long).await["last_turn"]["outcome"], "completed");
+    for i in 0..60 {
+        app.prompt(&long, &format!("note {i}")).await;
+        app.wait(&long).await;
+    }
 
     let shots = std::env::var_os("AGENTRY_SCREENSHOTS")
         .map(PathBuf::from)
@@ -79,6 +95,7 @@ async fn the_dashboard_works_in_a_real_browser() {
             &agent,
             ws["id"].as_str().unwrap(),
             &shots.display().to_string(),
+            &long,
         ])
         .output()
         .await
@@ -90,6 +107,7 @@ async fn the_dashboard_works_in_a_real_browser() {
         "the browser run failed:\n{stdout}\n{stderr}"
     );
     assert!(stdout.contains("dashboard: ok"), "{stdout}");
+    eprintln!("{stdout}");
     for page in [
         "home",
         "agent",

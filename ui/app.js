@@ -439,6 +439,10 @@ async function agentPage(id, signal) {
   } }, "Load earlier");
   more.hidden = !older;
   box.append(more);
+  // Scrolling up to the top loads the page before it.
+  new IntersectionObserver((entries) => {
+    if (entries.some((e) => e.isIntersecting) && !more.hidden && !more.disabled && window.scrollY > 0) more.click();
+  }).observe(more);
   for (const ev of events) tl.append(ev);
   let last = events.length ? events[events.length - 1].seq : 0;
 

@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 import threading
+import time
 import urllib.parse
 import urllib.request
 
@@ -168,6 +169,21 @@ def main():
         mobile.goto(f"{site}/agents/{AGENT}")
         expect(mobile.get_by_role("button", name="Send")).to_be_visible()
         mobile.screenshot(path=f"{SHOTS}/agent-phone.png", full_page=False)
+
+        # A long timeline opens on its tail; older pages load when scrolled to.
+        if len(sys.argv) > 6:
+            long_agent = sys.argv[6]
+            started = time.monotonic()
+            page.goto(f"{site}/agents/{long_agent}")
+            expect(page.locator(".turn-end").last).to_have_text("Turn completed")
+            opened = time.monotonic() - started
+            count = api(f"/v1/agents/{long_agent}")["last_seq"]
+            print(f"dashboard: an agent with {count} events opened in {opened * 1000:.0f} ms")
+            shown = page.locator(".timeline > *").count()
+            assert shown < 1000, f"only the tail is on the page ({shown} nodes)"
+            expect(page.get_by_role("button", name="Load earlier")).to_be_visible()
+            page.get_by_role("button", name="Load earlier").click()
+            expect(page.locator(".timeline > *")).not_to_have_count(shown)
 
         assert not errors, f"script errors: {errors}"
         browser.close()
