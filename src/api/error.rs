@@ -33,6 +33,10 @@ pub struct Problem {
     pub code: String,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<FieldError>,
+    /// The request's id (also in the `X-Request-Id` header and in every log line of the
+    /// request): quote it when reporting a problem.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -133,6 +137,7 @@ impl ApiError {
             detail: self.detail.clone(),
             code: self.code.to_owned(),
             errors: self.errors.clone(),
+            request_id: None,
         }
     }
 }

@@ -22,7 +22,7 @@ pub struct RequestId(pub String);
 
 pub async fn request_id(
     req: ServiceRequest,
-    next: Next<impl MessageBody>,
+    next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let id = req
         .headers()
@@ -39,7 +39,7 @@ pub async fn request_id(
     let span = tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.path());
     let started = std::time::Instant::now();
     req.extensions_mut().insert(RequestId(id.clone()));
-    let mut res = next.call(req).instrument(span.clone()).await?;
+    let res = next.call(req).instrument(span.clone()).await?;
     span.in_scope(|| {
         tracing::debug!(
             status = res.status().as_u16(),
@@ -47,10 +47,37 @@ pub async fn request_id(
             "request done"
         )
     });
+    let mut res = with_request_id(res, &id).await;
     if let Ok(v) = HeaderValue::from_str(&id) {
         res.headers_mut().insert(REQUEST_ID, v);
     }
     Ok(res)
+}
+
+/// A problem+json answer names the request it answers (`request_id`), so a report
+/// quoting the body leads to the request's log lines.
+async fn with_request_id(
+    res: ServiceResponse<impl MessageBody + 'static>,
+    id: &str,
+) -> ServiceResponse<BoxBody> {
+    let is_problem = res
+        .headers()
+        .get(actix_web::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes() == b"application/problem+json");
+    if !is_problem {
+        return res.map_into_boxed_body();
+    }
+    let (req, res) = res.into_parts();
+    let (head, body) = res.into_parts();
+    let bytes = actix_web::body::to_bytes(body).await.unwrap_or_default();
+    let body = match serde_json::from_slice::<serde_json::Value>(&bytes) {
+        Ok(serde_json::Value::Object(mut problem)) => {
+            problem.insert("request_id".into(), serde_json::Value::from(id));
+            serde_json::to_vec(&problem).unwrap_or_else(|_| bytes.to_vec())
+        }
+        _ => bytes.to_vec(),
+    };
+    ServiceResponse::new(req, head.set_body(BoxBody::new(body)))
 }
 
 /// A handler that panics answers an opaque 500 (the panic is logged with the request id)

@@ -312,3 +312,28 @@ async fn another_teams_resources_answer_404() {
             .is_none()
     );
 }
+
+/// A problem names the request it answers, as the response header does, so a report that
+/// quotes the body leads to the request's log lines.
+#[tokio::test]
+async fn problems_carry_their_request_id() {
+    let app = crate::helpers::spawn_app().await;
+    let res = app
+        .client
+        .get(app.url("/v1/agents/agt_00000000000000000000000000000000"))
+        .bearer_auth(&app.token)
+        .header("X-Request-Id", "report-me-42")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 404);
+    assert_eq!(res.headers()["x-request-id"], "report-me-42");
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["request_id"], "report-me-42");
+    assert_eq!(body["code"], "not_found");
+    // One the server makes up is the same in both places too.
+    let res = app.client.get(app.url("/v1/me")).send().await.unwrap();
+    let header = res.headers()["x-request-id"].to_str().unwrap().to_owned();
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["request_id"], header.as_str());
+}
