@@ -783,7 +783,7 @@ const CLI_PROVIDER_KEYS: [&str; 8] = [
 ];
 
 /// Built-in provider ids that the contract names but this server does not implement yet.
-const PLANNED_PROVIDERS: [&str; 2] = ["opencode", "pi"];
+const PLANNED_PROVIDERS: [&str; 1] = ["pi"];
 
 /// The keys a provider table with `extends = "acp"` may carry (all of them are used).
 const ACP_PROVIDER_KEYS: [&str; 9] = [
