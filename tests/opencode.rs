@@ -256,7 +256,12 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
 
     // One model call for the turn (no title generation), with the prompt, to the fake.
     let calls = w.fake.completions();
-    assert_eq!(calls.len(), 1, "{:?}", calls.iter().map(|c| &c.line).collect::<Vec<_>>());
+    assert_eq!(
+        calls.len(),
+        1,
+        "{:?}",
+        calls.iter().map(|c| &c.line).collect::<Vec<_>>()
+    );
     let request = &calls[0];
     assert_eq!(request.body["stream"], true);
     assert_eq!(request.body["model"], MODEL);
@@ -294,7 +299,10 @@ async fn an_approved_write_lands_in_the_worktree_and_its_diff() {
     let pending = of_kind(&before, "tool_call");
     let last = pending.last().unwrap();
     assert_eq!(last["tool_kind"], "write", "{last}");
-    assert_eq!(last["diff"][0]["new_text"], "hello from opencode\n", "{last}");
+    assert_eq!(
+        last["diff"][0]["new_text"], "hello from opencode\n",
+        "{last}"
+    );
     assert!(!path.exists(), "nothing is written before the answer");
 
     w.answer(&agent, &request, "allow").await;
@@ -407,7 +415,12 @@ async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
     let events = w
         .turn(&agent, "are you there?", Some(last_seq(&ended)))
         .await;
-    assert_eq!(outcome(&events)["outcome"], "completed", "{:?}", kinds(&events));
+    assert_eq!(
+        outcome(&events)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&events)
+    );
     assert_eq!(last_message(&events), "Back again.");
 }
 
@@ -528,7 +541,10 @@ async fn full_access_writes_without_asking_and_a_live_switch_to_build_asks_again
     let mut stream = w.app.events(&agent, Some(last_seq(&events))).await;
     let changed = w
         .app
-        .put_ok(&format!("/v1/agents/{agent}/mode"), json!({"mode": "build"}))
+        .put_ok(
+            &format!("/v1/agents/{agent}/mode"),
+            json!({"mode": "build"}),
+        )
         .await;
     assert_eq!(changed["mode"], "build", "{changed}");
     let asked = path_of(&ws["path"]).join("asked.txt");
@@ -542,7 +558,12 @@ async fn full_access_writes_without_asking_and_a_live_switch_to_build_asks_again
     let request = of_kind(&before, "permission_requested")[0].clone();
     w.answer(&agent, &request, "allow").await;
     let after = stream.until("turn_completed", LONG).await;
-    assert_eq!(outcome(&after)["outcome"], "completed", "{:?}", kinds(&after));
+    assert_eq!(
+        outcome(&after)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&after)
+    );
     assert_eq!(std::fs::read_to_string(&asked).unwrap(), "asked\n");
 }
 
