@@ -659,13 +659,12 @@ impl Provider for OpenCodeProvider {
                 self.start_timeout.as_secs_f32()
             ),
         };
-        // The session never started: stop the process, no events, say why.
+        // The session never started: stop the process, no events, say why. (The
+        // supervisor waits for a dispatcher until the sender is gone.)
         drop(started_tx);
+        drop(dispatcher_tx);
         let exit = stopper.stop(&shared.closing).await;
-        Err(ProviderError::Protocol(format!(
-            "{failure} ({exit}){}",
-            tail_suffix(&shared.stderr)
-        )))
+        Err(ProviderError::Protocol(format!("{failure} ({exit})")))
     }
 }
 

@@ -401,3 +401,92 @@ fn models_are_provider_slash_model_and_mcp_servers_take_opencodes_shape() {
     let bad = BTreeMap::from([("x".to_owned(), json!({"type": "carrier-pigeon"}))]);
     assert!(mcp_configs(&bad).is_err());
 }
+
+// ---- starting against stand-ins that never become a usable server
+
+/// Starts processes directly (no ledger) and remembers their pids.
+#[derive(Default)]
+struct Direct(std::sync::Mutex<Vec<u32>>);
+
+#[async_trait::async_trait]
+impl ProcessLauncher for Direct {
+    async fn launch(
+        &self,
+        spec: CommandSpec,
+    ) -> Result<ManagedChild, crate::process::ProcessError> {
+        let child = crate::process::spawn(&spec)?;
+        self.0.lock().unwrap().push(child.pid());
+        Ok(child)
+    }
+}
+
+/// A provider whose "server" is `sh -c script` (the serve flags land in `$0`, `$1`…).
+fn stand_in(script: &str, start_timeout: Duration) -> OpenCodeProvider {
+    let mut cfg = crate::providers::registry::builtin_config(&builtin(), "opencode", None);
+    cfg.command = vec!["sh".into(), "-c".into(), script.into()];
+    OpenCodeProvider { cfg, start_timeout }
+}
+
+fn spec(cwd: &std::path::Path) -> SessionSpec {
+    SessionSpec {
+        cwd: cwd.to_owned(),
+        model: None,
+        mode: None,
+        system_prompt: None,
+        mcp_servers: BTreeMap::new(),
+        resume: None,
+    }
+}
+
+/// A failed start must not hang (its supervisor once waited for a dispatcher forever).
+async fn bounded<T>(start: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(20), start)
+        .await
+        .expect("start answers within 20 s")
+}
+
+fn gone(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid as i32, 0) != 0 }
+}
+
+#[tokio::test]
+async fn a_server_that_exits_before_it_is_ready_fails_the_start_with_its_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let launcher = Arc::new(Direct::default());
+    let provider = stand_in(
+        "echo 'no config for you' >&2; exit 3",
+        Duration::from_secs(20),
+    );
+    let (tx, mut rx) = tokio::sync::mpsc::channel(8);
+    let started = std::time::Instant::now();
+    let Err(e) = bounded(provider.start(spec(dir.path()), launcher.clone(), tx)).await else {
+        panic!("a server that exits cannot start a session");
+    };
+    let e = e.to_string();
+    assert!(e.contains("exited before it was ready"), "{e}");
+    assert!(e.contains("no config for you"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{e}");
+    assert!(
+        rx.recv().await.is_none(),
+        "no events from a session that never started"
+    );
+    let pid = launcher.0.lock().unwrap()[0];
+    assert!(gone(pid));
+}
+
+#[tokio::test]
+async fn a_server_that_never_gets_healthy_is_stopped_at_the_start_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let launcher = Arc::new(Direct::default());
+    let provider = stand_in("sleep 30", Duration::from_millis(800));
+    let (tx, _rx) = tokio::sync::mpsc::channel(8);
+    let started = std::time::Instant::now();
+    let Err(e) = bounded(provider.start(spec(dir.path()), launcher.clone(), tx)).await else {
+        panic!("nothing answers the health route");
+    };
+    assert!(e.to_string().contains("did not start within"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{e}");
+    let pid = launcher.0.lock().unwrap()[0];
+    assert!(gone(pid), "the process group is stopped");
+}
