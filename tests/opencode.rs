@@ -520,6 +520,54 @@ async fn a_closed_agent_resumes_its_conversation() {
 }
 
 #[tokio::test]
+async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("full-access").await;
+    w.fake.push(Reply::text("Noted: mango."));
+    let first = w.turn(&agent, "remember mango", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+    let id = w.app.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["provider_session_id"]
+        .clone();
+    let pid = w.pid(&agent).await;
+
+    let World {
+        app,
+        fake,
+        cli,
+        home,
+        repo: _repo,
+        _slot,
+    } = w;
+    let (db, data_dir, token) = app.stop().await;
+    assert!(!pid_alive(pid), "the server's stop ended OpenCode");
+    let (url, h) = (fake.base_url(), home.path().to_path_buf());
+    let app = spawn_on_with(db, data_dir, Some(token), |s| configure(s, &cli, &url, &h)).await;
+
+    // Still unattended: a file is written without asking.
+    let path = path_of(&ws["path"]).join("after.txt");
+    fake.push(Reply::tool(
+        "write",
+        json!({"filePath": path, "content": "after\n"}),
+    ));
+    fake.push(Reply::text("You said mango."));
+    let mut stream = app.events(&agent, Some(last_seq(&first))).await;
+    app.prompt(&agent, "what fruit? and write after.txt").await;
+    let second = stream.until("turn_completed", LONG).await;
+    let k = kinds(&second);
+    assert_eq!(outcome(&second)["outcome"], "completed", "{k:?}");
+    assert!(!k.contains(&"permission_requested"), "{k:?}");
+    let started = of_kind(&second, "session_started");
+    assert_eq!(started.last().unwrap()["resumed"], true);
+    assert_eq!(started.last().unwrap()["provider_session_id"], id);
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "after\n");
+    let a = app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(a["mode"], "full-access", "{a}");
+    let history = conversation_text(&fake.last_completion().body);
+    assert!(history.contains("remember mango"), "{history}");
+    assert!(history.contains("Noted: mango."), "{history}");
+}
+
+#[tokio::test]
 async fn full_access_writes_without_asking_and_a_live_switch_to_build_asks_again() {
     let Some(w) = world().await else { return };
     let (agent, ws) = w.agent("full-access").await;
