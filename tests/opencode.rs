@@ -568,6 +568,74 @@ async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
 }
 
 #[tokio::test]
+async fn a_failed_mcp_server_and_a_lost_session_are_reported_and_the_agent_works() {
+    let Some(w) = world().await else { return };
+    let project = w.app.project(w.repo.path()).await;
+    let ws = w
+        .app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let agent = w
+        .app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "opencode",
+                "mcp_servers": {"files": {"command": "/nonexistent/mcp-files", "args": ["--root", "."]}}}),
+            201,
+        )
+        .await;
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    w.fake.push(Reply::text("Working without it."));
+    let first = w.turn(&agent, "hello", None).await;
+    assert_eq!(
+        outcome(&first)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&first)
+    );
+    let errors = of_kind(&first, "error");
+    assert!(
+        errors.iter().any(|e| e["code"] == "mcp_server_failed"
+            && e["message"].as_str().unwrap().contains("`files`")),
+        "{errors:?}"
+    );
+    let id = w.app.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["provider_session_id"]
+        .clone();
+
+    // OpenCode's store is wiped while the agent is closed: the next prompt starts a new
+    // session and says so.
+    w.app
+        .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
+        .await;
+    eventually(
+        "no process of this test's OpenCode home",
+        Duration::from_secs(10),
+        || w.processes_of_this_test().is_empty(),
+    )
+    .await;
+    std::fs::remove_dir_all(w.home.path().join(".local/share/opencode")).unwrap();
+    w.fake.push(Reply::text("Fresh start."));
+    let second = w.turn(&agent, "again", Some(last_seq(&first))).await;
+    assert_eq!(
+        outcome(&second)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&second)
+    );
+    let started = of_kind(&second, "session_started");
+    assert_eq!(started[0]["resumed"], false, "{}", started[0]);
+    assert_ne!(started[0]["provider_session_id"], id);
+    assert!(
+        of_kind(&second, "error")
+            .iter()
+            .any(|e| e["code"] == "resume_failed"),
+        "{:?}",
+        kinds(&second)
+    );
+    assert_eq!(last_message(&second), "Fresh start.");
+}
+
+#[tokio::test]
 async fn full_access_writes_without_asking_and_a_live_switch_to_build_asks_again() {
     let Some(w) = world().await else { return };
     let (agent, ws) = w.agent("full-access").await;

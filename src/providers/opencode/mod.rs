@@ -615,17 +615,37 @@ impl Provider for OpenCodeProvider {
         let opened = tokio::time::timeout(self.start_timeout, async {
             api.healthy(&mut exited).await?;
             let stream = api.events().await?;
-            let (session_id, resumed) = open_session(&api, spec.resume.as_ref(), &mode).await?;
+            let (session_id, resume_failure) =
+                open_session(&api, spec.resume.as_ref(), &mode).await?;
+            let resumed = spec.resume.is_some() && resume_failure.is_none();
+            let mut notes = Vec::new();
+            if let Some(why) = resume_failure {
+                notes.push(ProviderEvent::Error {
+                    message: format!(
+                        "the earlier conversation could not be reopened ({why}); a new session was started"
+                    ),
+                    code: Some("resume_failed".to_owned()),
+                });
+            }
             for (name, config) in &mcp {
-                api.post("/mcp", &json!({"name": name, "config": config}))
+                let added = api
+                    .post("/mcp", &json!({"name": name, "config": config}))
                     .await
                     .map_err(|e| format!("adding the MCP server `{name}` failed: {e}"))?;
+                // OpenCode answers every server's status; one that failed to start leaves
+                // the session usable without it.
+                if let Some(error) = mcp_failure(&added, name) {
+                    notes.push(ProviderEvent::Error {
+                        message: format!("the MCP server `{name}` did not start: {error}"),
+                        code: Some("mcp_server_failed".to_owned()),
+                    });
+                }
             }
-            Ok::<_, String>((stream, session_id, resumed))
+            Ok::<_, String>((stream, session_id, resumed, notes))
         })
         .await;
         let failure = match opened {
-            Ok(Ok((stream, session_id, resumed))) => {
+            Ok(Ok((stream, session_id, resumed, notes))) => {
                 let live = Arc::new(Live {
                     shared: shared.clone(),
                     api,
@@ -650,6 +670,9 @@ impl Provider for OpenCodeProvider {
                     system: spec.system_prompt.filter(|p| !p.is_empty()),
                     stopper,
                 };
+                for note in notes {
+                    shared.events.emit(note).await;
+                }
                 let _ = started_tx.send(());
                 return Ok((Box::new(session), info));
             }
@@ -776,13 +799,25 @@ fn mcp_configs(servers: &BTreeMap<String, Value>) -> Result<Vec<(String, Value)>
     Ok(out)
 }
 
-/// Reopen the stored session when it still exists (answering whether it did), else
-/// create one; either way with the mode's permission rules.
+/// Why `POST /mcp` says the server `name` did not start, if it says so.
+fn mcp_failure(answer: &Value, name: &str) -> Option<String> {
+    let status = answer.get(name)?;
+    (status.get("status").and_then(Value::as_str) == Some("failed")).then(|| {
+        status
+            .get("error")
+            .and_then(Value::as_str)
+            .unwrap_or("no reason given")
+            .to_owned()
+    })
+}
+
+/// Reopen the stored session when it still exists, else create one (answering why the
+/// stored one could not be reopened); either way with the mode's permission rules.
 async fn open_session(
     api: &Api,
     resume: Option<&Value>,
     mode: &str,
-) -> Result<(String, bool), String> {
+) -> Result<(String, Option<String>), String> {
     let (_, _, rules) = policy(mode).expect("a checked mode");
     let stored = resume
         .and_then(|r| r.get("session_id"))
@@ -790,24 +825,28 @@ async fn open_session(
         .filter(|id| {
             id.starts_with("ses") && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
         });
+    let mut failure = None;
     if let Some(id) = stored {
         match api.get(&format!("/session/{id}")).await {
             Ok(_) => {
                 api.patch(&format!("/session/{id}"), &json!({"permission": rules}))
                     .await?;
-                return Ok((id.to_owned(), true));
+                return Ok((id.to_owned(), None));
             }
             Err(e) => {
-                tracing::warn!(session = id, error = %e, "the stored OpenCode session is gone; starting a new one")
+                tracing::warn!(session = id, error = %e, "the stored OpenCode session is gone; starting a new one");
+                failure = Some(e);
             }
         }
+    } else if resume.is_some() {
+        failure = Some("the stored handle names no OpenCode session".to_owned());
     }
     let created = api.post("/session", &json!({"permission": rules})).await?;
     let id = created
         .get("id")
         .and_then(Value::as_str)
         .ok_or_else(|| "POST /session named no session".to_owned())?;
-    Ok((id.to_owned(), false))
+    Ok((id.to_owned(), failure))
 }
 
 // ---------------------------------------------------------------------------------------
