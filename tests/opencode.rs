@@ -52,8 +52,12 @@ fn configure(s: &mut Settings, cli: &Path, base_url: &str, home: &Path) {
         "provider": {"fake": {
             "npm": "@ai-sdk/openai-compatible",
             "options": {"baseURL": base_url, "apiKey": "test-key"},
-            "models": {MODEL: {"name": "Fake", "tool_call": true,
-                "limit": {"context": 100000, "output": 4096}}},
+            "models": {
+                MODEL: {"name": "Fake", "tool_call": true,
+                    "limit": {"context": 100000, "output": 4096}},
+                "fake-model-2": {"name": "Fake 2", "tool_call": true,
+                    "limit": {"context": 100000, "output": 4096}},
+            },
         }},
     });
     let dir = |d: &str| home.join(d).display().to_string();
@@ -633,6 +637,49 @@ async fn a_failed_mcp_server_and_a_lost_session_are_reported_and_the_agent_works
         kinds(&second)
     );
     assert_eq!(last_message(&second), "Fresh start.");
+}
+
+#[tokio::test]
+async fn plan_mode_edits_nothing_and_a_model_change_applies_to_the_next_prompt() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("plan").await;
+    let path = path_of(&ws["path"]).join("planned.txt");
+    w.fake.push(Reply::tool(
+        "write",
+        json!({"filePath": path, "content": "no\n"}),
+    ));
+    w.fake.push(Reply::text("I only plan."));
+    let events = w.turn(&agent, "write planned.txt", None).await;
+    let k = kinds(&events);
+    assert!(!k.contains(&"permission_requested"), "{k:?}");
+    assert!(!path.exists());
+    // The plan agent is not offered the tools that edit.
+    let first = &w.fake.completions()[0];
+    let tools: Vec<&str> = first.body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert!(tools.contains(&"read"), "{tools:?}");
+    assert!(
+        !tools.contains(&"write") && !tools.contains(&"edit"),
+        "{tools:?}"
+    );
+    assert_eq!(first.body["model"], MODEL);
+
+    let changed = w
+        .app
+        .put_ok(
+            &format!("/v1/agents/{agent}/model"),
+            json!({"model": "fake/fake-model-2"}),
+        )
+        .await;
+    assert_eq!(changed["model"], "fake/fake-model-2", "{changed}");
+    w.fake.push(Reply::text("Now the other model."));
+    let next = w.turn(&agent, "and now?", Some(last_seq(&events))).await;
+    assert_eq!(outcome(&next)["outcome"], "completed", "{:?}", kinds(&next));
+    assert_eq!(w.fake.last_completion().body["model"], "fake-model-2");
 }
 
 #[tokio::test]
