@@ -50,6 +50,8 @@ const HEALTH_PAUSE: Duration = Duration::from_millis(200);
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 /// After the process is gone, how long the rest of its events may take to be handled.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(1);
+/// When the event stream ends, how long the process has to show that it died.
+const EXIT_AFTER_LOST: Duration = Duration::from_millis(500);
 /// The user name of OpenCode's Basic auth (its default).
 const USER: &str = "opencode";
 
@@ -981,7 +983,13 @@ async fn supervise(
     tokio::select! {
         waited = child.wait() => status = waited.ok(),
         _ = close => {}
-        _ = shared.lost.notified() => broken = Some("the event stream from OpenCode ended"),
+        _ = shared.lost.notified() => {
+            // The stream also ends when the process dies: then its exit is the reason.
+            match tokio::time::timeout(EXIT_AFTER_LOST, child.wait()).await {
+                Ok(waited) => status = waited.ok(),
+                Err(_) => broken = Some("the event stream from OpenCode ended"),
+            }
+        }
     }
     let _ = shared.exited.send(true);
     let status = child.wind_down(status, Duration::ZERO).await;
@@ -996,8 +1004,9 @@ async fn supervise(
         r.settle().await;
     }
     let reason = match broken {
-        Some(why) if status.is_none() => describe_exit(None, Some(why), &shared.stderr.tail()),
-        _ => describe_exit(status, None, &shared.stderr.tail()),
+        // The process was stopped because its events could no longer be followed.
+        Some(why) => describe_exit(None, Some(why), &shared.stderr.tail()),
+        None => describe_exit(status, None, &shared.stderr.tail()),
     };
     report_exit(
         &shared.events,
