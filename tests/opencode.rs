@@ -271,6 +271,20 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
     assert_eq!(request.body["model"], MODEL);
     assert_eq!(request.header("authorization"), Some("Bearer test-key"));
     assert!(conversation_text(&request.body).contains("say hello"));
+    let tools: Vec<&str> = request.body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        tools.contains(&"write") && tools.contains(&"bash"),
+        "{tools:?}"
+    );
+    assert!(
+        !tools.contains(&"question"),
+        "no tool that waits on a route agentry does not serve: {tools:?}"
+    );
     for r in w.fake.requests() {
         assert!(r.line.contains("/v1/"), "{}", r.line);
     }

@@ -1047,9 +1047,12 @@ impl ProviderSession for OpenCodeSession {
             mapper.begin_turn();
         }
         let (agent, _, _) = policy(&self.mode).expect("a checked mode");
+        // OpenCode's `question` tool waits for an answer through routes this adapter does
+        // not serve (`/question`); without it the model asks in its reply instead.
         let mut body = json!({
             "parts": [{"type": "text", "text": input.text}],
             "agent": agent,
+            "tools": {"question": false},
         });
         if let Some(model) = self.model.as_deref().and_then(model_ref) {
             body["model"] = model;
