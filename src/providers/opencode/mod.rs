@@ -111,27 +111,18 @@ fn modes() -> Vec<ModeInfo> {
     ]
 }
 
-/// A mode as the OpenCode agent that runs its prompts, the `permission` of the
-/// configuration, and the session's permission rules (later rules win in OpenCode, so
-/// each mode's rules fully override the previous mode's).
-fn policy(mode: &str) -> Option<(&'static str, Value, Value)> {
-    let rule = |permission: &str, action: &str| json!({"permission": permission, "pattern": "*", "action": action});
+/// A mode as the OpenCode agent that runs its prompts, and whether agentry answers
+/// OpenCode's permission requests itself (`allow` once) instead of asking a person.
+///
+/// OpenCode always asks for `edit` and `bash` (the configuration says `ask`): its
+/// configuration is read once per process, and a session's own permission rules
+/// (`PATCH /session/{id}`) were seen lost to OpenCode's own write of the session at the
+/// end of a turn. Answering in the adapter makes a live mode switch work both ways.
+fn policy(mode: &str) -> Option<(&'static str, bool)> {
     match mode {
-        "build" => Some((
-            "build",
-            json!({"edit": "ask", "bash": "ask"}),
-            json!([rule("edit", "ask"), rule("bash", "ask")]),
-        )),
-        "plan" => Some((
-            "plan",
-            json!({"edit": "deny", "bash": "ask"}),
-            json!([rule("edit", "deny"), rule("bash", "ask")]),
-        )),
-        "full-access" => Some((
-            "build",
-            json!({"edit": "allow", "bash": "allow"}),
-            json!([rule("*", "allow")]),
-        )),
+        "build" => Some(("build", false)),
+        "plan" => Some(("plan", false)),
+        "full-access" => Some(("build", true)),
         _ => None,
     }
 }
@@ -162,7 +153,7 @@ impl OpenCodeProvider {
 
     /// The user's `OPENCODE_CONFIG_CONTENT` (from the provider's `env`), with what
     /// agentry decides set over it.
-    fn config(&self, model: Option<&str>, mode: &str) -> Result<Value, ProviderError> {
+    fn config(&self, model: Option<&str>) -> Result<Value, ProviderError> {
         let mut config = match self.cfg.env.get("OPENCODE_CONFIG_CONTENT") {
             Some(text) if !text.trim().is_empty() => serde_json::from_str::<Value>(text)
                 .ok()
@@ -175,7 +166,6 @@ impl OpenCodeProvider {
                 })?,
             _ => json!({}),
         };
-        let (_, permission, _) = policy(mode).expect("a checked mode");
         if let Some(model) = model {
             config["model"] = json!(model);
         }
@@ -184,8 +174,8 @@ impl OpenCodeProvider {
         if !config["permission"].is_object() {
             config["permission"] = json!({});
         }
-        for (key, action) in permission.as_object().expect("an object") {
-            config["permission"][key] = action.clone();
+        for key in ["edit", "bash"] {
+            config["permission"][key] = json!("ask");
         }
         // agentry shows no session titles: no model call to write one.
         if !config["agent"].is_object() {
@@ -195,6 +185,14 @@ impl OpenCodeProvider {
             config["agent"]["title"] = json!({});
         }
         config["agent"]["title"]["disable"] = json!(true);
+        // The plan agent edits nothing, whatever the global `edit` above says.
+        if !config["agent"]["plan"].is_object() {
+            config["agent"]["plan"] = json!({});
+        }
+        if !config["agent"]["plan"]["permission"].is_object() {
+            config["agent"]["plan"]["permission"] = json!({});
+        }
+        config["agent"]["plan"]["permission"]["edit"] = json!("deny");
         Ok(config)
     }
 
@@ -380,11 +378,6 @@ impl Api {
             .await
     }
 
-    async fn patch(&self, path: &str, body: &Value) -> Result<Value, String> {
-        self.call(reqwest::Method::PATCH, path, Some(body), CALL_TIMEOUT)
-            .await
-    }
-
     /// Poll the health route (short tries) until it says healthy or the process ends.
     async fn healthy(&self, exited: &mut watch::Receiver<bool>) -> Result<(), String> {
         loop {
@@ -517,8 +510,7 @@ impl Provider for OpenCodeProvider {
     /// The models of the providers OpenCode can use (`GET /config/providers`) as
     /// `provider/model`, from a server started for the probe.
     async fn models(&self, probe: &Probe) -> Result<Vec<ModelInfo>, ProviderError> {
-        let mode = self.mode_of(None)?;
-        let config = self.config(None, &mode)?;
+        let config = self.config(None)?;
         let mut server = self
             .serve(probe.launcher.as_ref(), probe.cwd.clone(), &config)
             .await?;
@@ -575,7 +567,7 @@ impl Provider for OpenCodeProvider {
             )));
         }
         let mcp = mcp_configs(&spec.mcp_servers)?;
-        let config = self.config(spec.model.as_deref(), &mode)?;
+        let config = self.config(spec.model.as_deref())?;
         let model = spec.model.clone().or_else(|| {
             config
                 .get("model")
@@ -618,7 +610,7 @@ impl Provider for OpenCodeProvider {
             api.healthy(&mut exited).await?;
             let stream = api.events().await?;
             let (session_id, resume_failure) =
-                open_session(&api, spec.resume.as_ref(), &mode).await?;
+                open_session(&api, spec.resume.as_ref()).await?;
             let resumed = spec.resume.is_some() && resume_failure.is_none();
             let mut notes = Vec::new();
             if let Some(why) = resume_failure {
@@ -655,6 +647,7 @@ impl Provider for OpenCodeProvider {
                     mapper: Mutex::new(Mapper::new(session_id.clone())),
                     asks: Mutex::new(HashMap::new()),
                     interrupt_epoch: watch::channel(0).0,
+                    unattended: AtomicBool::new(policy(&mode).expect("a checked mode").1),
                 });
                 let _ = dispatcher_tx.send(tokio::spawn(dispatch(stream, live.clone())));
                 let info = SessionInfo {
@@ -814,13 +807,11 @@ fn mcp_failure(answer: &Value, name: &str) -> Option<String> {
 }
 
 /// Reopen the stored session when it still exists, else create one (answering why the
-/// stored one could not be reopened); either way with the mode's permission rules.
+/// stored one could not be reopened).
 async fn open_session(
     api: &Api,
     resume: Option<&Value>,
-    mode: &str,
 ) -> Result<(String, Option<String>), String> {
-    let (_, _, rules) = policy(mode).expect("a checked mode");
     let stored = resume
         .and_then(|r| r.get("session_id"))
         .and_then(Value::as_str)
@@ -830,11 +821,7 @@ async fn open_session(
     let mut failure = None;
     if let Some(id) = stored {
         match api.get(&format!("/session/{id}")).await {
-            Ok(_) => {
-                api.patch(&format!("/session/{id}"), &json!({"permission": rules}))
-                    .await?;
-                return Ok((id.to_owned(), None));
-            }
+            Ok(_) => return Ok((id.to_owned(), None)),
             Err(e) => {
                 tracing::warn!(session = id, error = %e, "the stored OpenCode session is gone; starting a new one");
                 failure = Some(e);
@@ -843,7 +830,7 @@ async fn open_session(
     } else if resume.is_some() {
         failure = Some("the stored handle names no OpenCode session".to_owned());
     }
-    let created = api.post("/session", &json!({"permission": rules})).await?;
+    let created = api.post("/session", &json!({})).await?;
     let id = created
         .get("id")
         .and_then(Value::as_str)
@@ -877,6 +864,8 @@ struct Live {
     asks: Mutex<HashMap<String, oneshot::Sender<()>>>,
     /// Bumped by `interrupt`: every request waiting then stops waiting.
     interrupt_epoch: watch::Sender<u64>,
+    /// The mode runs unattended: requests are allowed here, nobody is asked.
+    unattended: AtomicBool,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -922,6 +911,15 @@ async fn handle(live: &Arc<Live>, mapped: Mapped) {
                     })
                     .await;
             }
+        }
+        Mapped::Ask(ask) if live.unattended.load(Ordering::Acquire) => {
+            let live = live.clone();
+            tokio::spawn(async move {
+                let path = format!("/permission/{}/reply", ask.request_id);
+                if let Err(e) = live.api.post(&path, &json!({"reply": "once"})).await {
+                    tracing::debug!(error = %e, "allowing an OpenCode permission failed");
+                }
+            });
         }
         Mapped::Ask(ask) => {
             let (reply, decision) = oneshot::channel();
@@ -1046,7 +1044,7 @@ impl ProviderSession for OpenCodeSession {
             }
             mapper.begin_turn();
         }
-        let (agent, _, _) = policy(&self.mode).expect("a checked mode");
+        let (agent, _) = policy(&self.mode).expect("a checked mode");
         // OpenCode's `question` tool waits for an answer through routes this adapter does
         // not serve (`/question`); without it the model asks in its reply instead.
         let mut body = json!({
@@ -1092,18 +1090,13 @@ impl ProviderSession for OpenCodeSession {
     }
 
     async fn set_mode(&mut self, mode: &str) -> Result<(), ProviderError> {
-        let Some((_, _, rules)) = policy(mode) else {
+        let Some((_, unattended)) = policy(mode) else {
             return Err(unknown_mode(mode));
         };
         if self.mode == mode {
             return Ok(());
         }
-        let path = format!("/session/{}", self.live.session_id);
-        self.live
-            .api
-            .patch(&path, &json!({"permission": rules}))
-            .await
-            .map_err(ProviderError::Protocol)?;
+        self.live.unattended.store(unattended, Ordering::Release);
         self.mode = mode.to_owned();
         self.live
             .shared

@@ -340,20 +340,23 @@ fn the_configuration_keeps_the_users_and_sets_what_agentry_decides() {
             .to_owned(),
     );
     let p = OpenCodeProvider::new(cfg.clone());
-    let c = p.config(Some("fake/m"), "build").unwrap();
+    let c = p.config(Some("fake/m")).unwrap();
     assert_eq!(c["model"], "fake/m");
     assert_eq!(c["provider"]["fake"]["npm"], "x");
     assert_eq!(c["permission"]["webfetch"], "deny");
     assert_eq!(c["permission"]["edit"], "ask");
     assert_eq!(c["permission"]["bash"], "ask");
     assert_eq!(c["agent"]["title"]["disable"], true);
-    let c = p.config(None, "full-access").unwrap();
-    assert_eq!(c["permission"]["edit"], "allow");
+    assert_eq!(c["agent"]["plan"]["permission"]["edit"], "deny");
+    // OpenCode always asks; in full access agentry answers (see `policy`).
+    assert_eq!(policy("full-access"), Some(("build", true)));
+    let c = p.config(None).unwrap();
+    assert_eq!(c["permission"]["edit"], "ask");
     assert!(c.get("model").is_none());
 
     cfg.env
         .insert("OPENCODE_CONFIG_CONTENT".to_owned(), "[1]".to_owned());
-    assert!(OpenCodeProvider::new(cfg).config(None, "build").is_err());
+    assert!(OpenCodeProvider::new(cfg).config(None).is_err());
     // Quiet start by default.
     let b = builtin();
     assert!(b.env.contains(&("OPENCODE_DISABLE_MODELS_FETCH", "1")));
