@@ -909,9 +909,6 @@ const CLI_PROVIDER_KEYS: [&str; 8] = [
     "team_secrets",
 ];
 
-/// Built-in provider ids that the contract names but this server does not implement yet.
-const PLANNED_PROVIDERS: [&str; 1] = ["opencode"];
-
 /// The keys a provider table with `extends = "acp"` may carry (all of them are used).
 const ACP_PROVIDER_KEYS: [&str; 9] = [
     "enabled",
@@ -1044,15 +1041,6 @@ fn check_providers(table: &toml::Table) -> Result<(), SettingsError> {
             }
             None => match BUILT_IN_PROVIDERS.iter().find(|(b, _)| b == id) {
                 Some((_, keys)) => keys,
-                None if PLANNED_PROVIDERS.contains(&id.as_str()) => {
-                    return Err(invalid(
-                        &name,
-                        format!(
-                            "the `{id}` provider is not implemented by this server yet; \
-                             to run it as an ACP agent, add `extends = \"acp\"`"
-                        ),
-                    ));
-                }
                 None => {
                     return Err(invalid(
                         &name,
@@ -1228,10 +1216,6 @@ mod tests {
 
     #[test]
     fn provider_tables_the_server_would_not_use_are_refused() {
-        // A provider the contract names but this server does not implement yet.
-        let e = refused("[providers.opencode]\ncommand = [\"opencode\"]\n", &[]);
-        assert_eq!(e.setting, "providers.opencode");
-        assert!(e.message.contains("not implemented"), "{e}");
         // An id that is no provider at all, without `extends`.
         let e = refused("[providers.my-agent]\ncommand = [\"my-agent\"]\n", &[]);
         assert_eq!(e.setting, "providers.my-agent");
@@ -1268,10 +1252,10 @@ mod tests {
         // The same through the environment.
         let e = Settings::load_from(
             None,
-            &env(&[("AGENTRY_PROVIDERS__OPENCODE__ENABLED", "true")]),
+            &env(&[("AGENTRY_PROVIDERS__MY_AGENT__ENABLED", "true")]),
         )
         .unwrap_err();
-        assert_eq!(e.setting, "providers.opencode");
+        assert_eq!(e.setting, "providers.my-agent");
         let e = Settings::load_from(None, &env(&[("AGENTRY_PROVIDERS__MOCK__LABEL", "M")]))
             .unwrap_err();
         assert_eq!(e.setting, "providers.mock.label");

@@ -290,8 +290,8 @@ fn serve_refuses_settings_it_does_not_implement() {
             "auth.oidc.allowed_algs",
         ),
         (
-            "[providers.opencode]\nenabled = true\ncommand = [\"opencode\"]\n",
-            "providers.opencode",
+            "[providers.my-agent]\nenabled = true\ncommand = [\"my-agent\"]\n",
+            "providers.my-agent",
         ),
         ("[providers.mock]\nargs = [\"-v\"]\n", "providers.mock.args"),
     ] {

@@ -17,6 +17,7 @@ pub mod copilot;
 pub mod emitter;
 pub mod gemini;
 pub mod mock;
+pub mod opencode;
 pub mod pi;
 pub mod registry;
 

@@ -27,6 +27,7 @@ pub fn builtins() -> Vec<Builtin> {
         super::codex::builtin(),
         super::copilot::builtin(),
         super::gemini::builtin(),
+        super::opencode::builtin(),
         super::pi::builtin(),
     ]
 }

@@ -153,6 +153,9 @@ async fn start_on(
         token,
         client: reqwest::Client::builder()
             .timeout(Duration::from_secs(60))
+            // Below the server's 5 s keep-alive: a connection the server is closing is
+            // never reused (that fails the request with `IncompleteMessage`).
+            .pool_idle_timeout(Duration::from_secs(2))
             .build()
             .unwrap(),
         pool,

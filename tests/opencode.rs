@@ -1,0 +1,885 @@
+//! The `opencode` provider driven end to end: agentry's REST/SSE API, the real OpenCode
+//! (the pinned install) as `opencode serve`, offline, with a custom provider pointed at a
+//! fake Chat Completions server on 127.0.0.1 that scripts the model. The provider is
+//! configured through settings exactly as a user would configure it.
+
+#[path = "api/helpers.rs"]
+#[allow(dead_code)]
+mod helpers;
+
+#[path = "support/http.rs"]
+mod http;
+
+#[path = "support/clis.rs"]
+mod clis;
+
+#[path = "support/fake_chat.rs"]
+#[allow(dead_code)]
+mod fake_chat;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agentry::config::{ProviderSettings, Settings};
+use fake_chat::{FakeChat, MODEL, Reply, conversation_text};
+use helpers::*;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+/// The server is large: at most this many run at once across the tests of this binary.
+static CLI_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// One test's world: the app, the fake model, OpenCode's home, a repository.
+struct World {
+    app: TestApp,
+    fake: FakeChat,
+    cli: PathBuf,
+    home: TempDir,
+    repo: TempDir,
+    _slot: tokio::sync::SemaphorePermit<'static>,
+}
+
+/// The `[providers.opencode]` table of a setup against the fake: a custom provider in
+/// `OPENCODE_CONFIG_CONTENT`, and a home of its own. The npm registry is unreachable, as
+/// on an offline machine: OpenCode's plugin install at start fails and must not matter.
+fn configure(s: &mut Settings, cli: &Path, base_url: &str, home: &Path) {
+    let config = json!({
+        "model": format!("fake/{MODEL}"),
+        "small_model": format!("fake/{MODEL}"),
+        "provider": {"fake": {
+            "npm": "@ai-sdk/openai-compatible",
+            "options": {"baseURL": base_url, "apiKey": "test-key"},
+            "models": {
+                MODEL: {"name": "Fake", "tool_call": true,
+                    "limit": {"context": 100000, "output": 4096}},
+                "fake-model-2": {"name": "Fake 2", "tool_call": true,
+                    "limit": {"context": 100000, "output": 4096}},
+            },
+        }},
+    });
+    let dir = |d: &str| home.join(d).display().to_string();
+    let env = BTreeMap::from([
+        ("OPENCODE_CONFIG_CONTENT".to_owned(), config.to_string()),
+        ("HOME".to_owned(), home.display().to_string()),
+        ("XDG_CONFIG_HOME".to_owned(), dir(".config")),
+        ("XDG_DATA_HOME".to_owned(), dir(".local/share")),
+        ("XDG_STATE_HOME".to_owned(), dir(".local/state")),
+        ("XDG_CACHE_HOME".to_owned(), dir(".cache")),
+        (
+            "npm_config_registry".to_owned(),
+            "http://127.0.0.1:9/".to_owned(),
+        ),
+    ]);
+    s.providers.insert(
+        "opencode".into(),
+        ProviderSettings {
+            command: Some(vec![cli.display().to_string()]),
+            env,
+            ..Default::default()
+        },
+    );
+}
+
+/// `None` when the CLI is not installed and not required (a loud message was printed).
+async fn world() -> Option<World> {
+    let cli = clis::cli("opencode")?;
+    let slot = CLI_SLOTS.acquire().await.unwrap();
+    let fake = FakeChat::start().await;
+    let home = tempfile::tempdir().unwrap();
+    let (url, h, c) = (fake.base_url(), home.path().to_path_buf(), cli.clone());
+    let app = spawn_app_with(move |s| configure(s, &c, &url, &h)).await;
+    Some(World {
+        app,
+        fake,
+        cli,
+        home,
+        repo: git_repo(),
+        _slot: slot,
+    })
+}
+
+impl World {
+    /// A worktree workspace and an `opencode` agent in `mode`; returns (agent id, workspace).
+    async fn agent(&self, mode: &str) -> (String, Value) {
+        let project = self
+            .app
+            .post_ok(
+                "/v1/projects",
+                json!({"name": format!("p{}", uuid::Uuid::now_v7().simple()), "repo_path": self.repo.path()}),
+                201,
+            )
+            .await;
+        let ws = self
+            .app
+            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+            .await;
+        let agent = self
+            .app
+            .post_ok(
+                "/v1/agents",
+                json!({"workspace_id": ws["id"], "provider": "opencode", "mode": mode}),
+                201,
+            )
+            .await;
+        (agent["id"].as_str().unwrap().to_owned(), ws)
+    }
+
+    /// Prompt and read the agent's stream until the turn completes; returns its events.
+    async fn turn(&self, agent: &str, text: &str, after: Option<i64>) -> Vec<SseEvent> {
+        let mut stream = self.app.events(agent, after).await;
+        self.app.prompt(agent, text).await;
+        stream.until("turn_completed", LONG).await
+    }
+
+    async fn pid(&self, agent: &str) -> i32 {
+        self.app.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["pid"]
+            .as_i64()
+            .expect("a running server") as i32
+    }
+
+    fn processes_of_this_test(&self) -> Vec<i32> {
+        processes_with_env(&format!("HOME={}", self.home.path().display()))
+    }
+
+    async fn answer(&self, agent: &str, request: &Value, behavior: &str) {
+        self.app
+            .post_ok(
+                &format!(
+                    "/v1/agents/{agent}/permissions/{}",
+                    request["request_id"].as_str().unwrap()
+                ),
+                json!({"behavior": behavior}),
+                200,
+            )
+            .await;
+    }
+}
+
+/// Pids whose environment holds `entry` (`NAME=value`).
+fn processes_with_env(entry: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for dir in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = dir.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(dir.path().join("environ")) else {
+            continue;
+        };
+        if environ.split(|b| *b == 0).any(|e| e == entry.as_bytes()) && pid_alive(pid) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// The assistant's last whole message in `events`.
+fn last_message(events: &[SseEvent]) -> String {
+    of_kind(events, "assistant_message")
+        .last()
+        .map(|m| m["text"].as_str().unwrap().to_owned())
+        .unwrap_or_default()
+}
+
+async fn ledger_rows(app: &TestApp) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM managed_processes")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_text_turn_streams_deltas_and_completes_with_usage() {
+    let Some(w) = world().await else { return };
+    let providers = w.app.get_ok("/v1/providers").await;
+    let opencode = providers["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "opencode")
+        .expect("opencode is listed")
+        .clone();
+    assert_eq!(opencode["available"], true, "{opencode}");
+    assert_eq!(opencode["protocol"], "opencode-http");
+    assert_eq!(opencode["default_mode"], "build");
+    let modes: Vec<(&str, bool)> = opencode["modes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["id"].as_str().unwrap(), m["unattended"] == true))
+        .collect();
+    assert_eq!(
+        modes,
+        [("build", false), ("plan", false), ("full-access", true)]
+    );
+    // The catalog comes from a server started for the probe, which is gone after it.
+    let models = w.app.get_ok("/v1/providers/opencode/models").await;
+    let fake = models["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == format!("fake/{MODEL}"))
+        .unwrap_or_else(|| panic!("the configured model is listed: {models}"));
+    assert_eq!(fake["is_default"], true, "{models}");
+    assert_eq!(fake["context_window"], 100000, "{models}");
+    assert_eq!(ledger_rows(&w.app).await, 0, "the probe's server is gone");
+
+    let (agent, _) = w.agent("build").await;
+    w.fake.push(Reply::slow(
+        "Hello from the fake model, in pieces.",
+        4,
+        Duration::from_millis(20),
+    ));
+    let events = w.turn(&agent, "say hello", None).await;
+    let k = kinds(&events);
+    let deltas: String = of_kind(&events, "assistant_delta")
+        .iter()
+        .map(|d| d["text"].as_str().unwrap())
+        .collect();
+    assert!(of_kind(&events, "assistant_delta").len() >= 2, "{k:?}");
+    assert_eq!(deltas, "Hello from the fake model, in pieces.");
+    assert_eq!(last_message(&events), deltas);
+    // The prompt is the user's message, not echoed as the assistant's.
+    let user = of_kind(&events, "user_message");
+    assert_eq!(user.len(), 1, "{k:?}");
+    assert_eq!(user[0]["text"], "say hello");
+    let done = outcome(&events);
+    assert_eq!(done["outcome"], "completed", "{done}");
+    assert_eq!(done["usage"]["input_tokens"], 30, "{done}");
+    assert_eq!(done["usage"]["output_tokens"], 7, "{done}");
+    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert!(
+        a["runtime"]["provider_session_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("ses"),
+        "{a}"
+    );
+
+    // One model call for the turn (no title generation), with the prompt, to the fake.
+    let calls = w.fake.completions();
+    assert_eq!(
+        calls.len(),
+        1,
+        "{:?}",
+        calls.iter().map(|c| &c.line).collect::<Vec<_>>()
+    );
+    let request = &calls[0];
+    assert_eq!(request.body["stream"], true);
+    assert_eq!(request.body["model"], MODEL);
+    assert_eq!(request.header("authorization"), Some("Bearer test-key"));
+    assert!(conversation_text(&request.body).contains("say hello"));
+    let tools: Vec<&str> = request.body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        tools.contains(&"write") && tools.contains(&"bash"),
+        "{tools:?}"
+    );
+    assert!(
+        !tools.contains(&"question"),
+        "no tool that waits on a route agentry does not serve: {tools:?}"
+    );
+    for r in w.fake.requests() {
+        assert!(r.line.contains("/v1/"), "{}", r.line);
+    }
+}
+
+#[tokio::test]
+async fn an_approved_write_lands_in_the_worktree_and_its_diff() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("build").await;
+    let path = path_of(&ws["path"]).join("hello.txt");
+    w.fake.push(Reply::tool(
+        "write",
+        json!({"filePath": path, "content": "hello from opencode\n"}),
+    ));
+    w.fake.push(Reply::text("The file is written."));
+
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "write hello.txt").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    assert_eq!(request["kind"], "tool");
+    assert_eq!(request["title"], "Edit hello.txt", "{request}");
+    let options: Vec<&str> = request["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(options, ["allow", "allow_always", "deny"], "{request}");
+    let pending = of_kind(&before, "tool_call");
+    let last = pending.last().unwrap();
+    assert_eq!(last["tool_kind"], "write", "{last}");
+    assert_eq!(
+        last["diff"][0]["new_text"], "hello from opencode\n",
+        "{last}"
+    );
+    assert!(!path.exists(), "nothing is written before the answer");
+
+    w.answer(&agent, &request, "allow").await;
+    let after = stream.until("turn_completed", LONG).await;
+    assert_eq!(
+        outcome(&after)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&after)
+    );
+    let calls = of_kind(&after, "tool_call");
+    let done = calls.last().expect("the call's end");
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        "hello from opencode\n"
+    );
+    assert_eq!(last_message(&after), "The file is written.");
+
+    let diff = w
+        .app
+        .get_ok(&format!(
+            "/v1/workspaces/{}/diff",
+            ws["id"].as_str().unwrap()
+        ))
+        .await;
+    assert!(
+        diff["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["path"] == "hello.txt"),
+        "{diff}"
+    );
+    assert!(
+        diff["patch"]
+            .as_str()
+            .unwrap()
+            .contains("+hello from opencode")
+    );
+}
+
+#[tokio::test]
+async fn a_denied_write_fails_the_tool_and_the_next_turn_works() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("build").await;
+    let path = path_of(&ws["path"]).join("denied.txt");
+    w.fake.push(Reply::tool(
+        "write",
+        json!({"filePath": path, "content": "no\n"}),
+    ));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "make denied.txt").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    w.answer(&agent, &request, "deny").await;
+    let after = stream.until("turn_completed", LONG).await;
+    assert_eq!(
+        outcome(&after)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&after)
+    );
+    let calls = of_kind(&after, "tool_call");
+    let failed = calls.last().expect("the call's end");
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert!(
+        failed["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("rejected"),
+        "{failed}"
+    );
+    assert!(!path.exists());
+    let resolved = of_kind(&after, "permission_resolved");
+    assert_eq!(resolved[0]["behavior"], "deny", "{}", resolved[0]);
+
+    w.fake.push(Reply::text("Fine."));
+    let next = w.turn(&agent, "never mind", Some(last_seq(&after))).await;
+    assert_eq!(outcome(&next)["outcome"], "completed");
+    assert_eq!(last_message(&next), "Fine.");
+}
+
+#[tokio::test]
+async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("build").await;
+    w.fake.push(Reply::slow(
+        "This answer takes a long while to arrive, word by word, far too long.",
+        40,
+        Duration::from_millis(250),
+    ));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "talk slowly").await;
+    stream.until("assistant_delta", LONG).await;
+    let res = w
+        .app
+        .post(&format!("/v1/agents/{agent}/interrupt"), json!({}))
+        .await;
+    assert_eq!(res.status(), 202);
+    let ended = stream.until("turn_completed", LONG).await;
+    assert_eq!(
+        outcome(&ended)["outcome"],
+        "canceled",
+        "{:?}",
+        kinds(&ended)
+    );
+
+    w.fake.push(Reply::text("Back again."));
+    let events = w
+        .turn(&agent, "are you there?", Some(last_seq(&ended)))
+        .await;
+    assert_eq!(
+        outcome(&events)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&events)
+    );
+    assert_eq!(last_message(&events), "Back again.");
+}
+
+#[tokio::test]
+async fn an_interrupt_while_a_permission_is_pending_cancels_the_turn() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("build").await;
+    let path = path_of(&ws["path"]).join("never.txt");
+    w.fake.push(Reply::tool(
+        "write",
+        json!({"filePath": path, "content": "never\n"}),
+    ));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "write never.txt").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    let res = w
+        .app
+        .post(&format!("/v1/agents/{agent}/interrupt"), json!({}))
+        .await;
+    assert_eq!(res.status(), 202);
+    let ended = stream.until("turn_completed", LONG).await;
+    let k = kinds(&ended);
+    assert_eq!(outcome(&ended)["outcome"], "canceled", "{k:?}");
+    let calls = of_kind(&ended, "tool_call");
+    assert_eq!(calls.last().unwrap()["status"], "failed", "{k:?}");
+    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(a["pending_permissions"], 0, "{a}");
+    assert!(!path.exists());
+    // An answer now reaches no one.
+    let late = w
+        .app
+        .post(
+            &format!(
+                "/v1/agents/{agent}/permissions/{}",
+                request["request_id"].as_str().unwrap()
+            ),
+            json!({"behavior": "allow"}),
+        )
+        .await;
+    assert!(late.status().is_client_error(), "{}", late.status());
+
+    w.fake.push(Reply::text("Back."));
+    let next = w.turn(&agent, "hello again", Some(last_seq(&ended))).await;
+    assert_eq!(outcome(&next)["outcome"], "completed", "{:?}", kinds(&next));
+    assert_eq!(last_message(&next), "Back.");
+    assert!(!path.exists());
+}
+
+#[tokio::test]
+async fn a_closed_agent_resumes_its_conversation() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("build").await;
+    w.fake.push(Reply::text("I will remember pineapple."));
+    let first = w.turn(&agent, "the secret word is pineapple", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
+    let id = a["runtime"]["provider_session_id"].clone();
+    assert!(id.is_string(), "{a}");
+    let pid = w.pid(&agent).await;
+
+    w.app
+        .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
+        .await;
+    eventually("the server to end", Duration::from_secs(10), || {
+        !pid_alive(pid)
+    })
+    .await;
+    w.fake.push(Reply::text("It was pineapple."));
+    let second = w
+        .turn(&agent, "what was the word?", Some(last_seq(&first)))
+        .await;
+    assert_eq!(
+        outcome(&second)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&second)
+    );
+    let started = of_kind(&second, "session_started");
+    assert_eq!(started.len(), 1);
+    assert_eq!(started[0]["resumed"], true);
+    assert_eq!(started[0]["provider_session_id"], id);
+    assert_eq!(
+        of_kind(&second, "assistant_message").len(),
+        1,
+        "{:?}",
+        kinds(&second)
+    );
+    assert_eq!(last_message(&second), "It was pineapple.");
+    let history = conversation_text(&w.fake.last_completion().body);
+    assert!(
+        history.contains("the secret word is pineapple"),
+        "{history}"
+    );
+    assert!(history.contains("I will remember pineapple."), "{history}");
+    assert!(history.contains("what was the word?"));
+}
+
+#[tokio::test]
+async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("full-access").await;
+    w.fake.push(Reply::text("Noted: mango."));
+    let first = w.turn(&agent, "remember mango", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+    let id = w.app.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["provider_session_id"]
+        .clone();
+    let pid = w.pid(&agent).await;
+
+    let World {
+        app,
+        fake,
+        cli,
+        home,
+        repo: _repo,
+        _slot,
+    } = w;
+    let (db, data_dir, token) = app.stop().await;
+    assert!(!pid_alive(pid), "the server's stop ended OpenCode");
+    let (url, h) = (fake.base_url(), home.path().to_path_buf());
+    let app = spawn_on_with(db, data_dir, Some(token), |s| configure(s, &cli, &url, &h)).await;
+
+    // Still unattended: a file is written without asking.
+    let path = path_of(&ws["path"]).join("after.txt");
+    fake.push(Reply::tool(
+        "write",
+        json!({"filePath": path, "content": "after\n"}),
+    ));
+    fake.push(Reply::text("You said mango."));
+    let mut stream = app.events(&agent, Some(last_seq(&first))).await;
+    app.prompt(&agent, "what fruit? and write after.txt").await;
+    let second = stream.until("turn_completed", LONG).await;
+    let k = kinds(&second);
+    assert_eq!(outcome(&second)["outcome"], "completed", "{k:?}");
+    assert!(!k.contains(&"permission_requested"), "{k:?}");
+    let started = of_kind(&second, "session_started");
+    assert_eq!(started.last().unwrap()["resumed"], true);
+    assert_eq!(started.last().unwrap()["provider_session_id"], id);
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "after\n");
+    let a = app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(a["mode"], "full-access", "{a}");
+    let history = conversation_text(&fake.last_completion().body);
+    assert!(history.contains("remember mango"), "{history}");
+    assert!(history.contains("Noted: mango."), "{history}");
+}
+
+#[tokio::test]
+async fn a_failed_mcp_server_and_a_lost_session_are_reported_and_the_agent_works() {
+    let Some(w) = world().await else { return };
+    let project = w.app.project(w.repo.path()).await;
+    let ws = w
+        .app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let agent = w
+        .app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "opencode",
+                "mcp_servers": {"files": {"command": "/nonexistent/mcp-files", "args": ["--root", "."]}}}),
+            201,
+        )
+        .await;
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    w.fake.push(Reply::text("Working without it."));
+    let first = w.turn(&agent, "hello", None).await;
+    assert_eq!(
+        outcome(&first)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&first)
+    );
+    let errors = of_kind(&first, "error");
+    assert!(
+        errors.iter().any(|e| e["code"] == "mcp_server_failed"
+            && e["message"].as_str().unwrap().contains("`files`")),
+        "{errors:?}"
+    );
+    let id = w.app.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["provider_session_id"]
+        .clone();
+
+    // OpenCode's store is wiped while the agent is closed: the next prompt starts a new
+    // session and says so.
+    w.app
+        .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
+        .await;
+    eventually(
+        "no process of this test's OpenCode home",
+        Duration::from_secs(10),
+        || w.processes_of_this_test().is_empty(),
+    )
+    .await;
+    std::fs::remove_dir_all(w.home.path().join(".local/share/opencode")).unwrap();
+    w.fake.push(Reply::text("Fresh start."));
+    let second = w.turn(&agent, "again", Some(last_seq(&first))).await;
+    assert_eq!(
+        outcome(&second)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&second)
+    );
+    let started = of_kind(&second, "session_started");
+    assert_eq!(started[0]["resumed"], false, "{}", started[0]);
+    assert_ne!(started[0]["provider_session_id"], id);
+    assert!(
+        of_kind(&second, "error")
+            .iter()
+            .any(|e| e["code"] == "resume_failed"),
+        "{:?}",
+        kinds(&second)
+    );
+    assert_eq!(last_message(&second), "Fresh start.");
+}
+
+#[tokio::test]
+async fn plan_mode_edits_nothing_and_a_model_change_applies_to_the_next_prompt() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("plan").await;
+    let path = path_of(&ws["path"]).join("planned.txt");
+    w.fake.push(Reply::tool(
+        "write",
+        json!({"filePath": path, "content": "no\n"}),
+    ));
+    w.fake.push(Reply::text("I only plan."));
+    let events = w.turn(&agent, "write planned.txt", None).await;
+    let k = kinds(&events);
+    assert!(!k.contains(&"permission_requested"), "{k:?}");
+    assert!(!path.exists());
+    // The plan agent is not offered the tools that edit.
+    let first = &w.fake.completions()[0];
+    let tools: Vec<&str> = first.body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert!(tools.contains(&"read"), "{tools:?}");
+    assert!(
+        !tools.contains(&"write") && !tools.contains(&"edit"),
+        "{tools:?}"
+    );
+    assert_eq!(first.body["model"], MODEL);
+
+    let changed = w
+        .app
+        .put_ok(
+            &format!("/v1/agents/{agent}/model"),
+            json!({"model": "fake/fake-model-2"}),
+        )
+        .await;
+    assert_eq!(changed["model"], "fake/fake-model-2", "{changed}");
+    w.fake.push(Reply::text("Now the other model."));
+    let next = w.turn(&agent, "and now?", Some(last_seq(&events))).await;
+    assert_eq!(outcome(&next)["outcome"], "completed", "{:?}", kinds(&next));
+    assert_eq!(w.fake.last_completion().body["model"], "fake-model-2");
+}
+
+#[tokio::test]
+async fn full_access_writes_without_asking_and_a_live_switch_to_build_asks_again() {
+    let Some(w) = world().await else { return };
+    let (agent, ws) = w.agent("full-access").await;
+    let path = path_of(&ws["path"]).join("unattended.txt");
+    w.fake.push(Reply::tool(
+        "write",
+        json!({"filePath": path, "content": "unattended\n"}),
+    ));
+    w.fake.push(Reply::text("Done without asking."));
+    let events = w.turn(&agent, "write unattended.txt", None).await;
+    let k = kinds(&events);
+    assert_eq!(outcome(&events)["outcome"], "completed", "{k:?}");
+    assert!(!k.contains(&"permission_requested"), "{k:?}");
+    let calls = of_kind(&events, "tool_call");
+    assert_eq!(calls.last().unwrap()["status"], "completed");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "unattended\n");
+
+    // Switched in the live session, the next write asks.
+    let mut stream = w.app.events(&agent, Some(last_seq(&events))).await;
+    let changed = w
+        .app
+        .put_ok(
+            &format!("/v1/agents/{agent}/mode"),
+            json!({"mode": "build"}),
+        )
+        .await;
+    assert_eq!(changed["mode"], "build", "{changed}");
+    let asked = path_of(&ws["path"]).join("asked.txt");
+    w.fake.push(Reply::tool(
+        "write",
+        json!({"filePath": asked, "content": "asked\n"}),
+    ));
+    w.fake.push(Reply::text("Wrote it after asking."));
+    w.app.prompt(&agent, "write asked.txt").await;
+    let before = stream.until("permission_requested", LONG).await;
+    let request = of_kind(&before, "permission_requested")[0].clone();
+    w.answer(&agent, &request, "allow").await;
+    let after = stream.until("turn_completed", LONG).await;
+    assert_eq!(
+        outcome(&after)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&after)
+    );
+    assert_eq!(std::fs::read_to_string(&asked).unwrap(), "asked\n");
+}
+
+#[tokio::test]
+async fn a_killed_server_fails_the_turn_quickly_and_the_agent_recovers() {
+    let Some(w) = world().await else { return };
+    let (agent, _) = w.agent("build").await;
+    w.fake.push(Reply::slow(
+        "A long answer that will be cut short by a kill signal midway.",
+        40,
+        Duration::from_millis(250),
+    ));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "talk for a while").await;
+    stream.until("assistant_delta", LONG).await;
+    let pid = w.pid(&agent).await;
+    let killed = Instant::now();
+    // SAFETY: kill(2) on the server process this test's agentry started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let ended = stream.until("turn_completed", Duration::from_secs(5)).await;
+    let took = killed.elapsed();
+    eprintln!("the turn failed {took:?} after SIGKILL");
+    let done = outcome(&ended);
+    assert_eq!(done["outcome"], "failed", "{done}");
+    assert!(
+        took < Duration::from_secs(2),
+        "the turn failed after {took:?}"
+    );
+    assert!(
+        done["error"].as_str().unwrap().contains("signal 9"),
+        "{done}"
+    );
+
+    w.fake.push(Reply::text("Recovered."));
+    let events = w.turn(&agent, "still there?", Some(last_seq(&ended))).await;
+    assert_eq!(
+        outcome(&events)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&events)
+    );
+    assert_eq!(last_message(&events), "Recovered.");
+}
+
+#[tokio::test]
+async fn no_server_process_is_left_after_archive_or_server_shutdown() {
+    let Some(w) = world().await else { return };
+    let (archived, _) = w.agent("build").await;
+    w.fake.push(Reply::text("One."));
+    let events = w.turn(&archived, "one", None).await;
+    assert_eq!(outcome(&events)["outcome"], "completed");
+    let pid = w.pid(&archived).await;
+    assert!(w.processes_of_this_test().contains(&pid));
+    assert_eq!(ledger_rows(&w.app).await, 1, "the server is in the ledger");
+    let res = w.app.delete(&format!("/v1/agents/{archived}")).await;
+    assert_eq!(res.status(), 204);
+    eventually(
+        "the archived agent's server to end",
+        Duration::from_secs(10),
+        || !pid_alive(pid),
+    )
+    .await;
+    eventually(
+        "no process of this test's OpenCode home",
+        Duration::from_secs(5),
+        || w.processes_of_this_test().is_empty(),
+    )
+    .await;
+    assert_eq!(
+        ledger_rows(&w.app).await,
+        0,
+        "the ledger is empty after archive"
+    );
+
+    // Server shutdown, with a turn in flight.
+    let (agent, _) = w.agent("build").await;
+    w.fake.push(Reply::stalled("Still talking"));
+    let mut stream = w.app.events(&agent, None).await;
+    w.app.prompt(&agent, "talk").await;
+    stream.until("assistant_delta", LONG).await;
+    let pid = w.pid(&agent).await;
+    let World {
+        app,
+        fake: _fake,
+        cli: _cli,
+        home,
+        repo: _repo,
+        _slot,
+    } = w;
+    let (db, _data_dir, _token) = app.stop().await;
+    assert!(!pid_alive(pid), "the server's stop ended OpenCode");
+    assert!(processes_with_env(&format!("HOME={}", home.path().display())).is_empty());
+    let pool = sqlx::PgPool::connect_with(db).await.unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM managed_processes")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the ledger is empty after shutdown");
+}
+
+#[tokio::test]
+async fn not_installed_is_unavailable_and_creation_is_refused() {
+    let app = spawn_app_with(|s| {
+        s.providers.insert(
+            "opencode".into(),
+            ProviderSettings {
+                command: Some(vec!["/nonexistent/opencode".into()]),
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let providers = app.get_ok("/v1/providers").await;
+    let opencode = providers["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "opencode")
+        .unwrap()
+        .clone();
+    assert_eq!(opencode["available"], false, "{opencode}");
+    assert!(
+        opencode["unavailable_reason"]
+            .as_str()
+            .unwrap()
+            .contains("/nonexistent/opencode"),
+        "{opencode}"
+    );
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let refused = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "opencode"}),
+            422,
+        )
+        .await;
+    assert_eq!(refused["code"], "provider_unavailable");
+}
