@@ -185,7 +185,7 @@ fn example(status: u16, op_id: &str) -> Value {
             "forbidden",
             "team owners look users up by exact email: pass `email`",
         ),
-        (409, "workspace_diff") => (
+        (409, "workspace_diff" | "list_models") => (
             "workspace_archived",
             "the workspace is archived; its files are gone",
         ),

@@ -57,7 +57,8 @@ pub struct ModelsQuery {
 }
 
 #[utoipa::path(tag = "providers", security(("bearer" = [])), params(("id" = String, Path), ModelsQuery),
-    responses((status = 200, body = ModelList, example = json!({"items": [{"id": "mock-small", "label": "Mock small", "is_default": true, "context_window": 100000}, {"id": "mock-large", "label": "Mock large", "is_default": false, "context_window": 1000000}]})), (status = 404, body = Problem)))]
+    responses((status = 200, body = ModelList, example = json!({"items": [{"id": "mock-small", "label": "Mock small", "is_default": true, "context_window": 100000}, {"id": "mock-large", "label": "Mock large", "is_default": false, "context_window": 1000000}]})), (status = 404, body = Problem),
+        (status = 409, body = Problem, description = "The workspace named by workspace_id is archived")))]
 #[get("/providers/{id}/models")]
 async fn list_models(
     state: web::Data<AppState>,
