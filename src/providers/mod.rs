@@ -269,6 +269,11 @@ pub struct Usage {
 /// What an adapter reports, in the order it happened.
 #[derive(Debug)]
 pub enum ProviderEvent {
+    /// The provider recorded the turn's prompt under its own message id (for sessions
+    /// whose `records_user_messages` is true): the turn's `user_message` carries it.
+    UserMessageRecorded {
+        message_id: String,
+    },
     /// A chunk of assistant text. `message_id` is the provider's, when it has one: a new id
     /// closes the previous message.
     AssistantDelta {
@@ -411,6 +416,12 @@ pub trait ProviderSession: Send + Sync {
     }
     /// Stop the session and its process group (TERM, grace, KILL).
     async fn close(self: Box<Self>);
+    /// The provider names each prompt's message itself and says so with
+    /// `ProviderEvent::UserMessageRecorded`; the runtime then records the turn's
+    /// `user_message` under that id (or under its own, should the turn end first).
+    fn records_user_messages(&self) -> bool {
+        false
+    }
 }
 
 /// A provider's settings once its built-in defaults and its `[providers.<id>]` table are

@@ -37,6 +37,9 @@ struct OpenMessage {
 
 struct Turn {
     id: TurnId,
+    /// The turn's `user_message`, held until the provider names it (see
+    /// `ProviderSession::records_user_messages`).
+    pending_user: Option<Value>,
     message: Option<OpenMessage>,
     reasoning: Option<OpenMessage>,
     open_tools: BTreeMap<String, ToolCallUpdate>,
@@ -405,6 +408,7 @@ impl Actor {
         store::agents::turn_started(&self.shared.pool, self.id().uuid(), turn_id.uuid()).await?;
         self.turn = Some(Turn {
             id: turn_id,
+            pending_user: None,
             message: None,
             reasoning: None,
             open_tools: BTreeMap::new(),
@@ -414,16 +418,19 @@ impl Actor {
         if let Some(c) = &client_message_id {
             user["client_message_id"] = json!(c);
         }
-        let started = match self
-            .commit(
-                vec![
-                    self.event(EventKind::TurnStarted, json!({"turn_id": turn_id})),
-                    self.event(EventKind::UserMessage, user),
-                ],
-                Vec::new(),
-            )
-            .await
+        let mut opening = vec![self.event(EventKind::TurnStarted, json!({"turn_id": turn_id}))];
+        if self
+            .session
+            .as_ref()
+            .is_some_and(|s| s.records_user_messages())
         {
+            if let Some(turn) = self.turn.as_mut() {
+                turn.pending_user = Some(user);
+            }
+        } else {
+            opening.push(self.event(EventKind::UserMessage, user));
+        }
+        let started = match self.commit(opening, Vec::new()).await {
             Ok(_) => {
                 self.shared.moment(Moment::TurnStarted {
                     agent: self.id(),
@@ -583,7 +590,15 @@ impl Actor {
         let ev = ev.unwrap_or(ProviderEvent::Exited {
             reason: "the connection to the agent closed".into(),
         });
+        // A held user_message goes out before anything else of its turn: under the
+        // provider's id when this is the provider naming it, else under agentry's.
+        let named = match &ev {
+            ProviderEvent::UserMessageRecorded { message_id } => Some(message_id.clone()),
+            _ => None,
+        };
+        self.release_user_message(named).await;
         match ev {
+            ProviderEvent::UserMessageRecorded { .. } => {}
             ProviderEvent::AssistantDelta { message_id, text } => {
                 self.delta(false, message_id, text).await
             }
@@ -902,12 +917,30 @@ impl Actor {
         }
     }
 
+    /// Write the turn's held `user_message`, if any, under `provider_id` when given.
+    async fn release_user_message(&mut self, provider_id: Option<String>) {
+        let Some(turn) = self.turn.as_mut() else {
+            return;
+        };
+        let Some(mut user) = turn.pending_user.take() else {
+            return;
+        };
+        let turn_id = turn.id;
+        if let Some(id) = provider_id {
+            user["message_id"] = json!(id);
+        }
+        self.emit_in(Some(turn_id), EventKind::UserMessage, user)
+            .await;
+    }
+
     async fn finish_turn(
         &mut self,
         outcome: TurnOutcome,
         error: Option<String>,
         usage: Option<Usage>,
     ) {
+        // Exactly one user_message per turn, even when the provider never named it.
+        self.release_user_message(None).await;
         self.close_message(true).await;
         self.close_message(false).await;
         let Some(turn) = self.turn.take() else { return };

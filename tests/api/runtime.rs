@@ -38,6 +38,10 @@ enum Plan {
     /// (as Claude Code's `control_cancel_request` does) and ends the turn on an interrupt
     /// the way Claude Code does: `failed` (`error_during_execution`).
     AskThenWithdraw,
+    /// Names the prompt's message itself (as OpenCode does), then replies and completes.
+    NamesItsPrompt,
+    /// Says it names prompts, but replies and completes without naming this one.
+    NeverNamesItsPrompt,
 }
 
 /// What the test can observe of the fake from outside.
@@ -156,8 +160,33 @@ async fn supervise(
 
 #[async_trait]
 impl ProviderSession for FakeSession {
+    fn records_user_messages(&self) -> bool {
+        matches!(self.plan, Plan::NamesItsPrompt | Plan::NeverNamesItsPrompt)
+    }
+
     async fn prompt(&mut self, _input: TurnInput) -> Result<(), ProviderError> {
+        let reply_and_end = || {
+            vec![
+                ProviderEvent::AssistantMessage {
+                    message_id: None,
+                    text: "done".into(),
+                },
+                ProviderEvent::TurnEnded {
+                    outcome: TurnOutcome::Completed,
+                    error: None,
+                    usage: None,
+                },
+            ]
+        };
         let events = match self.plan {
+            Plan::NamesItsPrompt => {
+                let mut events = vec![ProviderEvent::UserMessageRecorded {
+                    message_id: "msg_provider_1".into(),
+                }];
+                events.extend(reply_and_end());
+                events
+            }
+            Plan::NeverNamesItsPrompt => reply_and_end(),
             Plan::LeaveToolOpen => vec![
                 tool("left-open", ToolStatus::Running),
                 tool("finished", ToolStatus::Running),
@@ -400,6 +429,38 @@ fn turn_end(events: &[Value]) -> (usize, &Value) {
         .position(|e| e["kind"] == "turn_completed")
         .unwrap();
     (i, &events[i]["data"])
+}
+
+/// A provider that names prompts itself (OpenCode) gives the turn's user_message its id;
+/// one that does not name this prompt still gets exactly one user_message, before the
+/// reply, under agentry's id.
+#[tokio::test]
+async fn a_provider_may_name_the_prompts_message() {
+    for (plan, named) in [
+        (Plan::NamesItsPrompt, true),
+        (Plan::NeverNamesItsPrompt, false),
+    ] {
+        let h = harness(plan, Duration::from_secs(5)).await;
+        h.manager
+            .prompt(&h.ctx, "go".into(), Some("mine-1".into()))
+            .await
+            .unwrap();
+        let events = h.finished_timeline(Duration::from_secs(10)).await;
+        let kinds: Vec<&str> = events.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+        let users: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["kind"] == "user_message")
+            .collect();
+        assert_eq!(users.len(), 1, "{kinds:?}");
+        let at = |k: &str| kinds.iter().position(|x| *x == k).unwrap();
+        assert!(at("turn_started") < at("user_message"), "{kinds:?}");
+        assert!(at("user_message") < at("assistant_message"), "{kinds:?}");
+        let data = &users[0]["data"];
+        assert_eq!(data["text"], "go");
+        assert_eq!(data["client_message_id"], "mine-1");
+        assert_eq!(data["message_id"] == "msg_provider_1", named, "{data}");
+        h.manager.shutdown().await;
+    }
 }
 
 #[tokio::test]

@@ -139,10 +139,7 @@ impl Mapper {
             return Vec::new();
         }
         match kind {
-            "message.updated" => {
-                self.message_updated(props);
-                Vec::new()
-            }
+            "message.updated" => self.message_updated(props),
             "message.part.updated" => self.part_updated(props),
             "message.part.delta" => self.part_delta(props),
             "permission.asked" if self.is_active() && !self.interrupted => {
@@ -160,15 +157,23 @@ impl Mapper {
         }
     }
 
-    fn message_updated(&mut self, props: &Value) {
+    /// OpenCode recorded a user message: the prompt of the turn being sent starts it, and
+    /// names the turn's `user_message` (OpenCode owns user-message ids).
+    fn message_updated(&mut self, props: &Value) -> Vec<Mapped> {
         let info = props.get("info").unwrap_or(&Value::Null);
         if info.get("role").and_then(Value::as_str) != Some("user") {
-            return;
+            return Vec::new();
         }
-        let Some(id) = str_at(info, "id") else { return };
+        let Some(id) = str_at(info, "id") else {
+            return Vec::new();
+        };
         if self.user_messages.insert(id.to_owned()) && self.phase == Phase::Sent {
             self.phase = Phase::Running;
+            return vec![Mapped::Event(ProviderEvent::UserMessageRecorded {
+                message_id: id.to_owned(),
+            })];
         }
+        Vec::new()
     }
 
     fn of_user(&self, part: &Value) -> bool {

@@ -1031,6 +1031,11 @@ struct OpenCodeSession {
 
 #[async_trait]
 impl ProviderSession for OpenCodeSession {
+    /// OpenCode names each prompt's message (`message.updated`, role user).
+    fn records_user_messages(&self) -> bool {
+        true
+    }
+
     async fn prompt(&mut self, input: TurnInput) -> Result<(), ProviderError> {
         if *self.live.shared.exited.borrow() {
             return Err(ProviderError::Gone);

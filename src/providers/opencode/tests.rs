@@ -130,6 +130,25 @@ fn a_text_turn_streams_deltas_that_add_up_and_completes_with_usage() {
         .collect();
     assert_eq!(ids.len(), 3, "three deltas: {ids:?}");
     assert!(ids.iter().all(|i| i == &ids[0]), "one message: {ids:?}");
+    // OpenCode's own id for the prompt names the turn's user_message, before any reply.
+    let recorded: Vec<&str> = provider_events(&mapped)
+        .iter()
+        .filter_map(|e| match e {
+            ProviderEvent::UserMessageRecorded { message_id } => Some(message_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(recorded.len(), 1, "{mapped:?}");
+    let user_id = events
+        .iter()
+        .find(|e| e["type"] == "message.updated" && e["properties"]["info"]["role"] == "user")
+        .and_then(|e| e["properties"]["info"]["id"].as_str())
+        .expect("the transcript records the prompt");
+    assert_eq!(recorded[0], user_id);
+    assert!(matches!(
+        provider_events(&mapped).first(),
+        Some(ProviderEvent::UserMessageRecorded { .. })
+    ));
     let ends = ends(&mapped);
     assert_eq!(ends.len(), 1, "{mapped:?}");
     let (outcome, error, usage) = &ends[0];
