@@ -48,8 +48,10 @@ pub struct Settings {
     pub listen: String,
     /// Where agentry keeps its state: worktrees, the embedded database, the admin token.
     pub data_dir: PathBuf,
-    /// Identifies this server process among replicas (defaults to the host name).
+    /// Older spelling of `cluster.replica_id` (both at once is refused).
     pub replica_id: Option<String>,
+    /// `[cluster]`: several replicas on one database.
+    pub cluster: ClusterSettings,
     pub database: DatabaseSettings,
     pub auth: AuthSettings,
     pub log: LogSettings,
@@ -456,6 +458,7 @@ impl Default for Settings {
             agents: AgentSettings::default(),
             workspaces: WorkspaceSettings::default(),
             metrics: MetricsSettings::default(),
+            cluster: ClusterSettings::default(),
             providers: BTreeMap::new(),
             secrets: SecretsSettings::default(),
             hooks: HookSettings::default(),
@@ -516,6 +519,37 @@ impl Default for AgentSettings {
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsSettings {
     pub token: Option<Secret>,
+}
+
+/// `[cluster]`: how this server takes part in a deployment of several replicas sharing
+/// one database.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSettings {
+    /// This replica's id (default: the host name plus a random suffix, chosen once per
+    /// host and data dir and kept in `<data_dir>/replica-<host>`, so a restart is the same
+    /// replica).
+    pub replica_id: Option<String>,
+    /// Seconds an agent's lease lasts unrenewed; a replica silent this long is taken for
+    /// dead and its agents are taken over (default 15).
+    pub lease_ttl_s: u64,
+    /// How other replicas reach this one (default: `http://` plus the address it listens
+    /// on, the host name standing in for an unspecified address).
+    pub advertise_url: Option<String>,
+    /// Seconds a stopping replica waits for running turns to end before it stops their
+    /// agents (default 30).
+    pub drain_timeout_s: u64,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        Self {
+            replica_id: None,
+            lease_ttl_s: 15,
+            advertise_url: None,
+            drain_timeout_s: 30,
+        }
+    }
 }
 
 /// `[workspaces]`: bounds on the repository's own setup and teardown commands
@@ -699,6 +733,42 @@ impl Settings {
         {
             return Err(invalid("metrics.token", "must be at least 16 characters"));
         }
+        if self.replica_id.is_some() && self.cluster.replica_id.is_some() {
+            return Err(invalid(
+                "replica_id",
+                "is the older spelling of `cluster.replica_id`; set only one of them",
+            ));
+        }
+        if let Some(id) = self
+            .cluster
+            .replica_id
+            .as_ref()
+            .or(self.replica_id.as_ref())
+            && (id.is_empty()
+                || id.len() > 128
+                || !id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b)))
+        {
+            return Err(invalid(
+                "cluster.replica_id",
+                "must be 1 to 128 letters, digits or `-_.:`",
+            ));
+        }
+        if !(3..=600).contains(&self.cluster.lease_ttl_s) {
+            return Err(invalid(
+                "cluster.lease_ttl_s",
+                "must be between 3 and 600 seconds",
+            ));
+        }
+        if let Some(url) = &self.cluster.advertise_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Err(invalid(
+                "cluster.advertise_url",
+                "must be an http:// or https:// URL",
+            ));
+        }
         if self.workspaces.setup_timeout_s == 0 {
             return Err(invalid("workspaces.setup_timeout_s", "must be at least 1"));
         }
@@ -819,14 +889,34 @@ impl Settings {
         })
     }
 
+    /// This replica's id: `cluster.replica_id` (or the older `replica_id`), else the host
+    /// name plus a random suffix chosen once and kept in `<data_dir>/replica-<host>`.
     pub fn replica(&self) -> String {
-        self.replica_id.clone().unwrap_or_else(|| {
-            std::fs::read_to_string("/etc/hostname")
-                .ok()
-                .map(|s| s.trim().to_owned())
-                .filter(|s| !s.is_empty())
-                .unwrap_or_else(|| "local".into())
-        })
+        if let Some(id) = self
+            .cluster
+            .replica_id
+            .as_ref()
+            .or(self.replica_id.as_ref())
+        {
+            return id.clone();
+        }
+        let host = std::fs::read_to_string("/etc/hostname")
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty() && s.len() <= 100)
+            .unwrap_or_else(|| "local".into());
+        let file = self.data_dir.join(format!("replica-{host}"));
+        if let Ok(id) = std::fs::read_to_string(&file) {
+            let id = id.trim();
+            if !id.is_empty() {
+                return id.to_owned();
+            }
+        }
+        let suffix = &uuid::Uuid::now_v7().simple().to_string()[24..];
+        let id = format!("{host}-{suffix}");
+        // Unwritable data dir: the id lives as long as this process.
+        let _ = std::fs::create_dir_all(&self.data_dir).and_then(|_| std::fs::write(&file, &id));
+        id
     }
 }
 
@@ -1435,8 +1525,14 @@ mod tests {
     fn unknown_and_unusable_keys_are_named_with_their_path() {
         let e = refused("[limits]\nmax_wait_s = 5\nmax_waits = 6\n", &[]);
         assert_eq!(e.setting, "limits.max_waits");
-        let e = refused("[cluster]\nreplica_id = \"a\"\n", &[]);
-        assert_eq!(e.setting, "cluster");
+        let e = refused("[cluster]\nreplica = \"a\"\n", &[]);
+        assert_eq!(e.setting, "cluster.replica");
+        let e = refused("replica_id = \"a\"\n[cluster]\nreplica_id = \"b\"\n", &[]);
+        assert_eq!(e.setting, "replica_id");
+        let e = refused("[cluster]\nlease_ttl_s = 1\n", &[]);
+        assert_eq!(e.setting, "cluster.lease_ttl_s");
+        let e = refused("[cluster]\nreplica_id = \"a b\"\n", &[]);
+        assert_eq!(e.setting, "cluster.replica_id");
         let e = refused("[auth.local]\nenabled = true\n", &[]);
         assert_eq!(e.setting, "auth.local");
         let e = refused("[log]\nfilter = \"info,[\"\n", &[]);

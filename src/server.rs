@@ -18,11 +18,11 @@ use crate::api;
 use crate::auth::tokens;
 use crate::config::Settings;
 use crate::embedded_pg::{EmbeddedOptions, EmbeddedPostgres};
-use crate::events::{Bus, EventWriter, WriterLimits};
+use crate::events::{Bus, EventWriter, Fanout, WriterLimits};
 use crate::process::Ledger;
 use crate::providers::ProviderRegistry;
-use crate::runtime::{AgentManager, ServerLock, reconcile_at_boot};
-use crate::services::{ServiceContext, hooks, secrets};
+use crate::runtime::{AgentManager, ReplicaLock, reconcile_at_boot};
+use crate::services::{ServiceContext, cluster, hooks, secrets};
 use crate::store;
 
 /// Shared by every request handler: the services' context, plus what only the HTTP layer
@@ -41,8 +41,10 @@ pub struct Application {
     shutdown: watch::Sender<bool>,
     embedded: Option<EmbeddedPostgres>,
     bootstrap_token: Option<String>,
-    lock: ServerLock,
+    lock: ReplicaLock,
     hook_tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The heartbeat and the listener for other replicas' events.
+    cluster_tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// Connect to the configured database, or start the embedded one.
@@ -111,11 +113,17 @@ impl Application {
         listener: TcpListener,
     ) -> anyhow::Result<Self> {
         crate::telemetry::install_crypto_provider();
-        // Before anything changes the database: a second server refuses to start.
-        let lock = ServerLock::acquire(&pool).await?;
+        // Before anything changes the database: a second server with this replica's id
+        // refuses to start.
+        let replica = settings.replica();
+        let lock = ReplicaLock::acquire(&pool, &replica).await?;
         store::migrate(&pool)
             .await
             .context("cannot apply database migrations")?;
+        // Alive in the others' eyes before reconciling, so none of them takes this
+        // replica's agents over meanwhile.
+        let advertise_url = advertise_url(&settings, &listener)?;
+        store::replicas::register(&pool, &replica, &advertise_url).await?;
         std::fs::create_dir_all(settings.data_dir.join("worktrees"))
             .with_context(|| format!("cannot create {}/worktrees", settings.data_dir.display()))?;
         let bootstrap_token = bootstrap_admin(&pool, &settings.data_dir).await?;
@@ -132,7 +140,15 @@ impl Application {
                 commit_wait: Duration::from_millis(settings.events.commit_wait_ms),
             },
         );
-        let ledger = Ledger::new(pool.clone(), settings.replica());
+        // Tell other replicas about commits, and hear theirs, before anyone subscribes.
+        let fanout = Fanout::start(pool.clone(), replica.clone());
+        bus.attach_fanout(fanout.clone());
+        let listener_task = tokio::spawn(crate::events::listen_to_replicas(
+            pool.clone(),
+            bus.clone(),
+            fanout.clone(),
+        ));
+        let ledger = Ledger::new(pool.clone(), replica.clone());
         let report = reconcile_at_boot(&pool, &writer, &ledger, &lock).await?;
         if report.agents_closed + report.processes_killed + report.turns_failed > 0 {
             tracing::info!(?report, "reconciled what the previous run left");
@@ -160,7 +176,8 @@ impl Application {
             (settings.agents.idle_timeout_s > 0)
                 .then(|| Duration::from_secs(settings.agents.idle_timeout_s)),
         )
-        .with_moments(moments_tx);
+        .with_moments(moments_tx)
+        .with_lease_ttl(Duration::from_secs(settings.cluster.lease_ttl_s));
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let oidc = match &settings.auth.oidc {
             Some(o) => Some(crate::auth::oidc::Oidc::start(
@@ -191,7 +208,12 @@ impl Application {
             http: Default::default(),
         });
 
-        let replica = state.services.agents.ledger().replica.clone();
+        let port = listener.local_addr()?.port();
+        cluster::join(&state.services, &fanout).await?;
+        let cluster_tasks = vec![
+            listener_task,
+            tokio::spawn(cluster::run(state.services.clone(), fanout, advertise_url)),
+        ];
         if let Err(e) = crate::services::setup::fail_interrupted(&state.services, &replica).await {
             tracing::warn!(error = %e, "could not close the setups the previous run left running");
         }
@@ -202,7 +224,6 @@ impl Application {
             tokio::spawn(hooks::run_worker(state.services.clone())),
         ];
 
-        let port = listener.local_addr()?.port();
         let data = state.clone();
         let max_body = settings.limits.max_body_bytes;
         let server = HttpServer::new(move || {
@@ -241,6 +262,7 @@ impl Application {
             bootstrap_token,
             lock,
             hook_tasks,
+            cluster_tasks,
         })
     }
 
@@ -268,7 +290,13 @@ impl Application {
         stop.await;
         tracing::info!("shutting down");
         let _ = self.shutdown.send(true);
-        self.state.services.agents.shutdown().await;
+        let drain = Duration::from_secs(self.state.settings.cluster.drain_timeout_s);
+        self.state.services.agents.shutdown(drain).await;
+        for task in self.cluster_tasks {
+            task.abort();
+            let _ = task.await;
+        }
+        cluster::leave(&self.state.services).await;
         handle.stop(true).await;
         let _ = server.await;
         // The worker ends on the shutdown signal (a delivery cut short stays pending and
@@ -284,6 +312,27 @@ impl Application {
         }
         Ok(())
     }
+}
+
+/// How other replicas reach this one: `cluster.advertise_url`, else `http://` and the
+/// address it listens on (the host name for an unspecified address).
+fn advertise_url(settings: &Settings, listener: &TcpListener) -> anyhow::Result<String> {
+    if let Some(url) = &settings.cluster.advertise_url {
+        return Ok(url.trim_end_matches('/').to_owned());
+    }
+    let addr = listener.local_addr()?;
+    let host = if addr.ip().is_unspecified() {
+        std::fs::read_to_string("/etc/hostname")
+            .ok()
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".into())
+    } else if addr.is_ipv6() {
+        format!("[{}]", addr.ip())
+    } else {
+        addr.ip().to_string()
+    };
+    Ok(format!("http://{host}:{}", addr.port()))
 }
 
 /// In local mode: on first start, create the admin, the default team and a bootstrap

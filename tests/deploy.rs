@@ -27,14 +27,37 @@ fn the_kubernetes_settings_load_with_the_secrets_environment() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("agentry.toml");
     std::fs::write(&file, configmap_settings()).unwrap();
-    let env = vec![(
+    // The Secret's variables, and the Deployment's with the pod's name and IP filled in.
+    let mut env = vec![(
         "DATABASE_URL".to_owned(),
         "postgres://agentry:change-me@postgres:5432/agentry".to_owned(),
     )];
+    for line in MANIFESTS.lines() {
+        let Some(rest) = line.trim().strip_prefix("- {name: AGENTRY_") else {
+            continue;
+        };
+        let (name, value) = rest.split_once(", value: ").unwrap();
+        let value = value
+            .trim_end_matches('}')
+            .trim_matches('"')
+            .replace("$(POD_NAME)", "agentry-7d9f8c-x2x4q")
+            .replace("$(POD_IP)", "10.1.2.3");
+        env.push((format!("AGENTRY_{name}"), value));
+    }
+    assert_eq!(env.len(), 3, "{env:?}");
     let s = Settings::load_from(Some(&file), &env).expect("the ConfigMap's settings load");
     assert_eq!(s.listen, "0.0.0.0:8080");
     assert_eq!(s.data_dir, std::path::Path::new("/var/lib/agentry"));
     assert!(s.database.url.is_some(), "DATABASE_URL is read");
+    assert_eq!(s.replica(), "agentry-7d9f8c-x2x4q");
+    assert_eq!(
+        s.cluster.advertise_url.as_deref(),
+        Some("http://10.1.2.3:8080")
+    );
+    assert!(
+        s.cluster.drain_timeout_s + 10 <= 60,
+        "terminationGracePeriodSeconds leaves time to drain"
+    );
 
     // The commented OIDC table is the documented shape.
     let with_oidc = configmap_settings()

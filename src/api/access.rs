@@ -42,6 +42,7 @@ pub const ROUTES: &[(&str, &str, Operation)] = {
         ("GET", "/v1/workspaces/{id}", ReadTeam),
         ("GET", "/v1/workspaces/{id}/diff", ReadTeam),
         ("POST", "/v1/workspaces/{id}/archive", DriveAgents),
+        ("GET", "/v1/cluster", ReadSelf),
         ("GET", "/v1/agents", ReadTeam),
         ("POST", "/v1/agents", DriveAgents),
         ("GET", "/v1/agents/{id}", ReadTeam),

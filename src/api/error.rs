@@ -253,6 +253,10 @@ fn runtime_error(e: RuntimeError) -> ApiError {
         E::NoOptionForBehavior(_) => ApiError::validation("behavior", e.to_string()),
         E::Unsupported(m) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unsupported", m),
         E::ShuttingDown => ApiError::unavailable("shutting_down", e.to_string()),
+        E::OwnedElsewhere(_) => ApiError::unavailable(
+            "agent_moved",
+            format!("{e}; the request could not be handed to it, retry"),
+        ),
         E::ActorGone => ApiError::conflict(
             "agent_closed",
             "the agent closed while handling the request; retry",

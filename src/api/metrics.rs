@@ -150,6 +150,11 @@ async fn metrics_page(
         "Streams that fell behind and caught up from the database.",
         s.bus.resyncs.get(),
     );
+    page.counter(
+        "agentry_lease_takeovers_total",
+        "Agents this replica took over from a replica that stopped renewing its lease.",
+        s.agents.takeovers().get(),
+    );
     page.gauge(
         "agentry_provider_processes",
         "Agents whose provider process runs on this server now.",

@@ -10,6 +10,7 @@ pub mod access;
 pub mod agents;
 pub mod audit;
 mod auth;
+pub mod cluster;
 pub mod docs;
 pub mod error;
 pub mod health;
@@ -56,6 +57,7 @@ pub fn configure(cfg: &mut ServiceConfig, max_body_bytes: usize) {
     sessions::configure(cfg);
     cfg.service(
         utoipa_actix_web::scope("/v1")
+            .wrap(actix_web::middleware::from_fn(cluster::forward))
             .wrap(actix_web::middleware::from_fn(input::reject_nul))
             .wrap(actix_web::middleware::from_fn(access::enforce))
             .configure(identity::configure)
@@ -68,6 +70,7 @@ pub fn configure(cfg: &mut ServiceConfig, max_body_bytes: usize) {
             .configure(providers::configure)
             .configure(secrets::configure)
             .configure(hooks::configure)
+            .configure(cluster::configure)
             .configure(sse::configure),
     );
 }

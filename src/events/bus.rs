@@ -10,6 +10,7 @@ use serde_json::Value;
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
+use super::fanout::Fanout;
 use crate::domain::{AgentEvent, AgentId};
 use crate::metrics::Counter;
 
@@ -51,6 +52,8 @@ pub struct TeamActivity {
 
 pub struct Bus {
     agents: Mutex<HashMap<AgentId, broadcast::Sender<Arc<Published>>>>,
+    /// Tells the other replicas what this one committed (when several run).
+    fanout: OnceLock<Arc<Fanout>>,
     team: broadcast::Sender<Arc<TeamActivity>>,
     capacity: usize,
     /// Streams that fell behind and caught up from the database.
@@ -62,6 +65,7 @@ impl Bus {
         let (team, _) = broadcast::channel(capacity);
         Self {
             agents: Mutex::new(HashMap::new()),
+            fanout: OnceLock::new(),
             team,
             capacity,
             resyncs: Counter::default(),
@@ -79,6 +83,39 @@ impl Bus {
     pub fn subscribers(&self) -> usize {
         let map = self.agents.lock().expect("bus lock");
         map.values().map(|tx| tx.receiver_count()).sum::<usize>() + self.team.receiver_count()
+    }
+
+    /// Whether someone here streams `agent`'s events.
+    pub fn has_subscribers(&self, agent: AgentId) -> bool {
+        let map = self.agents.lock().expect("bus lock");
+        map.get(&agent).is_some_and(|tx| tx.receiver_count() > 0)
+    }
+
+    /// The agents someone here streams.
+    pub fn subscribed_agents(&self) -> Vec<AgentId> {
+        let map = self.agents.lock().expect("bus lock");
+        map.iter()
+            .filter(|(_, tx)| tx.receiver_count() > 0)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Tell other replicas about commits through `fanout` from now on.
+    pub fn attach_fanout(&self, fanout: Arc<Fanout>) {
+        let _ = self.fanout.set(fanout);
+    }
+
+    /// Whether commits must be announced to other replicas now.
+    pub fn announcing(&self) -> bool {
+        self.fanout.get().is_some_and(|f| f.has_peers())
+    }
+
+    /// Announce committed events to the other replicas: agents with their seq ranges, and
+    /// team event ids.
+    pub fn announce(&self, agents: Vec<(Uuid, i64, i64)>, team: Vec<i64>) {
+        if let Some(f) = self.fanout.get() {
+            f.committed(agents, team);
+        }
     }
 
     pub fn subscribe_team(&self) -> broadcast::Receiver<Arc<TeamActivity>> {

@@ -3,11 +3,13 @@
 //! SSE connections read. Durable before visible, always.
 
 mod bus;
+mod fanout;
 mod fault;
 mod scrub;
 mod writer;
 
 pub use bus::{Bus, Published, TeamActivity};
+pub use fanout::{Fanout, Notice, listen as listen_to_replicas};
 pub use fault::{Fault, classify, is_unavailable};
 pub use scrub::{REPLACEMENT, scrub};
 pub use writer::{EventWriter, NewTeamEvent, WriteError, WriterLimits, WriterStats};

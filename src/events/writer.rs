@@ -587,6 +587,10 @@ impl Writer {
         self.shared
             .committed_events
             .fetch_add(events.len() as u64, Ordering::Relaxed);
+        if self.bus.announcing() {
+            self.bus
+                .announce(seq_ranges(&events), rows.iter().map(|r| r.id).collect());
+        }
         self.bus
             .publish(events.into_iter().map(|e| Arc::new(Published::new(e))));
         rows.sort_by_key(|r| r.id);
@@ -812,6 +816,20 @@ impl Writer {
             self.next_seq.remove(&a);
         }
     }
+}
+
+/// Each agent of a committed batch with its first and last seq in it.
+fn seq_ranges(events: &[AgentEvent]) -> Vec<(Uuid, i64, i64)> {
+    let mut ranges: HashMap<AgentId, (i64, i64)> = HashMap::new();
+    for e in events {
+        let r = ranges.entry(e.agent_id).or_insert((e.seq, e.seq));
+        r.0 = r.0.min(e.seq);
+        r.1 = r.1.max(e.seq);
+    }
+    ranges
+        .into_iter()
+        .map(|(id, (from, to))| (id.uuid(), from, to))
+        .collect()
 }
 
 async fn try_commit(

@@ -413,7 +413,13 @@ impl Ledger {
     /// At boot: end the leftovers of this replica that are positively identified (pid,
     /// start time and boot id match), drop rows whose process is gone; leave the rest.
     pub async fn reconcile(&self) -> Result<ReconcileReport, sqlx::Error> {
-        let rows = self.list().await?;
+        self.reconcile_replica(&self.replica).await
+    }
+
+    /// Like `reconcile`, for the rows of `replica`: a replica that stopped answering, whose
+    /// processes on this host are ended by the replica that takes its agents over.
+    pub async fn reconcile_replica(&self, replica: &str) -> Result<ReconcileReport, sqlx::Error> {
+        let rows = store::list_for_replica(&self.pool, replica).await?;
         let current_boot = boot_id();
         let mut report = ReconcileReport::default();
         for row in rows {

@@ -191,6 +191,7 @@ impl Actor {
         self.flush().await;
         self.shared.writer.forget(self.id()).await;
         self.shared.remove_actor(self.id(), self.generation);
+        self.shared.release_lease(self.id()).await;
     }
 
     // ---- session lifecycle -------------------------------------------------------------

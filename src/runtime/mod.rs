@@ -4,7 +4,7 @@
 
 mod actor;
 mod reconcile;
-mod server_lock;
+mod replica_lock;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -19,8 +19,8 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, watch};
 use uuid::Uuid;
 
-pub use reconcile::reconcile_at_boot;
-pub use server_lock::{ServerLock, ServerLockError};
+pub use reconcile::{BootReport, reconcile_at_boot};
+pub use replica_lock::{ReplicaLock, ReplicaLockError};
 
 use crate::domain::{AgentId, AgentStatus, Behavior, PermissionId, SecretEnv, TurnId, TurnOutcome};
 use crate::events::EventWriter;
@@ -29,6 +29,7 @@ use crate::process::{CommandSpec, Ledger, ManagedChild, ProcessError};
 use crate::providers::{
     CatalogScope, ModelInfo, Probe, ProcessLauncher, Provider, ProviderRegistry,
 };
+use crate::store;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -58,6 +59,9 @@ pub enum RuntimeError {
     Unsupported(String),
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// Another replica runs the agent (its id); the command belongs there.
+    #[error("replica `{0}` runs this agent")]
+    OwnedElsewhere(String),
     #[error("the agent stopped while handling the request")]
     ActorGone,
     #[error(transparent)]
@@ -180,6 +184,12 @@ pub(crate) struct Shared {
     actors: Mutex<HashMap<AgentId, ActorHandle>>,
     /// Turns ended, by provider and outcome.
     pub turns: Family<Counter>,
+    /// This replica's id: the owner named in the leases of its agents.
+    pub replica: String,
+    /// Seconds a lease lasts unrenewed.
+    pub lease_ttl_s: i64,
+    /// Agents taken over from replicas that stopped answering.
+    pub takeovers: Counter,
     generation: AtomicU64,
     shutting_down: AtomicBool,
     rt: Handle,
@@ -199,6 +209,7 @@ impl AgentManager {
         ledger: Ledger,
         rt: Handle,
     ) -> Self {
+        let ledger_replica = ledger.replica.clone();
         Self {
             shared: Arc::new(Shared {
                 pool,
@@ -210,6 +221,9 @@ impl AgentManager {
                 moments: None,
                 actors: Mutex::new(HashMap::new()),
                 turns: Family::counters(&["provider", "outcome"]),
+                replica: ledger_replica.clone(),
+                lease_ttl_s: 15,
+                takeovers: Counter::default(),
                 generation: AtomicU64::new(1),
                 shutting_down: AtomicBool::new(false),
                 rt,
@@ -234,6 +248,30 @@ impl AgentManager {
             .expect("the idle timeout is set before the manager is shared")
             .idle_timeout = idle;
         self
+    }
+
+    /// How long this replica's leases last unrenewed (default 15 s). Set it before the
+    /// manager is cloned or used.
+    pub fn with_lease_ttl(mut self, ttl: Duration) -> Self {
+        Arc::get_mut(&mut self.shared)
+            .expect("the lease ttl is set before the manager is shared")
+            .lease_ttl_s = ttl.as_secs().max(1) as i64;
+        self
+    }
+
+    /// This replica's id.
+    pub fn replica(&self) -> &str {
+        &self.shared.replica
+    }
+
+    /// Seconds a lease lasts unrenewed.
+    pub fn lease_ttl_s(&self) -> i64 {
+        self.shared.lease_ttl_s
+    }
+
+    /// Agents taken over from replicas that stopped answering.
+    pub fn takeovers(&self) -> &Counter {
+        &self.shared.takeovers
     }
 
     /// Report every agent's `Moment`s on `tx`. Set it before the manager is cloned or used.
@@ -313,6 +351,81 @@ impl AgentManager {
             .ok_or_else(|| RuntimeError::UnknownProvider(id.to_owned()))
     }
 
+    /// Make sure this replica holds agent `id`'s lease before it runs the agent: take it
+    /// when nobody holds it, take the agent over when its holder stopped renewing, and
+    /// say who runs it otherwise.
+    async fn lease(&self, id: AgentId) -> Result<(), RuntimeError> {
+        if self.live(id).is_some() {
+            return Ok(());
+        }
+        let s = &self.shared;
+        for _ in 0..2 {
+            match store::replicas::claim(&s.pool, id.uuid(), &s.replica, s.lease_ttl_s).await? {
+                store::replicas::Claim::Taken | store::replicas::Claim::NotFound => return Ok(()),
+                store::replicas::Claim::Held { owner, expired } if expired => {
+                    self.take_over(id, &owner).await?;
+                }
+                store::replicas::Claim::Held { owner, .. } => {
+                    return Err(RuntimeError::OwnedElsewhere(owner));
+                }
+            }
+        }
+        Err(RuntimeError::ActorGone)
+    }
+
+    /// Take agent `id` over from `owner`, whose lease ran out: its interrupted turn ends
+    /// `failed` (`owner_lost`) and the agent is closed, resumable by its next prompt. False
+    /// when another replica took it first.
+    pub async fn take_over(&self, id: AgentId, owner: &str) -> Result<bool, RuntimeError> {
+        let s = &self.shared;
+        if !store::replicas::take_over(&s.pool, id.uuid(), owner, &s.replica, s.lease_ttl_s).await?
+        {
+            return Ok(false);
+        }
+        tracing::warn!(agent_id = %id, owner, "taking over an agent whose replica stopped renewing its lease");
+        if let Some(agent) = store::agents::open_agent(&s.pool, id.uuid()).await? {
+            reconcile::close_left_open(
+                &s.pool,
+                &s.writer,
+                &agent,
+                &format!("owner_lost: replica `{owner}`, which ran this agent, stopped answering"),
+                "owner_lost",
+            )
+            .await
+            .map_err(|e| RuntimeError::StartFailed(format!("{e:#}")))?;
+        }
+        store::replicas::release(&s.pool, id.uuid(), &s.replica).await?;
+        s.takeovers.inc();
+        Ok(true)
+    }
+
+    /// The agents whose actors run here now.
+    pub fn live_ids(&self) -> Vec<AgentId> {
+        let actors = self.shared.actors.lock().expect("actors lock");
+        actors
+            .iter()
+            .filter(|(_, h)| !h.tx.is_closed())
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Renew the leases of every agent running here; stop those whose lease another
+    /// replica took (they must not write another event), or that were archived elsewhere.
+    pub async fn renew_leases(&self) -> Result<(), RuntimeError> {
+        let ids = self.live_ids();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let s = &self.shared;
+        let uuids: Vec<Uuid> = ids.iter().map(|a| a.uuid()).collect();
+        let held = store::replicas::renew(&s.pool, &s.replica, &uuids, s.lease_ttl_s).await?;
+        for id in ids.into_iter().filter(|a| !held.contains(&a.uuid())) {
+            tracing::warn!(agent_id = %id, "this agent was taken over or archived elsewhere; stopping it here");
+            self.close(id, "taken over or archived elsewhere").await;
+        }
+        Ok(())
+    }
+
     /// The live actor of `ctx.id`, started (opening or resuming its session) when none runs.
     fn actor(&self, ctx: &AgentContext) -> Result<ActorHandle, RuntimeError> {
         if self.shared.shutting_down.load(Ordering::SeqCst) {
@@ -355,6 +468,7 @@ impl AgentManager {
         ctx: &AgentContext,
         prompt: Option<String>,
     ) -> Result<Option<TurnId>, RuntimeError> {
+        self.lease(ctx.id).await?;
         let handle = self.actor(ctx)?;
         match prompt {
             Some(text) => send(&handle, |reply| Command::Prompt {
@@ -377,6 +491,7 @@ impl AgentManager {
         // A prompt that reaches an actor as it stops (idle timeout, exited process) is
         // handed to a fresh one, which reopens the session.
         for _ in 0..2 {
+            self.lease(ctx.id).await?;
             let handle = self.actor(ctx)?;
             match send(&handle, |reply| Command::Prompt {
                 text: text.clone(),
@@ -461,9 +576,32 @@ impl AgentManager {
         actors.get(&id).filter(|h| !h.tx.is_closed()).cloned()
     }
 
-    /// Close every live agent (their processes end) and flush the event writer.
-    pub async fn shutdown(&self) {
+    /// Drain: take no new work, let running turns end for up to `drain`, then close every
+    /// live agent (their processes end), flush the event writer and give up every lease,
+    /// so any replica can run the agents again at once.
+    pub async fn shutdown(&self, drain: Duration) {
         self.shared.shutting_down.store(true, Ordering::SeqCst);
+        let watches: Vec<watch::Receiver<Snapshot>> = {
+            let actors = self.shared.actors.lock().expect("actors lock");
+            actors
+                .values()
+                .filter(|h| !h.tx.is_closed())
+                .map(|h| h.snapshot.clone())
+                .collect()
+        };
+        let turns_end = futures::future::join_all(watches.into_iter().map(|mut rx| async move {
+            while matches!(rx.borrow_and_update().status, AgentStatus::Running) {
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        }));
+        if tokio::time::timeout(drain, turns_end).await.is_err() {
+            tracing::warn!(
+                ?drain,
+                "turns still running after the drain time; stopping them"
+            );
+        }
         let ids: Vec<AgentId> = self
             .shared
             .actors
@@ -490,6 +628,10 @@ impl AgentManager {
         if let Err(e) = self.shared.writer.flush().await {
             tracing::warn!(error = %e, "could not flush events at shutdown");
         }
+        if let Err(e) = store::replicas::release_all(&self.shared.pool, &self.shared.replica).await
+        {
+            tracing::warn!(error = %e, "could not give up this replica's leases at shutdown");
+        }
     }
 }
 
@@ -498,6 +640,22 @@ impl Shared {
     pub(crate) fn moment(&self, m: Moment) {
         if let Some(tx) = &self.moments {
             let _ = tx.send(m);
+        }
+    }
+
+    /// Called by an actor once it stopped: give its agent's lease up, unless a newer actor
+    /// runs the agent here (any replica may then run it).
+    pub(crate) async fn release_lease(&self, id: AgentId) {
+        let live = {
+            let actors = self.actors.lock().expect("actors lock");
+            actors.get(&id).is_some_and(|h| !h.tx.is_closed())
+        };
+        if live {
+            return;
+        }
+        if let Err(e) = store::replicas::release(&self.pool, id.uuid(), &self.replica).await {
+            // It runs out by itself; another replica takes the agent over then.
+            tracing::warn!(agent_id = %id, error = %e, "could not give up an agent's lease");
         }
     }
 

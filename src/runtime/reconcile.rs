@@ -10,7 +10,7 @@ use crate::events::{EventWriter, NewTeamEvent};
 use crate::process::Ledger;
 use crate::store;
 
-use super::ServerLock;
+use super::ReplicaLock;
 
 #[derive(Debug, Default)]
 pub struct BootReport {
@@ -19,17 +19,24 @@ pub struct BootReport {
     pub turns_failed: usize,
 }
 
-/// `_lock` is the proof that no other server uses the database: what this closes is
-/// then truly left over, not a live server's agents.
+/// `lock` is the proof that no other process runs as this replica: what this closes (the
+/// agents this replica held, and those nobody holds) is then truly left over, not a live
+/// server's agents.
 pub async fn reconcile_at_boot(
     pool: &PgPool,
     writer: &EventWriter,
     ledger: &Ledger,
-    _lock: &ServerLock,
+    lock: &ReplicaLock,
 ) -> anyhow::Result<BootReport> {
     let mut report = BootReport::default();
-    // Requests that died with the previous server can be retried with their keys at once.
-    let claims = store::idempotency::release_unfinished(pool).await?;
+    // Requests that died with the previous server can be retried with their keys at once
+    // (unless other replicas run: their requests in flight hold claims too, which expire
+    // on their own).
+    let claims = if store::replicas::others_registered(pool, lock.replica()).await? {
+        0
+    } else {
+        store::idempotency::release_unfinished(pool).await?
+    };
     if claims > 0 {
         tracing::info!(
             claims,
@@ -41,43 +48,68 @@ pub async fn reconcile_at_boot(
     if !procs.killed.is_empty() {
         tracing::warn!(pids = ?procs.killed, "ended leftover agent processes of an earlier run");
     }
-    for agent in store::agents::open_agents(pool).await? {
-        let id = AgentId::from(agent.id);
-        let mut events = Vec::new();
-        if let (Some(turn), None) = (agent.last_turn_id, &agent.last_turn_outcome) {
-            let turn_id = TurnId::from(turn);
-            let error = "the server stopped during this turn";
-            events.push(NewEvent {
-                agent_id: id,
-                turn_id: Some(turn_id),
-                kind: EventKind::TurnCompleted,
-                data: json!({"turn_id": turn_id, "outcome": "failed", "error": error}),
-            });
-            store::agents::turn_finished(pool, agent.id, turn, "failed", Some(error)).await?;
-            report.turns_failed += 1;
-        }
-        store::permissions::expire_pending(pool, agent.id).await?;
-        let mut team = Vec::new();
-        if agent.status != "closed" {
-            let reason = "the server restarted";
-            store::agents::set_status(pool, agent.id, "closed", Some(reason)).await?;
-            events.push(NewEvent {
-                agent_id: id,
-                turn_id: None,
-                kind: EventKind::Status,
-                data: json!({"status": "closed", "reason": reason}),
-            });
-            team.push(NewTeamEvent {
-                team_id: agent.team_id,
-                project_id: None,
-                workspace_id: Some(agent.workspace_id),
-                kind: "agent_status",
-                data: json!({"agent_id": id, "status": "closed"}),
-            });
-            report.agents_closed += 1;
-        }
-        writer.append_committed(events, team).await?;
-        writer.forget(id).await;
+    for agent in store::agents::open_agents(pool, lock.replica()).await? {
+        let (turn_failed, closed) = close_left_open(
+            pool,
+            writer,
+            &agent,
+            "the server stopped during this turn",
+            "the server restarted",
+        )
+        .await?;
+        report.turns_failed += usize::from(turn_failed);
+        report.agents_closed += usize::from(closed);
+        store::replicas::release(pool, agent.id, lock.replica()).await?;
     }
     Ok(report)
+}
+
+/// Close what a stopped run left open of one agent: its unfinished turn ends `failed` with
+/// `turn_error`, its pending permission requests expire, and it is `closed` for `reason`.
+/// Returns whether a turn was failed and whether the agent was closed.
+pub(crate) async fn close_left_open(
+    pool: &PgPool,
+    writer: &EventWriter,
+    agent: &store::agents::OpenAgent,
+    turn_error: &str,
+    reason: &str,
+) -> anyhow::Result<(bool, bool)> {
+    let id = AgentId::from(agent.id);
+    let mut events = Vec::new();
+    let mut turn_failed = false;
+    if let (Some(turn), None) = (agent.last_turn_id, &agent.last_turn_outcome) {
+        let turn_id = TurnId::from(turn);
+        events.push(NewEvent {
+            agent_id: id,
+            turn_id: Some(turn_id),
+            kind: EventKind::TurnCompleted,
+            data: json!({"turn_id": turn_id, "outcome": "failed", "error": turn_error}),
+        });
+        store::agents::turn_finished(pool, agent.id, turn, "failed", Some(turn_error)).await?;
+        turn_failed = true;
+    }
+    store::permissions::expire_pending(pool, agent.id).await?;
+    let mut team = Vec::new();
+    let closed = agent.status != "closed";
+    if closed {
+        store::agents::set_status(pool, agent.id, "closed", Some(reason)).await?;
+        events.push(NewEvent {
+            agent_id: id,
+            turn_id: None,
+            kind: EventKind::Status,
+            data: json!({"status": "closed", "reason": reason}),
+        });
+        team.push(NewTeamEvent {
+            team_id: agent.team_id,
+            project_id: None,
+            workspace_id: Some(agent.workspace_id),
+            kind: "agent_status",
+            data: json!({"agent_id": id, "status": "closed"}),
+        });
+    }
+    // Numbered from the table: another replica may have written this timeline last.
+    writer.forget(id).await;
+    writer.append_committed(events, team).await?;
+    writer.forget(id).await;
+    Ok((turn_failed, closed))
 }

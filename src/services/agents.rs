@@ -65,6 +65,8 @@ pub struct AgentRuntime {
     /// The provider process's pid while one runs.
     pub pid: Option<u32>,
     pub provider_session_id: Option<String>,
+    /// The id of the replica running the agent, or null when none does.
+    pub replica: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -72,7 +74,7 @@ pub struct AgentRuntime {
     "provider": "mock", "model": "mock-small", "mode": "default", "title": null, "labels": {"ci_run": "1234"},
     "status": "idle", "status_reason": null, "last_seq": 12, "created_by": "usr_0193a1b2c3d47e8f9a0b1c2d3e4f5a6d",
     "created_at": "2026-11-30T12:00:00Z", "archived_at": null, "pending_permissions": 0,
-    "runtime": {"pid": 4242, "provider_session_id": "3b1f…"}}))]
+    "runtime": {"pid": 4242, "provider_session_id": "3b1f…", "replica": "node-1-5f2c9a1e"}}))]
 pub struct Agent {
     pub id: AgentId,
     pub workspace_id: WorkspaceId,
@@ -251,6 +253,10 @@ pub(crate) fn to_agent(ctx: &ServiceContext, row: AgentRow) -> Agent {
         pending_permissions: row.pending_permissions,
         runtime: AgentRuntime {
             pid: snap.as_ref().and_then(|s| s.pid),
+            replica: match &snap {
+                Some(_) => Some(ctx.agents.replica().to_owned()),
+                None => row.owner_replica,
+            },
             provider_session_id: snap
                 .and_then(|s| s.provider_session_id)
                 .or(row.provider_session_id),
@@ -453,6 +459,7 @@ pub async fn create(
             system_prompt: body.system_prompt.as_deref(),
             mcp_servers: &body.mcp_servers,
             created_by: principal.user_id,
+            owner: (ctx.agents.replica(), ctx.agents.lease_ttl_s()),
         },
     )
     .await?;

@@ -34,6 +34,8 @@ pub struct AgentRow {
     pub created_at: DateTime<Utc>,
     pub archived_at: Option<DateTime<Utc>>,
     pub pending_permissions: i64,
+    /// The replica running it: the holder of a lease that has not run out.
+    pub owner_replica: Option<String>,
 }
 
 macro_rules! select_agents {
@@ -46,7 +48,8 @@ macro_rules! select_agents {
                     a.persistence, a.provider_session_id, a.last_turn_id, a.last_turn_outcome, a.last_turn_error,
                     a.created_by, a.created_at, a.archived_at,
                     (SELECT count(*) FROM permission_requests p WHERE p.agent_id = a.id AND p.status = 'pending')
-                        AS pending_permissions
+                        AS pending_permissions,
+                    CASE WHEN a.lease_expires_at > now() THEN a.owner_replica END AS owner_replica
              FROM agents a JOIN workspaces w ON w.id = a.workspace_id ",
             $where
         )
@@ -65,13 +68,16 @@ pub struct NewAgent<'a> {
     pub system_prompt: Option<&'a str>,
     pub mcp_servers: &'a Value,
     pub created_by: Uuid,
+    /// The replica that runs it, and for how many seconds its lease lasts.
+    pub owner: (&'a str, i64),
 }
 
 pub async fn insert(db: impl PgExecutor<'_>, a: NewAgent<'_>) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO agents (id, workspace_id, team_id, provider, model, mode, title, labels, system_prompt,
-                             mcp_servers, status, created_by)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'starting', $11)",
+                             mcp_servers, status, created_by, owner_replica, lease_expires_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'starting', $11, $12,
+                 now() + make_interval(secs => $13))",
     )
     .bind(a.id)
     .bind(a.workspace_id)
@@ -84,6 +90,8 @@ pub async fn insert(db: impl PgExecutor<'_>, a: NewAgent<'_>) -> Result<(), sqlx
     .bind(a.system_prompt)
     .bind(a.mcp_servers)
     .bind(a.created_by)
+    .bind(a.owner.0)
+    .bind(a.owner.1 as f64)
     .execute(db)
     .await
     .map(|_| ())
@@ -249,12 +257,32 @@ pub struct OpenAgent {
     pub last_turn_outcome: Option<String>,
 }
 
-pub async fn open_agents(db: impl PgExecutor<'_>) -> Result<Vec<OpenAgent>, sqlx::Error> {
+/// Open agents that `replica` holds, or that nobody holds.
+pub async fn open_agents(
+    db: impl PgExecutor<'_>,
+    replica: &str,
+) -> Result<Vec<OpenAgent>, sqlx::Error> {
     sqlx::query_as(
         "SELECT id, team_id, workspace_id, status, last_turn_id, last_turn_outcome FROM agents
-         WHERE status <> 'closed' OR (last_turn_id IS NOT NULL AND last_turn_outcome IS NULL)",
+         WHERE (status <> 'closed' OR (last_turn_id IS NOT NULL AND last_turn_outcome IS NULL))
+           AND (owner_replica IS NULL OR owner_replica = $1)",
     )
+    .bind(replica)
     .fetch_all(db)
+    .await
+}
+
+/// One agent as the reconciler sees it (open or not).
+pub async fn open_agent(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+) -> Result<Option<OpenAgent>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, team_id, workspace_id, status, last_turn_id, last_turn_outcome FROM agents
+         WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(db)
     .await
 }
 

@@ -212,3 +212,17 @@ pub async fn last_team_event_id(db: impl PgExecutor<'_>) -> Result<i64, sqlx::Er
         .fetch_one(db)
         .await
 }
+
+/// The team events with these ids, oldest first.
+pub async fn team_events_by_ids(
+    db: impl PgExecutor<'_>,
+    ids: &[i64],
+) -> Result<Vec<TeamEventRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, team_id, project_id, workspace_id, kind, data, at FROM team_events
+         WHERE id = ANY($1) ORDER BY id",
+    )
+    .bind(ids)
+    .fetch_all(db)
+    .await
+}

@@ -13,8 +13,9 @@ pub mod oidc;
 pub mod permissions;
 pub mod processes;
 pub mod projects;
+pub mod replica_lock;
+pub mod replicas;
 pub mod secrets;
-pub mod server_lock;
 pub mod teams;
 pub mod workspaces;
 

@@ -354,7 +354,7 @@ async fn a_restart_keeps_timelines_and_leaves_nothing_running() {
         .unwrap()
         .trim()
         .to_owned();
-    let replica = agentry::config::Settings::default().replica();
+    let replica = crate::helpers::settings(app.data_dir.path()).replica();
     sqlx::query("INSERT INTO managed_processes (id, pid, pgid, start_ticks, boot_id, command, replica) VALUES ($1, $2, $2, $3, $4, '{sleep}', $5)")
         .bind(uuid::Uuid::now_v7()).bind(lpid as i32).bind(start_ticks).bind(&boot_id).bind(&replica)
         .execute(&app.pool).await.unwrap();

@@ -70,6 +70,8 @@ pub fn settings(data_dir: &Path) -> Settings {
         },
     );
     s.database.max_connections = 10;
+    // Stopping does not wait for running turns (tests that drain set it).
+    s.cluster.drain_timeout_s = 0;
     s
 }
 
@@ -520,4 +522,22 @@ pub fn seeded_rng(test: &str) -> rand::rngs::StdRng {
     };
     eprintln!("{test}: random seed {seed} (re-run with AGENTRY_TEST_SEED={seed})");
     rand::rngs::StdRng::seed_from_u64(seed)
+}
+
+/// `DATABASE_URL` for a separate process to reach the test database.
+pub fn database_url(db: &sqlx::postgres::PgConnectOptions) -> String {
+    let name = db.get_database().expect("a database name");
+    if let Ok(url) = std::env::var("DATABASE_URL") {
+        let (base, _) = url.rsplit_once('/').expect("DATABASE_URL has a path");
+        return format!("{base}/{name}");
+    }
+    let socket = db
+        .get_socket()
+        .expect("the test cluster is on a unix socket");
+    format!(
+        "postgres://{}@localhost:{}/{name}?host={}",
+        db.get_username(),
+        db.get_port(),
+        socket.display()
+    )
 }

@@ -459,7 +459,7 @@ async fn a_provider_may_name_the_prompts_message() {
         assert_eq!(data["text"], "go");
         assert_eq!(data["client_message_id"], "mine-1");
         assert_eq!(data["message_id"] == "msg_provider_1", named, "{data}");
-        h.manager.shutdown().await;
+        h.manager.shutdown(Duration::ZERO).await;
     }
 }
 
@@ -502,7 +502,7 @@ async fn a_tool_left_open_at_the_end_of_a_turn_is_marked_failed() {
         );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    h.manager.shutdown().await;
+    h.manager.shutdown(Duration::ZERO).await;
 }
 
 #[tokio::test]
@@ -578,7 +578,7 @@ async fn an_ignored_interrupt_still_ends_the_turn_canceled_and_stops_the_process
     }
     let w = h.app.wait(&h.agent).await;
     assert_eq!(w["last_turn"]["outcome"], "canceled");
-    h.manager.shutdown().await;
+    h.manager.shutdown(Duration::ZERO).await;
 }
 
 #[tokio::test]
@@ -646,7 +646,7 @@ async fn a_provider_exiting_while_a_permission_is_pending_expires_it_and_fails_t
     let body: Value = res.json().await.unwrap();
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["code"], "permission_expired");
-    h.manager.shutdown().await;
+    h.manager.shutdown(Duration::ZERO).await;
 }
 
 #[tokio::test]
@@ -709,5 +709,5 @@ async fn a_withdrawn_request_expires_a_late_handle_is_kept_and_an_interrupted_tu
     let events = h.finished_timeline(Duration::from_secs(10)).await;
     let (_, data) = turn_end(&events);
     assert_eq!(data["outcome"], "canceled", "{data}");
-    h.manager.shutdown().await;
+    h.manager.shutdown(Duration::ZERO).await;
 }

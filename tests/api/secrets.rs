@@ -776,24 +776,6 @@ async fn agents_get_their_own_teams_secret_when_created_resumed_and_after_a_rest
     app.stop().await;
 }
 
-/// `DATABASE_URL` for a separate process to reach the test database.
-fn database_url(db: &sqlx::postgres::PgConnectOptions) -> String {
-    let name = db.get_database().expect("a database name");
-    if let Ok(url) = std::env::var("DATABASE_URL") {
-        let (base, _) = url.rsplit_once('/').expect("DATABASE_URL has a path");
-        return format!("{base}/{name}");
-    }
-    let socket = db
-        .get_socket()
-        .expect("the test cluster is on a unix socket");
-    format!(
-        "postgres://{}@localhost:{}/{name}?host={}",
-        db.get_username(),
-        db.get_port(),
-        socket.display()
-    )
-}
-
 /// `agentry secrets rotate` with `current` and `previous` keys; its exit status and output.
 pub(crate) fn rotate(
     app_db: &sqlx::postgres::PgConnectOptions,

@@ -247,7 +247,7 @@ async fn a_setup_interrupted_by_a_restart_is_failed_at_the_next_start() {
         .await;
     let (db, data_dir, token) = app.stop().await;
     let pool = sqlx::PgPool::connect_with(db.clone()).await.unwrap();
-    let replica = agentry::config::Settings::default().replica();
+    let replica = crate::helpers::settings(data_dir.path()).replica();
     for (ws, owner) in [(&mine, replica.as_str()), (&theirs, "another-replica")] {
         let id = ws["id"].as_str().unwrap().trim_start_matches("wsp_");
         sqlx::query(

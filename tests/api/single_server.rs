@@ -1,5 +1,5 @@
-//! What a server refuses instead of accepting and ignoring: a second server on a database
-//! that a live server uses, and (for the model catalog) a refresh it would not perform.
+//! What a server refuses instead of accepting and ignoring: a second server running as a
+//! replica that already runs, and (for the model catalog) a refresh it would not perform.
 
 use std::net::TcpListener;
 use std::time::Duration;
@@ -14,7 +14,7 @@ use crate::helpers::{
 };
 
 #[tokio::test]
-async fn a_second_server_on_a_live_database_refuses_and_leaves_the_first_alone() {
+async fn a_second_server_on_a_live_database_joins_it_and_leaves_the_first_ones_agents_alone() {
     let app = spawn_app().await;
     let repo = git_repo();
     let (id, _) = app.mock_agent(repo.path()).await;
@@ -22,45 +22,50 @@ async fn a_second_server_on_a_live_database_refuses_and_leaves_the_first_alone()
     assert_eq!(app.wait(&id).await["last_turn"]["outcome"], "completed");
     let agent = app.get_ok(&format!("/v1/agents/{id}")).await;
     let pid = agent["runtime"]["pid"].as_i64().expect("a live process") as i32;
+    let first = agent["runtime"]["replica"]
+        .as_str()
+        .expect("a replica")
+        .to_owned();
     let before = app.timeline(&id).await.len();
 
-    // The second server: same database, its own data dir and port.
-    let other_dir = tempfile::tempdir().unwrap();
+    // A second server with the same replica id (the same data dir) refuses to start.
     let pool = agentry::store::connect(app.db.clone(), 4).await.unwrap();
-    let second = Application::build_with(
-        settings(other_dir.path()),
+    let twin = Application::build_with(
+        settings(app.data_dir.path()),
         pool.clone(),
         None,
         TcpListener::bind("127.0.0.1:0").unwrap(),
     )
     .await;
-    let err = match second {
-        Ok(_) => panic!("a second server started on a database in use"),
+    let err = match twin {
+        Ok(_) => panic!("a second server started as the same replica"),
         Err(e) => format!("{e:#}"),
     };
-    assert!(
-        err.contains("another agentry server is using this database"),
-        "{err}"
-    );
-    assert!(err.contains("not supported yet"), "{err}");
-    pool.close().await;
+    assert!(err.contains(&format!("runs as replica `{first}`")), "{err}");
+    assert!(err.contains("cluster.replica_id"), "{err}");
 
-    // The first server's agent was not touched: same process, same status, no new events,
-    // and it still takes prompts.
+    // One with its own data dir is another replica: it starts and closes nothing.
+    let other_dir = tempfile::tempdir().unwrap();
+    let second = spawn_on(app.db.clone(), other_dir, Some(app.token.clone())).await;
     assert!(
         pid_alive(pid),
         "the first server's agent process still runs"
     );
-    let agent = app.get_ok(&format!("/v1/agents/{id}")).await;
+    let agent = second.get_ok(&format!("/v1/agents/{id}")).await;
     assert_eq!(agent["status"], "idle");
-    assert_eq!(agent["runtime"]["pid"].as_i64(), Some(pid as i64));
+    assert_eq!(agent["runtime"]["replica"], first.as_str());
     assert_eq!(
         app.timeline(&id).await.len(),
         before,
         "nothing was appended"
     );
-    app.prompt(&id, "still here").await;
-    assert_eq!(app.wait(&id).await["last_turn"]["outcome"], "completed");
+    // The agent takes prompts through either server, and still runs where it ran.
+    second.prompt(&id, "still here").await;
+    assert_eq!(second.wait(&id).await["last_turn"]["outcome"], "completed");
+    let agent = app.get_ok(&format!("/v1/agents/{id}")).await;
+    assert_eq!(agent["runtime"]["pid"].as_i64(), Some(pid as i64));
+    second.stop().await;
+    pool.close().await;
 
     // Once the first stops, a new server starts on the database (and can resume).
     let (db, dir, token) = app.stop().await;

@@ -1,8 +1,9 @@
-//! One server per database, until several replicas are supported: the server takes the
-//! single-server lock on a connection of its own before the boot reconciler runs and
-//! holds it for its lifetime. A second server on the same database refuses to start
-//! instead of closing the first one's agents. The lock goes with the connection: released
-//! when the server stops, or by PostgreSQL when the server dies.
+//! One process per replica id: the server takes the lock on its replica id on a
+//! connection of its own before the boot reconciler runs and holds it for its lifetime. A
+//! second server started with the same id on the same database refuses to start instead of
+//! closing the first one's agents (the boot reconciler closes what its replica left open).
+//! The lock goes with the connection: released when the server stops, or by PostgreSQL
+//! when the server dies.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,30 +19,31 @@ use crate::store;
 const CHECK_EVERY: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
-pub enum ServerLockError {
+pub enum ReplicaLockError {
     #[error(
-        "another agentry server is using this database{0}; running several servers on one \
-         database is not supported yet: stop the other server, or give this one its own \
-         database"
+        "another agentry server runs as replica `{0}` on this database{1}; give each server \
+         its own `cluster.replica_id` (or its own data_dir), or stop the other one"
     )]
-    InUse(String),
-    #[error("cannot take the single-server lock: {0}")]
+    InUse(String, String),
+    #[error("cannot take the replica lock: {0}")]
     Store(#[from] sqlx::Error),
 }
 
-/// Proof that this process is the only server on its database; release it on stop.
-pub struct ServerLock {
+/// Proof that this process is the only one running as its replica; release it on stop.
+pub struct ReplicaLock {
+    replica: String,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
 
-impl ServerLock {
-    /// Take the lock on a new connection to `pool`'s database, or say who holds it.
-    pub async fn acquire(pool: &PgPool) -> Result<Self, ServerLockError> {
+impl ReplicaLock {
+    /// Take the lock of `replica` on a new connection to `pool`'s database, or say who
+    /// holds it.
+    pub async fn acquire(pool: &PgPool, replica: &str) -> Result<Self, ReplicaLockError> {
         let options = pool.connect_options();
         let mut conn = PgConnection::connect_with(&options).await?;
-        if !store::server_lock::try_acquire(&mut conn).await? {
-            let who = match store::server_lock::holder(&mut conn).await {
+        if !store::replica_lock::try_acquire(&mut conn, replica).await? {
+            let who = match store::replica_lock::holder(&mut conn, replica).await {
                 Ok(Some((addr, since))) => {
                     let mut s = String::new();
                     if let Some(since) = since {
@@ -58,14 +60,20 @@ impl ServerLock {
                 _ => String::new(),
             };
             let _ = conn.close().await;
-            return Err(ServerLockError::InUse(who));
+            return Err(ReplicaLockError::InUse(replica.to_owned(), who));
         }
         let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(hold(conn, options, stopped));
+        let task = tokio::spawn(hold(conn, options, replica.to_owned(), stopped));
         Ok(Self {
+            replica: replica.to_owned(),
             stop: Some(stop),
             task: Some(task),
         })
+    }
+
+    /// The replica this lock is held for.
+    pub fn replica(&self) -> &str {
+        &self.replica
     }
 
     /// Release the lock (closing its connection) and wait until it is released.
@@ -79,7 +87,7 @@ impl ServerLock {
     }
 }
 
-impl Drop for ServerLock {
+impl Drop for ReplicaLock {
     fn drop(&mut self) {
         // Dropping the sender ends the holding task, which closes the connection.
         self.stop.take();
@@ -91,6 +99,7 @@ impl Drop for ServerLock {
 async fn hold(
     mut conn: PgConnection,
     options: Arc<PgConnectOptions>,
+    replica: String,
     mut stopped: oneshot::Receiver<()>,
 ) {
     let mut lost = false;
@@ -99,35 +108,35 @@ async fn hold(
             _ = &mut stopped => break,
             _ = tokio::time::sleep(CHECK_EVERY) => {}
         }
-        match store::server_lock::held(&mut conn).await {
+        match store::replica_lock::held(&mut conn, &replica).await {
             Ok(true) => {
                 if lost {
-                    tracing::info!("holding the single-server lock again");
+                    tracing::info!("holding the replica lock again");
                     lost = false;
                 }
                 continue;
             }
             Ok(false) => {}
             Err(e) => {
-                tracing::warn!(error = %e, "the connection holding the single-server lock failed")
+                tracing::warn!(error = %e, "the connection holding the replica lock failed")
             }
         }
         lost = true;
         // Reconnect and take it again; until then a second server could start.
         match PgConnection::connect_with(&options).await {
-            Ok(mut fresh) => match store::server_lock::try_acquire(&mut fresh).await {
+            Ok(mut fresh) => match store::replica_lock::try_acquire(&mut fresh, &replica).await {
                 Ok(true) => conn = fresh,
                 Ok(false) => tracing::error!(
-                    "another server took the single-server lock of this database while this \
-                     one runs; stop one of them"
+                    "another server took this replica's lock while this one runs; stop \
+                     one of them"
                 ),
-                Err(e) => tracing::warn!(error = %e, "cannot take the single-server lock again"),
+                Err(e) => tracing::warn!(error = %e, "cannot take the replica lock again"),
             },
-            Err(e) => tracing::warn!(error = %e, "cannot reconnect to take the single-server lock"),
+            Err(e) => tracing::warn!(error = %e, "cannot reconnect to take the replica lock"),
         }
     }
-    if let Err(e) = store::server_lock::release(&mut conn).await {
-        tracing::debug!(error = %e, "could not give the single-server lock up before closing");
+    if let Err(e) = store::replica_lock::release(&mut conn, &replica).await {
+        tracing::debug!(error = %e, "could not give the replica lock up before closing");
     }
     let _ = conn.close().await;
 }

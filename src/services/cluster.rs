@@ -1,0 +1,136 @@
+//! Several replicas on one database. Each replica registers itself and, every third of
+//! the lease time, says it is alive, renews the leases of the agents it runs and looks
+//! for replicas that stopped answering: their agents are taken over (the interrupted turn
+//! ends `failed` with `owner_lost`; the next prompt resumes the agent), their processes on
+//! this host ended and their unfinished setups failed. Commands for an agent another
+//! replica runs are handed to it (`route`).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::{ServiceContext, ServiceResult};
+use crate::auth::{AuthError, Operation, Principal};
+use crate::domain::{AgentId, WorkspaceId};
+use crate::events::Fanout;
+use crate::store;
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ReplicaView {
+    /// The replica's id (`cluster.replica_id`).
+    pub id: String,
+    /// How the other replicas reach it.
+    pub advertise_url: String,
+    pub started_at: DateTime<Utc>,
+    /// When it last said it is alive; a replica silent for `cluster.lease_ttl_s` is taken
+    /// for dead.
+    pub last_seen_at: DateTime<Utc>,
+    /// Agents it runs now.
+    pub agents: i64,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ReplicaList {
+    pub items: Vec<ReplicaView>,
+}
+
+/// `GET /v1/cluster`: the replicas of this deployment (server admins).
+pub async fn list(ctx: &ServiceContext, principal: &Principal) -> ServiceResult<ReplicaList> {
+    // A read: a server admin's `read` token may see the cluster.
+    principal.authorize(Operation::ReadSelf)?;
+    if !principal.is_server_admin() {
+        return Err(AuthError::Forbidden("this needs a server admin").into());
+    }
+    let rows = store::replicas::list(&ctx.pool).await?;
+    Ok(ReplicaList {
+        items: rows
+            .into_iter()
+            .map(|r| ReplicaView {
+                id: r.id,
+                advertise_url: r.advertise_url,
+                started_at: r.started_at,
+                last_seen_at: r.last_seen_at,
+                agents: r.agents,
+            })
+            .collect(),
+    })
+}
+
+/// Where to send a command for agent `id`: the URL of the replica that runs it, when that
+/// is not this one. (No authorization here: the owner authorizes the command itself.)
+pub async fn route(ctx: &ServiceContext, id: AgentId) -> ServiceResult<Option<String>> {
+    let owner = store::replicas::remote_owner(&ctx.pool, id.uuid(), ctx.agents.replica()).await?;
+    Ok(owner.map(|(_, url)| url))
+}
+
+/// The agents of workspace `ws` that other replicas run, with where to reach each (an
+/// archive closes them there first).
+pub async fn remote_agents_in_workspace(
+    ctx: &ServiceContext,
+    ws: WorkspaceId,
+) -> ServiceResult<Vec<(AgentId, String)>> {
+    let rows =
+        store::replicas::remote_agents_in_workspace(&ctx.pool, ws.uuid(), ctx.agents.replica())
+            .await?;
+    Ok(rows.into_iter().map(|(id, url)| (id.into(), url)).collect())
+}
+
+/// Tell the other replicas this one is here (it registered at boot), before serving.
+pub async fn join(ctx: &ServiceContext, fanout: &Fanout) -> ServiceResult<()> {
+    let me = ctx.agents.replica();
+    fanout.join();
+    fanout.set_peers(store::replicas::peers_alive(&ctx.pool, me, ctx.agents.lease_ttl_s()).await?);
+    Ok(())
+}
+
+/// Leave: forget this replica (its leases were given up when its agents closed).
+pub async fn leave(ctx: &ServiceContext) {
+    if let Err(e) = store::replicas::unregister(&ctx.pool, ctx.agents.replica()).await {
+        tracing::warn!(error = %e, "could not unregister this replica");
+    }
+}
+
+/// Say this replica is alive, renew its leases and take over from silent replicas, every
+/// third of the lease time, until the task is ended (after the agents are drained at
+/// shutdown: leases of turns still running must stay renewed until then).
+pub async fn run(ctx: ServiceContext, fanout: std::sync::Arc<Fanout>, advertise_url: String) {
+    let period = Duration::from_millis((ctx.agents.lease_ttl_s() as u64 * 1000 / 3).max(500));
+    loop {
+        if let Err(e) = tick(&ctx, &fanout, &advertise_url).await {
+            tracing::warn!(error = %e, "the cluster heartbeat failed; retrying");
+        }
+        tokio::time::sleep(period).await;
+    }
+}
+
+async fn tick(ctx: &ServiceContext, fanout: &Fanout, advertise_url: &str) -> ServiceResult<()> {
+    let me = ctx.agents.replica();
+    let ttl = ctx.agents.lease_ttl_s();
+    store::replicas::heartbeat(&ctx.pool, me, advertise_url).await?;
+    ctx.agents.renew_leases().await?;
+    fanout.set_peers(store::replicas::peers_alive(&ctx.pool, me, ttl).await?);
+    take_over_expired(ctx).await?;
+    for silent in store::replicas::silent(&ctx.pool, me, ttl).await? {
+        let procs = ctx.agents.ledger().reconcile_replica(&silent).await?;
+        if !procs.killed.is_empty() {
+            tracing::warn!(replica = silent, pids = ?procs.killed, "ended the processes of a replica that stopped answering");
+        }
+        if let Err(e) = super::setup::fail_interrupted(ctx, &silent).await {
+            tracing::warn!(replica = silent, error = %e, "could not fail the setups of a replica that stopped answering");
+        }
+        if store::replicas::forget_if_idle(&ctx.pool, &silent).await? {
+            tracing::info!(replica = silent, "forgot a replica that stopped answering");
+        }
+    }
+    Ok(())
+}
+
+/// Take over every agent whose lease ran out unrenewed.
+async fn take_over_expired(ctx: &ServiceContext) -> ServiceResult<()> {
+    for (agent, owner) in store::replicas::expired(&ctx.pool, ctx.agents.replica()).await? {
+        ctx.agents.take_over(agent.into(), &owner).await?;
+    }
+    Ok(())
+}

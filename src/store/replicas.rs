@@ -1,0 +1,280 @@
+//! Replicas and agent leases: each running server has a row in `replicas` that it renews;
+//! each live agent is owned by one replica through `agents.owner_replica` and
+//! `agents.lease_expires_at`.
+
+use chrono::{DateTime, Utc};
+use sqlx::{FromRow, PgExecutor};
+use uuid::Uuid;
+
+#[derive(Debug, Clone, FromRow)]
+pub struct ReplicaRow {
+    pub id: String,
+    pub advertise_url: String,
+    pub started_at: DateTime<Utc>,
+    pub last_seen_at: DateTime<Utc>,
+    /// Agents this replica holds a lease on.
+    pub agents: i64,
+}
+
+/// Register `id` (again, after a restart: its start time is reset).
+pub async fn register(db: impl PgExecutor<'_>, id: &str, url: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO replicas (id, advertise_url) VALUES ($1, $2)
+         ON CONFLICT (id) DO UPDATE SET advertise_url = $2, started_at = now(), last_seen_at = now()",
+    )
+    .bind(id)
+    .bind(url)
+    .execute(db)
+    .await
+    .map(|_| ())
+}
+
+/// Say `id` is alive; registers it again if another replica had given it up for dead.
+pub async fn heartbeat(db: impl PgExecutor<'_>, id: &str, url: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO replicas (id, advertise_url) VALUES ($1, $2)
+         ON CONFLICT (id) DO UPDATE SET last_seen_at = now()",
+    )
+    .bind(id)
+    .bind(url)
+    .execute(db)
+    .await
+    .map(|_| ())
+}
+
+pub async fn unregister(db: impl PgExecutor<'_>, id: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM replicas WHERE id = $1")
+        .bind(id)
+        .execute(db)
+        .await
+        .map(|_| ())
+}
+
+/// Every registered replica, with the number of agents it holds, oldest first.
+pub async fn list(db: impl PgExecutor<'_>) -> Result<Vec<ReplicaRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT r.id, r.advertise_url, r.started_at, r.last_seen_at,
+                (SELECT count(*) FROM agents a WHERE a.owner_replica = r.id) AS agents
+           FROM replicas r ORDER BY r.started_at, r.id",
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Whether a replica other than `me` was seen within `ttl_s` seconds.
+pub async fn peers_alive(
+    db: impl PgExecutor<'_>,
+    me: &str,
+    ttl_s: i64,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM replicas WHERE id <> $1
+                          AND last_seen_at > now() - make_interval(secs => $2))",
+    )
+    .bind(me)
+    .bind(ttl_s as f64)
+    .fetch_one(db)
+    .await
+}
+
+/// Whether any replica other than `me` is registered (alive, or not yet taken over).
+pub async fn others_registered(db: impl PgExecutor<'_>, me: &str) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM replicas WHERE id <> $1)")
+        .bind(me)
+        .fetch_one(db)
+        .await
+}
+
+/// Replicas other than `me` not seen for `ttl_s` seconds.
+pub async fn silent(
+    db: impl PgExecutor<'_>,
+    me: &str,
+    ttl_s: i64,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT id FROM replicas WHERE id <> $1
+            AND last_seen_at < now() - make_interval(secs => $2) ORDER BY id",
+    )
+    .bind(me)
+    .bind(ttl_s as f64)
+    .fetch_all(db)
+    .await
+}
+
+/// Forget a silent replica once nothing refers to it any more.
+pub async fn forget_if_idle(db: impl PgExecutor<'_>, id: &str) -> Result<bool, sqlx::Error> {
+    sqlx::query(
+        "DELETE FROM replicas r WHERE r.id = $1
+            AND NOT EXISTS (SELECT 1 FROM agents a WHERE a.owner_replica = r.id)
+            AND NOT EXISTS (SELECT 1 FROM managed_processes p WHERE p.replica = r.id)",
+    )
+    .bind(id)
+    .execute(db)
+    .await
+    .map(|r| r.rows_affected() > 0)
+}
+
+/// What stands in the way of `me` leasing an agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The lease is `me`'s now.
+    Taken,
+    /// Another replica holds it; `expired` when its lease ran out unrenewed.
+    Held {
+        owner: String,
+        expired: bool,
+    },
+    NotFound,
+}
+
+/// Lease agent `id` to `me` for `ttl_s` seconds, unless another replica holds it.
+pub async fn claim(
+    db: impl PgExecutor<'_> + Copy,
+    id: Uuid,
+    me: &str,
+    ttl_s: i64,
+) -> Result<Claim, sqlx::Error> {
+    let taken = sqlx::query(
+        "UPDATE agents SET owner_replica = $2, lease_expires_at = now() + make_interval(secs => $3)
+          WHERE id = $1 AND (owner_replica IS NULL OR owner_replica = $2)",
+    )
+    .bind(id)
+    .bind(me)
+    .bind(ttl_s as f64)
+    .execute(db)
+    .await?
+    .rows_affected();
+    if taken > 0 {
+        return Ok(Claim::Taken);
+    }
+    let row: Option<(Option<String>, bool)> = sqlx::query_as(
+        "SELECT owner_replica, coalesce(lease_expires_at < now(), true) FROM agents WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(db)
+    .await?;
+    Ok(match row {
+        None => Claim::NotFound,
+        Some((None, _)) => Claim::Held {
+            owner: String::new(),
+            expired: true,
+        },
+        Some((Some(owner), expired)) => Claim::Held { owner, expired },
+    })
+}
+
+/// Take agent `id` over from `owner`, whose lease expired: true when `me` holds it now.
+pub async fn take_over(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    owner: &str,
+    me: &str,
+    ttl_s: i64,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query(
+        "UPDATE agents SET owner_replica = $3, lease_expires_at = now() + make_interval(secs => $4)
+          WHERE id = $1 AND owner_replica = $2 AND lease_expires_at < now()",
+    )
+    .bind(id)
+    .bind(owner)
+    .bind(me)
+    .bind(ttl_s as f64)
+    .execute(db)
+    .await
+    .map(|r| r.rows_affected() > 0)
+}
+
+/// Renew `me`'s leases on `ids`; returns the ids still held (the others were taken over,
+/// or archived meanwhile: they must stop too).
+pub async fn renew(
+    db: impl PgExecutor<'_>,
+    me: &str,
+    ids: &[Uuid],
+    ttl_s: i64,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "UPDATE agents SET owner_replica = $1, lease_expires_at = now() + make_interval(secs => $3)
+          WHERE id = ANY($2) AND (owner_replica IS NULL OR owner_replica = $1)
+            AND archived_at IS NULL
+            AND NOT EXISTS (SELECT 1 FROM workspaces w
+                             WHERE w.id = agents.workspace_id AND w.archived_at IS NOT NULL)
+          RETURNING id",
+    )
+    .bind(me)
+    .bind(ids)
+    .bind(ttl_s as f64)
+    .fetch_all(db)
+    .await
+}
+
+/// Give up `me`'s lease on `id` (no-op when another replica holds it).
+pub async fn release(db: impl PgExecutor<'_>, id: Uuid, me: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE agents SET owner_replica = NULL, lease_expires_at = NULL
+          WHERE id = $1 AND owner_replica = $2",
+    )
+    .bind(id)
+    .bind(me)
+    .execute(db)
+    .await
+    .map(|_| ())
+}
+
+/// Give up every lease of `me`.
+pub async fn release_all(db: impl PgExecutor<'_>, me: &str) -> Result<u64, sqlx::Error> {
+    sqlx::query(
+        "UPDATE agents SET owner_replica = NULL, lease_expires_at = NULL WHERE owner_replica = $1",
+    )
+    .bind(me)
+    .execute(db)
+    .await
+    .map(|r| r.rows_affected())
+}
+
+/// Leases held by replicas other than `me` that ran out unrenewed: `(agent, owner)`.
+pub async fn expired(
+    db: impl PgExecutor<'_>,
+    me: &str,
+) -> Result<Vec<(Uuid, String)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, owner_replica FROM agents
+          WHERE owner_replica IS NOT NULL AND owner_replica <> $1 AND lease_expires_at < now()
+          ORDER BY id",
+    )
+    .bind(me)
+    .fetch_all(db)
+    .await
+}
+
+/// Where to reach the replica that holds a live lease on agent `id`, when it is not `me`.
+pub async fn remote_owner(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    me: &str,
+) -> Result<Option<(String, String)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT r.id, r.advertise_url FROM agents a JOIN replicas r ON r.id = a.owner_replica
+          WHERE a.id = $1 AND a.owner_replica <> $2 AND a.lease_expires_at > now()",
+    )
+    .bind(id)
+    .bind(me)
+    .fetch_optional(db)
+    .await
+}
+
+/// The agents of workspace `ws` that replicas other than `me` run, with where to reach them.
+pub async fn remote_agents_in_workspace(
+    db: impl PgExecutor<'_>,
+    ws: Uuid,
+    me: &str,
+) -> Result<Vec<(Uuid, String)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT a.id, r.advertise_url FROM agents a JOIN replicas r ON r.id = a.owner_replica
+          WHERE a.workspace_id = $1 AND a.owner_replica <> $2 AND a.lease_expires_at > now()
+          ORDER BY a.id",
+    )
+    .bind(ws)
+    .bind(me)
+    .fetch_all(db)
+    .await
+}

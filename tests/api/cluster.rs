@@ -1,0 +1,381 @@
+//! Several replicas on one database: streams, commands and permission answers work
+//! whichever replica the client reaches; a replica that dies has its agents taken over
+//! (the interrupted turn fails with `owner_lost`, the next prompt resumes, no seq twice);
+//! a stopping replica drains its running turns first.
+
+use std::collections::HashSet;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+const TTL: u64 = 3;
+
+async fn replica_of(app: &TestApp, agent: &str) -> String {
+    let a = app.get_ok(&format!("/v1/agents/{agent}")).await;
+    a["runtime"]["replica"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Seqs 1..=n, each once.
+fn assert_dense(events: &[Value]) {
+    let seqs: Vec<i64> = events.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+    let want: Vec<i64> = (1..=seqs.len() as i64).collect();
+    assert_eq!(seqs, want, "seqs are dense and unique");
+}
+
+#[tokio::test]
+async fn two_replicas_serve_one_agent_whichever_the_client_reaches() {
+    let a = spawn_app_with(|s| s.cluster.lease_ttl_s = TTL).await;
+    let b = spawn_on_with(
+        a.db.clone(),
+        tempfile::tempdir().unwrap(),
+        Some(a.token.clone()),
+        |s| s.cluster.lease_ttl_s = TTL,
+    )
+    .await;
+    let repo = git_repo();
+    let (id, _) = a.mock_agent(repo.path()).await;
+    let owner = replica_of(&a, &id).await;
+    assert!(!owner.is_empty());
+    assert_eq!(
+        replica_of(&b, &id).await,
+        owner,
+        "both replicas name the owner"
+    );
+
+    // Both replicas are listed, the owner with its agent.
+    let cluster = b.get_ok("/v1/cluster").await;
+    let items = cluster["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2, "{cluster}");
+    let mine = items.iter().find(|r| r["id"] == owner.as_str()).unwrap();
+    assert_eq!(mine["agents"], 1);
+    assert_eq!(mine["advertise_url"], a.base.as_str());
+    let theirs = items.iter().find(|r| r["id"] != owner.as_str()).unwrap();
+    assert_eq!(theirs["agents"], 0);
+
+    // A stream on the replica that does not run the agent; the prompt sent there too.
+    let mut stream = b.events(&id, None).await;
+    let mut team = b
+        .client
+        .get(b.url("/v1/events"))
+        .bearer_auth(&b.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(team.status(), 200);
+    b.prompt(&id, "hello from the other replica").await;
+    let seen = stream
+        .until("turn_completed", Duration::from_secs(30))
+        .await;
+    assert_eq!(
+        seen.last().unwrap().data["data"]["outcome"],
+        "completed",
+        "{:?}",
+        seen.last()
+    );
+    assert!(
+        seen.iter().any(|e| e.event == "assistant_delta"),
+        "streamed text arrived live"
+    );
+
+    // A permission raised on the owner, answered through the other replica.
+    b.prompt(&id, "/ask deploy to production?").await;
+    let asked = stream
+        .until("permission_requested", Duration::from_secs(30))
+        .await;
+    let request = asked.last().unwrap().data["data"]["request_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let res = b
+        .post(
+            &format!("/v1/agents/{id}/permissions/{request}"),
+            json!({"behavior": "allow"}),
+        )
+        .await;
+    expect_status(res, 200).await;
+    let rest = stream
+        .until("turn_completed", Duration::from_secs(30))
+        .await;
+    assert_eq!(rest.last().unwrap().data["data"]["outcome"], "completed");
+    // `wait` through the other replica waits on the owner.
+    let waited = b.wait(&id).await;
+    assert_eq!(waited["status"], "idle");
+
+    // What the other replica streamed is the timeline: in order, nothing twice, no gap.
+    let streamed: Vec<i64> = seen
+        .iter()
+        .chain(&asked)
+        .chain(&rest)
+        .map(|e| e.id)
+        .collect();
+    let timeline = a.timeline(&id).await;
+    assert_dense(&timeline);
+    let want: Vec<i64> = (1..=*streamed.last().unwrap()).collect();
+    assert_eq!(streamed, want);
+
+    // The team stream of the other replica heard the agent's status changes.
+    let mut text = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !text.contains("agent_status") && tokio::time::Instant::now() < deadline {
+        match tokio::time::timeout_at(deadline, team.chunk()).await {
+            Ok(Ok(Some(c))) => text.push_str(&String::from_utf8_lossy(&c)),
+            _ => break,
+        }
+    }
+    assert!(text.contains("agent_status"), "{text}");
+    assert!(text.contains(&id), "{text}");
+
+    // The other replica never started the agent.
+    assert_eq!(replica_of(&b, &id).await, owner);
+    b.stop().await;
+    a.stop().await;
+}
+
+/// `agentry serve` as a separate process on `app`'s database.
+struct Replica {
+    child: tokio::process::Child,
+    base: String,
+    _dir: tempfile::TempDir,
+}
+
+async fn serve_beside(app: &TestApp, id: &str) -> Replica {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let exe = env!("CARGO_BIN_EXE_agentry");
+    let config = dir.path().join("agentry.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n[cluster]\nreplica_id = \"{id}\"\nlease_ttl_s = {TTL}\n[providers.mock]\ncommand = [\"{exe}\"]\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let child = tokio::process::Command::new(exe)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap())
+        .env("HOME", dir.path())
+        .env("DATABASE_URL", database_url(&app.db))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let ready = format!("{base}/readyz");
+    let client = app.client.clone();
+    for _ in 0..300 {
+        if let Ok(r) = client.get(&ready).send().await
+            && r.status() == 200
+        {
+            return Replica {
+                child,
+                base,
+                _dir: dir,
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the second replica did not become ready");
+}
+
+async fn call(app: &TestApp, method: reqwest::Method, url: &str, body: Value) -> Value {
+    let res = app
+        .client
+        .request(method, url)
+        .bearer_auth(&app.token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    let text = res.text().await.unwrap();
+    assert!(status < 300, "{url}: {status} {text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+#[tokio::test]
+async fn a_replica_that_dies_has_its_agents_taken_over() {
+    let survivor = spawn_app_with(|s| s.cluster.lease_ttl_s = TTL).await;
+    let mut doomed = serve_beside(&survivor, "doomed").await;
+    let repo = git_repo();
+    let project = survivor.project(repo.path()).await;
+    let post = reqwest::Method::POST;
+    let ws = call(
+        &survivor,
+        post.clone(),
+        &format!("{}/v1/workspaces", doomed.base),
+        json!({"project_id": project["id"]}),
+    )
+    .await;
+    let agent = call(
+        &survivor,
+        post.clone(),
+        &format!("{}/v1/agents", doomed.base),
+        json!({"workspace_id": ws["id"], "provider": "mock", "prompt": "first words"}),
+    )
+    .await;
+    let id = agent["id"].as_str().unwrap().to_owned();
+    let waited = call(
+        &survivor,
+        reqwest::Method::GET,
+        &format!("{}/v1/agents/{id}/wait?timeout_s=30", doomed.base),
+        Value::Null,
+    )
+    .await;
+    assert_eq!(waited["last_turn"]["outcome"], "completed", "{waited}");
+    // A long turn, then the replica running it dies without a word.
+    let turn = call(
+        &survivor,
+        post,
+        &format!("{}/v1/agents/{id}/messages", doomed.base),
+        json!({"text": "/sleep 600000"}),
+    )
+    .await;
+    let agent = survivor.get_ok(&format!("/v1/agents/{id}")).await;
+    assert_eq!(agent["runtime"]["replica"], "doomed");
+    assert_eq!(agent["status"], "running");
+    let there = call(
+        &survivor,
+        reqwest::Method::GET,
+        &format!("{}/v1/agents/{id}", doomed.base),
+        Value::Null,
+    )
+    .await;
+    let pid = there["runtime"]["pid"]
+        .as_i64()
+        .expect("the provider process") as i32;
+    assert!(pid_alive(pid));
+    let mut stream = survivor.events(&id, None).await;
+    doomed.child.start_kill().unwrap();
+    doomed.child.wait().await.unwrap();
+
+    // Within the lease time and 10 s, the survivor takes the agent over.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(TTL + 10);
+    let done = loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let seen = stream.until("turn_completed", left).await;
+        let last = seen.last().unwrap().data["data"].clone();
+        if last["turn_id"] == turn["turn_id"] {
+            break last;
+        }
+    };
+    assert_eq!(done["outcome"], "failed");
+    assert!(
+        done["error"].as_str().unwrap().contains("owner_lost"),
+        "{done}"
+    );
+    let closed = stream.until("status", Duration::from_secs(10)).await;
+    assert_eq!(closed.last().unwrap().data["data"]["status"], "closed");
+    let agent = survivor.get_ok(&format!("/v1/agents/{id}")).await;
+    assert_eq!(agent["status"], "closed");
+    assert_eq!(agent["runtime"]["replica"], Value::Null);
+    // The dead replica's agent process on this host was ended too.
+    eventually(
+        "the dead replica's process is gone",
+        Duration::from_secs(10),
+        || !pid_alive(pid),
+    )
+    .await;
+    let metrics = survivor
+        .client
+        .get(survivor.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("agentry_lease_takeovers_total 1"),
+        "{metrics}"
+    );
+
+    // The next prompt resumes the agent here; no seq was written twice.
+    survivor.prompt(&id, "are you back?").await;
+    let waited = survivor.wait(&id).await;
+    assert_eq!(waited["last_turn"]["outcome"], "completed", "{waited}");
+    assert_eq!(
+        replica_of(&survivor, &id).await,
+        survivor.get_ok("/v1/cluster").await["items"][0]["id"]
+            .as_str()
+            .unwrap()
+    );
+    let timeline = survivor.timeline(&id).await;
+    assert_dense(&timeline);
+    let turns: HashSet<&str> = timeline
+        .iter()
+        .filter(|e| e["kind"] == "turn_completed")
+        .map(|e| e["turn_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(turns.len(), 3, "each turn ended once");
+    // The dead replica is forgotten once nothing refers to it.
+    eventually_async(&survivor, |c: Value| {
+        c["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["id"] != "doomed")
+    })
+    .await;
+    survivor.stop().await;
+}
+
+async fn eventually_async(app: &TestApp, ok: impl Fn(Value) -> bool) {
+    for _ in 0..100 {
+        if ok(app.get_ok("/v1/cluster").await) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!(
+        "the cluster never got there: {}",
+        app.get_ok("/v1/cluster").await
+    );
+}
+
+#[tokio::test]
+async fn a_stopping_replica_lets_its_running_turn_end_first() {
+    let a = spawn_app_with(|s| {
+        s.cluster.lease_ttl_s = TTL;
+        s.cluster.drain_timeout_s = 30;
+    })
+    .await;
+    let b = spawn_on_with(
+        a.db.clone(),
+        tempfile::tempdir().unwrap(),
+        Some(a.token.clone()),
+        |s| s.cluster.lease_ttl_s = TTL,
+    )
+    .await;
+    let repo = git_repo();
+    let (id, _) = a.mock_agent(repo.path()).await;
+    a.prompt(&id, "/sleep 1500").await;
+    let stopped = tokio::spawn(a.stop());
+    // Meanwhile the other replica answers for the agent, and the turn ends well.
+    let mut stream = b.events(&id, None).await;
+    let seen = stream
+        .until("turn_completed", Duration::from_secs(30))
+        .await;
+    assert_eq!(seen.last().unwrap().data["data"]["outcome"], "completed");
+    // (Its data dir stays: worktrees live on storage every replica reaches.)
+    let (_db, _data_dir, _) = stopped.await.unwrap();
+    // Its lease was given up: the next prompt runs the agent on the remaining replica.
+    b.prompt(&id, "over here now").await;
+    assert_eq!(b.wait(&id).await["last_turn"]["outcome"], "completed");
+    let timeline = b.timeline(&id).await;
+    assert_dense(&timeline);
+    b.stop().await;
+}
