@@ -66,7 +66,6 @@ fn the_kubernetes_settings_load_with_the_secrets_environment() {
         .collect::<Vec<_>>()
         .join("\n");
     std::fs::write(&file, with_oidc).unwrap();
-    let mut env = env;
     env.push((
         "AGENTRY_AUTH__OIDC__CLIENT_SECRET".to_owned(),
         "s3cret".to_owned(),
