@@ -3,7 +3,9 @@
 //! close, archive, and the long `wait`) is sent on to that replica with the caller's own
 //! credentials, and its answer is the answer: the owner authenticates and authorizes it
 //! as if the client had reached it directly. A forwarded request is never forwarded again.
-//! Archiving a workspace first closes its agents on the replicas that run them.
+//! Archiving a workspace first closes its agents on the replicas that run them. A new
+//! agent is created on the replica it is pinned to (label `agentry.replica`), else on the
+//! replica running the fewest agents when that runs fewer than the one asked.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -13,7 +15,7 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::http::{Method, StatusCode};
 use actix_web::middleware::Next;
-use actix_web::{HttpRequest, HttpResponse, ResponseError, get, web};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, ResponseError, get, web};
 use futures::StreamExt;
 use utoipa_actix_web::service_config::ServiceConfig;
 
@@ -139,6 +141,9 @@ pub async fn forward(
     if !local && let Some(ws) = archived_workspace(req.method(), req.path()) {
         close_elsewhere(&state, req.request(), ws).await;
     }
+    if !local && req.method() == Method::POST && req.path() == "/v1/agents" {
+        return place(state, req, next).await;
+    }
     let agent = if local {
         None
     } else {
@@ -166,13 +171,52 @@ pub async fn forward(
     Ok(ServiceResponse::new(http, res))
 }
 
-/// Send the request on to `owner` and turn its answer into this one.
-async fn send_on(
+/// `POST /v1/agents`: create the agent here, or on the replica it is pinned to, or on the
+/// replica running the fewest agents when that runs fewer than this one.
+async fn place(
+    state: web::Data<AppState>,
+    mut req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    let body = match read_body(&state, req.take_payload()).await {
+        Ok(b) => b,
+        Err(e) => {
+            let (http, _) = req.into_parts();
+            return Ok(ServiceResponse::new(http, e.error_response()));
+        }
+    };
+    // An unreadable body is the create handler's to refuse.
+    let labels = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("labels").cloned());
+    let target = match cluster::place(&state.services, labels.as_ref()).await {
+        Ok(t) => t,
+        Err(e) => {
+            let (http, _) = req.into_parts();
+            return Ok(ServiceResponse::new(http, ApiError::from(e).error_response()));
+        }
+    };
+    match target {
+        None => {
+            req.set_payload(super::input::replay(body));
+            Ok(next.call(req).await?.map_into_boxed_body())
+        }
+        Some(url) => {
+            let (http, _) = req.into_parts();
+            let res = match send_body(&state, &http, body, &url).await {
+                Ok(res) => res,
+                Err(e) => e.error_response(),
+            };
+            Ok(ServiceResponse::new(http, res))
+        }
+    }
+}
+
+/// The request body, within the size limit.
+async fn read_body(
     state: &AppState,
-    http: &HttpRequest,
     mut payload: actix_web::dev::Payload,
-    owner: &str,
-) -> Result<HttpResponse, ApiError> {
+) -> Result<web::Bytes, ApiError> {
     let limit = state.settings.limits.max_body_bytes;
     let mut body = web::BytesMut::new();
     while let Some(chunk) = payload.next().await {
@@ -186,6 +230,26 @@ async fn send_on(
         }
         body.extend_from_slice(&chunk);
     }
+    Ok(body.freeze())
+}
+
+/// Send the request on to `owner` and turn its answer into this one.
+async fn send_on(
+    state: &AppState,
+    http: &HttpRequest,
+    payload: actix_web::dev::Payload,
+    owner: &str,
+) -> Result<HttpResponse, ApiError> {
+    let body = read_body(state, payload).await?;
+    send_body(state, http, body, owner).await
+}
+
+async fn send_body(
+    state: &AppState,
+    http: &HttpRequest,
+    body: web::Bytes,
+    owner: &str,
+) -> Result<HttpResponse, ApiError> {
     let url = format!(
         "{owner}{}",
         http.uri().path_and_query().map_or("", |p| p.as_str())
@@ -196,7 +260,7 @@ async fn send_on(
         .request(method, &url)
         .timeout(Duration::from_secs(state.settings.limits.max_wait_s + 30))
         .header(FORWARDED_BY.as_str(), state.services.agents.replica())
-        .body(body.freeze());
+        .body(body);
     for name in KEPT {
         if let Some(v) = http.headers().get(name) {
             out = out.header(name, v.as_bytes());

@@ -70,7 +70,7 @@ async fn refusal(req: &mut ServiceRequest) -> Option<actix_web::Error> {
 }
 
 /// The body again, for the extractors after this middleware.
-fn replay(body: Bytes) -> Payload {
+pub(crate) fn replay(body: Bytes) -> Payload {
     let stream: std::pin::Pin<Box<dyn futures::Stream<Item = _>>> =
         Box::pin(futures::stream::once(async move { Ok(body) }));
     Payload::from(stream)

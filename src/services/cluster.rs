@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{ServiceContext, ServiceResult};
+use super::{ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{AuthError, Operation, Principal};
 use crate::domain::{AgentId, WorkspaceId};
 use crate::events::Fanout;
@@ -63,6 +63,40 @@ pub async fn list(ctx: &ServiceContext, principal: &Principal) -> ServiceResult<
 pub async fn route(ctx: &ServiceContext, id: AgentId) -> ServiceResult<Option<String>> {
     let owner = store::replicas::remote_owner(&ctx.pool, id.uuid(), ctx.agents.replica()).await?;
     Ok(owner.map(|(_, url)| url))
+}
+
+/// The label that pins a new agent to a replica: `{"agentry.replica": "<replica id>"}`.
+pub const PIN_LABEL: &str = "agentry.replica";
+
+/// Where a new agent with `labels` should run: `None` for here, else the URL of the
+/// replica it is pinned to (by `PIN_LABEL`) or of the replica running the fewest agents,
+/// when that runs fewer than this one. A pin to a replica that is not alive is refused.
+pub async fn place(ctx: &ServiceContext, labels: Option<&serde_json::Value>) -> ServiceResult<Option<String>> {
+    let me = ctx.agents.replica();
+    let loads = store::replicas::loads(&ctx.pool, ctx.agents.lease_ttl_s()).await?;
+    if let Some(pin) = labels.and_then(|l| l.get(PIN_LABEL)) {
+        let Some(pin) = pin.as_str() else {
+            return Ok(None); // the create refuses non-string label values itself
+        };
+        if pin == me {
+            return Ok(None);
+        }
+        return match loads.into_iter().find(|(id, _, _)| id == pin) {
+            Some((_, url, _)) => Ok(Some(url)),
+            None => Err(ServiceError::Invalid {
+                field: "labels",
+                message: format!(
+                    "`{PIN_LABEL}` names `{pin}`, which is not a live replica (GET /v1/cluster lists them)"
+                ),
+            }),
+        };
+    }
+    let mine = loads.iter().find(|(id, _, _)| id == me).map_or(0, |l| l.2);
+    Ok(loads
+        .into_iter()
+        .next()
+        .filter(|(id, _, agents)| id != me && *agents < mine)
+        .map(|(_, url, _)| url))
 }
 
 /// The agents of workspace `ws` that other replicas run, with where to reach each (an

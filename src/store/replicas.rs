@@ -278,3 +278,18 @@ pub async fn remote_agents_in_workspace(
     .fetch_all(db)
     .await
 }
+
+/// The replicas seen within `ttl_s` seconds with the number of agents each runs, fewest
+/// first (ties: by id).
+pub async fn loads(db: impl PgExecutor<'_>, ttl_s: i64) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT r.id, r.advertise_url,
+                (SELECT count(*) FROM agents a
+                  WHERE a.owner_replica = r.id AND a.lease_expires_at > now()) AS agents
+           FROM replicas r WHERE r.last_seen_at > now() - make_interval(secs => $1)
+          ORDER BY agents, r.id",
+    )
+    .bind(ttl_s as f64)
+    .fetch_all(db)
+    .await
+}

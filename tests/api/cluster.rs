@@ -39,7 +39,7 @@ async fn two_replicas_serve_one_agent_whichever_the_client_reaches() {
     )
     .await;
     let repo = git_repo();
-    let (id, _) = a.mock_agent(repo.path()).await;
+    let (id, ws) = a.mock_agent(repo.path()).await;
     let owner = replica_of(&a, &id).await;
     assert!(!owner.is_empty());
     assert_eq!(
@@ -133,6 +133,23 @@ async fn two_replicas_serve_one_agent_whichever_the_client_reaches() {
 
     // The other replica never started the agent.
     assert_eq!(replica_of(&b, &id).await, owner);
+
+    // New agents go to the replica running fewer, or where a label pins them.
+    let other = theirs["id"].as_str().unwrap().to_owned();
+    let create =
+        |labels: Value| json!({"workspace_id": ws, "provider": "mock", "labels": labels});
+    let placed = a.post_ok("/v1/agents", create(json!({})), 201).await;
+    assert_eq!(placed["runtime"]["replica"], other.as_str(), "{placed}");
+    let pinned = b
+        .post_ok("/v1/agents", create(json!({"agentry.replica": owner})), 201)
+        .await;
+    assert_eq!(pinned["runtime"]["replica"], owner.as_str(), "{pinned}");
+    let res = b
+        .post("/v1/agents", create(json!({"agentry.replica": "nowhere"})))
+        .await;
+    let problem = expect_status(res, 422).await;
+    assert_eq!(problem["code"], "validation_failed");
+    assert!(problem["detail"].as_str().unwrap().contains("nowhere"), "{problem}");
     b.stop().await;
     a.stop().await;
 }
