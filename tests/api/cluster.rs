@@ -396,3 +396,39 @@ async fn a_stopping_replica_lets_its_running_turn_end_first() {
     assert_dense(&timeline);
     b.stop().await;
 }
+
+#[tokio::test]
+async fn a_stream_on_another_replica_survives_its_listening_connection_being_cut() {
+    let a = spawn_app_with(|s| s.cluster.lease_ttl_s = TTL).await;
+    let b = spawn_on_with(
+        a.db.clone(),
+        tempfile::tempdir().unwrap(),
+        Some(a.token.clone()),
+        |s| s.cluster.lease_ttl_s = TTL,
+    )
+    .await;
+    let repo = git_repo();
+    let (id, _) = a.mock_agent(repo.path()).await;
+    let mut stream = b.events(&id, None).await;
+    a.prompt(&id, "/load 200 5").await;
+    let first = stream.next(Duration::from_secs(30)).await.unwrap();
+    // Cut every connection listening for replica notices, mid-turn.
+    let cut: i64 = sqlx::query_scalar(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+          WHERE datname = current_database() AND query ILIKE 'LISTEN%'",
+    )
+    .fetch_one(&a.pool)
+    .await
+    .unwrap();
+    assert!(cut >= 1, "a listening connection was found");
+    let mut seen = vec![first];
+    seen.extend(stream.until("turn_completed", Duration::from_secs(30)).await);
+    // Everything arrived, in order, once.
+    let ids: Vec<i64> = seen.iter().map(|e| e.id).collect();
+    let want: Vec<i64> = (1..=*ids.last().unwrap()).collect();
+    assert_eq!(ids, want);
+    let deltas = seen.iter().filter(|e| e.event == "assistant_delta").count();
+    assert!(deltas >= 200, "{deltas} chunks streamed");
+    b.stop().await;
+    a.stop().await;
+}
