@@ -193,7 +193,10 @@ async fn place(
         Ok(t) => t,
         Err(e) => {
             let (http, _) = req.into_parts();
-            return Ok(ServiceResponse::new(http, ApiError::from(e).error_response()));
+            return Ok(ServiceResponse::new(
+                http,
+                ApiError::from(e).error_response(),
+            ));
         }
     };
     match target {

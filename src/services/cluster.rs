@@ -71,7 +71,10 @@ pub const PIN_LABEL: &str = "agentry.replica";
 /// Where a new agent with `labels` should run: `None` for here, else the URL of the
 /// replica it is pinned to (by `PIN_LABEL`) or of the replica running the fewest agents,
 /// when that runs fewer than this one. A pin to a replica that is not alive is refused.
-pub async fn place(ctx: &ServiceContext, labels: Option<&serde_json::Value>) -> ServiceResult<Option<String>> {
+pub async fn place(
+    ctx: &ServiceContext,
+    labels: Option<&serde_json::Value>,
+) -> ServiceResult<Option<String>> {
     let me = ctx.agents.replica();
     let loads = store::replicas::loads(&ctx.pool, ctx.agents.lease_ttl_s()).await?;
     if let Some(pin) = labels.and_then(|l| l.get(PIN_LABEL)) {

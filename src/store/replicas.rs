@@ -281,7 +281,10 @@ pub async fn remote_agents_in_workspace(
 
 /// The replicas seen within `ttl_s` seconds with the number of agents each runs, fewest
 /// first (ties: by id).
-pub async fn loads(db: impl PgExecutor<'_>, ttl_s: i64) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+pub async fn loads(
+    db: impl PgExecutor<'_>,
+    ttl_s: i64,
+) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
     sqlx::query_as(
         "SELECT r.id, r.advertise_url,
                 (SELECT count(*) FROM agents a

@@ -136,8 +136,7 @@ async fn two_replicas_serve_one_agent_whichever_the_client_reaches() {
 
     // New agents go to the replica running fewer, or where a label pins them.
     let other = theirs["id"].as_str().unwrap().to_owned();
-    let create =
-        |labels: Value| json!({"workspace_id": ws, "provider": "mock", "labels": labels});
+    let create = |labels: Value| json!({"workspace_id": ws, "provider": "mock", "labels": labels});
     let placed = a.post_ok("/v1/agents", create(json!({})), 201).await;
     assert_eq!(placed["runtime"]["replica"], other.as_str(), "{placed}");
     let pinned = b
@@ -149,7 +148,10 @@ async fn two_replicas_serve_one_agent_whichever_the_client_reaches() {
         .await;
     let problem = expect_status(res, 422).await;
     assert_eq!(problem["code"], "validation_failed");
-    assert!(problem["detail"].as_str().unwrap().contains("nowhere"), "{problem}");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("nowhere"),
+        "{problem}"
+    );
     b.stop().await;
     a.stop().await;
 }
@@ -422,13 +424,182 @@ async fn a_stream_on_another_replica_survives_its_listening_connection_being_cut
     .unwrap();
     assert!(cut >= 1, "a listening connection was found");
     let mut seen = vec![first];
-    seen.extend(stream.until("turn_completed", Duration::from_secs(30)).await);
+    seen.extend(
+        stream
+            .until("turn_completed", Duration::from_secs(30))
+            .await,
+    );
     // Everything arrived, in order, once.
     let ids: Vec<i64> = seen.iter().map(|e| e.id).collect();
     let want: Vec<i64> = (1..=*ids.last().unwrap()).collect();
     assert_eq!(ids, want);
     let deltas = seen.iter().filter(|e| e.event == "assistant_delta").count();
     assert!(deltas >= 200, "{deltas} chunks streamed");
+    b.stop().await;
+    a.stop().await;
+}
+
+/// One client's view of the live replicas: it sends each request to one of them and, when
+/// that one is stopping or gone, to another.
+#[derive(Clone)]
+struct Bases(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Bases {
+    fn all(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+    fn set(&self, bases: Vec<String>) {
+        *self.0.lock().unwrap() = bases;
+    }
+}
+
+/// Send `make(base)` to the live replicas in turn until one answers 2xx; 503s and
+/// connection errors move on to the next.
+async fn on_any(
+    bases: &Bases,
+    client: &reqwest::Client,
+    token: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> Value {
+    for attempt in 0..400 {
+        let all = bases.all();
+        let base = &all[attempt % all.len()];
+        let mut req = client
+            .request(method.clone(), format!("{base}{path}"))
+            .bearer_auth(token);
+        if let Some(b) = &body {
+            req = req.json(b);
+        }
+        match req.send().await {
+            Ok(r) if r.status().is_success() => return r.json().await.unwrap(),
+            Ok(r) if r.status() == 503 || r.status() == 409 => {}
+            Ok(r) => {
+                let status = r.status();
+                panic!("{method} {path}: {status} {}", r.text().await.unwrap());
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{method} {path}: no replica took it");
+}
+
+#[tokio::test]
+async fn a_rolling_restart_of_both_replicas_under_load_loses_nothing() {
+    let tweak = |s: &mut agentry::config::Settings| {
+        s.cluster.lease_ttl_s = TTL;
+        s.cluster.drain_timeout_s = 15;
+    };
+    let a = spawn_app_with(tweak).await;
+    let b = spawn_on_with(
+        a.db.clone(),
+        tempfile::tempdir().unwrap(),
+        Some(a.token.clone()),
+        tweak,
+    )
+    .await;
+    let token = a.token.clone();
+    let client = a.client.clone();
+    let bases = Bases(std::sync::Arc::new(std::sync::Mutex::new(vec![
+        a.base.clone(),
+        b.base.clone(),
+    ])));
+    let repo = git_repo();
+    let (first, ws) = a.mock_agent(repo.path()).await;
+    let mut agents = vec![first];
+    for _ in 0..3 {
+        let agent = on_any(
+            &bases,
+            &client,
+            &token,
+            reqwest::Method::POST,
+            "/v1/agents",
+            Some(json!({"workspace_id": ws, "provider": "mock"})),
+        )
+        .await;
+        agents.push(agent["id"].as_str().unwrap().to_owned());
+    }
+
+    // Load: each agent takes turn after turn, through whichever replica answers.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut drivers = Vec::new();
+    for id in agents.clone() {
+        let (bases, client, token, stop) =
+            (bases.clone(), client.clone(), token.clone(), stop.clone());
+        drivers.push(tokio::spawn(async move {
+            let mut turns = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = on_any(
+                    &bases,
+                    &client,
+                    &token,
+                    reqwest::Method::POST,
+                    &format!("/v1/agents/{id}/messages"),
+                    Some(json!({"text": "/load 60 10"})),
+                )
+                .await;
+                turns.push(t["turn_id"].as_str().unwrap().to_owned());
+                loop {
+                    let w = on_any(
+                        &bases,
+                        &client,
+                        &token,
+                        reqwest::Method::GET,
+                        &format!("/v1/agents/{id}/wait?timeout_s=5"),
+                        None,
+                    )
+                    .await;
+                    if w["last_turn"]["turn_id"] == turns.last().unwrap().as_str()
+                        && !w["last_turn"]["outcome"].is_null()
+                    {
+                        break;
+                    }
+                }
+            }
+            turns
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // Restart A, then B: each drains, comes back as the same replica on a new port.
+    let (db, dir, _) = a.stop().await;
+    bases.set(vec![b.base.clone()]);
+    let a = spawn_on_with(db, dir, Some(token.clone()), tweak).await;
+    bases.set(vec![a.base.clone(), b.base.clone()]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    bases.set(vec![a.base.clone()]);
+    let (db, dir, _) = b.stop().await;
+    let b = spawn_on_with(db, dir, Some(token.clone()), tweak).await;
+    bases.set(vec![a.base.clone(), b.base.clone()]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+
+    for (id, driver) in agents.iter().zip(drivers) {
+        let accepted = driver.await.unwrap();
+        assert!(accepted.len() >= 2, "{id}: {} turns", accepted.len());
+        let timeline = b.timeline(id).await;
+        assert_dense(&timeline);
+        // Every accepted turn ran to completion exactly once.
+        for turn in &accepted {
+            let ends: Vec<&Value> = timeline
+                .iter()
+                .filter(|e| e["kind"] == "turn_completed" && e["turn_id"] == turn.as_str())
+                .collect();
+            assert_eq!(ends.len(), 1, "{id} {turn}: {ends:?}");
+            assert_eq!(
+                ends[0]["data"]["outcome"], "completed",
+                "{id} {turn}: {:?}",
+                ends[0]
+            );
+            let chunks = timeline
+                .iter()
+                .filter(|e| e["kind"] == "assistant_delta" && e["turn_id"] == turn.as_str())
+                .count();
+            assert_eq!(chunks, 60, "{id} {turn}: every chunk was kept");
+        }
+    }
     b.stop().await;
     a.stop().await;
 }
