@@ -114,6 +114,16 @@ async fn metrics_page(
         "Turns ended on this server, by provider and outcome.",
         s.agents.turns(),
     );
+    page.counter_family(
+        "agentry_turns_started_total",
+        "Turns started on this server, by provider.",
+        s.agents.turns_started(),
+    );
+    page.counter_family(
+        "agentry_provider_sessions_total",
+        "Provider processes started for agents on this server, by provider and start (new agent, or resume of a closed one: a restart).",
+        s.agents.sessions(),
+    );
     let writer = s.writer.stats();
     page.counter(
         "agentry_events_written_total",

@@ -218,6 +218,12 @@ impl Actor {
         let (tx, rx) = mpsc::channel(1024);
         match self.provider.start(spec, launcher, tx).await {
             Ok((session, info)) => {
+                let how = if self.ctx.persistence.is_some() {
+                    "resume"
+                } else {
+                    "new"
+                };
+                self.shared.sessions.with(&[&self.ctx.provider, how]).inc();
                 self.session = Some(session);
                 self.provider_events = Some(rx);
                 if info.persistence.is_some() {
@@ -431,6 +437,7 @@ impl Actor {
         } else {
             opening.push(self.event(EventKind::UserMessage, user));
         }
+        self.shared.turns_started.with(&[&self.ctx.provider]).inc();
         let started = match self.commit(opening, Vec::new()).await {
             Ok(_) => {
                 self.shared.moment(Moment::TurnStarted {

@@ -184,6 +184,11 @@ pub(crate) struct Shared {
     actors: Mutex<HashMap<AgentId, ActorHandle>>,
     /// Turns ended, by provider and outcome.
     pub turns: Family<Counter>,
+    /// Turns started, by provider.
+    pub turns_started: Family<Counter>,
+    /// Provider sessions started (a process started for an agent), by provider and
+    /// whether the agent was new or resumed.
+    pub sessions: Family<Counter>,
     /// This replica's id: the owner named in the leases of its agents.
     pub replica: String,
     /// Seconds a lease lasts unrenewed.
@@ -221,6 +226,8 @@ impl AgentManager {
                 moments: None,
                 actors: Mutex::new(HashMap::new()),
                 turns: Family::counters(&["provider", "outcome"]),
+                turns_started: Family::counters(&["provider"]),
+                sessions: Family::counters(&["provider", "start"]),
                 replica: ledger_replica.clone(),
                 lease_ttl_s: 15,
                 takeovers: Counter::default(),
@@ -289,6 +296,16 @@ impl AgentManager {
     /// Turns ended on this server, by provider and outcome.
     pub fn turns(&self) -> &Family<Counter> {
         &self.shared.turns
+    }
+
+    /// Turns started on this server, by provider.
+    pub fn turns_started(&self) -> &Family<Counter> {
+        &self.shared.turns_started
+    }
+
+    /// Provider sessions started on this server, by provider and `new` / `resume`.
+    pub fn sessions(&self) -> &Family<Counter> {
+        &self.shared.sessions
     }
 
     /// Live agents whose provider process runs now.

@@ -1,5 +1,6 @@
 //! `GET /metrics`: Prometheus text that counts what really happened on this server.
 
+use serde_json::json;
 use std::time::Duration;
 
 use crate::helpers::*;
@@ -37,6 +38,43 @@ async fn metrics_count_agents_turns_events_requests_and_streams() {
             r#"agentry_turns_total{provider="mock",outcome="completed"}"#
         ),
         Some(1.0),
+        "{page}"
+    );
+    assert_eq!(
+        sample(&page, r#"agentry_turns_started_total{provider="mock"}"#),
+        Some(1.0),
+        "{page}"
+    );
+    assert_eq!(
+        sample(
+            &page,
+            r#"agentry_provider_sessions_total{provider="mock",start="new"}"#
+        ),
+        Some(1.0),
+        "{page}"
+    );
+    assert_eq!(
+        sample(&page, "agentry_lease_takeovers_total"),
+        Some(0.0),
+        "{page}"
+    );
+    // A closed agent's next prompt starts its process again: a resume.
+    app.post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
+        .await;
+    app.prompt(&agent, "again").await;
+    assert_eq!(app.wait(&agent).await["last_turn"]["outcome"], "completed");
+    let page = scrape(&app).await;
+    assert_eq!(
+        sample(
+            &page,
+            r#"agentry_provider_sessions_total{provider="mock",start="resume"}"#
+        ),
+        Some(1.0),
+        "{page}"
+    );
+    assert_eq!(
+        sample(&page, r#"agentry_turns_started_total{provider="mock"}"#),
+        Some(2.0),
         "{page}"
     );
     let agents: f64 = page
