@@ -331,21 +331,19 @@ impl AgentManager {
         scope: &CatalogScope,
         refresh: bool,
     ) -> Option<Result<Arc<Vec<ModelInfo>>, String>> {
-        let launcher = Arc::new(ProbeLauncher {
-            ledger: self.shared.ledger.clone(),
-        });
+        // The empty directory of a global probe is made only when a probe runs (a cached
+        // catalog needs none).
         let (cwd, throwaway) = match scope {
-            CatalogScope::Workspace(path) => (path.clone(), false),
+            CatalogScope::Workspace(path) => (path.clone(), None),
             CatalogScope::Global => {
                 let cwd = std::env::temp_dir().join(format!("agentry-probe-{}", Uuid::now_v7()));
-                if let Err(e) = std::fs::create_dir_all(&cwd) {
-                    return Some(Err(format!(
-                        "could not create a directory for the catalog probe: {e}"
-                    )));
-                }
-                (cwd, true)
+                (cwd.clone(), Some(cwd))
             }
         };
+        let launcher = Arc::new(ProbeLauncher {
+            ledger: self.shared.ledger.clone(),
+            throwaway: throwaway.clone(),
+        });
         let probe = Probe {
             launcher,
             cwd: cwd.clone(),
@@ -355,8 +353,10 @@ impl AgentManager {
             .registry
             .models(id, scope, refresh, &probe)
             .await;
-        if throwaway {
-            let _ = std::fs::remove_dir_all(&cwd);
+        if let Some(dir) = throwaway
+            && dir.exists()
+        {
+            let _ = std::fs::remove_dir_all(&dir);
         }
         models
     }
@@ -698,14 +698,22 @@ async fn send<T>(
     rx.await.map_err(|_| RuntimeError::ActorGone)
 }
 
-/// Starts catalog probes through the ledger (belonging to no agent).
+/// Starts catalog probes through the ledger (belonging to no agent), making their empty
+/// working directory first when they have one of their own.
 struct ProbeLauncher {
     ledger: Ledger,
+    throwaway: Option<PathBuf>,
 }
 
 #[async_trait]
 impl ProcessLauncher for ProbeLauncher {
     async fn launch(&self, spec: CommandSpec) -> Result<ManagedChild, ProcessError> {
+        if let Some(dir) = &self.throwaway {
+            std::fs::create_dir_all(dir).map_err(|source| ProcessError::Spawn {
+                program: spec.program.clone(),
+                source,
+            })?;
+        }
         self.ledger.launch(&spec, None).await
     }
 }
