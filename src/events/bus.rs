@@ -13,6 +13,7 @@ use uuid::Uuid;
 use super::fanout::Fanout;
 use crate::domain::{AgentEvent, AgentId};
 use crate::metrics::Counter;
+use crate::store::events::TeamEventRow;
 
 /// A committed agent event, serialised at most once however many clients read it.
 #[derive(Debug)]
@@ -48,6 +49,20 @@ pub struct TeamActivity {
     pub kind: String,
     pub at: DateTime<Utc>,
     pub data: Value,
+}
+
+impl From<TeamEventRow> for TeamActivity {
+    fn from(r: TeamEventRow) -> Self {
+        Self {
+            id: r.id,
+            team_id: r.team_id,
+            project_id: r.project_id,
+            workspace_id: r.workspace_id,
+            kind: r.kind,
+            at: r.at,
+            data: r.data,
+        }
+    }
 }
 
 pub struct Bus {

@@ -249,7 +249,7 @@ async fn deliver(pool: &PgPool, bus: &Bus, notice: Notice, max_team_id: &mut i64
             Ok(rows) => {
                 for r in rows {
                     *max_team_id = (*max_team_id).max(r.id);
-                    bus.publish_team(Arc::new(activity(r)));
+                    bus.publish_team(Arc::new(TeamActivity::from(r)));
                 }
             }
             Err(e) => tracing::debug!(error = %e, "cannot read another replica's team events"),
@@ -272,20 +272,8 @@ async fn resync(pool: &PgPool, bus: &Bus, max_team_id: &mut i64) {
     if let Ok(rows) = store::events::team_events_after(pool, None, *max_team_id, 1000).await {
         for r in rows {
             *max_team_id = (*max_team_id).max(r.id);
-            bus.publish_team(Arc::new(activity(r)));
+            bus.publish_team(Arc::new(TeamActivity::from(r)));
         }
-    }
-}
-
-fn activity(r: store::events::TeamEventRow) -> TeamActivity {
-    TeamActivity {
-        id: r.id,
-        team_id: r.team_id,
-        project_id: r.project_id,
-        workspace_id: r.workspace_id,
-        kind: r.kind,
-        at: r.at,
-        data: r.data,
     }
 }
 

@@ -595,15 +595,7 @@ impl Writer {
             .publish(events.into_iter().map(|e| Arc::new(Published::new(e))));
         rows.sort_by_key(|r| r.id);
         for row in rows {
-            self.bus.publish_team(Arc::new(TeamActivity {
-                id: row.id,
-                team_id: row.team_id,
-                project_id: row.project_id,
-                workspace_id: row.workspace_id,
-                kind: row.kind,
-                at: row.at,
-                data: row.data,
-            }));
+            self.bus.publish_team(Arc::new(TeamActivity::from(row)));
         }
         self.shared.release(&released);
         if let Some(t) = oldest {

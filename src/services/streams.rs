@@ -112,18 +112,7 @@ impl TeamStream {
         let rows =
             store::events::team_events_after(&self.ctx.pool, self.teams.as_deref(), id, limit)
                 .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| TeamActivity {
-                id: r.id,
-                team_id: r.team_id,
-                project_id: r.project_id,
-                workspace_id: r.workspace_id,
-                kind: r.kind,
-                at: r.at,
-                data: r.data,
-            })
-            .collect())
+        Ok(rows.into_iter().map(TeamActivity::from).collect())
     }
 
     /// Resolves once the server starts shutting down.

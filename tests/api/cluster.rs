@@ -7,11 +7,34 @@ use std::collections::HashSet;
 use std::process::Stdio;
 use std::time::Duration;
 
+use agentry::config::Settings;
 use serde_json::{Value, json};
 
 use crate::helpers::*;
 
 const TTL: u64 = 3;
+
+fn short_lease(s: &mut Settings) {
+    s.cluster.lease_ttl_s = TTL;
+}
+
+fn draining(s: &mut Settings) {
+    short_lease(s);
+    s.cluster.drain_timeout_s = 15;
+}
+
+/// Two replicas on one fresh database, each with its own data dir.
+async fn replicas(tweak: fn(&mut Settings)) -> (TestApp, TestApp) {
+    let a = spawn_app_with(tweak).await;
+    let b = spawn_on_with(
+        a.db.clone(),
+        tempfile::tempdir().unwrap(),
+        Some(a.token.clone()),
+        tweak,
+    )
+    .await;
+    (a, b)
+}
 
 async fn replica_of(app: &TestApp, agent: &str) -> String {
     let a = app.get_ok(&format!("/v1/agents/{agent}")).await;
@@ -30,14 +53,7 @@ fn assert_dense(events: &[Value]) {
 
 #[tokio::test]
 async fn two_replicas_serve_one_agent_whichever_the_client_reaches() {
-    let a = spawn_app_with(|s| s.cluster.lease_ttl_s = TTL).await;
-    let b = spawn_on_with(
-        a.db.clone(),
-        tempfile::tempdir().unwrap(),
-        Some(a.token.clone()),
-        |s| s.cluster.lease_ttl_s = TTL,
-    )
-    .await;
+    let (a, b) = replicas(short_lease).await;
     let repo = git_repo();
     let (id, ws) = a.mock_agent(repo.path()).await;
     let owner = replica_of(&a, &id).await;
@@ -227,7 +243,7 @@ async fn call(app: &TestApp, method: reqwest::Method, url: &str, body: Value) ->
 
 #[tokio::test]
 async fn a_replica_that_dies_has_its_agents_taken_over() {
-    let survivor = spawn_app_with(|s| s.cluster.lease_ttl_s = TTL).await;
+    let survivor = spawn_app_with(short_lease).await;
     let mut doomed = serve_beside(&survivor, "doomed").await;
     let repo = git_repo();
     let project = survivor.project(repo.path()).await;
@@ -367,18 +383,7 @@ async fn eventually_async(app: &TestApp, ok: impl Fn(Value) -> bool) {
 
 #[tokio::test]
 async fn a_stopping_replica_lets_its_running_turn_end_first() {
-    let a = spawn_app_with(|s| {
-        s.cluster.lease_ttl_s = TTL;
-        s.cluster.drain_timeout_s = 30;
-    })
-    .await;
-    let b = spawn_on_with(
-        a.db.clone(),
-        tempfile::tempdir().unwrap(),
-        Some(a.token.clone()),
-        |s| s.cluster.lease_ttl_s = TTL,
-    )
-    .await;
+    let (a, b) = replicas(draining).await;
     let repo = git_repo();
     let (id, _) = a.mock_agent(repo.path()).await;
     a.prompt(&id, "/sleep 1500").await;
@@ -401,14 +406,7 @@ async fn a_stopping_replica_lets_its_running_turn_end_first() {
 
 #[tokio::test]
 async fn a_stream_on_another_replica_survives_its_listening_connection_being_cut() {
-    let a = spawn_app_with(|s| s.cluster.lease_ttl_s = TTL).await;
-    let b = spawn_on_with(
-        a.db.clone(),
-        tempfile::tempdir().unwrap(),
-        Some(a.token.clone()),
-        |s| s.cluster.lease_ttl_s = TTL,
-    )
-    .await;
+    let (a, b) = replicas(short_lease).await;
     let repo = git_repo();
     let (id, _) = a.mock_agent(repo.path()).await;
     let mut stream = b.events(&id, None).await;
@@ -488,18 +486,8 @@ async fn on_any(
 
 #[tokio::test]
 async fn a_rolling_restart_of_both_replicas_under_load_loses_nothing() {
-    let tweak = |s: &mut agentry::config::Settings| {
-        s.cluster.lease_ttl_s = TTL;
-        s.cluster.drain_timeout_s = 15;
-    };
-    let a = spawn_app_with(tweak).await;
-    let b = spawn_on_with(
-        a.db.clone(),
-        tempfile::tempdir().unwrap(),
-        Some(a.token.clone()),
-        tweak,
-    )
-    .await;
+    let tweak = draining;
+    let (a, b) = replicas(tweak).await;
     let token = a.token.clone();
     let client = a.client.clone();
     let bases = Bases(std::sync::Arc::new(std::sync::Mutex::new(vec![
