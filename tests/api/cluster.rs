@@ -324,18 +324,11 @@ async fn a_replica_that_dies_has_its_agents_taken_over() {
         || !pid_alive(pid),
     )
     .await;
-    let metrics = survivor
-        .client
-        .get(survivor.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        metrics.contains("agentry_lease_takeovers_total 1"),
-        "{metrics}"
+    let page = crate::metrics::scrape(&survivor).await;
+    assert_eq!(
+        crate::metrics::sample(&page, "agentry_lease_takeovers_total"),
+        Some(1.0),
+        "{page}"
     );
 
     // The next prompt resumes the agent here; no seq was written twice.

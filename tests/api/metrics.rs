@@ -6,13 +6,13 @@ use std::time::Duration;
 use crate::helpers::*;
 
 /// The value of the sample `series` (name and labels exactly as rendered).
-fn sample(page: &str, series: &str) -> Option<f64> {
+pub(crate) fn sample(page: &str, series: &str) -> Option<f64> {
     page.lines()
         .filter(|l| !l.starts_with('#'))
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
-async fn scrape(app: &TestApp) -> String {
+pub(crate) async fn scrape(app: &TestApp) -> String {
     let res = app.client.get(app.url("/metrics")).send().await.unwrap();
     assert_eq!(res.status(), 200);
     let ct = res.headers()["content-type"].to_str().unwrap().to_owned();
