@@ -8,6 +8,7 @@
 //! 1 a turn failed or was canceled, 2 a usage, auth, connection or server error.
 
 pub mod api;
+pub mod progress;
 pub mod render;
 
 use std::collections::BTreeMap;
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use api::{Api, ClientError, ClientResult};
+use progress::Progress;
 use render::{Renderer, Style};
 
 pub const DEFAULT_URL: &str = "http://127.0.0.1:8080";
@@ -356,6 +358,16 @@ fn labels(given: &[String]) -> ClientResult<BTreeMap<String, String>> {
         .collect()
 }
 
+/// The spinner for a command that waits: on a terminal, and not for `--json` (whose
+/// reader is a program, perhaps writing to the same terminal).
+fn spinner(json: bool) -> Progress {
+    if json {
+        Progress::off()
+    } else {
+        Progress::detect()
+    }
+}
+
 /// The exit status for a turn's outcome.
 fn exit_for(outcome: &str) -> i32 {
     if outcome == "completed" { 0 } else { 1 }
@@ -422,7 +434,8 @@ async fn follow_turn(
     on_permission: OnPermission,
     json: bool,
 ) -> ClientResult<i32> {
-    let mut renderer = Renderer::new(Style::detect(), json);
+    let mut renderer = Renderer::new(Style::detect(), json, spinner(json));
+    renderer.waiting("waiting for the agent");
     let mut outcome = String::new();
     api.follow(agent, after, async |event: Value| {
         renderer.event(&event);
@@ -442,7 +455,7 @@ async fn follow_turn(
                     .await;
                 // Someone else may have answered first; the stream says what happened.
                 if let Err(e) = answered {
-                    eprintln!("agentry: could not answer {rid}: {e}");
+                    renderer.note(&format!("agentry: could not answer {rid}: {e}"));
                 }
                 Ok(true)
             }
@@ -503,14 +516,17 @@ async fn ls(api: &Api, json: bool) -> ClientResult<i32> {
 
 async fn logs(api: &Api, agent: &str, follow: bool, json: bool) -> ClientResult<i32> {
     let agent = id(agent)?;
-    let mut renderer = Renderer::new(Style::detect(), json);
     if follow {
+        let mut renderer = Renderer::new(Style::detect(), json, spinner(json));
+        renderer.waiting("waiting for events");
         api.follow(agent, 0, async |event: Value| {
             renderer.event(&event);
             Ok(true)
         })
         .await?;
+        renderer.finish();
     } else {
+        let mut renderer = Renderer::new(Style::detect(), json, Progress::off());
         let mut path = format!("/v1/agents/{agent}/timeline?after_seq=0&limit=1000");
         loop {
             let page = api.get(&path).await?;
@@ -522,8 +538,8 @@ async fn logs(api: &Api, agent: &str, follow: bool, json: bool) -> ClientResult<
                 None => break,
             }
         }
+        renderer.finish();
     }
-    renderer.finish();
     Ok(0)
 }
 

@@ -10,8 +10,12 @@ use serde_json::{Value, json};
 use crate::helpers::*;
 
 /// Run `agentry <args>` against `app` with a config home of its own (so no stored login
-/// leaks in); the process's output.
-async fn agentry(app: &TestApp, home: &Path, args: &[&str]) -> Output {
+/// leaks in); the process's output. The future owns what it needs, so it can be spawned.
+fn agentry(
+    app: &TestApp,
+    home: &Path,
+    args: &[&str],
+) -> impl Future<Output = Output> + Send + 'static {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"));
     cmd.args(args)
         .env_clear()
@@ -20,10 +24,12 @@ async fn agentry(app: &TestApp, home: &Path, args: &[&str]) -> Output {
         .env("AGENTRY_URL", &app.base)
         .env("AGENTRY_TOKEN", &app.token)
         .kill_on_drop(true);
-    tokio::time::timeout(Duration::from_secs(60), cmd.output())
-        .await
-        .expect("the command ends")
-        .unwrap()
+    async move {
+        tokio::time::timeout(Duration::from_secs(60), cmd.output())
+            .await
+            .expect("the command ends")
+            .unwrap()
+    }
 }
 
 fn stdout(o: &Output) -> String {
@@ -299,23 +305,11 @@ async fn send_logs_diff_interrupt_archive_and_listings() {
     assert_eq!(models["items"][0]["id"], "mock-small");
 
     // Interrupt a sleeping turn: `send --wait` reports it canceled (exit 1).
-    let waiter = {
-        let base = app.base.clone();
-        let token = app.token.clone();
-        let home = home.path().to_owned();
-        let id = id.clone();
-        tokio::spawn(async move {
-            tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
-                .args(["send", &id, "/sleep 20000", "--wait"])
-                .env_clear()
-                .env("HOME", home)
-                .env("AGENTRY_URL", base)
-                .env("AGENTRY_TOKEN", token)
-                .output()
-                .await
-                .unwrap()
-        })
-    };
+    let waiter = tokio::spawn(agentry(
+        &app,
+        home.path(),
+        &["send", &id, "/sleep 20000", "--wait"],
+    ));
     let mut running = false;
     for _ in 0..100 {
         if app.get_ok(&format!("/v1/agents/{id}")).await["status"] == "running" {
@@ -502,4 +496,97 @@ async fn logs_follow_resumes_after_a_dropped_connection_without_gaps_or_repeats(
         "the stream was cut and reopened: {connections} connections"
     );
     follower.kill().await.unwrap();
+}
+
+/// `agentry <args>` on a pseudo-terminal (util-linux `script` gives the process a
+/// terminal for stdout and stderr); everything the terminal received, and the exit code.
+async fn agentry_on_a_terminal(
+    app: &TestApp,
+    home: &Path,
+    args: &[&str],
+    envs: &[(&str, &str)],
+) -> (String, Option<i32>) {
+    let quote = |a: &str| format!("'{}'", a.replace('\'', r"'\''"));
+    let line = std::iter::once(env!("CARGO_BIN_EXE_agentry"))
+        .chain(args.iter().copied())
+        .map(quote)
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut cmd = tokio::process::Command::new("script");
+    cmd.args(["-qfec", &line, "/dev/null"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("TERM", "xterm-256color")
+        .env("AGENTRY_URL", &app.base)
+        .env("AGENTRY_TOKEN", &app.token)
+        .envs(envs.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .expect("the command ends")
+        .expect("util-linux `script` runs (it gives the client a terminal)");
+    (stdout(&out), out.status.code())
+}
+
+/// Whether `text` holds an SGR (colour) escape sequence, `ESC [ <digits;> m`.
+fn has_colour(text: &str) -> bool {
+    text.split("\x1b[").skip(1).any(|rest| {
+        let params = rest
+            .bytes()
+            .take_while(|b| b.is_ascii_digit() || *b == b';')
+            .count();
+        rest.as_bytes().get(params) == Some(&b'm')
+    })
+}
+
+#[tokio::test]
+async fn a_terminal_sees_a_spinner_and_no_colour_with_no_color() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    app.project(repo.path()).await;
+    let home = tempfile::tempdir().unwrap();
+    let frames = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧", "⠇", "⠏"];
+    let run = [
+        "run",
+        "--project",
+        "demo",
+        "--provider",
+        "mock",
+        "/sleep 1500",
+    ];
+
+    let (tty, code) = agentry_on_a_terminal(&app, home.path(), &run, &[]).await;
+    assert_eq!(code, Some(0), "{tty}");
+    let spun = frames.iter().filter(|f| tty.contains(*f)).count();
+    assert!(spun >= 3, "the spinner turns while the turn runs: {tty:?}");
+    assert!(
+        tty.contains("working"),
+        "it says what the agent does: {tty:?}"
+    );
+    assert!(has_colour(&tty), "coloured on a terminal: {tty:?}");
+    // The conversation is still whole lines, the spinner cleared around them.
+    assert!(tty.contains("— turn completed"), "{tty:?}");
+    // What is left on screen of each line: the text after its last carriage return.
+    let reply = tty
+        .lines()
+        .map(|l| l.trim_end_matches('\r').rsplit('\r').next().unwrap_or(""))
+        .find(|l| l.contains("Slept"))
+        .unwrap_or_else(|| panic!("the reply is printed: {tty:?}"));
+    assert!(
+        reply.ends_with("Slept for 1500 ms.") && !frames.iter().any(|f| reply.contains(f)),
+        "the reply's line holds the reply alone: {reply:?}"
+    );
+    assert!(
+        !tty.contains("[running]"),
+        "on a terminal the status is the spinner's, not a line: {tty:?}"
+    );
+
+    let (plain, code) = agentry_on_a_terminal(&app, home.path(), &run, &[("NO_COLOR", "1")]).await;
+    assert_eq!(code, Some(0), "{plain}");
+    let spun = frames.iter().filter(|f| plain.contains(*f)).count();
+    assert!(spun >= 3, "NO_COLOR keeps the spinner: {plain:?}");
+    assert!(!has_colour(&plain), "NO_COLOR: no colour at all: {plain:?}");
+    assert!(plain.contains("— turn completed"), "{plain:?}");
 }
