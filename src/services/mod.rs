@@ -7,6 +7,7 @@
 
 pub mod agents;
 pub mod audit;
+pub mod device;
 pub mod error;
 pub mod health;
 pub mod hooks;

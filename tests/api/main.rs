@@ -5,6 +5,7 @@ mod access_matrix;
 mod agents;
 mod ci_docs;
 mod cli;
+mod device;
 mod helpers;
 mod hooks;
 mod idempotency_claims;
