@@ -151,6 +151,29 @@ async fn a_bad_token_or_an_unreachable_server_is_exit_2() {
     let o = agentry(&app, home.path(), &["ls", "--token", "agt_pat_wrong"]).await;
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("agentry login"), "{}", stderr(&o));
+    // A refused event stream says why, from the refusal itself.
+    let o = agentry(
+        &app,
+        home.path(),
+        &["logs", "-f", "agt_01a2325aa80271258f70aa778486fac0"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("not_found, 404"), "{}", stderr(&o));
+    let o = agentry(
+        &app,
+        home.path(),
+        &[
+            "logs",
+            "-f",
+            "agt_01a2325aa80271258f70aa778486fac0",
+            "--token",
+            "agt_pat_wrong",
+        ],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("agentry login"), "{}", stderr(&o));
     let o = agentry(&app, home.path(), &["--url", "http://127.0.0.1:9", "ls"]).await;
     assert_eq!(o.status.code(), Some(2));
     assert!(
@@ -378,6 +401,103 @@ async fn login_stores_the_server_and_token_privately() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
     assert_eq!(std::fs::read_to_string(&file).unwrap(), stored);
+}
+
+#[tokio::test]
+async fn login_with_device_stores_a_token_someone_approved() {
+    let app = spawn_app().await;
+    let home = tempfile::tempdir().unwrap();
+    let mut login = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .args(["login", "--device", "--url", &app.base])
+        .env_clear()
+        .env("HOME", home.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // It shows the page and the code; a signed-in person approves that code.
+    let err = login.stderr.take().unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(err));
+    let mut shown = String::new();
+    let code = loop {
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .expect("the code is shown")
+            .unwrap()
+            .unwrap_or_else(|| panic!("the login ended without a code: {shown}"));
+        shown.push_str(&line);
+        shown.push('\n');
+        if let Some(code) = line.strip_prefix("and check that it shows the code ") {
+            break code.trim().to_owned();
+        }
+    };
+    assert!(
+        shown.contains(&format!("{}/device?code={code}", app.base)),
+        "{shown}"
+    );
+    let approved = app
+        .post("/v1/auth/device/approve", json!({"user_code": code}))
+        .await;
+    assert_eq!(approved.status(), 200);
+    let done = tokio::time::timeout(Duration::from_secs(30), login.wait_with_output())
+        .await
+        .expect("the login ends once approved")
+        .unwrap();
+    assert_eq!(done.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&done.stdout).contains("as admin@localhost"),
+        "{}",
+        String::from_utf8_lossy(&done.stdout)
+    );
+    // Later commands use the new token (not the one that approved it).
+    let stored = std::fs::read_to_string(home.path().join(".config/agentry/client.toml")).unwrap();
+    assert!(
+        stored.contains("agt_pat_") && !stored.contains(&app.token),
+        "{stored}"
+    );
+    let o = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("providers")
+        .env_clear()
+        .env("HOME", home.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
+    // A denied sign-in stores nothing and exits 2.
+    let other = tempfile::tempdir().unwrap();
+    let mut login = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .args(["login", "--device", "--url", &app.base])
+        .env_clear()
+        .env("HOME", other.path())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let err = login.stderr.take().unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(err));
+    let code = loop {
+        let line = lines.next_line().await.unwrap().expect("a code");
+        if let Some(code) = line.strip_prefix("and check that it shows the code ") {
+            break code.trim().to_owned();
+        }
+    };
+    let denied = app
+        .post("/v1/auth/device/deny", json!({"user_code": code}))
+        .await;
+    assert_eq!(denied.status(), 200);
+    let status = tokio::time::timeout(Duration::from_secs(30), login.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(2));
+    assert!(!other.path().join(".config/agentry/client.toml").exists());
 }
 
 /// A TCP proxy in front of the server whose open connections the test can cut.
