@@ -21,5 +21,6 @@ mod single_server;
 mod story;
 mod streams;
 mod teams;
+mod usage;
 mod workspaces;
 mod writer;
