@@ -114,6 +114,9 @@ async fn the_dashboard_works_in_a_real_browser() {
         "agent-permission",
         "workspace",
         "agent-phone",
+        "device",
+        "agent-dark",
+        "workspace-dark",
     ] {
         assert!(shots.join(format!("{page}.png")).is_file(), "{page}.png");
     }
@@ -129,6 +132,7 @@ async fn the_dashboard_is_served_with_a_strict_policy() {
         "/",
         "/agents/agt_x",
         "/workspaces/wsp_x",
+        "/device",
         "/ui/app.js",
         "/ui/app.css",
     ] {
