@@ -548,7 +548,8 @@ class UsageChart {
 
   add(ev) {
     const key = ev.turn_id || "session";
-    const t = this.turns.get(key) || { input: 0, output: 0, cost: null, used: null, max: null };
+    const t = this.turns.get(key) || { seq: ev.seq, input: 0, output: 0, cost: null, used: null, max: null };
+    t.seq = Math.min(t.seq, ev.seq);
     const u = ev.kind === "turn_completed" ? ev.data.usage : ev.data;
     if (!u) return;
     if (u.input_tokens || u.output_tokens) { t.input = u.input_tokens || 0; t.output = u.output_tokens || 0; }
@@ -559,9 +560,11 @@ class UsageChart {
   }
 
   draw() {
-    const turns = [...this.turns.values()].slice(-24);
+    // In timeline order (older pages may arrive after newer ones).
+    const all = [...this.turns.values()].sort((a, b) => a.seq - b.seq);
+    const turns = all.slice(-24);
     if (!turns.length) return;
-    const last = [...this.turns.values()].reverse().find((t) => t.max) || null;
+    const last = all.slice().reverse().find((t) => t.max) || null;
     const totalIn = turns.reduce((a, t) => a + t.input, 0);
     const totalOut = turns.reduce((a, t) => a + t.output, 0);
     const costs = turns.filter((t) => t.cost !== null);
@@ -630,7 +633,7 @@ async function agentPage(id, signal) {
     const page = await api("GET", `/v1/agents/${id}/timeline?cursor=${older}&limit=300`);
     older = page.next_cursor;
     // Older events render into a fresh timeline state, placed before what is shown.
-    const prior = new Timeline(id, el("div"), () => {}, () => {});
+    const prior = new Timeline(id, el("div"), () => {}, setUsage);
     const nodes = [];
     for (const ev of page.items.slice().reverse()) { const n = prior.node(ev); if (n) nodes.push(n); }
     more.after(...nodes);
