@@ -167,7 +167,7 @@ async function signInPage() {
     el("h1", {}, "Sign in to agentry"),
     config.oidc
       ? el("p", {}, el("button", { class: "primary", type: "button", onclick: () => {
-          location.href = `/auth/login?return_to=${encodeURIComponent(location.pathname)}`;
+          location.href = `/auth/login?return_to=${encodeURIComponent(location.pathname + location.search)}`;
         } }, "Sign in"))
       : null,
     form,
@@ -247,15 +247,133 @@ async function homePage(signal) {
 // Agent page: the timeline as a conversation, live
 // ---------------------------------------------------------------------------------------
 
+// ---------------------------------------------------------------------------------------
+// Syntax colouring of diffs: a small tokenizer per language (by file extension) that puts
+// comments, strings, keywords and numbers in spans with classes; text only, never HTML.
+// ---------------------------------------------------------------------------------------
+
+const words = (s) => new Set(s.split(" "));
+const C_LIKE_NUMBER = /^(?:0[xob][0-9a-f_]+|\d[\d_]*(?:\.\d[\d_]*)?(?:e[+-]?\d+)?)/i;
+const LANGUAGES = {
+  rust: {
+    keywords: words("as async await break const continue crate dyn else enum extern false fn for if impl in let loop match mod move mut pub ref return self Self static struct super trait true type unsafe use where while"),
+    line: "//", block: ["/*", "*/"], quotes: "\"",
+  },
+  js: {
+    keywords: words("async await break case catch class const continue debugger default delete do else export extends false finally for from function if import in instanceof interface let new null of return static super switch this throw true try type typeof undefined var void while with yield"),
+    line: "//", block: ["/*", "*/"], quotes: "\"'`",
+  },
+  python: {
+    keywords: words("and as assert async await break class continue def del elif else except False finally for from global if import in is lambda None nonlocal not or pass raise return self True try while with yield"),
+    line: "#", quotes: "\"'",
+  },
+  go: {
+    keywords: words("break case chan const continue default defer else fallthrough false for func go goto if import interface map nil package range return select struct switch true type var"),
+    line: "//", block: ["/*", "*/"], quotes: "\"'`",
+  },
+  shell: {
+    keywords: words("case do done elif else esac exit export fi for function if in local return set then until while"),
+    line: "#", quotes: "\"'",
+  },
+  json: { keywords: words("true false null"), quotes: "\"" },
+  toml: { keywords: words("true false null yes no"), line: "#", quotes: "\"'" },
+  markdown: { markdown: true },
+};
+const EXTENSIONS = {
+  rs: "rust", js: "js", mjs: "js", cjs: "js", jsx: "js", ts: "js", tsx: "js", py: "python",
+  go: "go", sh: "shell", bash: "shell", zsh: "shell", json: "json", toml: "toml", yaml: "toml",
+  yml: "toml", md: "markdown", markdown: "markdown",
+};
+
+function languageOf(path) {
+  const name = (path || "").split("/").pop().toLowerCase();
+  if (name === "dockerfile" || name === "makefile") return LANGUAGES.shell;
+  const ext = name.includes(".") ? name.split(".").pop() : "";
+  return LANGUAGES[EXTENSIONS[ext]] || null;
+}
+
+// The tokens of one line of code: [class or null, text]. `state.block` carries an open
+// block comment to the next line of the same file.
+function tokenize(code, lang, state) {
+  const out = [];
+  const push = (cls, text) => { if (text) out.push([cls, text]); };
+  if (lang.markdown) {
+    if (/^\s{0,3}#{1,6}\s/.test(code)) { push("tok-kw", code); return out; }
+    const parts = code.split(/(`[^`]*`)/);
+    for (const part of parts) push(part.startsWith("`") && part.length > 1 ? "tok-str" : null, part);
+    return out;
+  }
+  let i = 0;
+  let plain = "";
+  const flush = () => { push(null, plain); plain = ""; };
+  while (i < code.length) {
+    const rest = code.slice(i);
+    const opens = !state.block && lang.block && rest.startsWith(lang.block[0]);
+    if (state.block || opens) {
+      const from = opens ? i + lang.block[0].length : i;
+      const end = code.indexOf(lang.block[1], from);
+      flush();
+      if (end < 0) { state.block = true; push("tok-com", rest); return out; }
+      push("tok-com", code.slice(i, end + lang.block[1].length));
+      i = end + lang.block[1].length;
+      state.block = false;
+      continue;
+    }
+    if (lang.line && rest.startsWith(lang.line)) { flush(); push("tok-com", rest); return out; }
+    const ch = code[i];
+    if (lang.quotes && lang.quotes.includes(ch)) {
+      let j = i + 1;
+      while (j < code.length && code[j] !== ch) j += code[j] === "\\" ? 2 : 1;
+      flush();
+      push("tok-str", code.slice(i, j + 1));
+      i = j + 1;
+      continue;
+    }
+    const prev = i > 0 ? code[i - 1] : " ";
+    if (/[0-9]/.test(ch) && !/[A-Za-z0-9_]/.test(prev)) {
+      const m = rest.match(C_LIKE_NUMBER);
+      flush();
+      push("tok-num", m[0]);
+      i += m[0].length;
+      continue;
+    }
+    if (/[A-Za-z_]/.test(ch) && !/[A-Za-z0-9_]/.test(prev)) {
+      const m = rest.match(/^[A-Za-z_][A-Za-z0-9_]*/);
+      if (lang.keywords.has(m[0])) { flush(); push("tok-kw", m[0]); } else plain += m[0];
+      i += m[0].length;
+      continue;
+    }
+    plain += ch;
+    i += 1;
+  }
+  flush();
+  return out;
+}
+
+// A unified diff as lines with classes; the code of each line coloured by the language
+// of its file.
 function diffBlock(patch) {
   const pre = el("pre", { class: "diff" });
+  let lang = null;
+  let state = { block: false };
   for (const line of (patch || "").split("\n")) {
-    let cls = null;
-    if (line.startsWith("diff --git") || line.startsWith("+++") || line.startsWith("---")) cls = "file";
+    let cls = "ctx";
+    let m;
+    if ((m = line.match(/^diff --git a\/(.*) b\/(.*)$/)) || (m = line.match(/^\+\+\+ (?:b\/)?(.*)$/)) || (m = line.match(/^--- (\S+) \(/))) {
+      const path = m[m.length - 1];
+      if (path !== "/dev/null") { lang = languageOf(path); state = { block: false }; }
+      cls = "file";
+    } else if (line.startsWith("---") || line.startsWith("index ") || line.startsWith("new file") || line.startsWith("deleted file")) cls = "file";
     else if (line.startsWith("@@")) cls = "hunk";
     else if (line.startsWith("+")) cls = "add";
     else if (line.startsWith("-")) cls = "del";
-    pre.append(cls ? el("span", { class: cls }, line) : document.createTextNode(line + "\n"));
+    if (cls === "file" || cls === "hunk" || !lang) {
+      pre.append(el("span", { class: cls }, line));
+      continue;
+    }
+    const marker = line.slice(0, 1);
+    const code = line.slice(1);
+    pre.append(el("span", { class: cls }, marker, tokenize(code, lang, state).map(([c, t]) => (c ? el("span", { class: c }, t) : t))));
   }
   return pre;
 }
@@ -381,12 +499,13 @@ class Timeline {
       case "error":
         return el("div", { class: "event-error" }, d.message);
       case "turn_completed":
+        if (d.usage) this.setUsage(ev);
         return el("div", { class: `turn-end ${d.outcome}` }, `Turn ${d.outcome}${d.error ? `: ${d.error}` : ""}`);
       case "status":
         this.setStatus(d.status);
         return null;
       case "usage":
-        this.setUsage(d);
+        this.setUsage(ev);
         return null;
       case "mode_changed":
         return el("div", { class: "note" }, `Mode: ${d.mode}`);
@@ -403,20 +522,104 @@ class Timeline {
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// Usage: tokens per turn (input and output stacked), the context window in use (a line
+// over the bars, and a meter), cost when known — a small SVG drawn from the timeline's
+// `usage` events and the usage of each `turn_completed`.
+// ---------------------------------------------------------------------------------------
+
+const SVG = "http://www.w3.org/2000/svg";
+function svg(tag, attrs, ...children) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) if (v !== null && v !== undefined) e.setAttribute(k, String(v));
+  for (const c of children.flat()) if (c !== null && c !== undefined) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return e;
+}
+
+const compact = (n) => (n >= 1e6 ? `${(n / 1e6).toFixed(1)}M` : n >= 1e4 ? `${Math.round(n / 1e3)}k` : n >= 1e3 ? `${(n / 1e3).toFixed(1)}k` : String(n));
+const dollars = (n) => `$${n < 0.01 ? n.toFixed(4) : n.toFixed(2)}`;
+
+class UsageChart {
+  constructor(box) {
+    this.box = box;
+    this.turns = new Map(); // turn id -> {input, output, cost, used, max}
+    this.drawn = false;
+  }
+
+  add(ev) {
+    const key = ev.turn_id || "session";
+    const t = this.turns.get(key) || { seq: ev.seq, input: 0, output: 0, cost: null, used: null, max: null };
+    t.seq = Math.min(t.seq, ev.seq);
+    const u = ev.kind === "turn_completed" ? ev.data.usage : ev.data;
+    if (!u) return;
+    if (u.input_tokens || u.output_tokens) { t.input = u.input_tokens || 0; t.output = u.output_tokens || 0; }
+    if (u.cost_usd !== undefined && u.cost_usd !== null) t.cost = Number(u.cost_usd);
+    if (u.context_window_max) { t.max = u.context_window_max; t.used = u.context_window_used || 0; }
+    this.turns.set(key, t);
+    if (!this.drawn) { this.drawn = true; queueMicrotask(() => { this.drawn = false; this.draw(); }); }
+  }
+
+  draw() {
+    // In timeline order (older pages may arrive after newer ones).
+    const all = [...this.turns.values()].sort((a, b) => a.seq - b.seq);
+    const turns = all.slice(-24);
+    if (!turns.length) return;
+    const last = all.slice().reverse().find((t) => t.max) || null;
+    const totalIn = turns.reduce((a, t) => a + t.input, 0);
+    const totalOut = turns.reduce((a, t) => a + t.output, 0);
+    const costs = turns.filter((t) => t.cost !== null);
+    // Providers report cost for the session so far: the latest is the total.
+    const cost = costs.length ? costs[costs.length - 1].cost : null;
+    const summaryParts = [`${turns.length} turn${turns.length === 1 ? "" : "s"}`, `${compact(totalIn)} tokens in`, `${compact(totalOut)} out`];
+    if (cost !== null) summaryParts.push(dollars(cost));
+    if (last) summaryParts.push(`context ${Math.round((100 * last.used) / last.max)}% of ${compact(last.max)}`);
+    const summary = summaryParts.join(" · ");
+
+    const W = 300, H = 64, pad = 2;
+    const slot = (W - pad * 2) / Math.max(turns.length, 8);
+    const bar = Math.max(slot * 0.7, 2);
+    const peak = Math.max(1, ...turns.map((t) => t.input + t.output));
+    const y = (v) => H - pad - (v / peak) * (H - pad * 2);
+    const bars = turns.map((t, i) => {
+      const x = pad + i * slot + (slot - bar) / 2;
+      const label = `Turn ${i + 1}: ${t.input} tokens in, ${t.output} out${t.cost !== null ? `, ${dollars(t.cost)} so far` : ""}${t.max ? `, context ${Math.round((100 * t.used) / t.max)}%` : ""}`;
+      return svg("g", { class: "turn" },
+        svg("title", {}, label),
+        svg("rect", { class: "in", x: x.toFixed(1), y: y(t.input).toFixed(1), width: bar.toFixed(1), height: (H - pad - y(t.input)).toFixed(1) }),
+        svg("rect", { class: "out", x: x.toFixed(1), y: y(t.input + t.output).toFixed(1), width: bar.toFixed(1), height: (y(t.input) - y(t.input + t.output)).toFixed(1) }),
+      );
+    });
+    const withContext = turns.map((t, i) => [t, i]).filter(([t]) => t.max);
+    const cy = (t) => H - pad - (t.used / t.max) * (H - pad * 2);
+    const cx = (i) => pad + i * slot + slot / 2;
+    const context = withContext.length
+      ? [
+          svg("polyline", { class: "context", points: withContext.map(([t, i]) => `${cx(i).toFixed(1)},${cy(t).toFixed(1)}`).join(" ") }),
+          ...withContext.map(([t, i]) => svg("circle", { class: "context", cx: cx(i).toFixed(1), cy: cy(t).toFixed(1), r: 2.2 })),
+        ]
+      : [];
+    const titleId = "usage-chart-title";
+    const chart = svg("svg", { class: "usage-chart", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-labelledby": titleId, preserveAspectRatio: "none" },
+      svg("title", { id: titleId }, `Usage per turn: ${summary}`),
+      svg("line", { class: "axis", x1: 0, y1: H - pad, x2: W, y2: H - pad }),
+      bars,
+      context,
+    );
+    const legend = el("div", { class: "usage-legend" },
+      el("span", { class: "key in" }, "input"), el("span", { class: "key out" }, "output"),
+      withContext.length ? el("span", { class: "key context" }, "context window") : null);
+    const meter = last ? el("meter", { min: 0, max: last.max, value: last.used || 0, title: "context window", "aria-label": "Context window" }) : null;
+    this.box.replaceChildren(el("div", { class: "usage-text" }, summary, " ", meter), chart, legend);
+  }
+}
+
 async function agentPage(id, signal) {
   const agent = await api("GET", `/v1/agents/${id}`);
   const status = el("span", { class: `badge ${agent.status}`, role: "status", "aria-live": "polite" }, agent.status);
   const setStatus = (s) => { status.textContent = s; status.className = `badge ${s}`; };
   const usage = el("div", { class: "usage", "aria-label": "Usage" });
-  const setUsage = (u) => {
-    const parts = [`${u.input_tokens || 0} tokens in`, `${u.output_tokens || 0} out`];
-    if (u.cost_usd) parts.push(`$${Number(u.cost_usd).toFixed(4)}`);
-    const children = [parts.join(" · ")];
-    if (u.context_window_max) {
-      children.push(" ", el("meter", { min: 0, max: u.context_window_max, value: u.context_window_used || 0, title: "context window" }));
-    }
-    usage.replaceChildren(...children);
-  };
+  const chart = new UsageChart(usage);
+  const setUsage = (ev) => chart.add(ev);
   const conn = el("span", { class: "conn", "aria-live": "polite" });
   const box = el("div", { class: "timeline", "aria-label": "Timeline" });
   const tl = new Timeline(id, box, setStatus, setUsage);
@@ -430,7 +633,7 @@ async function agentPage(id, signal) {
     const page = await api("GET", `/v1/agents/${id}/timeline?cursor=${older}&limit=300`);
     older = page.next_cursor;
     // Older events render into a fresh timeline state, placed before what is shown.
-    const prior = new Timeline(id, el("div"), () => {}, () => {});
+    const prior = new Timeline(id, el("div"), () => {}, setUsage);
     const nodes = [];
     for (const ev of page.items.slice().reverse()) { const n = prior.node(ev); if (n) nodes.push(n); }
     more.after(...nodes);
@@ -543,6 +746,65 @@ async function workspacePage(id) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Device page: approve or deny a device sign-in (`agentry login` shows the code and links
+// here with ?code=); approving gives that client a new token of yours.
+// ---------------------------------------------------------------------------------------
+
+async function devicePage(me) {
+  const given = new URLSearchParams(location.search).get("code") || "";
+  const input = el("input", { id: "user-code", autocomplete: "off", spellcheck: "false", autocapitalize: "characters", value: given, placeholder: "XXXX-XXXX" });
+  const result = el("div", { "aria-live": "polite" });
+  const lookUp = async () => {
+    const code = input.value.trim();
+    if (!code) return;
+    result.replaceChildren(el("p", { class: "muted" }, "Looking the code up…"));
+    let request;
+    try {
+      request = await api("GET", `/v1/auth/device?user_code=${encodeURIComponent(code)}`);
+    } catch (e) {
+      const why = e.status === 404 ? "No sign-in is waiting for this code. Check it, or start again in the terminal."
+        : e.code === "expired_token" ? "This code expired. Run the sign-in again in the terminal." : e.message;
+      result.replaceChildren(el("p", { class: "error-text", role: "alert" }, why));
+      return;
+    }
+    const answered = (text, cls) => result.replaceChildren(el("p", { class: cls, role: "status" }, text));
+    if (request.status !== "pending") {
+      answered(request.status === "approved" ? "This sign-in was already approved." : `This sign-in was already ${request.status}.`, "muted");
+      return;
+    }
+    const answer = async (verb, done) => {
+      for (const b of card.querySelectorAll("button")) b.disabled = true;
+      try {
+        await api("POST", `/v1/auth/device/${verb}`, { user_code: request.user_code });
+        answered(done, verb === "approve" ? "ok-text" : "muted");
+      } catch (e) {
+        card.append(failure(e));
+        for (const b of card.querySelectorAll("button")) b.disabled = false;
+      }
+    };
+    const card = el("section", { class: "card device-request", "aria-label": "Sign-in request" },
+      el("p", {}, el("strong", {}, request.client_name), " asks to sign in as ", el("strong", {}, me.email || me.name)),
+      el("p", { class: "device-code", "aria-label": "Code" }, request.user_code),
+      el("p", { class: "muted" }, "Approve only if this is the code your terminal shows. The device gets a new API token of yours, listed with your tokens, where you can revoke it."),
+      el("p", { class: "muted" }, `The code expires at ${new Date(request.expires_at).toLocaleTimeString()}.`),
+      el("div", { class: "row" },
+        el("button", { type: "button", class: "primary", onclick: () => answer("approve", "Approved. The device is signed in; you can return to it.") }, "Approve"),
+        el("button", { type: "button", class: "danger", onclick: () => answer("deny", "Denied. The device was not signed in.") }, "Deny")),
+    );
+    result.replaceChildren(card);
+  };
+  const form = el("form", { class: "row", onsubmit: (e) => { e.preventDefault(); lookUp(); } },
+    el("label", { for: "user-code" }, "Code"), input, el("button", { type: "submit" }, "Continue"));
+  show(el("section", { class: "device" },
+    el("h1", {}, "Sign in a device"),
+    el("p", { class: "muted" }, "Enter the code shown by ", el("code", {}, "agentry login"), " (or another client) to let it act as you."),
+    form,
+    result,
+  ));
+  if (given) await lookUp();
+}
+
+// ---------------------------------------------------------------------------------------
 // Routing
 // ---------------------------------------------------------------------------------------
 
@@ -550,8 +812,9 @@ async function route() {
   if (pageAbort) pageAbort.abort();
   pageAbort = new AbortController();
   const signal = pageAbort.signal;
+  let me;
   try {
-    await whoAmI();
+    me = await whoAmI();
   } catch (e) {
     if (e.status !== 401) show(failure(e));
     return;
@@ -561,6 +824,7 @@ async function route() {
   try {
     if ((m = path.match(/^\/agents\/([A-Za-z0-9_]+)$/))) await agentPage(m[1], signal);
     else if ((m = path.match(/^\/workspaces\/([A-Za-z0-9_]+)$/))) await workspacePage(m[1], signal);
+    else if (path === "/device") await devicePage(me);
     else await homePage(signal);
   } catch (e) {
     if (e.status === 401) return;

@@ -23,6 +23,9 @@ pub const ROUTES: &[(&str, &str, Operation)] = {
         ("GET", "/v1/tokens", ReadSelf),
         ("POST", "/v1/tokens", ManageSelf),
         ("DELETE", "/v1/tokens/{id}", ManageSelf),
+        ("GET", "/v1/auth/device", ReadSelf),
+        ("POST", "/v1/auth/device/approve", ManageSelf),
+        ("POST", "/v1/auth/device/deny", ManageSelf),
         ("POST", "/v1/teams", ManageSelf),
         ("GET", "/v1/teams", ReadSelf),
         ("GET", "/v1/teams/{id}", ReadTeam),
@@ -80,6 +83,22 @@ pub const ROUTES: &[(&str, &str, Operation)] = {
         ),
     ]
 };
+
+/// The routes outside `/v1` that answer without an API token, on purpose: health,
+/// metrics, the browser sign-in and the device sign-in a client polls before it has a
+/// token. (The
+/// dashboard's pages and the API documentation are static and not in the document.)
+pub const PUBLIC: &[(&str, &str)] = &[
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    // Its own `[metrics] token` when set.
+    ("GET", "/metrics"),
+    ("GET", "/auth/login"),
+    ("GET", "/auth/callback"),
+    ("POST", "/auth/logout"),
+    ("POST", "/auth/device"),
+    ("POST", "/auth/device/token"),
+];
 
 /// The operation of a route, when it is declared.
 pub fn operation(method: &str, pattern: &str) -> Option<Operation> {
@@ -155,6 +174,28 @@ mod tests {
         assert!(
             stale.is_empty(),
             "declared routes that do not exist: {stale:?}"
+        );
+    }
+
+    #[test]
+    fn every_route_outside_v1_is_declared_public() {
+        let doc = serde_json::to_value(super::super::docs::document()).unwrap();
+        let mut documented = BTreeSet::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            if path.starts_with("/v1/") {
+                continue;
+            }
+            for method in item.as_object().unwrap().keys() {
+                documented.insert((method.to_uppercase(), path.clone()));
+            }
+        }
+        let declared: BTreeSet<(String, String)> = PUBLIC
+            .iter()
+            .map(|(m, p)| (m.to_string(), p.to_string()))
+            .collect();
+        assert_eq!(
+            documented, declared,
+            "a route outside /v1 needs no credentials: declare it in api::access::PUBLIC"
         );
     }
 

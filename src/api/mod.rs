@@ -11,6 +11,7 @@ pub mod agents;
 pub mod audit;
 mod auth;
 pub mod cluster;
+pub mod device;
 pub mod docs;
 pub mod error;
 pub mod health;
@@ -55,12 +56,14 @@ pub fn configure(cfg: &mut ServiceConfig, max_body_bytes: usize) {
     health::configure(cfg);
     metrics::configure(cfg);
     sessions::configure(cfg);
+    device::configure_public(cfg);
     cfg.service(
         utoipa_actix_web::scope("/v1")
             .wrap(actix_web::middleware::from_fn(cluster::forward))
             .wrap(actix_web::middleware::from_fn(input::reject_nul))
             .wrap(actix_web::middleware::from_fn(access::enforce))
             .configure(identity::configure)
+            .configure(device::configure)
             .configure(teams::configure)
             .configure(users::configure)
             .configure(audit::configure)

@@ -175,6 +175,25 @@ fn example(status: u16, op_id: &str) -> Value {
             "last_owner",
             "a team keeps at least one owner: add another owner first",
         ),
+        (409, "approve_device" | "deny_device") => {
+            ("device_code_answered", "this request was already answered")
+        }
+        (400, "collect_device_token") => (
+            "authorization_pending",
+            "the request is not answered yet; poll again in `interval` seconds",
+        ),
+        (400, "describe_device_request" | "approve_device" | "deny_device") => (
+            "expired_token",
+            "the device code expired; run the sign-in again",
+        ),
+        (
+            404,
+            "collect_device_token" | "describe_device_request" | "approve_device" | "deny_device",
+        ) => ("not_found", "device code not found"),
+        (429, "start_device_sign_in") => (
+            "too_many_requests",
+            "too many sign-in codes requested from this address; retry in a minute",
+        ),
         (409, "create_team") => ("team_name_taken", "a team with this name already exists"),
         (409, "create_user") => ("user_email_taken", "a user with this email already exists"),
         (403, "list_audit") => (

@@ -1,5 +1,6 @@
 //! The dashboard: one page and its two assets, built into the binary (no CDN, no build
-//! step), served at `/` and at the deep links `/agents/{id}` and `/workspaces/{id}`. The
+//! step), served at `/` and at the deep links `/agents/{id}`, `/workspaces/{id}` and
+//! `/device` (where a person approves a device sign-in, see `api::device`). The
 //! page calls the same `/v1` API as every client, with the person's token or their
 //! browser session.
 
@@ -22,6 +23,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/", web::get().to(index))
         .route("/agents/{id}", web::get().to(index))
         .route("/workspaces/{id}", web::get().to(index))
+        .route("/device", web::get().to(index))
         .route("/ui/app.js", web::get().to(script))
         .route("/ui/app.css", web::get().to(style))
         .route("/ui/config", web::get().to(config));

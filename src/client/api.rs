@@ -73,6 +73,11 @@ impl Api {
 
     async fn send(&self, req: reqwest::RequestBuilder) -> ClientResult<Value> {
         let res = req.send().await.map_err(|e| self.connection(e))?;
+        self.answer(res).await
+    }
+
+    /// A response's JSON body, or its refusal as an error.
+    async fn answer(&self, res: reqwest::Response) -> ClientResult<Value> {
         let status = res.status();
         let text = res.text().await.map_err(|e| self.connection(e))?;
         let body: Value = if text.is_empty() {
@@ -108,6 +113,20 @@ impl Api {
     pub async fn post(&self, path: &str, body: &Value) -> ClientResult<Value> {
         self.send(self.request(reqwest::Method::POST, path).json(body))
             .await
+    }
+
+    /// A `POST` whose refusals are answers too: the status and the body (a problem's
+    /// `code` says what to do next); only an unreachable server is an error.
+    pub async fn post_status(&self, path: &str, body: &Value) -> ClientResult<(u16, Value)> {
+        let res = self
+            .request(reqwest::Method::POST, path)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| self.connection(e))?;
+        let status = res.status().as_u16();
+        let text = res.text().await.map_err(|e| self.connection(e))?;
+        Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
     }
 
     pub async fn delete(&self, path: &str) -> ClientResult<Value> {
@@ -148,12 +167,8 @@ impl Api {
                 .await;
             let mut res = match res {
                 Ok(r) if r.status().is_success() => r,
-                Ok(r) => {
-                    // A refusal (unknown agent, bad token) is final.
-                    let req = self.request(reqwest::Method::GET, &path);
-                    drop(r);
-                    return self.send(req).await.map(|_| ());
-                }
+                // A refusal (unknown agent, bad token) is final.
+                Ok(r) => return self.answer(r).await.map(|_| ()),
                 Err(e) => {
                     failures += 1;
                     if failures > RECONNECTS {

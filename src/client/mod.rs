@@ -8,6 +8,7 @@
 //! 1 a turn failed or was canceled, 2 a usage, auth, connection or server error.
 
 pub mod api;
+pub mod progress;
 pub mod render;
 
 use std::collections::BTreeMap;
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use api::{Api, ClientError, ClientResult};
+use progress::Progress;
 use render::{Renderer, Style};
 
 pub const DEFAULT_URL: &str = "http://127.0.0.1:8080";
@@ -83,8 +85,14 @@ pub struct RunArgs {
 /// The client commands.
 #[derive(clap::Subcommand, Debug)]
 pub enum ClientCommand {
-    /// Store the server URL and token for later commands (~/.config/agentry/client.toml).
-    Login,
+    /// Store the server URL and token for later commands (~/.config/agentry/client.toml):
+    /// the token given with --token, else one approved in the dashboard (device sign-in;
+    /// the default on a terminal), else one read from stdin.
+    Login {
+        /// Sign in through the dashboard: show a code, wait for someone to approve it.
+        #[arg(long)]
+        device: bool,
+    },
     /// Create a workspace and an agent, send a prompt and follow the turn to its end.
     Run(RunArgs),
     /// List your agents.
@@ -229,12 +237,12 @@ pub fn main(conn: Connection, cmd: ClientCommand, rt: &tokio::runtime::Runtime) 
 }
 
 async fn dispatch(conn: Connection, cmd: ClientCommand) -> ClientResult<i32> {
-    if let ClientCommand::Login = cmd {
-        return login(conn).await;
+    if let ClientCommand::Login { device } = cmd {
+        return login(conn, device).await;
     }
     let api = connect(&conn)?;
     match cmd {
-        ClientCommand::Login => unreachable!("handled above"),
+        ClientCommand::Login { .. } => unreachable!("handled above"),
         ClientCommand::Run(args) => run(&api, args).await,
         ClientCommand::Ls { json } => ls(&api, json.json).await,
         ClientCommand::Logs {
@@ -284,7 +292,7 @@ fn id(s: &str) -> ClientResult<&str> {
     Ok(s)
 }
 
-async fn login(conn: Connection) -> ClientResult<i32> {
+async fn login(conn: Connection, device: bool) -> ClientResult<i32> {
     let stored = load_stored()?;
     let url = conn
         .url
@@ -292,11 +300,8 @@ async fn login(conn: Connection) -> ClientResult<i32> {
         .unwrap_or_else(|| DEFAULT_URL.to_owned());
     let token = match conn.token {
         Some(t) => t,
+        None if device || std::io::stdin().is_terminal() => device_sign_in(&url).await?,
         None => {
-            if std::io::stdin().is_terminal() {
-                eprint!("API token for {url}: ");
-                let _ = std::io::stderr().flush();
-            }
             let mut line = String::new();
             std::io::stdin()
                 .read_line(&mut line)
@@ -306,7 +311,7 @@ async fn login(conn: Connection) -> ClientResult<i32> {
     };
     if token.is_empty() {
         return Err(ClientError::Usage(
-            "no token: pass --token, set AGENTRY_TOKEN or type it".into(),
+            "no token: pass --token, set AGENTRY_TOKEN, pipe it in or use --device".into(),
         ));
     }
     let api = Api::new(&url, Some(token.clone()))?;
@@ -322,6 +327,84 @@ async fn login(conn: Connection) -> ClientResult<i32> {
         path.display()
     );
     Ok(0)
+}
+
+/// Device sign-in: ask the server for a code, show it with the dashboard page where a
+/// signed-in person approves it, and poll until they do; the answer is a new token.
+async fn device_sign_in(url: &str) -> ClientResult<String> {
+    let api = Api::new(url, None)?;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty());
+    let client_name = match host {
+        Some(h) => format!("agentry CLI on {h}"),
+        None => "agentry CLI".to_owned(),
+    };
+    let codes = api
+        .post("/auth/device", &json!({"client_name": client_name}))
+        .await?;
+    let (Some(device_code), Some(user_code)) =
+        (codes["device_code"].as_str(), codes["user_code"].as_str())
+    else {
+        return Err(ClientError::Api(format!(
+            "the server answered no device code: {codes}"
+        )));
+    };
+    let style = Style::detect();
+    let mut progress = Progress::detect();
+    progress.print(|| {
+        eprintln!("To sign in, open this page in a browser where you are signed in to agentry:");
+        eprintln!(
+            "  {}",
+            codes["verification_uri_complete"]
+                .as_str()
+                .or(codes["verification_uri"].as_str())
+                .unwrap_or("")
+        );
+        eprintln!("and check that it shows the code {}", style.bold(user_code));
+    });
+    progress.set_message(format!("waiting for approval of {user_code}"));
+    progress.show();
+    let mut interval = codes["interval"].as_u64().unwrap_or(5).max(1);
+    let expires = std::time::Instant::now()
+        + std::time::Duration::from_secs(codes["expires_in"].as_u64().unwrap_or(600));
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(interval)).await;
+        let (status, body) = api
+            .post_status("/auth/device/token", &json!({"device_code": device_code}))
+            .await?;
+        if status == 200 {
+            progress.hide();
+            return body["access_token"]
+                .as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| ClientError::Api(format!("the server answered no token: {body}")));
+        }
+        match body["code"].as_str().unwrap_or("") {
+            "authorization_pending" => {}
+            "slow_down" => interval += 5,
+            "access_denied" => {
+                return Err(ClientError::Auth("the sign-in was denied".into()));
+            }
+            "expired_token" => {
+                return Err(ClientError::Auth(
+                    "the code expired before anyone approved it; run `agentry login` again".into(),
+                ));
+            }
+            _ => {
+                return Err(ClientError::Api(format!(
+                    "the server answered {status}: {}",
+                    body["detail"].as_str().unwrap_or("")
+                )));
+            }
+        }
+        if std::time::Instant::now() > expires {
+            return Err(ClientError::Auth(
+                "the code expired before anyone approved it; run `agentry login` again".into(),
+            ));
+        }
+    }
 }
 
 /// The project named `p` (an id, or a name the caller's teams use exactly once).
@@ -354,6 +437,16 @@ fn labels(given: &[String]) -> ClientResult<BTreeMap<String, String>> {
             ))),
         })
         .collect()
+}
+
+/// The spinner for a command that waits: on a terminal, and not for `--json` (whose
+/// reader is a program, perhaps writing to the same terminal).
+fn spinner(json: bool) -> Progress {
+    if json {
+        Progress::off()
+    } else {
+        Progress::detect()
+    }
 }
 
 /// The exit status for a turn's outcome.
@@ -422,7 +515,8 @@ async fn follow_turn(
     on_permission: OnPermission,
     json: bool,
 ) -> ClientResult<i32> {
-    let mut renderer = Renderer::new(Style::detect(), json);
+    let mut renderer = Renderer::new(Style::detect(), json, spinner(json));
+    renderer.waiting("waiting for the agent");
     let mut outcome = String::new();
     api.follow(agent, after, async |event: Value| {
         renderer.event(&event);
@@ -442,7 +536,7 @@ async fn follow_turn(
                     .await;
                 // Someone else may have answered first; the stream says what happened.
                 if let Err(e) = answered {
-                    eprintln!("agentry: could not answer {rid}: {e}");
+                    renderer.note(&format!("agentry: could not answer {rid}: {e}"));
                 }
                 Ok(true)
             }
@@ -503,14 +597,17 @@ async fn ls(api: &Api, json: bool) -> ClientResult<i32> {
 
 async fn logs(api: &Api, agent: &str, follow: bool, json: bool) -> ClientResult<i32> {
     let agent = id(agent)?;
-    let mut renderer = Renderer::new(Style::detect(), json);
     if follow {
+        let mut renderer = Renderer::new(Style::detect(), json, spinner(json));
+        renderer.waiting("waiting for events");
         api.follow(agent, 0, async |event: Value| {
             renderer.event(&event);
             Ok(true)
         })
         .await?;
+        renderer.finish();
     } else {
+        let mut renderer = Renderer::new(Style::detect(), json, Progress::off());
         let mut path = format!("/v1/agents/{agent}/timeline?after_seq=0&limit=1000");
         loop {
             let page = api.get(&path).await?;
@@ -522,8 +619,8 @@ async fn logs(api: &Api, agent: &str, follow: bool, json: bool) -> ClientResult<
                 None => break,
             }
         }
+        renderer.finish();
     }
-    renderer.finish();
     Ok(0)
 }
 

@@ -1,12 +1,15 @@
 //! How events look in a terminal: the conversation on stdout (assistant text as it
 //! streams, tool calls, permission requests, the end of each turn), agent status changes
-//! on stderr; colour only on a terminal and never with `NO_COLOR`. With `--json`, each
-//! event is the API's own object on one line.
+//! on stderr (as plain lines, or as the spinner's status when stderr is a terminal, see
+//! [`Progress`]); colour only on a terminal and never with `NO_COLOR`. With `--json`,
+//! each event is the API's own object on one line.
 
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 
 use serde_json::Value;
+
+use super::progress::Progress;
 
 /// Whether to colour and whether stdout is a terminal.
 #[derive(Debug, Clone, Copy)]
@@ -57,17 +60,48 @@ pub struct Renderer {
     streamed: std::collections::HashSet<String>,
     /// The last status printed for each tool call.
     tools: HashMap<String, String>,
+    progress: Progress,
+    /// What the agent is doing, for the spinner.
+    activity: String,
+    /// Tokens used so far (input + output), for the spinner.
+    tokens: i64,
 }
 
 impl Renderer {
-    pub fn new(style: Style, json: bool) -> Self {
+    pub fn new(style: Style, json: bool, progress: Progress) -> Self {
         Self {
             style,
             json,
             open_message: None,
             streamed: Default::default(),
             tools: HashMap::new(),
+            progress,
+            activity: String::new(),
+            tokens: 0,
         }
+    }
+
+    /// Show the spinner saying `activity` (when there is one).
+    pub fn waiting(&mut self, activity: &str) {
+        self.activity = activity.to_owned();
+        self.update_spinner();
+        if self.open_message.is_none() {
+            self.progress.show();
+        }
+    }
+
+    fn update_spinner(&mut self) {
+        let message = if self.tokens > 0 {
+            format!("{} · {} tokens", self.activity, self.tokens)
+        } else {
+            self.activity.clone()
+        };
+        self.progress.set_message(message);
+    }
+
+    /// A line for the person watching, on stderr, past the spinner.
+    pub fn note(&self, line: &str) {
+        self.progress.print(|| eprintln!("{line}"));
     }
 
     fn close_line(&mut self, out: &mut impl Write) {
@@ -76,12 +110,74 @@ impl Renderer {
         }
     }
 
+    /// Print one event: rendered into a buffer, then written with the spinner out of
+    /// the way (and kept away while a streamed message's line is open).
     pub fn event(&mut self, e: &Value) {
-        let stdout = std::io::stdout();
-        let mut out = stdout.lock();
+        let mut out = Vec::new();
+        self.render(e, &mut out);
+        self.track(e);
+        if out.is_empty() {
+            return;
+        }
+        let write = || {
+            let stdout = std::io::stdout();
+            let mut lock = stdout.lock();
+            let _ = lock.write_all(&out);
+            let _ = lock.flush();
+        };
+        if self.open_message.is_some() {
+            self.progress.hide();
+            write();
+        } else {
+            self.progress.print(write);
+            if !self.activity.is_empty() {
+                self.progress.show();
+            }
+        }
+    }
+
+    /// Follow what the agent is doing, for the spinner.
+    fn track(&mut self, e: &Value) {
+        if !self.progress.is_drawn() {
+            return;
+        }
+        let d = &e["data"];
+        let activity = match e["kind"].as_str().unwrap_or("") {
+            "turn_started" | "permission_resolved" | "user_message" => "working".to_owned(),
+            "assistant_delta" | "assistant_message" => "replying".to_owned(),
+            "reasoning_delta" | "reasoning" => "thinking".to_owned(),
+            "tool_call" => match d["status"].as_str() {
+                Some("pending" | "running") => {
+                    let title = d["title"].as_str().filter(|t| !t.is_empty());
+                    format!(
+                        "running {}",
+                        title.or(d["name"].as_str()).unwrap_or("a tool")
+                    )
+                }
+                _ => "working".to_owned(),
+            },
+            "permission_requested" => format!(
+                "waiting for an answer to \"{}\" (agentry approve/deny {})",
+                d["title"].as_str().unwrap_or(""),
+                e["agent_id"].as_str().unwrap_or("")
+            ),
+            "usage" => {
+                self.tokens = d["input_tokens"].as_i64().unwrap_or(0)
+                    + d["output_tokens"].as_i64().unwrap_or(0);
+                self.update_spinner();
+                return;
+            }
+            "status" => d["status"].as_str().unwrap_or("").replace('_', " "),
+            "turn_completed" => "waiting for events".to_owned(),
+            _ => return,
+        };
+        self.activity = activity;
+        self.update_spinner();
+    }
+
+    fn render(&mut self, e: &Value, out: &mut Vec<u8>) {
         if self.json {
             let _ = writeln!(out, "{e}");
-            let _ = out.flush();
             return;
         }
         let s = self.style;
@@ -89,13 +185,13 @@ impl Renderer {
         let text = |k: &str| d[k].as_str().unwrap_or("").to_owned();
         match e["kind"].as_str().unwrap_or("") {
             "user_message" => {
-                self.close_line(&mut out);
+                self.close_line(out);
                 let _ = writeln!(out, "{} {}", s.bold(">"), s.bold(&text("text")));
             }
             "assistant_delta" => {
                 let id = text("message_id");
                 if self.open_message.as_deref() != Some(id.as_str()) {
-                    self.close_line(&mut out);
+                    self.close_line(out);
                     self.open_message = Some(id.clone());
                 }
                 self.streamed.insert(id);
@@ -104,14 +200,14 @@ impl Renderer {
             "assistant_message" => {
                 let id = text("message_id");
                 if self.streamed.remove(&id) {
-                    self.close_line(&mut out);
+                    self.close_line(out);
                 } else {
-                    self.close_line(&mut out);
+                    self.close_line(out);
                     let _ = writeln!(out, "{}", text("text"));
                 }
             }
             "reasoning" => {
-                self.close_line(&mut out);
+                self.close_line(out);
                 let _ = writeln!(out, "{}", s.dim(&format!("(thinking) {}", text("text"))));
             }
             "tool_call" => {
@@ -121,7 +217,7 @@ impl Renderer {
                     return;
                 }
                 self.tools.insert(id, status.clone());
-                self.close_line(&mut out);
+                self.close_line(out);
                 let title = match text("title") {
                     t if t.is_empty() => text("name"),
                     t => t,
@@ -137,7 +233,7 @@ impl Renderer {
                 }
             }
             "permission_requested" => {
-                self.close_line(&mut out);
+                self.close_line(out);
                 let options: Vec<String> = d["options"]
                     .as_array()
                     .map(|o| {
@@ -165,7 +261,7 @@ impl Renderer {
                 );
             }
             "permission_resolved" => {
-                self.close_line(&mut out);
+                self.close_line(out);
                 let _ = writeln!(
                     out,
                     "  {} {}",
@@ -174,11 +270,11 @@ impl Renderer {
                 );
             }
             "error" => {
-                self.close_line(&mut out);
+                self.close_line(out);
                 let _ = writeln!(out, "{} {}", s.red("error:"), text("message"));
             }
             "turn_completed" => {
-                self.close_line(&mut out);
+                self.close_line(out);
                 let outcome = text("outcome");
                 let line = match outcome.as_str() {
                     "completed" => s.green("— turn completed"),
@@ -189,8 +285,9 @@ impl Renderer {
                 };
                 let _ = writeln!(out, "{line}");
             }
-            "status" => {
-                // Progress for the person watching, kept off stdout.
+            "status" if !self.progress.is_drawn() => {
+                // Progress for the person watching, kept off stdout (on a terminal the
+                // spinner says it instead).
                 let _ = writeln!(
                     std::io::stderr(),
                     "{}",
@@ -199,11 +296,11 @@ impl Renderer {
             }
             _ => {}
         }
-        let _ = out.flush();
     }
 
-    /// End an open line (at the end of the output).
+    /// End an open line and take the spinner away (at the end of the output).
     pub fn finish(&mut self) {
+        self.progress.hide();
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
         self.close_line(&mut out);

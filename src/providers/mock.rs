@@ -506,7 +506,7 @@ async fn serve(
                     if let Some(session) = lock(&mock.sessions).get_mut(&*session_id.0) {
                         session.busy = false;
                     }
-                    let _ = responder.respond_with_result(result.map(proto::PromptResponse::new));
+                    let _ = responder.respond_with_result(result);
                     Ok(())
                 })
             },
@@ -540,7 +540,7 @@ struct Turn {
 struct Cancelled;
 
 impl Turn {
-    async fn run(mut self, text: &str) -> acp::Result<proto::StopReason> {
+    async fn run(mut self, text: &str) -> acp::Result<proto::PromptResponse> {
         let text = text.trim();
         let (command, rest) = match text.split_once(char::is_whitespace) {
             Some((command, rest)) => (command, rest.trim()),
@@ -554,12 +554,39 @@ impl Turn {
             "/load" => self.load(rest).await,
             "/write" => self.write(rest).await,
             "/env" => self.env(rest).map(Ok),
+            "/usage" => {
+                let usage = self.usage(rest)?;
+                return Ok(proto::PromptResponse::new(proto::StopReason::EndTurn).meta(usage));
+            }
             _ => self.reply(&format!("You said: {text}")).map(Ok),
         };
         match outcome? {
-            Ok(()) => Ok(proto::StopReason::EndTurn),
-            Err(Cancelled) => Ok(proto::StopReason::Cancelled),
+            Ok(()) => Ok(proto::PromptResponse::new(proto::StopReason::EndTurn)),
+            Err(Cancelled) => Ok(proto::PromptResponse::new(proto::StopReason::Cancelled)),
         }
+    }
+
+    /// `/usage <input> <output>`: reports the context window in use (input + output of a
+    /// 200,000-token window) and a cost, replies, and ends the turn with that many tokens
+    /// (in the answer's `_meta`, where Gemini reports a turn's tokens); the answer's meta.
+    fn usage(&self, args: &str) -> acp::Result<serde_json::Map<String, serde_json::Value>> {
+        const USAGE: &str = "/usage needs <input_tokens> <output_tokens>";
+        let numbers: Vec<u64> = args
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .map_err(|_| invalid(USAGE))?;
+        let [input, output] = numbers[..] else {
+            return Err(invalid(USAGE));
+        };
+        let cost = (input as f64 * 3.0 + output as f64 * 15.0) / 1_000_000.0;
+        self.update(proto::SessionUpdate::UsageUpdate(
+            proto::UsageUpdate::new(input + output, 200_000).cost(proto::Cost::new(cost, "USD")),
+        ))?;
+        self.reply(&format!("Used {input} input and {output} output tokens."))?;
+        let meta =
+            json!({"quota": {"token_count": {"input_tokens": input, "output_tokens": output}}});
+        Ok(meta.as_object().cloned().unwrap_or_default())
     }
 
     fn is_cancelled(&self) -> bool {

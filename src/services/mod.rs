@@ -8,6 +8,7 @@
 pub mod agents;
 pub mod audit;
 pub mod cluster;
+pub mod device;
 pub mod error;
 pub mod health;
 pub mod hooks;

@@ -5,6 +5,7 @@
 pub mod agents;
 pub mod audit;
 pub mod deadline;
+pub mod device_codes;
 pub mod events;
 pub mod hooks;
 pub mod idempotency;

@@ -10,8 +10,12 @@ use serde_json::{Value, json};
 use crate::helpers::*;
 
 /// Run `agentry <args>` against `app` with a config home of its own (so no stored login
-/// leaks in); the process's output.
-async fn agentry(app: &TestApp, home: &Path, args: &[&str]) -> Output {
+/// leaks in); the process's output. The future owns what it needs, so it can be spawned.
+fn agentry(
+    app: &TestApp,
+    home: &Path,
+    args: &[&str],
+) -> impl Future<Output = Output> + Send + 'static {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"));
     cmd.args(args)
         .env_clear()
@@ -20,10 +24,12 @@ async fn agentry(app: &TestApp, home: &Path, args: &[&str]) -> Output {
         .env("AGENTRY_URL", &app.base)
         .env("AGENTRY_TOKEN", &app.token)
         .kill_on_drop(true);
-    tokio::time::timeout(Duration::from_secs(60), cmd.output())
-        .await
-        .expect("the command ends")
-        .unwrap()
+    async move {
+        tokio::time::timeout(Duration::from_secs(60), cmd.output())
+            .await
+            .expect("the command ends")
+            .unwrap()
+    }
 }
 
 fn stdout(o: &Output) -> String {
@@ -143,6 +149,29 @@ async fn a_bad_token_or_an_unreachable_server_is_exit_2() {
     let app = spawn_app().await;
     let home = tempfile::tempdir().unwrap();
     let o = agentry(&app, home.path(), &["ls", "--token", "agt_pat_wrong"]).await;
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("agentry login"), "{}", stderr(&o));
+    // A refused event stream says why, from the refusal itself.
+    let o = agentry(
+        &app,
+        home.path(),
+        &["logs", "-f", "agt_01a2325aa80271258f70aa778486fac0"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("not_found, 404"), "{}", stderr(&o));
+    let o = agentry(
+        &app,
+        home.path(),
+        &[
+            "logs",
+            "-f",
+            "agt_01a2325aa80271258f70aa778486fac0",
+            "--token",
+            "agt_pat_wrong",
+        ],
+    )
+    .await;
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("agentry login"), "{}", stderr(&o));
     let o = agentry(&app, home.path(), &["--url", "http://127.0.0.1:9", "ls"]).await;
@@ -299,23 +328,11 @@ async fn send_logs_diff_interrupt_archive_and_listings() {
     assert_eq!(models["items"][0]["id"], "mock-small");
 
     // Interrupt a sleeping turn: `send --wait` reports it canceled (exit 1).
-    let waiter = {
-        let base = app.base.clone();
-        let token = app.token.clone();
-        let home = home.path().to_owned();
-        let id = id.clone();
-        tokio::spawn(async move {
-            tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
-                .args(["send", &id, "/sleep 20000", "--wait"])
-                .env_clear()
-                .env("HOME", home)
-                .env("AGENTRY_URL", base)
-                .env("AGENTRY_TOKEN", token)
-                .output()
-                .await
-                .unwrap()
-        })
-    };
+    let waiter = tokio::spawn(agentry(
+        &app,
+        home.path(),
+        &["send", &id, "/sleep 20000", "--wait"],
+    ));
     let mut running = false;
     for _ in 0..100 {
         if app.get_ok(&format!("/v1/agents/{id}")).await["status"] == "running" {
@@ -384,6 +401,103 @@ async fn login_stores_the_server_and_token_privately() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
     assert_eq!(std::fs::read_to_string(&file).unwrap(), stored);
+}
+
+#[tokio::test]
+async fn login_with_device_stores_a_token_someone_approved() {
+    let app = spawn_app().await;
+    let home = tempfile::tempdir().unwrap();
+    let mut login = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .args(["login", "--device", "--url", &app.base])
+        .env_clear()
+        .env("HOME", home.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // It shows the page and the code; a signed-in person approves that code.
+    let err = login.stderr.take().unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(err));
+    let mut shown = String::new();
+    let code = loop {
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .expect("the code is shown")
+            .unwrap()
+            .unwrap_or_else(|| panic!("the login ended without a code: {shown}"));
+        shown.push_str(&line);
+        shown.push('\n');
+        if let Some(code) = line.strip_prefix("and check that it shows the code ") {
+            break code.trim().to_owned();
+        }
+    };
+    assert!(
+        shown.contains(&format!("{}/device?code={code}", app.base)),
+        "{shown}"
+    );
+    let approved = app
+        .post("/v1/auth/device/approve", json!({"user_code": code}))
+        .await;
+    assert_eq!(approved.status(), 200);
+    let done = tokio::time::timeout(Duration::from_secs(30), login.wait_with_output())
+        .await
+        .expect("the login ends once approved")
+        .unwrap();
+    assert_eq!(done.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&done.stdout).contains("as admin@localhost"),
+        "{}",
+        String::from_utf8_lossy(&done.stdout)
+    );
+    // Later commands use the new token (not the one that approved it).
+    let stored = std::fs::read_to_string(home.path().join(".config/agentry/client.toml")).unwrap();
+    assert!(
+        stored.contains("agt_pat_") && !stored.contains(&app.token),
+        "{stored}"
+    );
+    let o = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .arg("providers")
+        .env_clear()
+        .env("HOME", home.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
+    // A denied sign-in stores nothing and exits 2.
+    let other = tempfile::tempdir().unwrap();
+    let mut login = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .args(["login", "--device", "--url", &app.base])
+        .env_clear()
+        .env("HOME", other.path())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let err = login.stderr.take().unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(err));
+    let code = loop {
+        let line = lines.next_line().await.unwrap().expect("a code");
+        if let Some(code) = line.strip_prefix("and check that it shows the code ") {
+            break code.trim().to_owned();
+        }
+    };
+    let denied = app
+        .post("/v1/auth/device/deny", json!({"user_code": code}))
+        .await;
+    assert_eq!(denied.status(), 200);
+    let status = tokio::time::timeout(Duration::from_secs(30), login.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(2));
+    assert!(!other.path().join(".config/agentry/client.toml").exists());
 }
 
 /// A TCP proxy in front of the server whose open connections the test can cut.
@@ -502,4 +616,97 @@ async fn logs_follow_resumes_after_a_dropped_connection_without_gaps_or_repeats(
         "the stream was cut and reopened: {connections} connections"
     );
     follower.kill().await.unwrap();
+}
+
+/// `agentry <args>` on a pseudo-terminal (util-linux `script` gives the process a
+/// terminal for stdout and stderr); everything the terminal received, and the exit code.
+async fn agentry_on_a_terminal(
+    app: &TestApp,
+    home: &Path,
+    args: &[&str],
+    envs: &[(&str, &str)],
+) -> (String, Option<i32>) {
+    let quote = |a: &str| format!("'{}'", a.replace('\'', r"'\''"));
+    let line = std::iter::once(env!("CARGO_BIN_EXE_agentry"))
+        .chain(args.iter().copied())
+        .map(quote)
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut cmd = tokio::process::Command::new("script");
+    cmd.args(["-qfec", &line, "/dev/null"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("TERM", "xterm-256color")
+        .env("AGENTRY_URL", &app.base)
+        .env("AGENTRY_TOKEN", &app.token)
+        .envs(envs.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .expect("the command ends")
+        .expect("util-linux `script` runs (it gives the client a terminal)");
+    (stdout(&out), out.status.code())
+}
+
+/// Whether `text` holds an SGR (colour) escape sequence, `ESC [ <digits;> m`.
+fn has_colour(text: &str) -> bool {
+    text.split("\x1b[").skip(1).any(|rest| {
+        let params = rest
+            .bytes()
+            .take_while(|b| b.is_ascii_digit() || *b == b';')
+            .count();
+        rest.as_bytes().get(params) == Some(&b'm')
+    })
+}
+
+#[tokio::test]
+async fn a_terminal_sees_a_spinner_and_no_colour_with_no_color() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    app.project(repo.path()).await;
+    let home = tempfile::tempdir().unwrap();
+    let frames = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧", "⠇", "⠏"];
+    let run = [
+        "run",
+        "--project",
+        "demo",
+        "--provider",
+        "mock",
+        "/sleep 1500",
+    ];
+
+    let (tty, code) = agentry_on_a_terminal(&app, home.path(), &run, &[]).await;
+    assert_eq!(code, Some(0), "{tty}");
+    let spun = frames.iter().filter(|f| tty.contains(*f)).count();
+    assert!(spun >= 3, "the spinner turns while the turn runs: {tty:?}");
+    assert!(
+        tty.contains("working"),
+        "it says what the agent does: {tty:?}"
+    );
+    assert!(has_colour(&tty), "coloured on a terminal: {tty:?}");
+    // The conversation is still whole lines, the spinner cleared around them.
+    assert!(tty.contains("— turn completed"), "{tty:?}");
+    // What is left on screen of each line: the text after its last carriage return.
+    let reply = tty
+        .lines()
+        .map(|l| l.trim_end_matches('\r').rsplit('\r').next().unwrap_or(""))
+        .find(|l| l.contains("Slept"))
+        .unwrap_or_else(|| panic!("the reply is printed: {tty:?}"));
+    assert!(
+        reply.ends_with("Slept for 1500 ms.") && !frames.iter().any(|f| reply.contains(f)),
+        "the reply's line holds the reply alone: {reply:?}"
+    );
+    assert!(
+        !tty.contains("[running]"),
+        "on a terminal the status is the spinner's, not a line: {tty:?}"
+    );
+
+    let (plain, code) = agentry_on_a_terminal(&app, home.path(), &run, &[("NO_COLOR", "1")]).await;
+    assert_eq!(code, Some(0), "{plain}");
+    let spun = frames.iter().filter(|f| plain.contains(*f)).count();
+    assert!(spun >= 3, "NO_COLOR keeps the spinner: {plain:?}");
+    assert!(!has_colour(&plain), "NO_COLOR: no colour at all: {plain:?}");
+    assert!(plain.contains("— turn completed"), "{plain:?}");
 }

@@ -5,6 +5,7 @@ Exits non-zero (with the failed expectation) when the dashboard does not behave.
 
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -70,6 +71,21 @@ def api(path):
     req = urllib.request.Request(BASE + path, headers={"Authorization": f"Bearer {TOKEN}"})
     with urllib.request.urlopen(req) as res:
         return json.load(res)
+
+
+def post_anonymous(path, body):
+    """A POST without a token (a device that is not signed in yet): status and body."""
+    req = urllib.request.Request(
+        BASE + path,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(req) as res:
+            return res.status, json.load(res)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
 
 
 def last_assistant_text():
@@ -150,8 +166,23 @@ def main():
         shown = page.locator(".msg.assistant").last.inner_text()
         assert shown == last_assistant_text(), "after the drop: the message is whole, once"
 
+        # Usage per turn as a chart: one bar per turn that reported usage.
+        end = send(page, "/usage 1200 340")
+        expect(end).to_have_text("Turn completed")
+        end = send(page, "/usage 2600 900")
+        expect(end).to_have_text("Turn completed")
+        chart = page.get_by_role("img", name=re.compile("Usage per turn"))
+        expect(chart).to_be_visible()
+        expect(chart.locator("g.turn")).to_have_count(2)
+        expect(chart.locator("circle.context")).to_have_count(2)
+        expect(page.get_by_label("Usage", exact=True)).to_contain_text("2 turns")
+        expect(page.get_by_label("Usage", exact=True)).to_contain_text("3.8k tokens in")
+        page.get_by_label("Usage", exact=True).screenshot(path=f"{SHOTS}/usage.png")
+
         # A file written by the agent shows in the workspace's diff.
         end = send(page, "/write notes/todo.md ship the dashboard")
+        expect(end).to_have_text("Turn completed")
+        end = send(page, '/write src/app.py def main(): return "hi"  # greet')
         expect(end).to_have_text("Turn completed")
         page.screenshot(path=f"{SHOTS}/agent.png", full_page=True)
         page.get_by_role("link", name="Workspace and changes").click()
@@ -159,7 +190,29 @@ def main():
         files = page.get_by_role("list", name="Files changed")
         expect(files).to_contain_text("notes/todo.md")
         expect(page.locator("pre.diff")).to_contain_text("+ship the dashboard")
+        # Code in the diff is coloured by its language (Python here), as classes.
+        python = page.locator("pre.diff span.add", has_text="def main")
+        expect(python.locator("span.tok-kw").first).to_have_text("def")
+        expect(python.locator("span.tok-str")).to_have_text('"hi"')
+        expect(python.locator("span.tok-com")).to_have_text("# greet")
+        expect(python).to_have_text('+def main(): return "hi"  # greet')
         page.screenshot(path=f"{SHOTS}/workspace.png", full_page=True)
+
+        # A device sign-in approved on the device page: the device gets a token.
+        status, codes = post_anonymous("/auth/device", {"client_name": "agentry CLI on ci-7"})
+        assert status == 200, codes
+        page.goto(f"{site}/device?code={codes['user_code']}")
+        request = page.get_by_role("region", name="Sign-in request")
+        expect(request).to_contain_text("agentry CLI on ci-7")
+        expect(request).to_contain_text(codes["user_code"])
+        page.screenshot(path=f"{SHOTS}/device.png", full_page=True)
+        request.get_by_role("button", name="Approve").click()
+        expect(page.get_by_role("status")).to_contain_text("Approved")
+        status, token = post_anonymous("/auth/device/token", {"device_code": codes["device_code"]})
+        assert status == 200, token
+        me = urllib.request.urlopen(urllib.request.Request(
+            BASE + "/v1/me", headers={"Authorization": f"Bearer {token['access_token']}"}))
+        assert json.load(me)["email"] == api("/v1/me")["email"], "the approver's token"
 
         # A phone-sized screen still works.
         phone = browser.new_context(viewport={"width": 390, "height": 844})
@@ -168,7 +221,21 @@ def main():
         mobile.evaluate(f"localStorage.setItem('agentry.token', {json.dumps(TOKEN)})")
         mobile.goto(f"{site}/agents/{AGENT}")
         expect(mobile.get_by_role("button", name="Send")).to_be_visible()
+        expect(mobile.get_by_role("img", name=re.compile("Usage per turn"))).to_be_visible()
         mobile.screenshot(path=f"{SHOTS}/agent-phone.png", full_page=False)
+
+        # The same pages in a dark colour scheme.
+        dark = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme="dark")
+        night = dark.new_page()
+        night.goto(site + "/")
+        night.evaluate(f"localStorage.setItem('agentry.token', {json.dumps(TOKEN)})")
+        night.goto(f"{site}/agents/{AGENT}")
+        expect(night.get_by_role("img", name=re.compile("Usage per turn"))).to_be_visible()
+        night.get_by_label("Usage", exact=True).screenshot(path=f"{SHOTS}/usage-dark.png")
+        night.screenshot(path=f"{SHOTS}/agent-dark.png", full_page=True)
+        night.goto(f"{site}/workspaces/{WORKSPACE}")
+        expect(night.locator("pre.diff")).to_contain_text("+ship the dashboard")
+        night.screenshot(path=f"{SHOTS}/workspace-dark.png", full_page=True)
 
         # A long timeline opens on its tail; older pages load when scrolled to.
         if len(sys.argv) > 6:
