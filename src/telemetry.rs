@@ -81,14 +81,14 @@ pub fn init(settings: &LogSettings) -> TelemetryGuard {
     TelemetryGuard(provider)
 }
 
-/// The OpenTelemetry trace id of `span` (32 lowercase hex digits), when spans are
-/// exported; `None` when no exporter runs (or the span is disabled).
+/// The OpenTelemetry trace id of `span` (32 lowercase hex digits) when the span is
+/// exported; `None` when no exporter runs, or the span is disabled or not sampled (an id
+/// a collector never receives would lead nowhere).
 pub fn trace_id(span: &tracing::Span) -> Option<String> {
     use opentelemetry::trace::TraceContextExt as _;
     let cx = span.context();
     let span_context = cx.span().span_context().clone();
-    span_context
-        .is_valid()
+    (span_context.is_valid() && span_context.is_sampled())
         .then(|| span_context.trace_id().to_string())
 }
 
