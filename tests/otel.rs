@@ -124,6 +124,86 @@ fn git(dir: &Path, args: &[&str]) {
     assert!(out.status.success(), "git {args:?}: {out:?}");
 }
 
+struct Started {
+    server: Server,
+    api: Api,
+    /// The server's stderr lines, once it has exited.
+    log: std::thread::JoinHandle<Vec<String>>,
+}
+
+/// `agentry serve` on the embedded default database, exporting to `endpoint`.
+fn start(data: &Path, endpoint: &str, env: &[(&str, &str)]) -> Started {
+    let port = free_port();
+    let mut server = Server(
+        Command::new(EXE)
+            .args(["serve", "--data-dir"])
+            .arg(data)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env_remove("DATABASE_URL")
+            .env("AGENTRY_LOG__OTLP_ENDPOINT", endpoint)
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = server.0.stderr.take().unwrap();
+    let log = std::thread::spawn(move || {
+        BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+    });
+    let mut lines = BufReader::new(server.0.stdout.take().unwrap()).lines();
+    while !lines
+        .next()
+        .expect("serve printed its address")
+        .unwrap()
+        .contains("listening on")
+    {}
+    std::thread::spawn(move || for _ in lines {});
+    let token = std::fs::read_to_string(data.join("admin-token"))
+        .expect("the bootstrap token")
+        .trim()
+        .to_owned();
+    agentry::telemetry::install_crypto_provider();
+    Started {
+        server,
+        api: Api {
+            base: format!("http://127.0.0.1:{port}"),
+            token,
+            http: reqwest::blocking::Client::new(),
+        },
+        log,
+    }
+}
+
+/// SIGTERM the server and wait (at most 30 s) for it to exit; how, and how long it took.
+fn stop(server: &mut Server) -> (std::process::ExitStatus, Duration) {
+    let started = Instant::now();
+    unsafe { libc::kill(server.0.id() as i32, libc::SIGTERM) };
+    loop {
+        if let Some(st) = server.0.try_wait().unwrap() {
+            return (st, started.elapsed());
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "serve did not stop within 30 s of SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Remove the embedded cluster kept for a test's data dir (as root it lives under
+/// /var/lib/agentry, outside the temporary directory).
+fn remove_cluster(cluster: Option<PathBuf>) {
+    if let Some(cluster) = cluster.as_deref().and_then(Path::parent)
+        && cluster.starts_with("/var/lib/agentry")
+    {
+        let _ = std::fs::remove_dir_all(cluster);
+    }
+}
+
 /// A span as exported, with its attributes as text.
 #[derive(Debug)]
 struct SpanSeen {
@@ -160,53 +240,20 @@ fn spans_of_requests_turns_processes_and_commits_reach_an_otlp_receiver() {
     git(&repo, &["add", "."]);
     git(&repo, &["commit", "-q", "-m", "initial"]);
 
-    let port = free_port();
-    let mut command = Command::new(EXE);
-    command
-        .args(["serve", "--data-dir"])
-        .arg(&data)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .env("AGENTRY_LOG__OTLP_ENDPOINT", &endpoint)
-        .env("AGENTRY_LOG__FORMAT", "json")
-        // A quiet log: only the request module's debug lines. The traces must not depend
-        // on it.
-        .env("RUST_LOG", "warn,agentry::api::middleware=debug")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if std::env::var_os("DATABASE_URL").is_none() {
-        command.env_remove("DATABASE_URL");
-    }
-    let mut server = Server(command.spawn().unwrap());
-    let stderr = server.0.stderr.take().unwrap();
-    let log = std::thread::spawn(move || {
-        BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-            .collect::<Vec<_>>()
-    });
-    let mut lines = BufReader::new(server.0.stdout.take().unwrap()).lines();
-    let mut printed_token = None;
-    loop {
-        let line = lines.next().expect("serve printed its address").unwrap();
-        if line.starts_with("agt_pat_") {
-            printed_token = Some(line.clone());
-        }
-        if line.contains("listening on") {
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
-    let token = printed_token
-        .or_else(|| std::fs::read_to_string(data.join("admin-token")).ok())
-        .expect("a bootstrap token")
-        .trim()
-        .to_owned();
-    agentry::telemetry::install_crypto_provider();
-    let api = Api {
-        base: format!("http://127.0.0.1:{port}"),
-        token,
-        http: reqwest::blocking::Client::new(),
-    };
+    let Started {
+        mut server,
+        api,
+        log,
+    } = start(
+        &data,
+        &endpoint,
+        // A quiet log: only the request module's debug lines. The traces must not
+        // depend on it.
+        &[
+            ("AGENTRY_LOG__FORMAT", "json"),
+            ("RUST_LOG", "warn,agentry::api::middleware=debug"),
+        ],
+    );
 
     // A request that succeeds, one that is not found, one that is refused.
     assert_eq!(api.call(reqwest::Method::GET, "/v1/me", None).0, 200);
@@ -273,18 +320,7 @@ fn spans_of_requests_turns_processes_and_commits_reach_an_otlp_receiver() {
 
     let cluster = embedded_cluster_of(server.0.id());
     // SIGTERM: the server stops its agents and flushes the exporter on the way out.
-    unsafe { libc::kill(server.0.id() as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let exit = loop {
-        if let Some(st) = server.0.try_wait().unwrap() {
-            break st;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "serve did not stop after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let (exit, _) = stop(&mut server);
     assert!(exit.success(), "{exit:?}");
     let log = log.join().unwrap();
 
@@ -400,12 +436,7 @@ fn spans_of_requests_turns_processes_and_commits_reach_an_otlp_receiver() {
         assert_eq!(v["span"]["trace_id"], not_found_trace.as_str(), "{line}");
     }
 
-    // The embedded cluster kept for this data dir (as root, under /var/lib/agentry).
-    if let Some(cluster) = cluster.as_deref().and_then(Path::parent)
-        && cluster.starts_with("/var/lib/agentry")
-    {
-        let _ = std::fs::remove_dir_all(cluster);
-    }
+    remove_cluster(cluster);
 }
 
 /// The data directory of the embedded PostgreSQL that `pid` runs as a child, if any.
@@ -421,4 +452,60 @@ fn embedded_cluster_of(pid: u32) -> Option<PathBuf> {
         }
     }
     None
+}
+
+/// A collector that accepts connections and never answers costs requests nothing (the
+/// export runs beside them), and stopping the server waits a bounded time for it.
+#[test]
+fn an_unresponsive_collector_neither_fails_nor_slows_requests() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let accepted = Arc::new(Mutex::new(Vec::new()));
+    let held = accepted.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            held.lock().unwrap().push(conn);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let data = dir.path().join("data");
+    // Export every 100 ms, so exports hang while the requests run.
+    let Started {
+        mut server,
+        api,
+        log,
+    } = start(
+        &data,
+        &endpoint,
+        &[("OTEL_BSP_SCHEDULE_DELAY", "100"), ("RUST_LOG", "warn")],
+    );
+    let cluster = embedded_cluster_of(server.0.id());
+
+    assert_eq!(api.call(reqwest::Method::GET, "/v1/me", None).0, 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while accepted.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the exporter never connected");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let started = Instant::now();
+    for _ in 0..20 {
+        assert_eq!(api.call(reqwest::Method::GET, "/v1/me", None).0, 200);
+    }
+    // An export waits 10 s for an answer; requests waiting on it would take far longer.
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "20 requests took {:?} while the collector hung",
+        started.elapsed()
+    );
+
+    let (exit, took) = stop(&mut server);
+    assert!(exit.success(), "{exit:?}");
+    assert!(took < Duration::from_secs(15), "stopping took {took:?}");
+    let log = log.join().unwrap();
+    assert!(
+        log.iter().any(|l| l.contains("could not flush traces")),
+        "{log:#?}"
+    );
+    remove_cluster(cluster);
 }
