@@ -309,6 +309,20 @@ fn spans_of_requests_turns_processes_and_commits_reach_an_otlp_receiver() {
     assert_eq!(status, 200, "{waited}");
     assert_eq!(waited["last_turn"]["outcome"], "completed", "{waited}");
     let turn_id = waited["last_turn"]["turn_id"].as_str().unwrap().to_owned();
+    // And a turn that fails.
+    let (status, failing) = api.call(
+        reqwest::Method::POST,
+        &format!("/v1/agents/{agent_id}/messages"),
+        Some(json!({"text": "/fail on purpose"})),
+    );
+    assert_eq!(status, 202, "{failing}");
+    let failed_turn_id = failing["turn_id"].as_str().unwrap().to_owned();
+    let (_, waited) = api.call(
+        reqwest::Method::GET,
+        &format!("/v1/agents/{agent_id}/wait?timeout_s=60"),
+        None,
+    );
+    assert_eq!(waited["last_turn"]["outcome"], "failed", "{waited}");
     let (_, agent) = api.call(
         reqwest::Method::GET,
         &format!("/v1/agents/{agent_id}"),
@@ -404,6 +418,13 @@ fn spans_of_requests_turns_processes_and_commits_reach_an_otlp_receiver() {
     assert_eq!(attr(turn, "agent_id"), agent_id);
     assert_eq!(attr(turn, "provider"), "mock");
     assert_eq!(attr(turn, "outcome"), "completed");
+    assert_ne!(turn.status_code, 2);
+    let failed = find("failed turn", &|s| {
+        s.name == "turn" && attr(s, "turn_id") == failed_turn_id
+    });
+    assert_eq!(attr(failed, "outcome"), "failed");
+    assert_eq!(failed.status_code, 2, "a failed turn has status ERROR");
+    assert_ne!(failed.trace_id, turn.trace_id, "each turn is its own trace");
 
     // The provider process, from spawn to exit (stopped by the shutdown).
     let process = find("process", &|s| {
