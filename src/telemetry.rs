@@ -3,11 +3,17 @@
 //! set, spans are also exported over OTLP/HTTP (protobuf) to that collector; otherwise no
 //! exporter runs. Secrets never reach a log: settings redact them in `Debug`, and tokens
 //! are only ever logged by id.
+//!
+//! The exporter takes agentry's `info` spans and events (and other crates' warnings)
+//! whatever the log filter says, so a quiet log does not empty the traces; the spans are
+//! listed in docs/operations.md.
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -36,18 +42,29 @@ pub fn init(settings: &LogSettings) -> TelemetryGuard {
             .json()
             .with_current_span(true)
             .with_writer(std::io::stderr)
+            .with_filter(filter)
             .boxed()
     } else {
         tracing_subscriber::fmt::layer()
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_writer(std::io::stderr)
+            .with_filter(filter)
             .boxed()
     };
     let (otel, provider) = match settings.otlp_endpoint.as_deref().map(otlp_provider) {
         Some(Ok(provider)) => {
             let tracer = provider.tracer("agentry");
             (
-                Some(tracing_opentelemetry::layer().with_tracer(tracer).boxed()),
+                Some(
+                    tracing_opentelemetry::layer()
+                        .with_tracer(tracer)
+                        .with_filter(
+                            Targets::new()
+                                .with_target("agentry", tracing::Level::INFO)
+                                .with_default(tracing::Level::WARN),
+                        )
+                        .boxed(),
+                ),
                 Some(provider),
             )
         }
@@ -58,11 +75,21 @@ pub fn init(settings: &LogSettings) -> TelemetryGuard {
         None => (None, None),
     };
     let _ = tracing_subscriber::registry()
-        .with(filter)
         .with(fmt)
         .with(otel)
         .try_init();
     TelemetryGuard(provider)
+}
+
+/// The OpenTelemetry trace id of `span` (32 lowercase hex digits) when the span is
+/// exported; `None` when no exporter runs, or the span is disabled or not sampled (an id
+/// a collector never receives would lead nowhere).
+pub fn trace_id(span: &tracing::Span) -> Option<String> {
+    use opentelemetry::trace::TraceContextExt as _;
+    let cx = span.context();
+    let span_context = cx.span().span_context().clone();
+    (span_context.is_valid() && span_context.is_sampled())
+        .then(|| span_context.trace_id().to_string())
 }
 
 fn otlp_provider(endpoint: &str) -> anyhow::Result<SdkTracerProvider> {

@@ -37,6 +37,10 @@ pub struct Problem {
     /// request): quote it when reporting a problem.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
+    /// The request's OpenTelemetry trace id (32 hex digits), present only when the server
+    /// exports traces (`log.otlp_endpoint`): look the request up in the trace viewer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -138,6 +142,7 @@ impl ApiError {
             code: self.code.to_owned(),
             errors: self.errors.clone(),
             request_id: None,
+            trace_id: None,
         }
     }
 }

@@ -36,10 +36,28 @@ pub async fn request_id(
         })
         .map(str::to_owned)
         .unwrap_or_else(|| uuid::Uuid::now_v7().simple().to_string());
-    let span = tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.path());
+    // The route's pattern (`GET /v1/agents/{id}`) names the span in a trace viewer (the
+    // method alone when no route matched); the concrete path stays a field.
+    let route = req.match_pattern();
+    let otel_name = match &route {
+        Some(r) => format!("{} {r}", req.method()),
+        None => req.method().to_string(),
+    };
+    let span = tracing::info_span!("request", request_id = %id, method = %req.method(),
+        path = %req.path(), route = route.as_deref(), status = tracing::field::Empty,
+        trace_id = tracing::field::Empty, otel.name = %otel_name, otel.kind = "server",
+        otel.status_code = tracing::field::Empty);
+    let trace_id = crate::telemetry::trace_id(&span);
+    if let Some(t) = &trace_id {
+        span.record("trace_id", t.as_str());
+    }
     let started = std::time::Instant::now();
     req.extensions_mut().insert(RequestId(id.clone()));
     let res = next.call(req).instrument(span.clone()).await?;
+    span.record("status", res.status().as_u16());
+    if res.status().is_server_error() {
+        span.record("otel.status_code", "ERROR");
+    }
     span.in_scope(|| {
         tracing::debug!(
             status = res.status().as_u16(),
@@ -47,18 +65,20 @@ pub async fn request_id(
             "request done"
         )
     });
-    let mut res = with_request_id(res, &id).await;
+    let mut res = with_request_id(res, &id, trace_id.as_deref()).await;
     if let Ok(v) = HeaderValue::from_str(&id) {
         res.headers_mut().insert(REQUEST_ID, v);
     }
     Ok(res)
 }
 
-/// A problem+json answer names the request it answers (`request_id`), so a report
-/// quoting the body leads to the request's log lines.
+/// A problem+json answer names the request it answers (`request_id`, and `trace_id` when
+/// traces are exported), so a report quoting the body leads to the request's log lines
+/// and trace.
 async fn with_request_id(
     res: ServiceResponse<impl MessageBody + 'static>,
     id: &str,
+    trace_id: Option<&str>,
 ) -> ServiceResponse<BoxBody> {
     let is_problem = res
         .headers()
@@ -73,6 +93,9 @@ async fn with_request_id(
     let body = match serde_json::from_slice::<serde_json::Value>(&bytes) {
         Ok(serde_json::Value::Object(mut problem)) => {
             problem.insert("request_id".into(), serde_json::Value::from(id));
+            if let Some(t) = trace_id {
+                problem.insert("trace_id".into(), serde_json::Value::from(t));
+            }
             serde_json::to_vec(&problem).unwrap_or_else(|_| bytes.to_vec())
         }
         _ => bytes.to_vec(),

@@ -558,7 +558,13 @@ impl Writer {
         }
 
         let commit_started = Instant::now();
-        let mut rows = self.commit_all(&mut events, &team).await;
+        let span = if events.is_empty() && team.is_empty() {
+            tracing::Span::none()
+        } else {
+            tracing::info_span!("commit", events = events.len(), team_events = team.len())
+        };
+        let mut rows =
+            tracing::Instrument::instrument(self.commit_all(&mut events, &team), span).await;
 
         // Committed: now, and only now, visible.
         let committed_at = Instant::now();

@@ -99,6 +99,8 @@ pub struct ManagedChild {
     finished: bool,
     /// Masks the values of the spec's `secret_env` (for what the child writes).
     redactor: Redactor,
+    /// The process's trace span, from spawn until this handle is dropped.
+    span: tracing::Span,
 }
 
 impl ManagedChild {
@@ -168,7 +170,18 @@ impl ManagedChild {
     pub async fn wait(&mut self) -> io::Result<ExitStatus> {
         let status = self.child.wait().await?;
         self.reaped = true;
+        self.record_exit(&status);
         Ok(status)
+    }
+
+    fn record_exit(&self, status: &ExitStatus) {
+        use std::os::unix::process::ExitStatusExt as _;
+        if let Some(code) = status.code() {
+            self.span.record("exit_code", code);
+        }
+        if let Some(signal) = status.signal() {
+            self.span.record("signal", signal);
+        }
     }
 
     /// TERM the group, wait up to `grace`, KILL the group, reap, drop the ledger row.
@@ -203,8 +216,9 @@ impl ManagedChild {
                 None
             }
         };
-        if status.is_some() {
+        if let Some(status) = &status {
             self.reaped = true;
+            self.record_exit(status);
         }
 
         // A CLI may leave grandchildren behind in its group after the leader exits.
@@ -342,7 +356,15 @@ pub fn spawn(spec: &CommandSpec) -> Result<ManagedChild, ProcessError> {
             )));
         }
     };
+    let name = std::path::Path::new(&spec.program).file_name().map_or_else(
+        || spec.program.clone(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let span = tracing::info_span!("process", program = %name, pid,
+        agent_id = tracing::field::Empty, exit_code = tracing::field::Empty,
+        signal = tracing::field::Empty);
     Ok(ManagedChild {
+        span,
         child,
         identity: ProcessIdentity {
             pid,
@@ -402,6 +424,11 @@ impl Ledger {
             return Err(e.into());
         }
         child.ledger = Some((self.clone(), id));
+        if let Some(agent) = agent_id {
+            child
+                .span
+                .record("agent_id", tracing::field::display(agent));
+        }
         Ok(child)
     }
 

@@ -44,6 +44,8 @@ struct Turn {
     reasoning: Option<OpenMessage>,
     open_tools: BTreeMap<String, ToolCallUpdate>,
     interrupt_deadline: Option<Instant>,
+    /// The turn's trace span, from its start until its outcome is stored.
+    span: tracing::Span,
 }
 
 struct PendingPermission {
@@ -420,6 +422,9 @@ impl Actor {
             reasoning: None,
             open_tools: BTreeMap::new(),
             interrupt_deadline: None,
+            span: tracing::info_span!(parent: None, "turn", agent_id = %self.id(),
+                turn_id = %turn_id, provider = %self.ctx.provider,
+                outcome = tracing::field::Empty, otel.status_code = tracing::field::Empty),
         });
         let mut user = json!({"message_id": MessageId::new(), "text": text});
         if let Some(c) = &client_message_id {
@@ -952,6 +957,10 @@ impl Actor {
         self.close_message(true).await;
         self.close_message(false).await;
         let Some(turn) = self.turn.take() else { return };
+        turn.span.record("outcome", outcome_str(outcome));
+        if outcome == TurnOutcome::Failed {
+            turn.span.record("otel.status_code", "ERROR");
+        }
         // A tool call the agent never closed is `failed` (CONTRACT.md), whatever the
         // turn's outcome; the error says why.
         for (_, mut tool) in turn.open_tools {

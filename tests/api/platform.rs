@@ -331,6 +331,8 @@ async fn problems_carry_their_request_id() {
     let body: serde_json::Value = res.json().await.unwrap();
     assert_eq!(body["request_id"], "report-me-42");
     assert_eq!(body["code"], "not_found");
+    // No trace id while no traces are exported (tests/otel.rs checks it when they are).
+    assert_eq!(body.get("trace_id"), None, "{body}");
     // One the server makes up is the same in both places too.
     let res = app.client.get(app.url("/v1/me")).send().await.unwrap();
     let header = res.headers()["x-request-id"].to_str().unwrap().to_owned();
