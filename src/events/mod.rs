@@ -10,4 +10,4 @@ mod writer;
 pub use bus::{Bus, Published, TeamActivity};
 pub use fault::{Fault, classify, is_unavailable};
 pub use scrub::{REPLACEMENT, scrub};
-pub use writer::{EventWriter, NewTeamEvent, WriteError, WriterLimits, WriterStats};
+pub use writer::{EventWriter, NewMoment, NewTeamEvent, WriteError, WriterLimits, WriterStats};

@@ -436,8 +436,10 @@ pub async fn create(
     if workspace.archived_at.is_some() {
         return Err(ServiceError::WorkspaceArchived("the workspace is archived"));
     }
+    // `agent.create.after` is queued in the transaction that creates the agent.
+    let mut tx = ctx.pool.pool().begin().await?;
     store::agents::insert(
-        &ctx.pool,
+        &mut *tx,
         store::agents::NewAgent {
             id: id.uuid(),
             workspace_id: workspace.id,
@@ -456,6 +458,24 @@ pub async fn create(
         },
     )
     .await?;
+    let created = store::agents::get(&mut *tx, id.uuid(), None)
+        .await?
+        .ok_or(ServiceError::NotFound("agent"))?;
+    let queued = hooks::queue(
+        &mut tx,
+        HookEvent::AgentCreateAfter,
+        Subject {
+            team: created.team_id,
+            project: Some(created.project_id),
+            labels: Some(&created.labels),
+        },
+        json!({"agent": to_agent(ctx, created.clone())}),
+    )
+    .await?;
+    tx.commit().await?;
+    if queued > 0 {
+        hooks::queued(ctx);
+    }
     super::announce(
         ctx,
         NewTeamEvent {
@@ -481,17 +501,6 @@ pub async fn create(
     )
     .await?;
     let row = reload_row(ctx, id).await?;
-    hooks::notify(
-        ctx,
-        HookEvent::AgentCreateAfter,
-        Subject {
-            team: row.team_id,
-            project: Some(row.project_id),
-            labels: Some(&row.labels),
-        },
-        json!({"agent": to_agent(ctx, row.clone())}),
-    )
-    .await;
     secret_env.extend(launch.env);
     let mut agent_ctx = context(&row, secret_env);
     agent_ctx.mcp_servers = launch.mcp_servers;
@@ -843,7 +852,28 @@ pub async fn archive(
     let row = load_to_drive(ctx, principal, id).await?;
     ctx.agents.close(id, "archived").await;
     if row.archived_at.is_none() {
-        store::agents::mark_archived(&ctx.pool, row.id).await?;
+        // `agent.archive.after` is queued in the archive's own transaction.
+        let mut tx = ctx.pool.pool().begin().await?;
+        store::agents::mark_archived(&mut *tx, row.id).await?;
+        let archived = store::agents::get(&mut *tx, row.id, None)
+            .await?
+            .ok_or(ServiceError::NotFound("agent"))?;
+        let archived_at = archived.archived_at;
+        let queued = hooks::queue(
+            &mut tx,
+            HookEvent::AgentArchiveAfter,
+            Subject {
+                team: archived.team_id,
+                project: Some(archived.project_id),
+                labels: Some(&archived.labels.clone()),
+            },
+            json!({"agent": to_agent(ctx, archived), "archived_at": archived_at}),
+        )
+        .await?;
+        tx.commit().await?;
+        if queued > 0 {
+            hooks::queued(ctx);
+        }
         super::announce(
             ctx,
             NewTeamEvent {
@@ -862,19 +892,6 @@ pub async fn archive(
                 .details(json!({"workspace_id": WorkspaceId::from(row.workspace_id)})),
         )
         .await?;
-        let row = reload_row(ctx, id).await?;
-        let archived_at = row.archived_at;
-        hooks::notify(
-            ctx,
-            HookEvent::AgentArchiveAfter,
-            Subject {
-                team: row.team_id,
-                project: Some(row.project_id),
-                labels: Some(&row.labels.clone()),
-            },
-            json!({"agent": to_agent(ctx, row), "archived_at": archived_at}),
-        )
-        .await;
     }
     Ok(())
 }

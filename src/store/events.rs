@@ -212,3 +212,35 @@ pub async fn last_team_event_id(db: impl PgExecutor<'_>) -> Result<i64, sqlx::Er
         .fetch_one(db)
         .await
 }
+
+/// One moment to store: the agent and seq of the event it goes with, its kind, its data.
+#[derive(Debug, Clone, Copy)]
+pub struct MomentRow<'a> {
+    pub agent_id: Uuid,
+    pub seq: i64,
+    pub kind: &'a str,
+    pub data: &'a Value,
+}
+
+/// Store moments in one statement (inside the transaction of their events).
+pub async fn insert_moments(
+    db: impl PgExecutor<'_>,
+    moments: &[MomentRow<'_>],
+) -> Result<(), sqlx::Error> {
+    let agents: Vec<Uuid> = moments.iter().map(|m| m.agent_id).collect();
+    let seqs: Vec<i64> = moments.iter().map(|m| m.seq).collect();
+    let kinds: Vec<&str> = moments.iter().map(|m| m.kind).collect();
+    let data: Vec<sqlx::types::Json<&Value>> =
+        moments.iter().map(|m| sqlx::types::Json(m.data)).collect();
+    sqlx::query(
+        "INSERT INTO agent_moments (agent_id, seq, kind, payload)
+         SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::text[], $4::jsonb[])",
+    )
+    .bind(&agents)
+    .bind(&seqs)
+    .bind(&kinds)
+    .bind(&data)
+    .execute(db)
+    .await?;
+    Ok(())
+}
