@@ -1512,6 +1512,9 @@ impl Drop for Crashable {
 impl Crashable {
     fn start(db: &sqlx::postgres::PgConnectOptions, data_dir: &std::path::Path) -> Self {
         use std::io::{BufRead, BufReader};
+        // Built first: nothing below may fail with the child running and not yet owned.
+        agentry::telemetry::install_crypto_provider();
+        let client = reqwest::Client::new();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -1536,25 +1539,27 @@ impl Crashable {
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let mut token = None;
+        let stdout = child.stdout.take().unwrap();
+        let mut server = Self {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            token: String::new(),
+            client,
+            leftovers: Vec::new(),
+        };
+        let mut lines = BufReader::new(stdout).lines();
         loop {
             let line = lines.next().expect("serve printed its address").unwrap();
             if line.starts_with("agt_pat_") {
-                token = Some(line.clone());
+                server.token = line.clone();
             }
             if line.contains("listening on") {
                 break;
             }
         }
         std::thread::spawn(move || for _ in lines {});
-        Self {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            token: token.expect("a bootstrap token"),
-            client: reqwest::Client::new(),
-            leftovers: Vec::new(),
-        }
+        assert!(!server.token.is_empty(), "a bootstrap token");
+        server
     }
 
     async fn send(&self, method: Method, path: &str, body: Option<Value>, status: u16) -> Value {
