@@ -16,7 +16,8 @@
 //! e.g. "a turn ended"): each is stored in `agent_moments`, in the same transaction as the
 //! event it goes with, so it exists exactly when its event does. The writer gives them no
 //! meaning; it only wakes whoever waits on `moments_stored` after a batch with moments
-//! commits. A batch without moments costs nothing more. A moment whose event the database
+//! commits. A batch without moments costs nothing more; with moments and no team events
+//! it is still one statement (a data-modifying `WITH`). A moment whose event the database
 //! refuses is still stored (its event's stand-in takes the slot, and what the moment
 //! says — a turn ended, an agent closed — did happen); a moment the database refuses
 //! itself is logged and dropped, like a refused team event.
@@ -926,10 +927,15 @@ async fn try_commit(
     team: &[NewTeamEvent],
     moments: &[BatchMoment],
 ) -> Result<Vec<TeamEventRow>, sqlx::Error> {
-    if team.is_empty() && moments.is_empty() {
+    if team.is_empty() {
         // The common case: one statement, committed on its own (atomic and durable, one
-        // round trip instead of four).
-        store::events::insert_batch(pool, events).await?;
+        // round trip instead of four); moments join it in the same statement.
+        if moments.is_empty() {
+            store::events::insert_batch(pool, events).await?;
+        } else {
+            let stored: Vec<_> = moments.iter().map(|m| moment_row(events, m)).collect();
+            store::events::insert_batch_with_moments(pool, events, &stored).await?;
+        }
         return Ok(Vec::new());
     }
     let mut tx = pool.begin().await?;

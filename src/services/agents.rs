@@ -437,42 +437,46 @@ pub async fn create(
         return Err(ServiceError::WorkspaceArchived("the workspace is archived"));
     }
     // `agent.create.after` is queued in the transaction that creates the agent.
-    let mut tx = ctx.pool.pool().begin().await?;
-    store::agents::insert(
-        &mut *tx,
-        store::agents::NewAgent {
-            id: id.uuid(),
-            workspace_id: workspace.id,
-            team_id: workspace.team_id,
-            provider: &body.provider,
-            model: body.model.as_deref(),
-            mode: body
-                .mode
-                .as_deref()
-                .or(provider.info().default_mode.as_deref()),
-            title: body.title.as_deref(),
-            labels: &body.labels,
-            system_prompt: body.system_prompt.as_deref(),
-            mcp_servers: &body.mcp_servers,
-            created_by: principal.user_id,
-        },
-    )
+    let queued = super::within_deadline(ctx, async {
+        let mut tx = ctx.pool.pool().begin().await?;
+        store::agents::insert(
+            &mut *tx,
+            store::agents::NewAgent {
+                id: id.uuid(),
+                workspace_id: workspace.id,
+                team_id: workspace.team_id,
+                provider: &body.provider,
+                model: body.model.as_deref(),
+                mode: body
+                    .mode
+                    .as_deref()
+                    .or(provider.info().default_mode.as_deref()),
+                title: body.title.as_deref(),
+                labels: &body.labels,
+                system_prompt: body.system_prompt.as_deref(),
+                mcp_servers: &body.mcp_servers,
+                created_by: principal.user_id,
+            },
+        )
+        .await?;
+        let created = store::agents::get(&mut *tx, id.uuid(), None)
+            .await?
+            .ok_or(ServiceError::NotFound("agent"))?;
+        let queued = hooks::queue(
+            &mut tx,
+            HookEvent::AgentCreateAfter,
+            Subject {
+                team: created.team_id,
+                project: Some(created.project_id),
+                labels: Some(&created.labels),
+            },
+            json!({"agent": to_agent(ctx, created.clone())}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(queued)
+    })
     .await?;
-    let created = store::agents::get(&mut *tx, id.uuid(), None)
-        .await?
-        .ok_or(ServiceError::NotFound("agent"))?;
-    let queued = hooks::queue(
-        &mut tx,
-        HookEvent::AgentCreateAfter,
-        Subject {
-            team: created.team_id,
-            project: Some(created.project_id),
-            labels: Some(&created.labels),
-        },
-        json!({"agent": to_agent(ctx, created.clone())}),
-    )
-    .await?;
-    tx.commit().await?;
     if queued > 0 {
         hooks::queued(ctx);
     }
@@ -853,24 +857,28 @@ pub async fn archive(
     ctx.agents.close(id, "archived").await;
     if row.archived_at.is_none() {
         // `agent.archive.after` is queued in the archive's own transaction.
-        let mut tx = ctx.pool.pool().begin().await?;
-        store::agents::mark_archived(&mut *tx, row.id).await?;
-        let archived = store::agents::get(&mut *tx, row.id, None)
-            .await?
-            .ok_or(ServiceError::NotFound("agent"))?;
-        let archived_at = archived.archived_at;
-        let queued = hooks::queue(
-            &mut tx,
-            HookEvent::AgentArchiveAfter,
-            Subject {
-                team: archived.team_id,
-                project: Some(archived.project_id),
-                labels: Some(&archived.labels.clone()),
-            },
-            json!({"agent": to_agent(ctx, archived), "archived_at": archived_at}),
-        )
+        let queued = super::within_deadline(ctx, async {
+            let mut tx = ctx.pool.pool().begin().await?;
+            store::agents::mark_archived(&mut *tx, row.id).await?;
+            let archived = store::agents::get(&mut *tx, row.id, None)
+                .await?
+                .ok_or(ServiceError::NotFound("agent"))?;
+            let archived_at = archived.archived_at;
+            let queued = hooks::queue(
+                &mut tx,
+                HookEvent::AgentArchiveAfter,
+                Subject {
+                    team: archived.team_id,
+                    project: Some(archived.project_id),
+                    labels: Some(&archived.labels.clone()),
+                },
+                json!({"agent": to_agent(ctx, archived), "archived_at": archived_at}),
+            )
+            .await?;
+            tx.commit().await?;
+            Ok(queued)
+        })
         .await?;
-        tx.commit().await?;
         if queued > 0 {
             hooks::queued(ctx);
         }

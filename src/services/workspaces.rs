@@ -316,14 +316,18 @@ async fn insert(
     new: store::workspaces::NewWorkspace<'_>,
     complete: bool,
 ) -> ServiceResult<store::workspaces::WorkspaceRow> {
-    let mut tx = ctx.pool.pool().begin().await?;
-    let row = store::workspaces::insert(&mut *tx, new).await?;
-    let queued = if complete {
-        queue_created(&mut tx, &row).await?
-    } else {
-        0
-    };
-    tx.commit().await?;
+    let (row, queued) = super::within_deadline(ctx, async {
+        let mut tx = ctx.pool.pool().begin().await?;
+        let row = store::workspaces::insert(&mut *tx, new).await?;
+        let queued = if complete {
+            queue_created(&mut tx, &row).await?
+        } else {
+            0
+        };
+        tx.commit().await?;
+        Ok((row, queued))
+    })
+    .await?;
     if queued > 0 {
         hooks::queued(ctx);
     }
@@ -676,22 +680,26 @@ pub async fn archive(
         git::worktree_remove(Path::new(&project.repo_path), Path::new(&ws.path)).await?;
     }
     // `workspace.archive.after` is queued in the archive's own transaction.
-    let mut tx = ctx.pool.pool().begin().await?;
-    let row = store::workspaces::mark_archived(&mut *tx, ws.id)
-        .await?
-        .ok_or(ServiceError::NotFound("workspace"))?;
-    let queued = hooks::queue(
-        &mut tx,
-        HookEvent::WorkspaceArchiveAfter,
-        Subject {
-            team: row.team_id,
-            project: Some(row.project_id),
-            labels: None,
-        },
-        json!({"workspace": Workspace::from(row.clone())}),
-    )
+    let (row, queued) = super::within_deadline(ctx, async {
+        let mut tx = ctx.pool.pool().begin().await?;
+        let row = store::workspaces::mark_archived(&mut *tx, ws.id)
+            .await?
+            .ok_or(ServiceError::NotFound("workspace"))?;
+        let queued = hooks::queue(
+            &mut tx,
+            HookEvent::WorkspaceArchiveAfter,
+            Subject {
+                team: row.team_id,
+                project: Some(row.project_id),
+                labels: None,
+            },
+            json!({"workspace": Workspace::from(row.clone())}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok((row, queued))
+    })
     .await?;
-    tx.commit().await?;
     if queued > 0 {
         hooks::queued(ctx);
     }
