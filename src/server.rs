@@ -274,8 +274,21 @@ impl Application {
         // is sent again after its lease). The moments of the agents just closed go to the
         // outbox now (what is left is handled at the next start); then the moments task
         // ends here.
-        if let Err(e) = hooks::outbox_moments(&self.state.services).await {
-            tracing::warn!(error = %e, "could not queue the last moments' notifications; they are queued at the next start");
+        match tokio::time::timeout(
+            Duration::from_secs(5),
+            hooks::outbox_moments(&self.state.services),
+        )
+        .await
+        {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not queue the last moments' notifications; they are queued at the next start");
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "queuing the last moments' notifications took too long; the rest are queued at the next start"
+                );
+            }
         }
         for task in self.hook_tasks {
             task.abort();
