@@ -164,7 +164,6 @@ impl Application {
         .await;
         let registry =
             ProviderRegistry::from_settings_in(&settings.providers, Some(&settings.data_dir))?;
-        let (moments_tx, moments_rx) = tokio::sync::mpsc::unbounded_channel();
         let agents = AgentManager::new(
             pool.clone(),
             writer.clone(),
@@ -176,7 +175,6 @@ impl Application {
             (settings.agents.idle_timeout_s > 0)
                 .then(|| Duration::from_secs(settings.agents.idle_timeout_s)),
         )
-        .with_moments(moments_tx)
         .with_lease_ttl(Duration::from_secs(settings.cluster.lease_ttl_s));
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let oidc = match &settings.auth.oidc {
@@ -218,9 +216,10 @@ impl Application {
             tracing::warn!(error = %e, "could not close the setups the previous run left running");
         }
         hooks::sync_settings_hooks(&state.services, &settings.hooks.server).await?;
-        // Notifications: the runtime's moments go to the outbox, the worker sends it.
+        // Notifications: the moments stored with agents' events become outbox rows, the
+        // worker sends them.
         let hook_tasks = vec![
-            tokio::spawn(hooks::run_moments(state.services.clone(), moments_rx)),
+            tokio::spawn(hooks::run_moments(state.services.clone())),
             tokio::spawn(hooks::run_worker(state.services.clone())),
         ];
 
@@ -300,7 +299,25 @@ impl Application {
         handle.stop(true).await;
         let _ = server.await;
         // The worker ends on the shutdown signal (a delivery cut short stays pending and
-        // is sent again after its lease); the moments listener ends here.
+        // is sent again after its lease). The moments of the agents just closed go to the
+        // outbox now (what is left is handled at the next start); then the moments task
+        // ends here.
+        match tokio::time::timeout(
+            Duration::from_secs(5),
+            hooks::outbox_moments(&self.state.services),
+        )
+        .await
+        {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not queue the last moments' notifications; they are queued at the next start");
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "queuing the last moments' notifications took too long; the rest are queued at the next start"
+                );
+            }
+        }
         for task in self.hook_tasks {
             task.abort();
             let _ = task.await;

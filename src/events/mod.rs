@@ -12,4 +12,4 @@ pub use bus::{Bus, Published, TeamActivity};
 pub use fanout::{Fanout, Notice, listen as listen_to_replicas};
 pub use fault::{Fault, classify, is_unavailable};
 pub use scrub::{REPLACEMENT, scrub};
-pub use writer::{EventWriter, NewTeamEvent, WriteError, WriterLimits, WriterStats};
+pub use writer::{EventWriter, NewMoment, NewTeamEvent, WriteError, WriterLimits, WriterStats};

@@ -12,6 +12,16 @@
 //! - while the store is unreachable or stalled the batch is kept and retried, in order,
 //!   with a backoff capped at one second, until it commits.
 //!
+//! A producer may attach *moments* to its events (`NewMoment`: a kind and some data,
+//! e.g. "a turn ended"): each is stored in `agent_moments`, in the same transaction as the
+//! event it goes with, so it exists exactly when its event does. The writer gives them no
+//! meaning; it only wakes whoever waits on `moments_stored` after a batch with moments
+//! commits. A batch without moments costs nothing more; with moments and no team events
+//! it is still one statement (a data-modifying `WITH`). A moment whose event the database
+//! refuses is still stored (its event's stand-in takes the slot, and what the moment
+//! says — a turn ended, an agent closed — did happen); a moment the database refuses
+//! itself is logged and dropped, like a refused team event.
+//!
 //! What is queued is bounded in events and in bytes. Producers wait for that budget
 //! (backpressure: an agent's actor stops reading its provider), and the budget comes back
 //! only when the events are committed or set aside.
@@ -24,7 +34,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -54,6 +64,22 @@ pub struct NewTeamEvent {
     pub workspace_id: Option<Uuid>,
     pub kind: &'static str,
     pub data: Value,
+}
+
+/// A moment of an agent's life, stored with the event that records it (see the module
+/// docs). `event` is the index of that event among the operation's events.
+#[derive(Debug, Clone)]
+pub struct NewMoment {
+    pub event: usize,
+    pub kind: &'static str,
+    pub data: Value,
+}
+
+/// A moment within a batch: `event` indexes the batch's events.
+struct BatchMoment {
+    event: usize,
+    kind: &'static str,
+    data: Value,
 }
 
 /// How the writer batches and how much it may hold.
@@ -124,6 +150,7 @@ enum WriteOp {
     Append {
         events: Vec<NewEvent>,
         team: Vec<NewTeamEvent>,
+        moments: Vec<NewMoment>,
         done: Option<Done>,
         charge: Charge,
         queued_at: Instant,
@@ -153,6 +180,8 @@ struct Shared {
     /// Time to commit one batch, retries and isolation included.
     commit_seconds: Histogram,
     store_down: AtomicBool,
+    /// Rung after a batch with moments commits.
+    moments_stored: Notify,
 }
 
 impl Shared {
@@ -178,6 +207,7 @@ impl Shared {
             batch_events: Histogram::new(metrics::SIZES),
             commit_seconds: Histogram::new(metrics::SECONDS),
             store_down: AtomicBool::new(false),
+            moments_stored: Notify::new(),
         }
     }
 
@@ -284,11 +314,20 @@ impl EventWriter {
 
     /// Queue several events of one producer, in order, as one operation. Waits as long
     /// as it takes for budget: that wait is the backpressure on the producer.
-    pub async fn append_many(&self, mut events: Vec<NewEvent>) -> Result<(), WriteError> {
-        let bytes = prepare(&mut events, &mut []);
+    pub async fn append_many(&self, events: Vec<NewEvent>) -> Result<(), WriteError> {
+        self.append_many_with(events, Vec::new()).await
+    }
+
+    /// `append_many`, with moments attached to some of the events.
+    pub async fn append_many_with(
+        &self,
+        mut events: Vec<NewEvent>,
+        mut moments: Vec<NewMoment>,
+    ) -> Result<(), WriteError> {
+        let bytes = prepare(&mut events, &mut [], &mut moments);
         let charge = self.shared.charge(events.len(), bytes);
         self.shared.reserve(&charge).await;
-        self.send(events, Vec::new(), None, charge)
+        self.send(events, Vec::new(), moments, None, charge)
     }
 
     /// Append events (and team activity) and wait until they are committed, at most
@@ -298,11 +337,22 @@ impl EventWriter {
     /// budget had no room in time they are queued beyond it (counted in `overdrafts`).
     pub async fn append_committed(
         &self,
+        events: Vec<NewEvent>,
+        team: Vec<NewTeamEvent>,
+    ) -> Result<Vec<AgentEvent>, WriteError> {
+        self.append_committed_with(events, team, Vec::new()).await
+    }
+
+    /// `append_committed`, with moments attached to some of the events: they commit
+    /// together.
+    pub async fn append_committed_with(
+        &self,
         mut events: Vec<NewEvent>,
         mut team: Vec<NewTeamEvent>,
+        mut moments: Vec<NewMoment>,
     ) -> Result<Vec<AgentEvent>, WriteError> {
         let deadline = Instant::now() + self.shared.commit_wait;
-        let bytes = prepare(&mut events, &mut team);
+        let bytes = prepare(&mut events, &mut team, &mut moments);
         let mut charge = self.shared.charge(events.len() + team.len(), bytes);
         let known_down = self.shared.is_down();
         let reserved = if known_down {
@@ -316,15 +366,15 @@ impl EventWriter {
             charge.event_permits = 0;
             charge.byte_permits = 0;
             self.shared.overdrafts.fetch_add(1, Ordering::Relaxed);
-            self.send(events, team, None, charge)?;
+            self.send(events, team, moments, None, charge)?;
             return Err(WriteError::Unavailable);
         }
         if known_down {
-            self.send(events, team, None, charge)?;
+            self.send(events, team, moments, None, charge)?;
             return Err(WriteError::Unavailable);
         }
         let (done, rx) = oneshot::channel();
-        self.send(events, team, Some(done), charge)?;
+        self.send(events, team, moments, Some(done), charge)?;
         match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(events)) => Ok(events),
             Ok(Err(_)) => Err(WriteError::Stopped),
@@ -338,6 +388,12 @@ impl EventWriter {
         self.append_committed(Vec::new(), Vec::new())
             .await
             .map(|_| ())
+    }
+
+    /// Wait until a batch with moments commits after this call (or already did since the
+    /// last wait: one wake-up is kept).
+    pub async fn moments_stored(&self) {
+        self.shared.moments_stored.notified().await;
     }
 
     pub async fn forget(&self, agent: AgentId) {
@@ -376,13 +432,25 @@ impl EventWriter {
         &self,
         events: Vec<NewEvent>,
         team: Vec<NewTeamEvent>,
+        mut moments: Vec<NewMoment>,
         done: Option<Done>,
         charge: Charge,
     ) -> Result<(), WriteError> {
+        moments.retain(|m| {
+            let fits = m.event < events.len();
+            if !fits {
+                tracing::error!(
+                    kind = m.kind,
+                    "a moment names no event of its operation; it is not stored"
+                );
+            }
+            fits
+        });
         self.shared.admitted(&charge);
         let op = WriteOp::Append {
             events,
             team,
+            moments,
             done,
             charge,
             queued_at: Instant::now(),
@@ -397,7 +465,7 @@ impl EventWriter {
 }
 
 /// Scrub every event's data (on the producer's task) and measure the operation.
-fn prepare(events: &mut [NewEvent], team: &mut [NewTeamEvent]) -> usize {
+fn prepare(events: &mut [NewEvent], team: &mut [NewTeamEvent], moments: &mut [NewMoment]) -> usize {
     let a: usize = events
         .iter_mut()
         .map(|e| scrub(&mut e.data) + ENVELOPE_BYTES)
@@ -406,13 +474,15 @@ fn prepare(events: &mut [NewEvent], team: &mut [NewTeamEvent]) -> usize {
         .iter_mut()
         .map(|e| scrub(&mut e.data) + ENVELOPE_BYTES)
         .sum();
-    a + t
+    let m: usize = moments.iter_mut().map(|m| scrub(&mut m.data)).sum();
+    a + t + m
 }
 
 /// One operation inside a batch.
 struct Pending {
     events: Vec<NewEvent>,
     team: Vec<NewTeamEvent>,
+    moments: Vec<NewMoment>,
     done: Option<Done>,
     charge: Charge,
     queued_at: Option<Instant>,
@@ -425,12 +495,14 @@ impl Pending {
             WriteOp::Append {
                 events,
                 team,
+                moments,
                 done,
                 charge,
                 queued_at,
             } => Self {
                 events,
                 team,
+                moments,
                 done,
                 charge,
                 queued_at: Some(queued_at),
@@ -440,6 +512,7 @@ impl Pending {
             WriteOp::Forget(id) => Self {
                 events: Vec::new(),
                 team: Vec::new(),
+                moments: Vec::new(),
                 done: None,
                 charge: Charge::default(),
                 queued_at: None,
@@ -528,12 +601,18 @@ impl Writer {
         let mut events: Vec<AgentEvent> = Vec::with_capacity(total);
         let mut spans: Vec<(usize, usize)> = Vec::with_capacity(batch.len());
         let mut team: Vec<NewTeamEvent> = Vec::new();
+        let mut moments: Vec<BatchMoment> = Vec::new();
         // The time as the table keeps it (microseconds), so live and replayed copies of
         // an event are the same.
         let now = Utc::now();
         let now = DateTime::from_timestamp_micros(now.timestamp_micros()).unwrap_or(now);
         for p in batch.iter_mut() {
             let start = events.len();
+            moments.extend(p.moments.drain(..).map(|m| BatchMoment {
+                event: start + m.event,
+                kind: m.kind,
+                data: m.data,
+            }));
             for e in std::mem::take(&mut p.events) {
                 // Every agent of the batch was read above. Were one missing, slot 1 would
                 // collide and the batch be numbered again from the table.
@@ -564,7 +643,11 @@ impl Writer {
             tracing::info_span!("commit", events = events.len(), team_events = team.len())
         };
         let mut rows =
-            tracing::Instrument::instrument(self.commit_all(&mut events, &team), span).await;
+            tracing::Instrument::instrument(self.commit_all(&mut events, &team, &moments), span)
+                .await;
+        if !moments.is_empty() {
+            self.shared.moments_stored.notify_one();
+        }
 
         // Committed: now, and only now, visible.
         let committed_at = Instant::now();
@@ -620,6 +703,7 @@ impl Writer {
         &mut self,
         events: &mut [AgentEvent],
         team: &[NewTeamEvent],
+        moments: &[BatchMoment],
     ) -> Vec<TeamEventRow> {
         if events.is_empty() && team.is_empty() {
             return Vec::new();
@@ -629,10 +713,10 @@ impl Writer {
         let mut first_refusal: Option<Instant> = None;
         loop {
             let attempt = if first_refusal.is_some() {
-                self.watched(events.len(), self.commit_isolating(events, team))
+                self.watched(events.len(), self.commit_isolating(events, team, moments))
                     .await
             } else {
-                self.watched(events.len(), try_commit(&self.pool, events, team))
+                self.watched(events.len(), try_commit(&self.pool, events, team, moments))
                     .await
             };
             let err = match attempt {
@@ -684,6 +768,7 @@ impl Writer {
         &self,
         events: &mut [AgentEvent],
         team: &[NewTeamEvent],
+        moments: &[BatchMoment],
     ) -> Result<Vec<TeamEventRow>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let refused = if events.is_empty() {
@@ -736,6 +821,19 @@ impl Writer {
                         "the database refused a team event; it is not stored (team events have no seq slot to keep)"
                     );
                     team_refused += 1;
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        // Moments stay with their events, stand-ins included (what they say happened);
+        // one the database refuses is logged and left out, each in its own savepoint.
+        for m in moments {
+            let mut sp = sqlx::Acquire::begin(&mut *tx).await?;
+            match store::events::insert_moments(&mut *sp, &[moment_row(events, m)]).await {
+                Ok(()) => sp.commit().await?,
+                Err(err) if classify(&err) == Fault::Content => {
+                    sp.rollback().await?;
+                    tracing::error!(error = %err, kind = m.kind, "the database refused a moment; it is not stored");
                 }
                 Err(err) => return Err(err),
             }
@@ -830,15 +928,31 @@ fn seq_ranges(events: &[AgentEvent]) -> Vec<(Uuid, i64, i64)> {
         .collect()
 }
 
+fn moment_row<'a>(events: &[AgentEvent], m: &'a BatchMoment) -> store::events::MomentRow<'a> {
+    let e = &events[m.event];
+    store::events::MomentRow {
+        agent_id: e.agent_id.uuid(),
+        seq: e.seq,
+        kind: m.kind,
+        data: &m.data,
+    }
+}
+
 async fn try_commit(
     pool: &PgPool,
     events: &[AgentEvent],
     team: &[NewTeamEvent],
+    moments: &[BatchMoment],
 ) -> Result<Vec<TeamEventRow>, sqlx::Error> {
     if team.is_empty() {
         // The common case: one statement, committed on its own (atomic and durable, one
-        // round trip instead of four).
-        store::events::insert_batch(pool, events).await?;
+        // round trip instead of four); moments join it in the same statement.
+        if moments.is_empty() {
+            store::events::insert_batch(pool, events).await?;
+        } else {
+            let stored: Vec<_> = moments.iter().map(|m| moment_row(events, m)).collect();
+            store::events::insert_batch_with_moments(pool, events, &stored).await?;
+        }
         return Ok(Vec::new());
     }
     let mut tx = pool.begin().await?;
@@ -858,6 +972,10 @@ async fn try_commit(
             )
             .await?,
         );
+    }
+    if !moments.is_empty() {
+        let stored: Vec<_> = moments.iter().map(|m| moment_row(events, m)).collect();
+        store::events::insert_moments(&mut *tx, &stored).await?;
     }
     tx.commit().await?;
     Ok(rows)

@@ -18,7 +18,7 @@ use crate::domain::{
     AgentId, AgentStatus, Behavior, EventKind, MessageId, NewEvent, PermissionId, PermissionOption,
     Redactor, ToolStatus, TurnId, TurnOutcome,
 };
-use crate::events::NewTeamEvent;
+use crate::events::{NewMoment, NewTeamEvent};
 use crate::providers::{
     PermissionDecision, PermissionRequest, Provider, ProviderError, ProviderEvent, ProviderSession,
     SessionSpec, ToolCallUpdate, TurnInput, Usage,
@@ -66,6 +66,8 @@ pub(crate) struct Actor {
     pending: HashMap<PermissionId, PendingPermission>,
     /// Events emitted but not yet handed to the writer.
     outbox: Vec<NewEvent>,
+    /// Moments attached to events of `outbox` (indexed in it).
+    outbox_moments: Vec<NewMoment>,
     stop: bool,
     /// When the agent last did anything (a command, a provider event).
     last_activity: Instant,
@@ -94,6 +96,7 @@ impl Actor {
             turn: None,
             pending: HashMap::new(),
             outbox: Vec::new(),
+            outbox_moments: Vec::new(),
             stop: false,
             last_activity: Instant::now(),
             redactor,
@@ -286,8 +289,9 @@ impl Actor {
             )
             .await;
         }
-        let _ = self.set_status(AgentStatus::Closed, Some(reason)).await;
-        self.shared.moment(Moment::Closed { agent: self.id() });
+        let _ = self
+            .set_status_with(AgentStatus::Closed, Some(reason), vec![Moment::Closed {}])
+            .await;
         self.stop = true;
     }
 
@@ -443,14 +447,15 @@ impl Actor {
             opening.push(self.event(EventKind::UserMessage, user));
         }
         self.shared.turns_started.with(&[&self.ctx.provider]).inc();
-        let started = match self.commit(opening, Vec::new()).await {
-            Ok(_) => {
-                self.shared.moment(Moment::TurnStarted {
-                    agent: self.id(),
-                    turn: turn_id,
-                });
-                self.set_status(AgentStatus::Running, None).await
-            }
+        let started = match self
+            .commit_with(
+                opening,
+                Vec::new(),
+                vec![Moment::TurnStarted { turn_id }.at(0)],
+            )
+            .await
+        {
+            Ok(_) => self.set_status(AgentStatus::Running, None).await,
             Err(e) => Err(e.into()),
         };
         if let Err(e) = started {
@@ -575,16 +580,16 @@ impl Actor {
             "permission_resolved",
             json!({"agent_id": self.id(), "request_id": id, "behavior": answer.behavior}),
         );
-        self.commit(
+        let moment = Moment::PermissionResolved {
+            request_id: id,
+            resolution: resolution.clone(),
+        };
+        self.commit_with(
             vec![self.event(EventKind::PermissionResolved, data)],
             vec![team],
+            vec![moment.at(0)],
         )
         .await?;
-        self.shared.moment(Moment::PermissionResolved {
-            agent: self.id(),
-            request: id,
-            resolution: resolution.clone(),
-        });
         let _ = pending.reply.send(PermissionDecision::Selected {
             option_id: option.id,
             behavior: answer.behavior,
@@ -845,18 +850,15 @@ impl Actor {
             json!({"agent_id": self.id(), "request_id": id, "title": req.title}),
         );
         if let Err(e) = self
-            .commit(
+            .commit_with(
                 vec![self.event(EventKind::PermissionRequested, data)],
                 vec![team],
+                vec![Moment::PermissionRequested { request_id: id }.at(0)],
             )
             .await
         {
             tracing::error!(error = %e, "could not record a permission request");
         }
-        self.shared.moment(Moment::PermissionRequested {
-            agent: self.id(),
-            request: id,
-        });
         self.pending.insert(
             id,
             PendingPermission {
@@ -920,9 +922,8 @@ impl Actor {
                    "resolved_by": null, "message": "the agent withdrew the request"}),
         )
         .await;
-        self.shared.moment(Moment::PermissionResolved {
-            agent: self.id(),
-            request: expired,
+        self.attach(Moment::PermissionResolved {
+            request_id: expired,
             resolution: json!({"behavior": Behavior::Deny, "expired": true}),
         });
         if self.pending.is_empty() && self.turn.is_some() {
@@ -998,26 +999,32 @@ impl Actor {
             kind: EventKind::TurnCompleted,
             data,
         };
-        if let Err(e) = self.commit(vec![ev], Vec::new()).await {
+        // The hooks hear of the expired requests, then of the turn's end, with this event.
+        let mut moments: Vec<NewMoment> = expired
+            .into_iter()
+            .map(|request_id| {
+                Moment::PermissionResolved {
+                    request_id,
+                    resolution: json!({"behavior": Behavior::Deny, "expired": true}),
+                }
+                .at(0)
+            })
+            .collect();
+        moments.push(
+            Moment::TurnEnded {
+                turn_id: turn.id,
+                outcome,
+                error: error.clone(),
+            }
+            .at(0),
+        );
+        if let Err(e) = self.commit_with(vec![ev], Vec::new(), moments).await {
             tracing::error!(error = %e, "could not record the end of a turn");
         }
         self.shared
             .turns
             .with(&[&self.ctx.provider, outcome_str(outcome)])
             .inc();
-        for request in expired {
-            self.shared.moment(Moment::PermissionResolved {
-                agent: self.id(),
-                request,
-                resolution: json!({"behavior": Behavior::Deny, "expired": true}),
-            });
-        }
-        self.shared.moment(Moment::TurnEnded {
-            agent: self.id(),
-            turn: turn.id,
-            outcome,
-            error: error.as_deref().map(|e| self.redactor.text(e).into_owned()),
-        });
         if let Err(e) = store::agents::turn_finished(
             &self.shared.pool,
             self.id().uuid(),
@@ -1052,6 +1059,13 @@ impl Actor {
         self.outbox.push(ev);
     }
 
+    /// Attach `moment` to the last event emitted (it is stored with it).
+    fn attach(&mut self, moment: Moment) {
+        if let Some(last) = self.outbox.len().checked_sub(1) {
+            self.outbox_moments.push(moment.at(last));
+        }
+    }
+
     async fn emit_in(&mut self, turn: Option<TurnId>, kind: EventKind, data: Value) {
         self.outbox.push(NewEvent {
             agent_id: self.id(),
@@ -1067,8 +1081,9 @@ impl Actor {
             return;
         }
         let mut events = std::mem::take(&mut self.outbox);
-        self.redact(&mut events, &mut []);
-        if let Err(e) = self.shared.writer.append_many(events).await {
+        let mut moments = std::mem::take(&mut self.outbox_moments);
+        self.redact(&mut events, &mut [], &mut moments);
+        if let Err(e) = self.shared.writer.append_many_with(events, moments).await {
             tracing::error!(agent_id = %self.id(), error = %e, "could not queue events");
         }
     }
@@ -1079,15 +1094,40 @@ impl Actor {
         events: Vec<NewEvent>,
         team: Vec<NewTeamEvent>,
     ) -> Result<Vec<crate::domain::AgentEvent>, crate::events::WriteError> {
+        self.commit_with(events, team, Vec::new()).await
+    }
+
+    /// `commit`, with moments attached to `events` (indexed in them): they commit with
+    /// their events.
+    async fn commit_with(
+        &mut self,
+        events: Vec<NewEvent>,
+        team: Vec<NewTeamEvent>,
+        moments: Vec<NewMoment>,
+    ) -> Result<Vec<crate::domain::AgentEvent>, crate::events::WriteError> {
         let mut all = std::mem::take(&mut self.outbox);
+        let mut all_moments = std::mem::take(&mut self.outbox_moments);
+        let offset = all.len();
+        all_moments.extend(moments.into_iter().map(|mut m| {
+            m.event += offset;
+            m
+        }));
         all.extend(events);
         let mut team = team;
-        self.redact(&mut all, &mut team);
-        self.shared.writer.append_committed(all, team).await
+        self.redact(&mut all, &mut team, &mut all_moments);
+        self.shared
+            .writer
+            .append_committed_with(all, team, all_moments)
+            .await
     }
 
     /// Mask the agent's secret values in what it is about to write.
-    fn redact(&self, events: &mut [NewEvent], team: &mut [NewTeamEvent]) {
+    fn redact(
+        &self,
+        events: &mut [NewEvent],
+        team: &mut [NewTeamEvent],
+        moments: &mut [NewMoment],
+    ) {
         if self.redactor.is_empty() {
             return;
         }
@@ -1096,6 +1136,9 @@ impl Actor {
         }
         for ev in team {
             self.redactor.json(&mut ev.data);
+        }
+        for m in moments {
+            self.redactor.json(&mut m.data);
         }
     }
 
@@ -1114,7 +1157,17 @@ impl Actor {
         status: AgentStatus,
         reason: Option<&str>,
     ) -> Result<(), RuntimeError> {
-        if self.status == status && reason.is_none() {
+        self.set_status_with(status, reason, Vec::new()).await
+    }
+
+    /// `set_status`, with moments stored with the status event.
+    async fn set_status_with(
+        &mut self,
+        status: AgentStatus,
+        reason: Option<&str>,
+        moments: Vec<Moment>,
+    ) -> Result<(), RuntimeError> {
+        if self.status == status && reason.is_none() && moments.is_empty() {
             return Ok(());
         }
         self.status = status;
@@ -1130,8 +1183,13 @@ impl Actor {
             "agent_status",
             json!({"agent_id": self.id(), "status": status}),
         );
-        self.commit(vec![self.event(EventKind::Status, data)], vec![team])
-            .await?;
+        let moments = moments.into_iter().map(|m| m.at(0)).collect();
+        self.commit_with(
+            vec![self.event(EventKind::Status, data)],
+            vec![team],
+            moments,
+        )
+        .await?;
         self.snapshot.send_modify(|s| s.status = status);
         Ok(())
     }

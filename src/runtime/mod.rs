@@ -13,17 +13,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgPool;
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, watch};
 use uuid::Uuid;
 
-pub use reconcile::{BootReport, reconcile_at_boot};
+pub use reconcile::{Abandoned, BootReport, abandon_agent, reconcile_at_boot};
 pub use replica_lock::{ReplicaLock, ReplicaLockError};
 
 use crate::domain::{AgentId, AgentStatus, Behavior, PermissionId, SecretEnv, TurnId, TurnOutcome};
-use crate::events::EventWriter;
+use crate::events::{EventWriter, NewMoment};
 use crate::metrics::{Counter, Family};
 use crate::process::{CommandSpec, Ledger, ManagedChild, ProcessError};
 use crate::providers::{
@@ -135,33 +136,56 @@ pub(crate) enum Command {
     },
 }
 
-/// A moment of an agent's life that lifecycle hooks hear about. An actor sends it once
-/// the moment is committed to the timeline, on a channel that never blocks it; whoever
-/// listens (the hooks service) does the rest on its own time.
-#[derive(Debug, Clone)]
+/// A moment of an agent's life that lifecycle hooks hear about. It is attached to the
+/// timeline event that records it and stored with it, in the same transaction (see
+/// `events::NewMoment`); the hooks service turns stored moments into notifications on its
+/// own time. Stored as its `kind` and its `data` (the variant's fields).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "data", rename_all = "snake_case")]
 pub enum Moment {
     TurnStarted {
-        agent: AgentId,
-        turn: TurnId,
+        turn_id: TurnId,
     },
     TurnEnded {
-        agent: AgentId,
-        turn: TurnId,
+        turn_id: TurnId,
         outcome: TurnOutcome,
         error: Option<String>,
     },
     PermissionRequested {
-        agent: AgentId,
-        request: PermissionId,
+        request_id: PermissionId,
     },
     PermissionResolved {
-        agent: AgentId,
-        request: PermissionId,
+        request_id: PermissionId,
         resolution: Value,
     },
-    Closed {
-        agent: AgentId,
-    },
+    Closed {},
+}
+
+impl Moment {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::TurnStarted { .. } => "turn_started",
+            Self::TurnEnded { .. } => "turn_ended",
+            Self::PermissionRequested { .. } => "permission_requested",
+            Self::PermissionResolved { .. } => "permission_resolved",
+            Self::Closed {} => "closed",
+        }
+    }
+
+    /// The moment, to be stored with the `event`-th event of its write.
+    pub fn at(self, event: usize) -> NewMoment {
+        let kind = self.kind();
+        let data = match serde_json::to_value(self) {
+            Ok(Value::Object(mut m)) => m.remove("data").unwrap_or_default(),
+            _ => Value::Null,
+        };
+        NewMoment { event, kind, data }
+    }
+
+    /// A stored moment read back (`None` for a kind this build does not know).
+    pub fn stored(kind: &str, data: Value) -> Option<Self> {
+        serde_json::from_value(serde_json::json!({"kind": kind, "data": data})).ok()
+    }
 }
 
 #[derive(Clone)]
@@ -179,8 +203,6 @@ pub(crate) struct Shared {
     pub interrupt_grace: Duration,
     /// Idle time after which an agent's process is stopped (`None`: never).
     pub idle_timeout: Option<Duration>,
-    /// Where actors report `Moment`s (none: nobody listens).
-    moments: Option<mpsc::UnboundedSender<Moment>>,
     actors: Mutex<HashMap<AgentId, ActorHandle>>,
     /// Turns ended, by provider and outcome.
     pub turns: Family<Counter>,
@@ -223,7 +245,6 @@ impl AgentManager {
                 ledger,
                 interrupt_grace: Duration::from_secs(5),
                 idle_timeout: None,
-                moments: None,
                 actors: Mutex::new(HashMap::new()),
                 turns: Family::counters(&["provider", "outcome"]),
                 turns_started: Family::counters(&["provider"]),
@@ -279,14 +300,6 @@ impl AgentManager {
     /// Agents taken over from replicas that stopped answering.
     pub fn takeovers(&self) -> &Counter {
         &self.shared.takeovers
-    }
-
-    /// Report every agent's `Moment`s on `tx`. Set it before the manager is cloned or used.
-    pub fn with_moments(mut self, tx: mpsc::UnboundedSender<Moment>) -> Self {
-        Arc::get_mut(&mut self.shared)
-            .expect("the moments channel is set before the manager is shared")
-            .moments = Some(tx);
-        self
     }
 
     pub fn registry(&self) -> &ProviderRegistry {
@@ -401,15 +414,14 @@ impl AgentManager {
         }
         tracing::warn!(agent_id = %id, owner, "taking over an agent whose replica stopped renewing its lease");
         if let Some(agent) = store::agents::open_agent(&s.pool, id.uuid()).await? {
-            reconcile::close_left_open(
+            abandon_agent(
                 &s.pool,
                 &s.writer,
                 &agent,
                 &format!("owner_lost: replica `{owner}`, which ran this agent, stopped answering"),
                 "owner_lost",
             )
-            .await
-            .map_err(|e| RuntimeError::StartFailed(format!("{e:#}")))?;
+            .await?;
         }
         store::replicas::release(&s.pool, id.uuid(), &s.replica).await?;
         s.takeovers.inc();
@@ -653,13 +665,6 @@ impl AgentManager {
 }
 
 impl Shared {
-    /// Report a moment; never waits (a listener that is gone is ignored).
-    pub(crate) fn moment(&self, m: Moment) {
-        if let Some(tx) = &self.moments {
-            let _ = tx.send(m);
-        }
-    }
-
     /// Called by an actor once it stopped: give its agent's lease up, unless a newer actor
     /// runs the agent here (any replica may then run it).
     pub(crate) async fn release_lease(&self, id: AgentId) {

@@ -5,12 +5,12 @@
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::domain::{AgentId, EventKind, NewEvent, TurnId};
-use crate::events::{EventWriter, NewTeamEvent};
+use crate::domain::{AgentId, Behavior, EventKind, NewEvent, PermissionId, TurnId, TurnOutcome};
+use crate::events::{EventWriter, NewMoment, NewTeamEvent};
 use crate::process::Ledger;
 use crate::store;
 
-use super::ReplicaLock;
+use super::{Moment, ReplicaLock, RuntimeError};
 
 #[derive(Debug, Default)]
 pub struct BootReport {
@@ -49,7 +49,7 @@ pub async fn reconcile_at_boot(
         tracing::warn!(pids = ?procs.killed, "ended leftover agent processes of an earlier run");
     }
     for agent in store::agents::open_agents(pool, lock.replica()).await? {
-        let (turn_failed, closed) = close_left_open(
+        let done = abandon_agent(
             pool,
             writer,
             &agent,
@@ -57,42 +57,55 @@ pub async fn reconcile_at_boot(
             "the server restarted",
         )
         .await?;
-        report.turns_failed += usize::from(turn_failed);
-        report.agents_closed += usize::from(closed);
+        report.turns_failed += usize::from(done.turn_failed);
+        report.agents_closed += usize::from(done.closed);
         store::replicas::release(pool, agent.id, lock.replica()).await?;
     }
     Ok(report)
 }
 
-/// Close what a stopped run left open of one agent: its unfinished turn ends `failed` with
-/// `turn_error`, its pending permission requests expire, and it is `closed` for `reason`.
-/// Returns whether a turn was failed and whether the agent was closed.
-pub(crate) async fn close_left_open(
+/// What `abandon_agent` did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Abandoned {
+    pub turn_failed: bool,
+    pub closed: bool,
+}
+
+/// End, from outside its actor, an agent no live actor holds (its server is gone): its
+/// unfinished turn fails with `error`, its pending permission requests expire, and it is
+/// closed with `reason`. Each step is written as the actor would write it — the timeline
+/// event with the moment hooks hear of (`agent.permission.after`, `agent.turn.after`
+/// with outcome `failed`, `agent.close.after`), committed together — and only then does
+/// the agent's row say so, so a crash in between repeats the step rather than losing its
+/// notification. An agent already closed with no open turn is left as it is.
+pub async fn abandon_agent(
     pool: &PgPool,
     writer: &EventWriter,
     agent: &store::agents::OpenAgent,
-    turn_error: &str,
+    error: &str,
     reason: &str,
-) -> anyhow::Result<(bool, bool)> {
+) -> Result<Abandoned, RuntimeError> {
     let id = AgentId::from(agent.id);
+    let mut done = Abandoned::default();
     let mut events = Vec::new();
-    let mut turn_failed = false;
-    if let (Some(turn), None) = (agent.last_turn_id, &agent.last_turn_outcome) {
+    let mut moments: Vec<NewMoment> = Vec::new();
+    let expired = store::permissions::expire_pending(pool, agent.id).await?;
+    let open_turn = match (agent.last_turn_id, &agent.last_turn_outcome) {
+        (Some(turn), None) => Some(turn),
+        _ => None,
+    };
+    if let Some(turn) = open_turn {
         let turn_id = TurnId::from(turn);
         events.push(NewEvent {
             agent_id: id,
             turn_id: Some(turn_id),
             kind: EventKind::TurnCompleted,
-            data: json!({"turn_id": turn_id, "outcome": "failed", "error": turn_error}),
+            data: json!({"turn_id": turn_id, "outcome": "failed", "error": error}),
         });
-        store::agents::turn_finished(pool, agent.id, turn, "failed", Some(turn_error)).await?;
-        turn_failed = true;
+        done.turn_failed = true;
     }
-    store::permissions::expire_pending(pool, agent.id).await?;
     let mut team = Vec::new();
-    let closed = agent.status != "closed";
-    if closed {
-        store::agents::set_status(pool, agent.id, "closed", Some(reason)).await?;
+    if agent.status != "closed" {
         events.push(NewEvent {
             agent_id: id,
             turn_id: None,
@@ -106,10 +119,42 @@ pub(crate) async fn close_left_open(
             kind: "agent_status",
             data: json!({"agent_id": id, "status": "closed"}),
         });
+        done.closed = true;
     }
-    // Numbered from the table: another replica may have written this timeline last.
+    // The expired requests go with the first event, then the turn's end, then the close.
+    if !events.is_empty() {
+        moments.extend(expired.iter().map(|r| {
+            Moment::PermissionResolved {
+                request_id: PermissionId::from(*r),
+                resolution: json!({"behavior": Behavior::Deny, "expired": true}),
+            }
+            .at(0)
+        }));
+    }
+    if let Some(turn) = open_turn {
+        moments.push(
+            Moment::TurnEnded {
+                turn_id: TurnId::from(turn),
+                outcome: TurnOutcome::Failed,
+                error: Some(error.to_owned()),
+            }
+            .at(0),
+        );
+    }
+    if done.closed {
+        moments.push(Moment::Closed {}.at(events.len() - 1));
+    }
+    if !events.is_empty() {
+        // Numbered from the table: another replica may have written this timeline last.
+        writer.forget(id).await;
+        writer.append_committed_with(events, team, moments).await?;
+    }
+    if let Some(turn) = open_turn {
+        store::agents::turn_finished(pool, agent.id, turn, "failed", Some(error)).await?;
+    }
+    if done.closed {
+        store::agents::set_status(pool, agent.id, "closed", Some(reason)).await?;
+    }
     writer.forget(id).await;
-    writer.append_committed(events, team).await?;
-    writer.forget(id).await;
-    Ok((turn_failed, closed))
+    Ok(done)
 }

@@ -442,27 +442,51 @@ pub async fn create(
     if workspace.archived_at.is_some() {
         return Err(ServiceError::WorkspaceArchived("the workspace is archived"));
     }
-    store::agents::insert(
-        &ctx.pool,
-        store::agents::NewAgent {
-            id: id.uuid(),
-            workspace_id: workspace.id,
-            team_id: workspace.team_id,
-            provider: &body.provider,
-            model: body.model.as_deref(),
-            mode: body
-                .mode
-                .as_deref()
-                .or(provider.info().default_mode.as_deref()),
-            title: body.title.as_deref(),
-            labels: &body.labels,
-            system_prompt: body.system_prompt.as_deref(),
-            mcp_servers: &body.mcp_servers,
-            created_by: principal.user_id,
-            owner: (ctx.agents.replica(), ctx.agents.lease_ttl_s()),
-        },
-    )
+    // `agent.create.after` is queued in the transaction that creates the agent.
+    let queued = super::within_deadline(ctx, async {
+        let mut tx = ctx.pool.pool().begin().await?;
+        store::agents::insert(
+            &mut *tx,
+            store::agents::NewAgent {
+                id: id.uuid(),
+                workspace_id: workspace.id,
+                team_id: workspace.team_id,
+                provider: &body.provider,
+                model: body.model.as_deref(),
+                mode: body
+                    .mode
+                    .as_deref()
+                    .or(provider.info().default_mode.as_deref()),
+                title: body.title.as_deref(),
+                labels: &body.labels,
+                system_prompt: body.system_prompt.as_deref(),
+                mcp_servers: &body.mcp_servers,
+                created_by: principal.user_id,
+                owner: (ctx.agents.replica(), ctx.agents.lease_ttl_s()),
+            },
+        )
+        .await?;
+        let created = store::agents::get(&mut *tx, id.uuid(), None)
+            .await?
+            .ok_or(ServiceError::NotFound("agent"))?;
+        let queued = hooks::queue(
+            &mut tx,
+            HookEvent::AgentCreateAfter,
+            Subject {
+                team: created.team_id,
+                project: Some(created.project_id),
+                labels: Some(&created.labels),
+            },
+            json!({"agent": to_agent(ctx, created.clone())}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(queued)
+    })
     .await?;
+    if queued > 0 {
+        hooks::queued(ctx);
+    }
     super::announce(
         ctx,
         NewTeamEvent {
@@ -488,17 +512,6 @@ pub async fn create(
     )
     .await?;
     let row = reload_row(ctx, id).await?;
-    hooks::notify(
-        ctx,
-        HookEvent::AgentCreateAfter,
-        Subject {
-            team: row.team_id,
-            project: Some(row.project_id),
-            labels: Some(&row.labels),
-        },
-        json!({"agent": to_agent(ctx, row.clone())}),
-    )
-    .await;
     secret_env.extend(launch.env);
     let mut agent_ctx = context(&row, secret_env);
     agent_ctx.mcp_servers = launch.mcp_servers;
@@ -850,7 +863,32 @@ pub async fn archive(
     let row = load_to_drive(ctx, principal, id).await?;
     ctx.agents.close(id, "archived").await;
     if row.archived_at.is_none() {
-        store::agents::mark_archived(&ctx.pool, row.id).await?;
+        // `agent.archive.after` is queued in the archive's own transaction.
+        let queued = super::within_deadline(ctx, async {
+            let mut tx = ctx.pool.pool().begin().await?;
+            store::agents::mark_archived(&mut *tx, row.id).await?;
+            let archived = store::agents::get(&mut *tx, row.id, None)
+                .await?
+                .ok_or(ServiceError::NotFound("agent"))?;
+            let archived_at = archived.archived_at;
+            let queued = hooks::queue(
+                &mut tx,
+                HookEvent::AgentArchiveAfter,
+                Subject {
+                    team: archived.team_id,
+                    project: Some(archived.project_id),
+                    labels: Some(&archived.labels.clone()),
+                },
+                json!({"agent": to_agent(ctx, archived), "archived_at": archived_at}),
+            )
+            .await?;
+            tx.commit().await?;
+            Ok(queued)
+        })
+        .await?;
+        if queued > 0 {
+            hooks::queued(ctx);
+        }
         super::announce(
             ctx,
             NewTeamEvent {
@@ -869,19 +907,6 @@ pub async fn archive(
                 .details(json!({"workspace_id": WorkspaceId::from(row.workspace_id)})),
         )
         .await?;
-        let row = reload_row(ctx, id).await?;
-        let archived_at = row.archived_at;
-        hooks::notify(
-            ctx,
-            HookEvent::AgentArchiveAfter,
-            Subject {
-                team: row.team_id,
-                project: Some(row.project_id),
-                labels: Some(&row.labels.clone()),
-            },
-            json!({"agent": to_agent(ctx, row), "archived_at": archived_at}),
-        )
-        .await;
     }
     Ok(())
 }

@@ -16,7 +16,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -730,34 +730,26 @@ fn body_of(id: Uuid, event: HookEvent, team: Uuid, payload: Value) -> String {
 
 // ---- notifications -------------------------------------------------------------------
 
-/// Queue `event` with `payload` for every enabled hook it concerns (in the outbox; the
-/// worker sends it). Never fails the caller: a store error is logged.
-pub(crate) async fn notify(
-    ctx: &ServiceContext,
+/// Queue `event` with `payload` in the outbox for every enabled hook it concerns, on
+/// `conn`: inside the transaction of the operation it tells of, so the notification
+/// exists exactly when the operation's result does (a crash cannot keep one without the
+/// other). Call `queued` once that transaction commits, to wake the worker.
+pub(crate) async fn queue(
+    conn: &mut sqlx::PgConnection,
     event: HookEvent,
     subject: Subject<'_>,
     payload: Value,
-) {
-    if let Err(e) = enqueue(ctx, event, &subject, payload).await {
-        tracing::error!(event = event.as_str(), error = %e, "could not queue a hook notification");
-    }
-}
-
-async fn enqueue(
-    ctx: &ServiceContext,
-    event: HookEvent,
-    subject: &Subject<'_>,
-    payload: Value,
-) -> ServiceResult<()> {
-    let hooks = hooks_for(ctx, event, subject).await?;
-    if hooks.is_empty() {
-        return Ok(());
-    }
+) -> ServiceResult<usize> {
+    let all = store::hooks::for_event(&mut *conn, event.as_str(), subject.team).await?;
+    let hooks: Vec<CallableHook> = all
+        .into_iter()
+        .filter(|h| matches(&h.hook, &subject))
+        .collect();
     for h in &hooks {
         let id = Uuid::now_v7();
         let body = body_of(id, event, subject.team, payload.clone());
         store::hooks::insert_delivery(
-            &ctx.pool,
+            &mut *conn,
             &store::hooks::NewDelivery {
                 id,
                 hook_id: h.hook.id,
@@ -770,79 +762,110 @@ async fn enqueue(
         )
         .await?;
     }
-    ctx.hooks.wake.notify_one();
-    Ok(())
+    Ok(hooks.len())
 }
 
-/// Hear the runtime's moments and queue their notifications, until the runtime drops its
-/// end of the channel.
-pub async fn run_moments(ctx: ServiceContext, mut rx: mpsc::UnboundedReceiver<Moment>) {
-    while let Some(m) = rx.recv().await {
-        if let Err(e) = moment(&ctx, m).await {
-            tracing::error!(error = %e, "could not queue a hook notification for an agent");
+/// Wake the delivery worker: notifications were queued and committed.
+pub(crate) fn queued(ctx: &ServiceContext) {
+    ctx.hooks.wake.notify_one();
+}
+
+/// How often stored moments are looked for without a wake-up from the writer (moments
+/// of other replicas, and those a crash left behind).
+const MOMENT_SWEEP: Duration = Duration::from_secs(1);
+
+/// Moments turned into outbox rows per transaction.
+const MOMENT_BATCH: i64 = 64;
+
+/// Turn the agents' stored moments into outbox rows as they are committed (the writer
+/// rings after each batch with moments), at start and every `MOMENT_SWEEP`; runs until
+/// the server ends the task.
+pub async fn run_moments(ctx: ServiceContext) {
+    loop {
+        if let Err(e) = outbox_moments(&ctx).await {
+            tracing::warn!(error = %e, "could not queue the notifications of agents' moments; retrying");
+        }
+        tokio::select! {
+            _ = ctx.writer.moments_stored() => {}
+            _ = tokio::time::sleep(MOMENT_SWEEP) => {}
         }
     }
 }
 
-async fn moment(ctx: &ServiceContext, m: Moment) -> ServiceResult<()> {
-    let agent_id = match &m {
-        Moment::TurnStarted { agent, .. }
-        | Moment::TurnEnded { agent, .. }
-        | Moment::PermissionRequested { agent, .. }
-        | Moment::PermissionResolved { agent, .. }
-        | Moment::Closed { agent } => *agent,
+/// Turn every stored moment no other replica holds into the outbox rows of the hooks it
+/// concerns, deleting it in the same transaction. Returns how many moments were handled.
+pub async fn outbox_moments(ctx: &ServiceContext) -> ServiceResult<usize> {
+    let mut handled = 0;
+    loop {
+        let mut tx = ctx.pool.pool().begin().await?;
+        let claimed = store::hooks::claim_moments(&mut tx, MOMENT_BATCH).await?;
+        if claimed.is_empty() {
+            return Ok(handled);
+        }
+        let mut queued_any = 0;
+        for m in &claimed {
+            queued_any += moment(ctx, &mut tx, m).await?;
+        }
+        let ids: Vec<i64> = claimed.iter().map(|m| m.id).collect();
+        store::hooks::delete_moments(&mut tx, &ids).await?;
+        tx.commit().await?;
+        handled += claimed.len();
+        if queued_any > 0 {
+            queued(ctx);
+        }
+    }
+}
+
+/// Queue the notification of one stored moment (nothing when no hook listens).
+async fn moment(
+    ctx: &ServiceContext,
+    conn: &mut sqlx::PgConnection,
+    stored: &store::hooks::MomentRow,
+) -> ServiceResult<usize> {
+    let Some(m) = Moment::stored(&stored.kind, stored.payload.clone()) else {
+        tracing::error!(kind = %stored.kind, "a stored moment of an unknown kind; it is dropped");
+        return Ok(0);
     };
     let event = match &m {
         Moment::TurnStarted { .. } => HookEvent::AgentTurnBefore,
         Moment::TurnEnded { .. } => HookEvent::AgentTurnAfter,
         Moment::PermissionRequested { .. } => HookEvent::AgentPermissionBefore,
         Moment::PermissionResolved { .. } => HookEvent::AgentPermissionAfter,
-        Moment::Closed { .. } => HookEvent::AgentCloseAfter,
+        Moment::Closed {} => HookEvent::AgentCloseAfter,
     };
-    let Some(row) = store::agents::get(&ctx.pool, agent_id.uuid(), None).await? else {
-        return Ok(());
+    let Some(row) = store::agents::get(&mut *conn, stored.agent_id, None).await? else {
+        return Ok(0);
     };
-    let subject = Subject {
-        team: row.team_id,
-        project: Some(row.project_id),
-        labels: Some(&row.labels),
-    };
-    // Nothing to build when no hook listens.
-    if hooks_for(ctx, event, &subject).await?.is_empty() {
-        return Ok(());
-    }
     let labels = row.labels.clone();
     let (team, project) = (row.team_id, row.project_id);
-    let agent = super::agents::to_agent(ctx, row);
-    let payload = match m {
-        Moment::TurnStarted { turn, .. } => json!({"agent": agent, "turn_id": turn}),
-        Moment::TurnEnded {
-            turn,
-            outcome,
-            error,
-            ..
-        } => {
-            json!({"agent": agent, "turn_id": turn, "outcome": outcome_str(outcome), "error": error})
-        }
-        Moment::PermissionRequested { request, .. } => {
-            let view = store::permissions::get(&ctx.pool, agent_id.uuid(), request.uuid())
-                .await?
-                .map(super::agents::PermissionView::from);
-            json!({"agent": agent, "request": view})
-        }
-        Moment::PermissionResolved {
-            request,
-            resolution,
-            ..
-        } => json!({"agent": agent, "request_id": request, "resolution": resolution}),
-        Moment::Closed { .. } => json!({"agent": agent}),
-    };
     let subject = Subject {
         team,
         project: Some(project),
         labels: Some(&labels),
     };
-    enqueue(ctx, event, &subject, payload).await
+    let agent = super::agents::to_agent(ctx, row);
+    let payload = match m {
+        Moment::TurnStarted { turn_id } => json!({"agent": agent, "turn_id": turn_id}),
+        Moment::TurnEnded {
+            turn_id,
+            outcome,
+            error,
+        } => {
+            json!({"agent": agent, "turn_id": turn_id, "outcome": outcome_str(outcome), "error": error})
+        }
+        Moment::PermissionRequested { request_id } => {
+            let view = store::permissions::get(&mut *conn, stored.agent_id, request_id.uuid())
+                .await?
+                .map(super::agents::PermissionView::from);
+            json!({"agent": agent, "request": view})
+        }
+        Moment::PermissionResolved {
+            request_id,
+            resolution,
+        } => json!({"agent": agent, "request_id": request_id, "resolution": resolution}),
+        Moment::Closed {} => json!({"agent": agent}),
+    };
+    queue(conn, event, subject, payload).await
 }
 
 /// Deliver due notifications until the server stops: claim a few (skipping rows another

@@ -195,14 +195,26 @@ pub async fn run_setup(
         }
         RepoScripts::Found(s) => run(ctx, target, Phase::Setup, &s.setup, timeout).await,
     };
+    // The workspace is complete now: `workspace.create.after` is queued with its outcome,
+    // in the same transaction.
     let row = super::within_deadline(ctx, async {
-        Ok(store::workspaces::finish_setup(
-            &ctx.pool,
+        let mut tx = ctx.pool.pool().begin().await?;
+        let row = store::workspaces::finish_setup(
+            &mut *tx,
             target.workspace_id.uuid(),
             outcome.succeeded,
             &outcome.output,
         )
-        .await?)
+        .await?;
+        let queued = match &row {
+            Some(row) => super::workspaces::queue_created(&mut tx, row).await?,
+            None => 0,
+        };
+        tx.commit().await?;
+        if queued > 0 {
+            super::hooks::queued(ctx);
+        }
+        Ok(row)
     })
     .await?;
     let status = if outcome.succeeded {
@@ -241,7 +253,18 @@ pub async fn run_teardown(ctx: &ServiceContext, target: &Target, repo: &Path) {
 /// Fail the setups this replica left running when it stopped, and say so.
 pub async fn fail_interrupted(ctx: &ServiceContext, replica: &str) -> ServiceResult<()> {
     let note = "\n[agentry] the server stopped while setup was running\n";
-    let rows = store::workspaces::fail_interrupted_setups(&ctx.pool, replica, note).await?;
+    // These workspaces are complete now (setup failed): `workspace.create.after` is queued
+    // for each, in the same transaction.
+    let mut tx = ctx.pool.pool().begin().await?;
+    let rows = store::workspaces::fail_interrupted_setups(&mut *tx, replica, note).await?;
+    let mut queued = 0;
+    for row in &rows {
+        queued += super::workspaces::queue_created(&mut tx, row).await?;
+    }
+    tx.commit().await?;
+    if queued > 0 {
+        super::hooks::queued(ctx);
+    }
     for row in rows {
         let target = Target {
             workspace_id: row.id.into(),

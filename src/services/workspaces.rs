@@ -176,8 +176,8 @@ pub async fn create(
                     "a directory workspace has no branch of its own",
                 ));
             }
-            store::workspaces::insert(
-                &ctx.pool,
+            insert(
+                ctx,
                 store::workspaces::NewWorkspace {
                     id: id.uuid(),
                     project_id: project.id,
@@ -191,6 +191,7 @@ pub async fn create(
                     created_by: principal.user_id,
                     setup_replica: None,
                 },
+                true,
             )
             .await?
         }
@@ -234,8 +235,10 @@ pub async fn create(
             // `worktree.create.after`.
             scripts = setup::read(&repo, &made.base_commit).await;
             let runs_setup = scripts.has_setup();
-            let inserted = store::workspaces::insert(
-                &ctx.pool,
+            // With a setup, the workspace is complete (and `workspace.create.after`
+            // queued) when the setup's outcome is recorded.
+            let inserted = insert(
+                ctx,
                 store::workspaces::NewWorkspace {
                     id: id.uuid(),
                     project_id: project.id,
@@ -249,13 +252,14 @@ pub async fn create(
                     created_by: principal.user_id,
                     setup_replica: runs_setup.then_some(ctx.agents.ledger().replica.as_str()),
                 },
+                !runs_setup,
             )
             .await;
             match inserted {
                 Ok(row) => row,
                 Err(e) => {
                     undo().await;
-                    return Err(e.into());
+                    return Err(e);
                 }
             }
         }
@@ -302,18 +306,51 @@ pub async fn create(
             ws = Workspace::from(row);
         }
     }
-    hooks::notify(
-        ctx,
+    Ok(ws)
+}
+
+/// Insert a workspace; when it is complete as inserted (`complete`: no setup to run),
+/// `workspace.create.after` is queued in the same transaction.
+async fn insert(
+    ctx: &ServiceContext,
+    new: store::workspaces::NewWorkspace<'_>,
+    complete: bool,
+) -> ServiceResult<store::workspaces::WorkspaceRow> {
+    let (row, queued) = super::within_deadline(ctx, async {
+        let mut tx = ctx.pool.pool().begin().await?;
+        let row = store::workspaces::insert(&mut *tx, new).await?;
+        let queued = if complete {
+            queue_created(&mut tx, &row).await?
+        } else {
+            0
+        };
+        tx.commit().await?;
+        Ok((row, queued))
+    })
+    .await?;
+    if queued > 0 {
+        hooks::queued(ctx);
+    }
+    Ok(row)
+}
+
+/// Queue `workspace.create.after` for `row`, on `conn`: the transaction that completes
+/// the workspace (its insert, or the record of its setup's outcome).
+pub(crate) async fn queue_created(
+    conn: &mut sqlx::PgConnection,
+    row: &store::workspaces::WorkspaceRow,
+) -> ServiceResult<usize> {
+    hooks::queue(
+        conn,
         HookEvent::WorkspaceCreateAfter,
         Subject {
-            team: project.team_id,
-            project: Some(project.id),
+            team: row.team_id,
+            project: Some(row.project_id),
             labels: None,
         },
-        json!({"workspace": ws}),
+        json!({"workspace": Workspace::from(row.clone())}),
     )
-    .await;
-    Ok(ws)
+    .await
 }
 
 /// A worktree made: where, on which branch, from which base.
@@ -642,9 +679,30 @@ pub async fn archive(
         }
         git::worktree_remove(Path::new(&project.repo_path), Path::new(&ws.path)).await?;
     }
-    let row = store::workspaces::mark_archived(&ctx.pool, ws.id)
-        .await?
-        .ok_or(ServiceError::NotFound("workspace"))?;
+    // `workspace.archive.after` is queued in the archive's own transaction.
+    let (row, queued) = super::within_deadline(ctx, async {
+        let mut tx = ctx.pool.pool().begin().await?;
+        let row = store::workspaces::mark_archived(&mut *tx, ws.id)
+            .await?
+            .ok_or(ServiceError::NotFound("workspace"))?;
+        let queued = hooks::queue(
+            &mut tx,
+            HookEvent::WorkspaceArchiveAfter,
+            Subject {
+                team: row.team_id,
+                project: Some(row.project_id),
+                labels: None,
+            },
+            json!({"workspace": Workspace::from(row.clone())}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok((row, queued))
+    })
+    .await?;
+    if queued > 0 {
+        hooks::queued(ctx);
+    }
     super::announce(
         ctx,
         NewTeamEvent {
@@ -663,18 +721,5 @@ pub async fn archive(
             .details(json!({"project_id": ProjectId::from(row.project_id)})),
     )
     .await?;
-    let (team, project) = (row.team_id, row.project_id);
-    let ws = Workspace::from(row);
-    hooks::notify(
-        ctx,
-        HookEvent::WorkspaceArchiveAfter,
-        Subject {
-            team,
-            project: Some(project),
-            labels: None,
-        },
-        json!({"workspace": ws}),
-    )
-    .await;
-    Ok(ws)
+    Ok(Workspace::from(row))
 }

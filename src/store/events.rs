@@ -226,3 +226,81 @@ pub async fn team_events_by_ids(
     .fetch_all(db)
     .await
 }
+
+/// One moment to store: the agent and seq of the event it goes with, its kind, its data.
+#[derive(Debug, Clone, Copy)]
+pub struct MomentRow<'a> {
+    pub agent_id: Uuid,
+    pub seq: i64,
+    pub kind: &'a str,
+    pub data: &'a Value,
+}
+
+/// Insert a batch of events and their moments in one statement (a data-modifying
+/// `WITH`): on its own, one atomic commit and one round trip, like `insert_batch`.
+pub async fn insert_batch_with_moments(
+    db: impl PgExecutor<'_>,
+    events: &[AgentEvent],
+    moments: &[MomentRow<'_>],
+) -> Result<(), sqlx::Error> {
+    let c = Columns::of(events, sqlx::types::Json);
+    let m = MomentColumns::of(moments);
+    sqlx::query(
+        "WITH stored AS (
+            INSERT INTO agent_events (agent_id, seq, turn_id, kind, data, created_at)
+            SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], $4::text[], $5::jsonb[], $6::timestamptz[])
+         )
+         INSERT INTO agent_moments (agent_id, seq, kind, payload)
+         SELECT * FROM UNNEST($7::uuid[], $8::int8[], $9::text[], $10::jsonb[])",
+    )
+    .bind(&c.agent_ids)
+    .bind(&c.seqs)
+    .bind(&c.turns)
+    .bind(&c.kinds)
+    .bind(&c.data)
+    .bind(&c.ats)
+    .bind(&m.agents)
+    .bind(&m.seqs)
+    .bind(&m.kinds)
+    .bind(&m.data)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+struct MomentColumns<'a> {
+    agents: Vec<Uuid>,
+    seqs: Vec<i64>,
+    kinds: Vec<&'a str>,
+    data: Vec<sqlx::types::Json<&'a Value>>,
+}
+
+impl<'a> MomentColumns<'a> {
+    fn of(moments: &[MomentRow<'a>]) -> Self {
+        Self {
+            agents: moments.iter().map(|m| m.agent_id).collect(),
+            seqs: moments.iter().map(|m| m.seq).collect(),
+            kinds: moments.iter().map(|m| m.kind).collect(),
+            data: moments.iter().map(|m| sqlx::types::Json(m.data)).collect(),
+        }
+    }
+}
+
+/// Store moments in one statement (inside the transaction of their events).
+pub async fn insert_moments(
+    db: impl PgExecutor<'_>,
+    moments: &[MomentRow<'_>],
+) -> Result<(), sqlx::Error> {
+    let m = MomentColumns::of(moments);
+    sqlx::query(
+        "INSERT INTO agent_moments (agent_id, seq, kind, payload)
+         SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::text[], $4::jsonb[])",
+    )
+    .bind(&m.agents)
+    .bind(&m.seqs)
+    .bind(&m.kinds)
+    .bind(&m.data)
+    .execute(db)
+    .await?;
+    Ok(())
+}

@@ -454,3 +454,34 @@ pub async fn reseal(
     .await?;
     Ok(done.rows_affected() > 0)
 }
+
+/// A stored moment of an agent, waiting to become outbox rows.
+#[derive(Debug, Clone, FromRow)]
+pub struct MomentRow {
+    pub id: i64,
+    pub agent_id: Uuid,
+    pub kind: String,
+    pub payload: Value,
+}
+
+/// The oldest moments no other worker holds, locked until `tx` ends.
+pub async fn claim_moments(
+    tx: &mut sqlx::PgConnection,
+    limit: i64,
+) -> Result<Vec<MomentRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, agent_id, kind, payload FROM agent_moments
+         ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
+    )
+    .bind(limit)
+    .fetch_all(tx)
+    .await
+}
+
+pub async fn delete_moments(tx: &mut sqlx::PgConnection, ids: &[i64]) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM agent_moments WHERE id = ANY($1)")
+        .bind(ids)
+        .execute(tx)
+        .await
+        .map(|_| ())
+}

@@ -1464,3 +1464,338 @@ async fn rotating_the_secrets_key_moves_hook_secrets_and_they_still_sign() {
     delivered(&app, &h, Duration::from_secs(20)).await;
     assert_eq!(rx.of("workspace.create.after").len(), 1);
 }
+
+// ---- crashes ---------------------------------------------------------------------------
+
+/// The URL the database of `db` is reached at, for a server in another process.
+fn database_url(db: &sqlx::postgres::PgConnectOptions) -> String {
+    let name = db.get_database().expect("a database name");
+    let mut url = match std::env::var("DATABASE_URL") {
+        Ok(u) => url::Url::parse(&u).expect("DATABASE_URL"),
+        Err(_) => {
+            let mut u = url::Url::parse("postgres://localhost").unwrap();
+            u.set_username(db.get_username()).unwrap();
+            u.set_port(Some(db.get_port())).unwrap();
+            let socket = db.get_socket().expect("the embedded cluster's socket");
+            u.query_pairs_mut()
+                .append_pair("host", &socket.to_string_lossy())
+                .append_pair("sslmode", "disable");
+            u
+        }
+    };
+    url.set_path(&format!("/{name}"));
+    url.to_string()
+}
+
+/// `agentry serve` as a real process on the test's database, so that it can be killed
+/// (SIGKILL: no clean stop, nothing flushed) as a crash would; killed on drop as well.
+/// Processes named in `leftovers` (its agents' provider processes) are killed on drop
+/// too, in case the test fails before a restart's reconciler ends them.
+struct Crashable {
+    child: std::process::Child,
+    base: String,
+    token: String,
+    client: reqwest::Client,
+    leftovers: Vec<i32>,
+}
+
+impl Drop for Crashable {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for pid in &self.leftovers {
+            unsafe { libc::kill(*pid, libc::SIGKILL) };
+        }
+    }
+}
+
+impl Crashable {
+    fn start(db: &sqlx::postgres::PgConnectOptions, data_dir: &std::path::Path) -> Self {
+        use std::io::{BufRead, BufReader};
+        // Built first: nothing below may fail with the child running and not yet owned.
+        agentry::telemetry::install_crypto_provider();
+        let client = reqwest::Client::new();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let config = data_dir.join("crashable.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[hooks]\nallow_private_networks = true\ntimeout_s = 2\n\n[providers.mock]\ncommand = [{:?}]\n",
+                env!("CARGO_BIN_EXE_agentry")
+            ),
+        )
+        .unwrap();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+            .args(["serve", "--data-dir"])
+            .arg(data_dir)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env("AGENTRY_CONFIG", &config)
+            .env("DATABASE_URL", database_url(db))
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut server = Self {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            token: String::new(),
+            client,
+            leftovers: Vec::new(),
+        };
+        let mut lines = BufReader::new(stdout).lines();
+        loop {
+            let line = lines.next().expect("serve printed its address").unwrap();
+            if line.starts_with("agt_pat_") {
+                server.token = line.clone();
+            }
+            if line.contains("listening on") {
+                break;
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        assert!(!server.token.is_empty(), "a bootstrap token");
+        server
+    }
+
+    async fn send(&self, method: Method, path: &str, body: Option<Value>, status: u16) -> Value {
+        let mut req = self
+            .client
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(&self.token);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let res = req.send().await.unwrap();
+        let got = res.status().as_u16();
+        let v: Value = res.json().await.unwrap_or(Value::Null);
+        assert_eq!(got, status, "{path}: {v}");
+        v
+    }
+
+    /// A hook, a project, a worktree and an idle mock agent; returns the agent's id.
+    async fn agent(&mut self, repo: &std::path::Path, events: &[&str], url: &str) -> String {
+        self.send(
+            Method::POST,
+            "/v1/hooks",
+            Some(json!({"name": "crash", "events": events, "url": url, "secret": SECRET})),
+            201,
+        )
+        .await;
+        let project = self
+            .send(
+                Method::POST,
+                "/v1/projects",
+                Some(json!({"name": "demo", "repo_path": repo})),
+                201,
+            )
+            .await;
+        let ws = self
+            .send(
+                Method::POST,
+                "/v1/workspaces",
+                Some(json!({"project_id": project["id"]})),
+                201,
+            )
+            .await;
+        let agent = self
+            .send(
+                Method::POST,
+                "/v1/agents",
+                Some(json!({"workspace_id": ws["id"], "provider": "mock"})),
+                201,
+            )
+            .await;
+        let id = agent["id"].as_str().unwrap().to_owned();
+        let idle = self
+            .send(
+                Method::GET,
+                &format!("/v1/agents/{id}/wait?timeout_s=30"),
+                None,
+                200,
+            )
+            .await;
+        assert_eq!(idle["status"], "idle", "{idle}");
+        if let Some(pid) = self
+            .send(Method::GET, &format!("/v1/agents/{id}"), None, 200)
+            .await["runtime"]["pid"]
+            .as_i64()
+        {
+            self.leftovers.push(pid as i32);
+        }
+        id
+    }
+
+    async fn prompt(&self, agent: &str, text: &str) -> String {
+        let r = self
+            .send(
+                Method::POST,
+                &format!("/v1/agents/{agent}/messages"),
+                Some(json!({"text": text})),
+                202,
+            )
+            .await;
+        r["turn_id"].as_str().unwrap().to_owned()
+    }
+
+    /// SIGKILL: the server ends at once, its database connections with it.
+    fn crash(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+fn restarted_settings(s: &mut agentry::config::Settings) {
+    s.hooks.allow_private_networks = true;
+    s.hooks.timeout_s = 2;
+}
+
+/// A server killed during a turn: the restart's reconciler fails the turn and closes the
+/// agent, and the hooks hear both (`agent.turn.after` with outcome `failed` and the
+/// reconciler's error, then `agent.close.after`).
+#[tokio::test]
+async fn a_turn_cut_short_by_a_crash_is_notified_as_failed_after_the_restart() {
+    let rx = Receiver::start().await;
+    let db = fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let repo = git_repo();
+    let mut server = Crashable::start(&db, dir.path());
+    let events = ["agent.turn.before", "agent.turn.after", "agent.close.after"];
+    let agent = server.agent(repo.path(), &events, &rx.url("/in")).await;
+    let turn = server.prompt(&agent, "/sleep 60000").await;
+    rx.wait_for("agent.turn.before", 1, Duration::from_secs(20))
+        .await;
+    server.crash();
+    assert!(rx.of("agent.turn.after").is_empty());
+    assert!(rx.of("agent.close.after").is_empty());
+
+    let token = server.token.clone();
+    let app = spawn_on_with(db, dir, Some(token), restarted_settings).await;
+    let after = rx
+        .wait_for("agent.turn.after", 1, Duration::from_secs(30))
+        .await;
+    let payload = &after[0].body["payload"];
+    assert_eq!(payload["turn_id"], turn, "{payload}");
+    assert_eq!(payload["outcome"], "failed", "{payload}");
+    assert_eq!(payload["error"], "the server stopped during this turn");
+    assert_eq!(payload["agent"]["id"], agent);
+    let closed = rx
+        .wait_for("agent.close.after", 1, Duration::from_secs(30))
+        .await;
+    assert_eq!(closed[0].body["payload"]["agent"]["id"], agent);
+    assert_eq!(closed[0].body["payload"]["agent"]["status"], "closed");
+    // Told once each.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(rx.of("agent.turn.after").len(), 1);
+    assert_eq!(rx.of("agent.close.after").len(), 1);
+    assert!(rx.bad_signatures.lock().unwrap().is_empty());
+    app.stop().await;
+}
+
+/// Moments committed with their events but not yet turned into outbox rows when the
+/// server dies are not lost: the restarted server queues and delivers them. The test
+/// holds a lock on the outbox table, so the killed server's moments worker is stuck in
+/// its transaction (as on a slow database) when the crash comes.
+#[tokio::test]
+async fn moments_stored_before_a_crash_are_delivered_after_the_restart() {
+    let rx = Receiver::start().await;
+    let db = fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let repo = git_repo();
+    let mut server = Crashable::start(&db, dir.path());
+    let agent = server
+        .agent(repo.path(), &["agent.turn.after"], &rx.url("/in"))
+        .await;
+
+    let pool = agentry::store::connect(db.clone(), 2).await.unwrap();
+    let mut blocker = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE hook_deliveries IN EXCLUSIVE MODE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let turn = server.prompt(&agent, "hello").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let stored: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM agent_moments WHERE kind = 'turn_ended'")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        if stored == 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the turn's end was never stored as a moment"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.crash();
+    blocker.rollback().await.unwrap();
+    let queued: i64 = sqlx::query_scalar("SELECT count(*) FROM hook_deliveries")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(queued, 0, "nothing reached the outbox before the crash");
+    assert!(rx.of("agent.turn.after").is_empty());
+
+    let token = server.token.clone();
+    let app = spawn_on_with(db, dir, Some(token), restarted_settings).await;
+    let after = rx
+        .wait_for("agent.turn.after", 1, Duration::from_secs(30))
+        .await;
+    assert_eq!(after[0].body["payload"]["turn_id"], turn);
+    assert_eq!(after[0].body["payload"]["outcome"], "completed");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_moments")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "every moment was turned into its notifications");
+    app.stop().await;
+}
+
+/// Service notifications are queued in the transaction of their operation: the outbox
+/// row and the agent (or workspace) it tells of were written by one transaction (the
+/// same `now()`), and the row is there as soon as the operation answers.
+#[tokio::test]
+async fn service_notifications_are_queued_in_their_operations_transaction() {
+    let app = app().await;
+    let rx = Receiver::start().await;
+    rx.answer(|_| Reply::Status(503));
+    hook(
+        &app,
+        "tx",
+        &["workspace.create.after", "agent.create.after"],
+        &rx.url("/in"),
+    )
+    .await;
+    let repo = git_repo();
+    let (agent, ws) = app.mock_agent(repo.path()).await;
+    let same_tx = |table: &'static str, event: &'static str| {
+        let pool = app.pool.clone();
+        async move {
+            let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT count(*) FROM hook_deliveries d JOIN {table} t ON t.created_at = d.created_at
+                 WHERE d.event = $1"
+            )))
+            .bind(event)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            n
+        }
+    };
+    assert_eq!(same_tx("agents", "agent.create.after").await, 1);
+    assert_eq!(same_tx("workspaces", "workspace.create.after").await, 1);
+    let bodies: Vec<String> = sqlx::query_scalar("SELECT body FROM hook_deliveries ORDER BY id")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(bodies.len(), 2);
+    assert!(bodies.iter().any(|b| b.contains(&ws)));
+    assert!(bodies.iter().any(|b| b.contains(&agent)));
+}

@@ -325,3 +325,89 @@ async fn a_large_batch_over_several_agents_keeps_each_timeline_dense_around_a_re
     assert_eq!(app.writer.stats().queued_events, 0);
     app.stop().await;
 }
+
+/// A moment is stored with its event, in its transaction: also when the event is refused
+/// (its stand-in takes the slot and the moment keeps that seq), while a moment the
+/// database refuses itself is left out and its event kept. A trigger of the test's own
+/// database copies every stored moment aside, since the hooks service consumes them.
+#[tokio::test]
+async fn moments_go_with_their_events_even_when_an_event_is_refused() {
+    use agentry::domain::{AgentId, EventKind, NewEvent};
+    use agentry::events::NewMoment;
+
+    let app = spawn_app().await;
+    refuse_poison(&app).await;
+    for sql in [
+        "CREATE TABLE moments_seen (agent_id uuid, seq bigint, kind text, payload jsonb)",
+        "CREATE FUNCTION copy_moment() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN INSERT INTO moments_seen VALUES (NEW.agent_id, NEW.seq, NEW.kind, NEW.payload); RETURN NEW; END $$",
+        "CREATE TRIGGER copy_moment AFTER INSERT ON agent_moments FOR EACH ROW EXECUTE FUNCTION copy_moment()",
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&app.pool)
+            .await
+            .unwrap();
+    }
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE agent_moments ADD CONSTRAINT poison_moment
+         CHECK (strpos(coalesce(payload->>'note', ''), '{POISON}') = 0)"
+    )))
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let agent = agent_in_new_workspace(&app, &project, "mock").await;
+    let id: AgentId = agent.parse().unwrap();
+    let last = app.get_ok(&format!("/v1/agents/{agent}")).await["last_seq"]
+        .as_i64()
+        .unwrap();
+    let event = |text: &str| NewEvent {
+        agent_id: id,
+        turn_id: None,
+        kind: EventKind::AssistantDelta,
+        data: json!({"message_id": "m", "text": text}),
+    };
+    let moment = |event: usize, note: &str| NewMoment {
+        event,
+        kind: "closed",
+        data: json!({"note": note}),
+    };
+    let poisoned = format!("{POISON} event");
+    let refused_moment = format!("{POISON} moment");
+    app.writer
+        .append_committed_with(
+            vec![event("fine"), event(&poisoned), event("also fine")],
+            Vec::new(),
+            vec![
+                moment(0, "first"),
+                moment(1, "second"),
+                moment(2, &refused_moment),
+            ],
+        )
+        .await
+        .unwrap();
+
+    let timeline = app.timeline(&agent).await;
+    let added = &timeline[last as usize..];
+    assert_eq!(added.len(), 3);
+    assert_eq!(added[1]["data"]["code"], "event_rejected");
+    assert_eq!(
+        added[2]["data"]["text"], "also fine",
+        "the event outlives its refused moment"
+    );
+    let seen: Vec<(i64, String)> =
+        sqlx::query_as("SELECT seq, payload->>'note' FROM moments_seen WHERE agent_id = $1 AND payload ? 'note' ORDER BY seq")
+            .bind(id.uuid())
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        seen,
+        vec![
+            (last + 1, "first".to_owned()),
+            (last + 2, "second".to_owned())
+        ]
+    );
+    app.stop().await;
+}
