@@ -11,8 +11,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use super::{
-    AgentContext, AgentLauncher, Command, Moment, PermissionAnswer, RuntimeError, Shared, Snapshot,
-    outcome_str,
+    AgentContext, AgentLauncher, Command, Moment, PermissionAnswer, RunningTurn, RuntimeError,
+    Shared, Snapshot, outcome_str,
 };
 use crate::domain::{
     AgentId, AgentStatus, Behavior, EventKind, MessageId, NewEvent, PermissionId, PermissionOption,
@@ -46,6 +46,8 @@ struct Turn {
     interrupt_deadline: Option<Instant>,
     /// The turn's trace span, from its start until its outcome is stored.
     span: tracing::Span,
+    /// Counts the turn as running for a draining server, until the turn is dropped.
+    _running: RunningTurn,
 }
 
 struct PendingPermission {
@@ -416,6 +418,12 @@ impl Actor {
                 "the agent has no running session".into(),
             ));
         }
+        // Counted before the stop flag is read: a draining server either sees this turn
+        // or this turn sees the server stopping (and is refused, to run elsewhere).
+        let running = RunningTurn::new(self.shared.clone());
+        if self.shared.is_shutting_down() {
+            return Err(RuntimeError::ShuttingDown);
+        }
         let turn_id = TurnId::new();
         // Nothing is written yet: a failure here leaves no trace and no turn.
         store::agents::turn_started(&self.shared.pool, self.id().uuid(), turn_id.uuid()).await?;
@@ -429,6 +437,7 @@ impl Actor {
             span: tracing::info_span!(parent: None, "turn", agent_id = %self.id(),
                 turn_id = %turn_id, provider = %self.ctx.provider,
                 outcome = tracing::field::Empty, otel.status_code = tracing::field::Empty),
+            _running: running,
         });
         let mut user = json!({"message_id": MessageId::new(), "text": text});
         if let Some(c) = &client_message_id {

@@ -8,7 +8,7 @@ mod replica_lock;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -219,6 +219,8 @@ pub(crate) struct Shared {
     pub takeovers: Counter,
     generation: AtomicU64,
     shutting_down: AtomicBool,
+    /// Turns running now (see `RunningTurn`).
+    turns_running: AtomicUsize,
     rt: Handle,
 }
 
@@ -254,6 +256,7 @@ impl AgentManager {
                 takeovers: Counter::default(),
                 generation: AtomicU64::new(1),
                 shutting_down: AtomicBool::new(false),
+                turns_running: AtomicUsize::new(0),
                 rt,
             }),
         }
@@ -610,21 +613,12 @@ impl AgentManager {
     /// so any replica can run the agents again at once.
     pub async fn shutdown(&self, drain: Duration) {
         self.shared.shutting_down.store(true, Ordering::SeqCst);
-        let watches: Vec<watch::Receiver<Snapshot>> = {
-            let actors = self.shared.actors.lock().expect("actors lock");
-            actors
-                .values()
-                .filter(|h| !h.tx.is_closed())
-                .map(|h| h.snapshot.clone())
-                .collect()
-        };
-        let turns_end = futures::future::join_all(watches.into_iter().map(|mut rx| async move {
-            while matches!(rx.borrow_and_update().status, AgentStatus::Running) {
-                if rx.changed().await.is_err() {
-                    return;
-                }
+        let running = &self.shared.turns_running;
+        let turns_end = async {
+            while running.load(Ordering::SeqCst) > 0 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-        }));
+        };
         if tokio::time::timeout(drain, turns_end).await.is_err() {
             tracing::warn!(
                 ?drain,
@@ -665,6 +659,10 @@ impl AgentManager {
 }
 
 impl Shared {
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
     /// Called by an actor once it stopped: give its agent's lease up, unless a newer actor
     /// runs the agent here (any replica may then run it).
     pub(crate) async fn release_lease(&self, id: AgentId) {
@@ -746,5 +744,22 @@ pub fn outcome_str(o: TurnOutcome) -> &'static str {
         TurnOutcome::Completed => "completed",
         TurnOutcome::Failed => "failed",
         TurnOutcome::Canceled => "canceled",
+    }
+}
+
+/// A turn counted as running while this lives: the drain at shutdown waits for none to be
+/// left.
+pub(crate) struct RunningTurn(Arc<Shared>);
+
+impl RunningTurn {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        shared.turns_running.fetch_add(1, Ordering::SeqCst);
+        Self(shared)
+    }
+}
+
+impl Drop for RunningTurn {
+    fn drop(&mut self) {
+        self.0.turns_running.fetch_sub(1, Ordering::SeqCst);
     }
 }

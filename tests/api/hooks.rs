@@ -543,6 +543,14 @@ async fn settings_file_hooks_are_server_wide_stable_and_read_only() {
         .wait_for("workspace.create.after", 1, Duration::from_secs(20))
         .await;
     assert_eq!(got[0].body["payload"]["workspace"]["id"], ws["id"]);
+    // Recorded as delivered (a stop in between would leave it pending, to be sent again).
+    for _ in 0..100 {
+        let d = app.get_ok(&format!("/v1/hooks/{id}/deliveries")).await;
+        if d["items"][0]["status"] == "delivered" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     // The same name is the same hook after a restart.
     let (db, dir, token) = app.stop().await;
