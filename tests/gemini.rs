@@ -446,7 +446,19 @@ async fn a_closed_agent_resumes_its_conversation() {
     // `providers::gemini::resume_wait`): the history must survive that.
     w.fake.push(Reply::text("It was pineapple."));
     let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
-    w.app.prompt(&agent, "what was the word?").await;
+    // The prompt is answered once its turn starts: after that wait (up to a minute) and
+    // the CLI's start, longer than the harness client's 60 s.
+    let res = reqwest::Client::builder()
+        .timeout(Duration::from_secs(180))
+        .build()
+        .unwrap()
+        .post(w.app.url(&format!("/v1/agents/{agent}/messages")))
+        .bearer_auth(&w.app.token)
+        .json(&json!({"text": "what was the word?"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 202);
     let second = stream
         .until("turn_completed", Duration::from_secs(150))
         .await;

@@ -143,7 +143,8 @@ struct CodeQuery {
 /// is still pending. Unknown or used codes: 404; expired: 400 `expired_token`.
 #[utoipa::path(tag = "auth", security(("bearer" = [])), params(CodeQuery), responses(
     (status = 200, body = DeviceRequest),
-    (status = 400, body = Problem, description = "The code expired (`expired_token`)")))]
+    (status = 400, body = Problem, description = "The code expired (`expired_token`)"),
+    (status = 404, body = Problem, description = "No pending sign-in has this user code")))]
 #[get("/auth/device")]
 async fn describe_device_request(
     state: web::Data<AppState>,
@@ -160,6 +161,7 @@ async fn describe_device_request(
 #[utoipa::path(tag = "auth", security(("bearer" = [])), request_body = AnswerDevice, responses(
     (status = 200, body = DeviceRequest),
     (status = 400, body = Problem, description = "The code expired (`expired_token`)"),
+    (status = 404, body = Problem, description = "No pending sign-in has this user code"),
     (status = 409, body = Problem, description = "Already approved or denied (`device_code_answered`)")))]
 #[post("/auth/device/approve")]
 async fn approve_device(
@@ -176,6 +178,7 @@ async fn approve_device(
 #[utoipa::path(tag = "auth", security(("bearer" = [])), request_body = AnswerDevice, responses(
     (status = 200, body = DeviceRequest),
     (status = 400, body = Problem, description = "The code expired (`expired_token`)"),
+    (status = 404, body = Problem, description = "No pending sign-in has this user code"),
     (status = 409, body = Problem, description = "Already approved or denied (`device_code_answered`)")))]
 #[post("/auth/device/deny")]
 async fn deny_device(
