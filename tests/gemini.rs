@@ -445,9 +445,9 @@ async fn a_closed_agent_resumes_its_conversation() {
     // Reopened at once, within the minute the session was created in (see
     // `providers::gemini::resume_wait`): the history must survive that.
     w.fake.push(Reply::text("It was pineapple."));
-    let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
     // The prompt is answered once its turn starts: after that wait (up to a minute) and
-    // the CLI's start, longer than the harness client's 60 s.
+    // the CLI's start, longer than the harness client's 60 s (which bounds a stream too:
+    // the stream is opened afterwards, from the first turn's last event).
     let res = reqwest::Client::builder()
         .timeout(Duration::from_secs(180))
         .build()
@@ -459,6 +459,7 @@ async fn a_closed_agent_resumes_its_conversation() {
         .await
         .unwrap();
     assert_eq!(res.status(), 202);
+    let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
     let second = stream
         .until("turn_completed", Duration::from_secs(150))
         .await;

@@ -453,7 +453,9 @@ impl AgentManager {
         let held = store::replicas::renew(&s.pool, &s.replica, &uuids, s.lease_ttl_s).await?;
         for id in ids.into_iter().filter(|a| !held.contains(&a.uuid())) {
             tracing::warn!(agent_id = %id, "this agent was taken over or archived elsewhere; stopping it here");
-            self.close(id, "taken over or archived elsewhere").await;
+            // In its own task: a slow close must not hold up the renewal of the others.
+            let this = self.clone();
+            s.rt.spawn(async move { this.close(id, "taken over or archived elsewhere").await });
         }
         Ok(())
     }

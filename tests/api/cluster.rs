@@ -584,3 +584,52 @@ async fn a_rolling_restart_of_both_replicas_under_load_loses_nothing() {
     b.stop().await;
     a.stop().await;
 }
+
+#[tokio::test]
+async fn a_replica_stops_an_agent_whose_lease_it_lost_and_archives_reach_other_replicas() {
+    let (a, b) = replicas(short_lease).await;
+    let repo = git_repo();
+    let (id, ws) = a.mock_agent(repo.path()).await;
+    a.prompt(&id, "hello").await;
+    assert_eq!(a.wait(&id).await["last_turn"]["outcome"], "completed");
+    let pid = a.get_ok(&format!("/v1/agents/{id}")).await["runtime"]["pid"]
+        .as_i64()
+        .expect("a live process") as i32;
+
+    // Another replica holds its lease now (as after a takeover): A stops it at its next
+    // renewal, within a third of the lease time.
+    sqlx::query("UPDATE agents SET owner_replica = 'elsewhere' WHERE id = $1::uuid")
+        .bind(id.trim_start_matches("agt_"))
+        .execute(&a.pool)
+        .await
+        .unwrap();
+    eventually("A stops the agent", Duration::from_secs(TTL + 5), || {
+        !pid_alive(pid)
+    })
+    .await;
+    sqlx::query(
+        "UPDATE agents SET owner_replica = NULL, lease_expires_at = NULL WHERE id = $1::uuid",
+    )
+    .bind(id.trim_start_matches("agt_"))
+    .execute(&a.pool)
+    .await
+    .unwrap();
+
+    // Running on A again; archiving its workspace through B closes it on A first.
+    a.prompt(&id, "back").await;
+    assert_eq!(a.wait(&id).await["last_turn"]["outcome"], "completed");
+    let agent = a.get_ok(&format!("/v1/agents/{id}")).await;
+    let pid = agent["runtime"]["pid"].as_i64().expect("a live process") as i32;
+    assert_eq!(replica_of(&b, &id).await, replica_of(&a, &id).await);
+    b.post_ok(&format!("/v1/workspaces/{ws}/archive"), json!({}), 200)
+        .await;
+    eventually("A's process ends", Duration::from_secs(10), || {
+        !pid_alive(pid)
+    })
+    .await;
+    let agent = b.get_ok(&format!("/v1/agents/{id}")).await;
+    assert_eq!(agent["status"], "closed", "{agent}");
+    assert_eq!(agent["runtime"]["replica"], Value::Null, "{agent}");
+    b.stop().await;
+    a.stop().await;
+}
