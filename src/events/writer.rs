@@ -67,19 +67,13 @@ pub struct NewTeamEvent {
 }
 
 /// A moment of an agent's life, stored with the event that records it (see the module
-/// docs). `event` is the index of that event among the operation's events.
+/// docs). `event` is the index of that event among the operation's events (inside the
+/// writer: among the batch's).
 #[derive(Debug, Clone)]
 pub struct NewMoment {
     pub event: usize,
     pub kind: &'static str,
     pub data: Value,
-}
-
-/// A moment within a batch: `event` indexes the batch's events.
-struct BatchMoment {
-    event: usize,
-    kind: &'static str,
-    data: Value,
 }
 
 /// How the writer batches and how much it may hold.
@@ -601,17 +595,16 @@ impl Writer {
         let mut events: Vec<AgentEvent> = Vec::with_capacity(total);
         let mut spans: Vec<(usize, usize)> = Vec::with_capacity(batch.len());
         let mut team: Vec<NewTeamEvent> = Vec::new();
-        let mut moments: Vec<BatchMoment> = Vec::new();
+        let mut moments: Vec<NewMoment> = Vec::new();
         // The time as the table keeps it (microseconds), so live and replayed copies of
         // an event are the same.
         let now = Utc::now();
         let now = DateTime::from_timestamp_micros(now.timestamp_micros()).unwrap_or(now);
         for p in batch.iter_mut() {
             let start = events.len();
-            moments.extend(p.moments.drain(..).map(|m| BatchMoment {
-                event: start + m.event,
-                kind: m.kind,
-                data: m.data,
+            moments.extend(p.moments.drain(..).map(|mut m| {
+                m.event += start;
+                m
             }));
             for e in std::mem::take(&mut p.events) {
                 // Every agent of the batch was read above. Were one missing, slot 1 would
@@ -703,7 +696,7 @@ impl Writer {
         &mut self,
         events: &mut [AgentEvent],
         team: &[NewTeamEvent],
-        moments: &[BatchMoment],
+        moments: &[NewMoment],
     ) -> Vec<TeamEventRow> {
         if events.is_empty() && team.is_empty() {
             return Vec::new();
@@ -768,7 +761,7 @@ impl Writer {
         &self,
         events: &mut [AgentEvent],
         team: &[NewTeamEvent],
-        moments: &[BatchMoment],
+        moments: &[NewMoment],
     ) -> Result<Vec<TeamEventRow>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let refused = if events.is_empty() {
@@ -928,7 +921,7 @@ fn seq_ranges(events: &[AgentEvent]) -> Vec<(Uuid, i64, i64)> {
         .collect()
 }
 
-fn moment_row<'a>(events: &[AgentEvent], m: &'a BatchMoment) -> store::events::MomentRow<'a> {
+fn moment_row<'a>(events: &[AgentEvent], m: &'a NewMoment) -> store::events::MomentRow<'a> {
     let e = &events[m.event];
     store::events::MomentRow {
         agent_id: e.agent_id.uuid(),
@@ -942,7 +935,7 @@ async fn try_commit(
     pool: &PgPool,
     events: &[AgentEvent],
     team: &[NewTeamEvent],
-    moments: &[BatchMoment],
+    moments: &[NewMoment],
 ) -> Result<Vec<TeamEventRow>, sqlx::Error> {
     if team.is_empty() {
         // The common case: one statement, committed on its own (atomic and durable, one

@@ -833,6 +833,10 @@ async fn moment(
         Moment::PermissionResolved { .. } => HookEvent::AgentPermissionAfter,
         Moment::Closed {} => HookEvent::AgentCloseAfter,
     };
+    // Most moments concern no hook: ask that before loading the agent for the payload.
+    if !store::hooks::listens_for_agent(&mut *conn, event.as_str(), stored.agent_id).await? {
+        return Ok(0);
+    }
     let Some(row) = store::agents::get(&mut *conn, stored.agent_id, None).await? else {
         return Ok(0);
     };

@@ -205,6 +205,23 @@ pub async fn for_event(
     .await
 }
 
+/// Whether any enabled hook of agent `agent`'s team (or a server-wide one) listens for
+/// `event`: one cheap query, where the answer is usually no.
+pub async fn listens_for_agent(
+    db: impl PgExecutor<'_>,
+    event: &str,
+    agent: Uuid,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM hooks h JOIN agents a ON a.id = $2
+          WHERE h.enabled AND $1 = ANY(h.events) AND (h.team_id IS NULL OR h.team_id = a.team_id))",
+    )
+    .bind(event)
+    .bind(agent)
+    .fetch_one(db)
+    .await
+}
+
 /// A delivery as listed.
 #[derive(Debug, Clone, FromRow)]
 pub struct DeliveryRow {
