@@ -9,11 +9,15 @@
 //! follows every update the agent sent before answering. `Exited` is sent once, last,
 //! after the connection has ended and the process has been reaped.
 //!
-//! Back-pressure: a handler waits for room in the sink, and the agent's stdout passes
-//! through a gate (`gate`) that stops reading once `UPDATES_IN_FLIGHT` updates are read
-//! and not yet handled, so an agent that outruns its consumer blocks on its pipe instead
-//! of growing the server's memory. Answers to our requests follow the updates the agent
-//! wrote before them; the actor reads events while it waits for one.
+//! `session/update` notifications do not go through the SDK: the agent's stdout passes
+//! through a gate (`gate`) that takes them out of the stream into a lane that
+//! `handle_updates` reads, in order, beside the connection. Every other line reaches the
+//! SDK only after the updates written before it are handled, so the order above holds.
+//!
+//! Back-pressure: a handler waits for room in the sink, and the gate stops reading once
+//! `UPDATES_IN_FLIGHT` updates are read and not yet handled, so an agent that outruns its
+//! consumer blocks on its pipe instead of growing the server's memory. The actor reads
+//! events while it waits for an answer.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -643,9 +647,8 @@ impl HandleDispatchFrom<acp::Agent> for InboundHandler {
     ) -> Result<Handled<Dispatch>, acp::Error> {
         match message {
             Dispatch::Notification(notification) if notification.method == "session/update" => {
-                // Its event is in the sink (or dropped) once this returns: the gate may
-                // read another update.
-                let _handled = gate::UpdateHandled(&self.shared.update_credits);
+                // Only an update the gate did not count reaches the SDK (see `gate`): no
+                // credit to give back.
                 self.shared.updates_seen.fetch_add(1, Ordering::AcqRel);
                 let (_, params) = notification.into_parts();
                 self.on_session_update(params).await;
@@ -1689,7 +1692,7 @@ async fn start_session(
     let (stderr_ring, stderr_task) =
         StderrTail::capture_masked(stderr, "agentry::providers::acp::stderr", child.redactor());
     let update_credits = Arc::new(UpdateCredits::new(UPDATES_IN_FLIGHT));
-    let stdout = UpdateGate::new(stdout, update_credits.clone());
+    let (stdout, update_lane) = UpdateGate::new(stdout, update_credits.clone());
     let shared = Arc::new(Shared {
         events: Emitter::new(events),
         root: std::fs::canonicalize(&spec.cwd).unwrap_or_else(|_| spec.cwd.clone()),
@@ -1780,6 +1783,14 @@ async fn start_session(
                 Ok(())
             });
 
+    let updates = handle_updates(
+        update_lane,
+        InboundHandler {
+            shared: shared.clone(),
+        },
+    );
+    let connection = beside(connection, updates);
+
     let (started_tx, started_rx) = oneshot::channel();
     tokio::spawn(supervise(
         connection,
@@ -1834,6 +1845,37 @@ async fn start_session(
         }
         Some(other) => other,
     })
+}
+
+/// Handle the updates the gate took out of the SDK's stream, in wire order, each as one
+/// parse of its line (see `gate`).
+async fn handle_updates(mut lane: gate::UpdateLane, handler: InboundHandler) {
+    #[derive(Deserialize)]
+    struct Notification {
+        #[serde(default)]
+        params: Value,
+    }
+    while let Some(line) = lane.recv().await {
+        let _handled = gate::UpdateHandled(&handler.shared.update_credits);
+        handler.shared.updates_seen.fetch_add(1, Ordering::AcqRel);
+        // The gate let only a well-formed notification through.
+        let params = serde_json::from_slice::<Notification>(&line)
+            .map(|n| n.params)
+            .unwrap_or_default();
+        handler.on_session_update(params).await;
+    }
+}
+
+/// Run `main` with `beside` alongside it, until `main` ends.
+async fn beside<T>(main: impl Future<Output = T>, beside: impl Future<Output = ()>) -> T {
+    tokio::pin!(main, beside);
+    let mut beside_running = true;
+    loop {
+        tokio::select! {
+            out = &mut main => return out,
+            () = &mut beside, if beside_running => beside_running = false,
+        }
+    }
 }
 
 /// How the supervisor reports the end of the process.

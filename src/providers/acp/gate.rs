@@ -1,12 +1,19 @@
-//! Back-pressure between an ACP agent's stdout and the protocol SDK. The SDK reads every
-//! line it can into an unbounded queue ahead of its dispatch loop, so an agent that writes
-//! faster than its events are consumed would grow the server's memory without bound.
-//! [`UpdateGate`] sits between the pipe and the SDK and hands over a `session/update`
-//! notification only while fewer than `limit` of them have been read and not yet handled
-//! ([`UpdateCredits::release`], called by the session handler once the event is in the
-//! actor's bounded channel). At the limit it stops reading: the pipe fills and the agent
-//! blocks on its next write. Every other line (responses to our requests, the agent's
-//! requests, anything unparsable) passes without a credit, in wire order.
+//! Between an ACP agent's stdout and the protocol SDK.
+//!
+//! **The update lane.** Once the connection is initialized, a `session/update`
+//! notification is not handed to the SDK at all: [`UpdateGate`] sends its line down a lane
+//! ([`UpdateLane`]) that the session handler reads and handles itself, from the raw bytes
+//! in one parse. Notifications need no answer, so the SDK has nothing to do with them, and
+//! its general path (a JSON value, a generic message, the dispatch chain, then the params
+//! again) costs several times the handling itself on a busy agent. Wire order is kept:
+//! any other line (an answer to our request, the agent's own request, anything
+//! unparsable) and the end of the output are handed to the SDK only once every update
+//! read before them has been handled.
+//!
+//! **Back-pressure.** At most `limit` updates are read and not yet handled
+//! ([`UpdateCredits::release`], called once the event is in the actor's bounded channel).
+//! At the limit the gate stops reading: the pipe fills and the agent blocks on its next
+//! write. The SDK alone would read every line it can into an unbounded queue.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -18,6 +25,7 @@ use std::task::{Context, Poll, Waker};
 use serde::Deserialize;
 use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use tokio::io::{AsyncRead, ReadBuf};
+use tokio::sync::mpsc;
 
 /// Bytes asked of the pipe per read.
 const READ_CHUNK: usize = 16 * 1024;
@@ -26,11 +34,10 @@ const READ_CHUNK: usize = 16 * 1024;
 pub(crate) struct UpdateCredits {
     limit: usize,
     in_flight: AtomicUsize,
-    /// Counting starts once the agent has answered `initialize`: before that the SDK
-    /// refuses notifications without handing them to us, so their credits would never
-    /// come back.
+    /// Counting (and the lane) start once the agent has answered `initialize`: before
+    /// that the SDK refuses notifications, and so do we.
     armed: AtomicBool,
-    /// The reader waiting for a credit.
+    /// The reader waiting for a credit, or for every update to be handled.
     waiter: Mutex<Option<Waker>>,
 }
 
@@ -67,9 +74,11 @@ impl UpdateCredits {
         }
     }
 
-    fn poll_take(&self, cx: &mut Context<'_>) -> Poll<()> {
+    /// Take a credit for one update: `true` once taken, `false` (at once) while nothing is
+    /// counted yet.
+    fn poll_take(&self, cx: &mut Context<'_>) -> Poll<bool> {
         if !self.armed.load(Ordering::Acquire) {
-            return Poll::Ready(());
+            return Poll::Ready(false);
         }
         loop {
             let n = self.in_flight.load(Ordering::Acquire);
@@ -86,9 +95,22 @@ impl UpdateCredits {
                 .compare_exchange(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                return Poll::Ready(());
+                return Poll::Ready(true);
             }
         }
+    }
+
+    /// Ready once every update read so far has been handled.
+    fn poll_drained(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.in_flight.load(Ordering::Acquire) == 0 {
+            return Poll::Ready(());
+        }
+        *self.waiter() = Some(cx.waker().clone());
+        // A release between the load and the registration would be missed.
+        if self.in_flight.load(Ordering::Acquire) == 0 {
+            return Poll::Ready(());
+        }
+        Poll::Pending
     }
 
     fn waiter(&self) -> std::sync::MutexGuard<'_, Option<Waker>> {
@@ -107,10 +129,17 @@ impl Drop for UpdateHandled<'_> {
     }
 }
 
-/// The agent's stdout as the SDK reads it, a `session/update` line at a time per credit.
+/// Where the gate sends the `session/update` lines it takes out of the SDK's stream, one
+/// credit each; the reader releases the credit once the line is handled.
+pub(crate) type UpdateLane = mpsc::UnboundedReceiver<Vec<u8>>;
+
+/// The agent's stdout as the SDK reads it: updates taken out to the lane, a credit each;
+/// every other line after the updates before it are handled.
 pub(crate) struct UpdateGate<R> {
     inner: R,
     credits: std::sync::Arc<UpdateCredits>,
+    /// Bounded by the credits, not by the channel.
+    lane: mpsc::UnboundedSender<Vec<u8>>,
     /// Bytes read from the pipe and not yet handed over: `buf[start..]`.
     buf: Vec<u8>,
     start: usize,
@@ -118,23 +147,30 @@ pub(crate) struct UpdateGate<R> {
     cleared: usize,
     /// `buf[cleared..scanned]` holds no newline.
     scanned: usize,
-    /// The line ending at this offset is a counted update that waits for its credit.
+    /// The line ending at this offset is an update that waits for its credit.
     waiting_for_credit: Option<usize>,
+    /// The line ending at this offset is for the SDK, once the updates before it are
+    /// handled.
+    waiting_for_drain: Option<usize>,
     eof: bool,
 }
 
 impl<R> UpdateGate<R> {
-    pub(crate) fn new(inner: R, credits: std::sync::Arc<UpdateCredits>) -> Self {
-        Self {
+    pub(crate) fn new(inner: R, credits: std::sync::Arc<UpdateCredits>) -> (Self, UpdateLane) {
+        let (lane, updates) = mpsc::unbounded_channel();
+        let gate = Self {
             inner,
             credits,
+            lane,
             buf: Vec::new(),
             start: 0,
             cleared: 0,
             scanned: 0,
             waiting_for_credit: None,
+            waiting_for_drain: None,
             eof: false,
-        }
+        };
+        (gate, updates)
     }
 }
 
@@ -152,9 +188,26 @@ impl<R: AsyncRead + Unpin> AsyncRead for UpdateGate<R> {
                 this.start += n;
                 return Poll::Ready(Ok(()));
             }
+            // Here everything cleared is handed over: `start == cleared`.
             if let Some(end) = this.waiting_for_credit {
-                std::task::ready!(this.credits.poll_take(cx));
+                let counted = std::task::ready!(this.credits.poll_take(cx));
                 this.waiting_for_credit = None;
+                this.scanned = end;
+                if counted {
+                    // To the lane, not to the SDK. Were the lane's reader gone (the
+                    // session is ending), the line is dropped with its credit.
+                    let line = this.buf[this.cleared..end].to_vec();
+                    if this.lane.send(line).is_err() {
+                        this.credits.release();
+                    }
+                    this.start = end;
+                }
+                this.cleared = end;
+                continue;
+            }
+            if let Some(end) = this.waiting_for_drain {
+                std::task::ready!(this.credits.poll_drained(cx));
+                this.waiting_for_drain = None;
                 this.cleared = end;
                 this.scanned = end;
                 continue;
@@ -164,8 +217,7 @@ impl<R: AsyncRead + Unpin> AsyncRead for UpdateGate<R> {
                 if is_session_update(&this.buf[this.cleared..end]) {
                     this.waiting_for_credit = Some(end);
                 } else {
-                    this.cleared = end;
-                    this.scanned = end;
+                    this.waiting_for_drain = Some(end);
                 }
                 continue;
             }
@@ -173,9 +225,11 @@ impl<R: AsyncRead + Unpin> AsyncRead for UpdateGate<R> {
             if this.eof {
                 // A last line without a newline: the SDK reads it as a line too.
                 if this.cleared < this.buf.len() {
-                    this.cleared = this.buf.len();
+                    this.waiting_for_drain = Some(this.buf.len());
                     continue;
                 }
+                // The end of the output, too, follows the updates before it.
+                std::task::ready!(this.credits.poll_drained(cx));
                 return Poll::Ready(Ok(()));
             }
             // Everything before `start` is handed over: drop it before reading more.
@@ -317,41 +371,93 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn reading_stops_at_the_limit_and_resumes_on_release() {
-        let credits = Arc::new(UpdateCredits::new(2));
-        credits.arm();
-        let (mut agent, pipe) = tokio::io::duplex(1 << 20);
-        let mut gate = UpdateGate::new(pipe, credits.clone());
-        let response = r#"{"jsonrpc":"2.0","id":1,"result":{}}"#;
-        let wire = format!("{UPDATE}\n{response}\n{UPDATE}\n{UPDATE}\n{response}\n");
-        agent.write_all(wire.as_bytes()).await.unwrap();
-        drop(agent);
-
+    /// What the SDK side can read within a moment.
+    async fn read_for_a_moment(gate: &mut UpdateGate<tokio::io::DuplexStream>) -> String {
         let mut read = Vec::new();
         let mut chunk = [0u8; 64 * 1024];
-        // Two updates and the response between them pass; the third update waits.
         loop {
             let n =
                 tokio::time::timeout(std::time::Duration::from_millis(200), gate.read(&mut chunk))
                     .await;
             match n {
+                Ok(Ok(0)) | Err(_) => break,
                 Ok(n) => read.extend_from_slice(&chunk[..n.unwrap()]),
-                Err(_) => break,
             }
         }
-        let expected = format!("{UPDATE}\n{response}\n{UPDATE}\n");
-        assert_eq!(String::from_utf8_lossy(&read), expected);
+        String::from_utf8(read).unwrap()
+    }
+
+    fn lane_lines(lane: &mut UpdateLane) -> Vec<String> {
+        let mut lines = Vec::new();
+        while let Ok(line) = lane.try_recv() {
+            lines.push(String::from_utf8(line).unwrap());
+        }
+        lines
+    }
+
+    #[tokio::test]
+    async fn updates_go_down_the_lane_and_other_lines_wait_for_them() {
+        let credits = Arc::new(UpdateCredits::new(8));
+        credits.arm();
+        let (mut agent, pipe) = tokio::io::duplex(1 << 20);
+        let (mut gate, mut lane) = UpdateGate::new(pipe, credits.clone());
+        let response = r#"{"jsonrpc":"2.0","id":1,"result":{}}"#;
+        let wire = format!("{UPDATE}\n{response}\n{UPDATE}\n{UPDATE}\n{response}\n");
+        agent.write_all(wire.as_bytes()).await.unwrap();
+        drop(agent);
+
+        // The first update is out; the answer after it waits until it is handled.
+        assert_eq!(read_for_a_moment(&mut gate).await, "");
+        assert_eq!(lane_lines(&mut lane), [format!("{UPDATE}\n")]);
+        credits.release();
+        assert_eq!(read_for_a_moment(&mut gate).await, format!("{response}\n"));
+        assert_eq!(lane_lines(&mut lane).len(), 2);
         assert_eq!(credits.in_flight(), 2);
 
+        // The second answer, then the end of the output, only once both are handled.
+        credits.release();
+        assert_eq!(read_for_a_moment(&mut gate).await, "");
         credits.release();
         let mut rest = Vec::new();
         gate.read_to_end(&mut rest).await.unwrap();
-        assert_eq!(
-            String::from_utf8_lossy(&rest),
-            format!("{UPDATE}\n{response}\n")
-        );
+        assert_eq!(String::from_utf8_lossy(&rest), format!("{response}\n"));
+        assert_eq!(credits.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn reading_stops_at_the_limit_and_resumes_on_release() {
+        let credits = Arc::new(UpdateCredits::new(2));
+        credits.arm();
+        let (mut agent, pipe) = tokio::io::duplex(1 << 20);
+        let (mut gate, mut lane) = UpdateGate::new(pipe, credits.clone());
+        let wire = format!("{UPDATE}\n{UPDATE}\n{UPDATE}\n");
+        agent.write_all(wire.as_bytes()).await.unwrap();
+
+        assert_eq!(read_for_a_moment(&mut gate).await, "");
+        assert_eq!(lane_lines(&mut lane).len(), 2, "two credits, two updates");
         assert_eq!(credits.in_flight(), 2);
+        credits.release();
+        assert_eq!(read_for_a_moment(&mut gate).await, "");
+        assert_eq!(lane_lines(&mut lane).len(), 1, "the third took the credit given back");
+        assert_eq!(credits.in_flight(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_update_is_dropped_with_its_credit_once_the_lane_is_gone() {
+        let credits = Arc::new(UpdateCredits::new(1));
+        credits.arm();
+        let (mut agent, pipe) = tokio::io::duplex(1 << 20);
+        let (mut gate, lane) = UpdateGate::new(pipe, credits.clone());
+        drop(lane);
+        agent
+            .write_all(format!("{UPDATE}\n{UPDATE}\n").as_bytes())
+            .await
+            .unwrap();
+        drop(agent);
+        let mut rest = Vec::new();
+        gate.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
+        assert_eq!(credits.in_flight(), 0);
     }
 
     #[tokio::test]
@@ -359,13 +465,14 @@ mod tests {
         let credits = Arc::new(UpdateCredits::new(1));
         credits.release();
         let (mut agent, pipe) = tokio::io::duplex(1 << 20);
-        let mut gate = UpdateGate::new(pipe, credits.clone());
+        let (mut gate, mut lane) = UpdateGate::new(pipe, credits.clone());
         let wire = format!("{UPDATE}\n{UPDATE}\n{UPDATE}");
         agent.write_all(wire.as_bytes()).await.unwrap();
         drop(agent);
         let mut read = String::new();
         gate.read_to_string(&mut read).await.unwrap();
         assert_eq!(read, wire);
+        assert!(lane_lines(&mut lane).is_empty());
         assert_eq!(credits.in_flight(), 0);
     }
 }
