@@ -371,11 +371,15 @@ impl CpuReading {
             bench: process_cpu(std::process::id()),
             ..Self::default()
         };
+        // The mock agents run the server's own binary, whatever its file is called.
+        let ours = std::fs::read_to_string(format!("/proc/{server_pid}/comm"))
+            .map(|c| c.trim().to_owned())
+            .unwrap_or_else(|_| "agentry".to_owned());
         for (pid, comm) in descendants(server_pid) {
-            match comm.as_str() {
-                "agentry" => r.agents += process_cpu(pid),
-                "postgres" => r.postgres += process_cpu(pid),
-                _ => {}
+            if comm == ours {
+                r.agents += process_cpu(pid);
+            } else if comm == "postgres" {
+                r.postgres += process_cpu(pid);
             }
         }
         (r.machine_busy, r.machine_total) = machine_cpu();
