@@ -16,8 +16,9 @@
 //! e.g. "a turn ended"): each is stored in `agent_moments`, in the same transaction as the
 //! event it goes with, so it exists exactly when its event does. The writer gives them no
 //! meaning; it only wakes whoever waits on `moments_stored` after a batch with moments
-//! commits. A batch without moments costs nothing more; with moments and no team events
-//! it is still one statement (a data-modifying `WITH`). A moment whose event the database
+//! commits. A batch without moments costs nothing more. A batch is one statement, committed
+//! on its own, whatever it holds: agent events alone are one `INSERT`; with moments or
+//! team events, one data-modifying `WITH`. A moment whose event the database
 //! refuses is still stored (its event's stand-in takes the slot, and what the moment
 //! says — a turn ended, an agent closed — did happen); a moment the database refuses
 //! itself is logged and dropped, like a refused team event.
@@ -937,41 +938,23 @@ async fn try_commit(
     team: &[NewTeamEvent],
     moments: &[NewMoment],
 ) -> Result<Vec<TeamEventRow>, sqlx::Error> {
-    if team.is_empty() {
-        // The common case: one statement, committed on its own (atomic and durable, one
-        // round trip instead of four); moments join it in the same statement.
-        if moments.is_empty() {
-            store::events::insert_batch(pool, events).await?;
-        } else {
-            let stored: Vec<_> = moments.iter().map(|m| moment_row(events, m)).collect();
-            store::events::insert_batch_with_moments(pool, events, &stored).await?;
-        }
+    // One statement, committed on its own: atomic and durable in one round trip.
+    if team.is_empty() && moments.is_empty() {
+        store::events::insert_batch(pool, events).await?;
         return Ok(Vec::new());
     }
-    let mut tx = pool.begin().await?;
-    if !events.is_empty() {
-        store::events::insert_batch(&mut *tx, events).await?;
-    }
-    let mut rows = Vec::with_capacity(team.len());
-    for t in team {
-        rows.push(
-            store::events::insert_team_event(
-                &mut tx,
-                t.team_id,
-                t.project_id,
-                t.workspace_id,
-                t.kind,
-                &t.data,
-            )
-            .await?,
-        );
-    }
-    if !moments.is_empty() {
-        let stored: Vec<_> = moments.iter().map(|m| moment_row(events, m)).collect();
-        store::events::insert_moments(&mut *tx, &stored).await?;
-    }
-    tx.commit().await?;
-    Ok(rows)
+    let stored: Vec<_> = moments.iter().map(|m| moment_row(events, m)).collect();
+    let team: Vec<_> = team
+        .iter()
+        .map(|t| store::events::NewTeamRow {
+            team_id: t.team_id,
+            project_id: t.project_id,
+            workspace_id: t.workspace_id,
+            kind: t.kind,
+            data: &t.data,
+        })
+        .collect();
+    store::events::insert_batch_with(pool, events, &stored, &team).await
 }
 
 #[cfg(test)]

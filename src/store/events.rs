@@ -236,22 +236,42 @@ pub struct MomentRow<'a> {
     pub data: &'a Value,
 }
 
-/// Insert a batch of events and their moments in one statement (a data-modifying
-/// `WITH`): on its own, one atomic commit and one round trip, like `insert_batch`.
-pub async fn insert_batch_with_moments(
+/// A team event to store (its id and time are the table's).
+#[derive(Debug, Clone, Copy)]
+pub struct NewTeamRow<'a> {
+    pub team_id: Uuid,
+    pub project_id: Option<Uuid>,
+    pub workspace_id: Option<Uuid>,
+    pub kind: &'a str,
+    pub data: &'a Value,
+}
+
+/// Insert a batch of events, their moments and team events in one statement (a
+/// data-modifying `WITH`): on its own, one atomic commit and one round trip, like
+/// `insert_batch`, however many team events it holds. Team events take their ids in the
+/// order given; the stored rows come back in that order.
+pub async fn insert_batch_with(
     db: impl PgExecutor<'_>,
     events: &[AgentEvent],
     moments: &[MomentRow<'_>],
-) -> Result<(), sqlx::Error> {
+    team: &[NewTeamRow<'_>],
+) -> Result<Vec<TeamEventRow>, sqlx::Error> {
     let c = Columns::of(events, sqlx::types::Json);
     let m = MomentColumns::of(moments);
-    sqlx::query(
+    let mut rows: Vec<TeamEventRow> = sqlx::query_as(
         "WITH stored AS (
             INSERT INTO agent_events (agent_id, seq, turn_id, kind, data, created_at)
             SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], $4::text[], $5::jsonb[], $6::timestamptz[])
+         ), moments AS (
+            INSERT INTO agent_moments (agent_id, seq, kind, payload)
+            SELECT * FROM UNNEST($7::uuid[], $8::int8[], $9::text[], $10::jsonb[])
          )
-         INSERT INTO agent_moments (agent_id, seq, kind, payload)
-         SELECT * FROM UNNEST($7::uuid[], $8::int8[], $9::text[], $10::jsonb[])",
+         INSERT INTO team_events (team_id, project_id, workspace_id, kind, data)
+         SELECT t, p, w, k, d
+         FROM UNNEST($11::uuid[], $12::uuid[], $13::uuid[], $14::text[], $15::jsonb[])
+              WITH ORDINALITY AS x(t, p, w, k, d, n)
+         ORDER BY n
+         RETURNING id, team_id, project_id, workspace_id, kind, data, at",
     )
     .bind(&c.agent_ids)
     .bind(&c.seqs)
@@ -263,9 +283,19 @@ pub async fn insert_batch_with_moments(
     .bind(&m.seqs)
     .bind(&m.kinds)
     .bind(&m.data)
-    .execute(db)
+    .bind(team.iter().map(|t| t.team_id).collect::<Vec<_>>())
+    .bind(team.iter().map(|t| t.project_id).collect::<Vec<_>>())
+    .bind(team.iter().map(|t| t.workspace_id).collect::<Vec<_>>())
+    .bind(team.iter().map(|t| t.kind).collect::<Vec<_>>())
+    .bind(
+        team.iter()
+            .map(|t| sqlx::types::Json(t.data))
+            .collect::<Vec<_>>(),
+    )
+    .fetch_all(db)
     .await?;
-    Ok(())
+    rows.sort_by_key(|r| r.id);
+    Ok(rows)
 }
 
 struct MomentColumns<'a> {
