@@ -503,12 +503,18 @@ pub struct AgentSettings {
     /// provider process is stopped; the next prompt resumes the same conversation.
     /// 0 keeps idle processes running.
     pub idle_timeout_s: u64,
+    /// The CPU priority (`nice`, 0–19) of agent processes and everything they start: 10
+    /// by default, below the server and its database, so that recording and streaming
+    /// events keeps its share of the cores while agents build and test. 0 runs them at
+    /// the server's own priority.
+    pub nice: i32,
 }
 
 impl Default for AgentSettings {
     fn default() -> Self {
         Self {
             idle_timeout_s: 900,
+            nice: 10,
         }
     }
 }
@@ -693,6 +699,9 @@ impl Settings {
         }
         if self.database.max_connections == 0 {
             return Err(invalid("database.max_connections", "must be at least 1"));
+        }
+        if !(0..=19).contains(&self.agents.nice) {
+            return Err(invalid("agents.nice", "must be between 0 and 19"));
         }
         if self.database.statement_deadline_ms == 0 {
             return Err(invalid(
@@ -1458,6 +1467,13 @@ mod tests {
         let e = Settings::load_from(None, &env(&[("AGENTRY_DATABASE__MAX_CONNECTIONS", "0")]))
             .unwrap_err();
         assert_eq!(e.setting, "database.max_connections");
+        let s = Settings::load_from(None, &env(&[("AGENTRY_AGENTS__NICE", "4")])).unwrap();
+        assert_eq!(s.agents.nice, 4);
+        for out_of_range in ["20", "-1"] {
+            let e = Settings::load_from(None, &env(&[("AGENTRY_AGENTS__NICE", out_of_range)]))
+                .unwrap_err();
+            assert_eq!(e.setting, "agents.nice");
+        }
         let s = Settings::load_from(
             None,
             &env(&[("AGENTRY_DATABASE__STATEMENT_DEADLINE_MS", "1500")]),

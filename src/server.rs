@@ -129,8 +129,17 @@ impl Application {
         let bootstrap_token = bootstrap_admin(&pool, &settings.data_dir).await?;
 
         let bus = Arc::new(Bus::new(settings.events.subscriber_buffer));
+        // The writer has connections of its own: a commit never waits in line with
+        // requests and agents for the shared pool (with 1,000 agents starting turns, that
+        // line made batches wait hundreds of milliseconds).
+        let writer_pool = store::connect(
+            (*pool.connect_options()).clone(),
+            store::WRITER_CONNECTIONS,
+        )
+        .await
+        .context("cannot open the event writer's database connections")?;
         let writer = EventWriter::spawn(
-            pool.clone(),
+            writer_pool,
             bus.clone(),
             WriterLimits {
                 max_batch: settings.events.batch_max_events,
@@ -175,7 +184,8 @@ impl Application {
             (settings.agents.idle_timeout_s > 0)
                 .then(|| Duration::from_secs(settings.agents.idle_timeout_s)),
         )
-        .with_lease_ttl(Duration::from_secs(settings.cluster.lease_ttl_s));
+        .with_lease_ttl(Duration::from_secs(settings.cluster.lease_ttl_s))
+        .with_agent_nice(settings.agents.nice);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let oidc = match &settings.auth.oidc {
             Some(o) => Some(crate::auth::oidc::Oidc::start(

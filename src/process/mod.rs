@@ -295,6 +295,18 @@ impl Drop for ManagedChild {
     }
 }
 
+/// Give a process group a lower CPU priority (`nice`): every process in it now, and what
+/// they start later (children inherit it).
+pub fn lower_priority(pgid: i32, nice: i32) -> io::Result<()> {
+    // SAFETY: setpriority only reads its integer arguments.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PGRP, pgid as libc::id_t, nice) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Spawn `spec` in a new process group (not yet recorded).
 pub fn spawn(spec: &CommandSpec) -> Result<ManagedChild, ProcessError> {
     let mut extra = spec.env.clone();

@@ -221,6 +221,7 @@ impl Actor {
             ledger: self.shared.ledger.clone(),
             agent: self.id(),
             secret_env: self.ctx.secret_env.clone(),
+            nice: self.shared.agent_nice,
         });
         let (tx, rx) = mpsc::channel(1024);
         match self.provider.start(spec, launcher, tx).await {

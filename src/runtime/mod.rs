@@ -203,6 +203,8 @@ pub(crate) struct Shared {
     pub interrupt_grace: Duration,
     /// Idle time after which an agent's process is stopped (`None`: never).
     pub idle_timeout: Option<Duration>,
+    /// CPU priority of agent processes (`agents.nice`; 0: the server's own).
+    pub agent_nice: i32,
     actors: Mutex<HashMap<AgentId, ActorHandle>>,
     /// Turns ended, by provider and outcome.
     pub turns: Family<Counter>,
@@ -247,6 +249,7 @@ impl AgentManager {
                 ledger,
                 interrupt_grace: Duration::from_secs(5),
                 idle_timeout: None,
+                agent_nice: 0,
                 actors: Mutex::new(HashMap::new()),
                 turns: Family::counters(&["provider", "outcome"]),
                 turns_started: Family::counters(&["provider"]),
@@ -278,6 +281,15 @@ impl AgentManager {
         Arc::get_mut(&mut self.shared)
             .expect("the idle timeout is set before the manager is shared")
             .idle_timeout = idle;
+        self
+    }
+
+    /// The CPU priority (`nice`) of agent processes. Set it before the manager is cloned
+    /// or used.
+    pub fn with_agent_nice(mut self, nice: i32) -> Self {
+        Arc::get_mut(&mut self.shared)
+            .expect("the agents' priority is set before the manager is shared")
+            .agent_nice = nice;
         self
     }
 
@@ -724,11 +736,12 @@ impl ProcessLauncher for ProbeLauncher {
 }
 
 /// Starts an agent's provider processes through the ledger, with the agent's team
-/// secrets in their environment.
+/// secrets in their environment, at the agents' CPU priority.
 pub(crate) struct AgentLauncher {
     pub ledger: Ledger,
     pub agent: AgentId,
     pub secret_env: SecretEnv,
+    pub nice: i32,
 }
 
 #[async_trait]
@@ -736,7 +749,14 @@ impl ProcessLauncher for AgentLauncher {
     async fn launch(&self, mut spec: CommandSpec) -> Result<ManagedChild, ProcessError> {
         spec.secret_env
             .extend(self.secret_env.iter().map(|(k, v)| (k.clone(), v.clone())));
-        self.ledger.launch(&spec, Some(self.agent)).await
+        let child = self.ledger.launch(&spec, Some(self.agent)).await?;
+        if self.nice > 0
+            && let Err(e) = crate::process::lower_priority(child.pgid(), self.nice)
+        {
+            // It runs all the same, at the server's priority.
+            tracing::warn!(agent_id = %self.agent, nice = self.nice, error = %e, "could not lower an agent process's CPU priority");
+        }
+        Ok(child)
     }
 }
 

@@ -34,6 +34,9 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// 503 `store_unavailable`): an unreachable or stalled database must not hang requests.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Connections the event writer holds beside the shared pool.
+pub const WRITER_CONNECTIONS: u32 = 2;
+
 /// Connect a pool with the settings every agentry pool shares.
 pub async fn connect(
     options: PgConnectOptions,

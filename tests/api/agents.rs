@@ -225,6 +225,36 @@ async fn close_ends_the_process_and_a_prompt_reopens() {
     assert!(!app.timeline(&id).await.is_empty());
 }
 
+/// The `nice` of a process, from /proc (field 19 of its stat line).
+fn nice_of(pid: i32) -> i64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("a live process");
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    // Fields after the command name start at field 3.
+    fields[19 - 3].parse().unwrap()
+}
+
+#[tokio::test]
+async fn agent_processes_run_below_the_servers_cpu_priority() {
+    let ours = nice_of(std::process::id() as i32);
+    assert!(ours < 10, "the test runs at nice {ours}; it needs less than 10");
+    let repo = git_repo();
+    let app = spawn_app().await;
+    let (id, _) = app.mock_agent(repo.path()).await;
+    app.wait(&id).await;
+    let pid = app.get_ok(&format!("/v1/agents/{id}")).await["runtime"]["pid"]
+        .as_i64()
+        .expect("a live pid") as i32;
+    assert_eq!(nice_of(pid), 10, "agents.nice defaults to 10");
+
+    let app = spawn_app_with(|s| s.agents.nice = 0).await;
+    let (id, _) = app.mock_agent(repo.path()).await;
+    app.wait(&id).await;
+    let pid = app.get_ok(&format!("/v1/agents/{id}")).await["runtime"]["pid"]
+        .as_i64()
+        .expect("a live pid") as i32;
+    assert_eq!(nice_of(pid), ours, "0 leaves them at the server's priority");
+}
+
 #[tokio::test]
 async fn an_idle_agent_process_is_stopped_and_the_next_prompt_resumes() {
     let app = spawn_app_with(|s| s.agents.idle_timeout_s = 2).await;
