@@ -132,12 +132,10 @@ impl Application {
         // The writer has connections of its own: a commit never waits in line with
         // requests and agents for the shared pool (with 1,000 agents starting turns, that
         // line made batches wait hundreds of milliseconds).
-        let writer_pool = store::connect(
-            (*pool.connect_options()).clone(),
-            store::WRITER_CONNECTIONS,
-        )
-        .await
-        .context("cannot open the event writer's database connections")?;
+        let writer_pool =
+            store::connect((*pool.connect_options()).clone(), store::WRITER_CONNECTIONS)
+                .await
+                .context("cannot open the event writer's database connections")?;
         let writer = EventWriter::spawn(
             writer_pool,
             bus.clone(),

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::client::Api;
-use super::server::{CpuReading, Memory, ServerProcess, descendants, process_pss_kib};
+use super::server::{CpuReading, Memory, ServerProcess, descendants, own_command, process_pss_kib};
 use super::stream::{self, Subscription, Until};
 use super::verify::{self, Seen};
 use super::{BenchArgs, Figure, Percentiles, raw};
@@ -389,9 +389,10 @@ pub async fn fanout(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     let opening = Instant::now();
     let agents = api.open_agents(&ws, plan.agents, 32).await?;
     let opened_in = opening.elapsed();
+    let ours = own_command(server.pid());
     let mocks: Vec<u32> = descendants(server.pid())
         .into_iter()
-        .filter(|(_, comm)| comm == "agentry")
+        .filter(|(_, comm)| *comm == ours)
         .map(|(pid, _)| pid)
         .collect();
     let mock_pss: u64 = mocks.iter().map(|p| process_pss_kib(*p)).sum();

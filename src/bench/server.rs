@@ -327,6 +327,14 @@ fn clock_ticks() -> f64 {
     if hz > 0 { hz as f64 } else { 100.0 }
 }
 
+/// The command name of the server: its mock agents run the same binary, whatever its
+/// file is called.
+pub fn own_command(server_pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{server_pid}/comm"))
+        .map(|c| c.trim().to_owned())
+        .unwrap_or_else(|_| "agentry".to_owned())
+}
+
 /// Every process below `pid` (children, their children, …) with its command name.
 pub fn descendants(pid: u32) -> Vec<(u32, String)> {
     let mut out = Vec::new();
@@ -371,10 +379,7 @@ impl CpuReading {
             bench: process_cpu(std::process::id()),
             ..Self::default()
         };
-        // The mock agents run the server's own binary, whatever its file is called.
-        let ours = std::fs::read_to_string(format!("/proc/{server_pid}/comm"))
-            .map(|c| c.trim().to_owned())
-            .unwrap_or_else(|_| "agentry".to_owned());
+        let ours = own_command(server_pid);
         for (pid, comm) in descendants(server_pid) {
             if comm == ours {
                 r.agents += process_cpu(pid);

@@ -228,7 +228,12 @@ async fn close_ends_the_process_and_a_prompt_reopens() {
 /// The `nice` of a process, from /proc (field 19 of its stat line).
 fn nice_of(pid: i32) -> i64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("a live process");
-    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
     // Fields after the command name start at field 3.
     fields[19 - 3].parse().unwrap()
 }
@@ -236,7 +241,10 @@ fn nice_of(pid: i32) -> i64 {
 #[tokio::test]
 async fn agent_processes_run_below_the_servers_cpu_priority() {
     let ours = nice_of(std::process::id() as i32);
-    assert!(ours < 10, "the test runs at nice {ours}; it needs less than 10");
+    assert!(
+        ours < 10,
+        "the test runs at nice {ours}; it needs less than 10"
+    );
     let repo = git_repo();
     let app = spawn_app().await;
     let (id, _) = app.mock_agent(repo.path()).await;

@@ -395,12 +395,28 @@ mod tests {
         lines
     }
 
+    /// A gate with `limit` credits on one end of a pipe; the agent's end is returned.
+    fn open_gate(
+        limit: usize,
+        armed: bool,
+    ) -> (
+        Arc<UpdateCredits>,
+        tokio::io::DuplexStream,
+        UpdateGate<tokio::io::DuplexStream>,
+        UpdateLane,
+    ) {
+        let credits = Arc::new(UpdateCredits::new(limit));
+        if armed {
+            credits.arm();
+        }
+        let (agent, pipe) = tokio::io::duplex(1 << 20);
+        let (gate, lane) = UpdateGate::new(pipe, credits.clone());
+        (credits, agent, gate, lane)
+    }
+
     #[tokio::test]
     async fn updates_go_down_the_lane_and_other_lines_wait_for_them() {
-        let credits = Arc::new(UpdateCredits::new(8));
-        credits.arm();
-        let (mut agent, pipe) = tokio::io::duplex(1 << 20);
-        let (mut gate, mut lane) = UpdateGate::new(pipe, credits.clone());
+        let (credits, mut agent, mut gate, mut lane) = open_gate(8, true);
         let response = r#"{"jsonrpc":"2.0","id":1,"result":{}}"#;
         let wire = format!("{UPDATE}\n{response}\n{UPDATE}\n{UPDATE}\n{response}\n");
         agent.write_all(wire.as_bytes()).await.unwrap();
@@ -426,10 +442,7 @@ mod tests {
 
     #[tokio::test]
     async fn reading_stops_at_the_limit_and_resumes_on_release() {
-        let credits = Arc::new(UpdateCredits::new(2));
-        credits.arm();
-        let (mut agent, pipe) = tokio::io::duplex(1 << 20);
-        let (mut gate, mut lane) = UpdateGate::new(pipe, credits.clone());
+        let (credits, mut agent, mut gate, mut lane) = open_gate(2, true);
         let wire = format!("{UPDATE}\n{UPDATE}\n{UPDATE}\n");
         agent.write_all(wire.as_bytes()).await.unwrap();
 
@@ -438,16 +451,17 @@ mod tests {
         assert_eq!(credits.in_flight(), 2);
         credits.release();
         assert_eq!(read_for_a_moment(&mut gate).await, "");
-        assert_eq!(lane_lines(&mut lane).len(), 1, "the third took the credit given back");
+        assert_eq!(
+            lane_lines(&mut lane).len(),
+            1,
+            "the third took the credit given back"
+        );
         assert_eq!(credits.in_flight(), 2);
     }
 
     #[tokio::test]
     async fn an_update_is_dropped_with_its_credit_once_the_lane_is_gone() {
-        let credits = Arc::new(UpdateCredits::new(1));
-        credits.arm();
-        let (mut agent, pipe) = tokio::io::duplex(1 << 20);
-        let (mut gate, lane) = UpdateGate::new(pipe, credits.clone());
+        let (credits, mut agent, mut gate, lane) = open_gate(1, true);
         drop(lane);
         agent
             .write_all(format!("{UPDATE}\n{UPDATE}\n").as_bytes())
@@ -462,10 +476,8 @@ mod tests {
 
     #[tokio::test]
     async fn nothing_is_counted_before_arming_and_a_stray_release_is_ignored() {
-        let credits = Arc::new(UpdateCredits::new(1));
+        let (credits, mut agent, mut gate, mut lane) = open_gate(1, false);
         credits.release();
-        let (mut agent, pipe) = tokio::io::duplex(1 << 20);
-        let (mut gate, mut lane) = UpdateGate::new(pipe, credits.clone());
         let wire = format!("{UPDATE}\n{UPDATE}\n{UPDATE}");
         agent.write_all(wire.as_bytes()).await.unwrap();
         drop(agent);
