@@ -54,6 +54,30 @@ impl<'a, D> Columns<'a, D> {
     }
 }
 
+/// Bind a batch's columns (`Columns`), in table order, as the next six parameters.
+macro_rules! bind_events {
+    ($query:expr, $c:expr) => {
+        $query
+            .bind(&$c.agent_ids)
+            .bind(&$c.seqs)
+            .bind(&$c.turns)
+            .bind(&$c.kinds)
+            .bind(&$c.data)
+            .bind(&$c.ats)
+    };
+}
+
+/// Bind moments' columns (`MomentColumns`) as the next four parameters.
+macro_rules! bind_moments {
+    ($query:expr, $m:expr) => {
+        $query
+            .bind(&$m.agents)
+            .bind(&$m.seqs)
+            .bind(&$m.kinds)
+            .bind(&$m.data)
+    };
+}
+
 /// Insert a batch of events in one statement. On its own (outside a transaction) it is
 /// one atomic, durable commit and one round trip. An agent's `last_seq` is not stored:
 /// it is read as `max(seq)` of its timeline.
@@ -62,16 +86,13 @@ pub async fn insert_batch(
     events: &[AgentEvent],
 ) -> Result<(), sqlx::Error> {
     let c = Columns::of(events, sqlx::types::Json);
-    sqlx::query(
-        "INSERT INTO agent_events (agent_id, seq, turn_id, kind, data, created_at)
-         SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], $4::text[], $5::jsonb[], $6::timestamptz[])",
+    bind_events!(
+        sqlx::query(
+            "INSERT INTO agent_events (agent_id, seq, turn_id, kind, data, created_at)
+             SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], $4::text[], $5::jsonb[], $6::timestamptz[])",
+        ),
+        c
     )
-    .bind(&c.agent_ids)
-    .bind(&c.seqs)
-    .bind(&c.turns)
-    .bind(&c.kinds)
-    .bind(&c.data)
-    .bind(&c.ats)
     .execute(db)
     .await?;
     Ok(())
@@ -86,15 +107,12 @@ pub async fn insert_each(
     events: &[AgentEvent],
 ) -> Result<Vec<(i32, String, String)>, sqlx::Error> {
     let c = Columns::of(events, Value::to_string);
-    sqlx::query_as(
-        "SELECT idx, code, message FROM agentry_insert_events_each($1, $2, $3, $4, $5, $6)",
+    bind_events!(
+        sqlx::query_as(
+            "SELECT idx, code, message FROM agentry_insert_events_each($1, $2, $3, $4, $5, $6)",
+        ),
+        c
     )
-    .bind(&c.agent_ids)
-    .bind(&c.seqs)
-    .bind(&c.turns)
-    .bind(&c.kinds)
-    .bind(&c.data)
-    .bind(&c.ats)
     .fetch_all(&mut **tx)
     .await
 }
@@ -246,6 +264,21 @@ pub struct NewTeamRow<'a> {
     pub data: &'a Value,
 }
 
+/// Events, moments and team events, in one statement (see `insert_batch_with`).
+const INSERT_BATCH_WITH: &str = "WITH stored AS (
+            INSERT INTO agent_events (agent_id, seq, turn_id, kind, data, created_at)
+            SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], $4::text[], $5::jsonb[], $6::timestamptz[])
+         ), moments AS (
+            INSERT INTO agent_moments (agent_id, seq, kind, payload)
+            SELECT * FROM UNNEST($7::uuid[], $8::int8[], $9::text[], $10::jsonb[])
+         )
+         INSERT INTO team_events (team_id, project_id, workspace_id, kind, data)
+         SELECT t, p, w, k, d
+         FROM UNNEST($11::uuid[], $12::uuid[], $13::uuid[], $14::text[], $15::jsonb[])
+              WITH ORDINALITY AS x(t, p, w, k, d, n)
+         ORDER BY n
+         RETURNING id, team_id, project_id, workspace_id, kind, data, at";
+
 /// Insert a batch of events, their moments and team events in one statement (a
 /// data-modifying `WITH`): on its own, one atomic commit and one round trip, like
 /// `insert_batch`, however many team events it holds. Team events take their ids in the
@@ -258,42 +291,19 @@ pub async fn insert_batch_with(
 ) -> Result<Vec<TeamEventRow>, sqlx::Error> {
     let c = Columns::of(events, sqlx::types::Json);
     let m = MomentColumns::of(moments);
-    let mut rows: Vec<TeamEventRow> = sqlx::query_as(
-        "WITH stored AS (
-            INSERT INTO agent_events (agent_id, seq, turn_id, kind, data, created_at)
-            SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], $4::text[], $5::jsonb[], $6::timestamptz[])
-         ), moments AS (
-            INSERT INTO agent_moments (agent_id, seq, kind, payload)
-            SELECT * FROM UNNEST($7::uuid[], $8::int8[], $9::text[], $10::jsonb[])
-         )
-         INSERT INTO team_events (team_id, project_id, workspace_id, kind, data)
-         SELECT t, p, w, k, d
-         FROM UNNEST($11::uuid[], $12::uuid[], $13::uuid[], $14::text[], $15::jsonb[])
-              WITH ORDINALITY AS x(t, p, w, k, d, n)
-         ORDER BY n
-         RETURNING id, team_id, project_id, workspace_id, kind, data, at",
-    )
-    .bind(&c.agent_ids)
-    .bind(&c.seqs)
-    .bind(&c.turns)
-    .bind(&c.kinds)
-    .bind(&c.data)
-    .bind(&c.ats)
-    .bind(&m.agents)
-    .bind(&m.seqs)
-    .bind(&m.kinds)
-    .bind(&m.data)
-    .bind(team.iter().map(|t| t.team_id).collect::<Vec<_>>())
-    .bind(team.iter().map(|t| t.project_id).collect::<Vec<_>>())
-    .bind(team.iter().map(|t| t.workspace_id).collect::<Vec<_>>())
-    .bind(team.iter().map(|t| t.kind).collect::<Vec<_>>())
-    .bind(
-        team.iter()
-            .map(|t| sqlx::types::Json(t.data))
-            .collect::<Vec<_>>(),
-    )
-    .fetch_all(db)
-    .await?;
+    let mut rows: Vec<TeamEventRow> =
+        bind_moments!(bind_events!(sqlx::query_as(INSERT_BATCH_WITH), c), m)
+            .bind(team.iter().map(|t| t.team_id).collect::<Vec<_>>())
+            .bind(team.iter().map(|t| t.project_id).collect::<Vec<_>>())
+            .bind(team.iter().map(|t| t.workspace_id).collect::<Vec<_>>())
+            .bind(team.iter().map(|t| t.kind).collect::<Vec<_>>())
+            .bind(
+                team.iter()
+                    .map(|t| sqlx::types::Json(t.data))
+                    .collect::<Vec<_>>(),
+            )
+            .fetch_all(db)
+            .await?;
     rows.sort_by_key(|r| r.id);
     Ok(rows)
 }
@@ -322,14 +332,13 @@ pub async fn insert_moments(
     moments: &[MomentRow<'_>],
 ) -> Result<(), sqlx::Error> {
     let m = MomentColumns::of(moments);
-    sqlx::query(
-        "INSERT INTO agent_moments (agent_id, seq, kind, payload)
-         SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::text[], $4::jsonb[])",
+    bind_moments!(
+        sqlx::query(
+            "INSERT INTO agent_moments (agent_id, seq, kind, payload)
+             SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::text[], $4::jsonb[])",
+        ),
+        m
     )
-    .bind(&m.agents)
-    .bind(&m.seqs)
-    .bind(&m.kinds)
-    .bind(&m.data)
     .execute(db)
     .await?;
     Ok(())
