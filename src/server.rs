@@ -130,8 +130,8 @@ impl Application {
 
         let bus = Arc::new(Bus::new(settings.events.subscriber_buffer));
         // The writer has connections of its own: a commit never waits in line with
-        // requests and agents for the shared pool (with 1,000 agents starting turns, that
-        // line made batches wait hundreds of milliseconds).
+        // requests and agents for the shared pool (while 1,000 agents were being opened,
+        // that wait doubled the time of each commit).
         let writer_pool =
             store::connect((*pool.connect_options()).clone(), store::WRITER_CONNECTIONS)
                 .await
