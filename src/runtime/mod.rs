@@ -680,16 +680,26 @@ impl Shared {
     /// Called by an actor once it stopped: give its agent's lease up, unless a newer actor
     /// runs the agent here (any replica may then run it).
     pub(crate) async fn release_lease(&self, id: AgentId) {
-        let live = {
+        let live = || {
             let actors = self.actors.lock().expect("actors lock");
             actors.get(&id).is_some_and(|h| !h.tx.is_closed())
         };
-        if live {
+        if live() {
             return;
         }
         if let Err(e) = store::replicas::release(&self.pool, id.uuid(), &self.replica).await {
             // It runs out by itself; another replica takes the agent over then.
             tracing::warn!(agent_id = %id, error = %e, "could not give up an agent's lease");
+            return;
+        }
+        // A prompt may have reopened the agent here meanwhile, its lease taken just before
+        // this release cleared it: take it back, so that no other replica starts it too.
+        if live()
+            && let Err(e) =
+                store::replicas::claim(&self.pool, id.uuid(), &self.replica, self.lease_ttl_s).await
+        {
+            // The next renewal takes it back.
+            tracing::warn!(agent_id = %id, error = %e, "could not take an agent's lease back");
         }
     }
 

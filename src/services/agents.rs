@@ -255,6 +255,8 @@ pub(crate) fn to_agent(ctx: &ServiceContext, row: AgentRow) -> Agent {
             pid: snap.as_ref().and_then(|s| s.pid),
             replica: match &snap {
                 Some(_) => Some(ctx.agents.replica().to_owned()),
+                // A closed agent runs nowhere, whatever lease is still being given up.
+                None if status == AgentStatus::Closed => None,
                 None => row.owner_replica,
             },
             provider_session_id: snap
