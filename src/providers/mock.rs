@@ -93,6 +93,7 @@ pub async fn run_stdio() -> anyhow::Result<()> {
     let mock = Arc::new(MockAgent {
         sessions: Mutex::new(HashMap::new()),
         written: outbox.written.subscribe(),
+        outbox: outbox.clone(),
     });
     let served = serve(mock, acp::Lines::new(OutboxSink(outbox), incoming)).await;
     writer.abort();
@@ -122,6 +123,23 @@ struct OutboxState {
 
 /// Bytes the outbox takes before senders wait for the writer.
 const OUTBOX_LIMIT: usize = 1 << 20;
+
+impl Outbox {
+    /// Queue one line written outside the connection (see `Turn::load`).
+    fn push(&self, line: &[u8]) -> std::io::Result<()> {
+        {
+            let mut state = lock(&self.state);
+            if let Some(kind) = state.failed {
+                return Err(kind.into());
+            }
+            state.pending.extend_from_slice(line);
+            state.pending.push(b'\n');
+            state.pending_lines += 1;
+        }
+        self.wake_writer.notify_one();
+        Ok(())
+    }
+}
 
 impl OutboxState {
     fn wake_all(&mut self) {
@@ -297,6 +315,8 @@ struct MockAgent {
     sessions: Mutex<HashMap<String, MockSession>>,
     /// Lines written to stdout so far (for `/load` backpressure).
     written: watch::Receiver<u64>,
+    /// Where `/load` writes its chunks itself.
+    outbox: Arc<Outbox>,
 }
 
 struct MockSession {
@@ -497,18 +517,21 @@ async fn serve(
                         cancel,
                         started,
                         written: for_prompt.written.clone(),
+                        outbox: for_prompt.outbox.clone(),
                     }
                 };
                 let mock = for_prompt.clone();
-                cx.spawn(async move {
+                // A task of its own: a paced turn's timer wakes it alone, not the whole
+                // connection.
+                tokio::spawn(async move {
                     let session_id = turn.session_id.clone();
                     let result = turn.run(&text).await;
                     if let Some(session) = lock(&mock.sessions).get_mut(&*session_id.0) {
                         session.busy = false;
                     }
                     let _ = responder.respond_with_result(result);
-                    Ok(())
-                })
+                });
+                Ok(())
             },
             acp::on_receive_request!(),
         )
@@ -534,6 +557,7 @@ struct Turn {
     cancel: watch::Receiver<u64>,
     started: u64,
     written: watch::Receiver<u64>,
+    outbox: Arc<Outbox>,
 }
 
 /// The turn was cancelled; it ends with `stopReason: cancelled`.
@@ -618,6 +642,34 @@ impl Turn {
             proto::ContentChunk::new(proto::ContentBlock::Text(proto::TextContent::new(text)))
                 .message_id(proto::MessageId::new(message_id)),
         ))
+    }
+
+    /// A chunk written straight to the outbox, the same line the connection would write:
+    /// `/load` emits many, and the connection's path (a JSON value, its queues and tasks)
+    /// would cost the mock more than the server it measures.
+    fn raw_chunk(&self, message_id: &str, text: &str) -> acp::Result<()> {
+        #[derive(serde::Serialize)]
+        struct Notification<'a> {
+            jsonrpc: &'static str,
+            method: &'static str,
+            params: &'a proto::SessionNotification,
+        }
+        let params = proto::SessionNotification::new(
+            self.session_id.clone(),
+            proto::SessionUpdate::AgentMessageChunk(
+                proto::ContentChunk::new(proto::ContentBlock::Text(proto::TextContent::new(text)))
+                    .message_id(proto::MessageId::new(message_id)),
+            ),
+        );
+        let line = serde_json::to_vec(&Notification {
+            jsonrpc: "2.0",
+            method: "session/update",
+            params: &params,
+        })
+        .map_err(|e| acp::Error::new(acp::ErrorCode::INTERNAL_ERROR, e.to_string()))?;
+        self.outbox
+            .push(&line)
+            .map_err(|e| acp::Error::new(acp::ErrorCode::INTERNAL_ERROR, e.to_string()))
     }
 
     /// One assistant message, streamed word by word.
@@ -753,6 +805,13 @@ impl Turn {
             _ => return Err(invalid(USAGE)),
         };
         let message_id = Uuid::now_v7().to_string();
+        let pace = if interval > 0 {
+            Some(PaceTimer::new().map_err(|e| {
+                acp::Error::new(acp::ErrorCode::INTERNAL_ERROR, format!("no timer: {e}"))
+            })?)
+        } else {
+            None
+        };
         let mut target = *self.written.borrow();
         // Paced events keep to a schedule (event i at start + i × interval), so the rate
         // is what was asked for even when a timer fires late.
@@ -762,13 +821,15 @@ impl Turn {
                 return Ok(Err(Cancelled));
             }
             let stamp = stamp.then(unix_micros);
-            self.chunk(&message_id, &load_chunk_text(i, stamp))?;
+            self.raw_chunk(&message_id, &load_chunk_text(i, stamp))?;
             target += 1;
-            if interval > 0 {
+            if let Some(pace) = &pace {
                 let next = start + Duration::from_millis(interval) * (i as u32 + 1);
                 if next > tokio::time::Instant::now() {
                     tokio::select! {
-                        () = tokio::time::sleep_until(next) => {}
+                        slept = pace.until(next.into_std()) => slept.map_err(|e| {
+                            acp::Error::new(acp::ErrorCode::INTERNAL_ERROR, format!("timer: {e}"))
+                        })?,
                         () = self.cancelled() => return Ok(Err(Cancelled)),
                     }
                 }
@@ -862,6 +923,75 @@ pub fn load_chunk_text(i: u64, stamp_us: Option<i64>) -> String {
     match stamp_us {
         Some(us) => format!("{i}@{us} "),
         None => format!("{i} "),
+    }
+}
+
+/// The paced `/load`'s clock: one wake-up per event. Tokio's timer wheel wakes a sleep
+/// longer than 64 ms twice (once to move it to a finer level), and with a thousand mock
+/// agents pacing at 100 ms, the second wake-up doubled what the mocks cost the machine.
+struct PaceTimer {
+    fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+}
+
+impl PaceTimer {
+    fn new() -> std::io::Result<Self> {
+        use std::os::fd::FromRawFd as _;
+        // SAFETY: plain system call; the descriptor is owned from here on.
+        let fd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just created and nothing else owns it.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        // SAFETY: the `OwnedFd` stays open, and the same descriptor, until it is dropped
+        // with the `AsyncFd`.
+        let fd = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+        }?;
+        Ok(Self { fd })
+    }
+
+    /// Sleep until `deadline` (at once when it has passed).
+    async fn until(&self, deadline: std::time::Instant) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd as _;
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: left.as_secs() as libc::time_t,
+                tv_nsec: libc::c_long::from(left.subsec_nanos() as i32),
+            },
+        };
+        let fd = self.fd.get_ref().as_raw_fd();
+        // SAFETY: `fd` is a timerfd we own; `spec` lives across the call.
+        if unsafe { libc::timerfd_settime(fd, 0, &spec, std::ptr::null_mut()) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        loop {
+            let mut ready = self.fd.readable().await?;
+            let mut expirations = [0u8; 8];
+            // SAFETY: reads at most 8 bytes into a buffer of 8.
+            let read = ready.try_io(|_| {
+                match unsafe { libc::read(fd, expirations.as_mut_ptr().cast(), 8) } {
+                    n if n < 0 => Err(std::io::Error::last_os_error()),
+                    _ => Ok(()),
+                }
+            });
+            if let Ok(done) = read {
+                return done;
+            }
+        }
     }
 }
 
