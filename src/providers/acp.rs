@@ -11,8 +11,10 @@
 //!
 //! `session/update` notifications do not go through the SDK: the agent's stdout passes
 //! through a gate (`gate`) that takes them out of the stream into a lane that
-//! `handle_updates` reads, in order, beside the connection. Every other line reaches the
-//! SDK only after the updates written before it are handled, so the order above holds.
+//! `handle_updates` reads, in order. Every other line reaches the SDK only after the
+//! updates written before it are handled, so the order above holds. The gate and the lane
+//! run in a task of their own (`pump`), which hands the SDK its lines through an in-memory
+//! pipe: an update wakes that task alone, never the SDK's connection.
 //!
 //! Back-pressure: a handler waits for room in the sink, and the gate stops reading once
 //! `UPDATES_IN_FLIGHT` updates are read and not yet handled, so an agent that outruns its
@@ -60,6 +62,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// of its group still holding the pipe, as codex-acp's do, must not delay the failure of
 /// the turn; what the leader wrote before it died is in the pipe already).
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(500);
+/// The in-memory pipe between the gate and the SDK (lines other than updates).
+const SDK_PIPE_BYTES: usize = 64 * 1024;
 /// After the connection ends, how long the process may take to exit on its own.
 const EXIT_AFTER_EOF: Duration = Duration::from_millis(500);
 /// After `session/load` answers, how long the agent must send no update for its history
@@ -1692,7 +1696,8 @@ async fn start_session(
     let (stderr_ring, stderr_task) =
         StderrTail::capture_masked(stderr, "agentry::providers::acp::stderr", child.redactor());
     let update_credits = Arc::new(UpdateCredits::new(UPDATES_IN_FLIGHT));
-    let (stdout, update_lane) = UpdateGate::new(stdout, update_credits.clone());
+    let (gate, update_lane) = UpdateGate::new(stdout, update_credits.clone());
+    let (stdout, to_sdk) = tokio::io::duplex(SDK_PIPE_BYTES);
     let shared = Arc::new(Shared {
         events: Emitter::new(events),
         root: std::fs::canonicalize(&spec.cwd).unwrap_or_else(|_| spec.cwd.clone()),
@@ -1783,13 +1788,16 @@ async fn start_session(
                 Ok(())
             });
 
-    let updates = handle_updates(
-        update_lane,
-        InboundHandler {
-            shared: shared.clone(),
-        },
-    );
-    let connection = beside(connection, updates);
+    let pump = tokio::spawn(pump(
+        gate,
+        to_sdk,
+        handle_updates(
+            update_lane,
+            InboundHandler {
+                shared: shared.clone(),
+            },
+        ),
+    ));
 
     let (started_tx, started_rx) = oneshot::channel();
     tokio::spawn(supervise(
@@ -1800,6 +1808,7 @@ async fn start_session(
         Supervision {
             done: done_tx,
             started: started_rx,
+            pump,
         },
     ));
 
@@ -1866,16 +1875,24 @@ async fn handle_updates(mut lane: gate::UpdateLane, handler: InboundHandler) {
     }
 }
 
-/// Run `main` with `beside` alongside it, until `main` ends.
-async fn beside<T>(main: impl Future<Output = T>, beside: impl Future<Output = ()>) -> T {
-    tokio::pin!(main, beside);
-    let mut beside_running = true;
-    loop {
-        tokio::select! {
-            out = &mut main => return out,
-            () = &mut beside, if beside_running => beside_running = false,
+/// Moves the agent's stdout through the gate: updates to `updates` (the lane's reader),
+/// everything else into the SDK's pipe. Ends at the end of the output, once every update
+/// is handled and the SDK has been given the rest, or when the SDK's end of the pipe is
+/// gone.
+async fn pump(
+    mut gate: UpdateGate<tokio::process::ChildStdout>,
+    mut to_sdk: tokio::io::DuplexStream,
+    updates: impl Future<Output = ()>,
+) {
+    use tokio::io::AsyncWriteExt as _;
+    let forward = async move {
+        // An error means the SDK's end is gone (the connection ended): nothing to hand on.
+        if tokio::io::copy(&mut gate, &mut to_sdk).await.is_ok() {
+            let _ = to_sdk.shutdown().await;
         }
-    }
+        // Dropping the gate ends the lane, and with it `updates`.
+    };
+    tokio::join!(forward, updates);
 }
 
 /// How the supervisor reports the end of the process.
@@ -1885,6 +1902,9 @@ struct Supervision {
     /// Resolves once `start` has handed the session out; dropped if it never does, and
     /// then nothing is reported as an event.
     started: oneshot::Receiver<()>,
+    /// The task that moves the agent's output through the gate: ended before `Exited`,
+    /// so no update is reported after it.
+    pump: tokio::task::JoinHandle<()>,
 }
 
 /// Owns the connection and the process: runs them until either ends, reaps the process,
@@ -1918,6 +1938,8 @@ async fn supervise<F>(
     // Dropping the connection closes the agent's stdin.
     drop(connection);
     let status = child.wind_down(status, EXIT_AFTER_EOF).await;
+    report.pump.abort();
+    let _ = report.pump.await;
     stderr_task.settle().await;
     let reason = describe_exit(status, broken.as_deref(), &shared.stderr_tail());
     report_exit(
