@@ -427,7 +427,14 @@ impl Actor {
         }
         let turn_id = TurnId::new();
         // Nothing is written yet: a failure here leaves no trace and no turn.
-        store::agents::turn_started(&self.shared.pool, self.id().uuid(), turn_id.uuid()).await?;
+        store::agents::turn_started(
+            &self.shared.pool,
+            self.id().uuid(),
+            turn_id.uuid(),
+            AgentStatus::Running.as_str(),
+        )
+        .await?;
+        self.status = AgentStatus::Running;
         self.turn = Some(Turn {
             id: turn_id,
             pending_user: None,
@@ -457,18 +464,21 @@ impl Actor {
             opening.push(self.event(EventKind::UserMessage, user));
         }
         self.shared.turns_started.with(&[&self.ctx.provider]).inc();
-        let started = match self
+        // The turn's opening and the status it puts the agent in: one commit.
+        let (status, team) = self.status_events(AgentStatus::Running, None);
+        opening.push(status);
+        let started = self
             .commit_with(
                 opening,
-                Vec::new(),
+                vec![team],
                 vec![Moment::TurnStarted { turn_id }.at(0)],
             )
-            .await
-        {
-            Ok(_) => self.set_status(AgentStatus::Running, None).await,
-            Err(e) => Err(e.into()),
-        };
-        if let Err(e) = started {
+            .await;
+        if started.is_ok() {
+            self.snapshot
+                .send_modify(|s| s.status = AgentStatus::Running);
+        }
+        if let Err(e) = started.map_err(RuntimeError::from) {
             // The store did not confirm the turn's start (it may still commit it, in
             // order): the prompt is not sent, and the turn ends failed so the timeline
             // stays whole and the agent is not left busy.
@@ -1028,7 +1038,17 @@ impl Actor {
             }
             .at(0),
         );
-        if let Err(e) = self.commit_with(vec![ev], Vec::new(), moments).await {
+        // A session that lives on goes back to idle with the turn's end, in its commit.
+        let idle = self.session.is_some() && self.status != AgentStatus::Idle;
+        let mut events = vec![ev];
+        let mut team = Vec::new();
+        if idle {
+            let (status, status_team) = self.status_events(AgentStatus::Idle, None);
+            events.push(status);
+            team.push(status_team);
+        }
+        let committed = self.commit_with(events, team, moments).await;
+        if let Err(e) = &committed {
             tracing::error!(error = %e, "could not record the end of a turn");
         }
         self.shared
@@ -1041,13 +1061,17 @@ impl Actor {
             turn.id.uuid(),
             outcome_str(outcome),
             error.as_deref().map(|e| self.redactor.text(e)).as_deref(),
+            idle.then_some(AgentStatus::Idle.as_str()),
         )
         .await
         {
             tracing::warn!(error = %e, "could not store the turn outcome");
         }
-        if self.session.is_some() {
-            let _ = self.set_status(AgentStatus::Idle, None).await;
+        if idle {
+            self.status = AgentStatus::Idle;
+            if committed.is_ok() {
+                self.snapshot.send_modify(|s| s.status = AgentStatus::Idle);
+            }
         }
     }
 
@@ -1170,6 +1194,20 @@ impl Actor {
         self.set_status_with(status, reason, Vec::new()).await
     }
 
+    /// The `status` event of the agent's timeline and the `agent_status` event of its
+    /// team's stream, for a new status (whose reason is already redacted).
+    fn status_events(&self, status: AgentStatus, reason: Option<&str>) -> (NewEvent, NewTeamEvent) {
+        let mut data = json!({"status": status});
+        if let Some(r) = reason {
+            data["reason"] = json!(r);
+        }
+        let team = self.team_event(
+            "agent_status",
+            json!({"agent_id": self.id(), "status": status}),
+        );
+        (self.event(EventKind::Status, data), team)
+    }
+
     /// `set_status`, with moments stored with the status event.
     async fn set_status_with(
         &mut self,
@@ -1185,21 +1223,9 @@ impl Actor {
         let reason = reason.as_deref();
         store::agents::set_status(&self.shared.pool, self.id().uuid(), status.as_str(), reason)
             .await?;
-        let mut data = json!({"status": status});
-        if let Some(r) = reason {
-            data["reason"] = json!(r);
-        }
-        let team = self.team_event(
-            "agent_status",
-            json!({"agent_id": self.id(), "status": status}),
-        );
+        let (event, team) = self.status_events(status, reason);
         let moments = moments.into_iter().map(|m| m.at(0)).collect();
-        self.commit_with(
-            vec![self.event(EventKind::Status, data)],
-            vec![team],
-            moments,
-        )
-        .await?;
+        self.commit_with(vec![event], vec![team], moments).await?;
         self.snapshot.send_modify(|s| s.status = status);
         Ok(())
     }

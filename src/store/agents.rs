@@ -204,35 +204,48 @@ pub async fn set_model(db: impl PgExecutor<'_>, id: Uuid, model: &str) -> Result
         .map(|_| ())
 }
 
+/// A turn starts, and the agent is running it (its status, in the same write).
 pub async fn turn_started(
     db: impl PgExecutor<'_>,
     id: Uuid,
     turn: Uuid,
+    status: &str,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "UPDATE agents SET last_turn_id = $2, last_turn_outcome = NULL, last_turn_error = NULL WHERE id = $1",
+        "UPDATE agents SET last_turn_id = $2, last_turn_outcome = NULL, last_turn_error = NULL,
+         status = $3, status_reason = NULL WHERE id = $1",
     )
     .bind(id)
     .bind(turn)
+    .bind(status)
     .execute(db)
     .await
     .map(|_| ())
 }
 
+/// A turn's outcome (if it is still the agent's last turn) and, when given, the status
+/// the agent is left in, in one write.
 pub async fn turn_finished(
     db: impl PgExecutor<'_>,
     id: Uuid,
     turn: Uuid,
     outcome: &str,
     error: Option<&str>,
+    status: Option<&str>,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "UPDATE agents SET last_turn_outcome = $3, last_turn_error = $4 WHERE id = $1 AND last_turn_id = $2",
+        "UPDATE agents SET
+           last_turn_outcome = CASE WHEN last_turn_id = $2 THEN $3 ELSE last_turn_outcome END,
+           last_turn_error = CASE WHEN last_turn_id = $2 THEN $4 ELSE last_turn_error END,
+           status = COALESCE($5, status),
+           status_reason = CASE WHEN $5::text IS NULL THEN status_reason END
+         WHERE id = $1 AND (last_turn_id = $2 OR $5::text IS NOT NULL)",
     )
     .bind(id)
     .bind(turn)
     .bind(outcome)
     .bind(error)
+    .bind(status)
     .execute(db)
     .await
     .map(|_| ())
