@@ -96,6 +96,9 @@ struct LoadRun {
     latency: Option<Percentiles>,
     /// Only the events emitted after every prompt was accepted (all agents running).
     steady: Option<Percentiles>,
+    /// p99 of the events emitted in each second of the load, from the first prompt: where
+    /// in the run the slow events were.
+    p99_by_second: Vec<f64>,
     cpu: String,
     /// Percent of the machine's CPU used by processes outside the benchmark.
     other_cpu: f64,
@@ -128,6 +131,17 @@ impl LoadRun {
         }
         if let Some(p) = &self.steady {
             println!("  emission→SSE once every agent runs: {}", p.line());
+        }
+        if !self.p99_by_second.is_empty() {
+            let seconds: Vec<String> = self
+                .p99_by_second
+                .iter()
+                .map(|p| format!("{p:.0}"))
+                .collect();
+            println!(
+                "  emission→SSE p99 in each second of the load (ms): {}",
+                seconds.join(" ")
+            );
         }
         println!("  {}", self.cpu);
         if self.other_cpu > 10.0 {
@@ -184,6 +198,7 @@ async fn run_load(
     }
     let cpu_before = CpuReading::take(server.pid());
     let started = Instant::now();
+    let started_us = crate::providers::mock::unix_micros();
     api.prompt_all(
         agents,
         &format!("/load {} {} stamp", plan.events, plan.interval_ms),
@@ -208,6 +223,7 @@ async fn run_load(
     let mut deliveries = 0;
     let mut latencies = Vec::new();
     let mut steady = Vec::new();
+    let mut by_second: Vec<Vec<u32>> = Vec::new();
     for s in subs {
         deliveries += s.window_events;
         let entry = seen.entry(s.agent).or_default();
@@ -217,6 +233,11 @@ async fn run_load(
         entry.push(s.seen);
         for (stamp, us) in s.latencies_us {
             latencies.push(us);
+            let second = (stamp - started_us).max(0) as usize / 1_000_000;
+            if by_second.len() <= second {
+                by_second.resize_with(second + 1, Vec::new);
+            }
+            by_second[second].push(us);
             if stamp >= all_running_us {
                 steady.push(us);
             }
@@ -229,6 +250,10 @@ async fn run_load(
         deliveries,
         latency: Percentiles::of(latencies),
         steady: Percentiles::of(steady),
+        p99_by_second: by_second
+            .into_iter()
+            .map(|v| Percentiles::of(v).map_or(0.0, |p| p.p99))
+            .collect(),
         cpu: cpu_before.shares_until(&cpu_after),
         other_cpu: cpu_before.other_share_until(&cpu_after),
     })

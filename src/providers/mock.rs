@@ -989,6 +989,9 @@ impl PaceTimer {
                 }
             });
             if let Ok(done) = read {
+                // Consumed: the next wait is for the next expiry, without a read that
+                // only finds the timer empty.
+                ready.clear_ready();
                 return done;
             }
         }
