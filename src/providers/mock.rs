@@ -377,6 +377,10 @@ fn unknown_session(id: &proto::SessionId) -> acp::Error {
     proto::Error::session_not_found(id.clone()).into()
 }
 
+fn internal(message: impl ToString) -> acp::Error {
+    acp::Error::new(acp::ErrorCode::INTERNAL_ERROR, message.to_string())
+}
+
 fn invalid(message: impl Into<String>) -> acp::Error {
     acp::Error::new(acp::ErrorCode::INVALID_PARAMS, message)
 }
@@ -573,7 +577,7 @@ impl Turn {
         let outcome = match command {
             "/tool" => self.tool(rest).await,
             "/ask" => self.ask(rest).await,
-            "/fail" => return Err(acp::Error::new(acp::ErrorCode::INTERNAL_ERROR, rest)),
+            "/fail" => return Err(internal(rest)),
             "/sleep" => self.sleep(rest).await,
             "/load" => self.load(rest).await,
             "/write" => self.write(rest).await,
@@ -666,10 +670,8 @@ impl Turn {
             method: "session/update",
             params: &params,
         })
-        .map_err(|e| acp::Error::new(acp::ErrorCode::INTERNAL_ERROR, e.to_string()))?;
-        self.outbox
-            .push(&line)
-            .map_err(|e| acp::Error::new(acp::ErrorCode::INTERNAL_ERROR, e.to_string()))
+        .map_err(internal)?;
+        self.outbox.push(&line).map_err(internal)
     }
 
     /// One assistant message, streamed word by word.
@@ -806,9 +808,7 @@ impl Turn {
         };
         let message_id = Uuid::now_v7().to_string();
         let pace = if interval > 0 {
-            Some(PaceTimer::new().map_err(|e| {
-                acp::Error::new(acp::ErrorCode::INTERNAL_ERROR, format!("no timer: {e}"))
-            })?)
+            Some(PaceTimer::new().map_err(|e| internal(format!("no timer: {e}")))?)
         } else {
             None
         };
@@ -827,9 +827,9 @@ impl Turn {
                 let next = start + Duration::from_millis(interval) * (i as u32 + 1);
                 if next > tokio::time::Instant::now() {
                     tokio::select! {
-                        slept = pace.until(next.into_std()) => slept.map_err(|e| {
-                            acp::Error::new(acp::ErrorCode::INTERNAL_ERROR, format!("timer: {e}"))
-                        })?,
+                        slept = pace.until(next.into_std()) => {
+                            slept.map_err(|e| internal(format!("timer: {e}")))?;
+                        }
                         () = self.cancelled() => return Ok(Err(Cancelled)),
                     }
                 }
