@@ -448,17 +448,9 @@ async fn a_closed_agent_resumes_its_conversation() {
     // The prompt is answered once its turn starts: after that wait (up to a minute) and
     // the CLI's start, longer than the harness client's 60 s (which bounds a stream too:
     // the stream is opened afterwards, from the first turn's last event).
-    let res = reqwest::Client::builder()
-        .timeout(Duration::from_secs(180))
-        .build()
-        .unwrap()
-        .post(w.app.url(&format!("/v1/agents/{agent}/messages")))
-        .bearer_auth(&w.app.token)
-        .json(&json!({"text": "what was the word?"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 202);
+    w.app
+        .prompt_within(&agent, "what was the word?", Duration::from_secs(180))
+        .await;
     let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
     let second = stream
         .until("turn_completed", Duration::from_secs(150))

@@ -276,6 +276,25 @@ impl TestApp {
         r["turn_id"].as_str().unwrap().to_owned()
     }
 
+    /// A prompt that may reopen the agent's session first: the answer comes once the
+    /// session is open, which for some CLIs takes longer than the client's usual 60 s
+    /// (Gemini CLI waits out the minute its session was created in).
+    pub async fn prompt_within(&self, agent: &str, text: &str, patience: Duration) -> String {
+        let res = self
+            .client
+            .post(self.url(&format!("/v1/agents/{agent}/messages")))
+            .bearer_auth(&self.token)
+            .json(&json!({"text": text}))
+            .timeout(patience)
+            .send()
+            .await
+            .unwrap();
+        expect_status(res, 202).await["turn_id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
     pub async fn wait(&self, agent: &str) -> Value {
         self.get_ok(&format!("/v1/agents/{agent}/wait?timeout_s=30"))
             .await

@@ -76,8 +76,12 @@ pub async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers(rig: &im
     );
 
     rig.reply_text("Recovered.");
+    // The session reopens before the prompt is answered, which can take longer than the
+    // harness client's 60 s; that also bounds a stream, so it is opened afterwards, from
+    // the failed turn's last event.
+    app.prompt_within(&agent, "still there?", rig_patience(rig))
+        .await;
     let mut stream = app.events(&agent, Some(last_seq(&ended))).await;
-    app.prompt(&agent, "still there?").await;
     let events = stream.until("turn_completed", rig_patience(rig)).await;
     assert_eq!(
         outcome(&events)["outcome"],
