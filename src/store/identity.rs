@@ -158,13 +158,47 @@ pub async fn insert_token(
     .await
 }
 
-pub async fn token_by_hash(
+/// What a bearer token stands for, read in one round trip: the token, its user (the
+/// user columns are null when the user is gone), the user's memberships (ordered by
+/// team name) and, for a team's service token, that team's name.
+#[derive(Debug, Clone, FromRow)]
+pub struct BearerRow {
+    pub id: Uuid,
+    pub user_id: Uuid,
+    pub team_id: Option<Uuid>,
+    pub role: Option<String>,
+    pub scopes: Vec<String>,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub last_used_at: Option<DateTime<Utc>>,
+    pub revoked_at: Option<DateTime<Utc>>,
+    pub email: Option<String>,
+    pub user_name: Option<String>,
+    pub is_admin: Option<bool>,
+    pub service_team_name: Option<String>,
+    pub member_team_ids: Vec<Uuid>,
+    pub member_team_names: Vec<String>,
+    pub member_roles: Vec<String>,
+}
+
+pub async fn bearer_by_hash(
     db: impl PgExecutor<'_>,
     hash: &[u8],
-) -> Result<Option<TokenRow>, sqlx::Error> {
+) -> Result<Option<BearerRow>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT id, user_id, team_id, role, name, prefix, scopes, created_at, expires_at, last_used_at, revoked_at
-         FROM api_tokens WHERE token_hash = $1",
+        "SELECT t.id, t.user_id, t.team_id, t.role, t.scopes, t.expires_at, t.last_used_at,
+                t.revoked_at, u.email, u.name AS user_name, u.is_admin,
+                (SELECT name FROM teams WHERE id = t.team_id) AS service_team_name,
+                ms.member_team_ids, ms.member_team_names, ms.member_roles
+         FROM api_tokens t
+         LEFT JOIN users u ON u.id = t.user_id
+         CROSS JOIN LATERAL (
+             SELECT coalesce(array_agg(m.team_id ORDER BY tm.name), '{}') AS member_team_ids,
+                    coalesce(array_agg(tm.name ORDER BY tm.name), '{}') AS member_team_names,
+                    coalesce(array_agg(m.role ORDER BY tm.name), '{}') AS member_roles
+             FROM team_members m JOIN teams tm ON tm.id = m.team_id
+             WHERE m.user_id = t.user_id
+         ) ms
+         WHERE t.token_hash = $1",
     )
     .bind(hash)
     .fetch_optional(db)
