@@ -1001,8 +1001,11 @@ impl Actor {
         for (_, p) in self.pending.drain() {
             let _ = p.reply.send(PermissionDecision::Cancelled);
         }
-        if let Err(e) =
-            store::permissions::expire_pending(&self.shared.pool, self.id().uuid()).await
+        // Every request stored as pending is in `pending` until it is answered or
+        // withdrawn, so with none there the table has none to expire either.
+        if !expired.is_empty()
+            && let Err(e) =
+                store::permissions::expire_pending(&self.shared.pool, self.id().uuid()).await
         {
             tracing::warn!(error = %e, "could not expire permission requests");
         }
