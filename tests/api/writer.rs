@@ -411,3 +411,45 @@ async fn moments_go_with_their_events_even_when_an_event_is_refused() {
     );
     app.stop().await;
 }
+
+/// A whole message is stored compressed with lz4 where the database offers it (much
+/// cheaper than pglz inside the writer's statement), with pglz where it does not; either
+/// way it reads back whole.
+#[tokio::test]
+async fn a_large_event_is_compressed_with_lz4_where_the_database_offers_it() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let id = agent_in_new_workspace(&app, &project, "mock").await;
+    app.prompt(&id, "/load 2000 0").await;
+    let w = app.wait(&id).await;
+    assert_eq!(w["last_turn"]["outcome"], "completed", "{w}");
+    let offered: bool = sqlx::query_scalar(
+        "SELECT 'lz4' = ANY (enumvals) FROM pg_settings WHERE name = 'default_toast_compression'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    let (method, text): (Option<String>, String) = sqlx::query_as(
+        "SELECT pg_column_compression(data), data->>'text' FROM agent_events
+         WHERE kind = 'assistant_message'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert!(
+        text.len() > 8_000,
+        "a message worth compressing: {}",
+        text.len()
+    );
+    let expected = if offered { "lz4" } else { "pglz" };
+    assert_eq!(method.as_deref(), Some(expected));
+    let stored = app.timeline(&id).await;
+    let deltas: String = stored
+        .iter()
+        .filter(|e| e["kind"] == "assistant_delta")
+        .map(|e| e["data"]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(deltas, text, "the message reads back whole");
+    app.stop().await;
+}
