@@ -62,6 +62,10 @@ pub fn configure(cfg: &mut ServiceConfig, max_body_bytes: usize) {
             .wrap(actix_web::middleware::from_fn(cluster::forward))
             .wrap(actix_web::middleware::from_fn(input::reject_nul))
             .wrap(actix_web::middleware::from_fn(access::enforce))
+            // The router tries each pattern in turn until one matches: the routes a busy
+            // team calls most (prompts, waits, streams) come first.
+            .configure(agents::configure)
+            .configure(sse::configure)
             .configure(identity::configure)
             .configure(device::configure)
             .configure(teams::configure)
@@ -69,12 +73,10 @@ pub fn configure(cfg: &mut ServiceConfig, max_body_bytes: usize) {
             .configure(audit::configure)
             .configure(projects::configure)
             .configure(workspaces::configure)
-            .configure(agents::configure)
             .configure(providers::configure)
             .configure(secrets::configure)
             .configure(hooks::configure)
-            .configure(cluster::configure)
-            .configure(sse::configure),
+            .configure(cluster::configure),
     );
 }
 
