@@ -117,8 +117,7 @@ pub async fn enforce(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
-    let op = req
-        .match_pattern()
+    let op = super::middleware::route_pattern(req.request())
         .and_then(|pattern| operation(req.method().as_str(), &pattern));
     if let Some(op) = op {
         let checked = match authenticate_request(req.request()).await {

@@ -31,7 +31,7 @@ impl FromRequest for Principal {
             let route = format!(
                 "{} {}",
                 req.method(),
-                req.match_pattern().unwrap_or_default()
+                super::middleware::route_pattern(req).unwrap_or_default()
             );
             return Box::pin(async move {
                 Err(ApiError::internal(anyhow::anyhow!(

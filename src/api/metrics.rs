@@ -43,9 +43,8 @@ pub async fn record(
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let started = Instant::now();
     let method = req.method().as_str().to_owned();
-    let route = req
-        .match_pattern()
-        .unwrap_or_else(|| "unmatched".to_owned());
+    let route =
+        super::middleware::route_pattern(req.request()).unwrap_or_else(|| "unmatched".to_owned());
     let state = req.app_data::<web::Data<AppState>>().cloned();
     let res = next.call(req).await?;
     if let Some(state) = state {

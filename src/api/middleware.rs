@@ -20,6 +20,21 @@ pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 #[derive(Debug, Clone)]
 pub struct RequestId(pub String);
 
+/// The pattern of the route a request matched (`/v1/agents/{id}`), found once per request
+/// and kept in its extensions: finding it runs the router's patterns over the path, and
+/// the request span, the access check and the metrics all ask for it.
+#[derive(Debug, Clone)]
+struct RoutePattern(Option<String>);
+
+pub fn route_pattern(req: &actix_web::HttpRequest) -> Option<String> {
+    if let Some(RoutePattern(p)) = req.extensions().get::<RoutePattern>() {
+        return p.clone();
+    }
+    let pattern = req.match_pattern();
+    req.extensions_mut().insert(RoutePattern(pattern.clone()));
+    pattern
+}
+
 pub async fn request_id(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
@@ -38,7 +53,7 @@ pub async fn request_id(
         .unwrap_or_else(|| uuid::Uuid::now_v7().simple().to_string());
     // The route's pattern (`GET /v1/agents/{id}`) names the span in a trace viewer (the
     // method alone when no route matched); the concrete path stays a field.
-    let route = req.match_pattern();
+    let route = route_pattern(req.request());
     let otel_name = match &route {
         Some(r) => format!("{} {r}", req.method()),
         None => req.method().to_string(),
