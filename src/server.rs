@@ -42,7 +42,10 @@ pub struct Application {
     embedded: Option<EmbeddedPostgres>,
     bootstrap_token: Option<String>,
     lock: ReplicaLock,
-    hook_tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Turns stored moments into outbox rows.
+    moments_task: tokio::task::JoinHandle<()>,
+    /// Delivers the outbox.
+    delivery_task: tokio::task::JoinHandle<()>,
     /// The heartbeat and the listener for other replicas' events.
     cluster_tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -226,10 +229,8 @@ impl Application {
         hooks::sync_settings_hooks(&state.services, &settings.hooks.server).await?;
         // Notifications: the moments stored with agents' events become outbox rows, the
         // worker sends them.
-        let hook_tasks = vec![
-            tokio::spawn(hooks::run_moments(state.services.clone())),
-            tokio::spawn(hooks::run_worker(state.services.clone())),
-        ];
+        let moments_task = tokio::spawn(hooks::run_moments(state.services.clone()));
+        let delivery_task = tokio::spawn(hooks::run_worker(state.services.clone()));
 
         let data = state.clone();
         let max_body = settings.limits.max_body_bytes;
@@ -268,7 +269,8 @@ impl Application {
             embedded,
             bootstrap_token,
             lock,
-            hook_tasks,
+            moments_task,
+            delivery_task,
             cluster_tasks,
         })
     }
@@ -304,12 +306,14 @@ impl Application {
             let _ = task.await;
         }
         cluster::leave(&self.state.services).await;
-        handle.stop(true).await;
-        let _ = server.await;
-        // The worker ends on the shutdown signal (a delivery cut short stays pending and
-        // is sent again after its lease). The moments of the agents just closed go to the
-        // outbox now (what is left is handled at the next start); then the moments task
-        // ends here.
+        // The moments of the agents just closed go to the outbox now (what is left is
+        // handled at the next start), before the HTTP server stops: pooled connections
+        // opened by its workers end with the workers' runtimes. The moments task is
+        // ended first so that it does not run beside this last pass; the delivery worker
+        // ends on the shutdown signal (a delivery cut short stays pending and is sent
+        // again after its lease).
+        self.moments_task.abort();
+        let _ = self.moments_task.await;
         match tokio::time::timeout(
             Duration::from_secs(5),
             hooks::outbox_moments(&self.state.services),
@@ -326,10 +330,10 @@ impl Application {
                 );
             }
         }
-        for task in self.hook_tasks {
-            task.abort();
-            let _ = task.await;
-        }
+        self.delivery_task.abort();
+        let _ = self.delivery_task.await;
+        handle.stop(true).await;
+        let _ = server.await;
         self.state.services.pool.pool().close().await;
         self.lock.release().await;
         if let Some(pg) = self.embedded {
