@@ -122,6 +122,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     let mut figures = Vec::new();
     for s in scenarios {
+        println!("{}", cpu_probe().await);
         let started = std::time::Instant::now();
         let mut found = match s {
             Scenario::Throughput => scenarios::throughput(&args).await,
@@ -135,8 +136,35 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         println!("({s:?} took {:.0} s)\n", started.elapsed().as_secs_f64());
         figures.append(&mut found);
     }
+    println!("{}", cpu_probe().await);
     println!("{}", table(&figures));
     Ok(())
+}
+
+/// Time a fixed single-core computation. Shared virtual machines slow down under
+/// sustained load (host throttling, neighbours): the same build's figures move with it,
+/// so each scenario is preceded by this probe, and the run ends with one.
+async fn cpu_probe() -> String {
+    const ROUNDS: u64 = 150_000_000;
+    let took = tokio::task::spawn_blocking(|| {
+        let started = std::time::Instant::now();
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..ROUNDS {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x = std::hint::black_box(x);
+        }
+        std::hint::black_box(x);
+        started.elapsed()
+    })
+    .await
+    .unwrap_or_default();
+    format!(
+        "CPU probe: {:.0} ms for a fixed single-core computation (lower is faster; compare \
+         runs only at similar probes)",
+        took.as_secs_f64() * 1000.0
+    )
 }
 
 fn table(figures: &[Figure]) -> String {
