@@ -1052,6 +1052,8 @@ fn typed_setting(path: &[String]) -> bool {
             | ["limits", _]
             | ["events", _]
             | ["agents", _]
+            | ["cluster", "lease_ttl_s" | "drain_timeout_s"]
+            | ["workspaces", "setup_timeout_s" | "teardown_timeout_s"]
             | [
                 "providers",
                 _,
@@ -1486,6 +1488,53 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.setting, "database.statement_deadline_ms");
+    }
+
+    /// Every setting that is not text can be given in the environment.
+    #[test]
+    fn every_number_and_switch_can_be_set_from_the_environment() {
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                ("AGENTRY_CLUSTER__LEASE_TTL_S", "45"),
+                ("AGENTRY_CLUSTER__DRAIN_TIMEOUT_S", "5"),
+                ("AGENTRY_WORKSPACES__SETUP_TIMEOUT_S", "90"),
+                ("AGENTRY_WORKSPACES__TEARDOWN_TIMEOUT_S", "9"),
+                ("AGENTRY_AGENTS__IDLE_TIMEOUT_S", "60"),
+                ("AGENTRY_HOOKS__TIMEOUT_S", "3"),
+                ("AGENTRY_HOOKS__ALLOW_PRIVATE_NETWORKS", "true"),
+                ("AGENTRY_EVENTS__COMMIT_WAIT_MS", "700"),
+                ("AGENTRY_LIMITS__MAX_WAIT_S", "42"),
+                ("AGENTRY_PROVIDERS__MINE__EXTENDS", "acp"),
+                (
+                    "AGENTRY_PROVIDERS__MINE__COMMAND",
+                    r#"["my-agent", "--acp"]"#,
+                ),
+                ("AGENTRY_PROVIDERS__MINE__ENABLED", "false"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!((s.cluster.lease_ttl_s, s.cluster.drain_timeout_s), (45, 5));
+        assert_eq!(
+            (
+                s.workspaces.setup_timeout_s,
+                s.workspaces.teardown_timeout_s
+            ),
+            (90, 9)
+        );
+        assert_eq!(s.agents.idle_timeout_s, 60);
+        assert_eq!(s.hooks.timeout_s, 3);
+        assert!(s.hooks.allow_private_networks);
+        assert_eq!(s.events.commit_wait_ms, 700);
+        assert_eq!(s.limits.max_wait_s, 42);
+        assert_eq!(s.providers["mine"].enabled, Some(false));
+        assert_eq!(
+            s.providers["mine"].command.as_deref(),
+            Some(&["my-agent".to_owned(), "--acp".to_owned()][..])
+        );
+        let e = Settings::load_from(None, &env(&[("AGENTRY_CLUSTER__LEASE_TTL_S", "soon")]))
+            .unwrap_err();
+        assert_eq!(e.setting, "cluster.lease_ttl_s");
     }
 
     #[test]
