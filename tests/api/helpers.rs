@@ -266,14 +266,8 @@ impl TestApp {
     }
 
     pub async fn prompt(&self, agent: &str, text: &str) -> String {
-        let r = self
-            .post_ok(
-                &format!("/v1/agents/{agent}/messages"),
-                json!({"text": text}),
-                202,
-            )
-            .await;
-        r["turn_id"].as_str().unwrap().to_owned()
+        self.prompt_within(agent, text, Duration::from_secs(60))
+            .await
     }
 
     /// A prompt that may reopen the agent's session first: the answer comes once the
