@@ -141,9 +141,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Time a fixed single-core computation. Shared virtual machines slow down under
-/// sustained load (host throttling, neighbours): the same build's figures move with it,
-/// so each scenario is preceded by this probe, and the run ends with one.
+/// Time a fixed single-core computation. A shared virtual machine's speed moves (its
+/// neighbours, its host), and the same build's figures move with it, so each scenario is
+/// preceded by this probe, and the run ends with one.
 async fn cpu_probe() -> String {
     const ROUNDS: u64 = 150_000_000;
     let took = tokio::task::spawn_blocking(|| {
