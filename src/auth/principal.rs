@@ -228,29 +228,37 @@ pub async fn authenticate(
             "this is not an agentry API token",
         ));
     }
-    let row = store::identity::bearer_by_hash(pool, &tokens::hash(token))
+    let store::identity::BearerRow {
+        token,
+        email,
+        user_name,
+        is_admin,
+        service_team_name,
+        member_team_ids,
+        member_team_names,
+        member_roles,
+    } = store::identity::bearer_by_hash(pool, &tokens::hash(token))
         .await?
         .ok_or(AuthError::TokenUnknown)?;
-    if row.revoked_at.is_some() {
+    if token.revoked_at.is_some() {
         return Err(AuthError::TokenRevoked("this token was revoked"));
     }
-    if row.expires_at.is_some_and(|t| t <= Utc::now()) {
+    if token.expires_at.is_some_and(|t| t <= Utc::now()) {
         return Err(AuthError::TokenExpired);
     }
-    let (Some(email), Some(name), Some(is_admin)) = (row.email, row.user_name, row.is_admin) else {
+    let (Some(email), Some(name), Some(is_admin)) = (email, user_name, is_admin) else {
         return Err(AuthError::TokenRevoked("the token's user no longer exists"));
     };
-    let teams = match (row.team_id, row.role.as_deref().and_then(Role::parse)) {
+    let teams = match (token.team_id, token.role.as_deref().and_then(Role::parse)) {
         (Some(team_id), Some(role)) => vec![Membership {
             team_id,
-            team_name: row.service_team_name.unwrap_or_default(),
+            team_name: service_team_name.unwrap_or_default(),
             role,
         }],
-        _ => row
-            .member_team_ids
+        _ => member_team_ids
             .into_iter()
-            .zip(row.member_team_names)
-            .zip(row.member_roles)
+            .zip(member_team_names)
+            .zip(member_roles)
             .filter_map(|((team_id, team_name), role)| {
                 Role::parse(&role).map(|role| Membership {
                     team_id,
@@ -262,12 +270,12 @@ pub async fn authenticate(
     };
     // Its last use is recorded at most once a minute (`touch_token`): a token seen within
     // the minute costs no statement.
-    let recently = row
+    let recently = token
         .last_used_at
         .is_some_and(|t| Utc::now() - t < chrono::TimeDelta::minutes(1));
     if !recently {
         let touch = pool.clone();
-        let token_id = row.id;
+        let token_id = token.id;
         runtime.spawn(async move {
             if let Err(e) = store::identity::touch_token(&touch, token_id).await {
                 tracing::debug!(error = %e, "could not record token use");
@@ -275,14 +283,14 @@ pub async fn authenticate(
         });
     }
     Ok(Principal {
-        user_id: row.user_id,
+        user_id: token.user_id,
         email,
         name,
         is_admin,
-        token_id: row.id,
-        service_team: row.team_id,
+        token_id: token.id,
+        service_team: token.team_id,
         teams,
-        scopes: row.scopes,
+        scopes: token.scopes,
         request_id: None,
     })
 }

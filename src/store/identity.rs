@@ -163,14 +163,8 @@ pub async fn insert_token(
 /// team name) and, for a team's service token, that team's name.
 #[derive(Debug, Clone, FromRow)]
 pub struct BearerRow {
-    pub id: Uuid,
-    pub user_id: Uuid,
-    pub team_id: Option<Uuid>,
-    pub role: Option<String>,
-    pub scopes: Vec<String>,
-    pub expires_at: Option<DateTime<Utc>>,
-    pub last_used_at: Option<DateTime<Utc>>,
-    pub revoked_at: Option<DateTime<Utc>>,
+    #[sqlx(flatten)]
+    pub token: TokenRow,
     pub email: Option<String>,
     pub user_name: Option<String>,
     pub is_admin: Option<bool>,
@@ -185,8 +179,8 @@ pub async fn bearer_by_hash(
     hash: &[u8],
 ) -> Result<Option<BearerRow>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT t.id, t.user_id, t.team_id, t.role, t.scopes, t.expires_at, t.last_used_at,
-                t.revoked_at, u.email, u.name AS user_name, u.is_admin,
+        "SELECT t.id, t.user_id, t.team_id, t.role, t.name, t.prefix, t.scopes, t.created_at,
+                t.expires_at, t.last_used_at, t.revoked_at, u.email, u.name AS user_name, u.is_admin,
                 (SELECT name FROM teams WHERE id = t.team_id) AS service_team_name,
                 ms.member_team_ids, ms.member_team_names, ms.member_roles
          FROM api_tokens t
