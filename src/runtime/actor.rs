@@ -55,6 +55,14 @@ struct PendingPermission {
     options: Vec<PermissionOption>,
 }
 
+/// The status an agent whose session is gone stops in, why, and the moments hooks hear
+/// of with it.
+struct Settled {
+    status: AgentStatus,
+    reason: String,
+    moments: Vec<Moment>,
+}
+
 pub(crate) struct Actor {
     shared: Arc<Shared>,
     ctx: AgentContext,
@@ -284,17 +292,30 @@ impl Actor {
     /// Stop the session and the actor. The agent stays resumable.
     async fn close(&mut self, reason: &str) {
         self.stop_session().await;
+        self.settle(
+            Settled {
+                status: AgentStatus::Closed,
+                reason: reason.to_owned(),
+                moments: vec![Moment::Closed {}],
+            },
+            TurnOutcome::Canceled,
+            format!("the agent was closed: {reason}"),
+        )
+        .await;
+    }
+
+    /// The session is gone: the agent stops in `settled`'s status. An open turn ends
+    /// with `outcome` and `error` in the same commit, so nobody sees the turn over and
+    /// the agent still busy.
+    async fn settle(&mut self, settled: Settled, outcome: TurnOutcome, error: String) {
         if self.turn.is_some() {
-            self.finish_turn(
-                TurnOutcome::Canceled,
-                Some(format!("the agent was closed: {reason}")),
-                None,
-            )
-            .await;
+            self.finish_turn_then(outcome, Some(error), None, Some(settled))
+                .await;
+        } else {
+            let _ = self
+                .set_status_with(settled.status, Some(&settled.reason), settled.moments)
+                .await;
         }
-        let _ = self
-            .set_status_with(AgentStatus::Closed, Some(reason), vec![Moment::Closed {}])
-            .await;
         self.stop = true;
     }
 
@@ -542,19 +563,16 @@ impl Actor {
     async fn interrupt_timed_out(&mut self) {
         tracing::warn!(agent_id = %self.id(), "the agent ignored the interrupt; stopping its process");
         self.stop_session().await;
-        self.finish_turn(
+        self.settle(
+            Settled {
+                status: AgentStatus::Closed,
+                reason: "stopped after an interrupt timed out".into(),
+                moments: Vec::new(),
+            },
             TurnOutcome::Canceled,
-            Some("the agent did not stop in time; its process was stopped".into()),
-            None,
+            "the agent did not stop in time; its process was stopped".into(),
         )
         .await;
-        let _ = self
-            .set_status(
-                AgentStatus::Closed,
-                Some("stopped after an interrupt timed out"),
-            )
-            .await;
-        self.stop = true;
     }
 
     async fn answer(
@@ -719,21 +737,17 @@ impl Actor {
                     session.close().await;
                 }
                 self.snapshot.send_modify(|s| s.pid = None);
-                if self.turn.is_some() {
-                    self.finish_turn(
-                        TurnOutcome::Failed,
-                        Some(format!("the agent process exited: {reason}")),
-                        None,
-                    )
-                    .await;
-                }
-                let _ = self
-                    .set_status(
-                        AgentStatus::Error,
-                        Some(&format!("the agent process exited: {reason}")),
-                    )
-                    .await;
-                self.stop = true;
+                let why = format!("the agent process exited: {reason}");
+                self.settle(
+                    Settled {
+                        status: AgentStatus::Error,
+                        reason: why.clone(),
+                        moments: Vec::new(),
+                    },
+                    TurnOutcome::Failed,
+                    why,
+                )
+                .await;
             }
         }
     }
@@ -973,6 +987,20 @@ impl Actor {
         error: Option<String>,
         usage: Option<Usage>,
     ) {
+        self.finish_turn_then(outcome, error, usage, None).await;
+    }
+
+    /// End the open turn. The agent goes back to idle while its session lives on, or
+    /// into `settled` when the session is gone; either status is committed with
+    /// `turn_completed` and written to the agent's row in the same statement as the
+    /// turn's outcome.
+    async fn finish_turn_then(
+        &mut self,
+        outcome: TurnOutcome,
+        error: Option<String>,
+        usage: Option<Usage>,
+        settled: Option<Settled>,
+    ) {
         // Exactly one user_message per turn, even when the provider never named it.
         self.release_user_message(None).await;
         self.close_message(true).await;
@@ -1042,12 +1070,22 @@ impl Actor {
             .at(0),
         );
         // A session that lives on goes back to idle with the turn's end, in its commit.
-        let idle = self.session.is_some() && self.status != AgentStatus::Idle;
+        let next = match settled {
+            Some(s) => {
+                // The settled status's moments go with its event, the second of the write.
+                moments.extend(s.moments.into_iter().map(|m| m.at(1)));
+                Some((s.status, Some(self.redactor.text(&s.reason).into_owned())))
+            }
+            None if self.session.is_some() && self.status != AgentStatus::Idle => {
+                Some((AgentStatus::Idle, None))
+            }
+            None => None,
+        };
         let mut events = vec![ev];
         let mut team = Vec::new();
-        if idle {
-            let (status, status_team) = self.status_events(AgentStatus::Idle, None);
-            events.push(status);
+        if let Some((status, reason)) = &next {
+            let (event, status_team) = self.status_events(*status, reason.as_deref());
+            events.push(event);
             team.push(status_team);
         }
         let committed = self.commit_with(events, team, moments).await;
@@ -1064,16 +1102,17 @@ impl Actor {
             turn.id.uuid(),
             outcome_str(outcome),
             error.as_deref().map(|e| self.redactor.text(e)).as_deref(),
-            idle.then_some(AgentStatus::Idle.as_str()),
+            next.as_ref().map(|(status, _)| status.as_str()),
+            next.as_ref().and_then(|(_, reason)| reason.as_deref()),
         )
         .await
         {
             tracing::warn!(error = %e, "could not store the turn outcome");
         }
-        if idle {
-            self.status = AgentStatus::Idle;
+        if let Some((status, _)) = next {
+            self.status = status;
             if committed.is_ok() {
-                self.snapshot.send_modify(|s| s.status = AgentStatus::Idle);
+                self.snapshot.send_modify(|s| s.status = status);
             }
         }
     }

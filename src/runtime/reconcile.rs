@@ -150,7 +150,8 @@ pub async fn abandon_agent(
         writer.append_committed_with(events, team, moments).await?;
     }
     if let Some(turn) = open_turn {
-        store::agents::turn_finished(pool, agent.id, turn, "failed", Some(error), None).await?;
+        store::agents::turn_finished(pool, agent.id, turn, "failed", Some(error), None, None)
+            .await?;
     }
     if done.closed {
         store::agents::set_status(pool, agent.id, "closed", Some(reason)).await?;

@@ -232,13 +232,14 @@ pub async fn turn_finished(
     outcome: &str,
     error: Option<&str>,
     status: Option<&str>,
+    status_reason: Option<&str>,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE agents SET
            last_turn_outcome = CASE WHEN last_turn_id = $2 THEN $3 ELSE last_turn_outcome END,
            last_turn_error = CASE WHEN last_turn_id = $2 THEN $4 ELSE last_turn_error END,
            status = COALESCE($5, status),
-           status_reason = CASE WHEN $5::text IS NULL THEN status_reason END
+           status_reason = CASE WHEN $5::text IS NULL THEN status_reason ELSE $6 END
          WHERE id = $1 AND (last_turn_id = $2 OR $5::text IS NOT NULL)",
     )
     .bind(id)
@@ -246,6 +247,7 @@ pub async fn turn_finished(
     .bind(outcome)
     .bind(error)
     .bind(status)
+    .bind(status_reason)
     .execute(db)
     .await
     .map(|_| ())

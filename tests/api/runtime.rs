@@ -542,6 +542,16 @@ async fn an_ignored_interrupt_still_ends_the_turn_canceled_and_stops_the_process
     let slow = tool_statuses(&events, "slow");
     assert_eq!(slow.last().unwrap().1, "failed", "{slow:?}");
     assert!(slow.last().unwrap().0 < end);
+    // The agent's closing comes in the turn end's own write: no reader sees the turn
+    // over while the agent still runs.
+    assert_eq!(
+        events
+            .get(end + 1)
+            .map(|e| (&e["kind"], &e["data"]["status"])),
+        Some((&json!("status"), &json!("closed"))),
+        "{:?}",
+        kinds(&events)
+    );
 
     // The turn ends first; stopping the process follows it (on a busy machine, a moment later).
     eventually(
