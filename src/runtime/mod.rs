@@ -427,6 +427,9 @@ impl AgentManager {
         {
             return Ok(false);
         }
+        // The lease is ours: that is the takeover, counted before its effects are written
+        // so that nobody who sees them reads a count without it.
+        s.takeovers.inc();
         tracing::warn!(agent_id = %id, owner, "taking over an agent whose replica stopped renewing its lease");
         if let Some(agent) = store::agents::open_agent(&s.pool, id.uuid()).await? {
             abandon_agent(
@@ -439,7 +442,6 @@ impl AgentManager {
             .await?;
         }
         store::replicas::release(&s.pool, id.uuid(), &s.replica).await?;
-        s.takeovers.inc();
         Ok(true)
     }
 
