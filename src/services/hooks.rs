@@ -775,7 +775,7 @@ pub(crate) fn queued(ctx: &ServiceContext) {
 const MOMENT_SWEEP: Duration = Duration::from_secs(1);
 
 /// Moments turned into outbox rows per transaction.
-const MOMENT_BATCH: i64 = 64;
+const MOMENT_BATCH: i64 = 256;
 
 /// Turn the agents' stored moments into outbox rows as they are committed (the writer
 /// rings after each batch with moments), at start and every `MOMENT_SWEEP`; runs until
@@ -802,9 +802,28 @@ pub async fn outbox_moments(ctx: &ServiceContext) -> ServiceResult<usize> {
         if claimed.is_empty() {
             return Ok(handled);
         }
+        // Read what each moment is; one query then says which of them any hook hears.
+        let known: Vec<(&store::hooks::MomentRow, Moment, HookEvent)> = claimed
+            .iter()
+            .filter_map(|stored| {
+                let Some(m) = Moment::stored(&stored.kind, stored.payload.clone()) else {
+                    tracing::error!(kind = %stored.kind, "a stored moment of an unknown kind; it is dropped");
+                    return None;
+                };
+                let event = hook_event(&m);
+                Some((stored, m, event))
+            })
+            .collect();
+        let asked: Vec<(i64, Uuid, &str)> = known
+            .iter()
+            .map(|(stored, _, event)| (stored.id, stored.agent_id, event.as_str()))
+            .collect();
+        let listened = store::hooks::listened_moments(&mut *tx, &asked).await?;
         let mut queued_any = 0;
-        for m in &claimed {
-            queued_any += moment(ctx, &mut tx, m).await?;
+        for (stored, m, event) in known {
+            if listened.contains(&stored.id) {
+                queued_any += moment(ctx, &mut tx, stored, m, event).await?;
+            }
         }
         let ids: Vec<i64> = claimed.iter().map(|m| m.id).collect();
         store::hooks::delete_moments(&mut tx, &ids).await?;
@@ -816,27 +835,25 @@ pub async fn outbox_moments(ctx: &ServiceContext) -> ServiceResult<usize> {
     }
 }
 
-/// Queue the notification of one stored moment (nothing when no hook listens).
-async fn moment(
-    ctx: &ServiceContext,
-    conn: &mut sqlx::PgConnection,
-    stored: &store::hooks::MomentRow,
-) -> ServiceResult<usize> {
-    let Some(m) = Moment::stored(&stored.kind, stored.payload.clone()) else {
-        tracing::error!(kind = %stored.kind, "a stored moment of an unknown kind; it is dropped");
-        return Ok(0);
-    };
-    let event = match &m {
+/// The hook event a moment is announced as.
+fn hook_event(m: &Moment) -> HookEvent {
+    match m {
         Moment::TurnStarted { .. } => HookEvent::AgentTurnBefore,
         Moment::TurnEnded { .. } => HookEvent::AgentTurnAfter,
         Moment::PermissionRequested { .. } => HookEvent::AgentPermissionBefore,
         Moment::PermissionResolved { .. } => HookEvent::AgentPermissionAfter,
         Moment::Closed {} => HookEvent::AgentCloseAfter,
-    };
-    // Most moments concern no hook: ask that before loading the agent for the payload.
-    if !store::hooks::listens_for_agent(&mut *conn, event.as_str(), stored.agent_id).await? {
-        return Ok(0);
     }
+}
+
+/// Queue the notification of one stored moment, which some hook listens for.
+async fn moment(
+    ctx: &ServiceContext,
+    conn: &mut sqlx::PgConnection,
+    stored: &store::hooks::MomentRow,
+    m: Moment,
+    event: HookEvent,
+) -> ServiceResult<usize> {
     let Some(row) = store::agents::get(&mut *conn, stored.agent_id, None).await? else {
         return Ok(0);
     };

@@ -205,20 +205,26 @@ pub async fn for_event(
     .await
 }
 
-/// Whether any enabled hook of agent `agent`'s team (or a server-wide one) listens for
-/// `event`: one cheap query, where the answer is usually no.
-pub async fn listens_for_agent(
+/// Of the moments `(id, agent, event)`, the ids of those some enabled hook of the
+/// agent's team (or a server-wide one) listens for: one query for a whole batch, where
+/// the answer is usually none.
+pub async fn listened_moments(
     db: impl PgExecutor<'_>,
-    event: &str,
-    agent: Uuid,
-) -> Result<bool, sqlx::Error> {
+    moments: &[(i64, Uuid, &str)],
+) -> Result<Vec<i64>, sqlx::Error> {
+    let ids: Vec<i64> = moments.iter().map(|m| m.0).collect();
+    let agents: Vec<Uuid> = moments.iter().map(|m| m.1).collect();
+    let events: Vec<&str> = moments.iter().map(|m| m.2).collect();
     sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM hooks h JOIN agents a ON a.id = $2
-          WHERE h.enabled AND $1 = ANY(h.events) AND (h.team_id IS NULL OR h.team_id = a.team_id))",
+        "SELECT m.id FROM unnest($1::bigint[], $2::uuid[], $3::text[]) AS m(id, agent_id, event)
+          JOIN agents a ON a.id = m.agent_id
+          WHERE EXISTS (SELECT 1 FROM hooks h WHERE h.enabled AND m.event = ANY(h.events)
+                          AND (h.team_id IS NULL OR h.team_id = a.team_id))",
     )
-    .bind(event)
-    .bind(agent)
-    .fetch_one(db)
+    .bind(ids)
+    .bind(agents)
+    .bind(events)
+    .fetch_all(db)
     .await
 }
 
