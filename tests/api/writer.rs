@@ -453,3 +453,30 @@ async fn a_large_event_is_compressed_with_lz4_where_the_database_offers_it() {
     assert_eq!(deltas, text, "the message reads back whole");
     app.stop().await;
 }
+
+/// A pooled connection that broke while idle (a database restart, a proxy that drops
+/// quiet connections) is found out by the ping it gets before it is handed out again,
+/// and replaced: the next query works.
+#[tokio::test]
+async fn a_connection_broken_while_idle_is_replaced_before_use() {
+    let app = spawn_app().await;
+    let pool = agentry::store::connect((*app.pool.connect_options()).clone(), 1)
+        .await
+        .unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1, 5000)")
+        .bind(pid)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert!(ended, "the pool's connection was ended");
+    tokio::time::sleep(agentry::store::PING_IDLE_AFTER + Duration::from_millis(200)).await;
+    let again: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&pool)
+        .await
+        .expect("the broken connection is replaced, not handed out");
+    assert_ne!(again, pid);
+}
