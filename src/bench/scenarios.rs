@@ -99,6 +99,11 @@ struct LoadRun {
     /// p99 of the events emitted in each second of the load, from the first prompt: where
     /// in the run the slow events were.
     p99_by_second: Vec<f64>,
+    /// When the first prompt was sent, to find the load's seconds in the server's and
+    /// PostgreSQL's logs.
+    started_at: chrono::DateTime<chrono::Utc>,
+    /// WAL segments PostgreSQL created (rather than reused) during the load.
+    wal_created: i64,
     cpu: String,
     /// Percent of the machine's CPU used by processes outside the benchmark.
     other_cpu: f64,
@@ -139,10 +144,15 @@ impl LoadRun {
                 .map(|p| format!("{p:.0}"))
                 .collect();
             println!(
-                "  emission→SSE p99 in each second of the load (ms): {}",
+                "  emission→SSE p99 in each second of the load (ms), from {}: {}",
+                self.started_at.format("%H:%M:%S%.3f UTC"),
                 seconds.join(" ")
             );
         }
+        println!(
+            "  WAL segments created during the load (not reused): {}",
+            self.wal_created
+        );
         println!("  {}", self.cpu);
         if self.other_cpu > 10.0 {
             println!(
@@ -196,8 +206,10 @@ async fn run_load(
             Until::LoadTurn,
         )));
     }
+    let wal_before = server.wal_files().await?;
     let cpu_before = CpuReading::take(server.pid());
     let started = Instant::now();
+    let started_at = chrono::Utc::now();
     let started_us = crate::providers::mock::unix_micros();
     api.prompt_all(
         agents,
@@ -217,6 +229,7 @@ async fn run_load(
         .await
         .map_err(|_| anyhow::anyhow!("the load did not complete within {bound:?}"))??;
     let cpu_after = CpuReading::take(server.pid());
+    let wal_created = server.wal_files().await? - wal_before;
     let finished = subs.iter().map(|s| s.finished).max().unwrap_or(started);
     let mut seen: HashMap<String, Vec<Seen>> = HashMap::new();
     let mut durable_events = 0;
@@ -254,6 +267,8 @@ async fn run_load(
             .into_iter()
             .map(|v| Percentiles::of(v).map_or(0.0, |p| p.p99))
             .collect(),
+        started_at,
+        wal_created,
         cpu: cpu_before.shares_until(&cpu_after),
         other_cpu: cpu_before.other_share_until(&cpu_after),
     })

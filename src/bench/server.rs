@@ -90,6 +90,11 @@ impl ServerProcess {
             .fetch_one(&pool)
             .await?;
         let cluster_dir = Path::new(&data_directory).parent().map(Path::to_path_buf);
+        let ready = warm_wal(&pool).await?;
+        println!(
+            "  WAL warmed: {ready} segments ready for reuse (min_wal_size's worth, as on a \
+             server that has checkpointed once)"
+        );
         Ok(Self {
             child: starting.child.take().expect("still owned by `starting`"),
             dir: starting.dir.clone(),
@@ -104,6 +109,16 @@ impl ServerProcess {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The number of files in the cluster's WAL directory: it grows only when PostgreSQL
+    /// creates a segment (and fills it with zeros) rather than reusing one.
+    pub async fn wal_files(&self) -> anyhow::Result<i64> {
+        Ok(
+            sqlx::query_scalar("SELECT count(*) FROM pg_ls_waldir() WHERE name ~ '^[0-9A-F]{24}$'")
+                .fetch_one(&self.pool)
+                .await?,
+        )
     }
 
     pub fn memory(&self) -> Memory {
@@ -435,4 +450,42 @@ pub fn process_pss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("Pss:"))
         .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
+}
+
+/// Give the fresh cluster what every cluster that has run through a checkpoint keeps:
+/// `min_wal_size` worth of WAL segments to reuse. A new cluster has none, so under load
+/// it creates a 16 MB segment every few seconds, filling each with zeros and syncing it
+/// while commits wait; a running server renames an old one instead. Returns the number
+/// of segments ready beyond the current one.
+async fn warm_wal(pool: &PgPool) -> anyhow::Result<i64> {
+    let (min_wal_mb, segment_mb): (i64, i64) = sqlx::query_as(
+        "SELECT setting::bigint, (SELECT setting::bigint FROM pg_settings WHERE name = 'wal_segment_size') / 1048576
+           FROM pg_settings WHERE name = 'min_wal_size'",
+    )
+    .fetch_one(pool)
+    .await
+    .context("reading min_wal_size")?;
+    let segments = (min_wal_mb / segment_mb.max(1)).max(1);
+    let mut conn = pool.acquire().await?;
+    for i in 0..segments {
+        // A logged write in each segment, so that each switch moves on to a new one.
+        sqlx::query("SELECT pg_logical_emit_message(false, 'agentry-bench', $1::text)")
+            .bind(i.to_string())
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query("SELECT pg_switch_wal()")
+            .execute(&mut *conn)
+            .await
+            .context("switching WAL segments (the bench needs a superuser connection)")?;
+    }
+    sqlx::query("CHECKPOINT").execute(&mut *conn).await?;
+    let current: String = sqlx::query_scalar("SELECT pg_walfile_name(pg_current_wal_lsn())")
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM pg_ls_waldir() WHERE name ~ '^[0-9A-F]{24}$' AND name > $1",
+    )
+    .bind(current)
+    .fetch_one(&mut *conn)
+    .await?)
 }
