@@ -54,6 +54,9 @@ pub struct BenchArgs {
     /// Keep each run's directory and server log.
     #[arg(long)]
     pub keep: bool,
+    /// Seconds of rest before each scenario after the first (with `all`).
+    #[arg(long, default_value_t = 20)]
+    pub rest_s: u64,
 }
 
 /// One line of the final table.
@@ -121,7 +124,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         one => vec![one],
     };
     let mut figures = Vec::new();
-    for s in scenarios {
+    for (i, s) in scenarios.into_iter().enumerate() {
+        // A load carries over into the next one on a shared virtual machine: fanout run
+        // right after the throughput and latency loads came out worse in every full run
+        // than alone after a rest. Each scenario starts rested.
+        if i > 0 && args.rest_s > 0 {
+            println!("(resting {} s)", args.rest_s);
+            tokio::time::sleep(std::time::Duration::from_secs(args.rest_s)).await;
+        }
         println!("{}", cpu_probe().await);
         let started = std::time::Instant::now();
         let mut found = match s {
