@@ -107,6 +107,20 @@ pub async fn resolve(
 }
 
 /// Expire every pending request of an agent; returns their ids.
+/// The ids of an agent's pending requests, oldest first.
+pub async fn pending_ids(
+    db: impl PgExecutor<'_>,
+    agent_id: Uuid,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT id FROM permission_requests WHERE agent_id = $1 AND status = 'pending'
+          ORDER BY created_at, id",
+    )
+    .bind(agent_id)
+    .fetch_all(db)
+    .await
+}
+
 pub async fn expire_pending(
     db: impl PgExecutor<'_>,
     agent_id: Uuid,
