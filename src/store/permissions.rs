@@ -106,7 +106,6 @@ pub async fn resolve(
     Ok(done.rows_affected() == 1)
 }
 
-/// Expire every pending request of an agent; returns their ids.
 /// The ids of an agent's pending requests, oldest first.
 pub async fn pending_ids(
     db: impl PgExecutor<'_>,
@@ -121,6 +120,7 @@ pub async fn pending_ids(
     .await
 }
 
+/// Expire every pending request of an agent; returns their ids.
 pub async fn expire_pending(
     db: impl PgExecutor<'_>,
     agent_id: Uuid,
