@@ -1031,7 +1031,12 @@ impl Actor {
         }
         // Every request stored as pending is in `pending` until it is answered or
         // withdrawn, so with none there the table has none to expire either.
-        let expire = !expired.is_empty();
+        if !expired.is_empty()
+            && let Err(e) =
+                store::permissions::expire_pending(&self.shared.pool, self.id().uuid()).await
+        {
+            tracing::warn!(error = %e, "could not expire permission requests");
+        }
         let mut data = json!({"turn_id": turn.id, "outcome": outcome});
         if let Some(e) = &error {
             data["error"] = json!(e);
@@ -1086,14 +1091,6 @@ impl Actor {
         let committed = self.commit_with(events, team, moments).await;
         if let Err(e) = &committed {
             tracing::error!(error = %e, "could not record the end of a turn");
-        }
-        // The requests expire once their notifications are committed: a crash in between
-        // leaves them pending, and the reconciler expires them with their notifications.
-        if expire
-            && let Err(e) =
-                store::permissions::expire_pending(&self.shared.pool, self.id().uuid()).await
-        {
-            tracing::warn!(error = %e, "could not expire permission requests");
         }
         self.shared
             .turns

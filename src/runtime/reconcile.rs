@@ -89,9 +89,7 @@ pub async fn abandon_agent(
     let mut done = Abandoned::default();
     let mut events = Vec::new();
     let mut moments: Vec<NewMoment> = Vec::new();
-    // Expired only once their notifications are stored (below): a crash in between
-    // finds them pending again and repeats the step.
-    let expired = store::permissions::pending_ids(pool, agent.id).await?;
+    let expired = store::permissions::expire_pending(pool, agent.id).await?;
     let open_turn = match (agent.last_turn_id, &agent.last_turn_outcome) {
         (Some(turn), None) => Some(turn),
         _ => None,
@@ -150,9 +148,6 @@ pub async fn abandon_agent(
         // Numbered from the table: another replica may have written this timeline last.
         writer.forget(id).await;
         writer.append_committed_with(events, team, moments).await?;
-    }
-    if !expired.is_empty() {
-        store::permissions::expire_pending(pool, agent.id).await?;
     }
     if let Some(turn) = open_turn {
         store::agents::turn_finished(pool, agent.id, turn, "failed", Some(error), None, None)

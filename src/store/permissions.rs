@@ -106,20 +106,6 @@ pub async fn resolve(
     Ok(done.rows_affected() == 1)
 }
 
-/// The ids of an agent's pending requests, oldest first.
-pub async fn pending_ids(
-    db: impl PgExecutor<'_>,
-    agent_id: Uuid,
-) -> Result<Vec<Uuid>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT id FROM permission_requests WHERE agent_id = $1 AND status = 'pending'
-          ORDER BY created_at, id",
-    )
-    .bind(agent_id)
-    .fetch_all(db)
-    .await
-}
-
 /// Expire every pending request of an agent; returns their ids.
 pub async fn expire_pending(
     db: impl PgExecutor<'_>,
