@@ -154,6 +154,17 @@ pub enum TurnOutcome {
     Canceled,
 }
 
+impl TurnOutcome {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TurnOutcome::Completed => "completed",
+            TurnOutcome::Failed => "failed",
+            TurnOutcome::Canceled => "canceled",
+        }
+    }
+}
+
 /// What a tool does, normalised across providers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]

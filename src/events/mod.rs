@@ -12,4 +12,7 @@ pub use bus::{Bus, Published, TeamActivity};
 pub use fanout::{Fanout, Notice, listen as listen_to_replicas};
 pub use fault::{Fault, classify, is_unavailable};
 pub use scrub::{REPLACEMENT, scrub};
-pub use writer::{EventWriter, NewMoment, NewTeamEvent, WriteError, WriterLimits, WriterStats};
+pub use writer::{
+    Attached, EventWriter, NewMoment, NewTeamEvent, StateChange, WriteError, WriterLimits,
+    WriterStats,
+};

@@ -18,13 +18,14 @@ pub fn scrub(value: &mut Value) -> usize {
         Value::Null => 4,
         Value::Bool(_) => 5,
         Value::Number(_) => 8,
-        Value::String(s) => scrub_string(s) + 2,
+        Value::String(s) => scrub_text(s) + 2,
         Value::Array(items) => items.iter_mut().map(|v| scrub(v) + 1).sum::<usize>() + 2,
         Value::Object(map) => scrub_object(map) + 2,
     }
 }
 
-fn scrub_string(s: &mut String) -> usize {
+/// Replace every U+0000 in `s` by U+FFFD; returns its length in bytes.
+pub fn scrub_text(s: &mut String) -> usize {
     if s.as_bytes().contains(&0) {
         *s = s.replace('\0', "\u{FFFD}");
     }
@@ -36,7 +37,7 @@ fn scrub_object(map: &mut Map<String, Value>) -> usize {
     if map.keys().any(|k| k.as_bytes().contains(&0)) {
         let old = std::mem::take(map);
         for (mut k, v) in old {
-            scrub_string(&mut k);
+            scrub_text(&mut k);
             // Two keys that differ only by NUL versus U+FFFD: the later one wins, as in
             // any JSON object with a repeated key.
             map.insert(k, v);

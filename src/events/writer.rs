@@ -23,11 +23,18 @@
 //! says — a turn ended, an agent closed — did happen); a moment the database refuses
 //! itself is logged and dropped, like a refused team event.
 //!
+//! An operation may also carry *state changes* (`StateChange`): a turn started or ended,
+//! a new status, a permission request expired. They are what its events announce, and
+//! they are written to the agent's row and to `permission_requests` in the same statement
+//! as those events: the row never says what the timeline does not, nor the reverse, and a
+//! turn's start or end costs no commit of its own. The writer folds a batch's changes into
+//! one row update per agent, in order.
+//!
 //! What is queued is bounded in events and in bytes. Producers wait for that budget
 //! (backpressure: an agent's actor stops reading its provider), and the budget comes back
 //! only when the events are committed or set aside.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -41,11 +48,13 @@ use uuid::Uuid;
 
 use super::bus::{Bus, Published, TeamActivity};
 use super::fault::{Fault, classify};
-use super::scrub::{ENVELOPE_BYTES, scrub};
-use crate::domain::{AgentEvent, AgentId, EventKind, NewEvent};
+use super::scrub::{ENVELOPE_BYTES, scrub, scrub_text};
+use crate::domain::{
+    AgentEvent, AgentId, AgentStatus, EventKind, NewEvent, PermissionId, TurnId, TurnOutcome,
+};
 use crate::metrics::{self, Histogram};
 use crate::store;
-use crate::store::events::TeamEventRow;
+use crate::store::events::{AgentRowUpdate, StateRows, TeamEventRow};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WriteError {
@@ -75,6 +84,51 @@ pub struct NewMoment {
     pub event: usize,
     pub kind: &'static str,
     pub data: Value,
+}
+
+/// A change to an agent's stored state that an operation's events announce (see the
+/// module docs).
+#[derive(Debug, Clone)]
+pub enum StateChange {
+    /// A turn started: it becomes the agent's last turn, with no outcome yet.
+    TurnStarted { agent: AgentId, turn: TurnId },
+    /// A turn ended: its outcome and error are kept while it is the agent's last turn.
+    TurnEnded {
+        agent: AgentId,
+        turn: TurnId,
+        outcome: TurnOutcome,
+        error: Option<String>,
+    },
+    /// The agent's status, and why.
+    Status {
+        agent: AgentId,
+        status: AgentStatus,
+        reason: Option<String>,
+    },
+    /// A permission request expired (it stays as it is if it is no longer pending).
+    PermissionExpired(PermissionId),
+}
+
+impl StateChange {
+    /// Replace every U+0000 in its texts; returns their size in bytes.
+    fn scrub(&mut self) -> usize {
+        match self {
+            StateChange::TurnEnded { error, .. } => error.as_mut().map_or(0, scrub_text),
+            StateChange::Status { reason, .. } => reason.as_mut().map_or(0, scrub_text),
+            StateChange::TurnStarted { .. } | StateChange::PermissionExpired(_) => 0,
+        }
+    }
+}
+
+/// What an operation commits with its agent events.
+#[derive(Debug, Default)]
+pub struct Attached {
+    /// Team activity events.
+    pub team: Vec<NewTeamEvent>,
+    /// Moments, each attached to one of the operation's events.
+    pub moments: Vec<NewMoment>,
+    /// The state the events announce, in order.
+    pub changes: Vec<StateChange>,
 }
 
 /// How the writer batches and how much it may hold.
@@ -146,6 +200,7 @@ enum WriteOp {
         events: Vec<NewEvent>,
         team: Vec<NewTeamEvent>,
         moments: Vec<NewMoment>,
+        changes: Vec<StateChange>,
         done: Option<Done>,
         charge: Charge,
         queued_at: Instant,
@@ -319,10 +374,14 @@ impl EventWriter {
         mut events: Vec<NewEvent>,
         mut moments: Vec<NewMoment>,
     ) -> Result<(), WriteError> {
-        let bytes = prepare(&mut events, &mut [], &mut moments);
+        let bytes = prepare(&mut events, &mut [], &mut moments, &mut []);
         let charge = self.shared.charge(events.len(), bytes);
         self.shared.reserve(&charge).await;
-        self.send(events, Vec::new(), moments, None, charge)
+        let attached = Attached {
+            moments,
+            ..Attached::default()
+        };
+        self.send(events, attached, None, charge)
     }
 
     /// Append events (and team activity) and wait until they are committed, at most
@@ -335,19 +394,27 @@ impl EventWriter {
         events: Vec<NewEvent>,
         team: Vec<NewTeamEvent>,
     ) -> Result<Vec<AgentEvent>, WriteError> {
-        self.append_committed_with(events, team, Vec::new()).await
+        let attached = Attached {
+            team,
+            ..Attached::default()
+        };
+        self.append_committed_with(events, attached).await
     }
 
-    /// `append_committed`, with moments attached to some of the events: they commit
-    /// together.
+    /// `append_committed`, with moments attached to some of the events and the state
+    /// changes they announce: all of it commits together.
     pub async fn append_committed_with(
         &self,
         mut events: Vec<NewEvent>,
-        mut team: Vec<NewTeamEvent>,
-        mut moments: Vec<NewMoment>,
+        mut attached: Attached,
     ) -> Result<Vec<AgentEvent>, WriteError> {
         let deadline = Instant::now() + self.shared.commit_wait;
-        let bytes = prepare(&mut events, &mut team, &mut moments);
+        let Attached {
+            team,
+            moments,
+            changes,
+        } = &mut attached;
+        let bytes = prepare(&mut events, team, moments, changes);
         let mut charge = self.shared.charge(events.len() + team.len(), bytes);
         let known_down = self.shared.is_down();
         let reserved = if known_down {
@@ -361,15 +428,15 @@ impl EventWriter {
             charge.event_permits = 0;
             charge.byte_permits = 0;
             self.shared.overdrafts.fetch_add(1, Ordering::Relaxed);
-            self.send(events, team, moments, None, charge)?;
+            self.send(events, attached, None, charge)?;
             return Err(WriteError::Unavailable);
         }
         if known_down {
-            self.send(events, team, moments, None, charge)?;
+            self.send(events, attached, None, charge)?;
             return Err(WriteError::Unavailable);
         }
         let (done, rx) = oneshot::channel();
-        self.send(events, team, moments, Some(done), charge)?;
+        self.send(events, attached, Some(done), charge)?;
         match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(events)) => Ok(events),
             Ok(Err(_)) => Err(WriteError::Stopped),
@@ -426,11 +493,15 @@ impl EventWriter {
     fn send(
         &self,
         events: Vec<NewEvent>,
-        team: Vec<NewTeamEvent>,
-        mut moments: Vec<NewMoment>,
+        attached: Attached,
         done: Option<Done>,
         charge: Charge,
     ) -> Result<(), WriteError> {
+        let Attached {
+            team,
+            mut moments,
+            changes,
+        } = attached;
         moments.retain(|m| {
             let fits = m.event < events.len();
             if !fits {
@@ -446,6 +517,7 @@ impl EventWriter {
             events,
             team,
             moments,
+            changes,
             done,
             charge,
             queued_at: Instant::now(),
@@ -459,8 +531,14 @@ impl EventWriter {
     }
 }
 
-/// Scrub every event's data (on the producer's task) and measure the operation.
-fn prepare(events: &mut [NewEvent], team: &mut [NewTeamEvent], moments: &mut [NewMoment]) -> usize {
+/// Scrub every event's data and every text (on the producer's task) and measure the
+/// operation.
+fn prepare(
+    events: &mut [NewEvent],
+    team: &mut [NewTeamEvent],
+    moments: &mut [NewMoment],
+    changes: &mut [StateChange],
+) -> usize {
     let a: usize = events
         .iter_mut()
         .map(|e| scrub(&mut e.data) + ENVELOPE_BYTES)
@@ -470,7 +548,8 @@ fn prepare(events: &mut [NewEvent], team: &mut [NewTeamEvent], moments: &mut [Ne
         .map(|e| scrub(&mut e.data) + ENVELOPE_BYTES)
         .sum();
     let m: usize = moments.iter_mut().map(|m| scrub(&mut m.data)).sum();
-    a + t + m
+    let c: usize = changes.iter_mut().map(|c| c.scrub() + 32).sum();
+    a + t + m + c
 }
 
 /// One operation inside a batch.
@@ -478,6 +557,7 @@ struct Pending {
     events: Vec<NewEvent>,
     team: Vec<NewTeamEvent>,
     moments: Vec<NewMoment>,
+    changes: Vec<StateChange>,
     done: Option<Done>,
     charge: Charge,
     queued_at: Option<Instant>,
@@ -491,6 +571,7 @@ impl Pending {
                 events,
                 team,
                 moments,
+                changes,
                 done,
                 charge,
                 queued_at,
@@ -498,6 +579,7 @@ impl Pending {
                 events,
                 team,
                 moments,
+                changes,
                 done,
                 charge,
                 queued_at: Some(queued_at),
@@ -508,6 +590,7 @@ impl Pending {
                 events: Vec::new(),
                 team: Vec::new(),
                 moments: Vec::new(),
+                changes: Vec::new(),
                 done: None,
                 charge: Charge::default(),
                 queued_at: None,
@@ -597,6 +680,7 @@ impl Writer {
         let mut spans: Vec<(usize, usize)> = Vec::with_capacity(batch.len());
         let mut team: Vec<NewTeamEvent> = Vec::new();
         let mut moments: Vec<NewMoment> = Vec::new();
+        let mut changes: Vec<StateChange> = Vec::new();
         // The time as the table keeps it (microseconds), so live and replayed copies of
         // an event are the same.
         let now = Utc::now();
@@ -623,6 +707,7 @@ impl Writer {
             }
             spans.push((start, events.len()));
             team.append(&mut p.team);
+            changes.append(&mut p.changes);
         }
         // Forgetting only drops a cache entry: done after numbering the whole batch, so an
         // agent that stops and starts again within one batch keeps counting correctly.
@@ -631,14 +716,17 @@ impl Writer {
         }
 
         let commit_started = Instant::now();
-        let span = if events.is_empty() && team.is_empty() {
+        let state = fold(&changes);
+        let span = if events.is_empty() && team.is_empty() && state.is_empty() {
             tracing::Span::none()
         } else {
             tracing::info_span!("commit", events = events.len(), team_events = team.len())
         };
-        let mut rows =
-            tracing::Instrument::instrument(self.commit_all(&mut events, &team, &moments), span)
-                .await;
+        let mut rows = tracing::Instrument::instrument(
+            self.commit_all(&mut events, &team, &moments, &state),
+            span,
+        )
+        .await;
         if !moments.is_empty() {
             self.shared.moments_stored.notify_one();
         }
@@ -698,8 +786,9 @@ impl Writer {
         events: &mut [AgentEvent],
         team: &[NewTeamEvent],
         moments: &[NewMoment],
+        state: &StateRows<'_>,
     ) -> Vec<TeamEventRow> {
-        if events.is_empty() && team.is_empty() {
+        if events.is_empty() && team.is_empty() && state.is_empty() {
             return Vec::new();
         }
         let mut backoff = Backoff::new();
@@ -707,11 +796,17 @@ impl Writer {
         let mut first_refusal: Option<Instant> = None;
         loop {
             let attempt = if first_refusal.is_some() {
-                self.watched(events.len(), self.commit_isolating(events, team, moments))
-                    .await
+                self.watched(
+                    events.len(),
+                    self.commit_isolating(events, team, moments, state),
+                )
+                .await
             } else {
-                self.watched(events.len(), try_commit(&self.pool, events, team, moments))
-                    .await
+                self.watched(
+                    events.len(),
+                    try_commit(&self.pool, events, team, moments, state),
+                )
+                .await
             };
             let err = match attempt {
                 Ok(rows) => {
@@ -757,12 +852,14 @@ impl Writer {
 
     /// Commit a refused batch row by row in one transaction: each refused agent event is
     /// replaced by an `error` event (`event_rejected`) in its slot, each refused team
-    /// event is logged and counted.
+    /// event is logged and counted; the state changes are written as they are (a refusal
+    /// of those is logged).
     async fn commit_isolating(
         &self,
         events: &mut [AgentEvent],
         team: &[NewTeamEvent],
         moments: &[NewMoment],
+        state: &StateRows<'_>,
     ) -> Result<Vec<TeamEventRow>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let refused = if events.is_empty() {
@@ -828,6 +925,17 @@ impl Writer {
                 Err(err) if classify(&err) == Fault::Content => {
                     sp.rollback().await?;
                     tracing::error!(error = %err, kind = m.kind, "the database refused a moment; it is not stored");
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        if !state.is_empty() {
+            let mut sp = sqlx::Acquire::begin(&mut *tx).await?;
+            match store::events::insert_batch_with(&mut *sp, &[], &[], &[], state).await {
+                Ok(_) => sp.commit().await?,
+                Err(err) if classify(&err) == Fault::Content => {
+                    sp.rollback().await?;
+                    tracing::error!(error = %err, agents = state.agents.len(), "the database refused the state changes of a batch; they are not stored");
                 }
                 Err(err) => return Err(err),
             }
@@ -932,14 +1040,60 @@ fn moment_row<'a>(events: &[AgentEvent], m: &'a NewMoment) -> store::events::Mom
     }
 }
 
+/// The net effect of a batch's state changes, in their order: one update per agent (in id
+/// order) and the permission requests that expire.
+fn fold(changes: &[StateChange]) -> StateRows<'_> {
+    fn row<'m, 'a>(
+        agents: &'m mut BTreeMap<Uuid, AgentRowUpdate<'a>>,
+        agent: &AgentId,
+    ) -> &'m mut AgentRowUpdate<'a> {
+        let id = agent.uuid();
+        agents.entry(id).or_insert_with(|| AgentRowUpdate {
+            agent_id: id,
+            ..AgentRowUpdate::default()
+        })
+    }
+    let mut agents: BTreeMap<Uuid, AgentRowUpdate<'_>> = BTreeMap::new();
+    let mut expired_permissions = Vec::new();
+    for c in changes {
+        match c {
+            StateChange::TurnStarted { agent, turn } => {
+                let r = row(&mut agents, agent);
+                r.started_turn = Some(turn.uuid());
+                r.ended_turn = None;
+            }
+            StateChange::TurnEnded {
+                agent,
+                turn,
+                outcome,
+                error,
+            } => {
+                row(&mut agents, agent).ended_turn =
+                    Some((turn.uuid(), outcome.as_str(), error.as_deref()));
+            }
+            StateChange::Status {
+                agent,
+                status,
+                reason,
+            } => row(&mut agents, agent).status = Some((status.as_str(), reason.as_deref())),
+            StateChange::PermissionExpired(id) => expired_permissions.push(id.uuid()),
+        }
+    }
+    StateRows {
+        agents: agents.into_values().collect(),
+        expired_permissions,
+    }
+}
+
 async fn try_commit(
     pool: &PgPool,
     events: &[AgentEvent],
     team: &[NewTeamEvent],
     moments: &[NewMoment],
+    state: &StateRows<'_>,
 ) -> Result<Vec<TeamEventRow>, sqlx::Error> {
     // One statement, committed on its own: atomic and durable in one round trip.
-    if team.is_empty() && moments.is_empty() {
+    if team.is_empty() && moments.is_empty() && state.is_empty() {
         store::events::insert_batch(pool, events).await?;
         return Ok(Vec::new());
     }
@@ -954,7 +1108,7 @@ async fn try_commit(
             data: &t.data,
         })
         .collect();
-    store::events::insert_batch_with(pool, events, &stored, &team).await
+    store::events::insert_batch_with(pool, events, &stored, &team, state).await
 }
 
 #[cfg(test)]
@@ -967,6 +1121,55 @@ mod tests {
             max_queued_bytes: bytes,
             ..WriterLimits::default()
         })
+    }
+
+    #[test]
+    fn state_changes_fold_into_one_update_per_agent_in_order() {
+        let (a, b) = (AgentId::new(), AgentId::new());
+        let (t1, t2) = (TurnId::new(), TurnId::new());
+        let ended = |agent, turn, outcome| StateChange::TurnEnded {
+            agent,
+            turn,
+            outcome,
+            error: None,
+        };
+        let status = |agent, status| StateChange::Status {
+            agent,
+            status,
+            reason: None,
+        };
+        let changes = vec![
+            StateChange::TurnStarted { agent: a, turn: t1 },
+            status(a, AgentStatus::Running),
+            ended(a, t1, TurnOutcome::Completed),
+            status(a, AgentStatus::Idle),
+            StateChange::PermissionExpired(PermissionId::new()),
+            ended(b, t1, TurnOutcome::Failed),
+            StateChange::TurnStarted { agent: b, turn: t2 },
+        ];
+        let folded = fold(&changes);
+        assert_eq!(folded.expired_permissions.len(), 1);
+        let mut ids = [a.uuid(), b.uuid()];
+        ids.sort();
+        assert_eq!(
+            folded.agents.iter().map(|r| r.agent_id).collect::<Vec<_>>(),
+            ids,
+            "one update per agent, in id order"
+        );
+        let of = |id: AgentId| {
+            folded
+                .agents
+                .iter()
+                .find(|r| r.agent_id == id.uuid())
+                .unwrap()
+        };
+        assert_eq!(of(a).started_turn, Some(t1.uuid()));
+        assert_eq!(of(a).ended_turn, Some((t1.uuid(), "completed", None)));
+        assert_eq!(of(a).status, Some(("idle", None)), "the last status wins");
+        // A turn that starts after another one's end: the end no longer applies.
+        assert_eq!(of(b).started_turn, Some(t2.uuid()));
+        assert_eq!(of(b).ended_turn, None);
+        assert_eq!(of(b).status, None);
     }
 
     #[tokio::test]

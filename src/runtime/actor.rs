@@ -12,13 +12,13 @@ use tokio::time::Instant;
 
 use super::{
     AgentContext, AgentLauncher, Command, Moment, PermissionAnswer, RunningTurn, RuntimeError,
-    Shared, Snapshot, outcome_str,
+    Shared, Snapshot,
 };
 use crate::domain::{
     AgentId, AgentStatus, Behavior, EventKind, MessageId, NewEvent, PermissionId, PermissionOption,
     Redactor, ToolStatus, TurnId, TurnOutcome,
 };
-use crate::events::{NewMoment, NewTeamEvent};
+use crate::events::{Attached, NewMoment, NewTeamEvent, StateChange};
 use crate::providers::{
     PermissionDecision, PermissionRequest, Provider, ProviderError, ProviderEvent, ProviderSession,
     SessionSpec, ToolCallUpdate, TurnInput, Usage,
@@ -447,14 +447,6 @@ impl Actor {
             return Err(RuntimeError::ShuttingDown);
         }
         let turn_id = TurnId::new();
-        // Nothing is written yet: a failure here leaves no trace and no turn.
-        store::agents::turn_started(
-            &self.shared.pool,
-            self.id().uuid(),
-            turn_id.uuid(),
-            AgentStatus::Running.as_str(),
-        )
-        .await?;
         self.status = AgentStatus::Running;
         self.turn = Some(Turn {
             id: turn_id,
@@ -485,14 +477,24 @@ impl Actor {
             opening.push(self.event(EventKind::UserMessage, user));
         }
         self.shared.turns_started.with(&[&self.ctx.provider]).inc();
-        // The turn's opening and the status it puts the agent in: one commit.
-        let (status, team) = self.status_events(AgentStatus::Running, None);
+        // The turn's opening, the status it puts the agent in and the agent's row: one
+        // commit.
+        let (status, team, change) = self.status_events(AgentStatus::Running, None);
         opening.push(status);
         let started = self
             .commit_with(
                 opening,
-                vec![team],
-                vec![Moment::TurnStarted { turn_id }.at(0)],
+                Attached {
+                    team: vec![team],
+                    moments: vec![Moment::TurnStarted { turn_id }.at(0)],
+                    changes: vec![
+                        StateChange::TurnStarted {
+                            agent: self.id(),
+                            turn: turn_id,
+                        },
+                        change,
+                    ],
+                },
             )
             .await;
         if started.is_ok() {
@@ -624,8 +626,11 @@ impl Actor {
         };
         self.commit_with(
             vec![self.event(EventKind::PermissionResolved, data)],
-            vec![team],
-            vec![moment.at(0)],
+            Attached {
+                team: vec![team],
+                moments: vec![moment.at(0)],
+                changes: Vec::new(),
+            },
         )
         .await?;
         let _ = pending.reply.send(PermissionDecision::Selected {
@@ -886,8 +891,11 @@ impl Actor {
         if let Err(e) = self
             .commit_with(
                 vec![self.event(EventKind::PermissionRequested, data)],
-                vec![team],
-                vec![Moment::PermissionRequested { request_id: id }.at(0)],
+                Attached {
+                    team: vec![team],
+                    moments: vec![Moment::PermissionRequested { request_id: id }.at(0)],
+                    changes: Vec::new(),
+                },
             )
             .await
         {
@@ -1006,7 +1014,7 @@ impl Actor {
         self.close_message(true).await;
         self.close_message(false).await;
         let Some(turn) = self.turn.take() else { return };
-        turn.span.record("outcome", outcome_str(outcome));
+        turn.span.record("outcome", outcome.as_str());
         if outcome == TurnOutcome::Failed {
             turn.span.record("otel.status_code", "ERROR");
         }
@@ -1024,18 +1032,12 @@ impl Actor {
             self.emit_in(Some(turn.id), EventKind::ToolCall, tool_json(&tool))
                 .await;
         }
-        // Requests nobody answered expire with the turn; the provider hears "cancelled".
+        // Requests nobody answered expire with the turn (in the commit of its end); the
+        // provider hears "cancelled". Every request stored as pending is in `pending`
+        // until it is answered or withdrawn.
         let expired: Vec<PermissionId> = self.pending.keys().copied().collect();
         for (_, p) in self.pending.drain() {
             let _ = p.reply.send(PermissionDecision::Cancelled);
-        }
-        // Every request stored as pending is in `pending` until it is answered or
-        // withdrawn, so with none there the table has none to expire either.
-        if !expired.is_empty()
-            && let Err(e) =
-                store::permissions::expire_pending(&self.shared.pool, self.id().uuid()).await
-        {
-            tracing::warn!(error = %e, "could not expire permission requests");
         }
         let mut data = json!({"turn_id": turn.id, "outcome": outcome});
         if let Some(e) = &error {
@@ -1052,8 +1054,8 @@ impl Actor {
         };
         // The hooks hear of the expired requests, then of the turn's end, with this event.
         let mut moments: Vec<NewMoment> = expired
-            .into_iter()
-            .map(|request_id| {
+            .iter()
+            .map(|&request_id| {
                 Moment::PermissionResolved {
                     request_id,
                     resolution: json!({"behavior": Behavior::Deny, "expired": true}),
@@ -1083,32 +1085,39 @@ impl Actor {
         };
         let mut events = vec![ev];
         let mut team = Vec::new();
+        let mut changes: Vec<StateChange> = expired
+            .iter()
+            .map(|id| StateChange::PermissionExpired(*id))
+            .collect();
+        changes.push(StateChange::TurnEnded {
+            agent: self.id(),
+            turn: turn.id,
+            outcome,
+            error,
+        });
         if let Some((status, reason)) = &next {
-            let (event, status_team) = self.status_events(*status, reason.as_deref());
+            let (event, status_team, change) = self.status_events(*status, reason.as_deref());
             events.push(event);
             team.push(status_team);
+            changes.push(change);
         }
-        let committed = self.commit_with(events, team, moments).await;
+        let committed = self
+            .commit_with(
+                events,
+                Attached {
+                    team,
+                    moments,
+                    changes,
+                },
+            )
+            .await;
         if let Err(e) = &committed {
             tracing::error!(error = %e, "could not record the end of a turn");
         }
         self.shared
             .turns
-            .with(&[&self.ctx.provider, outcome_str(outcome)])
+            .with(&[&self.ctx.provider, outcome.as_str()])
             .inc();
-        if let Err(e) = store::agents::turn_finished(
-            &self.shared.pool,
-            self.id().uuid(),
-            turn.id.uuid(),
-            outcome_str(outcome),
-            error.as_deref().map(|e| self.redactor.text(e)).as_deref(),
-            next.as_ref().map(|(status, _)| status.as_str()),
-            next.as_ref().and_then(|(_, reason)| reason.as_deref()),
-        )
-        .await
-        {
-            tracing::warn!(error = %e, "could not store the turn outcome");
-        }
         if let Some((status, _)) = next {
             self.status = status;
             if committed.is_ok() {
@@ -1157,9 +1166,17 @@ impl Actor {
             return;
         }
         let mut events = std::mem::take(&mut self.outbox);
-        let mut moments = std::mem::take(&mut self.outbox_moments);
-        self.redact(&mut events, &mut [], &mut moments);
-        if let Err(e) = self.shared.writer.append_many_with(events, moments).await {
+        let mut attached = Attached {
+            moments: std::mem::take(&mut self.outbox_moments),
+            ..Attached::default()
+        };
+        self.redact(&mut events, &mut attached);
+        if let Err(e) = self
+            .shared
+            .writer
+            .append_many_with(events, attached.moments)
+            .await
+        {
             tracing::error!(agent_id = %self.id(), error = %e, "could not queue events");
         }
     }
@@ -1170,51 +1187,61 @@ impl Actor {
         events: Vec<NewEvent>,
         team: Vec<NewTeamEvent>,
     ) -> Result<Vec<crate::domain::AgentEvent>, crate::events::WriteError> {
-        self.commit_with(events, team, Vec::new()).await
+        let attached = Attached {
+            team,
+            ..Attached::default()
+        };
+        self.commit_with(events, attached).await
     }
 
-    /// `commit`, with moments attached to `events` (indexed in them): they commit with
-    /// their events.
+    /// `commit`, with moments attached to `events` (indexed in them) and the state
+    /// changes they announce: all of it commits together.
     async fn commit_with(
         &mut self,
         events: Vec<NewEvent>,
-        team: Vec<NewTeamEvent>,
-        moments: Vec<NewMoment>,
+        mut attached: Attached,
     ) -> Result<Vec<crate::domain::AgentEvent>, crate::events::WriteError> {
         let mut all = std::mem::take(&mut self.outbox);
         let mut all_moments = std::mem::take(&mut self.outbox_moments);
         let offset = all.len();
-        all_moments.extend(moments.into_iter().map(|mut m| {
+        all_moments.extend(attached.moments.drain(..).map(|mut m| {
             m.event += offset;
             m
         }));
+        attached.moments = all_moments;
         all.extend(events);
-        let mut team = team;
-        self.redact(&mut all, &mut team, &mut all_moments);
+        self.redact(&mut all, &mut attached);
         self.shared
             .writer
-            .append_committed_with(all, team, all_moments)
+            .append_committed_with(all, attached)
             .await
     }
 
     /// Mask the agent's secret values in what it is about to write.
-    fn redact(
-        &self,
-        events: &mut [NewEvent],
-        team: &mut [NewTeamEvent],
-        moments: &mut [NewMoment],
-    ) {
+    fn redact(&self, events: &mut [NewEvent], attached: &mut Attached) {
         if self.redactor.is_empty() {
             return;
         }
         for ev in events {
             self.redactor.json(&mut ev.data);
         }
-        for ev in team {
+        for ev in &mut attached.team {
             self.redactor.json(&mut ev.data);
         }
-        for m in moments {
+        for m in &mut attached.moments {
             self.redactor.json(&mut m.data);
+        }
+        for c in &mut attached.changes {
+            let text = match c {
+                StateChange::TurnEnded { error, .. } => error,
+                StateChange::Status { reason, .. } => reason,
+                StateChange::TurnStarted { .. } | StateChange::PermissionExpired(_) => continue,
+            };
+            if let Some(t) = text
+                && let std::borrow::Cow::Owned(masked) = self.redactor.text(t)
+            {
+                *t = masked;
+            }
         }
     }
 
@@ -1236,9 +1263,14 @@ impl Actor {
         self.set_status_with(status, reason, Vec::new()).await
     }
 
-    /// The `status` event of the agent's timeline and the `agent_status` event of its
-    /// team's stream, for a new status (whose reason is already redacted).
-    fn status_events(&self, status: AgentStatus, reason: Option<&str>) -> (NewEvent, NewTeamEvent) {
+    /// The `status` event of the agent's timeline, the `agent_status` event of its team's
+    /// stream and the change to its row, for a new status (whose reason is already
+    /// redacted): written together.
+    fn status_events(
+        &self,
+        status: AgentStatus,
+        reason: Option<&str>,
+    ) -> (NewEvent, NewTeamEvent, StateChange) {
         let mut data = json!({"status": status});
         if let Some(r) = reason {
             data["reason"] = json!(r);
@@ -1247,7 +1279,12 @@ impl Actor {
             "agent_status",
             json!({"agent_id": self.id(), "status": status}),
         );
-        (self.event(EventKind::Status, data), team)
+        let change = StateChange::Status {
+            agent: self.id(),
+            status,
+            reason: reason.map(str::to_owned),
+        };
+        (self.event(EventKind::Status, data), team, change)
     }
 
     /// `set_status`, with moments stored with the status event.
@@ -1262,12 +1299,13 @@ impl Actor {
         }
         self.status = status;
         let reason = reason.map(|r| self.redactor.text(r).into_owned());
-        let reason = reason.as_deref();
-        store::agents::set_status(&self.shared.pool, self.id().uuid(), status.as_str(), reason)
-            .await?;
-        let (event, team) = self.status_events(status, reason);
-        let moments = moments.into_iter().map(|m| m.at(0)).collect();
-        self.commit_with(vec![event], vec![team], moments).await?;
+        let (event, team, change) = self.status_events(status, reason.as_deref());
+        let attached = Attached {
+            team: vec![team],
+            moments: moments.into_iter().map(|m| m.at(0)).collect(),
+            changes: vec![change],
+        };
+        self.commit_with(vec![event], attached).await?;
         self.snapshot.send_modify(|s| s.status = status);
         Ok(())
     }

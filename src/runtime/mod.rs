@@ -772,15 +772,6 @@ impl ProcessLauncher for AgentLauncher {
     }
 }
 
-/// The wire name of an outcome.
-pub fn outcome_str(o: TurnOutcome) -> &'static str {
-    match o {
-        TurnOutcome::Completed => "completed",
-        TurnOutcome::Failed => "failed",
-        TurnOutcome::Canceled => "canceled",
-    }
-}
-
 /// A turn counted as running while this lives: the drain at shutdown waits for none to be
 /// left.
 pub(crate) struct RunningTurn(Arc<Shared>);

@@ -5,8 +5,10 @@
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::domain::{AgentId, Behavior, EventKind, NewEvent, PermissionId, TurnId, TurnOutcome};
-use crate::events::{EventWriter, NewMoment, NewTeamEvent};
+use crate::domain::{
+    AgentId, AgentStatus, Behavior, EventKind, NewEvent, PermissionId, TurnId, TurnOutcome,
+};
+use crate::events::{Attached, EventWriter, NewMoment, NewTeamEvent, StateChange};
 use crate::process::Ledger;
 use crate::store;
 
@@ -75,9 +77,9 @@ pub struct Abandoned {
 /// unfinished turn fails with `error`, its pending permission requests expire, and it is
 /// closed with `reason`. Each step is written as the actor would write it — the timeline
 /// event with the moment hooks hear of (`agent.permission.after`, `agent.turn.after`
-/// with outcome `failed`, `agent.close.after`), committed together — and only then does
-/// the agent's row say so, so a crash in between repeats the step rather than losing its
-/// notification. An agent already closed with no open turn is left as it is.
+/// with outcome `failed`, `agent.close.after`) — and committed in one statement with what
+/// the agent's row and its requests then say, so a crash can only repeat the whole step,
+/// never keep half of it. An agent already closed with no open turn is left as it is.
 pub async fn abandon_agent(
     pool: &PgPool,
     writer: &EventWriter,
@@ -89,7 +91,8 @@ pub async fn abandon_agent(
     let mut done = Abandoned::default();
     let mut events = Vec::new();
     let mut moments: Vec<NewMoment> = Vec::new();
-    let expired = store::permissions::expire_pending(pool, agent.id).await?;
+    // Nothing runs for this agent: what is pending now is what the commit below expires.
+    let expired = store::permissions::pending_ids(pool, agent.id).await?;
     let open_turn = match (agent.last_turn_id, &agent.last_turn_outcome) {
         (Some(turn), None) => Some(turn),
         _ => None,
@@ -144,17 +147,34 @@ pub async fn abandon_agent(
     if done.closed {
         moments.push(Moment::Closed {}.at(events.len() - 1));
     }
-    if !events.is_empty() {
-        // Numbered from the table: another replica may have written this timeline last.
-        writer.forget(id).await;
-        writer.append_committed_with(events, team, moments).await?;
-    }
+    let mut changes: Vec<StateChange> = expired
+        .iter()
+        .map(|r| StateChange::PermissionExpired(PermissionId::from(*r)))
+        .collect();
     if let Some(turn) = open_turn {
-        store::agents::turn_finished(pool, agent.id, turn, "failed", Some(error), None, None)
-            .await?;
+        changes.push(StateChange::TurnEnded {
+            agent: id,
+            turn: TurnId::from(turn),
+            outcome: TurnOutcome::Failed,
+            error: Some(error.to_owned()),
+        });
     }
     if done.closed {
-        store::agents::set_status(pool, agent.id, "closed", Some(reason)).await?;
+        changes.push(StateChange::Status {
+            agent: id,
+            status: AgentStatus::Closed,
+            reason: Some(reason.to_owned()),
+        });
+    }
+    if !events.is_empty() || !changes.is_empty() {
+        // Numbered from the table: another replica may have written this timeline last.
+        writer.forget(id).await;
+        let attached = Attached {
+            team,
+            moments,
+            changes,
+        };
+        writer.append_committed_with(events, attached).await?;
     }
     writer.forget(id).await;
     Ok(done)

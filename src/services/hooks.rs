@@ -26,7 +26,7 @@ use crate::auth::{Operation, Principal, Role};
 use crate::config::{FileHook, HookSettings, valid_env_name};
 use crate::domain::{DeliveryId, HookEvent, HookId, ProjectId, SecretEnv, SecretValue, TeamId};
 use crate::metrics::{Counter, Family};
-use crate::runtime::{Moment, outcome_str};
+use crate::runtime::Moment;
 use crate::store;
 use crate::store::hooks::{CallableHook, HookRow};
 
@@ -872,7 +872,7 @@ async fn moment(
             outcome,
             error,
         } => {
-            json!({"agent": agent, "turn_id": turn_id, "outcome": outcome_str(outcome), "error": error})
+            json!({"agent": agent, "turn_id": turn_id, "outcome": outcome.as_str(), "error": error})
         }
         Moment::PermissionRequested { request_id } => {
             let view = store::permissions::get(&mut *conn, stored.agent_id, request_id.uuid())

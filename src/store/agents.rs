@@ -153,21 +153,6 @@ pub async fn ids_in_workspace(
         .await
 }
 
-pub async fn set_status(
-    db: impl PgExecutor<'_>,
-    id: Uuid,
-    status: &str,
-    reason: Option<&str>,
-) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE agents SET status = $2, status_reason = $3 WHERE id = $1")
-        .bind(id)
-        .bind(status)
-        .bind(reason)
-        .execute(db)
-        .await
-        .map(|_| ())
-}
-
 pub async fn set_session(
     db: impl PgExecutor<'_>,
     id: Uuid,
@@ -202,55 +187,6 @@ pub async fn set_model(db: impl PgExecutor<'_>, id: Uuid, model: &str) -> Result
         .execute(db)
         .await
         .map(|_| ())
-}
-
-/// A turn starts, and the agent is running it (its status, in the same write).
-pub async fn turn_started(
-    db: impl PgExecutor<'_>,
-    id: Uuid,
-    turn: Uuid,
-    status: &str,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE agents SET last_turn_id = $2, last_turn_outcome = NULL, last_turn_error = NULL,
-         status = $3, status_reason = NULL WHERE id = $1",
-    )
-    .bind(id)
-    .bind(turn)
-    .bind(status)
-    .execute(db)
-    .await
-    .map(|_| ())
-}
-
-/// A turn's outcome (if it is still the agent's last turn) and, when given, the status
-/// the agent is left in, in one write.
-pub async fn turn_finished(
-    db: impl PgExecutor<'_>,
-    id: Uuid,
-    turn: Uuid,
-    outcome: &str,
-    error: Option<&str>,
-    status: Option<&str>,
-    status_reason: Option<&str>,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE agents SET
-           last_turn_outcome = CASE WHEN last_turn_id = $2 THEN $3 ELSE last_turn_outcome END,
-           last_turn_error = CASE WHEN last_turn_id = $2 THEN $4 ELSE last_turn_error END,
-           status = COALESCE($5, status),
-           status_reason = CASE WHEN $5::text IS NULL THEN status_reason ELSE $6 END
-         WHERE id = $1 AND (last_turn_id = $2 OR $5::text IS NOT NULL)",
-    )
-    .bind(id)
-    .bind(turn)
-    .bind(outcome)
-    .bind(error)
-    .bind(status)
-    .bind(status_reason)
-    .execute(db)
-    .await
-    .map(|_| ())
 }
 
 pub async fn mark_archived(db: impl PgExecutor<'_>, id: Uuid) -> Result<(), sqlx::Error> {

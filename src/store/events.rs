@@ -264,13 +264,61 @@ pub struct NewTeamRow<'a> {
     pub data: &'a Value,
 }
 
-/// Events, moments and team events, in one statement (see `insert_batch_with`).
+/// The agent rows and permission requests a batch changes (`insert_batch_with`): at most
+/// one entry per agent, each the net effect of what the batch says of that agent.
+#[derive(Debug, Default)]
+pub struct StateRows<'a> {
+    pub agents: Vec<AgentRowUpdate<'a>>,
+    /// Permission requests that expire, if they are still pending.
+    pub expired_permissions: Vec<Uuid>,
+}
+
+impl StateRows<'_> {
+    pub fn is_empty(&self) -> bool {
+        self.agents.is_empty() && self.expired_permissions.is_empty()
+    }
+}
+
+/// What a batch writes to one agent's row.
+#[derive(Debug, Clone, Default)]
+pub struct AgentRowUpdate<'a> {
+    pub agent_id: Uuid,
+    /// This turn becomes the agent's last one, with no outcome yet.
+    pub started_turn: Option<Uuid>,
+    /// This turn ended: its outcome and error are kept if it is (then) the last one.
+    pub ended_turn: Option<(Uuid, &'a str, Option<&'a str>)>,
+    /// The agent's status and why.
+    pub status: Option<(&'a str, Option<&'a str>)>,
+}
+
+/// Events, moments, team events and the state they announce, in one statement (see
+/// `insert_batch_with`). The agent rows are locked in id order, as every statement that
+/// locks several agent rows does (`replicas::renew`), so two of them never deadlock.
 const INSERT_BATCH_WITH: &str = "WITH stored AS (
             INSERT INTO agent_events (agent_id, seq, turn_id, kind, data, created_at)
             SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], $4::text[], $5::jsonb[], $6::timestamptz[])
          ), moments AS (
             INSERT INTO agent_moments (agent_id, seq, kind, payload)
             SELECT * FROM UNNEST($7::uuid[], $8::int8[], $9::text[], $10::jsonb[])
+         ), locked AS MATERIALIZED (
+            SELECT id FROM agents WHERE id = ANY($16::uuid[]) ORDER BY id FOR NO KEY UPDATE
+         ), agent_rows AS (
+            UPDATE agents a SET
+              last_turn_id = COALESCE(u.started, a.last_turn_id),
+              last_turn_outcome = CASE WHEN u.ended = COALESCE(u.started, a.last_turn_id) THEN u.outcome
+                                       WHEN u.started IS NOT NULL THEN NULL
+                                       ELSE a.last_turn_outcome END,
+              last_turn_error = CASE WHEN u.ended = COALESCE(u.started, a.last_turn_id) THEN u.error
+                                     WHEN u.started IS NOT NULL THEN NULL
+                                     ELSE a.last_turn_error END,
+              status = COALESCE(u.status, a.status),
+              status_reason = CASE WHEN u.status IS NULL THEN a.status_reason ELSE u.reason END
+            FROM UNNEST($16::uuid[], $17::uuid[], $18::uuid[], $19::text[], $20::text[], $21::text[], $22::text[])
+                 AS u(id, started, ended, outcome, error, status, reason)
+            WHERE a.id = u.id AND a.id IN (SELECT id FROM locked)
+         ), expired AS (
+            UPDATE permission_requests SET status = 'expired', resolved_at = now()
+            WHERE id = ANY($23::uuid[]) AND status = 'pending'
          )
          INSERT INTO team_events (team_id, project_id, workspace_id, kind, data)
          SELECT t, p, w, k, d
@@ -279,18 +327,20 @@ const INSERT_BATCH_WITH: &str = "WITH stored AS (
          ORDER BY n
          RETURNING id, team_id, project_id, workspace_id, kind, data, at";
 
-/// Insert a batch of events, their moments and team events in one statement (a
-/// data-modifying `WITH`): on its own, one atomic commit and one round trip, like
-/// `insert_batch`, however many team events it holds. Team events take their ids in the
-/// order given; the stored rows come back in that order.
+/// Insert a batch of events, their moments and team events, and write the state they
+/// announce, in one statement (a data-modifying `WITH`): on its own, one atomic commit and
+/// one round trip, like `insert_batch`, however much it holds. Team events take their ids
+/// in the order given; the stored rows come back in that order.
 pub async fn insert_batch_with(
     db: impl PgExecutor<'_>,
     events: &[AgentEvent],
     moments: &[MomentRow<'_>],
     team: &[NewTeamRow<'_>],
+    state: &StateRows<'_>,
 ) -> Result<Vec<TeamEventRow>, sqlx::Error> {
     let c = Columns::of(events, sqlx::types::Json);
     let m = MomentColumns::of(moments);
+    let a = &state.agents;
     let mut rows: Vec<TeamEventRow> =
         bind_moments!(bind_events!(sqlx::query_as(INSERT_BATCH_WITH), c), m)
             .bind(team.iter().map(|t| t.team_id).collect::<Vec<_>>())
@@ -302,6 +352,30 @@ pub async fn insert_batch_with(
                     .map(|t| sqlx::types::Json(t.data))
                     .collect::<Vec<_>>(),
             )
+            .bind(a.iter().map(|r| r.agent_id).collect::<Vec<_>>())
+            .bind(a.iter().map(|r| r.started_turn).collect::<Vec<_>>())
+            .bind(
+                a.iter()
+                    .map(|r| r.ended_turn.map(|e| e.0))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                a.iter()
+                    .map(|r| r.ended_turn.map(|e| e.1))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                a.iter()
+                    .map(|r| r.ended_turn.and_then(|e| e.2))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(a.iter().map(|r| r.status.map(|s| s.0)).collect::<Vec<_>>())
+            .bind(
+                a.iter()
+                    .map(|r| r.status.and_then(|s| s.1))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(&state.expired_permissions)
             .fetch_all(db)
             .await?;
     rows.sort_by_key(|r| r.id);

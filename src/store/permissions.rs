@@ -106,14 +106,13 @@ pub async fn resolve(
     Ok(done.rows_affected() == 1)
 }
 
-/// Expire every pending request of an agent; returns their ids.
-pub async fn expire_pending(
+/// The ids of an agent's pending requests.
+pub async fn pending_ids(
     db: impl PgExecutor<'_>,
     agent_id: Uuid,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
     sqlx::query_scalar(
-        "UPDATE permission_requests SET status = 'expired', resolved_at = now()
-         WHERE agent_id = $1 AND status = 'pending' RETURNING id",
+        "SELECT id FROM permission_requests WHERE agent_id = $1 AND status = 'pending'",
     )
     .bind(agent_id)
     .fetch_all(db)

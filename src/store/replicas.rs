@@ -186,6 +186,9 @@ pub async fn take_over(
 
 /// Renew `me`'s leases on `ids`; returns the ids still held (the others were taken over,
 /// or archived meanwhile: they must stop too).
+///
+/// The rows are locked in id order first, like every statement that locks several agent
+/// rows (the event writer's batch), so two of them never wait on each other in a cycle.
 pub async fn renew(
     db: impl PgExecutor<'_>,
     me: &str,
@@ -193,8 +196,11 @@ pub async fn renew(
     ttl_s: i64,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
     sqlx::query_scalar(
-        "UPDATE agents SET owner_replica = $1, lease_expires_at = now() + make_interval(secs => $3)
-          WHERE id = ANY($2) AND (owner_replica IS NULL OR owner_replica = $1)
+        "WITH locked AS MATERIALIZED (
+            SELECT id FROM agents WHERE id = ANY($2) ORDER BY id FOR NO KEY UPDATE
+         )
+         UPDATE agents SET owner_replica = $1, lease_expires_at = now() + make_interval(secs => $3)
+          WHERE id IN (SELECT id FROM locked) AND (owner_replica IS NULL OR owner_replica = $1)
             AND archived_at IS NULL
             AND NOT EXISTS (SELECT 1 FROM workspaces w
                              WHERE w.id = agents.workspace_id AND w.archived_at IS NOT NULL)
@@ -220,10 +226,14 @@ pub async fn release(db: impl PgExecutor<'_>, id: Uuid, me: &str) -> Result<(), 
     .map(|_| ())
 }
 
-/// Give up every lease of `me`.
+/// Give up every lease of `me` (rows locked in id order, as in `renew`).
 pub async fn release_all(db: impl PgExecutor<'_>, me: &str) -> Result<u64, sqlx::Error> {
     sqlx::query(
-        "UPDATE agents SET owner_replica = NULL, lease_expires_at = NULL WHERE owner_replica = $1",
+        "WITH locked AS MATERIALIZED (
+            SELECT id FROM agents WHERE owner_replica = $1 ORDER BY id FOR NO KEY UPDATE
+         )
+         UPDATE agents SET owner_replica = NULL, lease_expires_at = NULL
+          WHERE id IN (SELECT id FROM locked) AND owner_replica = $1",
     )
     .bind(me)
     .execute(db)

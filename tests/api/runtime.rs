@@ -721,3 +721,96 @@ async fn a_withdrawn_request_expires_a_late_handle_is_kept_and_an_interrupted_tu
     assert_eq!(data["outcome"], "canceled", "{data}");
     h.manager.shutdown(Duration::ZERO).await;
 }
+
+/// An agent abandoned by its server (a replica gone, a crash): its pending requests
+/// expire, its turn fails and it is closed in the commit of the events and moments that
+/// announce it. Were that commit to fail, everything stays as it was (the request
+/// pending, the turn open), so the next attempt announces it all again instead of
+/// leaving a change with no notification.
+#[tokio::test]
+async fn abandoned_requests_expire_only_once_their_end_is_committed() {
+    use agentry::store;
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    app.post_ok(&format!("/v1/agents/{id}/close"), json!({}), 200)
+        .await;
+    let agent_id: uuid::Uuid = id.trim_start_matches("agt_").parse().unwrap();
+    // As a server that died mid-turn leaves it: an open turn with a pending request.
+    let turn = uuid::Uuid::now_v7();
+    sqlx::query("UPDATE agents SET last_turn_id = $2, last_turn_outcome = NULL WHERE id = $1")
+        .bind(agent_id)
+        .bind(turn)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let request = uuid::Uuid::now_v7();
+    store::permissions::insert(
+        &app.pool,
+        store::permissions::NewPermission {
+            id: request,
+            agent_id,
+            turn_id: Some(turn),
+            provider_request_id: "p1",
+            kind: "execute",
+            title: "Run a command",
+            call_id: None,
+            input: None,
+            options: &json!([]),
+        },
+    )
+    .await
+    .unwrap();
+    let status = |pool: sqlx::PgPool| async move {
+        store::permissions::get(&pool, agent_id, request)
+            .await
+            .unwrap()
+            .unwrap()
+            .status
+    };
+    let open = store::agents::open_agent(&app.pool, agent_id)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // A writer whose database cannot be reached: nothing is committed.
+    let unreachable = sqlx::postgres::PgPoolOptions::new().connect_lazy_with(
+        (*app.pool.connect_options())
+            .clone()
+            .host("127.0.0.1")
+            .port(1),
+    );
+    let limits = WriterLimits {
+        commit_wait: Duration::from_millis(300),
+        ..WriterLimits::default()
+    };
+    let cut_off = EventWriter::spawn(unreachable, Arc::new(Bus::new(64)), limits.clone());
+    let failed = agentry::runtime::abandon_agent(&app.pool, &cut_off, &open, "lost", "lost").await;
+    assert!(failed.is_err(), "nothing could be committed");
+    assert_eq!(status(app.pool.clone()).await, "pending");
+    let row = store::agents::open_agent(&app.pool, agent_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (row.last_turn_id, row.last_turn_outcome.as_deref()),
+        (Some(turn), None),
+        "the turn is still open"
+    );
+
+    // Again, with the database reachable: announced, then expired.
+    let writer = EventWriter::spawn(app.pool.clone(), Arc::new(Bus::new(64)), limits);
+    let done = agentry::runtime::abandon_agent(&app.pool, &writer, &open, "lost", "lost")
+        .await
+        .unwrap();
+    assert!(done.turn_failed);
+    assert_eq!(status(app.pool.clone()).await, "expired");
+    let events = app.timeline(&id).await;
+    let (_, end) = turn_end(&events);
+    assert_eq!(end["outcome"], "failed");
+    let row = store::agents::open_agent(&app.pool, agent_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.last_turn_outcome.as_deref(), Some("failed"));
+}

@@ -333,7 +333,7 @@ async fn a_large_batch_over_several_agents_keeps_each_timeline_dense_around_a_re
 #[tokio::test]
 async fn moments_go_with_their_events_even_when_an_event_is_refused() {
     use agentry::domain::{AgentId, EventKind, NewEvent};
-    use agentry::events::NewMoment;
+    use agentry::events::{Attached, NewMoment};
 
     let app = spawn_app().await;
     refuse_poison(&app).await;
@@ -378,12 +378,14 @@ async fn moments_go_with_their_events_even_when_an_event_is_refused() {
     app.writer
         .append_committed_with(
             vec![event("fine"), event(&poisoned), event("also fine")],
-            Vec::new(),
-            vec![
-                moment(0, "first"),
-                moment(1, "second"),
-                moment(2, &refused_moment),
-            ],
+            Attached {
+                moments: vec![
+                    moment(0, "first"),
+                    moment(1, "second"),
+                    moment(2, &refused_moment),
+                ],
+                ..Attached::default()
+            },
         )
         .await
         .unwrap();
@@ -408,6 +410,123 @@ async fn moments_go_with_their_events_even_when_an_event_is_refused() {
             (last + 1, "first".to_owned()),
             (last + 2, "second".to_owned())
         ]
+    );
+    app.stop().await;
+}
+
+/// What an operation says of its agent's row commits with its events, in order: a turn
+/// that starts and ends in one commit keeps its outcome, a late end of an older turn
+/// leaves the newer one open, and a refused event beside them changes none of it. Their
+/// texts lose U+0000 like event data.
+#[tokio::test]
+async fn state_changes_commit_with_their_events_in_order_even_beside_a_refused_event() {
+    use agentry::domain::{AgentId, AgentStatus, EventKind, NewEvent, TurnId, TurnOutcome};
+    use agentry::events::{Attached, StateChange};
+
+    let app = spawn_app().await;
+    refuse_poison(&app).await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let agent = agent_in_new_workspace(&app, &project, "mock").await;
+    let id: AgentId = agent.parse().unwrap();
+    type Row = (
+        Option<uuid::Uuid>,
+        Option<String>,
+        Option<String>,
+        String,
+        Option<String>,
+    );
+    let row = || async {
+        sqlx::query_as::<_, Row>(
+            "SELECT last_turn_id, last_turn_outcome, last_turn_error, status, status_reason
+             FROM agents WHERE id = $1",
+        )
+        .bind(id.uuid())
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+    };
+    let event = |text: &str| NewEvent {
+        agent_id: id,
+        turn_id: None,
+        kind: EventKind::AssistantDelta,
+        data: json!({"message_id": "m", "text": text}),
+    };
+    let (first, second) = (TurnId::new(), TurnId::new());
+    let poisoned = format!("{POISON} event");
+    app.writer
+        .append_committed_with(
+            vec![event("fine"), event(&poisoned)],
+            Attached {
+                changes: vec![
+                    StateChange::TurnStarted {
+                        agent: id,
+                        turn: first,
+                    },
+                    StateChange::TurnEnded {
+                        agent: id,
+                        turn: first,
+                        outcome: TurnOutcome::Failed,
+                        error: Some("bad\u{0}byte".into()),
+                    },
+                    StateChange::Status {
+                        agent: id,
+                        status: AgentStatus::Error,
+                        reason: Some("it broke".into()),
+                    },
+                ],
+                ..Attached::default()
+            },
+        )
+        .await
+        .unwrap();
+    let timeline = app.timeline(&agent).await;
+    assert_eq!(
+        timeline.last().unwrap()["data"]["code"],
+        "event_rejected",
+        "the batch was set aside row by row"
+    );
+    assert_eq!(
+        row().await,
+        (
+            Some(first.uuid()),
+            Some("failed".into()),
+            Some("bad\u{FFFD}byte".into()),
+            "error".into(),
+            Some("it broke".into())
+        )
+    );
+
+    app.writer
+        .append_committed_with(
+            vec![event("next")],
+            Attached {
+                changes: vec![
+                    StateChange::TurnStarted {
+                        agent: id,
+                        turn: second,
+                    },
+                    StateChange::TurnEnded {
+                        agent: id,
+                        turn: first,
+                        outcome: TurnOutcome::Completed,
+                        error: None,
+                    },
+                    StateChange::Status {
+                        agent: id,
+                        status: AgentStatus::Running,
+                        reason: None,
+                    },
+                ],
+                ..Attached::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        row().await,
+        (Some(second.uuid()), None, None, "running".into(), None),
+        "the newer turn stays open"
     );
     app.stop().await;
 }
