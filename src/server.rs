@@ -195,12 +195,14 @@ impl Application {
             )?),
             None => None,
         };
+        let pool = store::DeadlinePool::new(
+            pool,
+            Duration::from_millis(settings.database.statement_deadline_ms),
+        );
         let state = web::Data::new(AppState {
             services: ServiceContext {
-                pool: store::DeadlinePool::new(
-                    pool,
-                    Duration::from_millis(settings.database.statement_deadline_ms),
-                ),
+                audit: crate::services::audit::AuditLog::spawn(pool.clone()),
+                pool,
                 writer,
                 bus,
                 agents,

@@ -2,13 +2,16 @@
 //! who did it (a person, a service token or the server admin), the team, the target, a
 //! few details (never a secret or a token value) and the request id. Where the action is
 //! one database write the entry is written in the same transaction (`record_in`);
-//! otherwise right after the action succeeded (`record`), and a failure to record is
-//! logged and answered as an error, never swallowed.
+//! otherwise right after the action succeeded (`record`, in batches: `AuditLog`), and a
+//! failure to record is logged and answered as an error, never swallowed.
+
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{Value, json};
 use sqlx::PgExecutor;
+use tokio::sync::{mpsc, oneshot};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -180,6 +183,120 @@ pub async fn record_in<'a>(
     .await
 }
 
+/// Entries recorded after their action (`record`), written in batches: those that arrive
+/// while a batch is being written go together in the next statement and commit, so a
+/// burst of actions (a thousand prompts at once) costs a few commits, not one each. Every
+/// caller still waits for its own entry. A batch the database refuses is written again
+/// entry by entry, so each caller hears of its own entry's fate.
+#[derive(Clone)]
+pub struct AuditLog {
+    tx: mpsc::UnboundedSender<Queued>,
+}
+
+struct Queued {
+    entry: QueuedEntry,
+    done: oneshot::Sender<Result<(), sqlx::Error>>,
+}
+
+struct QueuedEntry {
+    id: Uuid,
+    actor_kind: &'static str,
+    actor_id: Uuid,
+    team_id: Option<Uuid>,
+    action: &'static str,
+    target_kind: &'static str,
+    target_id: String,
+    details: Value,
+    request_id: Option<String>,
+}
+
+impl QueuedEntry {
+    fn row(&self) -> store::audit::NewEntry<'_> {
+        store::audit::NewEntry {
+            id: self.id,
+            actor_kind: self.actor_kind,
+            actor_id: self.actor_id,
+            team_id: self.team_id,
+            action: self.action,
+            target_kind: self.target_kind,
+            target_id: &self.target_id,
+            details: &self.details,
+            request_id: self.request_id.as_deref(),
+        }
+    }
+}
+
+impl AuditLog {
+    /// Most entries in one statement.
+    const MAX_BATCH: usize = 512;
+
+    /// Start the batching task on the current runtime. Its statements have `pool`'s
+    /// deadline.
+    pub fn spawn(pool: store::DeadlinePool) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(Self::run(pool, rx));
+        Self { tx }
+    }
+
+    async fn run(pool: store::DeadlinePool, mut rx: mpsc::UnboundedReceiver<Queued>) {
+        let mut batch = Vec::with_capacity(Self::MAX_BATCH);
+        while rx.recv_many(&mut batch, Self::MAX_BATCH).await > 0 {
+            let rows: Vec<_> = batch.iter().map(|q| q.entry.row()).collect();
+            let written = store::audit::insert_many(&pool, &rows).await;
+            drop(rows);
+            match written {
+                Ok(()) => {
+                    for q in batch.drain(..) {
+                        let _ = q.done.send(Ok(()));
+                    }
+                }
+                Err(e) if batch.len() == 1 => {
+                    if let Some(q) = batch.pop() {
+                        let _ = q.done.send(Err(e));
+                    }
+                }
+                Err(_) => {
+                    for q in batch.drain(..) {
+                        let r = store::audit::insert(&pool, q.entry.row()).await;
+                        let _ = q.done.send(r);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Queue `entry` and wait until it is committed, at most the store's deadline.
+    async fn write(
+        &self,
+        actor: &Actor<'_>,
+        entry: &Entry,
+        deadline: Duration,
+    ) -> Result<(), ServiceError> {
+        let (done, rx) = oneshot::channel();
+        let queued = Queued {
+            entry: QueuedEntry {
+                id: AuditId::new().uuid(),
+                actor_kind: actor.kind.as_str(),
+                actor_id: actor.id,
+                team_id: entry.team_id,
+                action: entry.action.as_str(),
+                target_kind: entry.target.0,
+                target_id: entry.target.1.clone(),
+                details: entry.details.clone(),
+                request_id: actor.request_id.map(str::to_owned),
+            },
+            done,
+        };
+        self.tx
+            .send(queued)
+            .map_err(|_| ServiceError::StoreUnavailable)?;
+        match tokio::time::timeout(deadline, rx).await {
+            Ok(Ok(written)) => written.map_err(ServiceError::from),
+            Ok(Err(_)) | Err(_) => Err(ServiceError::StoreUnavailable),
+        }
+    }
+}
+
 /// Record `entry` after its action succeeded. A failure is logged with what was not
 /// recorded, and returned: an action that cannot be audited is not reported as done.
 pub async fn record<'a>(
@@ -188,17 +305,17 @@ pub async fn record<'a>(
     entry: Entry,
 ) -> ServiceResult<()> {
     let actor = actor.into();
-    let request_id = actor.request_id.map(str::to_owned);
-    if let Err(e) = record_in(&ctx.pool, actor, &entry).await {
+    if let Err(e) = ctx.audit.write(&actor, &entry, ctx.pool.deadline()).await {
+        let request_id = actor.request_id.unwrap_or("");
         tracing::error!(
             error = %e,
             action = entry.action.as_str(),
             target_kind = entry.target.0,
             target_id = %entry.target.1,
-            request_id = request_id.as_deref().unwrap_or(""),
+            request_id,
             "the action succeeded but could not be recorded in the audit log"
         );
-        return Err(e.into());
+        return Err(e);
     }
     Ok(())
 }

@@ -60,6 +60,8 @@ pub struct ServiceContext {
     pub hooks: Arc<hooks::Hooks>,
     /// The OpenID Connect provider, when `[auth.oidc]` is configured.
     pub oidc: Option<crate::auth::oidc::Oidc>,
+    /// Writes the entries of `audit::record`, in batches.
+    pub audit: audit::AuditLog,
 }
 
 impl ServiceContext {

@@ -53,6 +53,30 @@ pub async fn insert(db: impl PgExecutor<'_>, e: NewEntry<'_>) -> Result<(), sqlx
     .map(|_| ())
 }
 
+/// Insert several entries in one statement (on its own: one commit).
+pub async fn insert_many(
+    db: impl PgExecutor<'_>,
+    entries: &[NewEntry<'_>],
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO audit_log (id, actor_kind, actor_id, team_id, action, target_kind, target_id, details, request_id)
+         SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::uuid[], $4::uuid[], $5::text[], $6::text[],
+                              $7::text[], $8::jsonb[], $9::text[])",
+    )
+    .bind(entries.iter().map(|e| e.id).collect::<Vec<_>>())
+    .bind(entries.iter().map(|e| e.actor_kind).collect::<Vec<_>>())
+    .bind(entries.iter().map(|e| e.actor_id).collect::<Vec<_>>())
+    .bind(entries.iter().map(|e| e.team_id).collect::<Vec<_>>())
+    .bind(entries.iter().map(|e| e.action).collect::<Vec<_>>())
+    .bind(entries.iter().map(|e| e.target_kind).collect::<Vec<_>>())
+    .bind(entries.iter().map(|e| e.target_id).collect::<Vec<_>>())
+    .bind(entries.iter().map(|e| sqlx::types::Json(e.details)).collect::<Vec<_>>())
+    .bind(entries.iter().map(|e| e.request_id).collect::<Vec<_>>())
+    .execute(db)
+    .await
+    .map(|_| ())
+}
+
 /// Which entries `list` returns.
 pub struct Filter<'a> {
     /// Only entries of these teams; `None`: every entry, also those of no team.

@@ -502,3 +502,81 @@ async fn mcp_servers_an_agent_could_not_start_are_refused_by_name() {
     let agent = app.post_ok("/v1/agents", create(ok), 201).await;
     assert!(agent["id"].is_string());
 }
+
+/// Prompts that arrive together share the audit log's commits, and each is still
+/// recorded. An entry the database refuses fails only its own request: the others,
+/// refused with it as one batch at first, are written again one by one.
+#[tokio::test]
+async fn prompts_sent_together_are_each_audited_and_a_refused_entry_fails_only_its_own() {
+    const AGENTS: usize = 8;
+    const REFUSED: usize = 3;
+    let app = spawn_app().await;
+    sqlx::query(
+        "ALTER TABLE audit_log ADD CONSTRAINT refuse_marked
+         CHECK (coalesce(details->>'client_message_id', '') <> 'refused')",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let mut agents = Vec::new();
+    for _ in 0..AGENTS {
+        let ws = app
+            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+            .await;
+        let agent = app
+            .post_ok(
+                "/v1/agents",
+                json!({"workspace_id": ws["id"], "provider": "mock"}),
+                201,
+            )
+            .await;
+        let id = agent["id"].as_str().unwrap().to_owned();
+        app.wait(&id).await;
+        agents.push(id);
+    }
+    let marker = |i: usize| {
+        if i == REFUSED {
+            "refused".to_owned()
+        } else {
+            format!("m{i}")
+        }
+    };
+    let paths: Vec<String> = agents
+        .iter()
+        .map(|a| format!("/v1/agents/{a}/messages"))
+        .collect();
+    let answers = futures::future::join_all(paths.iter().enumerate().map(|(i, path)| {
+        app.post(
+            path,
+            json!({"text": "hello", "client_message_id": marker(i)}),
+        )
+    }))
+    .await;
+    for (i, res) in answers.into_iter().enumerate() {
+        let status = res.status().as_u16();
+        if i == REFUSED {
+            assert_eq!(status, 500, "an action that cannot be audited is not done");
+        } else {
+            assert_eq!(status, 202, "prompt {i}: {}", res.text().await.unwrap());
+        }
+    }
+    let page = app.get_ok("/v1/audit?action=agent.prompt&limit=100").await;
+    let mut recorded: Vec<String> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            e["details"]["client_message_id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    recorded.sort();
+    let mut expected: Vec<String> = (0..AGENTS).filter(|&i| i != REFUSED).map(marker).collect();
+    expected.sort();
+    assert_eq!(recorded, expected);
+    app.stop().await;
+}
