@@ -102,6 +102,9 @@ struct LoadRun {
     /// When the first prompt was sent, to find the load's seconds in the server's and
     /// PostgreSQL's logs.
     started_at: chrono::DateTime<chrono::Utc>,
+    /// From the first prompt sent to the last one accepted.
+    prompts_accepted: Duration,
+    prompts: usize,
     /// WAL segments PostgreSQL created (rather than reused) during the load.
     wal_created: i64,
     cpu: String,
@@ -134,6 +137,11 @@ impl LoadRun {
             Some(p) => println!("  emission→SSE: {}", p.line()),
             None => println!("  emission→SSE: no stamped event"),
         }
+        println!(
+            "  the {} prompts were accepted in {:.2} s",
+            self.prompts,
+            self.prompts_accepted.as_secs_f64()
+        );
         if let Some(p) = &self.steady {
             println!("  emission→SSE once every agent runs: {}", p.line());
         }
@@ -216,6 +224,7 @@ async fn run_load(
         &format!("/load {} {} stamp", plan.events, plan.interval_ms),
     )
     .await?;
+    let prompts_accepted = started.elapsed();
     let all_running_us = crate::providers::mock::unix_micros();
     let bound = Duration::from_millis(plan.events * plan.interval_ms) + Duration::from_secs(180);
     let mut subs: Vec<Subscription> = Vec::with_capacity(readers.len());
@@ -268,6 +277,8 @@ async fn run_load(
             .map(|v| Percentiles::of(v).map_or(0.0, |p| p.p99))
             .collect(),
         started_at,
+        prompts_accepted,
+        prompts: agents.len(),
         wal_created,
         cpu: cpu_before.shares_until(&cpu_after),
         other_cpu: cpu_before.other_share_until(&cpu_after),
