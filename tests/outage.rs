@@ -99,19 +99,7 @@ async fn a_stopped_database_slows_agents_loses_nothing_and_recovers() {
     let project = app.project(repo.path()).await;
     let mut agents = Vec::new();
     for _ in 0..AGENTS {
-        let ws = app
-            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-            .await;
-        let agent = app
-            .post_ok(
-                "/v1/agents",
-                json!({"workspace_id": ws["id"], "provider": "mock"}),
-                201,
-            )
-            .await;
-        let id = agent["id"].as_str().unwrap().to_owned();
-        app.wait(&id).await;
-        agents.push(id);
+        agents.push(app.agent_in_new_workspace(&project, "mock").await);
     }
     let probe = agents[0].clone();
     // The probe agent stays idle; the others stream.

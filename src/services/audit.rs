@@ -165,22 +165,8 @@ pub async fn record_in<'a>(
     actor: impl Into<Actor<'a>>,
     entry: &Entry,
 ) -> Result<(), sqlx::Error> {
-    let actor = actor.into();
-    store::audit::insert(
-        db,
-        store::audit::NewEntry {
-            id: AuditId::new().uuid(),
-            actor_kind: actor.kind.as_str(),
-            actor_id: actor.id,
-            team_id: entry.team_id,
-            action: entry.action.as_str(),
-            target_kind: entry.target.0,
-            target_id: &entry.target.1,
-            details: &entry.details,
-            request_id: actor.request_id,
-        },
-    )
-    .await
+    let row = OwnedEntry::new(&actor.into(), entry);
+    store::audit::insert(db, row.row()).await
 }
 
 /// Entries recorded after their action (`record`), written in batches: those that arrive
@@ -194,11 +180,12 @@ pub struct AuditLog {
 }
 
 struct Queued {
-    entry: QueuedEntry,
+    entry: OwnedEntry,
     done: oneshot::Sender<Result<(), sqlx::Error>>,
 }
 
-struct QueuedEntry {
+/// An entry as it is written, owning what it says.
+struct OwnedEntry {
     id: Uuid,
     actor_kind: &'static str,
     actor_id: Uuid,
@@ -210,7 +197,22 @@ struct QueuedEntry {
     request_id: Option<String>,
 }
 
-impl QueuedEntry {
+impl OwnedEntry {
+    /// `entry` by `actor`, under a new id.
+    fn new(actor: &Actor<'_>, entry: &Entry) -> Self {
+        Self {
+            id: AuditId::new().uuid(),
+            actor_kind: actor.kind.as_str(),
+            actor_id: actor.id,
+            team_id: entry.team_id,
+            action: entry.action.as_str(),
+            target_kind: entry.target.0,
+            target_id: entry.target.1.clone(),
+            details: entry.details.clone(),
+            request_id: actor.request_id.map(str::to_owned),
+        }
+    }
+
     fn row(&self) -> store::audit::NewEntry<'_> {
         store::audit::NewEntry {
             id: self.id,
@@ -274,17 +276,7 @@ impl AuditLog {
     ) -> Result<(), ServiceError> {
         let (done, rx) = oneshot::channel();
         let queued = Queued {
-            entry: QueuedEntry {
-                id: AuditId::new().uuid(),
-                actor_kind: actor.kind.as_str(),
-                actor_id: actor.id,
-                team_id: entry.team_id,
-                action: entry.action.as_str(),
-                target_kind: entry.target.0,
-                target_id: entry.target.1.clone(),
-                details: entry.details.clone(),
-                request_id: actor.request_id.map(str::to_owned),
-            },
+            entry: OwnedEntry::new(actor, entry),
             done,
         };
         self.tx

@@ -522,19 +522,7 @@ async fn prompts_sent_together_are_each_audited_and_a_refused_entry_fails_only_i
     let project = app.project(repo.path()).await;
     let mut agents = Vec::new();
     for _ in 0..AGENTS {
-        let ws = app
-            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-            .await;
-        let agent = app
-            .post_ok(
-                "/v1/agents",
-                json!({"workspace_id": ws["id"], "provider": "mock"}),
-                201,
-            )
-            .await;
-        let id = agent["id"].as_str().unwrap().to_owned();
-        app.wait(&id).await;
-        agents.push(id);
+        agents.push(app.agent_in_new_workspace(&project, "mock").await);
     }
     let marker = |i: usize| {
         if i == REFUSED {

@@ -246,6 +246,24 @@ impl TestApp {
         .await
     }
 
+    /// An agent of `provider` in a new worktree workspace of `project`, once it is ready;
+    /// returns its id.
+    pub async fn agent_in_new_workspace(&self, project: &Value, provider: &str) -> String {
+        let ws = self
+            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+            .await;
+        let agent = self
+            .post_ok(
+                "/v1/agents",
+                json!({"workspace_id": ws["id"], "provider": provider}),
+                201,
+            )
+            .await;
+        let id = agent["id"].as_str().unwrap().to_owned();
+        self.wait(&id).await;
+        id
+    }
+
     /// A project, a worktree workspace and a mock agent in it; returns the agent id.
     pub async fn mock_agent(&self, repo: &Path) -> (String, String) {
         let project = self.project(repo).await;

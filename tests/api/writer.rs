@@ -39,22 +39,6 @@ fn assert_load_timeline(events: &[Value], chunks: usize) {
     );
 }
 
-async fn agent_in_new_workspace(app: &TestApp, project: &Value, provider: &str) -> String {
-    let ws = app
-        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-        .await;
-    let agent = app
-        .post_ok(
-            "/v1/agents",
-            json!({"workspace_id": ws["id"], "provider": provider}),
-            201,
-        )
-        .await;
-    let id = agent["id"].as_str().unwrap().to_owned();
-    app.wait(&id).await;
-    id
-}
-
 /// The database refuses any event whose text carries the marker (the test's own database).
 async fn refuse_poison(app: &TestApp) {
     sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -74,9 +58,9 @@ async fn a_refused_event_becomes_an_error_in_its_slot_and_stalls_nobody() {
     let project = app.project(repo.path()).await;
     let mut bystanders = Vec::new();
     for _ in 0..4 {
-        bystanders.push(agent_in_new_workspace(&app, &project, "mock").await);
+        bystanders.push(app.agent_in_new_workspace(&project, "mock").await);
     }
-    let victim = agent_in_new_workspace(&app, &project, "mock").await;
+    let victim = app.agent_in_new_workspace(&project, "mock").await;
     // Team events are refused the same way: the victim's `running` activity.
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "ALTER TABLE team_events ADD CONSTRAINT poison_activity
@@ -212,7 +196,7 @@ async fn provider_nul_is_stored_and_streamed_as_the_replacement_character() {
     .await;
     let repo = git_repo();
     let project = app.project(repo.path()).await;
-    let id = agent_in_new_workspace(&app, &project, "nul").await;
+    let id = app.agent_in_new_workspace(&project, "nul").await;
     let mut sse = app.events(&id, None).await;
     app.prompt(&id, "print the binary file").await;
     let w = app.wait(&id).await;
@@ -268,7 +252,7 @@ async fn a_large_batch_over_several_agents_keeps_each_timeline_dense_around_a_re
     let project = app.project(repo.path()).await;
     let mut agents = Vec::new();
     for _ in 0..3 {
-        agents.push(agent_in_new_workspace(&app, &project, "mock").await);
+        agents.push(app.agent_in_new_workspace(&project, "mock").await);
     }
     let mut before = Vec::new();
     for a in &agents {
@@ -357,7 +341,7 @@ async fn moments_go_with_their_events_even_when_an_event_is_refused() {
     .unwrap();
     let repo = git_repo();
     let project = app.project(repo.path()).await;
-    let agent = agent_in_new_workspace(&app, &project, "mock").await;
+    let agent = app.agent_in_new_workspace(&project, "mock").await;
     let id: AgentId = agent.parse().unwrap();
     let last = app.get_ok(&format!("/v1/agents/{agent}")).await["last_seq"]
         .as_i64()
@@ -427,7 +411,7 @@ async fn state_changes_commit_with_their_events_in_order_even_beside_a_refused_e
     refuse_poison(&app).await;
     let repo = git_repo();
     let project = app.project(repo.path()).await;
-    let agent = agent_in_new_workspace(&app, &project, "mock").await;
+    let agent = app.agent_in_new_workspace(&project, "mock").await;
     let id: AgentId = agent.parse().unwrap();
     type Row = (
         Option<uuid::Uuid>,
@@ -539,7 +523,7 @@ async fn a_large_event_is_compressed_with_lz4_where_the_database_offers_it() {
     let app = spawn_app().await;
     let repo = git_repo();
     let project = app.project(repo.path()).await;
-    let id = agent_in_new_workspace(&app, &project, "mock").await;
+    let id = app.agent_in_new_workspace(&project, "mock").await;
     app.prompt(&id, "/load 2000 0").await;
     let w = app.wait(&id).await;
     assert_eq!(w["last_turn"]["outcome"], "completed", "{w}");
