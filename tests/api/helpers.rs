@@ -246,9 +246,9 @@ impl TestApp {
         .await
     }
 
-    /// An agent of `provider` in a new worktree workspace of `project`, once it is ready;
-    /// returns its id.
-    pub async fn agent_in_new_workspace(&self, project: &Value, provider: &str) -> String {
+    /// A new worktree workspace of `project` and an agent of `provider` in it:
+    /// `(agent id, workspace id)`.
+    async fn agent_and_workspace(&self, project: &Value, provider: &str) -> (String, String) {
         let ws = self
             .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
             .await;
@@ -259,28 +259,24 @@ impl TestApp {
                 201,
             )
             .await;
-        let id = agent["id"].as_str().unwrap().to_owned();
-        self.wait(&id).await;
-        id
-    }
-
-    /// A project, a worktree workspace and a mock agent in it; returns the agent id.
-    pub async fn mock_agent(&self, repo: &Path) -> (String, String) {
-        let project = self.project(repo).await;
-        let ws = self
-            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-            .await;
-        let agent = self
-            .post_ok(
-                "/v1/agents",
-                json!({"workspace_id": ws["id"], "provider": "mock"}),
-                201,
-            )
-            .await;
         (
             agent["id"].as_str().unwrap().to_owned(),
             ws["id"].as_str().unwrap().to_owned(),
         )
+    }
+
+    /// An agent of `provider` in a new worktree workspace of `project`, once it is ready;
+    /// returns its id.
+    pub async fn agent_in_new_workspace(&self, project: &Value, provider: &str) -> String {
+        let (id, _) = self.agent_and_workspace(project, provider).await;
+        self.wait(&id).await;
+        id
+    }
+
+    /// A project, a worktree workspace and a mock agent in it: `(agent id, workspace id)`.
+    pub async fn mock_agent(&self, repo: &Path) -> (String, String) {
+        let project = self.project(repo).await;
+        self.agent_and_workspace(&project, "mock").await
     }
 
     pub async fn prompt(&self, agent: &str, text: &str) -> String {
