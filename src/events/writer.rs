@@ -17,8 +17,8 @@
 //! event it goes with, so it exists exactly when its event does. The writer gives them no
 //! meaning; it only wakes whoever waits on `moments_stored` after a batch with moments
 //! commits. A batch without moments costs nothing more. A batch is one statement, committed
-//! on its own, whatever it holds: agent events alone are one `INSERT`; with moments or
-//! team events, one data-modifying `WITH`. A moment whose event the database
+//! on its own, whatever it holds: agent events alone are one `INSERT`; with moments, team
+//! events or state changes, one data-modifying `WITH`. A moment whose event the database
 //! refuses is still stored (its event's stand-in takes the slot, and what the moment
 //! says — a turn ended, an agent closed — did happen); a moment the database refuses
 //! itself is logged and dropped, like a refused team event.
@@ -531,6 +531,9 @@ impl EventWriter {
     }
 }
 
+/// Approximate bytes a state change costs besides its texts (ids, kind, status).
+const CHANGE_BYTES: usize = 32;
+
 /// Scrub every event's data and every text (on the producer's task) and measure the
 /// operation.
 fn prepare(
@@ -548,7 +551,7 @@ fn prepare(
         .map(|e| scrub(&mut e.data) + ENVELOPE_BYTES)
         .sum();
     let m: usize = moments.iter_mut().map(|m| scrub(&mut m.data)).sum();
-    let c: usize = changes.iter_mut().map(|c| c.scrub() + 32).sum();
+    let c: usize = changes.iter_mut().map(|c| c.scrub() + CHANGE_BYTES).sum();
     a + t + m + c
 }
 
