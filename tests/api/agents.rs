@@ -535,14 +535,49 @@ async fn prompts_sent_together_are_each_audited_and_a_refused_entry_fails_only_i
         .iter()
         .map(|a| format!("/v1/agents/{a}/messages"))
         .collect();
-    let answers = futures::future::join_all(paths.iter().enumerate().map(|(i, path)| {
+    let prompt = |i: usize| {
         app.post(
-            path,
+            &paths[i],
             json!({"text": "hello", "client_message_id": marker(i)}),
         )
-    }))
-    .await;
-    for (i, res) in answers.into_iter().enumerate() {
+    };
+    // The audit log is held, so the first prompt's entry waits in its batch while the
+    // others queue behind it: they then go together, the refused one among them.
+    let mut hold = app.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE audit_log IN EXCLUSIVE MODE")
+        .execute(&mut *hold)
+        .await
+        .unwrap();
+    let first_waits = async {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO audit_log%'",
+            )
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the first entry never reached the table"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let (first, rest) = tokio::join!(prompt(0), async {
+        first_waits.await;
+        let rest = futures::future::join_all((1..AGENTS).map(prompt));
+        let release = async {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            hold.commit().await.unwrap();
+        };
+        tokio::join!(rest, release).0
+    });
+    for (i, res) in std::iter::once(first).chain(rest).enumerate() {
         let status = res.status().as_u16();
         if i == REFUSED {
             assert_eq!(status, 500, "an action that cannot be audited is not done");
