@@ -18,6 +18,7 @@ use uuid::Uuid;
 use super::{ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{ActorKind, AuthError, Operation, Principal, Role};
 use crate::domain::{AuditId, TeamId, TokenId, UserId};
+use crate::events::{Fault, classify, is_unavailable};
 use crate::store;
 
 /// What was done. The wire name is dotted (`agent.create`).
@@ -166,14 +167,15 @@ pub async fn record_in<'a>(
     entry: &Entry,
 ) -> Result<(), sqlx::Error> {
     let row = OwnedEntry::new(&actor.into(), entry);
-    store::audit::insert(db, row.row()).await
+    store::audit::insert(db, &[row.row()]).await
 }
 
 /// Entries recorded after their action (`record`), written in batches: those that arrive
 /// while a batch is being written go together in the next statement and commit, so a
 /// burst of actions (a thousand prompts at once) costs a few commits, not one each. Every
-/// caller still waits for its own entry. A batch the database refuses is written again
-/// entry by entry, so each caller hears of its own entry's fate.
+/// caller still waits for its own entry. A batch the database refuses for its content is
+/// written again entry by entry, so each caller hears of its own entry's fate; when the
+/// store cannot be reached, every caller of the batch hears that at once.
 #[derive(Clone)]
 pub struct AuditLog {
     tx: mpsc::UnboundedSender<Queued>,
@@ -181,7 +183,7 @@ pub struct AuditLog {
 
 struct Queued {
     entry: OwnedEntry,
-    done: oneshot::Sender<Result<(), sqlx::Error>>,
+    done: oneshot::Sender<ServiceResult<()>>,
 }
 
 /// An entry as it is written, owning what it says.
@@ -244,7 +246,7 @@ impl AuditLog {
         let mut batch = Vec::with_capacity(Self::MAX_BATCH);
         while rx.recv_many(&mut batch, Self::MAX_BATCH).await > 0 {
             let rows: Vec<_> = batch.iter().map(|q| q.entry.row()).collect();
-            let written = store::audit::insert_many(&pool, &rows).await;
+            let written = store::audit::insert(&pool, &rows).await;
             drop(rows);
             match written {
                 Ok(()) => {
@@ -254,13 +256,24 @@ impl AuditLog {
                 }
                 Err(e) if batch.len() == 1 => {
                     if let Some(q) = batch.pop() {
-                        let _ = q.done.send(Err(e));
+                        let _ = q.done.send(Err(e.into()));
                     }
                 }
-                Err(_) => {
+                Err(e) if classify(&e) == Fault::Content => {
                     for q in batch.drain(..) {
-                        let r = store::audit::insert(&pool, q.entry.row()).await;
-                        let _ = q.done.send(r);
+                        let r = store::audit::insert(&pool, &[q.entry.row()]).await;
+                        let _ = q.done.send(r.map_err(ServiceError::from));
+                    }
+                }
+                Err(e) => {
+                    // Not the entries: the same answer for each of them, at once.
+                    tracing::warn!(error = %e, entries = batch.len(), "could not write a batch of audit entries");
+                    for q in batch.drain(..) {
+                        let _ = q.done.send(Err(if is_unavailable(&e) {
+                            ServiceError::StoreUnavailable
+                        } else {
+                            ServiceError::Unexpected(anyhow::anyhow!("{e}"))
+                        }));
                     }
                 }
             }
@@ -283,7 +296,7 @@ impl AuditLog {
             .send(queued)
             .map_err(|_| ServiceError::StoreUnavailable)?;
         match tokio::time::timeout(deadline, rx).await {
-            Ok(Ok(written)) => written.map_err(ServiceError::from),
+            Ok(Ok(written)) => written,
             Ok(Err(_)) | Err(_) => Err(ServiceError::StoreUnavailable),
         }
     }

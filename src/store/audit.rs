@@ -34,30 +34,8 @@ pub struct EntryRow {
     pub request_id: Option<String>,
 }
 
-pub async fn insert(db: impl PgExecutor<'_>, e: NewEntry<'_>) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO audit_log (id, actor_kind, actor_id, team_id, action, target_kind, target_id, details, request_id)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-    )
-    .bind(e.id)
-    .bind(e.actor_kind)
-    .bind(e.actor_id)
-    .bind(e.team_id)
-    .bind(e.action)
-    .bind(e.target_kind)
-    .bind(e.target_id)
-    .bind(e.details)
-    .bind(e.request_id)
-    .execute(db)
-    .await
-    .map(|_| ())
-}
-
-/// Insert several entries in one statement (on its own: one commit).
-pub async fn insert_many(
-    db: impl PgExecutor<'_>,
-    entries: &[NewEntry<'_>],
-) -> Result<(), sqlx::Error> {
+/// Insert entries in one statement (on its own: one commit).
+pub async fn insert(db: impl PgExecutor<'_>, entries: &[NewEntry<'_>]) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO audit_log (id, actor_kind, actor_id, team_id, action, target_kind, target_id, details, request_id)
          SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::uuid[], $4::uuid[], $5::text[], $6::text[],
