@@ -32,6 +32,9 @@ use crate::providers::{
 };
 use crate::store;
 
+/// How many agents' leases one renewal statement renews (see `Runtime::renew_leases`).
+const RENEW_SLICE: usize = 64;
+
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     #[error("a turn is running; wait for it to finish or interrupt it")]
@@ -463,8 +466,14 @@ impl AgentManager {
             return Ok(());
         }
         let s = &self.shared;
-        let uuids: Vec<Uuid> = ids.iter().map(|a| a.uuid()).collect();
-        let held = store::replicas::renew(&s.pool, &s.replica, &uuids, s.lease_ttl_s).await?;
+        let mut uuids: Vec<Uuid> = ids.iter().map(|a| a.uuid()).collect();
+        uuids.sort_unstable();
+        // A statement of its own for each slice: the rows it renews stay locked until it
+        // commits, and the event writer waits for them to write an agent's turn or status.
+        let mut held = std::collections::HashSet::with_capacity(uuids.len());
+        for slice in uuids.chunks(RENEW_SLICE) {
+            held.extend(store::replicas::renew(&s.pool, &s.replica, slice, s.lease_ttl_s).await?);
+        }
         for id in ids.into_iter().filter(|a| !held.contains(&a.uuid())) {
             tracing::warn!(agent_id = %id, "this agent was taken over or archived elsewhere; stopping it here");
             // In its own task: a slow close must not hold up the renewal of the others.
