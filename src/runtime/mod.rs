@@ -194,6 +194,8 @@ impl Moment {
 #[derive(Clone)]
 struct ActorHandle {
     generation: u64,
+    /// The agent's team, to authorize a command for the live agent without reading its row.
+    team_id: Uuid,
     tx: mpsc::Sender<Command>,
     snapshot: watch::Receiver<Snapshot>,
 }
@@ -504,6 +506,7 @@ impl AgentManager {
         });
         let handle = ActorHandle {
             generation,
+            team_id: ctx.team_id,
             tx,
             snapshot: snap_rx,
         };
@@ -562,6 +565,38 @@ impl AgentManager {
             }
         }
         Err(RuntimeError::ActorGone)
+    }
+
+    /// The team of agent `id` when its actor runs here.
+    pub fn live_team(&self, id: AgentId) -> Option<Uuid> {
+        self.live(id).map(|h| h.team_id)
+    }
+
+    /// Hand a prompt to agent `id`'s actor if it runs here; `None` when it does not (or
+    /// stopped meanwhile): then the caller opens it with [`Runtime::prompt`], which reads
+    /// the agent's row, its team's secrets and its open hooks for the new session.
+    pub async fn prompt_live(
+        &self,
+        id: AgentId,
+        text: &str,
+        client_message_id: Option<&str>,
+    ) -> Result<Option<TurnId>, RuntimeError> {
+        if self.shared.shutting_down.load(Ordering::SeqCst) {
+            return Err(RuntimeError::ShuttingDown);
+        }
+        let Some(handle) = self.live(id) else {
+            return Ok(None);
+        };
+        match send(&handle, |reply| Command::Prompt {
+            text: text.to_owned(),
+            client_message_id: client_message_id.map(str::to_owned),
+            reply,
+        })
+        .await
+        {
+            Err(RuntimeError::ActorGone) | Ok(Err(RuntimeError::ActorGone)) => Ok(None),
+            other => other?.map(Some),
+        }
     }
 
     /// Interrupt the running turn, if any (a no-op when the agent is idle or closed).

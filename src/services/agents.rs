@@ -710,6 +710,21 @@ pub async fn prompt(
             "must be 1 to 200 characters",
         ));
     }
+    // An agent running here takes the prompt without its row being read: its team is
+    // known, and an archive closes the agent before it marks it.
+    if let Some(team) = ctx.agents.live_team(id) {
+        if principal
+            .visible_teams()
+            .is_some_and(|teams| !teams.contains(&team))
+        {
+            return Err(ServiceError::NotFound("agent"));
+        }
+        principal.authorize_in(team, Operation::DriveAgents, "agent")?;
+        let cmid = body.client_message_id.as_deref();
+        if let Some(turn_id) = ctx.agents.prompt_live(id, &body.text, cmid).await? {
+            return accepted(ctx, principal, team, id, turn_id, cmid).await;
+        }
+    }
     let row = load_to_drive(ctx, principal, id).await?;
     if row.archived_at.is_some() {
         return Err(ServiceError::AgentArchived);
@@ -747,11 +762,31 @@ pub async fn prompt(
         .agents
         .prompt(&agent_ctx, body.text, body.client_message_id.clone())
         .await?;
+    accepted(
+        ctx,
+        principal,
+        row.team_id,
+        id,
+        turn_id,
+        body.client_message_id.as_deref(),
+    )
+    .await
+}
+
+/// A prompt was accepted: audit it and answer with its turn.
+async fn accepted(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    team: uuid::Uuid,
+    id: AgentId,
+    turn_id: TurnId,
+    client_message_id: Option<&str>,
+) -> ServiceResult<TurnAccepted> {
     audit::record(
         ctx,
         principal,
-        Entry::new(Action::AgentPrompt, Some(row.team_id), "agent", id)
-            .details(json!({"turn_id": turn_id, "client_message_id": body.client_message_id})),
+        Entry::new(Action::AgentPrompt, Some(team), "agent", id)
+            .details(json!({"turn_id": turn_id, "client_message_id": client_message_id})),
     )
     .await?;
     Ok(TurnAccepted { turn_id })
