@@ -633,3 +633,44 @@ async fn a_replica_stops_an_agent_whose_lease_it_lost_and_archives_reach_other_r
     b.stop().await;
     a.stop().await;
 }
+
+#[tokio::test]
+async fn leases_of_more_agents_than_one_renewal_statement_takes_are_all_kept() {
+    // Renewal commits its agents in slices; an agent left out of every slice would count
+    // as taken over at the next renewal and be stopped here.
+    let app = spawn_app_with(short_lease).await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let body = json!({"workspace_id": ws["id"], "provider": "mock"});
+    let ids: Vec<String> = futures::future::join_all((0..150).map(|_| async {
+        let agent = app.post_ok("/v1/agents", body.clone(), 201).await;
+        let id = agent["id"].as_str().unwrap().to_owned();
+        assert_eq!(app.wait(&id).await["status"], "idle");
+        id
+    }))
+    .await;
+    // Past two lease times every lease was renewed several times.
+    tokio::time::sleep(Duration::from_secs(2 * TTL + 1)).await;
+    let (held, live): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE owner_replica IS NOT NULL AND lease_expires_at > now()),
+                count(*) FILTER (WHERE status <> 'closed')
+           FROM agents WHERE id = ANY($1::uuid[])",
+    )
+    .bind(
+        ids.iter()
+            .map(|i| i.trim_start_matches("agt_").parse::<uuid::Uuid>().unwrap())
+            .collect::<Vec<_>>(),
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (held, live),
+        (150, 150),
+        "every agent kept its lease and runs"
+    );
+    app.stop().await;
+}
