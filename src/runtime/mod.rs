@@ -573,7 +573,7 @@ impl AgentManager {
     }
 
     /// Hand a prompt to agent `id`'s actor if it runs here; `None` when it does not (or
-    /// stopped meanwhile): then the caller opens it with [`Runtime::prompt`], which reads
+    /// stopped meanwhile): then the caller opens it with [`AgentManager::prompt`], which reads
     /// the agent's row, its team's secrets and its open hooks for the new session.
     pub async fn prompt_live(
         &self,
