@@ -103,6 +103,27 @@ def send(page, text):
     return ends.nth(before)
 
 
+def watch(page):
+    """What a page logs, throws and requests, kept to explain a page that never renders."""
+    seen = []
+    page.on("console", lambda m: seen.append(f"console: {m.text}"))
+    page.on("pageerror", lambda e: seen.append(f"page error: {e}"))
+    page.on("requestfinished", lambda r: seen.append(f"done: {r.method} {r.url}"))
+    page.on("requestfailed", lambda r: seen.append(f"failed: {r.method} {r.url} {r.failure}"))
+    return seen
+
+
+def rendered(page, locator, seen, name):
+    """`locator` becomes visible; if not, the page's screenshot, log and DOM are kept."""
+    try:
+        expect(locator).to_be_visible()
+    except AssertionError:
+        page.screenshot(path=f"{SHOTS}/{name}-failed.png", full_page=True)
+        print("\n".join(seen), file=sys.stderr)
+        print(page.content()[:4000], file=sys.stderr)
+        raise
+
+
 def main():
     proxy = Cutter(BASE)
     site = f"http://127.0.0.1:{proxy.port}"
@@ -219,8 +240,9 @@ def main():
         mobile = phone.new_page()
         mobile.goto(site + "/")
         mobile.evaluate(f"localStorage.setItem('agentry.token', {json.dumps(TOKEN)})")
+        seen = watch(mobile)
         mobile.goto(f"{site}/agents/{AGENT}")
-        expect(mobile.get_by_role("button", name="Send")).to_be_visible()
+        rendered(mobile, mobile.get_by_role("button", name="Send"), seen, "agent-phone")
         expect(mobile.get_by_role("img", name=re.compile("Usage per turn"))).to_be_visible()
         mobile.screenshot(path=f"{SHOTS}/agent-phone.png", full_page=False)
 
@@ -229,8 +251,9 @@ def main():
         night = dark.new_page()
         night.goto(site + "/")
         night.evaluate(f"localStorage.setItem('agentry.token', {json.dumps(TOKEN)})")
+        seen = watch(night)
         night.goto(f"{site}/agents/{AGENT}")
-        expect(night.get_by_role("img", name=re.compile("Usage per turn"))).to_be_visible()
+        rendered(night, night.get_by_role("img", name=re.compile("Usage per turn")), seen, "agent-dark")
         night.get_by_label("Usage", exact=True).screenshot(path=f"{SHOTS}/usage-dark.png")
         night.screenshot(path=f"{SHOTS}/agent-dark.png", full_page=True)
         night.goto(f"{site}/workspaces/{WORKSPACE}")
