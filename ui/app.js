@@ -40,6 +40,7 @@ function headers(extra) {
 }
 
 async function api(method, path, body) {
+  const sent = token;
   const init = { method, headers: headers(), credentials: "same-origin" };
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
@@ -47,7 +48,7 @@ async function api(method, path, body) {
   }
   const res = await fetch(path, init);
   if (res.status === 401) {
-    signedOut();
+    signedOut(sent);
     throw new ApiError(401, { detail: "signed out" });
   }
   const text = await res.text();
@@ -63,10 +64,11 @@ async function follow(path, after, onEvent, onState, signal) {
   let delay = 500;
   while (!signal.aborted) {
     try {
+      const sent = token;
       const h = headers({ Accept: "text/event-stream" });
       h["Last-Event-ID"] = String(last);
       const res = await fetch(path, { headers: h, credentials: "same-origin", signal });
-      if (res.status === 401) { signedOut(); return; }
+      if (res.status === 401) { signedOut(sent); return; }
       if (!res.ok) throw new Error(`HTTP ${res.status}`);
       onState(true);
       delay = 500;
@@ -130,9 +132,11 @@ function failure(e) {
 // Sign-in
 // ---------------------------------------------------------------------------------------
 
-function signedOut() {
+// `rejected` is the token a request was refused with: a token stored since (a sign-in in
+// another tab) is not the one refused, and stays.
+function signedOut(rejected = token) {
+  if (localStorage.getItem(TOKEN_KEY) === rejected) localStorage.removeItem(TOKEN_KEY);
   token = "";
-  localStorage.removeItem(TOKEN_KEY);
   signInPage();
 }
 

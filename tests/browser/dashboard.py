@@ -240,6 +240,11 @@ def main():
         mobile = phone.new_page()
         mobile.goto(site + "/")
         mobile.evaluate(f"localStorage.setItem('agentry.token', {json.dumps(TOKEN)})")
+        # A request refused for the page's old (no) token does not sign out the token
+        # stored since, as when another tab signs in meanwhile.
+        mobile.evaluate("api('GET', '/v1/me').catch(() => null)")
+        stored = mobile.evaluate("localStorage.getItem('agentry.token')")
+        assert stored == TOKEN, "a refused request without a token kept the stored token"
         seen = watch(mobile)
         mobile.goto(f"{site}/agents/{AGENT}")
         rendered(mobile, mobile.get_by_role("button", name="Send"), seen, "agent-phone")
