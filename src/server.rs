@@ -195,6 +195,12 @@ impl Application {
             )?),
             None => None,
         };
+        // Principals of API tokens are held while this replica hears what changes them.
+        let tokens = Arc::new(crate::auth::TokenCache::default());
+        let tokens_task = tokio::spawn({
+            let (tokens, pool) = (tokens.clone(), pool.clone());
+            async move { tokens.listen(pool).await }
+        });
         let pool = store::DeadlinePool::new(
             pool,
             Duration::from_millis(settings.database.statement_deadline_ms),
@@ -214,6 +220,7 @@ impl Application {
                 secrets: Arc::new(keyring),
                 hooks: Arc::new(hooks::Hooks::new(&settings.hooks)?),
                 oidc,
+                tokens,
             },
             settings: settings.clone(),
             http: Default::default(),
@@ -223,6 +230,7 @@ impl Application {
         cluster::join(&state.services, &fanout).await?;
         let cluster_tasks = vec![
             listener_task,
+            tokens_task,
             tokio::spawn(cluster::run(state.services.clone(), fanout, advertise_url)),
         ];
         if let Err(e) = crate::services::setup::fail_interrupted(&state.services, &replica).await {

@@ -84,8 +84,14 @@ pub fn authenticate_request(
             .ok_or(AuthError::TokenMalformed(
                 "expected `Authorization: Bearer <token>`",
             ))?;
-        let mut principal =
-            auth::authenticate(&ctx.pool, &ctx.runtime, ctx.oidc.as_ref(), token).await?;
+        let mut principal = auth::authenticate(
+            &ctx.pool,
+            &ctx.runtime,
+            &ctx.tokens,
+            ctx.oidc.as_ref(),
+            token,
+        )
+        .await?;
         principal.request_id = request_id;
         Ok(principal)
     }

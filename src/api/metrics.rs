@@ -164,6 +164,12 @@ async fn metrics_page(
         "Agents this replica took over from a replica that stopped renewing its lease.",
         s.agents.takeovers().get(),
     );
+    page.counter_family(
+        "agentry_token_lookups_total",
+        "API tokens resolved to their principal, by source: `held` from this replica's \
+         memory, `read` from the database.",
+        &s.tokens.lookups,
+    );
     page.gauge(
         "agentry_provider_processes",
         "Agents whose provider process runs on this server now.",

@@ -7,16 +7,20 @@
 //! in the team of the resource they touch. Nothing here knows HTTP: failures are
 //! `AuthError`s, which the API maps to problem+json.
 
+mod cache;
 mod error;
 pub mod oidc;
 pub mod policy;
 mod principal;
 pub mod tokens;
 
+pub use cache::TokenCache;
 pub use error::AuthError;
 pub use policy::Operation;
 pub use principal::authenticate as authenticate_api_token;
 pub use principal::{Access, ActorKind, Membership, Principal, Role, Scope};
+
+use std::sync::Arc;
 
 use tokio::runtime::Handle;
 
@@ -27,6 +31,7 @@ use crate::store::DeadlinePool;
 pub async fn authenticate(
     pool: &DeadlinePool,
     runtime: &Handle,
+    cache: &Arc<TokenCache>,
     oidc: Option<&oidc::Oidc>,
     token: &str,
 ) -> Result<Principal, AuthError> {
@@ -39,6 +44,6 @@ pub async fn authenticate(
             let who = oidc::IdpIdentity::from_claims(&claims, idp.settings())?;
             oidc::principal_for(pool, idp.settings(), &who).await
         }
-        _ => principal::authenticate(pool, runtime, token).await,
+        _ => principal::authenticate(pool, runtime, cache, token).await,
     }
 }

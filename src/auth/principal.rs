@@ -1,6 +1,9 @@
 //! The authenticated caller: who they are, their role in each team and their token's
 //! scopes. What each operation needs of them is stated in `policy`.
 
+use std::sync::Arc;
+use std::time::Instant;
+
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use tokio::runtime::Handle;
@@ -8,6 +11,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::AuthError;
+use super::cache::{Entry, TokenCache, TokenHash};
 use super::tokens;
 use crate::store::{self, DeadlinePool};
 
@@ -216,11 +220,13 @@ impl Principal {
     }
 }
 
-/// Resolve a bearer token to a principal, every lookup within the pool's deadline. Its
-/// last use is recorded in the background on `runtime`.
+/// Resolve a bearer token to a principal, every lookup within the pool's deadline, from
+/// `cache` when it holds the token. Its last use is recorded in the background on
+/// `runtime`, at most once a minute.
 pub async fn authenticate(
     pool: &DeadlinePool,
     runtime: &Handle,
+    cache: &Arc<TokenCache>,
     token: &str,
 ) -> Result<Principal, AuthError> {
     if !tokens::well_formed(token) {
@@ -228,6 +234,40 @@ pub async fn authenticate(
             "this is not an agentry API token",
         ));
     }
+    let hash: TokenHash = tokens::hash(token);
+    let entry = match cache.get(&hash) {
+        Some(entry) => entry,
+        None => {
+            let generation = cache.generation();
+            let entry = read(pool, &hash).await?;
+            cache.keep(hash, entry.clone(), generation);
+            entry
+        }
+    };
+    if entry.expires_at.is_some_and(|t| t <= Utc::now()) {
+        return Err(AuthError::TokenExpired);
+    }
+    // Its last use is recorded at most once a minute (`touch_token`): a token seen within
+    // the minute costs no statement.
+    let now = Utc::now();
+    let recently = entry
+        .used_at
+        .is_some_and(|t| now - t < chrono::TimeDelta::minutes(1));
+    if !recently {
+        cache.used(&hash, now);
+        let touch = pool.clone();
+        let token_id = entry.principal.token_id;
+        runtime.spawn(async move {
+            if let Err(e) = store::identity::touch_token(&touch, token_id).await {
+                tracing::debug!(error = %e, "could not record token use");
+            }
+        });
+    }
+    Ok(entry.principal)
+}
+
+/// The principal of the token whose hash is `hash`, as stored now.
+async fn read(pool: &DeadlinePool, hash: &TokenHash) -> Result<Entry, AuthError> {
     let store::identity::BearerRow {
         token,
         email,
@@ -237,14 +277,11 @@ pub async fn authenticate(
         member_team_ids,
         member_team_names,
         member_roles,
-    } = store::identity::bearer_by_hash(pool, &tokens::hash(token))
+    } = store::identity::bearer_by_hash(pool, hash)
         .await?
         .ok_or(AuthError::TokenUnknown)?;
     if token.revoked_at.is_some() {
         return Err(AuthError::TokenRevoked("this token was revoked"));
-    }
-    if token.expires_at.is_some_and(|t| t <= Utc::now()) {
-        return Err(AuthError::TokenExpired);
     }
     let (Some(email), Some(name), Some(is_admin)) = (email, user_name, is_admin) else {
         return Err(AuthError::TokenRevoked("the token's user no longer exists"));
@@ -268,30 +305,21 @@ pub async fn authenticate(
             })
             .collect(),
     };
-    // Its last use is recorded at most once a minute (`touch_token`): a token seen within
-    // the minute costs no statement.
-    let recently = token
-        .last_used_at
-        .is_some_and(|t| Utc::now() - t < chrono::TimeDelta::minutes(1));
-    if !recently {
-        let touch = pool.clone();
-        let token_id = token.id;
-        runtime.spawn(async move {
-            if let Err(e) = store::identity::touch_token(&touch, token_id).await {
-                tracing::debug!(error = %e, "could not record token use");
-            }
-        });
-    }
-    Ok(Principal {
-        user_id: token.user_id,
-        email,
-        name,
-        is_admin,
-        token_id: token.id,
-        service_team: token.team_id,
-        teams,
-        scopes: token.scopes,
-        request_id: None,
+    Ok(Entry {
+        principal: Principal {
+            user_id: token.user_id,
+            email,
+            name,
+            is_admin,
+            token_id: token.id,
+            service_team: token.team_id,
+            teams,
+            scopes: token.scopes,
+            request_id: None,
+        },
+        expires_at: token.expires_at,
+        used_at: token.last_used_at,
+        stored: Instant::now(),
     })
 }
 

@@ -16,8 +16,9 @@ pub fn generate() -> String {
     format!("{TOKEN_PREFIX}{}", hex::encode(bytes))
 }
 
-pub fn hash(token: &str) -> Vec<u8> {
-    Sha256::digest(token.as_bytes()).to_vec()
+/// The SHA-256 hash a token is stored and looked up by.
+pub fn hash(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
 }
 
 pub fn shown_prefix(token: &str) -> String {

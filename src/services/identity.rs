@@ -306,6 +306,8 @@ pub async fn revoke_token(
         )
         .await?;
         tx.commit().await?;
+        // Principals held of this replica's tokens change now, not at the notification.
+        ctx.tokens.forget_all();
         Ok(())
     })
     .await

@@ -62,6 +62,8 @@ pub struct ServiceContext {
     pub oidc: Option<crate::auth::oidc::Oidc>,
     /// Writes the entries of `audit::record`, in batches.
     pub audit: audit::AuditLog,
+    /// Principals of recently used API tokens; what changes one calls `forget_all`.
+    pub tokens: Arc<crate::auth::TokenCache>,
 }
 
 impl ServiceContext {

@@ -127,6 +127,8 @@ pub async fn create(
         )
         .await?;
         tx.commit().await?;
+        // Principals held of this replica's tokens change now, not at the notification.
+        ctx.tokens.forget_all();
         Ok(())
     })
     .await?;
@@ -242,6 +244,8 @@ pub async fn set_member(
         };
         audit::record_in(&mut *tx, principal, &entry).await?;
         tx.commit().await?;
+        // Principals held of this replica's tokens change now, not at the notification.
+        ctx.tokens.forget_all();
         Ok(added)
     })
     .await?;
@@ -296,6 +300,8 @@ pub async fn remove_member(
         )
         .await?;
         tx.commit().await?;
+        // Principals held of this replica's tokens change now, not at the notification.
+        ctx.tokens.forget_all();
         Ok(())
     })
     .await

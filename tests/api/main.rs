@@ -22,6 +22,7 @@ mod single_server;
 mod story;
 mod streams;
 mod teams;
+mod token_cache;
 mod usage;
 mod workspaces;
 mod writer;
