@@ -31,9 +31,12 @@ use crate::providers::{
     CatalogScope, ModelInfo, Probe, ProcessLauncher, Provider, ProviderRegistry,
 };
 use crate::store;
+use crate::store::replicas::Busy;
 
 /// How many agents' leases one renewal statement renews (see `Runtime::renew_leases`).
 const RENEW_SLICE: usize = 64;
+/// How many agents whose rows were busy at the first try one waiting statement renews.
+const BUSY_SLICE: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -472,9 +475,22 @@ impl AgentManager {
         uuids.sort_unstable();
         // A statement of its own for each slice: the rows it renews stay locked until it
         // commits, and the event writer waits for them to write an agent's turn or status.
+        // Rows the writer holds are skipped at first: waiting for one would keep the
+        // slice's other rows locked meanwhile, and the writer's next batches behind them.
+        // Only those are then renewed waiting, a few at a time.
         let mut held = std::collections::HashSet::with_capacity(uuids.len());
         for slice in uuids.chunks(RENEW_SLICE) {
-            held.extend(store::replicas::renew(&s.pool, &s.replica, slice, s.lease_ttl_s).await?);
+            held.extend(
+                store::replicas::renew(&s.pool, &s.replica, slice, s.lease_ttl_s, Busy::Skip)
+                    .await?,
+            );
+        }
+        let busy: Vec<Uuid> = uuids.into_iter().filter(|u| !held.contains(u)).collect();
+        for slice in busy.chunks(BUSY_SLICE) {
+            held.extend(
+                store::replicas::renew(&s.pool, &s.replica, slice, s.lease_ttl_s, Busy::Wait)
+                    .await?,
+            );
         }
         for id in ids.into_iter().filter(|a| !held.contains(&a.uuid())) {
             tracing::warn!(agent_id = %id, "this agent was taken over or archived elsewhere; stopping it here");

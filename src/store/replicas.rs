@@ -184,8 +184,19 @@ pub async fn take_over(
     .map(|r| r.rows_affected() > 0)
 }
 
-/// Renew `me`'s leases on `ids`; returns the ids still held (the others were taken over,
-/// or archived meanwhile: they must stop too).
+/// How `renew` treats an agent row another transaction has locked (the event writer's,
+/// writing the agent's turn or status).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Busy {
+    /// Leave it out: it is neither renewed nor returned.
+    Skip,
+    /// Wait for it.
+    Wait,
+}
+
+/// Renew `me`'s leases on `ids`; returns the ids renewed. Those left out were taken over
+/// or archived meanwhile (they must stop too), or, with `Busy::Skip`, locked by another
+/// transaction.
 ///
 /// The rows are locked in id order first, like every statement that locks several agent
 /// rows (the event writer's batch), so two of them never wait on each other in a cycle.
@@ -194,23 +205,29 @@ pub async fn renew(
     me: &str,
     ids: &[Uuid],
     ttl_s: i64,
+    busy: Busy,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
-    sqlx::query_scalar(
+    let lock = match busy {
+        Busy::Skip => "FOR NO KEY UPDATE SKIP LOCKED",
+        Busy::Wait => "FOR NO KEY UPDATE",
+    };
+    let query = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "WITH locked AS MATERIALIZED (
-            SELECT id FROM agents WHERE id = ANY($2) ORDER BY id FOR NO KEY UPDATE
+            SELECT id FROM agents WHERE id = ANY($2) ORDER BY id {lock}
          )
          UPDATE agents SET owner_replica = $1, lease_expires_at = now() + make_interval(secs => $3)
           WHERE id IN (SELECT id FROM locked) AND (owner_replica IS NULL OR owner_replica = $1)
             AND archived_at IS NULL
             AND NOT EXISTS (SELECT 1 FROM workspaces w
                              WHERE w.id = agents.workspace_id AND w.archived_at IS NOT NULL)
-          RETURNING id",
-    )
-    .bind(me)
-    .bind(ids)
-    .bind(ttl_s as f64)
-    .fetch_all(db)
-    .await
+          RETURNING id"
+    )));
+    query
+        .bind(me)
+        .bind(ids)
+        .bind(ttl_s as f64)
+        .fetch_all(db)
+        .await
 }
 
 /// Give up `me`'s lease on `id` (no-op when another replica holds it).

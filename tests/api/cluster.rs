@@ -635,6 +635,76 @@ async fn a_replica_stops_an_agent_whose_lease_it_lost_and_archives_reach_other_r
 }
 
 #[tokio::test]
+async fn an_agent_row_locked_elsewhere_does_not_hold_up_the_renewal_of_the_others() {
+    // The event writer holds an agent's row until its batch commits. Renewal skips such a
+    // row and comes back to it, so the rows it renews meanwhile are not kept locked (with
+    // the writer's next batches waiting behind them) while it waits.
+    let app = spawn_app_with(short_lease).await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let body = json!({"workspace_id": ws["id"], "provider": "mock"});
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let agent = app.post_ok("/v1/agents", body.clone(), 201).await;
+        let id = agent["id"].as_str().unwrap().to_owned();
+        assert_eq!(app.wait(&id).await["status"], "idle");
+        ids.push(id.trim_start_matches("agt_").parse::<uuid::Uuid>().unwrap());
+    }
+    ids.sort();
+    let (first, second) = (ids[0], ids[1]);
+    let lease = |id: uuid::Uuid| {
+        let pool = app.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(
+                "SELECT lease_expires_at FROM agents WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    // The first row in renewal's order stays locked, as a slow writer batch would hold it.
+    let mut holder = app.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM agents WHERE id = $1 FOR NO KEY UPDATE")
+        .bind(first)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let before = lease(second).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(TTL + 2);
+    while lease(second).await <= before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second agent's lease was not renewed while the first one's row was locked"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Released, the first row is renewed too, and both agents run on.
+    let locked_at = lease(first).await;
+    holder.rollback().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(TTL + 2);
+    while lease(first).await <= locked_at {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first agent's lease was not renewed once its row was free"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let live: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM agents WHERE id = ANY($1) AND status <> 'closed'")
+            .bind(&ids)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(live, 2, "both agents still run");
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn leases_of_more_agents_than_one_renewal_statement_takes_are_all_kept() {
     // Renewal commits its agents in slices; an agent left out of every slice would count
     // as taken over at the next renewal and be stopped here.
