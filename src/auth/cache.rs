@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use sqlx::postgres::PgListener;
 
 use super::Principal;
 use crate::metrics::{Counter, Family};
+use crate::store;
 
 /// The channel the triggers of migration 0014 notify.
 pub const CHANNEL: &str = "agentry_auth";
@@ -150,21 +150,7 @@ impl TokenCache {
     /// lost; principals are held only while a connection listens.
     pub async fn listen(&self, pool: PgPool) {
         loop {
-            let mut listener = match PgListener::connect_with(&pool).await {
-                Ok(mut l) => match l.listen(CHANNEL).await {
-                    Ok(()) => l,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot listen for token changes; retrying");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                        continue;
-                    }
-                },
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot connect to listen for token changes; retrying");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
-                }
-            };
+            let mut listener = store::listener(&pool, CHANNEL, "token changes").await;
             self.set_listening(true);
             // `Ok(None)` or an error: the connection is lost.
             while let Ok(Some(_)) = listener.try_recv().await {

@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
-use sqlx::postgres::PgListener;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
@@ -174,21 +173,7 @@ fn fold(pending: Vec<Notice>) -> Vec<String> {
 pub async fn listen(pool: PgPool, bus: Arc<Bus>, fanout: Arc<Fanout>) {
     let mut max_team_id = store::events::last_team_event_id(&pool).await.unwrap_or(0);
     loop {
-        let mut listener = match PgListener::connect_with(&pool).await {
-            Ok(mut l) => match l.listen(CHANNEL).await {
-                Ok(()) => l,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot listen for the other replicas' events; retrying");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
-                }
-            },
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot connect to listen for the other replicas' events; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        };
+        let mut listener = store::listener(&pool, CHANNEL, "the other replicas' events").await;
         // Anything committed while nobody listened is read from the database now.
         resync(&pool, &bus, &mut max_team_id).await;
         loop {

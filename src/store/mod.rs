@@ -24,7 +24,7 @@ pub use deadline::DeadlinePool;
 
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{PgExecutor, PgPool};
 
 /// Migrations embedded in the binary.
@@ -77,4 +77,21 @@ pub async fn applied_migration(db: impl PgExecutor<'_>) -> Result<Option<i64>, s
     sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
         .fetch_one(db)
         .await
+}
+
+/// A connection of its own listening on `channel`, tried again every second until it is;
+/// `what` names what it listens for in the warnings.
+pub async fn listener(pool: &PgPool, channel: &str, what: &str) -> PgListener {
+    loop {
+        match PgListener::connect_with(pool).await {
+            Ok(mut l) => match l.listen(channel).await {
+                Ok(()) => return l,
+                Err(e) => tracing::warn!(error = %e, "cannot listen for {what}; retrying"),
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot connect to listen for {what}; retrying")
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }

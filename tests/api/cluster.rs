@@ -634,6 +634,22 @@ async fn a_replica_stops_an_agent_whose_lease_it_lost_and_archives_reach_other_r
     a.stop().await;
 }
 
+/// `n` idle mock agents of one workspace on `app`, as row ids.
+async fn idle_mock_agents(app: &TestApp, repo: &std::path::Path, n: usize) -> Vec<uuid::Uuid> {
+    let project = app.project(repo).await;
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let body = json!({"workspace_id": ws["id"], "provider": "mock"});
+    futures::future::join_all((0..n).map(|_| async {
+        let agent = app.post_ok("/v1/agents", body.clone(), 201).await;
+        let id = agent["id"].as_str().unwrap().to_owned();
+        assert_eq!(app.wait(&id).await["status"], "idle");
+        id.trim_start_matches("agt_").parse::<uuid::Uuid>().unwrap()
+    }))
+    .await
+}
+
 #[tokio::test]
 async fn an_agent_row_locked_elsewhere_does_not_hold_up_the_renewal_of_the_others() {
     // The event writer holds an agent's row until its batch commits. Renewal skips such a
@@ -641,18 +657,7 @@ async fn an_agent_row_locked_elsewhere_does_not_hold_up_the_renewal_of_the_other
     // the writer's next batches waiting behind them) while it waits.
     let app = spawn_app_with(short_lease).await;
     let repo = git_repo();
-    let project = app.project(repo.path()).await;
-    let ws = app
-        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-        .await;
-    let body = json!({"workspace_id": ws["id"], "provider": "mock"});
-    let mut ids = Vec::new();
-    for _ in 0..2 {
-        let agent = app.post_ok("/v1/agents", body.clone(), 201).await;
-        let id = agent["id"].as_str().unwrap().to_owned();
-        assert_eq!(app.wait(&id).await["status"], "idle");
-        ids.push(id.trim_start_matches("agt_").parse::<uuid::Uuid>().unwrap());
-    }
+    let mut ids = idle_mock_agents(&app, repo.path(), 2).await;
     ids.sort();
     let (first, second) = (ids[0], ids[1]);
     let lease = |id: uuid::Uuid| {
@@ -710,18 +715,7 @@ async fn leases_of_more_agents_than_one_renewal_statement_takes_are_all_kept() {
     // as taken over at the next renewal and be stopped here.
     let app = spawn_app_with(short_lease).await;
     let repo = git_repo();
-    let project = app.project(repo.path()).await;
-    let ws = app
-        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-        .await;
-    let body = json!({"workspace_id": ws["id"], "provider": "mock"});
-    let ids: Vec<String> = futures::future::join_all((0..150).map(|_| async {
-        let agent = app.post_ok("/v1/agents", body.clone(), 201).await;
-        let id = agent["id"].as_str().unwrap().to_owned();
-        assert_eq!(app.wait(&id).await["status"], "idle");
-        id
-    }))
-    .await;
+    let ids = idle_mock_agents(&app, repo.path(), 150).await;
     // Past two lease times every lease was renewed several times.
     tokio::time::sleep(Duration::from_secs(2 * TTL + 1)).await;
     let (held, live): (i64, i64) = sqlx::query_as(
@@ -729,11 +723,7 @@ async fn leases_of_more_agents_than_one_renewal_statement_takes_are_all_kept() {
                 count(*) FILTER (WHERE status <> 'closed')
            FROM agents WHERE id = ANY($1::uuid[])",
     )
-    .bind(
-        ids.iter()
-            .map(|i| i.trim_start_matches("agt_").parse::<uuid::Uuid>().unwrap())
-            .collect::<Vec<_>>(),
-    )
+    .bind(&ids)
     .fetch_one(&app.pool)
     .await
     .unwrap();

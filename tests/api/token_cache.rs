@@ -78,6 +78,18 @@ async fn held_after_use(app: &TestApp, who: &Caller, path: &str) {
     }
 }
 
+/// Revoke the tokens of `email`'s user with plain SQL, as another replica or an operator would.
+async fn revoke_by_sql(app: &TestApp, email: &str) {
+    sqlx::query(
+        "UPDATE api_tokens SET revoked_at = now()
+         WHERE user_id = (SELECT id FROM users WHERE email = $1)",
+    )
+    .bind(email)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+}
+
 async fn sql(app: &TestApp, statement: &str) {
     sqlx::query(sqlx::AssertSqlSafe(statement.to_owned()))
         .execute(&app.pool)
@@ -106,12 +118,7 @@ async fn a_member_removed_or_a_token_revoked_outside_the_api_is_seen_at_once() {
     answers_soon(&cleo.api, &team_path, 404).await;
 
     held_after_use(&app, &cleo.api, "/v1/me").await;
-    sql(
-        &app,
-        "UPDATE api_tokens SET revoked_at = now()
-         WHERE user_id = (SELECT id FROM users WHERE email = 'cleo@example.com')",
-    )
-    .await;
+    revoke_by_sql(&app, "cleo@example.com").await;
     answers_soon(&cleo.api, "/v1/me", 401).await;
     // Ana's principal is read again too, and is unchanged.
     ana.api.ok(Method::GET, &team_path, None, 200).await;
@@ -126,11 +133,6 @@ async fn a_replica_that_lost_its_listening_connection_listens_again_before_it_ho
     sql(&app, &format!("SELECT pg_terminate_backend({first})")).await;
     listening(&app.pool, Some(first)).await;
     held_after_use(&app, &ana.api, "/v1/me").await;
-    sql(
-        &app,
-        "UPDATE api_tokens SET revoked_at = now()
-         WHERE user_id = (SELECT id FROM users WHERE email = 'ana@example.com')",
-    )
-    .await;
+    revoke_by_sql(&app, "ana@example.com").await;
     answers_soon(&ana.api, "/v1/me", 401).await;
 }
