@@ -679,26 +679,27 @@ async fn an_agent_row_locked_elsewhere_does_not_hold_up_the_renewal_of_the_other
         .execute(&mut *holder)
         .await
         .unwrap();
-    let before = lease(second).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(TTL + 2);
-    while lease(second).await <= before {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the second agent's lease was not renewed while the first one's row was locked"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // `id`'s lease is renewed within a lease time and two seconds.
+    let renewed = |id: uuid::Uuid, why: &'static str| async move {
+        let before = lease(id).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(TTL + 2);
+        while lease(id).await <= before {
+            assert!(std::time::Instant::now() < deadline, "{why}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    renewed(
+        second,
+        "the second agent's lease was not renewed while the first one's row was locked",
+    )
+    .await;
     // Released, the first row is renewed too, and both agents run on.
-    let locked_at = lease(first).await;
+    let waiting = renewed(
+        first,
+        "the first agent's lease was not renewed once its row was free",
+    );
     holder.rollback().await.unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(TTL + 2);
-    while lease(first).await <= locked_at {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the first agent's lease was not renewed once its row was free"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    waiting.await;
     let live: i64 =
         sqlx::query_scalar("SELECT count(*) FROM agents WHERE id = ANY($1) AND status <> 'closed'")
             .bind(&ids)
