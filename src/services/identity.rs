@@ -306,7 +306,7 @@ pub async fn revoke_token(
         )
         .await?;
         tx.commit().await?;
-        // Principals held of this replica's tokens change now, not at the notification.
+        // This replica forgets the principals it holds now, not at the notification.
         ctx.tokens.forget_all();
         Ok(())
     })

@@ -127,7 +127,7 @@ pub async fn create(
         )
         .await?;
         tx.commit().await?;
-        // Principals held of this replica's tokens change now, not at the notification.
+        // This replica forgets the principals it holds now, not at the notification.
         ctx.tokens.forget_all();
         Ok(())
     })
@@ -244,7 +244,7 @@ pub async fn set_member(
         };
         audit::record_in(&mut *tx, principal, &entry).await?;
         tx.commit().await?;
-        // Principals held of this replica's tokens change now, not at the notification.
+        // This replica forgets the principals it holds now, not at the notification.
         ctx.tokens.forget_all();
         Ok(added)
     })
@@ -300,7 +300,7 @@ pub async fn remove_member(
         )
         .await?;
         tx.commit().await?;
-        // Principals held of this replica's tokens change now, not at the notification.
+        // This replica forgets the principals it holds now, not at the notification.
         ctx.tokens.forget_all();
         Ok(())
     })
