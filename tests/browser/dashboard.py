@@ -244,7 +244,7 @@ def main():
         # stored since, as when another tab signs in meanwhile.
         mobile.evaluate("api('GET', '/v1/me').catch(() => null)")
         stored = mobile.evaluate("localStorage.getItem('agentry.token')")
-        assert stored == TOKEN, "a refused request without a token kept the stored token"
+        assert stored == TOKEN, "a refused request without a token removed the stored token"
         seen = watch(mobile)
         mobile.goto(f"{site}/agents/{AGENT}")
         rendered(mobile, mobile.get_by_role("button", name="Send"), seen, "agent-phone")
