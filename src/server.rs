@@ -126,7 +126,13 @@ impl Application {
         // Alive in the others' eyes before reconciling, so none of them takes this
         // replica's agents over meanwhile.
         let advertise_url = advertise_url(&settings, &listener)?;
-        store::replicas::register(&pool, &replica, &advertise_url).await?;
+        store::replicas::register(
+            &pool,
+            &replica,
+            &advertise_url,
+            settings.cluster.lease_ttl_s as i64,
+        )
+        .await?;
         std::fs::create_dir_all(settings.data_dir.join("worktrees"))
             .with_context(|| format!("cannot create {}/worktrees", settings.data_dir.display()))?;
         let bootstrap_token = bootstrap_admin(&pool, &settings.data_dir).await?;

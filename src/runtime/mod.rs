@@ -31,11 +31,12 @@ use crate::providers::{
     CatalogScope, ModelInfo, Probe, ProcessLauncher, Provider, ProviderRegistry,
 };
 use crate::store;
-use crate::store::replicas::Busy;
+use crate::store::replicas::{Busy, Renewal};
 
 /// How many agents' leases one renewal statement renews (see `Runtime::renew_leases`).
 const RENEW_SLICE: usize = 64;
-/// How many agents whose rows were busy at the first try one waiting statement renews.
+/// How many agents whose rows were busy at the first try (or that nobody held) one waiting
+/// statement renews.
 const BUSY_SLICE: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
@@ -463,9 +464,11 @@ impl AgentManager {
             .collect()
     }
 
-    /// Renew the leases of every agent running here; stop those whose lease another
-    /// replica took (they must not write another event), or that were archived elsewhere.
-    pub async fn renew_leases(&self) -> Result<(), RuntimeError> {
+    /// Renew the leases of every agent running here (`renewal`: the replica's heartbeat has
+    /// renewed them already, or each agent's own lease is renewed too); stop those whose lease
+    /// another replica took (they must not write another event), or that were archived
+    /// elsewhere.
+    pub async fn renew_leases(&self, renewal: Renewal) -> Result<(), RuntimeError> {
         let ids = self.live_ids();
         if ids.is_empty() {
             return Ok(());
@@ -473,20 +476,41 @@ impl AgentManager {
         let s = &self.shared;
         let mut uuids: Vec<Uuid> = ids.iter().map(|a| a.uuid()).collect();
         uuids.sort_unstable();
-        // A statement of its own for each slice: the rows it renews stay locked until it
-        // commits, and the event writer waits for them to write an agent's turn or status.
-        // Rows the writer holds are skipped at first: waiting for one would keep the
-        // slice's other rows locked meanwhile, and the writer's next batches behind them.
-        // Only those are then renewed waiting, a few at a time.
         let mut held = std::collections::HashSet::with_capacity(uuids.len());
-        for slice in uuids.chunks(RENEW_SLICE) {
-            held.extend(
-                store::replicas::renew(&s.pool, &s.replica, slice, s.lease_ttl_s, Busy::Skip)
-                    .await?,
-            );
+        let mut unowned = Vec::new();
+        match renewal {
+            Renewal::Replica => {
+                // A read: no agent row is written or locked, unless nobody holds it.
+                for (id, owned) in store::replicas::held(&s.pool, &s.replica, &uuids).await? {
+                    if owned {
+                        held.insert(id);
+                    } else {
+                        unowned.push(id);
+                    }
+                }
+            }
+            Renewal::EveryAgent => {
+                // A statement of its own for each slice: the rows it renews stay locked until
+                // it commits, and the event writer waits for them to write an agent's turn or
+                // status. Rows the writer holds are skipped at first: waiting for one would
+                // keep the slice's other rows locked meanwhile, and the writer's next batches
+                // behind them. Only those are then renewed waiting, a few at a time.
+                for slice in uuids.chunks(RENEW_SLICE) {
+                    held.extend(
+                        store::replicas::renew(
+                            &s.pool,
+                            &s.replica,
+                            slice,
+                            s.lease_ttl_s,
+                            Busy::Skip,
+                        )
+                        .await?,
+                    );
+                }
+                unowned = uuids.into_iter().filter(|u| !held.contains(u)).collect();
+            }
         }
-        let busy: Vec<Uuid> = uuids.into_iter().filter(|u| !held.contains(u)).collect();
-        for slice in busy.chunks(BUSY_SLICE) {
+        for slice in unowned.chunks(BUSY_SLICE) {
             held.extend(
                 store::replicas::renew(&s.pool, &s.replica, slice, s.lease_ttl_s, Busy::Wait)
                     .await?,

@@ -145,8 +145,9 @@ pub async fn run(ctx: ServiceContext, fanout: std::sync::Arc<Fanout>, advertise_
 async fn tick(ctx: &ServiceContext, fanout: &Fanout, advertise_url: &str) -> ServiceResult<()> {
     let me = ctx.agents.replica();
     let ttl = ctx.agents.lease_ttl_s();
-    store::replicas::heartbeat(&ctx.pool, me, advertise_url).await?;
-    ctx.agents.renew_leases().await?;
+    store::replicas::heartbeat(&ctx.pool, me, advertise_url, ttl).await?;
+    let renewal = store::replicas::renewal(&ctx.pool, me, ttl).await?;
+    ctx.agents.renew_leases(renewal).await?;
     fanout.set_peers(store::replicas::peers_alive(&ctx.pool, me, ttl).await?);
     take_over_expired(ctx).await?;
     for silent in store::replicas::silent(&ctx.pool, me, ttl).await? {

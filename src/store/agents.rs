@@ -49,7 +49,9 @@ macro_rules! select_agents {
                     a.created_by, a.created_at, a.archived_at,
                     (SELECT count(*) FROM permission_requests p WHERE p.agent_id = a.id AND p.status = 'pending')
                         AS pending_permissions,
-                    CASE WHEN a.lease_expires_at > now() THEN a.owner_replica END AS owner_replica
+                    CASE WHEN ",
+            lease_live!("a"),
+            " THEN a.owner_replica END AS owner_replica
              FROM agents a JOIN workspaces w ON w.id = a.workspace_id ",
             $where
         )
@@ -68,7 +70,7 @@ pub struct NewAgent<'a> {
     pub system_prompt: Option<&'a str>,
     pub mcp_servers: &'a Value,
     pub created_by: Uuid,
-    /// The replica that runs it, and for how many seconds its lease lasts.
+    /// The replica that runs it, and for how many seconds the agent's own lease lasts.
     pub owner: (&'a str, i64),
 }
 

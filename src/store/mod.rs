@@ -2,6 +2,20 @@
 //! Visibility is part of every query that lists or loads a team resource: `teams` is the
 //! caller's team ids, or `None` for a server admin who sees every team.
 
+/// SQL: the lease of the agent row aliased `$a` has not run out: its owner replica's
+/// lease, or the agent's own (see `replicas`).
+macro_rules! lease_live {
+    ($a:literal) => {
+        concat!(
+            "(",
+            $a,
+            ".lease_expires_at > now() OR EXISTS (SELECT 1 FROM replicas lr WHERE lr.id = ",
+            $a,
+            ".owner_replica AND lr.lease_expires_at > now()))"
+        )
+    };
+}
+
 pub mod agents;
 pub mod audit;
 pub mod deadline;

@@ -1,6 +1,9 @@
-//! Replicas and agent leases: each running server has a row in `replicas` that it renews;
-//! each live agent is owned by one replica through `agents.owner_replica` and
-//! `agents.lease_expires_at`.
+//! Replicas and agent leases: each running server has a row in `replicas` whose lease it
+//! renews; each live agent is owned by one replica through `agents.owner_replica`. An
+//! agent's lease is its owner's (`replicas.lease_expires_at`), or its own
+//! (`agents.lease_expires_at`, set when it is claimed) while that has not run out. Replicas
+//! of the previous version know only the agent's own lease: while one runs, the others
+//! renew that too (`Renewal::EveryAgent`).
 
 use chrono::{DateTime, Utc};
 use sqlx::{FromRow, PgExecutor};
@@ -16,30 +19,81 @@ pub struct ReplicaRow {
     pub agents: i64,
 }
 
-/// Register `id` (again, after a restart: its start time is reset).
-pub async fn register(db: impl PgExecutor<'_>, id: &str, url: &str) -> Result<(), sqlx::Error> {
+/// Register `id` (again, after a restart: its start time is reset), with a lease of
+/// `ttl_s` seconds.
+pub async fn register(
+    db: impl PgExecutor<'_>,
+    id: &str,
+    url: &str,
+    ttl_s: i64,
+) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "INSERT INTO replicas (id, advertise_url) VALUES ($1, $2)
-         ON CONFLICT (id) DO UPDATE SET advertise_url = $2, started_at = now(), last_seen_at = now()",
+        "INSERT INTO replicas (id, advertise_url, lease_expires_at)
+         VALUES ($1, $2, now() + make_interval(secs => $3))
+         ON CONFLICT (id) DO UPDATE SET advertise_url = $2, started_at = now(), last_seen_at = now(),
+                                        lease_expires_at = now() + make_interval(secs => $3)",
     )
     .bind(id)
     .bind(url)
+    .bind(ttl_s as f64)
     .execute(db)
     .await
     .map(|_| ())
 }
 
-/// Say `id` is alive; registers it again if another replica had given it up for dead.
-pub async fn heartbeat(db: impl PgExecutor<'_>, id: &str, url: &str) -> Result<(), sqlx::Error> {
+/// Say `id` is alive and renew its lease, and so the leases of the agents it owns;
+/// registers it again if another replica had given it up for dead.
+pub async fn heartbeat(
+    db: impl PgExecutor<'_>,
+    id: &str,
+    url: &str,
+    ttl_s: i64,
+) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "INSERT INTO replicas (id, advertise_url) VALUES ($1, $2)
-         ON CONFLICT (id) DO UPDATE SET last_seen_at = now()",
+        "INSERT INTO replicas (id, advertise_url, lease_expires_at)
+         VALUES ($1, $2, now() + make_interval(secs => $3))
+         ON CONFLICT (id) DO UPDATE SET last_seen_at = now(),
+                                        lease_expires_at = now() + make_interval(secs => $3)",
     )
     .bind(id)
     .bind(url)
+    .bind(ttl_s as f64)
     .execute(db)
     .await
     .map(|_| ())
+}
+
+/// How a replica renews the leases of the agents it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// Its own lease is theirs: it only checks that they are still its own.
+    Replica,
+    /// Each agent's own lease is renewed too, for replicas of the previous version.
+    EveryAgent,
+}
+
+/// `Renewal::EveryAgent` while a replica other than `me` that knows only agents' own
+/// leases (one of the previous version: it leaves `lease_expires_at` unset, or lets
+/// `last_seen_at` pass it) was seen within `ttl_s` seconds.
+pub async fn renewal(
+    db: impl PgExecutor<'_>,
+    me: &str,
+    ttl_s: i64,
+) -> Result<Renewal, sqlx::Error> {
+    let previous: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM replicas WHERE id <> $1
+                          AND last_seen_at > now() - make_interval(secs => $2)
+                          AND (lease_expires_at IS NULL OR last_seen_at > lease_expires_at))",
+    )
+    .bind(me)
+    .bind(ttl_s as f64)
+    .fetch_one(db)
+    .await?;
+    Ok(if previous {
+        Renewal::EveryAgent
+    } else {
+        Renewal::Replica
+    })
 }
 
 pub async fn unregister(db: impl PgExecutor<'_>, id: &str) -> Result<(), sqlx::Error> {
@@ -147,9 +201,11 @@ pub async fn claim(
     if taken > 0 {
         return Ok(Claim::Taken);
     }
-    let row: Option<(Option<String>, bool)> = sqlx::query_as(
-        "SELECT owner_replica, coalesce(lease_expires_at < now(), true) FROM agents WHERE id = $1",
-    )
+    let row: Option<(Option<String>, bool)> = sqlx::query_as(concat!(
+        "SELECT a.owner_replica, NOT ",
+        lease_live!("a"),
+        " FROM agents a WHERE a.id = $1"
+    ))
     .bind(id)
     .fetch_optional(db)
     .await?;
@@ -164,6 +220,11 @@ pub async fn claim(
 }
 
 /// Take agent `id` over from `owner`, whose lease expired: true when `me` holds it now.
+///
+/// The owner's row in `replicas` is locked (shared) until this commits: a heartbeat of the
+/// owner at the same moment either renews its lease first (and the agent is left to it) or
+/// waits for the takeover, and the owner's check that follows its heartbeat then finds the
+/// agent gone.
 pub async fn take_over(
     db: impl PgExecutor<'_>,
     id: Uuid,
@@ -172,8 +233,12 @@ pub async fn take_over(
     ttl_s: i64,
 ) -> Result<bool, sqlx::Error> {
     sqlx::query(
-        "UPDATE agents SET owner_replica = $3, lease_expires_at = now() + make_interval(secs => $4)
-          WHERE id = $1 AND owner_replica = $2 AND lease_expires_at < now()",
+        "WITH holder AS MATERIALIZED (
+            SELECT lease_expires_at FROM replicas WHERE id = $2 FOR SHARE
+         )
+         UPDATE agents SET owner_replica = $3, lease_expires_at = now() + make_interval(secs => $4)
+          WHERE id = $1 AND owner_replica = $2 AND coalesce(lease_expires_at < now(), true)
+            AND NOT EXISTS (SELECT 1 FROM holder WHERE lease_expires_at > now())",
     )
     .bind(id)
     .bind(owner)
@@ -194,9 +259,9 @@ pub enum Busy {
     Wait,
 }
 
-/// Renew `me`'s leases on `ids`; returns the ids renewed. Those left out were taken over
-/// or archived meanwhile (they must stop too), or, with `Busy::Skip`, locked by another
-/// transaction.
+/// Renew the agents' own leases of `me` on `ids` (taking those nobody holds); returns the
+/// ids renewed. Those left out were taken over or archived meanwhile (they must stop too),
+/// or, with `Busy::Skip`, locked by another transaction.
 ///
 /// The rows are locked in id order first, like every statement that locks several agent
 /// rows (the event writer's batch), so two of them never wait on each other in a cycle.
@@ -228,6 +293,27 @@ pub async fn renew(
         .bind(ttl_s as f64)
         .fetch_all(db)
         .await
+}
+
+/// Which of `ids` are still `me`'s to run, read without locking anything: `(id, owned)`,
+/// where `owned` is false for an agent nobody holds (`renew` takes it). Those left out were
+/// taken over or archived meanwhile.
+pub async fn held(
+    db: impl PgExecutor<'_>,
+    me: &str,
+    ids: &[Uuid],
+) -> Result<Vec<(Uuid, bool)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT a.id, a.owner_replica IS NOT NULL FROM agents a
+          WHERE a.id = ANY($2) AND (a.owner_replica IS NULL OR a.owner_replica = $1)
+            AND a.archived_at IS NULL
+            AND NOT EXISTS (SELECT 1 FROM workspaces w
+                             WHERE w.id = a.workspace_id AND w.archived_at IS NOT NULL)",
+    )
+    .bind(me)
+    .bind(ids)
+    .fetch_all(db)
+    .await
 }
 
 /// Give up `me`'s lease on `id` (no-op when another replica holds it).
@@ -263,11 +349,12 @@ pub async fn expired(
     db: impl PgExecutor<'_>,
     me: &str,
 ) -> Result<Vec<(Uuid, String)>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT id, owner_replica FROM agents
-          WHERE owner_replica IS NOT NULL AND owner_replica <> $1 AND lease_expires_at < now()
-          ORDER BY id",
-    )
+    sqlx::query_as(concat!(
+        "SELECT a.id, a.owner_replica FROM agents a
+          WHERE a.owner_replica IS NOT NULL AND a.owner_replica <> $1 AND NOT ",
+        lease_live!("a"),
+        " ORDER BY a.id"
+    ))
     .bind(me)
     .fetch_all(db)
     .await
@@ -279,10 +366,11 @@ pub async fn remote_owner(
     id: Uuid,
     me: &str,
 ) -> Result<Option<(String, String)>, sqlx::Error> {
-    sqlx::query_as(
+    sqlx::query_as(concat!(
         "SELECT r.id, r.advertise_url FROM agents a JOIN replicas r ON r.id = a.owner_replica
-          WHERE a.id = $1 AND a.owner_replica <> $2 AND a.lease_expires_at > now()",
-    )
+          WHERE a.id = $1 AND a.owner_replica <> $2 AND ",
+        lease_live!("a")
+    ))
     .bind(id)
     .bind(me)
     .fetch_optional(db)
@@ -295,11 +383,12 @@ pub async fn remote_agents_in_workspace(
     ws: Uuid,
     me: &str,
 ) -> Result<Vec<(Uuid, String)>, sqlx::Error> {
-    sqlx::query_as(
+    sqlx::query_as(concat!(
         "SELECT a.id, r.advertise_url FROM agents a JOIN replicas r ON r.id = a.owner_replica
-          WHERE a.workspace_id = $1 AND a.owner_replica <> $2 AND a.lease_expires_at > now()
-          ORDER BY a.id",
-    )
+          WHERE a.workspace_id = $1 AND a.owner_replica <> $2 AND ",
+        lease_live!("a"),
+        " ORDER BY a.id"
+    ))
     .bind(ws)
     .bind(me)
     .fetch_all(db)
@@ -312,13 +401,14 @@ pub async fn loads(
     db: impl PgExecutor<'_>,
     ttl_s: i64,
 ) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
-    sqlx::query_as(
+    sqlx::query_as(concat!(
         "SELECT r.id, r.advertise_url,
-                (SELECT count(*) FROM agents a
-                  WHERE a.owner_replica = r.id AND a.lease_expires_at > now()) AS agents
+                (SELECT count(*) FROM agents a WHERE a.owner_replica = r.id AND ",
+        lease_live!("a"),
+        ") AS agents
            FROM replicas r WHERE r.last_seen_at > now() - make_interval(secs => $1)
-          ORDER BY agents, r.id",
-    )
+          ORDER BY agents, r.id"
+    ))
     .bind(ttl_s as f64)
     .fetch_all(db)
     .await

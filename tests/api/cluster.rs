@@ -650,74 +650,93 @@ async fn idle_mock_agents(app: &TestApp, repo: &std::path::Path, n: usize) -> Ve
     .await
 }
 
+/// When `app`'s own lease in `replicas` runs out, and the own leases of agents `ids`.
+async fn leases(
+    app: &TestApp,
+    ids: &[uuid::Uuid],
+) -> (
+    chrono::DateTime<chrono::Utc>,
+    Vec<Option<chrono::DateTime<chrono::Utc>>>,
+) {
+    let replica: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+        "SELECT r.lease_expires_at FROM replicas r
+          WHERE r.id = (SELECT owner_replica FROM agents WHERE id = $1)",
+    )
+    .bind(ids[0])
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    let mut agents = Vec::new();
+    for id in ids {
+        agents.push(
+            sqlx::query_scalar("SELECT lease_expires_at FROM agents WHERE id = $1")
+                .bind(id)
+                .fetch_one(&app.pool)
+                .await
+                .unwrap(),
+        );
+    }
+    (replica, agents)
+}
+
 #[tokio::test]
-async fn an_agent_row_locked_elsewhere_does_not_hold_up_the_renewal_of_the_others() {
-    // The event writer holds an agent's row until its batch commits. Renewal skips such a
-    // row and comes back to it, so the rows it renews meanwhile are not kept locked (with
-    // the writer's next batches waiting behind them) while it waits.
+async fn a_replica_renews_its_agents_leases_without_writing_or_waiting_for_their_rows() {
+    // The event writer holds an agent's row until its batch commits, and renewing 1,000
+    // agents' rows every few seconds competed with it. A replica's lease is its agents'
+    // leases: renewal writes one row, and checks its agents with a read.
     let app = spawn_app_with(short_lease).await;
     let repo = git_repo();
-    let mut ids = idle_mock_agents(&app, repo.path(), 2).await;
-    ids.sort();
-    let (first, second) = (ids[0], ids[1]);
-    let lease = |id: uuid::Uuid| {
-        let pool = app.pool.clone();
-        async move {
-            sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(
-                "SELECT lease_expires_at FROM agents WHERE id = $1",
-            )
-            .bind(id)
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-        }
-    };
-    // The first row in renewal's order stays locked, as a slow writer batch would hold it.
+    let ids = idle_mock_agents(&app, repo.path(), 2).await;
+    let (replica_before, agents_before) = leases(&app, &ids).await;
+    // Both rows stay locked, as a slow writer batch would hold them.
     let mut holder = app.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM agents WHERE id = $1 FOR NO KEY UPDATE")
-        .bind(first)
+    sqlx::query("SELECT 1 FROM agents WHERE id = ANY($1) FOR NO KEY UPDATE")
+        .bind(&ids)
         .execute(&mut *holder)
         .await
         .unwrap();
-    // `id`'s lease is renewed within a lease time and two seconds.
-    let renewed = |id: uuid::Uuid, why: &'static str| async move {
-        let before = lease(id).await;
-        let deadline = std::time::Instant::now() + Duration::from_secs(TTL + 2);
-        while lease(id).await <= before {
-            assert!(std::time::Instant::now() < deadline, "{why}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    renewed(
-        second,
-        "the second agent's lease was not renewed while the first one's row was locked",
-    )
-    .await;
-    // Released, the first row is renewed too, and both agents run on.
-    let waiting = renewed(
-        first,
-        "the first agent's lease was not renewed once its row was free",
+    // Past two lease times, the replica's lease was renewed several times meanwhile.
+    tokio::time::sleep(Duration::from_secs(2 * TTL + 1)).await;
+    let (replica_now, agents_now) = leases(&app, &ids).await;
+    assert!(
+        replica_now > replica_before + chrono::Duration::seconds(2 * TTL as i64 - 1),
+        "the replica's lease was not renewed while its agents' rows were locked: \
+         {replica_before} then {replica_now}"
     );
+    assert_eq!(agents_now, agents_before, "no agent row was rewritten");
     holder.rollback().await.unwrap();
-    waiting.await;
-    let live: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM agents WHERE id = ANY($1) AND status <> 'closed'")
-            .bind(&ids)
-            .fetch_one(&app.pool)
-            .await
-            .unwrap();
-    assert_eq!(live, 2, "both agents still run");
+    // Their own leases ran out long ago; the replica's lease keeps them its own.
+    for id in &ids {
+        let agent = app.get_ok(&format!("/v1/agents/agt_{}", id.simple())).await;
+        assert_eq!(agent["status"], "idle", "{agent}");
+        assert!(agent["runtime"]["replica"].is_string(), "{agent}");
+    }
     app.stop().await;
 }
 
 #[tokio::test]
-async fn leases_of_more_agents_than_one_renewal_statement_takes_are_all_kept() {
-    // Renewal commits its agents in slices; an agent left out of every slice would count
-    // as taken over at the next renewal and be stopped here.
+async fn beside_a_replica_of_the_previous_version_every_agents_own_lease_is_renewed() {
+    // A replica of the previous version knows only agents' own leases: it would take over
+    // every agent whose own lease ran out. While one runs, the others renew those too, in
+    // slices; an agent left out of every slice would count as taken over and be stopped.
     let app = spawn_app_with(short_lease).await;
     let repo = git_repo();
     let ids = idle_mock_agents(&app, repo.path(), 150).await;
-    // Past two lease times every lease was renewed several times.
+    // Such a replica registers and heartbeats without a lease of its own.
+    let pool = app.pool.clone();
+    let previous = tokio::spawn(async move {
+        loop {
+            sqlx::query(
+                "INSERT INTO replicas (id, advertise_url) VALUES ('previous', 'http://127.0.0.1:9')
+                 ON CONFLICT (id) DO UPDATE SET last_seen_at = now()",
+            )
+            .execute(&pool)
+            .await
+            .unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
+    // Past two lease times every agent's own lease was renewed several times.
     tokio::time::sleep(Duration::from_secs(2 * TTL + 1)).await;
     let (held, live): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE owner_replica IS NOT NULL AND lease_expires_at > now()),
@@ -728,10 +747,11 @@ async fn leases_of_more_agents_than_one_renewal_statement_takes_are_all_kept() {
     .fetch_one(&app.pool)
     .await
     .unwrap();
+    previous.abort();
     assert_eq!(
         (held, live),
         (150, 150),
-        "every agent kept its lease and runs"
+        "every agent kept its own lease and runs"
     );
     app.stop().await;
 }
