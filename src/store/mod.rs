@@ -3,13 +3,14 @@
 //! caller's team ids, or `None` for a server admin who sees every team.
 
 /// SQL: the lease of the agent row aliased `$a` has not run out: its owner replica's
-/// lease, or the agent's own (see `replicas`).
+/// lease, or the agent's own (see `replicas`). True or false, never NULL (an agent without
+/// a lease of its own, or without an owner, has none that lasts).
 macro_rules! lease_live {
     ($a:literal) => {
         concat!(
-            "(",
+            "(coalesce(",
             $a,
-            ".lease_expires_at > now() OR EXISTS (SELECT 1 FROM replicas lr WHERE lr.id = ",
+            ".lease_expires_at > now(), false) OR EXISTS (SELECT 1 FROM replicas lr WHERE lr.id = ",
             $a,
             ".owner_replica AND lr.lease_expires_at > now()))"
         )

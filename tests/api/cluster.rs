@@ -755,3 +755,57 @@ async fn beside_a_replica_of_the_previous_version_every_agents_own_lease_is_rene
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn an_agent_whose_owner_stopped_answering_is_taken_over_whatever_its_own_lease_says() {
+    // An agent's lease is its owner's, or its own while that lasts; one that has none of
+    // its own (NULL) is judged by its owner's alone.
+    let app = spawn_app_with(short_lease).await;
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    assert_eq!(app.wait(&id).await["status"], "idle");
+    app.post_ok(&format!("/v1/agents/{id}/close"), json!({}), 200)
+        .await;
+    // A replica that stopped answering long ago holds it.
+    sqlx::query(
+        "INSERT INTO replicas (id, advertise_url, last_seen_at, lease_expires_at)
+         VALUES ('gone', 'http://127.0.0.1:9', now() - interval '1 hour', now() - interval '1 hour')",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE agents SET owner_replica = 'gone', lease_expires_at = NULL WHERE id = $1::uuid",
+    )
+    .bind(id.trim_start_matches("agt_"))
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(TTL + 5);
+    loop {
+        let owner: Option<String> =
+            sqlx::query_scalar("SELECT owner_replica FROM agents WHERE id = $1::uuid")
+                .bind(id.trim_start_matches("agt_"))
+                .fetch_one(&app.pool)
+                .await
+                .unwrap();
+        if owner.as_deref() != Some("gone") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent of a replica silent for an hour was not taken over"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let page = crate::metrics::scrape(&app).await;
+    assert_eq!(
+        crate::metrics::sample(&page, "agentry_lease_takeovers_total"),
+        Some(1.0),
+        "{page}"
+    );
+    // It runs here on its next prompt.
+    app.prompt(&id, "hello").await;
+    assert_eq!(app.wait(&id).await["last_turn"]["outcome"], "completed");
+    app.stop().await;
+}
