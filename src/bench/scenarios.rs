@@ -99,6 +99,9 @@ struct LoadRun {
     /// p99 of the events emitted in each second of the load, from the first prompt: where
     /// in the run the slow events were.
     p99_by_second: Vec<f64>,
+    /// The same, of the part before the server's writer took each event into a batch
+    /// (emission→`at`): the rest is the commit and the way to the subscriber.
+    p99_before_writer_by_second: Vec<f64>,
     /// When the first prompt was sent, to find the load's seconds in the server's and
     /// PostgreSQL's logs.
     started_at: chrono::DateTime<chrono::Utc>,
@@ -155,6 +158,15 @@ impl LoadRun {
                 "  emission→SSE p99 in each second of the load (ms), from {}: {}",
                 self.started_at.format("%H:%M:%S%.3f UTC"),
                 seconds.join(" ")
+            );
+            let before: Vec<String> = self
+                .p99_before_writer_by_second
+                .iter()
+                .map(|p| format!("{p:.0}"))
+                .collect();
+            println!(
+                "    of which before the writer took the event (emission→`at`, p99 per second): {}",
+                before.join(" ")
             );
         }
         println!(
@@ -246,6 +258,7 @@ async fn run_load(
     let mut latencies = Vec::new();
     let mut steady = Vec::new();
     let mut by_second: Vec<Vec<u32>> = Vec::new();
+    let mut before_by_second: Vec<Vec<u32>> = Vec::new();
     for s in subs {
         deliveries += s.window_events;
         let entry = seen.entry(s.agent).or_default();
@@ -253,13 +266,15 @@ async fn run_load(
             durable_events += s.window_events;
         }
         entry.push(s.seen);
-        for (stamp, us) in s.latencies_us {
+        for (stamp, us, before_us) in s.latencies_us {
             latencies.push(us);
             let second = (stamp - started_us).max(0) as usize / 1_000_000;
             if by_second.len() <= second {
                 by_second.resize_with(second + 1, Vec::new);
+                before_by_second.resize_with(second + 1, Vec::new);
             }
             by_second[second].push(us);
+            before_by_second[second].push(before_us);
             if stamp >= all_running_us {
                 steady.push(us);
             }
@@ -272,10 +287,8 @@ async fn run_load(
         deliveries,
         latency: Percentiles::of(latencies),
         steady: Percentiles::of(steady),
-        p99_by_second: by_second
-            .into_iter()
-            .map(|v| Percentiles::of(v).map_or(0.0, |p| p.p99))
-            .collect(),
+        p99_by_second: p99s(by_second),
+        p99_before_writer_by_second: p99s(before_by_second),
         started_at,
         prompts_accepted,
         prompts: agents.len(),
@@ -283,6 +296,14 @@ async fn run_load(
         cpu: cpu_before.shares_until(&cpu_after),
         other_cpu: cpu_before.other_share_until(&cpu_after),
     })
+}
+
+/// The p99 of each group, 0 for an empty one.
+fn p99s(groups: Vec<Vec<u32>>) -> Vec<f64> {
+    groups
+        .into_iter()
+        .map(|v| Percentiles::of(v).map_or(0.0, |p| p.p99))
+        .collect()
 }
 
 pub async fn throughput(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {

@@ -25,9 +25,10 @@ pub struct Subscription {
     pub seen: Seen,
     /// Events received with a seq above `from_seq` (the measured window).
     pub window_events: u64,
-    /// Every stamped chunk: its emission stamp and its emission→arrival time, both in
+    /// Every stamped chunk: its emission stamp, its emission→arrival time, and the part of
+    /// it before the server's writer took it into a batch (the event's `at`), all in
     /// microseconds.
-    pub latencies_us: Vec<(i64, u32)>,
+    pub latencies_us: Vec<(i64, u32, u32)>,
     pub finished: Instant,
 }
 
@@ -38,6 +39,8 @@ struct Envelope<'a> {
     kind: Cow<'a, str>,
     #[serde(borrow, default)]
     turn_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    at: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     data: Data<'a>,
 }
@@ -119,8 +122,14 @@ pub async fn read(
                         .map_err(|e| fail(format!("saw a load chunk {e}")))?;
                     load_chunks += 1;
                     if let Some(stamp) = stamp {
-                        latencies_us
-                            .push((stamp, (now_us - stamp).clamp(0, u32::MAX as i64) as u32));
+                        let at_us = ev
+                            .at
+                            .as_deref()
+                            .and_then(|a| chrono::DateTime::parse_from_rfc3339(a).ok())
+                            .ok_or_else(|| fail("got an event without a readable `at`".into()))?
+                            .timestamp_micros();
+                        let us = |d: i64| d.clamp(0, u32::MAX as i64) as u32;
+                        latencies_us.push((stamp, us(now_us - stamp), us(at_us - stamp)));
                     }
                 }
                 "turn_completed" if in_load_turn => {
