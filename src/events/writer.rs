@@ -83,6 +83,9 @@ pub struct NewTeamEvent {
 pub struct NewMoment {
     pub event: usize,
     pub kind: &'static str,
+    /// The hook event it is announced as: the moment is stored only while an enabled hook
+    /// of the agent's team (or of the whole server) listens for it.
+    pub hook: &'static str,
     pub data: Value,
 }
 
@@ -1039,6 +1042,7 @@ fn moment_row<'a>(events: &[AgentEvent], m: &'a NewMoment) -> store::events::Mom
         agent_id: e.agent_id.uuid(),
         seq: e.seq,
         kind: m.kind,
+        hook: m.hook,
         data: &m.data,
     }
 }

@@ -23,7 +23,9 @@ use uuid::Uuid;
 pub use reconcile::{Abandoned, BootReport, abandon_agent, reconcile_at_boot};
 pub use replica_lock::{ReplicaLock, ReplicaLockError};
 
-use crate::domain::{AgentId, AgentStatus, Behavior, PermissionId, SecretEnv, TurnId, TurnOutcome};
+use crate::domain::{
+    AgentId, AgentStatus, Behavior, HookEvent, PermissionId, SecretEnv, TurnId, TurnOutcome,
+};
 use crate::events::{EventWriter, NewMoment};
 use crate::metrics::{Counter, Family};
 use crate::process::{CommandSpec, Ledger, ManagedChild, ProcessError};
@@ -179,14 +181,31 @@ impl Moment {
         }
     }
 
+    /// The hook event the moment is announced as.
+    pub fn hook_event(&self) -> HookEvent {
+        match self {
+            Self::TurnStarted { .. } => HookEvent::AgentTurnBefore,
+            Self::TurnEnded { .. } => HookEvent::AgentTurnAfter,
+            Self::PermissionRequested { .. } => HookEvent::AgentPermissionBefore,
+            Self::PermissionResolved { .. } => HookEvent::AgentPermissionAfter,
+            Self::Closed {} => HookEvent::AgentCloseAfter,
+        }
+    }
+
     /// The moment, to be stored with the `event`-th event of its write.
     pub fn at(self, event: usize) -> NewMoment {
         let kind = self.kind();
+        let hook = self.hook_event().as_str();
         let data = match serde_json::to_value(self) {
             Ok(Value::Object(mut m)) => m.remove("data").unwrap_or_default(),
             _ => Value::Null,
         };
-        NewMoment { event, kind, data }
+        NewMoment {
+            event,
+            kind,
+            hook,
+            data,
+        }
     }
 
     /// A stored moment read back (`None` for a kind this build does not know).

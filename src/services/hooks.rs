@@ -810,7 +810,7 @@ pub async fn outbox_moments(ctx: &ServiceContext) -> ServiceResult<usize> {
                     tracing::error!(kind = %stored.kind, "a stored moment of an unknown kind; it is dropped");
                     return None;
                 };
-                let event = hook_event(&m);
+                let event = m.hook_event();
                 Some((stored, m, event))
             })
             .collect();
@@ -832,17 +832,6 @@ pub async fn outbox_moments(ctx: &ServiceContext) -> ServiceResult<usize> {
         if queued_any > 0 {
             queued(ctx);
         }
-    }
-}
-
-/// The hook event a moment is announced as.
-fn hook_event(m: &Moment) -> HookEvent {
-    match m {
-        Moment::TurnStarted { .. } => HookEvent::AgentTurnBefore,
-        Moment::TurnEnded { .. } => HookEvent::AgentTurnAfter,
-        Moment::PermissionRequested { .. } => HookEvent::AgentPermissionBefore,
-        Moment::PermissionResolved { .. } => HookEvent::AgentPermissionAfter,
-        Moment::Closed {} => HookEvent::AgentCloseAfter,
     }
 }
 

@@ -67,7 +67,7 @@ macro_rules! bind_events {
     };
 }
 
-/// Bind moments' columns (`MomentColumns`) as the next four parameters.
+/// Bind moments' columns (`MomentColumns`) as the next five parameters.
 macro_rules! bind_moments {
     ($query:expr, $m:expr) => {
         $query
@@ -75,6 +75,27 @@ macro_rules! bind_moments {
             .bind(&$m.seqs)
             .bind(&$m.kinds)
             .bind(&$m.data)
+            .bind(&$m.hooks)
+    };
+}
+
+/// The statement that stores moments, bound as five arrays starting at parameter `$a`
+/// (agents, seqs, kinds, payloads, hook events; see `bind_moments`). It keeps only the
+/// moments that an enabled hook of the agent's team, or a server-wide one, listens for
+/// when the statement runs: a server without such hooks stores none, and a hook hears
+/// the moments committed after it was created. The hooks' other filters (project,
+/// labels) are applied when the rows are turned into notifications.
+macro_rules! insert_moments_sql {
+    ($a:literal, $b:literal, $c:literal, $d:literal, $e:literal) => {
+        concat!(
+            "INSERT INTO agent_moments (agent_id, seq, kind, payload)
+            SELECT m.agent_id, m.seq, m.kind, m.payload
+            FROM UNNEST($", $a, "::uuid[], $", $b, "::int8[], $", $c, "::text[], $", $d,
+            "::jsonb[], $", $e, "::text[]) AS m(agent_id, seq, kind, payload, hook)
+            WHERE EXISTS (SELECT 1 FROM hooks h WHERE h.enabled AND m.hook = ANY (h.events)
+                            AND (h.team_id IS NULL
+                                 OR h.team_id = (SELECT a.team_id FROM agents a WHERE a.id = m.agent_id)))"
+        )
     };
 }
 
@@ -245,12 +266,14 @@ pub async fn team_events_by_ids(
     .await
 }
 
-/// One moment to store: the agent and seq of the event it goes with, its kind, its data.
+/// One moment to store: the agent and seq of the event it goes with, its kind, the hook
+/// event it is announced as, its data.
 #[derive(Debug, Clone, Copy)]
 pub struct MomentRow<'a> {
     pub agent_id: Uuid,
     pub seq: i64,
     pub kind: &'a str,
+    pub hook: &'a str,
     pub data: &'a Value,
 }
 
@@ -294,14 +317,16 @@ pub struct AgentRowUpdate<'a> {
 /// Events, moments, team events and the state they announce, in one statement (see
 /// `insert_batch_with`). The agent rows are locked in id order, as every statement that
 /// locks several agent rows does (`replicas::renew`), so two of them never deadlock.
-const INSERT_BATCH_WITH: &str = "WITH stored AS (
+const INSERT_BATCH_WITH: &str = concat!(
+    "WITH stored AS (
             INSERT INTO agent_events (agent_id, seq, turn_id, kind, data, created_at)
             SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], $4::text[], $5::jsonb[], $6::timestamptz[])
          ), moments AS (
-            INSERT INTO agent_moments (agent_id, seq, kind, payload)
-            SELECT * FROM UNNEST($7::uuid[], $8::int8[], $9::text[], $10::jsonb[])
+            ",
+    insert_moments_sql!(7, 8, 9, 10, 11),
+    "
          ), locked AS MATERIALIZED (
-            SELECT id FROM agents WHERE id = ANY($16::uuid[]) ORDER BY id FOR NO KEY UPDATE
+            SELECT id FROM agents WHERE id = ANY($17::uuid[]) ORDER BY id FOR NO KEY UPDATE
          ), agent_rows AS (
             UPDATE agents a SET
               last_turn_id = COALESCE(u.started, a.last_turn_id),
@@ -313,19 +338,20 @@ const INSERT_BATCH_WITH: &str = "WITH stored AS (
                                      ELSE a.last_turn_error END,
               status = COALESCE(u.status, a.status),
               status_reason = CASE WHEN u.status IS NULL THEN a.status_reason ELSE u.reason END
-            FROM UNNEST($16::uuid[], $17::uuid[], $18::uuid[], $19::text[], $20::text[], $21::text[], $22::text[])
+            FROM UNNEST($17::uuid[], $18::uuid[], $19::uuid[], $20::text[], $21::text[], $22::text[], $23::text[])
                  AS u(id, started, ended, outcome, error, status, reason)
             WHERE a.id = u.id AND a.id IN (SELECT id FROM locked)
          ), expired AS (
             UPDATE permission_requests SET status = 'expired', resolved_at = now()
-            WHERE id = ANY($23::uuid[]) AND status = 'pending'
+            WHERE id = ANY($24::uuid[]) AND status = 'pending'
          )
          INSERT INTO team_events (team_id, project_id, workspace_id, kind, data)
          SELECT t, p, w, k, d
-         FROM UNNEST($11::uuid[], $12::uuid[], $13::uuid[], $14::text[], $15::jsonb[])
+         FROM UNNEST($12::uuid[], $13::uuid[], $14::uuid[], $15::text[], $16::jsonb[])
               WITH ORDINALITY AS x(t, p, w, k, d, n)
          ORDER BY n
-         RETURNING id, team_id, project_id, workspace_id, kind, data, at";
+         RETURNING id, team_id, project_id, workspace_id, kind, data, at"
+);
 
 /// Insert a batch of events, their moments and team events, and write the state they
 /// announce, in one statement (a data-modifying `WITH`): on its own, one atomic commit and
@@ -387,6 +413,7 @@ struct MomentColumns<'a> {
     seqs: Vec<i64>,
     kinds: Vec<&'a str>,
     data: Vec<sqlx::types::Json<&'a Value>>,
+    hooks: Vec<&'a str>,
 }
 
 impl<'a> MomentColumns<'a> {
@@ -396,6 +423,7 @@ impl<'a> MomentColumns<'a> {
             seqs: moments.iter().map(|m| m.seq).collect(),
             kinds: moments.iter().map(|m| m.kind).collect(),
             data: moments.iter().map(|m| sqlx::types::Json(m.data)).collect(),
+            hooks: moments.iter().map(|m| m.hook).collect(),
         }
     }
 }
@@ -406,14 +434,8 @@ pub async fn insert_moments(
     moments: &[MomentRow<'_>],
 ) -> Result<(), sqlx::Error> {
     let m = MomentColumns::of(moments);
-    bind_moments!(
-        sqlx::query(
-            "INSERT INTO agent_moments (agent_id, seq, kind, payload)
-             SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::text[], $4::jsonb[])",
-        ),
-        m
-    )
-    .execute(db)
-    .await?;
+    bind_moments!(sqlx::query(insert_moments_sql!(1, 2, 3, 4, 5)), m)
+        .execute(db)
+        .await?;
     Ok(())
 }

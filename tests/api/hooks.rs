@@ -1766,6 +1766,85 @@ async fn moments_stored_before_a_crash_are_delivered_after_the_restart() {
     app.stop().await;
 }
 
+/// A moment is stored only while a hook listens for it, so a server without hooks pays
+/// nothing for them on every turn: with no hook, a turn stores no moment; a disabled hook
+/// and a hook of another team change nothing; a hook of the agent's team for
+/// `agent.turn.after` makes the next turn store its end and not its start, and the
+/// receiver hears that end. A trigger of the test's database counts every stored moment,
+/// since the worker deletes them as it turns them into notifications.
+#[tokio::test]
+async fn only_the_moments_a_hook_listens_for_are_stored() {
+    let app = app().await;
+    let others = Receiver::start().await;
+    let ends = Receiver::start().await;
+    for sql in [
+        "CREATE TABLE moments_seen (kind text)",
+        "CREATE FUNCTION copy_moment() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN INSERT INTO moments_seen VALUES (NEW.kind); RETURN NEW; END $$",
+        "CREATE TRIGGER copy_moment AFTER INSERT ON agent_moments FOR EACH ROW EXECUTE FUNCTION copy_moment()",
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&app.pool)
+            .await
+            .unwrap();
+    }
+    let seen = async || -> Vec<String> {
+        sqlx::query_scalar("SELECT kind FROM moments_seen ORDER BY kind")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap()
+    };
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let agent = app.agent_in_new_workspace(&project, "mock").await;
+    let team = app.get_ok(&format!("/v1/agents/{agent}")).await["team_id"].clone();
+    let turn = async |text: &str| {
+        let id = app.prompt(&agent, text).await;
+        let done = app.wait(&agent).await;
+        assert_eq!(done["last_turn"]["turn_id"], id.as_str(), "{done}");
+        id
+    };
+
+    turn("no hook yet").await;
+    assert_eq!(seen().await, Vec::<String>::new());
+
+    let elsewhere = app
+        .post_ok("/v1/teams", json!({"name": "elsewhere"}), 201)
+        .await;
+    app.post_ok(
+        "/v1/hooks",
+        json!({"name": "other-team", "events": ["agent.turn.before", "agent.turn.after"],
+            "url": others.url("/other"), "secret": SECRET, "team_id": elsewhere["id"]}),
+        201,
+    )
+    .await;
+    app.post_ok(
+        "/v1/hooks",
+        json!({"name": "disabled", "events": ["agent.turn.before", "agent.turn.after"],
+            "url": others.url("/disabled"), "secret": SECRET, "team_id": team, "enabled": false}),
+        201,
+    )
+    .await;
+    turn("hooks that do not listen").await;
+    assert_eq!(seen().await, Vec::<String>::new());
+
+    app.post_ok(
+        "/v1/hooks",
+        json!({"name": "ends", "events": ["agent.turn.after"], "url": ends.url("/ends"),
+            "secret": SECRET, "team_id": team}),
+        201,
+    )
+    .await;
+    let heard = turn("a hook listens").await;
+    assert_eq!(seen().await, vec!["turn_ended".to_owned()]);
+    let after = ends
+        .wait_for("agent.turn.after", 1, Duration::from_secs(20))
+        .await;
+    assert_eq!(after[0].body["payload"]["turn_id"], heard.as_str());
+    assert!(others.got().is_empty(), "{:?}", others.got());
+    app.stop().await;
+}
+
 /// Service notifications are queued in the transaction of their operation: the outbox
 /// row and the agent (or workspace) it tells of were written by one transaction (the
 /// same `now()`), and the row is there as soon as the operation answers.

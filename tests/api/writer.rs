@@ -312,8 +312,9 @@ async fn a_large_batch_over_several_agents_keeps_each_timeline_dense_around_a_re
 
 /// A moment is stored with its event, in its transaction: also when the event is refused
 /// (its stand-in takes the slot and the moment keeps that seq), while a moment the
-/// database refuses itself is left out and its event kept. A trigger of the test's own
-/// database copies every stored moment aside, since the hooks service consumes them.
+/// database refuses itself is left out and its event kept. A hook listens for them, or
+/// none would be stored; a trigger of the test's own database copies every stored moment
+/// aside, since the hooks service consumes them.
 #[tokio::test]
 async fn moments_go_with_their_events_even_when_an_event_is_refused() {
     use agentry::domain::{AgentId, EventKind, NewEvent};
@@ -339,6 +340,14 @@ async fn moments_go_with_their_events_even_when_an_event_is_refused() {
     .execute(&app.pool)
     .await
     .unwrap();
+    // Moments are stored only while a hook listens for them.
+    app.post_ok(
+        "/v1/hooks",
+        json!({"name": "closes", "events": ["agent.close.after"], "team_id": null,
+            "url": "https://hooks.example.com/in", "secret": "whsec_test_0123456789"}),
+        201,
+    )
+    .await;
     let repo = git_repo();
     let project = app.project(repo.path()).await;
     let agent = app.agent_in_new_workspace(&project, "mock").await;
@@ -355,6 +364,7 @@ async fn moments_go_with_their_events_even_when_an_event_is_refused() {
     let moment = |event: usize, note: &str| NewMoment {
         event,
         kind: "closed",
+        hook: "agent.close.after",
         data: json!({"note": note}),
     };
     let poisoned = format!("{POISON} event");
