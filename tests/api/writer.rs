@@ -593,3 +593,67 @@ async fn a_connection_broken_while_idle_is_replaced_before_use() {
         .expect("the broken connection is replaced, not handed out");
     assert_ne!(again, pid);
 }
+
+/// The writer runs on a thread of its own: with every worker of the runtime the server
+/// runs on held busy (as the agents' and requests' tasks can hold them under load), a
+/// commit still goes through at once instead of waiting until they are free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_commits_while_every_worker_of_the_servers_runtime_is_busy() {
+    use agentry::domain::{AgentId, EventKind, NewEvent};
+    use std::sync::{Arc, Barrier};
+
+    const HELD: Duration = Duration::from_secs(6);
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let agent = app.agent_in_new_workspace(&project, "mock").await;
+    let id: AgentId = agent.parse().unwrap();
+    let writer = app.writer.clone();
+
+    // Both workers held at once: the test's own thread is not one of them.
+    let barrier = Arc::new(Barrier::new(3));
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait();
+                std::thread::sleep(HELD);
+            })
+        })
+        .collect();
+    barrier.wait();
+    let started = std::time::Instant::now();
+    let committed = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(writer.append_committed(
+            vec![NewEvent {
+                agent_id: id,
+                turn_id: None,
+                kind: EventKind::AssistantDelta,
+                data: json!({"message_id": "m", "text": "while the runtime is busy"}),
+            }],
+            Vec::new(),
+        ))
+    })
+    .join()
+    .unwrap();
+    let took = started.elapsed();
+    let stored = committed.expect("the event is committed");
+    assert_eq!(stored.len(), 1);
+    assert!(
+        took < HELD / 2,
+        "the commit waited for the server's runtime: {took:?}"
+    );
+    for h in held {
+        h.await.unwrap();
+    }
+    let timeline = app.timeline(&agent).await;
+    assert_eq!(
+        timeline.last().unwrap()["data"]["text"],
+        "while the runtime is busy"
+    );
+    app.stop().await;
+}
