@@ -149,24 +149,14 @@ impl LoadRun {
             println!("  emission→SSE once every agent runs: {}", p.line());
         }
         if !self.p99_by_second.is_empty() {
-            let seconds: Vec<String> = self
-                .p99_by_second
-                .iter()
-                .map(|p| format!("{p:.0}"))
-                .collect();
             println!(
                 "  emission→SSE p99 in each second of the load (ms), from {}: {}",
                 self.started_at.format("%H:%M:%S%.3f UTC"),
-                seconds.join(" ")
+                whole_ms(&self.p99_by_second)
             );
-            let before: Vec<String> = self
-                .p99_before_writer_by_second
-                .iter()
-                .map(|p| format!("{p:.0}"))
-                .collect();
             println!(
                 "    of which before the writer took the event (emission→`at`, p99 per second): {}",
-                before.join(" ")
+                whole_ms(&self.p99_before_writer_by_second)
             );
         }
         println!(
@@ -296,6 +286,15 @@ async fn run_load(
         cpu: cpu_before.shares_until(&cpu_after),
         other_cpu: cpu_before.other_share_until(&cpu_after),
     })
+}
+
+/// Milliseconds, whole, separated by spaces.
+fn whole_ms(values: &[f64]) -> String {
+    values
+        .iter()
+        .map(|v| format!("{v:.0}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The p99 of each group, 0 for an empty one.
