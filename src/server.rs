@@ -140,10 +140,13 @@ impl Application {
         let bus = Arc::new(Bus::new(settings.events.subscriber_buffer));
         // The writer has connections of its own: a commit never waits in line with
         // requests and agents for the shared pool (while 1,000 agents were being opened,
-        // that wait doubled the time of each commit). It runs on a thread of its own too.
-        let writer = EventWriter::start_on_own_thread(
-            (*pool.connect_options()).clone(),
-            store::WRITER_CONNECTIONS,
+        // that wait doubled the time of each commit).
+        let writer_pool =
+            store::connect((*pool.connect_options()).clone(), store::WRITER_CONNECTIONS)
+                .await
+                .context("cannot open the event writer's database connections")?;
+        let writer = EventWriter::spawn(
+            writer_pool,
             bus.clone(),
             WriterLimits {
                 max_batch: settings.events.batch_max_events,
@@ -152,9 +155,7 @@ impl Application {
                 max_queued_bytes: settings.events.queue_max_bytes,
                 commit_wait: Duration::from_millis(settings.events.commit_wait_ms),
             },
-        )
-        .await
-        .context("cannot open the event writer's database connections")?;
+        );
         // Tell other replicas about commits, and hear theirs, before anyone subscribes.
         let fanout = Fanout::start(pool.clone(), replica.clone());
         bus.attach_fanout(fanout.clone());

@@ -42,7 +42,6 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use sqlx::postgres::PgConnectOptions;
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -349,54 +348,16 @@ impl EventWriter {
         // events and bytes, that every operation takes before it is sent.
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared::new(&limits));
-        tokio::spawn(Writer::new(pool, bus, shared.clone(), &limits).run(rx));
+        let writer = Writer {
+            pool,
+            bus,
+            shared: shared.clone(),
+            max_batch: limits.max_batch.max(1),
+            linger: limits.linger,
+            next_seq: HashMap::new(),
+        };
+        tokio::spawn(writer.run(rx));
         Self { tx, shared }
-    }
-
-    /// Start the writer on a thread of its own, with a runtime of its own and its own
-    /// `connections` to the database, opened there. The server's runtime runs every
-    /// agent's and every request's tasks: on it, the answer to a commit waited in line
-    /// behind whatever they had ready, and every agent's events with it. Here it is
-    /// handled as soon as it arrives. Returns once the connections are open.
-    pub async fn start_on_own_thread(
-        options: PgConnectOptions,
-        connections: u32,
-        bus: Arc<Bus>,
-        limits: WriterLimits,
-    ) -> Result<Self, sqlx::Error> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared::new(&limits));
-        let (ready_tx, ready_rx) = oneshot::channel();
-        let for_writer = shared.clone();
-        std::thread::Builder::new()
-            .name("agentry-writer".into())
-            .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(runtime) => runtime,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(sqlx::Error::Io(e)));
-                        return;
-                    }
-                };
-                runtime.block_on(async move {
-                    let pool = match store::connect(options, connections).await {
-                        Ok(pool) => pool,
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e));
-                            return;
-                        }
-                    };
-                    let _ = ready_tx.send(Ok(()));
-                    // Runs until every handle of the writer is gone.
-                    Writer::new(pool, bus, for_writer, &limits).run(rx).await;
-                });
-            })
-            .map_err(sqlx::Error::Io)?;
-        ready_rx.await.map_err(|_| sqlx::Error::WorkerCrashed)??;
-        Ok(Self { tx, shared })
     }
 
     /// Queue one event; it becomes visible once committed. Waits for budget.
@@ -676,17 +637,6 @@ struct Writer {
 }
 
 impl Writer {
-    fn new(pool: PgPool, bus: Arc<Bus>, shared: Arc<Shared>, limits: &WriterLimits) -> Self {
-        Self {
-            pool,
-            bus,
-            shared,
-            max_batch: limits.max_batch.max(1),
-            linger: limits.linger,
-            next_seq: HashMap::new(),
-        }
-    }
-
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<WriteOp>) {
         let mut batch: Vec<Pending> = Vec::new();
         loop {
