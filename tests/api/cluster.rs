@@ -324,12 +324,7 @@ async fn a_replica_that_dies_has_its_agents_taken_over() {
         || !pid_alive(pid),
     )
     .await;
-    let page = crate::metrics::scrape(&survivor).await;
-    assert_eq!(
-        crate::metrics::sample(&page, "agentry_lease_takeovers_total"),
-        Some(1.0),
-        "{page}"
-    );
+    assert_one_takeover(&survivor).await;
 
     // The next prompt resumes the agent here; no seq was written twice.
     survivor.prompt(&id, "are you back?").await;
@@ -798,14 +793,19 @@ async fn an_agent_whose_owner_stopped_answering_is_taken_over_whatever_its_own_l
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let page = crate::metrics::scrape(&app).await;
+    assert_one_takeover(&app).await;
+    // It runs here on its next prompt.
+    app.prompt(&id, "hello").await;
+    assert_eq!(app.wait(&id).await["last_turn"]["outcome"], "completed");
+    app.stop().await;
+}
+
+/// The replica's metrics count exactly one lease taken over.
+async fn assert_one_takeover(app: &TestApp) {
+    let page = crate::metrics::scrape(app).await;
     assert_eq!(
         crate::metrics::sample(&page, "agentry_lease_takeovers_total"),
         Some(1.0),
         "{page}"
     );
-    // It runs here on its next prompt.
-    app.prompt(&id, "hello").await;
-    assert_eq!(app.wait(&id).await["last_turn"]["outcome"], "completed");
-    app.stop().await;
 }
