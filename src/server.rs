@@ -164,7 +164,8 @@ impl Application {
             bus.clone(),
             fanout.clone(),
         ));
-        let ledger = Ledger::new(pool.clone(), replica.clone());
+        let ledger =
+            Ledger::new(pool.clone(), replica.clone()).with_tmp_root(settings.data_dir.join("tmp"));
         let report = reconcile_at_boot(&pool, &writer, &ledger, &lock).await?;
         if report.agents_closed + report.processes_killed + report.turns_failed > 0 {
             tracing::info!(?report, "reconciled what the previous run left");

@@ -814,6 +814,13 @@ async fn no_server_process_is_left_after_archive_or_server_shutdown() {
         0,
         "the ledger is empty after archive"
     );
+    // OpenCode unpacks a native library into TMPDIR at every start and never removes it:
+    // the process's own TMPDIR goes with it.
+    let tmp_left: Vec<_> = std::fs::read_dir(w.app.data_dir.path().join("tmp"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(tmp_left.is_empty(), "no TMPDIR is left: {tmp_left:?}");
 
     // Server shutdown, with a turn in flight.
     let (agent, _) = w.agent("build").await;

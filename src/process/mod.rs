@@ -11,7 +11,7 @@ pub mod output;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -83,6 +83,9 @@ pub struct ProcessIdentity {
 pub struct Ledger {
     pub pool: PgPool,
     pub replica: String,
+    /// Where each recorded child gets a temporary directory of its own (its `TMPDIR`),
+    /// removed once the child is gone. `None`: children get the server's `TMPDIR`.
+    tmp_root: Option<PathBuf>,
 }
 
 /// A started, recorded child with piped stdin/stdout/stderr.
@@ -93,6 +96,8 @@ pub struct ManagedChild {
     pub child: tokio::process::Child,
     pub identity: ProcessIdentity,
     ledger: Option<(Ledger, Uuid)>,
+    /// The child's own temporary directory (its `TMPDIR`), removed once it is gone.
+    tmpdir: Option<PathBuf>,
     /// The leader has been reaped (its exit status is known).
     reaped: bool,
     /// `terminate` has run to completion: nothing is left to clean up.
@@ -228,6 +233,9 @@ impl ManagedChild {
 
         if let Some((ledger, id)) = self.ledger.take() {
             if status.is_some() {
+                if let Some(dir) = self.tmpdir.take() {
+                    let _ = tokio::task::spawn_blocking(move || remove_private_tmp(&dir, id)).await;
+                }
                 if let Err(e) = store::delete(&ledger.pool, id).await {
                     tracing::warn!(pid = self.pid(), row = %id, error = %e, "could not delete a ledger row");
                 }
@@ -279,9 +287,15 @@ impl Drop for ManagedChild {
             send_to_group(self.pgid(), libc::SIGKILL);
         }
         if let Some((ledger, id)) = self.ledger.take() {
+            let tmpdir = self.tmpdir.take();
             match tokio::runtime::Handle::try_current() {
                 Ok(handle) => {
                     handle.spawn(async move {
+                        if let Some(dir) = tmpdir {
+                            let _ =
+                                tokio::task::spawn_blocking(move || remove_private_tmp(&dir, id))
+                                    .await;
+                        }
                         if let Err(e) = store::delete(&ledger.pool, id).await {
                             tracing::warn!(row = %id, error = %e, "could not delete a ledger row");
                         }
@@ -309,7 +323,15 @@ pub fn lower_priority(pgid: i32, nice: i32) -> io::Result<()> {
 
 /// Spawn `spec` in a new process group (not yet recorded).
 pub fn spawn(spec: &CommandSpec) -> Result<ManagedChild, ProcessError> {
+    spawn_in(spec, None)
+}
+
+/// `spawn`, with `tmpdir` as the child's `TMPDIR` unless a secret sets it.
+fn spawn_in(spec: &CommandSpec, tmpdir: Option<&Path>) -> Result<ManagedChild, ProcessError> {
     let mut extra = spec.env.clone();
+    if let Some(dir) = tmpdir {
+        extra.insert("TMPDIR".to_owned(), dir.to_string_lossy().into_owned());
+    }
     extra.extend(
         spec.secret_env
             .iter()
@@ -385,6 +407,7 @@ pub fn spawn(spec: &CommandSpec) -> Result<ManagedChild, ProcessError> {
             boot_id: boot_id().unwrap_or_default().to_owned(),
         },
         ledger: None,
+        tmpdir: None,
         reaped: false,
         finished: false,
         redactor: Redactor::new(&spec.secret_env),
@@ -407,7 +430,24 @@ impl Ledger {
         Self {
             pool,
             replica: replica.into(),
+            tmp_root: None,
         }
+    }
+
+    /// Give each child a temporary directory of its own under `root`
+    /// (`<root>/<ledger row id>`, mode 0700) as its `TMPDIR`, removed with the child, or
+    /// by `reconcile` when the server stopped before it could. A provider whose `env`
+    /// sets `TMPDIR` keeps its own.
+    ///
+    /// A root whose path is not UTF-8 cannot be recorded: children then get the
+    /// server's `TMPDIR`, and a warning says so.
+    pub fn with_tmp_root(mut self, root: PathBuf) -> Self {
+        if root.to_str().is_some() {
+            self.tmp_root = Some(root);
+        } else {
+            tracing::warn!(root = %root.display(), "the data dir's path is not UTF-8: agent processes share the server's TMPDIR");
+        }
+        self
     }
 
     /// Spawn and record before returning: the child is never used unrecorded.
@@ -416,8 +456,33 @@ impl Ledger {
         spec: &CommandSpec,
         agent_id: Option<AgentId>,
     ) -> Result<ManagedChild, ProcessError> {
-        let mut child = spawn(spec)?;
         let id = Uuid::now_v7();
+        let tmpdir = match &self.tmp_root {
+            Some(root) if !spec.env.contains_key("TMPDIR") => Some(
+                make_private_tmp(root, id).map_err(|source| ProcessError::Spawn {
+                    program: spec.program.clone(),
+                    source: io::Error::new(
+                        source.kind(),
+                        format!(
+                            "could not make its temporary directory under {}: {source}",
+                            root.display()
+                        ),
+                    ),
+                })?,
+            ),
+            _ => None,
+        };
+        let spawned = spawn_in(spec, tmpdir.as_deref());
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(e) => {
+                if let Some(dir) = &tmpdir {
+                    remove_private_tmp(dir, id);
+                }
+                return Err(e);
+            }
+        };
+        child.tmpdir = tmpdir;
         let command: Vec<String> = std::iter::once(spec.program.clone())
             .chain(spec.args.iter().cloned())
             .collect();
@@ -430,9 +495,13 @@ impl Ledger {
             command: &command,
             agent_id: agent_id.map(|a| a.uuid()),
             replica: &self.replica,
+            tmpdir: child.tmpdir.as_deref().and_then(Path::to_str),
         };
         if let Err(e) = store::insert(&self.pool, &row).await {
             child.terminate(Duration::ZERO).await;
+            if let Some(dir) = child.tmpdir.take() {
+                remove_private_tmp(&dir, id);
+            }
             return Err(e.into());
         }
         child.ledger = Some((self.clone(), id));
@@ -469,6 +538,7 @@ impl Ledger {
             };
             match judge(&row, current_boot, &probe) {
                 Verdict::Gone => {
+                    remove_row_tmp(&row).await;
                     store::delete(&self.pool, row.id).await?;
                     report.gone += 1;
                 }
@@ -477,6 +547,7 @@ impl Ledger {
                     let start = row.start_ticks as u64;
                     tracing::info!(pid, pgid = row.pgid, command = ?row.command, "ending a leftover process");
                     end_leftover(pid, row.pgid, start).await;
+                    remove_row_tmp(&row).await;
                     store::delete(&self.pool, row.id).await?;
                     report.killed.push(pid);
                 }
@@ -495,6 +566,47 @@ pub struct ReconcileReport {
     pub killed: Vec<u32>,
     pub gone: usize,
     pub left_alone: usize,
+}
+
+/// The name of the private temporary directory of the child recorded as `id`.
+fn private_tmp_name(id: Uuid) -> String {
+    id.simple().to_string()
+}
+
+/// Make `<root>/<id>`, mode 0700 (and `root`, 0700, when missing).
+fn make_private_tmp(root: &Path, id: Uuid) -> io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(root)?;
+    let dir = root.join(private_tmp_name(id));
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    Ok(dir)
+}
+
+/// Remove the private temporary directory of the child recorded as `id`, with whatever
+/// it left there. Only a directory named after `id` is touched, whatever the row says.
+fn remove_private_tmp(dir: &Path, id: Uuid) {
+    if dir.file_name() != Some(std::ffi::OsStr::new(&private_tmp_name(id))) {
+        tracing::warn!(dir = %dir.display(), row = %id, "not removing a temporary directory that is not named after its process");
+        return;
+    }
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "could not remove a process's temporary directory");
+        }
+    }
+}
+
+/// `remove_private_tmp` for a ledger row that has a directory, off the runtime's threads.
+async fn remove_row_tmp(row: &LedgerRow) {
+    if let Some(dir) = &row.tmpdir {
+        let (dir, id) = (PathBuf::from(dir), row.id);
+        let _ = tokio::task::spawn_blocking(move || remove_private_tmp(&dir, id)).await;
+    }
 }
 
 /// The environment of a child: the base variables taken from `parent`, then `extra`.
@@ -792,6 +904,7 @@ mod tests {
             agent_id: None,
             replica: "r".to_owned(),
             started_at: chrono::Utc::now(),
+            tmpdir: None,
         };
         let running = |start_ticks, state| {
             Probe::Present(Stat {
@@ -839,6 +952,50 @@ mod tests {
         assert!(wait_dead(pid).await);
         // Idempotent.
         assert_eq!(child.terminate(Duration::from_secs(5)).await, Some(status));
+    }
+
+    #[tokio::test]
+    async fn a_private_tmpdir_is_the_childs_tmpdir_and_goes_with_its_contents() {
+        let root = tempfile::tempdir().unwrap();
+        let id = Uuid::now_v7();
+        let dir = make_private_tmp(&root.path().join("tmp"), id).unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+        assert_eq!(
+            mode & 0o777,
+            0o700,
+            "only the server's account may enter it"
+        );
+
+        // The child sees it as TMPDIR and leaves something there, as CLIs do.
+        let s = spec(
+            "sh",
+            &[
+                "-c",
+                "echo \"$TMPDIR\"; mkdir \"$TMPDIR/x\"; echo left > \"$TMPDIR/x/lib.so\"",
+            ],
+        );
+        let mut child = spawn_in(&s, Some(&dir)).unwrap();
+        let mut out = String::new();
+        child
+            .take_stdout()
+            .unwrap()
+            .read_to_string(&mut out)
+            .await
+            .unwrap();
+        assert!(child.wait().await.unwrap().success());
+        assert_eq!(out.trim(), dir.to_str().unwrap());
+        assert!(dir.join("x/lib.so").is_file());
+
+        remove_private_tmp(&dir, id);
+        assert!(!dir.exists(), "removed with what the child left");
+        remove_private_tmp(&dir, id); // already gone: nothing to do
+
+        // A directory not named after the row is never removed.
+        let other = root.path().join("keep");
+        std::fs::create_dir(&other).unwrap();
+        remove_private_tmp(&other, id);
+        assert!(other.is_dir());
     }
 
     #[tokio::test]

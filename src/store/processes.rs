@@ -18,6 +18,8 @@ pub struct LedgerRow {
     pub agent_id: Option<Uuid>,
     pub replica: String,
     pub started_at: DateTime<Utc>,
+    /// The process's own temporary directory, removed once it is gone.
+    pub tmpdir: Option<String>,
 }
 
 /// What `insert` writes; `started_at` is set by the database.
@@ -31,13 +33,14 @@ pub struct NewLedgerRow<'a> {
     pub command: &'a [String],
     pub agent_id: Option<Uuid>,
     pub replica: &'a str,
+    pub tmpdir: Option<&'a str>,
 }
 
 pub async fn insert(exec: impl PgExecutor<'_>, row: &NewLedgerRow<'_>) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO managed_processes \
-             (id, pid, pgid, start_ticks, boot_id, command, agent_id, replica) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+             (id, pid, pgid, start_ticks, boot_id, command, agent_id, replica, tmpdir) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
     .bind(row.id)
     .bind(row.pid)
@@ -47,6 +50,7 @@ pub async fn insert(exec: impl PgExecutor<'_>, row: &NewLedgerRow<'_>) -> Result
     .bind(row.command)
     .bind(row.agent_id)
     .bind(row.replica)
+    .bind(row.tmpdir)
     .execute(exec)
     .await?;
     Ok(())
@@ -67,7 +71,7 @@ pub async fn list_for_replica(
     replica: &str,
 ) -> Result<Vec<LedgerRow>, sqlx::Error> {
     sqlx::query_as::<_, LedgerRow>(
-        "SELECT id, pid, pgid, start_ticks, boot_id, command, agent_id, replica, started_at \
+        "SELECT id, pid, pgid, start_ticks, boot_id, command, agent_id, replica, started_at, tmpdir \
          FROM managed_processes \
          WHERE replica = $1 \
          ORDER BY started_at, id",
@@ -83,7 +87,7 @@ pub async fn list_for_agent(
     agent_id: Uuid,
 ) -> Result<Vec<LedgerRow>, sqlx::Error> {
     sqlx::query_as::<_, LedgerRow>(
-        "SELECT id, pid, pgid, start_ticks, boot_id, command, agent_id, replica, started_at \
+        "SELECT id, pid, pgid, start_ticks, boot_id, command, agent_id, replica, started_at, tmpdir \
          FROM managed_processes \
          WHERE agent_id = $1 \
          ORDER BY started_at, id",

@@ -174,6 +174,13 @@ async fn close_ends_the_process_and_a_prompt_reopens() {
     let agent = app.get_ok(&format!("/v1/agents/{id}")).await;
     let pid = agent["runtime"]["pid"].as_i64().expect("a live pid") as i32;
     assert!(pid_alive(pid));
+    let tmp = tmpdir_of(pid);
+    assert_eq!(
+        tmp.parent(),
+        Some(app.data_dir.path().join("tmp").as_path()),
+        "the process has a TMPDIR of its own"
+    );
+    std::fs::write(tmp.join("left-behind.so"), b"what a CLI leaves").unwrap();
     let closed = app
         .post_ok(&format!("/v1/agents/{id}/close"), json!({}), 200)
         .await;
@@ -188,6 +195,7 @@ async fn close_ends_the_process_and_a_prompt_reopens() {
         .await
         .unwrap();
     assert_eq!(left, 0, "the ledger row goes with the process");
+    assert!(!tmp.exists(), "its TMPDIR goes with it, contents and all");
 
     app.prompt(&id, "are you back?").await;
     let w = app.wait(&id).await;
@@ -393,8 +401,17 @@ async fn a_restart_keeps_timelines_and_leaves_nothing_running() {
         .trim()
         .to_owned();
     let replica = crate::helpers::settings(app.data_dir.path()).replica();
-    sqlx::query("INSERT INTO managed_processes (id, pid, pgid, start_ticks, boot_id, command, replica) VALUES ($1, $2, $2, $3, $4, '{sleep}', $5)")
-        .bind(uuid::Uuid::now_v7()).bind(lpid as i32).bind(start_ticks).bind(&boot_id).bind(&replica)
+    let row = uuid::Uuid::now_v7();
+    let ltmp = app
+        .data_dir
+        .path()
+        .join("tmp")
+        .join(row.simple().to_string());
+    std::fs::create_dir_all(ltmp.join("sub")).unwrap();
+    std::fs::write(ltmp.join("sub/left.so"), b"x").unwrap();
+    sqlx::query("INSERT INTO managed_processes (id, pid, pgid, start_ticks, boot_id, command, replica, tmpdir) VALUES ($1, $2, $2, $3, $4, '{sleep}', $5, $6)")
+        .bind(row).bind(lpid as i32).bind(start_ticks).bind(&boot_id).bind(&replica)
+        .bind(ltmp.to_str().unwrap())
         .execute(&app.pool).await.unwrap();
     // The agent row still says running, as after a crash.
     let (db, dir, token) = app.stop().await;
@@ -427,6 +444,15 @@ async fn a_restart_keeps_timelines_and_leaves_nothing_running() {
         .await
         .unwrap();
     assert_eq!(rows, 0);
+    assert!(!ltmp.exists(), "the leftover's TMPDIR was removed with it");
+    let tmp_left: Vec<_> = std::fs::read_dir(app.data_dir.path().join("tmp"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        tmp_left.is_empty(),
+        "no process's TMPDIR is left: {tmp_left:?}"
+    );
     app.prompt(&id, "after the restart").await;
     assert_eq!(app.wait(&id).await["last_turn"]["outcome"], "completed");
 }

@@ -507,6 +507,16 @@ pub fn processes_with_env(entry: &str) -> Vec<i32> {
     found
 }
 
+/// The `TMPDIR` a running process was started with.
+pub fn tmpdir_of(pid: i32) -> PathBuf {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("a live process");
+    environ
+        .split(|b| *b == 0)
+        .find_map(|var| var.strip_prefix(b"TMPDIR="))
+        .map(|v| PathBuf::from(String::from_utf8(v.to_vec()).unwrap()))
+        .expect("TMPDIR is set")
+}
+
 pub fn pid_alive(pid: i32) -> bool {
     // A zombie is gone for our purposes.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
