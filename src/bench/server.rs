@@ -137,6 +137,12 @@ impl ServerProcess {
         );
         if self.keep {
             println!("kept {}", self.dir.display());
+            // As root the cluster is not under the run's directory: say where it stays.
+            if let Some(c) = &self.cluster_dir
+                && !c.starts_with(&self.dir)
+            {
+                println!("kept its PostgreSQL cluster in {}", c.display());
+            }
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
             // As root the cluster lives outside the data dir; remove only that layout.
