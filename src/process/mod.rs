@@ -803,6 +803,20 @@ mod tests {
         }
     }
 
+    /// All the child writes to stdout, once it has exited successfully.
+    async fn run_to_success(mut child: ManagedChild) -> String {
+        let mut out = String::new();
+        child
+            .take_stdout()
+            .unwrap()
+            .read_to_string(&mut out)
+            .await
+            .unwrap();
+        assert!(child.wait().await.unwrap().success(), "{out}");
+        child.terminate(Duration::from_secs(1)).await;
+        out
+    }
+
     /// Gone, or a zombie nobody has reaped yet.
     fn is_dead(pid: u32) -> bool {
         match read_stat(pid) {
@@ -975,15 +989,7 @@ mod tests {
                 "echo \"$TMPDIR\"; mkdir \"$TMPDIR/x\"; echo left > \"$TMPDIR/x/lib.so\"",
             ],
         );
-        let mut child = spawn_in(&s, Some(&dir)).unwrap();
-        let mut out = String::new();
-        child
-            .take_stdout()
-            .unwrap()
-            .read_to_string(&mut out)
-            .await
-            .unwrap();
-        assert!(child.wait().await.unwrap().success());
+        let out = run_to_success(spawn_in(&s, Some(&dir)).unwrap()).await;
         assert_eq!(out.trim(), dir.to_str().unwrap());
         assert!(dir.join("x/lib.so").is_file());
 
@@ -1004,12 +1010,7 @@ mod tests {
         unsafe { std::env::set_var("AGENTRY_SECRET_TEST", "hunter2") };
         let mut s = spec("/usr/bin/env", &[]);
         s.env.insert("AGENTRY_EXTRA".to_owned(), "yes".to_owned());
-        let mut child = spawn(&s).unwrap();
-        let mut stdout = child.take_stdout().unwrap();
-        let mut out = String::new();
-        stdout.read_to_string(&mut out).await.unwrap();
-        assert!(child.wait().await.unwrap().success());
-        child.terminate(Duration::from_secs(1)).await;
+        let out = run_to_success(spawn(&s).unwrap()).await;
 
         let names: Vec<&str> = out.lines().filter_map(|l| l.split('=').next()).collect();
         assert!(out.lines().any(|l| l == "AGENTRY_EXTRA=yes"), "{out}");
@@ -1039,16 +1040,7 @@ mod tests {
             !format!("{s:?}").contains("from-team"),
             "a spec's Debug hides secret values"
         );
-        let mut child = spawn(&s).unwrap();
-        let mut out = String::new();
-        child
-            .take_stdout()
-            .unwrap()
-            .read_to_string(&mut out)
-            .await
-            .unwrap();
-        assert!(child.wait().await.unwrap().success());
-        child.terminate(Duration::from_secs(1)).await;
+        let out = run_to_success(spawn(&s).unwrap()).await;
         let lines: Vec<&str> = out.lines().collect();
         assert!(lines.contains(&"TEAM_KEY=from-team"), "{out}");
         assert!(lines.contains(&"OTHER=kept"), "{out}");
@@ -1063,15 +1055,7 @@ mod tests {
             &["-c", "pwd; printf '%s|' \"$0\" \"$1\"", "a b", "c;d"],
         );
         s.cwd = dir.path().to_owned();
-        let mut child = spawn(&s).unwrap();
-        let mut out = String::new();
-        child
-            .take_stdout()
-            .unwrap()
-            .read_to_string(&mut out)
-            .await
-            .unwrap();
-        child.wait().await.unwrap();
+        let out = run_to_success(spawn(&s).unwrap()).await;
         let expected = format!("{}\na b|c;d|", dir.path().canonicalize().unwrap().display());
         assert_eq!(out, expected);
     }
