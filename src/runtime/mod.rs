@@ -708,9 +708,12 @@ impl AgentManager {
     pub async fn close(&self, id: AgentId, reason: &str) {
         if let Some(h) = self.live(id) {
             let reason = reason.to_owned();
+            let mut ended = h.snapshot.clone();
             let _ = send(&h, |reply| Command::Close { reason, reply }).await;
-            // The actor is gone once it answered; wait for its mailbox to close.
-            h.tx.closed().await;
+            // The actor has stopped (its events committed, its lease given up) once it
+            // dropped its end of the snapshot: its mailbox closes before that, so another
+            // replica could still find the agent held if this returned then.
+            while ended.changed().await.is_ok() {}
         }
     }
 

@@ -186,6 +186,16 @@ async fn close_ends_the_process_and_a_prompt_reopens() {
         .await;
     assert_eq!(closed["status"], "closed");
     assert!(closed["runtime"]["pid"].is_null());
+    let owner: Option<String> =
+        sqlx::query_scalar("SELECT owner_replica FROM agents WHERE id = $1")
+            .bind(id.parse::<agentry::domain::AgentId>().unwrap().uuid())
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        owner, None,
+        "a closed agent's lease is given up before the answer"
+    );
     eventually("the process group is gone", Duration::from_secs(5), || {
         !pid_alive(pid)
     })
