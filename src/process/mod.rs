@@ -234,7 +234,7 @@ impl ManagedChild {
         if let Some((ledger, id)) = self.ledger.take() {
             if status.is_some() {
                 if let Some(dir) = self.tmpdir.take() {
-                    let _ = tokio::task::spawn_blocking(move || remove_private_tmp(&dir, id)).await;
+                    remove_private_tmp_off_runtime(dir, id).await;
                 }
                 if let Err(e) = store::delete(&ledger.pool, id).await {
                     tracing::warn!(pid = self.pid(), row = %id, error = %e, "could not delete a ledger row");
@@ -292,9 +292,7 @@ impl Drop for ManagedChild {
                 Ok(handle) => {
                     handle.spawn(async move {
                         if let Some(dir) = tmpdir {
-                            let _ =
-                                tokio::task::spawn_blocking(move || remove_private_tmp(&dir, id))
-                                    .await;
+                            remove_private_tmp_off_runtime(dir, id).await;
                         }
                         if let Err(e) = store::delete(&ledger.pool, id).await {
                             tracing::warn!(row = %id, error = %e, "could not delete a ledger row");
@@ -601,11 +599,15 @@ fn remove_private_tmp(dir: &Path, id: Uuid) {
     }
 }
 
-/// `remove_private_tmp` for a ledger row that has a directory, off the runtime's threads.
+/// `remove_private_tmp` off the runtime's threads: a directory may hold a lot.
+async fn remove_private_tmp_off_runtime(dir: PathBuf, id: Uuid) {
+    let _ = tokio::task::spawn_blocking(move || remove_private_tmp(&dir, id)).await;
+}
+
+/// The directory of a ledger row that has one, removed (see `remove_private_tmp`).
 async fn remove_row_tmp(row: &LedgerRow) {
     if let Some(dir) = &row.tmpdir {
-        let (dir, id) = (PathBuf::from(dir), row.id);
-        let _ = tokio::task::spawn_blocking(move || remove_private_tmp(&dir, id)).await;
+        remove_private_tmp_off_runtime(PathBuf::from(dir), row.id).await;
     }
 }
 
