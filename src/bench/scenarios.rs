@@ -249,7 +249,9 @@ async fn run_load(
     let mut steady = Vec::new();
     let mut by_second: Vec<Vec<u32>> = Vec::new();
     let mut before_by_second: Vec<Vec<u32>> = Vec::new();
+    let mut connections = Vec::with_capacity(subs.len());
     for s in subs {
+        connections.push(s.connection);
         deliveries += s.window_events;
         let entry = seen.entry(s.agent).or_default();
         if entry.is_empty() {
@@ -270,6 +272,8 @@ async fn run_load(
             }
         }
     }
+    // The load is over and measured: only now do the subscribers hang up.
+    drop(connections);
     verify::check_durable(&server.pool, &seen, Some(plan.events)).await?;
     Ok(LoadRun {
         elapsed: finished - started,

@@ -30,6 +30,11 @@ pub struct Subscription {
     /// microseconds.
     pub latencies_us: Vec<(i64, u32, u32)>,
     pub finished: Instant,
+    /// The connection, still open: a subscriber hangs up only when its owner drops it, so
+    /// a load's subscribers stay connected, as a dashboard would, until all have finished
+    /// (1,000 hang-ups at the turns' end would be work in the measured window that no
+    /// watching client causes).
+    pub connection: SseStream,
 }
 
 #[derive(Deserialize)]
@@ -164,5 +169,6 @@ pub async fn read(
         window_events,
         latencies_us,
         finished: Instant::now(),
+        connection: stream,
     })
 }
