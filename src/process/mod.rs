@@ -37,6 +37,10 @@ pub const STOP_GRACE: Duration = Duration::from_secs(3);
 /// How long `reconcile` gives a leftover process between TERM and KILL.
 const RECONCILE_GRACE: Duration = Duration::from_secs(2);
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// A private temporary directory without a ledger row is removed at boot once its row id
+/// (a UUID v7, which carries the time it was made) is older than this: a launch in
+/// progress, here or on a replica sharing the data dir, records its row long before.
+const ORPHAN_TMP_AGE: Duration = Duration::from_secs(600);
 
 /// What to run. `program` is looked up on PATH unless it contains a `/`.
 #[derive(Debug, Clone)]
@@ -557,6 +561,63 @@ impl Ledger {
         }
         Ok(report)
     }
+
+    /// At boot, after `reconcile`: remove the private temporary directories that no
+    /// ledger row holds, left by a server that stopped between making a child's directory
+    /// and recording the child, or by a removal that failed. Only directories named after
+    /// a row id and made more than `ORPHAN_TMP_AGE` ago are touched; anything else under
+    /// the root is left alone. Returns how many were removed.
+    pub async fn sweep_tmp(&self) -> Result<usize, sqlx::Error> {
+        let Some(root) = self.tmp_root.clone() else {
+            return Ok(0);
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let found = tokio::task::spawn_blocking(move || orphan_candidates(&root, now))
+            .await
+            .unwrap_or_default();
+        if found.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<Uuid> = found.iter().map(|(id, _)| *id).collect();
+        let held: std::collections::HashSet<Uuid> = store::existing(&self.pool, &ids)
+            .await?
+            .into_iter()
+            .collect();
+        let mut removed = 0;
+        for (id, dir) in found {
+            if !held.contains(&id) {
+                tracing::info!(dir = %dir.display(), "removing a temporary directory no process holds");
+                remove_private_tmp_off_runtime(dir, id).await;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+/// The directories under `root` named after a ledger row id made more than
+/// `ORPHAN_TMP_AGE` before `now` (since the Unix epoch).
+fn orphan_candidates(root: &Path, now: Duration) -> Vec<(Uuid, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| {
+            let name = e.file_name();
+            let name = name.to_str()?;
+            let id = Uuid::try_parse(name).ok()?;
+            if private_tmp_name(id) != name {
+                return None;
+            }
+            let (secs, nanos) = id.get_timestamp()?.to_unix();
+            let made = Duration::new(secs, nanos);
+            (now.saturating_sub(made) > ORPHAN_TMP_AGE).then(|| (id, e.path()))
+        })
+        .collect()
 }
 
 #[derive(Debug, Default, Clone)]

@@ -50,6 +50,13 @@ pub async fn reconcile_at_boot(
     if !procs.killed.is_empty() {
         tracing::warn!(pids = ?procs.killed, "ended leftover agent processes of an earlier run");
     }
+    let swept = ledger.sweep_tmp().await?;
+    if swept > 0 {
+        tracing::info!(
+            directories = swept,
+            "removed temporary directories that no process held"
+        );
+    }
     for agent in store::agents::open_agents(pool, lock.replica()).await? {
         let done = abandon_agent(
             pool,

@@ -65,6 +65,14 @@ pub async fn delete(exec: impl PgExecutor<'_>, id: Uuid) -> Result<bool, sqlx::E
     Ok(done.rows_affected() > 0)
 }
 
+/// Those of `ids` that have a row (of any replica).
+pub async fn existing(exec: impl PgExecutor<'_>, ids: &[Uuid]) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM managed_processes WHERE id = ANY($1)")
+        .bind(ids)
+        .fetch_all(exec)
+        .await
+}
+
 /// Every row of one replica, oldest first.
 pub async fn list_for_replica(
     exec: impl PgExecutor<'_>,

@@ -467,6 +467,56 @@ async fn a_restart_keeps_timelines_and_leaves_nothing_running() {
     assert_eq!(app.wait(&id).await["last_turn"]["outcome"], "completed");
 }
 
+/// At boot, a private temporary directory no ledger row holds (the server stopped between
+/// making it and recording its process) is removed once it is old enough that no launch
+/// can still be recording it; one a row holds, a recent one and anything not named after
+/// a row stay.
+#[tokio::test]
+async fn a_restart_removes_temporary_directories_no_process_holds() {
+    let app = spawn_app().await;
+    let root = app.data_dir.path().join("tmp");
+    let hour_ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        - 3600;
+    let old = || uuid::Uuid::new_v7(uuid::Timestamp::from_unix(uuid::NoContext, hour_ago, 0));
+    let dir = |id: uuid::Uuid| root.join(id.simple().to_string());
+    let orphan = dir(old());
+    std::fs::create_dir_all(orphan.join("sub")).unwrap();
+    std::fs::write(orphan.join("sub/left.so"), b"x").unwrap();
+    let recent = dir(uuid::Uuid::now_v7());
+    std::fs::create_dir_all(&recent).unwrap();
+    let notes = root.join("notes");
+    std::fs::create_dir_all(&notes).unwrap();
+    // A row the reconciler cannot judge (pid 1) keeps its process's directory.
+    let held_id = old();
+    let held = dir(held_id);
+    std::fs::create_dir_all(&held).unwrap();
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .unwrap()
+        .trim()
+        .to_owned();
+    let replica = crate::helpers::settings(app.data_dir.path()).replica();
+    sqlx::query("INSERT INTO managed_processes (id, pid, pgid, start_ticks, boot_id, command, replica, tmpdir) VALUES ($1, 1, 1, 0, $2, '{init}', $3, $4)")
+        .bind(held_id).bind(&boot_id).bind(&replica).bind(held.to_str().unwrap())
+        .execute(&app.pool).await.unwrap();
+    let (db, data_dir, token) = app.stop().await;
+
+    let app = spawn_on(db, data_dir, Some(token)).await;
+    assert!(
+        !orphan.exists(),
+        "the old directory no row holds is removed"
+    );
+    assert!(held.exists(), "a directory a row holds stays");
+    assert!(
+        recent.exists(),
+        "a recent one stays: its launch may be recording it"
+    );
+    assert!(notes.exists(), "what is not named after a row stays");
+    app.stop().await;
+}
+
 /// The mode change's answer comes behind thousands of queued chunks on the agent's
 /// stream; the agent must still be read while the change waits for it (it used to hang
 /// until the client gave up).
