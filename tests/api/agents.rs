@@ -380,6 +380,32 @@ async fn a_killed_agent_process_fails_the_turn_quickly() {
     assert_eq!(app.wait(&id).await["last_turn"]["outcome"], "completed");
 }
 
+/// A ledger row of this server's replica, as a server that stopped would have left it:
+/// process `pid` (its own group) started at `start_ticks` in this boot, with `tmpdir`.
+async fn record_process(
+    app: &TestApp,
+    id: uuid::Uuid,
+    pid: i32,
+    start_ticks: i64,
+    tmpdir: &std::path::Path,
+) {
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let replica = crate::helpers::settings(app.data_dir.path()).replica();
+    sqlx::query(
+        "INSERT INTO managed_processes (id, pid, pgid, start_ticks, boot_id, command, replica, tmpdir)
+         VALUES ($1, $2, $2, $3, $4, '{leftover}', $5, $6)",
+    )
+    .bind(id)
+    .bind(pid)
+    .bind(start_ticks)
+    .bind(boot_id.trim())
+    .bind(&replica)
+    .bind(tmpdir.to_str().unwrap())
+    .execute(&app.pool)
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn a_restart_keeps_timelines_and_leaves_nothing_running() {
     let app = spawn_app().await;
@@ -406,11 +432,6 @@ async fn a_restart_keeps_timelines_and_leaves_nothing_running() {
         .split_whitespace()
         .collect();
     let start_ticks: i64 = fields[19].parse().unwrap();
-    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .unwrap()
-        .trim()
-        .to_owned();
-    let replica = crate::helpers::settings(app.data_dir.path()).replica();
     let row = uuid::Uuid::now_v7();
     let ltmp = app
         .data_dir
@@ -419,10 +440,7 @@ async fn a_restart_keeps_timelines_and_leaves_nothing_running() {
         .join(row.simple().to_string());
     std::fs::create_dir_all(ltmp.join("sub")).unwrap();
     std::fs::write(ltmp.join("sub/left.so"), b"x").unwrap();
-    sqlx::query("INSERT INTO managed_processes (id, pid, pgid, start_ticks, boot_id, command, replica, tmpdir) VALUES ($1, $2, $2, $3, $4, '{sleep}', $5, $6)")
-        .bind(row).bind(lpid as i32).bind(start_ticks).bind(&boot_id).bind(&replica)
-        .bind(ltmp.to_str().unwrap())
-        .execute(&app.pool).await.unwrap();
+    record_process(&app, row, lpid as i32, start_ticks, &ltmp).await;
     // The agent row still says running, as after a crash.
     let (db, dir, token) = app.stop().await;
     sqlx::query("UPDATE agents SET status = 'running', last_turn_outcome = NULL")
@@ -493,14 +511,7 @@ async fn a_restart_removes_temporary_directories_no_process_holds() {
     let held_id = old();
     let held = dir(held_id);
     std::fs::create_dir_all(&held).unwrap();
-    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .unwrap()
-        .trim()
-        .to_owned();
-    let replica = crate::helpers::settings(app.data_dir.path()).replica();
-    sqlx::query("INSERT INTO managed_processes (id, pid, pgid, start_ticks, boot_id, command, replica, tmpdir) VALUES ($1, 1, 1, 0, $2, '{init}', $3, $4)")
-        .bind(held_id).bind(&boot_id).bind(&replica).bind(held.to_str().unwrap())
-        .execute(&app.pool).await.unwrap();
+    record_process(&app, held_id, 1, 0, &held).await;
     let (db, data_dir, token) = app.stop().await;
 
     let app = spawn_on(db, data_dir, Some(token)).await;
