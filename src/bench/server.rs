@@ -310,7 +310,8 @@ pub fn process_memory(pid: u32) -> Memory {
 /// `/proc/<pid>/stat` are sampled at the clock tick, and a process that runs often but
 /// briefly (a paced mock agent: a thousand wake-ups of 30 µs each) is seldom caught by a
 /// tick: it showed 0 % while it used a third of the machine. A thread that ended before
-/// the reading is not counted; the server's runtime threads live as long as it does.
+/// the reading is not counted; the server's runtime threads live as long as it does, and
+/// a mock agent keeps its `/load` thread for the next load.
 pub fn process_cpu(pid: u32) -> Duration {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Duration::ZERO;

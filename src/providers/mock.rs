@@ -82,12 +82,13 @@ pub fn mock_provider(agentry_exe: PathBuf) -> AcpProvider {
 
 /// Run the mock ACP agent on stdin/stdout until stdin closes.
 pub async fn run_stdio() -> anyhow::Result<()> {
-    let (input, output) = stdio()?;
+    let (input, output, direct) = stdio()?;
     let incoming = futures::io::BufReader::with_capacity(64 * 1024, input.compat()).lines();
     let outbox = Arc::new(Outbox {
         state: Mutex::new(OutboxState::default()),
         wake_writer: Notify::new(),
         written: watch::channel(0).0,
+        direct,
     });
     let writer = tokio::spawn(write_out(outbox.clone(), output));
     let mock = Arc::new(MockAgent {
@@ -108,6 +109,9 @@ struct Outbox {
     wake_writer: Notify,
     /// Lines written so far.
     written: watch::Sender<u64>,
+    /// stdout, for a line written at once by a paced `/load` when nothing is queued
+    /// ahead of it (`None` when stdout is a plain file).
+    direct: Option<std::os::fd::OwnedFd>,
 }
 
 #[derive(Default)]
@@ -136,6 +140,48 @@ impl Outbox {
             state.pending.push(b'\n');
             state.pending_lines += 1;
         }
+        self.wake_writer.notify_one();
+        Ok(())
+    }
+
+    /// Write one line, its newline included, from outside the runtime (a paced `/load`'s
+    /// thread): straight to stdout when nothing is queued or being written, so the line
+    /// keeps its place and costs one system call; otherwise, or for what the pipe does not
+    /// take at once, through the writer.
+    fn write_now(&self, line: &[u8]) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd as _;
+        let mut state = lock(&self.state);
+        if let Some(kind) = state.failed {
+            return Err(kind.into());
+        }
+        let mut rest = line;
+        if let Some(fd) = self
+            .direct
+            .as_ref()
+            .filter(|_| state.pending.is_empty() && !state.writing)
+        {
+            // SAFETY: writes from a live slice to a descriptor the outbox owns.
+            let n = unsafe { libc::write(fd.as_raw_fd(), line.as_ptr().cast(), line.len()) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) {
+                    return Err(e);
+                }
+            } else {
+                rest = &line[n as usize..];
+            }
+            if rest.is_empty() {
+                drop(state);
+                self.written.send_modify(|n| *n += 1);
+                return Ok(());
+            }
+        }
+        state.pending.extend_from_slice(rest);
+        state.pending_lines += 1;
+        drop(state);
         self.wake_writer.notify_one();
         Ok(())
     }
@@ -246,8 +292,9 @@ type Reader = Pin<Box<dyn tokio::io::AsyncRead + Send>>;
 type Writer = Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
 
 /// stdin/stdout, polled without blocking when they are pipes (the usual case) or
-/// terminals; plain files are read and written directly.
-fn stdio() -> std::io::Result<(Reader, Writer)> {
+/// terminals; plain files are read and written directly. The third part is a second
+/// handle on stdout when it is a pipe (made non-blocking), for [`Outbox::write_now`].
+fn stdio() -> std::io::Result<(Reader, Writer, Option<std::os::fd::OwnedFd>)> {
     use std::os::fd::AsFd;
     use tokio::net::unix::pipe;
     let stdin = std::io::stdin().as_fd().try_clone_to_owned()?;
@@ -259,14 +306,14 @@ fn stdio() -> std::io::Result<(Reader, Writer)> {
         },
     };
     let stdout = std::io::stdout().as_fd().try_clone_to_owned()?;
-    let output: Writer = match pipe::Sender::from_owned_fd(stdout.try_clone()?) {
-        Ok(pipe) => Box::pin(pipe),
+    let (output, direct): (Writer, _) = match pipe::Sender::from_owned_fd(stdout.try_clone()?) {
+        Ok(pipe) => (Box::pin(pipe), Some(stdout)),
         Err(_) => match pipe::Sender::from_owned_fd_unchecked(stdout.try_clone()?) {
-            Ok(pollable) => Box::pin(pollable),
-            Err(_) => Box::pin(PlainFile(std::fs::File::from(stdout))),
+            Ok(pollable) => (Box::pin(pollable), None),
+            Err(_) => (Box::pin(PlainFile(std::fs::File::from(stdout))), None),
         },
     };
-    Ok((input, output))
+    Ok((input, output, direct))
 }
 
 /// A regular file as stdin/stdout: never blocks for long, so it is used synchronously.
@@ -652,6 +699,12 @@ impl Turn {
     /// `/load` emits many, and the connection's path (a JSON value, its queues and tasks)
     /// would cost the mock more than the server it measures.
     fn raw_chunk(&self, message_id: &str, text: &str) -> acp::Result<()> {
+        let line = self.chunk_line(message_id, text)?;
+        self.outbox.push(&line).map_err(internal)
+    }
+
+    /// The `session/update` line of one message chunk, without its newline.
+    fn chunk_line(&self, message_id: &str, text: &str) -> acp::Result<Vec<u8>> {
         #[derive(serde::Serialize)]
         struct Notification<'a> {
             jsonrpc: &'static str,
@@ -665,13 +718,12 @@ impl Turn {
                     .message_id(proto::MessageId::new(message_id)),
             ),
         );
-        let line = serde_json::to_vec(&Notification {
+        serde_json::to_vec(&Notification {
             jsonrpc: "2.0",
             method: "session/update",
             params: &params,
         })
-        .map_err(internal)?;
-        self.outbox.push(&line).map_err(internal)
+        .map_err(internal)
     }
 
     /// One assistant message, streamed word by word.
@@ -807,15 +859,12 @@ impl Turn {
             _ => return Err(invalid(USAGE)),
         };
         let message_id = Uuid::now_v7().to_string();
-        let pace = if interval > 0 {
-            Some(PaceTimer::new().map_err(|e| internal(format!("no timer: {e}")))?)
-        } else {
-            None
-        };
+        if interval > 0 {
+            return self
+                .paced_load(&message_id, events, Duration::from_millis(interval), stamp)
+                .await;
+        }
         let mut target = *self.written.borrow();
-        // Paced events keep to a schedule (event i at start + i × interval), so the rate
-        // is what was asked for even when a timer fires late.
-        let start = tokio::time::Instant::now();
         for i in 0..events {
             if self.is_cancelled() {
                 return Ok(Err(Cancelled));
@@ -823,17 +872,7 @@ impl Turn {
             let stamp = stamp.then(unix_micros);
             self.raw_chunk(&message_id, &load_chunk_text(i, stamp))?;
             target += 1;
-            if let Some(pace) = &pace {
-                let next = start + Duration::from_millis(interval) * (i as u32 + 1);
-                if next > tokio::time::Instant::now() {
-                    tokio::select! {
-                        slept = pace.until(next.into_std()) => {
-                            slept.map_err(|e| internal(format!("timer: {e}")))?;
-                        }
-                        () = self.cancelled() => return Ok(Err(Cancelled)),
-                    }
-                }
-            } else if target.saturating_sub(*self.written.borrow()) > LOAD_QUEUE_HIGH {
+            if target.saturating_sub(*self.written.borrow()) > LOAD_QUEUE_HIGH {
                 // Let the writer catch up instead of queueing the whole burst in memory.
                 let low = target - LOAD_QUEUE_LOW;
                 let mut written = self.written.clone();
@@ -844,6 +883,71 @@ impl Turn {
             }
         }
         Ok(Ok(()))
+    }
+
+    /// A paced `/load` keeps to a schedule (event `i` at start + `i` × interval, so the
+    /// rate is what was asked for even when a wake-up comes late), on a thread of its own
+    /// that sleeps until each event, stamps it and writes its line: one wake-up and one
+    /// write per event. On the runtime, an event woke the timer, the turn's task and the
+    /// writer's task, and with a thousand mock agents at 10 events/s the agents took a
+    /// third of a two-core machine from the server they stand beside.
+    async fn paced_load(
+        &mut self,
+        message_id: &str,
+        events: u64,
+        interval: Duration,
+        stamp: bool,
+    ) -> acp::Result<Result<(), Cancelled>> {
+        const MARK: &str = "<load chunk>";
+        let template = self.chunk_line(message_id, MARK)?;
+        let at = template
+            .windows(MARK.len())
+            .position(|w| w == MARK.as_bytes())
+            .ok_or_else(|| internal("the chunk line lost its text"))?;
+        let (head, tail) = (
+            template[..at].to_vec(),
+            template[at + MARK.len()..].to_vec(),
+        );
+        let pacer = Arc::new(Pacer::default());
+        // Stops the thread however this turn ends, also when it is dropped.
+        let _stop = StopOnDrop(pacer.clone());
+        let (done, mut finished) = tokio::sync::oneshot::channel();
+        let (outbox, thread_pacer) = (self.outbox.clone(), pacer.clone());
+        on_load_thread(Box::new(move || {
+            let mut line = Vec::with_capacity(head.len() + tail.len() + 32);
+            let start = std::time::Instant::now();
+            let written = (0..events).try_for_each(|i| {
+                let due = u32::try_from(i)
+                    .ok()
+                    .and_then(|i| interval.checked_mul(i))
+                    .and_then(|after| start.checked_add(after));
+                if !due.is_some_and(|due| thread_pacer.wait_until(due)) {
+                    return Ok(());
+                }
+                line.clear();
+                line.extend_from_slice(&head);
+                line.extend_from_slice(load_chunk_text(i, stamp.then(unix_micros)).as_bytes());
+                line.extend_from_slice(&tail);
+                line.push(b'\n');
+                outbox.write_now(&line)
+            });
+            let _ = done.send(written);
+        }))
+        .map_err(|e| internal(format!("no thread for /load: {e}")))?;
+        tokio::select! {
+            written = &mut finished => {
+                written
+                    .map_err(|_| internal("the /load thread ended without its result"))?
+                    .map_err(internal)?;
+                Ok(Ok(()))
+            }
+            () = self.cancelled() => {
+                // The turn ends only once the thread has written its last line.
+                pacer.stop();
+                let _ = finished.await;
+                Ok(Err(Cancelled))
+            }
+        }
     }
 
     /// `/env NAME`: whether the process has `NAME` in its environment, told by a digest
@@ -926,75 +1030,77 @@ pub fn load_chunk_text(i: u64, stamp_us: Option<i64>) -> String {
     }
 }
 
-/// The paced `/load`'s clock: one wake-up per event. Tokio's timer wheel wakes a sleep
-/// longer than 64 ms twice (once to move it to a finer level); with a thousand mock
-/// agents pacing at 100 ms, that second wake-up was about a fifth of what they cost.
-struct PaceTimer {
-    fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+/// Work for a load thread.
+type LoadJob = Box<dyn FnOnce() + Send>;
+
+/// Load threads waiting for their next paced `/load`. A thread outlives its load, so the
+/// next turn does not pay for a new one, and its CPU time stays on the process's books
+/// (`/proc/<pid>/task`) where a benchmark reads it.
+static IDLE_LOAD_THREADS: Mutex<Vec<std::sync::mpsc::Sender<LoadJob>>> = Mutex::new(Vec::new());
+
+/// Run `job` on an idle load thread, or on a new one when none is idle.
+fn on_load_thread(job: LoadJob) -> std::io::Result<()> {
+    let mut job = job;
+    while let Some(thread) = lock(&IDLE_LOAD_THREADS).pop() {
+        match thread.send(job) {
+            Ok(()) => return Ok(()),
+            Err(std::sync::mpsc::SendError(back)) => job = back,
+        }
+    }
+    std::thread::Builder::new()
+        .name("mock-load".to_owned())
+        .spawn(move || {
+            let (next, jobs) = std::sync::mpsc::channel();
+            job();
+            loop {
+                lock(&IDLE_LOAD_THREADS).push(next.clone());
+                match jobs.recv() {
+                    Ok(job) => job(),
+                    Err(_) => return,
+                }
+            }
+        })
+        .map(drop)
 }
 
-impl PaceTimer {
-    fn new() -> std::io::Result<Self> {
-        use std::os::fd::FromRawFd as _;
-        // SAFETY: plain system call; the descriptor is owned from here on.
-        let fd = unsafe {
-            libc::timerfd_create(
-                libc::CLOCK_MONOTONIC,
-                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just created and nothing else owns it.
-        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-        // SAFETY: the `OwnedFd` stays open, and the same descriptor, until it is dropped
-        // with the `AsyncFd`.
-        let fd = unsafe {
-            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
-        }?;
-        Ok(Self { fd })
+/// A paced `/load`'s clock, which `session/cancel` (or the end of the turn) stops at once.
+#[derive(Default)]
+struct Pacer {
+    stopped: Mutex<bool>,
+    wake: std::sync::Condvar,
+}
+
+impl Pacer {
+    fn stop(&self) {
+        *lock(&self.stopped) = true;
+        self.wake.notify_all();
     }
 
-    /// Sleep until `deadline` (at once when it has passed).
-    async fn until(&self, deadline: std::time::Instant) -> std::io::Result<()> {
-        use std::os::fd::AsRawFd as _;
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
-            return Ok(());
-        }
-        let spec = libc::itimerspec {
-            it_interval: libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            },
-            it_value: libc::timespec {
-                tv_sec: left.as_secs() as libc::time_t,
-                tv_nsec: libc::c_long::from(left.subsec_nanos() as i32),
-            },
-        };
-        let fd = self.fd.get_ref().as_raw_fd();
-        // SAFETY: `fd` is a timerfd we own; `spec` lives across the call.
-        if unsafe { libc::timerfd_settime(fd, 0, &spec, std::ptr::null_mut()) } < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+    /// Sleep until `due`: true then, false as soon as the pacer is stopped.
+    fn wait_until(&self, due: std::time::Instant) -> bool {
+        let mut stopped = lock(&self.stopped);
         loop {
-            let mut ready = self.fd.readable().await?;
-            let mut expirations = [0u8; 8];
-            // SAFETY: reads at most 8 bytes into a buffer of 8.
-            let read = ready.try_io(|_| {
-                match unsafe { libc::read(fd, expirations.as_mut_ptr().cast(), 8) } {
-                    n if n < 0 => Err(std::io::Error::last_os_error()),
-                    _ => Ok(()),
-                }
-            });
-            if let Ok(done) = read {
-                // Consumed: the next wait is for the next expiry, without a read that
-                // only finds the timer empty.
-                ready.clear_ready();
-                return done;
+            if *stopped {
+                return false;
             }
+            let now = std::time::Instant::now();
+            if now >= due {
+                return true;
+            }
+            stopped = self
+                .wake
+                .wait_timeout(stopped, due - now)
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .0;
         }
+    }
+}
+
+struct StopOnDrop(Arc<Pacer>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.stop();
     }
 }
 

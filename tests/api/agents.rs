@@ -165,6 +165,69 @@ async fn failed_and_interrupted_turns() {
     assert_eq!(app.wait(&id).await["last_turn"]["outcome"], "completed");
 }
 
+/// A paced `/load` runs on a thread of the mock's own: an interrupt still ends it at once,
+/// nothing of it arrives after its turn's end, and the next paced load runs on.
+#[tokio::test]
+async fn an_interrupted_paced_load_ends_at_once_and_the_next_one_runs() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    app.wait(&id).await;
+    let mut events = app.events(&id, None).await;
+    // 1,000 chunks 20 ms apart: 20 s unless interrupted.
+    let first = app.prompt(&id, "/load 1000 20").await;
+    let mut chunks = 0;
+    while chunks < 3 {
+        let e = events
+            .next(Duration::from_secs(10))
+            .await
+            .expect("the load's chunks arrive");
+        if e.event == "assistant_delta" {
+            chunks += 1;
+        }
+    }
+    let started = Instant::now();
+    let r = app
+        .post(&format!("/v1/agents/{id}/interrupt"), json!({}))
+        .await;
+    assert_eq!(r.status(), 202);
+    let w = app.wait(&id).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the interrupt took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(w["last_turn"]["outcome"], "canceled");
+    let second = app.prompt(&id, "/load 5 10").await;
+    let w = app.wait(&id).await;
+    assert_eq!(w["last_turn"]["turn_id"], second.as_str());
+    assert_eq!(w["last_turn"]["outcome"], "completed");
+
+    let timeline = app.timeline(&id).await;
+    for turn in [&first, &second] {
+        let end = timeline
+            .iter()
+            .find(|e| e["kind"] == "turn_completed" && e["turn_id"] == turn.as_str())
+            .unwrap_or_else(|| panic!("turn {turn} ended"))["seq"]
+            .as_i64()
+            .unwrap();
+        let late: Vec<&Value> = timeline
+            .iter()
+            .filter(|e| e["kind"] == "assistant_delta" && e["seq"].as_i64().unwrap() > end)
+            .filter(|e| e["turn_id"] == turn.as_str() || e["turn_id"].is_null())
+            .collect();
+        assert!(late.is_empty(), "chunks after turn {turn} ended: {late:?}");
+    }
+    let deltas = |turn: &str| {
+        timeline
+            .iter()
+            .filter(|e| e["kind"] == "assistant_delta" && e["turn_id"] == turn)
+            .count()
+    };
+    assert!((3..1000).contains(&deltas(&first)), "{}", deltas(&first));
+    assert_eq!(deltas(&second), 5);
+}
+
 #[tokio::test]
 async fn close_ends_the_process_and_a_prompt_reopens() {
     let app = spawn_app().await;
