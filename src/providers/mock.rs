@@ -91,6 +91,11 @@ pub async fn run_stdio() -> anyhow::Result<()> {
         direct,
     });
     let writer = tokio::spawn(write_out(outbox.clone(), output));
+    // The first paced `/load` finds its thread ready rather than starting one in the
+    // midst of its turn (a thousand agents prompted at once would start a thousand).
+    if let Err(e) = on_load_thread(Box::new(|| {})) {
+        eprintln!("agentry-mock: no thread for /load yet: {e}");
+    }
     let mock = Arc::new(MockAgent {
         sessions: Mutex::new(HashMap::new()),
         written: outbox.written.subscribe(),
@@ -916,21 +921,32 @@ impl Turn {
         on_load_thread(Box::new(move || {
             let mut line = Vec::with_capacity(head.len() + tail.len() + 32);
             let start = std::time::Instant::now();
-            let written = (0..events).try_for_each(|i| {
-                let due = u32::try_from(i)
+            // Event `i` is due at start + `i` × interval; none is due after the end of time.
+            let due = |i: u64| {
+                u32::try_from(i)
                     .ok()
                     .and_then(|i| interval.checked_mul(i))
-                    .and_then(|after| start.checked_add(after));
-                if !due.is_some_and(|due| thread_pacer.wait_until(due)) {
-                    return Ok(());
+                    .and_then(|after| start.checked_add(after))
+            };
+            let mut written = Ok(());
+            for i in 0..events {
+                if !thread_pacer.wait_until(due(i)) {
+                    break;
                 }
                 line.clear();
                 line.extend_from_slice(&head);
                 line.extend_from_slice(load_chunk_text(i, stamp.then(unix_micros)).as_bytes());
                 line.extend_from_slice(&tail);
                 line.push(b'\n');
-                outbox.write_now(&line)
-            });
+                if let Err(e) = outbox.write_now(&line) {
+                    written = Err(e);
+                    break;
+                }
+            }
+            // The last event's interval passes too before the turn ends.
+            if written.is_ok() {
+                thread_pacer.wait_until(due(events));
+            }
             let _ = done.send(written);
         }))
         .map_err(|e| internal(format!("no thread for /load: {e}")))?;
@@ -1076,22 +1092,27 @@ impl Pacer {
         self.wake.notify_all();
     }
 
-    /// Sleep until `due`: true then, false as soon as the pacer is stopped.
-    fn wait_until(&self, due: std::time::Instant) -> bool {
+    /// Sleep until `due` (`None`: never): true then, false as soon as the pacer is stopped.
+    fn wait_until(&self, due: Option<std::time::Instant>) -> bool {
         let mut stopped = lock(&self.stopped);
         loop {
             if *stopped {
                 return false;
             }
             let now = std::time::Instant::now();
-            if now >= due {
-                return true;
-            }
-            stopped = self
-                .wake
-                .wait_timeout(stopped, due - now)
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .0;
+            stopped = match due {
+                Some(due) if now >= due => return true,
+                Some(due) => {
+                    self.wake
+                        .wait_timeout(stopped, due - now)
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .0
+                }
+                None => self
+                    .wake
+                    .wait(stopped)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()),
+            };
         }
     }
 }
