@@ -488,6 +488,14 @@ pub struct MomentRow {
 }
 
 /// The oldest moments no other worker holds, locked until `tx` ends.
+/// Whether any moment is stored (claimed by another replica or not): one cheap look
+/// before a transaction is opened to claim them.
+pub async fn any_moment(db: impl PgExecutor<'_>) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM agent_moments)")
+        .fetch_one(db)
+        .await
+}
+
 pub async fn claim_moments(
     tx: &mut sqlx::PgConnection,
     limit: i64,
