@@ -487,7 +487,6 @@ pub struct MomentRow {
     pub payload: Value,
 }
 
-/// The oldest moments no other worker holds, locked until `tx` ends.
 /// Whether any moment is stored (claimed by another replica or not): one cheap look
 /// before a transaction is opened to claim them.
 pub async fn any_moment(db: impl PgExecutor<'_>) -> Result<bool, sqlx::Error> {
@@ -496,6 +495,7 @@ pub async fn any_moment(db: impl PgExecutor<'_>) -> Result<bool, sqlx::Error> {
         .await
 }
 
+/// The oldest moments no other worker holds, locked until `tx` ends.
 pub async fn claim_moments(
     tx: &mut sqlx::PgConnection,
     limit: i64,
