@@ -30,16 +30,27 @@
 //! turn's start or end costs no commit of its own. The writer folds a batch's changes into
 //! one row update per agent, in order.
 //!
+//! Two batches may be committing at once, so that one slow commit (a thousand turns
+//! ending together, each with a row to update) does not hold every other agent's events
+//! behind it. A batch starts beside the one in flight only once its oldest operation has
+//! waited `OVERLAP_AFTER` (a commit usually takes less, and a larger batch costs less per
+//! event), and only with what cannot overtake anything: no event of an agent that has
+//! events in flight or waiting ahead (each timeline is numbered, committed and published
+//! in order), no team events, moments or state changes while another batch with any of
+//! them is in flight or waiting ahead (team events commit in the order of their ids),
+//! and no flush before everything queued ahead of it has landed.
+//!
 //! What is queued is bounded in events and in bytes. Producers wait for that budget
 //! (backpressure: an agent's actor stops reading its provider), and the budget comes back
 //! only when the events are committed or set aside.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
@@ -349,12 +360,16 @@ impl EventWriter {
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared::new(&limits));
         let writer = Writer {
-            pool,
+            committer: Committer {
+                pool,
+                shared: shared.clone(),
+            },
             bus,
-            shared: shared.clone(),
             max_batch: limits.max_batch.max(1),
             linger: limits.linger,
             next_seq: HashMap::new(),
+            flights: Vec::new(),
+            next_flight: 0,
         };
         tokio::spawn(writer.run(rx));
         Self { tx, shared }
@@ -627,45 +642,266 @@ impl Backoff {
     }
 }
 
+/// What a batch asks of the batches committing beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// Agent events only: may commit beside a batch of other agents.
+    Plain,
+    /// Team events, moments or state changes: one such batch commits at a time, so team
+    /// events are committed in the order of their ids.
+    Serial,
+    /// A flush: committed only once everything queued before it is.
+    Barrier,
+}
+
+impl Pending {
+    fn class(&self) -> Class {
+        if !self.team.is_empty() || !self.moments.is_empty() || !self.changes.is_empty() {
+            Class::Serial
+        } else if self.events.is_empty() && self.done.is_some() {
+            Class::Barrier
+        } else {
+            Class::Plain
+        }
+    }
+
+    /// Every agent whose timeline or row the operation touches.
+    fn agents(&self) -> impl Iterator<Item = AgentId> + '_ {
+        self.events
+            .iter()
+            .map(|e| e.agent_id)
+            .chain(self.changes.iter().filter_map(StateChange::agent))
+            .chain(self.forget)
+    }
+}
+
+impl StateChange {
+    fn agent(&self) -> Option<AgentId> {
+        match self {
+            StateChange::TurnStarted { agent, .. }
+            | StateChange::TurnEnded { agent, .. }
+            | StateChange::Status { agent, .. } => Some(*agent),
+            StateChange::PermissionExpired(_) => None,
+        }
+    }
+}
+
+/// At most this many batches commit at once…
+const MAX_IN_FLIGHT: usize = 2;
+/// …and one starts beside another only once its oldest operation has waited this long:
+/// a commit usually takes less, and waiting for it makes larger batches, which cost less
+/// per event. What it bounds is the wait behind a slow commit.
+const OVERLAP_AFTER: Duration = Duration::from_millis(5);
+
+/// What the batches in flight hold.
+#[derive(Debug, Default)]
+struct Flying {
+    agents: HashSet<AgentId>,
+    serial: bool,
+    batches: usize,
+}
+
+/// Which of the waiting operations (in queue order) may start now beside the batches in
+/// flight, at most `max_batch` events' worth: none of an agent in flight or held back
+/// (each timeline commits in order), no team events while others are being committed or
+/// are held back (their ids commit in order), no flush before everything ahead of it.
+fn startable(held: &VecDeque<Pending>, flying: &Flying, max_batch: usize) -> Vec<bool> {
+    let mut take = vec![false; held.len()];
+    let mut blocked: HashSet<AgentId> = HashSet::new();
+    let mut serial_blocked = flying.serial;
+    let mut held_back = false;
+    let mut events = 0;
+    for (i, op) in held.iter().enumerate() {
+        if events >= max_batch {
+            break;
+        }
+        let class = op.class();
+        if class == Class::Barrier && (flying.batches > 0 || held_back) {
+            break;
+        }
+        let clash = (class == Class::Serial && serial_blocked)
+            || op
+                .agents()
+                .any(|a| flying.agents.contains(&a) || blocked.contains(&a));
+        if clash {
+            blocked.extend(op.agents());
+            serial_blocked |= class == Class::Serial;
+            held_back = true;
+            continue;
+        }
+        take[i] = true;
+        events += op.len();
+    }
+    take
+}
+
+/// A batch numbered and on its way to the store.
+struct Numbered {
+    flight: u64,
+    batch: Vec<Pending>,
+    spans: Vec<(usize, usize)>,
+    events: Vec<AgentEvent>,
+    team: Vec<NewTeamEvent>,
+    moments: Vec<NewMoment>,
+    changes: Vec<StateChange>,
+}
+
+/// A batch committed: to be answered and published.
+struct Landed {
+    flight: u64,
+    batch: Vec<Pending>,
+    spans: Vec<(usize, usize)>,
+    events: Vec<AgentEvent>,
+    rows: Vec<TeamEventRow>,
+    moments: bool,
+    /// Agents numbered again from the table: their cached seq is stale.
+    renumbered: Vec<AgentId>,
+    commit_started: Instant,
+}
+
+/// A batch in flight, as the writer keeps track of it.
+struct Flight {
+    id: u64,
+    agents: HashSet<AgentId>,
+    serial: bool,
+}
+
 struct Writer {
-    pool: PgPool,
+    committer: Committer,
     bus: Arc<Bus>,
-    shared: Arc<Shared>,
     max_batch: usize,
     linger: Duration,
     next_seq: HashMap<AgentId, i64>,
+    flights: Vec<Flight>,
+    next_flight: u64,
+}
+
+/// Operations taken from the queue and not yet in a batch, in queue order.
+struct Held {
+    ops: VecDeque<Pending>,
+    events: usize,
+    /// When the first of them arrived.
+    since: Instant,
+}
+
+impl Held {
+    fn push(&mut self, op: WriteOp) {
+        if self.ops.is_empty() {
+            self.since = Instant::now();
+        }
+        let p = Pending::from_op(op);
+        self.events += p.len();
+        self.ops.push_back(p);
+    }
+
+    /// Take out the operations `take` marks, keeping the others in order.
+    fn take(&mut self, take: Vec<bool>) -> Vec<Pending> {
+        let mut batch = Vec::new();
+        let mut kept = VecDeque::with_capacity(self.ops.len());
+        for (p, t) in self.ops.drain(..).zip(take) {
+            if t {
+                self.events -= p.len();
+                batch.push(p);
+            } else {
+                kept.push_back(p);
+            }
+        }
+        self.ops = kept;
+        batch
+    }
 }
 
 impl Writer {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<WriteOp>) {
-        let mut batch: Vec<Pending> = Vec::new();
+        let mut held = Held {
+            ops: VecDeque::new(),
+            events: 0,
+            since: Instant::now(),
+        };
+        // Each commit runs as a task of its own, so it goes on while the writer numbers
+        // the next batch.
+        let mut landing = FuturesUnordered::new();
+        let mut open = true;
         loop {
-            let Some(first) = rx.recv().await else { break };
-            let first = Pending::from_op(first);
-            let mut count = first.len();
-            batch.push(first);
-            let deadline = Instant::now() + self.linger;
-            while count < self.max_batch {
-                let op = match rx.try_recv() {
-                    Ok(op) => op,
-                    Err(mpsc::error::TryRecvError::Empty) if !self.linger.is_zero() => {
-                        match tokio::time::timeout_at(deadline, rx.recv()).await {
-                            Ok(Some(op)) => op,
-                            _ => break,
-                        }
-                    }
-                    Err(_) => break,
-                };
-                let p = Pending::from_op(op);
-                count += p.len();
-                batch.push(p);
+            while open && held.events < self.max_batch {
+                match rx.try_recv() {
+                    Ok(op) => held.push(op),
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => open = false,
+                }
             }
-            self.process(std::mem::take(&mut batch)).await;
+            let now = Instant::now();
+            // When the next batch may start, if not now.
+            let mut wake: Option<Instant> = None;
+            if !held.ops.is_empty() && self.flights.len() < MAX_IN_FLIGHT {
+                let full = held.events >= self.max_batch || !open;
+                let take = startable(&held.ops, &self.flying(), self.max_batch);
+                // Alone, a batch starts once its first operation has lingered; beside one
+                // in flight, once the oldest operation that may start has waited
+                // `OVERLAP_AFTER` (or the linger, if longer).
+                let ready = if self.flights.is_empty() {
+                    Some(held.since + self.linger)
+                } else {
+                    held.ops
+                        .iter()
+                        .zip(&take)
+                        .filter(|(_, t)| **t)
+                        .map(|(p, _)| p.queued_at.unwrap_or(now))
+                        .min()
+                        .map(|t| t + self.linger.max(OVERLAP_AFTER))
+                };
+                match ready {
+                    Some(at) if !full && now < at => wake = Some(at),
+                    _ if take.iter().any(|t| *t) => {
+                        let numbered = self.number(held.take(take)).await;
+                        landing.push(tokio::spawn(self.committer.clone().commit(numbered)));
+                        continue;
+                    }
+                    // Everything waiting waits for a batch to land.
+                    _ => {}
+                }
+            }
+            if !open && held.ops.is_empty() && landing.is_empty() {
+                break;
+            }
+            // New operations are looked at only when one could start: not while the
+            // writer waits out a delay or every slot is in flight (each would wake it).
+            let receive = open
+                && held.events < self.max_batch
+                && wake.is_none()
+                && self.flights.len() < MAX_IN_FLIGHT;
+            tokio::select! {
+                Some(landed) = landing.next(), if !landing.is_empty() => match landed {
+                    Ok(landed) => self.land(landed),
+                    // A commit that panicked takes the writer with it, as it did when
+                    // commits ran on the writer's own task.
+                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                    // Cancelled: the runtime is shutting down.
+                    Err(_) => return,
+                },
+                op = rx.recv(), if receive => match op {
+                    Some(op) => held.push(op),
+                    None => open = false,
+                },
+                _ = tokio::time::sleep_until(wake.unwrap_or(now)), if wake.is_some() => {}
+            }
         }
     }
 
-    /// Number, commit (however long the store takes), then answer and publish one batch.
-    async fn process(&mut self, mut batch: Vec<Pending>) {
+    fn flying(&self) -> Flying {
+        Flying {
+            agents: self
+                .flights
+                .iter()
+                .flat_map(|f| f.agents.iter().copied())
+                .collect(),
+            serial: self.flights.iter().any(|f| f.serial),
+            batches: self.flights.len(),
+        }
+    }
+
+    /// Number a batch's events (no copies on the hot path) and note it as in flight.
+    async fn number(&mut self, mut batch: Vec<Pending>) -> Numbered {
         let agents: Vec<AgentId> = {
             let mut seen = HashSet::new();
             batch
@@ -675,18 +911,24 @@ impl Writer {
                 .collect()
         };
         if !agents.is_empty() {
-            for (id, last) in self.last_seqs(&agents).await {
+            // None of them is in flight (`startable`), so the table has all their events.
+            for (id, last) in self.committer.last_seqs(&agents).await {
                 self.next_seq.insert(id, last + 1);
             }
         }
 
-        // Assign sequence numbers, moving each event's data (no copies on the hot path).
         let total: usize = batch.iter().map(|p| p.events.len()).sum();
         let mut events: Vec<AgentEvent> = Vec::with_capacity(total);
         let mut spans: Vec<(usize, usize)> = Vec::with_capacity(batch.len());
         let mut team: Vec<NewTeamEvent> = Vec::new();
         let mut moments: Vec<NewMoment> = Vec::new();
         let mut changes: Vec<StateChange> = Vec::new();
+        let mut touched: HashSet<AgentId> = HashSet::new();
+        let mut serial = false;
+        for p in batch.iter() {
+            touched.extend(p.agents());
+            serial |= p.class() == Class::Serial;
+        }
         // The time as the table keeps it (microseconds), so live and replayed copies of
         // an event are the same.
         let now = Utc::now();
@@ -720,30 +962,50 @@ impl Writer {
         for id in batch.iter().filter_map(|p| p.forget) {
             self.next_seq.remove(&id);
         }
-
-        let commit_started = Instant::now();
-        let state = fold(&changes);
-        let span = if events.is_empty() && team.is_empty() && state.is_empty() {
-            tracing::Span::none()
-        } else {
-            tracing::info_span!("commit", events = events.len(), team_events = team.len())
-        };
-        let mut rows = tracing::Instrument::instrument(
-            self.commit_all(&mut events, &team, &moments, &state),
-            span,
-        )
-        .await;
-        if !moments.is_empty() {
-            self.shared.moments_stored.notify_one();
+        let flight = self.next_flight;
+        self.next_flight += 1;
+        self.flights.push(Flight {
+            id: flight,
+            agents: touched,
+            serial,
+        });
+        Numbered {
+            flight,
+            batch,
+            spans,
+            events,
+            team,
+            moments,
+            changes,
         }
+    }
 
-        // Committed: now, and only now, visible.
+    /// A batch is committed: now, and only now, answer its producers and publish it.
+    fn land(&mut self, landed: Landed) {
+        let Landed {
+            flight,
+            batch,
+            spans,
+            events,
+            mut rows,
+            moments,
+            renumbered,
+            commit_started,
+        } = landed;
+        self.flights.retain(|f| f.id != flight);
+        for a in renumbered {
+            self.next_seq.remove(&a);
+        }
+        let shared = &self.committer.shared;
+        if moments {
+            shared.moments_stored.notify_one();
+        }
         let committed_at = Instant::now();
-        if !events.is_empty() || !team.is_empty() {
-            self.shared
+        if !events.is_empty() || !rows.is_empty() {
+            shared
                 .batch_events
-                .observe((events.len() + team.len()) as f64);
-            self.shared
+                .observe((events.len() + rows.len()) as f64);
+            shared
                 .commit_seconds
                 .observe(committed_at.duration_since(commit_started).as_secs_f64());
         }
@@ -761,7 +1023,7 @@ impl Writer {
                 oldest = Some(oldest.map_or(t, |o| o.min(t)));
             }
         }
-        self.shared
+        shared
             .committed_events
             .fetch_add(events.len() as u64, Ordering::Relaxed);
         if self.bus.announcing() {
@@ -774,28 +1036,75 @@ impl Writer {
         for row in rows {
             self.bus.publish_team(Arc::new(TeamActivity::from(row)));
         }
-        self.shared.release(&released);
+        shared.release(&released);
         if let Some(t) = oldest {
             let waited = committed_at.duration_since(t).as_micros() as u64;
-            self.shared
+            shared
                 .max_queue_wait_us
                 .fetch_max(waited, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What commits a batch: its own handle on the writer's connections, so that two batches
+/// can be committing at once.
+#[derive(Clone)]
+struct Committer {
+    pool: PgPool,
+    shared: Arc<Shared>,
+}
+
+impl Committer {
+    /// Commit a numbered batch, however long the store takes.
+    async fn commit(self, n: Numbered) -> Landed {
+        let Numbered {
+            flight,
+            batch,
+            spans,
+            mut events,
+            team,
+            moments,
+            changes,
+        } = n;
+        let commit_started = Instant::now();
+        let state = fold(&changes);
+        let span = if events.is_empty() && team.is_empty() && state.is_empty() {
+            tracing::Span::none()
+        } else {
+            tracing::info_span!("commit", events = events.len(), team_events = team.len())
+        };
+        let (rows, renumbered) = tracing::Instrument::instrument(
+            self.commit_all(&mut events, &team, &moments, &state),
+            span,
+        )
+        .await;
+        Landed {
+            flight,
+            batch,
+            spans,
+            events,
+            rows,
+            moments: !moments.is_empty(),
+            renumbered,
+            commit_started,
         }
     }
 
     /// Commit `events` and `team`, whatever it takes: retry while the store is
     /// unavailable; when the database refuses the batch for its content, commit it again
     /// row by row so that every other event is stored and each refused one is replaced by
-    /// a stand-in in its slot. Returns the committed team rows.
+    /// a stand-in in its slot. Returns the committed team rows, and the agents whose
+    /// events had to be numbered again from the table.
     async fn commit_all(
-        &mut self,
+        &self,
         events: &mut [AgentEvent],
         team: &[NewTeamEvent],
         moments: &[NewMoment],
         state: &StateRows<'_>,
-    ) -> Vec<TeamEventRow> {
+    ) -> (Vec<TeamEventRow>, Vec<AgentId>) {
+        let mut renumbered_agents = Vec::new();
         if events.is_empty() && team.is_empty() && state.is_empty() {
-            return Vec::new();
+            return (Vec::new(), renumbered_agents);
         }
         let mut backoff = Backoff::new();
         let mut renumbered = 0;
@@ -825,7 +1134,7 @@ impl Writer {
                             .max_isolation_us
                             .fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
                     }
-                    return rows;
+                    return (rows, renumbered_agents);
                 }
                 Err(err) => err,
             };
@@ -840,7 +1149,7 @@ impl Writer {
                 Fault::SeqTaken if renumbered < 3 => {
                     // Our cached seq is behind the table (another writer was here).
                     tracing::warn!(error = %err, "an event's seq slot was already taken; numbering the batch again from the table");
-                    self.renumber(events).await;
+                    renumbered_agents = self.renumber(events).await;
                     renumbered += 1;
                 }
                 Fault::Content if first_refusal.is_none() => {
@@ -999,8 +1308,9 @@ impl Writer {
         }
     }
 
-    /// Give the batch's events new seqs following what the table holds.
-    async fn renumber(&mut self, events: &mut [AgentEvent]) {
+    /// Give the batch's events new seqs following what the table holds; returns the
+    /// agents concerned, whose cached seq the writer must read again.
+    async fn renumber(&self, events: &mut [AgentEvent]) -> Vec<AgentId> {
         let mut agents: Vec<AgentId> = events.iter().map(|e| e.agent_id).collect();
         agents.sort_by_key(|a| a.uuid());
         agents.dedup();
@@ -1015,10 +1325,7 @@ impl Writer {
             e.seq = *s;
             *s += 1;
         }
-        // Read again from the table next time.
-        for a in agents {
-            self.next_seq.remove(&a);
-        }
+        agents
     }
 }
 
@@ -1177,6 +1484,128 @@ mod tests {
         assert_eq!(of(b).started_turn, Some(t2.uuid()));
         assert_eq!(of(b).ended_turn, None);
         assert_eq!(of(b).status, None);
+    }
+
+    fn op(agents: &[AgentId], class: Class) -> Pending {
+        let events = agents
+            .iter()
+            .map(|a| NewEvent {
+                agent_id: *a,
+                turn_id: None,
+                kind: EventKind::AssistantDelta,
+                data: json!({"text": "x"}),
+            })
+            .collect();
+        let team = match class {
+            Class::Serial => vec![NewTeamEvent {
+                team_id: Uuid::nil(),
+                project_id: None,
+                workspace_id: None,
+                kind: "agent.status",
+                data: json!({}),
+            }],
+            _ => Vec::new(),
+        };
+        Pending {
+            events,
+            team,
+            moments: Vec::new(),
+            changes: Vec::new(),
+            done: (class == Class::Barrier).then(|| oneshot::channel().0),
+            charge: Charge::default(),
+            queued_at: None,
+            forget: None,
+        }
+    }
+
+    fn flying(agents: &[AgentId], serial: bool) -> Flying {
+        Flying {
+            agents: agents.iter().copied().collect(),
+            serial,
+            batches: 1,
+        }
+    }
+
+    #[test]
+    fn with_nothing_in_flight_everything_starts_up_to_a_batch() {
+        let (a, b) = (AgentId::new(), AgentId::new());
+        let held: VecDeque<Pending> = [
+            op(&[a], Class::Plain),
+            op(&[b], Class::Serial),
+            op(&[], Class::Barrier),
+            op(&[a, b], Class::Serial),
+            op(&[a], Class::Plain),
+        ]
+        .into();
+        let flying = Flying::default();
+        assert_eq!(
+            startable(&held, &flying, 100),
+            [true, true, true, true, true]
+        );
+        assert_eq!(
+            startable(&held, &flying, 2),
+            [true, true, false, false, false],
+            "a batch closes once it holds max_batch events"
+        );
+        assert_eq!(op(&[a], Class::Serial).class(), Class::Serial);
+        assert_eq!(op(&[], Class::Barrier).class(), Class::Barrier);
+    }
+
+    #[test]
+    fn nothing_overtakes_its_agent_or_a_team_event_in_flight_or_waiting() {
+        let (a, b, c, d) = (
+            AgentId::new(),
+            AgentId::new(),
+            AgentId::new(),
+            AgentId::new(),
+        );
+        let held: VecDeque<Pending> = [
+            op(&[a], Class::Plain),  // a is in flight
+            op(&[b], Class::Plain),  // free
+            op(&[c], Class::Serial), // team events are in flight
+            op(&[c], Class::Plain),  // c waits ahead
+            op(&[d], Class::Plain),  // free
+            op(&[a, d], Class::Plain),
+            op(&[d], Class::Plain), // d waits ahead now
+        ]
+        .into();
+        assert_eq!(
+            startable(&held, &flying(&[a], true), 100),
+            [false, true, false, false, true, false, false]
+        );
+        // Without team events in flight, the first serial operation may start, and a
+        // second one may not pass a serial operation held back.
+        let held: VecDeque<Pending> = [
+            op(&[a], Class::Serial),
+            op(&[b], Class::Serial),
+            op(&[c], Class::Serial),
+        ]
+        .into();
+        assert_eq!(
+            startable(&held, &flying(&[d], false), 100),
+            [true, true, true]
+        );
+        assert_eq!(
+            startable(&held, &flying(&[a], false), 100),
+            [false, false, false],
+            "team events keep their order"
+        );
+    }
+
+    #[test]
+    fn a_flush_waits_for_everything_ahead_of_it() {
+        let (a, b) = (AgentId::new(), AgentId::new());
+        let held: VecDeque<Pending> = [
+            op(&[b], Class::Plain),
+            op(&[], Class::Barrier),
+            op(&[b], Class::Plain),
+        ]
+        .into();
+        assert_eq!(
+            startable(&held, &flying(&[a], false), 100),
+            [true, false, false],
+            "not while a batch is in flight, nor anything after it"
+        );
     }
 
     #[tokio::test]

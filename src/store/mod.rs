@@ -49,8 +49,9 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// 503 `store_unavailable`): an unreachable or stalled database must not hang requests.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Connections the event writer holds beside the shared pool.
-pub const WRITER_CONNECTIONS: u32 = 2;
+/// Connections the event writer holds beside the shared pool: two batches committing at
+/// once, and one to read where a timeline ends.
+pub const WRITER_CONNECTIONS: u32 = 3;
 
 /// A pooled connection idle for longer than this is pinged before it is handed out.
 pub const PING_IDLE_AFTER: Duration = Duration::from_secs(1);

@@ -593,3 +593,126 @@ async fn a_connection_broken_while_idle_is_replaced_before_use() {
         .expect("the broken connection is replaced, not handed out");
     assert_ne!(again, pid);
 }
+
+/// A commit that hangs (here: on a row lock) holds back only what must follow it: the
+/// same agent's later events and the next state changes wait, another agent's events
+/// commit beside it; once it lands, everything lands in order.
+#[tokio::test]
+async fn a_slow_commit_holds_back_only_what_must_follow_it() {
+    use agentry::domain::{AgentId, AgentStatus, EventKind, NewEvent};
+    use agentry::events::{Attached, StateChange};
+
+    let app = spawn_app_with(|s| s.events.commit_wait_ms = 60_000).await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let agent = app.agent_in_new_workspace(&project, "mock").await;
+        ids.push(agent.parse::<AgentId>().unwrap());
+    }
+    let (slow, other, next) = (ids[0], ids[1], ids[2]);
+    let event = |agent: AgentId, text: &str| NewEvent {
+        agent_id: agent,
+        turn_id: None,
+        kind: EventKind::AssistantDelta,
+        data: json!({"message_id": "m", "text": text}),
+    };
+    let with_status = |agent: AgentId, text: &str| {
+        let writer = app.writer.clone();
+        let events = vec![event(agent, text)];
+        tokio::spawn(async move {
+            writer
+                .append_committed_with(
+                    events,
+                    Attached {
+                        changes: vec![StateChange::Status {
+                            agent,
+                            status: AgentStatus::Idle,
+                            reason: None,
+                        }],
+                        ..Attached::default()
+                    },
+                )
+                .await
+        })
+    };
+    let stored = |text: &'static str| {
+        let pool = app.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM agent_events WHERE data->>'text' = $1",
+            )
+            .bind(text)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+
+    // The first agent's row is locked: its state change cannot commit.
+    let mut lock = app.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM agents WHERE id = $1 FOR UPDATE")
+        .bind(slow.uuid())
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let hanging = with_status(slow, "slow-1");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the commit never waited on the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    app.writer.append(event(slow, "slow-2")).await.unwrap();
+    let serial = with_status(next, "next-1");
+    let beside = tokio::time::timeout(
+        Duration::from_secs(20),
+        app.writer
+            .append_committed(vec![event(other, "other-1")], Vec::new()),
+    )
+    .await
+    .expect("another agent's events commit beside the hanging commit")
+    .unwrap();
+    assert_eq!(beside.len(), 1);
+    assert_eq!(stored("other-1").await, 1);
+    assert!(!hanging.is_finished());
+    assert!(!serial.is_finished(), "state changes wait their turn");
+    for text in ["slow-1", "slow-2", "next-1"] {
+        assert_eq!(stored(text).await, 0, "{text} overtook the hanging commit");
+    }
+
+    lock.rollback().await.unwrap();
+    hanging.await.unwrap().unwrap();
+    serial.await.unwrap().unwrap();
+    app.writer.flush().await.unwrap();
+    let seq_of = |timeline: &[Value], text: &str| {
+        timeline
+            .iter()
+            .find(|e| e["data"]["text"] == text)
+            .unwrap_or_else(|| panic!("{text} is stored"))["seq"]
+            .as_i64()
+            .unwrap()
+    };
+    let timeline = app.timeline(&slow.to_string()).await;
+    assert_eq!(seq_of(&timeline, "slow-2"), seq_of(&timeline, "slow-1") + 1);
+    let seqs: Vec<i64> = timeline
+        .iter()
+        .map(|e| e["seq"].as_i64().unwrap())
+        .collect();
+    assert_eq!(seqs, (1..=seqs.len() as i64).collect::<Vec<_>>());
+    assert_eq!(stored("next-1").await, 1);
+    app.stop().await;
+}
