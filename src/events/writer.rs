@@ -822,6 +822,10 @@ impl Writer {
         // the next batch.
         let mut landing = FuturesUnordered::new();
         let mut open = true;
+        // When everything waiting had to wait for a batch to land: look again only after
+        // a landing or `OVERLAP_AFTER`, not at every arrival (a scan is linear in what
+        // waits, and under a steady load every write would trigger one).
+        let mut rescan_at: Option<Instant> = None;
         loop {
             while open && held.events < self.max_batch {
                 match rx.try_recv() {
@@ -833,7 +837,11 @@ impl Writer {
             let now = Instant::now();
             // When the next batch may start, if not now.
             let mut wake: Option<Instant> = None;
-            if !held.ops.is_empty() && self.flights.len() < MAX_IN_FLIGHT {
+            if !held.ops.is_empty()
+                && self.flights.len() < MAX_IN_FLIGHT
+                && rescan_at.is_none_or(|at| now >= at)
+            {
+                rescan_at = None;
                 let full = held.events >= self.max_batch || !open;
                 let take = startable(&held.ops, &self.flying(), self.max_batch);
                 // Alone, a batch starts once its first operation has lingered; beside one
@@ -858,7 +866,7 @@ impl Writer {
                         continue;
                     }
                     // Everything waiting waits for a batch to land.
-                    _ => {}
+                    _ => rescan_at = Some(now + OVERLAP_AFTER),
                 }
             }
             if !open && held.ops.is_empty() && landing.is_empty() {
@@ -872,7 +880,10 @@ impl Writer {
                 && self.flights.len() < MAX_IN_FLIGHT;
             tokio::select! {
                 Some(landed) = landing.next(), if !landing.is_empty() => match landed {
-                    Ok(landed) => self.land(landed),
+                    Ok(landed) => {
+                        self.land(landed);
+                        rescan_at = None;
+                    }
                     // A commit that panicked takes the writer with it, as it did when
                     // commits ran on the writer's own task.
                     Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
@@ -883,7 +894,8 @@ impl Writer {
                     Some(op) => held.push(op),
                     None => open = false,
                 },
-                _ = tokio::time::sleep_until(wake.unwrap_or(now)), if wake.is_some() => {}
+                _ = tokio::time::sleep_until(wake.or(rescan_at).unwrap_or(now)),
+                    if wake.or(rescan_at).is_some() => {}
             }
         }
     }
