@@ -708,26 +708,11 @@ async fn prompts_sent_together_are_each_audited_and_a_refused_entry_fails_only_i
         .execute(&mut *hold)
         .await
         .unwrap();
-    let first_waits = async {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO audit_log%'",
-            )
-            .fetch_one(&app.pool)
-            .await
-            .unwrap();
-            if waiting > 0 {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the first entry never reached the table"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
+    let first_waits = until_a_statement_waits_on_a_lock(
+        &app.pool,
+        "INSERT INTO audit_log",
+        "the first entry never reached the table",
+    );
     let (first, rest) = tokio::join!(prompt(0), async {
         first_waits.await;
         let rest = futures::future::join_all((1..AGENTS).map(prompt));

@@ -578,3 +578,25 @@ pub fn database_url(db: &sqlx::postgres::PgConnectOptions) -> String {
         socket.display()
     )
 }
+
+/// Wait (at most 20 s) until a statement of this test's database whose text starts with
+/// `query_prefix` waits on a lock; `what` says what never happened otherwise.
+pub async fn until_a_statement_waits_on_a_lock(pool: &PgPool, query_prefix: &str, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'
+               AND starts_with(query, $1)",
+        )
+        .bind(query_prefix)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -657,24 +657,7 @@ async fn a_slow_commit_holds_back_only_what_must_follow_it() {
         .await
         .unwrap();
     let hanging = with_status(slow, "slow-1");
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
-        if waiting > 0 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the commit never waited on the lock"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_a_statement_waits_on_a_lock(&app.pool, "", "the commit never waited on the lock").await;
 
     app.writer.append(event(slow, "slow-2")).await.unwrap();
     let serial = with_status(next, "next-1");
