@@ -693,22 +693,15 @@ const MAX_IN_FLIGHT: usize = 2;
 /// per event. What it bounds is the wait behind a slow commit.
 const OVERLAP_AFTER: Duration = Duration::from_millis(5);
 
-/// What the batches in flight hold.
-#[derive(Debug, Default)]
-struct Flying {
-    agents: HashSet<AgentId>,
-    serial: bool,
-    batches: usize,
-}
-
 /// Which of the waiting operations (in queue order) may start now beside the batches in
 /// flight, at most `max_batch` events' worth: none of an agent in flight or held back
 /// (each timeline commits in order), no team events while others are being committed or
 /// are held back (their ids commit in order), no flush before everything ahead of it.
-fn startable(held: &VecDeque<Pending>, flying: &Flying, max_batch: usize) -> Vec<bool> {
+fn startable(held: &VecDeque<Pending>, flights: &[Flight], max_batch: usize) -> Vec<bool> {
     let mut take = vec![false; held.len()];
     let mut blocked: HashSet<AgentId> = HashSet::new();
-    let mut serial_blocked = flying.serial;
+    let mut serial_blocked = flights.iter().any(|f| f.serial);
+    let in_flight = |a: &AgentId| flights.iter().any(|f| f.agents.contains(a));
     let mut held_back = false;
     let mut events = 0;
     for (i, op) in held.iter().enumerate() {
@@ -716,13 +709,11 @@ fn startable(held: &VecDeque<Pending>, flying: &Flying, max_batch: usize) -> Vec
             break;
         }
         let class = op.class();
-        if class == Class::Barrier && (flying.batches > 0 || held_back) {
+        if class == Class::Barrier && (!flights.is_empty() || held_back) {
             break;
         }
         let clash = (class == Class::Serial && serial_blocked)
-            || op
-                .agents()
-                .any(|a| flying.agents.contains(&a) || blocked.contains(&a));
+            || op.agents().any(|a| in_flight(&a) || blocked.contains(&a));
         if clash {
             blocked.extend(op.agents());
             serial_blocked |= class == Class::Serial;
@@ -843,12 +834,18 @@ impl Writer {
             {
                 rescan_at = None;
                 let full = held.events >= self.max_batch || !open;
-                let take = startable(&held.ops, &self.flying(), self.max_batch);
-                // Alone, a batch starts once its first operation has lingered; beside one
-                // in flight, once the oldest operation that may start has waited
-                // `OVERLAP_AFTER` (or the linger, if longer).
-                let ready = if self.flights.is_empty() {
-                    Some(held.since + self.linger)
+                let alone = self.flights.is_empty();
+                // Alone, a batch starts once its first operation has lingered (or the
+                // batch is full); beside one in flight, once the oldest operation that may
+                // start has waited `OVERLAP_AFTER` (or the linger, if longer).
+                let lingered = held.since + self.linger;
+                let take = if alone && !full && now < lingered {
+                    Vec::new()
+                } else {
+                    startable(&held.ops, &self.flights, self.max_batch)
+                };
+                let ready = if alone {
+                    Some(lingered)
                 } else {
                     held.ops
                         .iter()
@@ -873,10 +870,11 @@ impl Writer {
                 break;
             }
             // New operations are looked at only when one could start: not while the
-            // writer waits out a delay or every slot is in flight (each would wake it).
+            // writer waits to start a batch beside one in flight, or every slot is in
+            // flight (each would wake it). A linger is cut short by a full batch.
             let receive = open
                 && held.events < self.max_batch
-                && wake.is_none()
+                && (wake.is_none() || self.flights.is_empty())
                 && self.flights.len() < MAX_IN_FLIGHT;
             tokio::select! {
                 Some(landed) = landing.next(), if !landing.is_empty() => match landed {
@@ -897,18 +895,6 @@ impl Writer {
                 _ = tokio::time::sleep_until(wake.or(rescan_at).unwrap_or(now)),
                     if wake.or(rescan_at).is_some() => {}
             }
-        }
-    }
-
-    fn flying(&self) -> Flying {
-        Flying {
-            agents: self
-                .flights
-                .iter()
-                .flat_map(|f| f.agents.iter().copied())
-                .collect(),
-            serial: self.flights.iter().any(|f| f.serial),
-            batches: self.flights.len(),
         }
     }
 
@@ -1530,12 +1516,12 @@ mod tests {
         }
     }
 
-    fn flying(agents: &[AgentId], serial: bool) -> Flying {
-        Flying {
+    fn flying(agents: &[AgentId], serial: bool) -> [Flight; 1] {
+        [Flight {
+            id: 0,
             agents: agents.iter().copied().collect(),
             serial,
-            batches: 1,
-        }
+        }]
     }
 
     #[test]
@@ -1549,13 +1535,9 @@ mod tests {
             op(&[a], Class::Plain),
         ]
         .into();
-        let flying = Flying::default();
+        assert_eq!(startable(&held, &[], 100), [true, true, true, true, true]);
         assert_eq!(
-            startable(&held, &flying, 100),
-            [true, true, true, true, true]
-        );
-        assert_eq!(
-            startable(&held, &flying, 2),
+            startable(&held, &[], 2),
             [true, true, false, false, false],
             "a batch closes once it holds max_batch events"
         );
