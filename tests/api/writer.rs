@@ -1,8 +1,9 @@
-//! The event writer against bad data: an event the database refuses among busy agents,
-//! and provider output carrying U+0000.
+//! The event writer against bad data (an event the database refuses among busy agents,
+//! provider output carrying U+0000), beside a slow commit, and how long it batches.
 
 use std::time::Duration;
 
+use agentry::domain::{AgentId, EventKind, NewEvent};
 use serde_json::{Value, json};
 
 use crate::helpers::*;
@@ -37,6 +38,16 @@ fn assert_load_timeline(events: &[Value], chunks: usize) {
         events.iter().all(|e| e["kind"] != "error"),
         "bystanders have no error events"
     );
+}
+
+/// An assistant text chunk of `agent`, as a provider would hand it to the writer.
+fn delta(agent: AgentId, text: &str) -> NewEvent {
+    NewEvent {
+        agent_id: agent,
+        turn_id: None,
+        kind: EventKind::AssistantDelta,
+        data: json!({"message_id": "m", "text": text}),
+    }
 }
 
 /// The database refuses any event whose text carries the marker (the test's own database).
@@ -244,8 +255,6 @@ async fn provider_nul_is_stored_and_streamed_as_the_replacement_character() {
 
 #[tokio::test]
 async fn a_large_batch_over_several_agents_keeps_each_timeline_dense_around_a_refused_event() {
-    use agentry::domain::{AgentId, EventKind, NewEvent};
-
     let app = spawn_app().await;
     refuse_poison(&app).await;
     let repo = git_repo();
@@ -274,12 +283,7 @@ async fn a_large_batch_over_several_agents_keeps_each_timeline_dense_around_a_re
             } else {
                 format!("{n}:{i}")
             };
-            events.push(NewEvent {
-                agent_id: *id,
-                turn_id: None,
-                kind: EventKind::AssistantDelta,
-                data: json!({"message_id": "m", "text": text}),
-            });
+            events.push(delta(*id, &text));
         }
     }
     let committed = app
@@ -317,7 +321,6 @@ async fn a_large_batch_over_several_agents_keeps_each_timeline_dense_around_a_re
 /// aside, since the hooks service consumes them.
 #[tokio::test]
 async fn moments_go_with_their_events_even_when_an_event_is_refused() {
-    use agentry::domain::{AgentId, EventKind, NewEvent};
     use agentry::events::{Attached, NewMoment};
 
     let app = spawn_app().await;
@@ -355,12 +358,7 @@ async fn moments_go_with_their_events_even_when_an_event_is_refused() {
     let last = app.get_ok(&format!("/v1/agents/{agent}")).await["last_seq"]
         .as_i64()
         .unwrap();
-    let event = |text: &str| NewEvent {
-        agent_id: id,
-        turn_id: None,
-        kind: EventKind::AssistantDelta,
-        data: json!({"message_id": "m", "text": text}),
-    };
+    let event = |text: &str| delta(id, text);
     let moment = |event: usize, note: &str| NewMoment {
         event,
         kind: "closed",
@@ -414,7 +412,7 @@ async fn moments_go_with_their_events_even_when_an_event_is_refused() {
 /// texts lose U+0000 like event data.
 #[tokio::test]
 async fn state_changes_commit_with_their_events_in_order_even_beside_a_refused_event() {
-    use agentry::domain::{AgentId, AgentStatus, EventKind, NewEvent, TurnId, TurnOutcome};
+    use agentry::domain::{AgentStatus, TurnId, TurnOutcome};
     use agentry::events::{Attached, StateChange};
 
     let app = spawn_app().await;
@@ -440,12 +438,7 @@ async fn state_changes_commit_with_their_events_in_order_even_beside_a_refused_e
         .await
         .unwrap()
     };
-    let event = |text: &str| NewEvent {
-        agent_id: id,
-        turn_id: None,
-        kind: EventKind::AssistantDelta,
-        data: json!({"message_id": "m", "text": text}),
-    };
+    let event = |text: &str| delta(id, text);
     let (first, second) = (TurnId::new(), TurnId::new());
     let poisoned = format!("{POISON} event");
     app.writer
@@ -599,7 +592,7 @@ async fn a_connection_broken_while_idle_is_replaced_before_use() {
 /// commit beside it; once it lands, everything lands in order.
 #[tokio::test]
 async fn a_slow_commit_holds_back_only_what_must_follow_it() {
-    use agentry::domain::{AgentId, AgentStatus, EventKind, NewEvent};
+    use agentry::domain::AgentStatus;
     use agentry::events::{Attached, StateChange};
 
     let app = spawn_app_with(|s| s.events.commit_wait_ms = 60_000).await;
@@ -611,12 +604,7 @@ async fn a_slow_commit_holds_back_only_what_must_follow_it() {
         ids.push(agent.parse::<AgentId>().unwrap());
     }
     let (slow, other, next) = (ids[0], ids[1], ids[2]);
-    let event = |agent: AgentId, text: &str| NewEvent {
-        agent_id: agent,
-        turn_id: None,
-        kind: EventKind::AssistantDelta,
-        data: json!({"message_id": "m", "text": text}),
-    };
+    let event = delta;
     let with_status = |agent: AgentId, text: &str| {
         let writer = app.writer.clone();
         let events = vec![event(agent, text)];
@@ -697,5 +685,61 @@ async fn a_slow_commit_holds_back_only_what_must_follow_it() {
         .collect();
     assert_eq!(seqs, (1..=seqs.len() as i64).collect::<Vec<_>>());
     assert_eq!(stored("next-1").await, 1);
+    app.stop().await;
+}
+
+/// `events.batch_linger_ms` holds a lone write back that long for others to join it, and
+/// `events.batch_max_events` cuts the wait short once the batch is full.
+#[tokio::test]
+async fn a_batch_lingers_for_company_unless_it_is_full() {
+    let app = spawn_app_with(|s| {
+        s.events.batch_linger_ms = 1_500;
+        s.events.batch_max_events = 3;
+        s.events.commit_wait_ms = 30_000;
+    })
+    .await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let id: AgentId = app
+        .agent_in_new_workspace(&project, "mock")
+        .await
+        .parse()
+        .unwrap();
+    let event = |text: &str| delta(id, text);
+
+    let started = std::time::Instant::now();
+    app.writer
+        .append_committed(vec![event("alone")], Vec::new())
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(1_450),
+        "a lone write waited out the linger ({:?})",
+        started.elapsed()
+    );
+
+    let started = std::time::Instant::now();
+    let first = app
+        .writer
+        .append_committed(vec![event("first")], Vec::new());
+    let rest = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        app.writer
+            .append_committed(vec![event("second"), event("third")], Vec::new())
+            .await
+    };
+    let (first, rest) = tokio::join!(first, rest);
+    let seqs: Vec<i64> = first
+        .unwrap()
+        .iter()
+        .chain(&rest.unwrap())
+        .map(|e| e.seq)
+        .collect();
+    assert!(
+        started.elapsed() < Duration::from_millis(1_000),
+        "a full batch did not wait out the linger ({:?})",
+        started.elapsed()
+    );
+    assert_eq!(seqs.windows(2).filter(|w| w[1] != w[0] + 1).count(), 0);
     app.stop().await;
 }
