@@ -10,7 +10,9 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::client::Api;
-use super::server::{CpuReading, Memory, ServerProcess, descendants, own_command, process_pss_kib};
+use super::server::{
+    CpuReading, CpuShares, Memory, ServerProcess, descendants, own_command, process_pss_kib,
+};
 use super::stream::{self, Subscription, Until};
 use super::verify::{self, Seen};
 use super::{BenchArgs, Figure, Percentiles, raw};
@@ -110,12 +112,27 @@ struct LoadRun {
     prompts: usize,
     /// WAL segments PostgreSQL created (rather than reused) during the load.
     wal_created: i64,
-    cpu: String,
-    /// Percent of the machine's CPU used by processes outside the benchmark.
-    other_cpu: f64,
+    /// Where the machine's CPU went during the load.
+    cpu: CpuShares,
 }
 
 impl LoadRun {
+    /// What else used the machine during the load: the figures skew with it.
+    fn machine_figures(&self, scenario: &'static str) -> [Figure; 2] {
+        [
+            Figure::info(
+                scenario,
+                "CPU used by other processes during the load",
+                format!("{:.0} % of the machine", self.cpu.other),
+            ),
+            Figure::info(
+                scenario,
+                "CPU stolen by the hypervisor during the load",
+                format!("{:.0} % of the machine", self.cpu.stolen),
+            ),
+        ]
+    }
+
     fn durable_per_s(&self) -> f64 {
         self.durable_events as f64 / self.elapsed.as_secs_f64()
     }
@@ -164,11 +181,18 @@ impl LoadRun {
             self.wal_created
         );
         println!("  {}", self.cpu);
-        if self.other_cpu > 10.0 {
+        if self.cpu.other > 10.0 {
             println!(
                 "  WARNING: other processes used {:.0} % of the machine during this load; \
                  its figures do not represent this server alone",
-                self.other_cpu
+                self.cpu.other
+            );
+        }
+        if self.cpu.stolen > 2.0 {
+            println!(
+                "  WARNING: the hypervisor gave {:.0} % of this machine's time to other guests \
+                 during this load; each theft stalls whatever ran, so latency figures suffer most",
+                self.cpu.stolen
             );
         }
     }
@@ -288,7 +312,6 @@ async fn run_load(
         prompts: agents.len(),
         wal_created,
         cpu: cpu_before.shares_until(&cpu_after),
-        other_cpu: cpu_before.other_share_until(&cpu_after),
     })
 }
 
@@ -387,11 +410,7 @@ pub async fn throughput(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
         "server peak RSS",
         format!("{:.1} MB", mb(after.peak_rss_kib)),
     ));
-    figures.push(Figure::info(
-        S,
-        "CPU used by other processes during the load",
-        format!("{:.0} % of the machine", run.other_cpu),
-    ));
+    figures.extend(run.machine_figures(S));
     Ok(figures)
 }
 
@@ -446,11 +465,7 @@ pub async fn latency(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
             format!("{:.1} ms", p.max),
         ));
     }
-    figures.push(Figure::info(
-        S,
-        "CPU used by other processes during the load",
-        format!("{:.0} % of the machine", run.other_cpu),
-    ));
+    figures.extend(run.machine_figures(S));
     Ok(figures)
 }
 
@@ -516,11 +531,7 @@ pub async fn fanout(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
         "server RSS with the agents open",
         format!("{:.1} MB", mb(mem.rss_kib)),
     ));
-    figures.push(Figure::info(
-        S,
-        "CPU used by other processes during the load",
-        format!("{:.0} % of the machine", run.other_cpu),
-    ));
+    figures.extend(run.machine_figures(S));
     Ok(figures)
 }
 

@@ -324,8 +324,19 @@ pub fn process_cpu(pid: u32) -> Duration {
     Duration::from_nanos(nanos)
 }
 
-/// The whole machine's busy and total CPU time so far, from `/proc/stat`.
-pub fn machine_cpu() -> (Duration, Duration) {
+/// The whole machine's CPU time so far, from `/proc/stat`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MachineCpu {
+    /// Everything but idle and I/O wait: interrupts and steal included.
+    pub busy: Duration,
+    pub total: Duration,
+    /// Hardware and software interrupts (network delivery on loopback among them).
+    pub interrupts: Duration,
+    /// Time the hypervisor gave another guest while this one wanted to run.
+    pub stolen: Duration,
+}
+
+pub fn machine_cpu() -> MachineCpu {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let values: Vec<u64> = stat
         .lines()
@@ -335,14 +346,18 @@ pub fn machine_cpu() -> (Duration, Duration) {
         .skip(1)
         .filter_map(|v| v.parse().ok())
         .collect();
+    // user nice system idle iowait irq softirq steal (guest time is counted in user).
+    let at = |i: usize| values.get(i).copied().unwrap_or(0);
     let total: u64 = values.iter().take(8).sum();
-    // idle + iowait
-    let idle = values.get(3).copied().unwrap_or(0) + values.get(4).copied().unwrap_or(0);
+    let idle = at(3) + at(4);
     let hz = clock_ticks();
-    (
-        Duration::from_secs_f64((total - idle.min(total)) as f64 / hz),
-        Duration::from_secs_f64(total as f64 / hz),
-    )
+    let time = |ticks: u64| Duration::from_secs_f64(ticks as f64 / hz);
+    MachineCpu {
+        busy: time(total - idle.min(total)),
+        total: time(total),
+        interrupts: time(at(5) + at(6)),
+        stolen: time(at(7)),
+    }
 }
 
 fn clock_ticks() -> f64 {
@@ -392,8 +407,7 @@ pub struct CpuReading {
     pub agents: Duration,
     pub postgres: Duration,
     pub bench: Duration,
-    pub machine_busy: Duration,
-    pub machine_total: Duration,
+    pub machine: MachineCpu,
 }
 
 impl CpuReading {
@@ -411,40 +425,68 @@ impl CpuReading {
                 r.postgres += process_cpu(pid);
             }
         }
-        (r.machine_busy, r.machine_total) = machine_cpu();
+        r.machine = machine_cpu();
         r
     }
 
-    /// Where the CPU went between `self` and `later`, as shares of the whole machine.
-    /// The share of all cores that processes outside the benchmark used between `self`
-    /// and `later`, in percent: other work on the machine, which skews every figure.
-    pub fn other_share_until(&self, later: &Self) -> f64 {
-        let total = (later.machine_total - self.machine_total)
+    /// Where the CPU went between `self` and `later`, in percent of all cores.
+    pub fn shares_until(&self, later: &Self) -> CpuShares {
+        let total = (later.machine.total.saturating_sub(self.machine.total))
             .as_secs_f64()
             .max(1e-9);
-        let used = |a: Duration, b: Duration| b.saturating_sub(a).as_secs_f64();
-        let ours = used(self.server, later.server)
-            + used(self.agents, later.agents)
-            + used(self.postgres, later.postgres)
-            + used(self.bench, later.bench);
-        (100.0 * (used(self.machine_busy, later.machine_busy) - ours) / total).max(0.0)
-    }
-
-    pub fn shares_until(&self, later: &Self) -> String {
-        let total = (later.machine_total - self.machine_total)
-            .as_secs_f64()
-            .max(1e-9);
-        let pct = |a: Duration, b: Duration| 100.0 * (b.saturating_sub(a)).as_secs_f64() / total;
-        let busy = pct(self.machine_busy, later.machine_busy);
+        let pct = |a: Duration, b: Duration| 100.0 * b.saturating_sub(a).as_secs_f64() / total;
+        let busy = pct(self.machine.busy, later.machine.busy);
         let server = pct(self.server, later.server);
-        let agents = pct(self.agents, later.agents);
         let postgres = pct(self.postgres, later.postgres);
+        let agents = pct(self.agents, later.agents);
         let bench = pct(self.bench, later.bench);
-        format!(
-            "CPU (share of all cores): busy {busy:.0} % = server {server:.0} % + PostgreSQL \
-             {postgres:.0} % + mock agents {agents:.0} % + bench clients {bench:.0} % + other \
-             {:.0} %",
-            (busy - server - postgres - agents - bench).max(0.0)
+        let interrupts = pct(self.machine.interrupts, later.machine.interrupts);
+        let stolen = pct(self.machine.stolen, later.machine.stolen);
+        CpuShares {
+            busy,
+            server,
+            postgres,
+            agents,
+            bench,
+            interrupts,
+            stolen,
+            other: (busy - server - postgres - agents - bench - interrupts - stolen).max(0.0),
+        }
+    }
+}
+
+/// Shares of all cores over a load, in percent.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuShares {
+    pub busy: f64,
+    pub server: f64,
+    pub postgres: f64,
+    pub agents: f64,
+    pub bench: f64,
+    /// Hardware and software interrupts, charged to no process.
+    pub interrupts: f64,
+    /// Time the hypervisor ran another guest instead of this machine: stalls that no
+    /// process here caused, and that latency figures feel most.
+    pub stolen: f64,
+    /// Processes outside the benchmark, kernel threads included.
+    pub other: f64,
+}
+
+impl std::fmt::Display for CpuShares {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CPU (share of all cores): busy {:.0} % = server {:.0} % + PostgreSQL {:.0} % + \
+             mock agents {:.0} % + bench clients {:.0} % + interrupts {:.0} % + stolen by the \
+             hypervisor {:.0} % + other {:.0} %",
+            self.busy,
+            self.server,
+            self.postgres,
+            self.agents,
+            self.bench,
+            self.interrupts,
+            self.stolen,
+            self.other
         )
     }
 }
@@ -495,4 +537,48 @@ async fn warm_wal(pool: &PgPool) -> anyhow::Result<i64> {
     .bind(current)
     .fetch_one(&mut *conn)
     .await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_no_process_is_charged_with_is_shown_apart_from_other_processes() {
+        let s = Duration::from_secs;
+        let before = CpuReading::default();
+        // 10 s of two cores: 16 s busy, of which 3 s stolen and 1 s in interrupts.
+        let after = CpuReading {
+            server: s(6),
+            agents: s(2),
+            postgres: s(3),
+            bench: s(1),
+            machine: MachineCpu {
+                busy: s(16),
+                total: s(20),
+                interrupts: s(1),
+                stolen: s(3),
+            },
+        };
+        let shares = before.shares_until(&after);
+        assert_eq!(
+            (shares.busy, shares.server, shares.stolen, shares.interrupts),
+            (80.0, 30.0, 15.0, 5.0)
+        );
+        assert_eq!(shares.other, 0.0);
+        // Another process's second shows as other, and never below zero.
+        let busier = CpuReading {
+            machine: MachineCpu {
+                busy: s(17),
+                ..after.machine
+            },
+            ..after
+        };
+        assert_eq!(before.shares_until(&busier).other, 5.0);
+        let idle_machine = CpuReading {
+            machine: MachineCpu::default(),
+            ..after
+        };
+        assert_eq!(before.shares_until(&idle_machine).other, 0.0);
+    }
 }
