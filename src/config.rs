@@ -402,6 +402,10 @@ pub struct EventSettings {
     pub batch_max_events: usize,
     /// …or after this many milliseconds, whichever comes first.
     pub batch_linger_ms: u64,
+    /// Team events and the state they announce (turn starts and ends, status changes)
+    /// wait this many milliseconds to share a commit: a thousand turns ending at once
+    /// commit in a few statements instead of one or two each.
+    pub team_linger_ms: u64,
     /// Events buffered per SSE connection before it resyncs from the database.
     pub subscriber_buffer: usize,
     /// Seconds between SSE keep-alive comments.
@@ -584,6 +588,7 @@ impl Default for EventSettings {
         Self {
             batch_max_events: 4096,
             batch_linger_ms: 0,
+            team_linger_ms: 10,
             subscriber_buffer: 1024,
             ping_interval_s: 15,
             queue_max_events: 50_000,
@@ -810,6 +815,15 @@ impl Settings {
         }
         if self.events.commit_wait_ms == 0 {
             return Err(invalid("events.commit_wait_ms", "must be at least 1"));
+        }
+        // A write the API confirms would otherwise time out while it lingers.
+        for (setting, ms) in [
+            ("events.batch_linger_ms", self.events.batch_linger_ms),
+            ("events.team_linger_ms", self.events.team_linger_ms),
+        ] {
+            if ms >= self.events.commit_wait_ms {
+                return Err(invalid(setting, "must be less than events.commit_wait_ms"));
+            }
         }
         if let Some(key) = &self.secrets.key {
             decode_secrets_key(key).map_err(|m| invalid("secrets.key", m))?;
@@ -1535,6 +1549,17 @@ mod tests {
         let e = Settings::load_from(None, &env(&[("AGENTRY_CLUSTER__LEASE_TTL_S", "soon")]))
             .unwrap_err();
         assert_eq!(e.setting, "cluster.lease_ttl_s");
+    }
+
+    #[test]
+    fn a_linger_as_long_as_the_commit_wait_is_refused() {
+        for setting in ["BATCH_LINGER_MS", "TEAM_LINGER_MS"] {
+            let var = format!("AGENTRY_EVENTS__{setting}");
+            let e = Settings::load_from(None, &env(&[(var.as_str(), "5000")])).unwrap_err();
+            assert_eq!(e.setting, format!("events.{}", setting.to_lowercase()));
+            let s = Settings::load_from(None, &env(&[(var.as_str(), "4999")])).unwrap();
+            assert_eq!(s.events.batch_linger_ms.max(s.events.team_linger_ms), 4999);
+        }
     }
 
     #[test]

@@ -151,6 +151,7 @@ impl Application {
             WriterLimits {
                 max_batch: settings.events.batch_max_events,
                 linger: Duration::from_millis(settings.events.batch_linger_ms),
+                team_linger: Duration::from_millis(settings.events.team_linger_ms),
                 max_queued_events: settings.events.queue_max_events,
                 max_queued_bytes: settings.events.queue_max_bytes,
                 commit_wait: Duration::from_millis(settings.events.commit_wait_ms),

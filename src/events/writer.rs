@@ -40,6 +40,12 @@
 //! them is in flight or waiting ahead (team events commit in the order of their ids),
 //! and no flush before everything queued ahead of it has landed.
 //!
+//! Since only one batch with team events, moments or state changes commits at a time,
+//! such operations first wait `team_linger` (from the oldest of them) for company, unless
+//! the batch is full: in a burst (a thousand prompts or turn ends within a second) each
+//! commit would otherwise carry one or two of them, and pay for planning its statement
+//! and for a WAL flush every time. Other agents' events do not wait for them.
+//!
 //! What is queued is bounded in events and in bytes. Producers wait for that budget
 //! (backpressure: an agent's actor stops reading its provider), and the budget comes back
 //! only when the events are committed or set aside.
@@ -152,6 +158,11 @@ pub struct WriterLimits {
     pub max_batch: usize,
     /// …or after this long, whichever comes first.
     pub linger: Duration,
+    /// Team events, moments and state changes wait this long for company: one of them
+    /// commits at a time (their ids commit in order), so in a burst (a thousand turns
+    /// ending at once) each commit would otherwise carry one or two, and pay for a
+    /// statement's planning and a WAL flush each time.
+    pub team_linger: Duration,
     /// Events queued (accepted, not yet committed) before producers wait.
     pub max_queued_events: usize,
     /// Approximate bytes queued before producers wait.
@@ -165,6 +176,7 @@ impl Default for WriterLimits {
         Self {
             max_batch: 4096,
             linger: Duration::ZERO,
+            team_linger: Duration::from_millis(10),
             max_queued_events: 50_000,
             max_queued_bytes: 64 << 20,
             commit_wait: Duration::from_secs(5),
@@ -367,6 +379,7 @@ impl EventWriter {
             bus,
             max_batch: limits.max_batch.max(1),
             linger: limits.linger,
+            team_linger: limits.team_linger,
             next_seq: HashMap::new(),
             flights: Vec::new(),
             next_flight: 0,
@@ -696,11 +709,17 @@ const OVERLAP_AFTER: Duration = Duration::from_millis(5);
 /// Which of the waiting operations (in queue order) may start now beside the batches in
 /// flight, at most `max_batch` events' worth: none of an agent in flight or held back
 /// (each timeline commits in order), no team events while others are being committed or
-/// are held back (their ids commit in order), no flush before everything ahead of it.
-fn startable(held: &VecDeque<Pending>, flights: &[Flight], max_batch: usize) -> Vec<bool> {
+/// are held back (their ids commit in order) or before they are `serial_due` (done
+/// gathering for company), no flush before everything ahead of it.
+fn startable(
+    held: &VecDeque<Pending>,
+    flights: &[Flight],
+    max_batch: usize,
+    serial_due: bool,
+) -> Vec<bool> {
     let mut take = vec![false; held.len()];
     let mut blocked: HashSet<AgentId> = HashSet::new();
-    let mut serial_blocked = flights.iter().any(|f| f.serial);
+    let mut serial_blocked = !serial_due || flights.iter().any(|f| f.serial);
     let in_flight = |a: &AgentId| flights.iter().any(|f| f.agents.contains(a));
     let mut held_back = false;
     let mut events = 0;
@@ -762,6 +781,7 @@ struct Writer {
     bus: Arc<Bus>,
     max_batch: usize,
     linger: Duration,
+    team_linger: Duration,
     next_seq: HashMap<AgentId, i64>,
     flights: Vec<Flight>,
     next_flight: u64,
@@ -835,6 +855,14 @@ impl Writer {
                 rescan_at = None;
                 let full = held.events >= self.max_batch || !open;
                 let alone = self.flights.is_empty();
+                // Team events and state changes gather for company first.
+                let gathered = held
+                    .ops
+                    .iter()
+                    .find(|p| p.class() == Class::Serial)
+                    .and_then(|p| p.queued_at)
+                    .map(|t| t + self.team_linger);
+                let serial_due = full || gathered.is_none_or(|at| now >= at);
                 // Alone, a batch starts once its first operation has lingered (or the
                 // batch is full); beside one in flight, once the oldest operation that may
                 // start has waited `OVERLAP_AFTER` (or the linger, if longer).
@@ -842,7 +870,7 @@ impl Writer {
                 let take = if alone && !full && now < lingered {
                     Vec::new()
                 } else {
-                    startable(&held.ops, &self.flights, self.max_batch)
+                    startable(&held.ops, &self.flights, self.max_batch, serial_due)
                 };
                 let ready = if alone {
                     Some(lingered)
@@ -862,8 +890,18 @@ impl Writer {
                         landing.push(tokio::spawn(self.committer.clone().commit(numbered)));
                         continue;
                     }
-                    // Everything waiting waits for a batch to land.
-                    _ => rescan_at = Some(now + OVERLAP_AFTER),
+                    // Everything waiting waits for a batch to land, or to gather.
+                    _ => match gathered.filter(|_| !serial_due) {
+                        // Nothing in flight: an arriving event may start at once.
+                        Some(g) if alone => wake = Some(g),
+                        Some(g) => rescan_at = Some((now + OVERLAP_AFTER).min(g)),
+                        None => rescan_at = Some(now + OVERLAP_AFTER),
+                    },
+                }
+                if let (Some(w), Some(g)) = (wake, gathered)
+                    && !serial_due
+                {
+                    wake = Some(w.min(g));
                 }
             }
             if !open && held.ops.is_empty() && landing.is_empty() {
@@ -1535,9 +1573,12 @@ mod tests {
             op(&[a], Class::Plain),
         ]
         .into();
-        assert_eq!(startable(&held, &[], 100), [true, true, true, true, true]);
         assert_eq!(
-            startable(&held, &[], 2),
+            startable(&held, &[], 100, true),
+            [true, true, true, true, true]
+        );
+        assert_eq!(
+            startable(&held, &[], 2, true),
             [true, true, false, false, false],
             "a batch closes once it holds max_batch events"
         );
@@ -1564,7 +1605,7 @@ mod tests {
         ]
         .into();
         assert_eq!(
-            startable(&held, &flying(&[a], true), 100),
+            startable(&held, &flying(&[a], true), 100, true),
             [false, true, false, false, true, false, false]
         );
         // Without team events in flight, the first serial operation may start, and a
@@ -1576,13 +1617,35 @@ mod tests {
         ]
         .into();
         assert_eq!(
-            startable(&held, &flying(&[d], false), 100),
+            startable(&held, &flying(&[d], false), 100, true),
             [true, true, true]
         );
         assert_eq!(
-            startable(&held, &flying(&[a], false), 100),
+            startable(&held, &flying(&[a], false), 100, true),
             [false, false, false],
             "team events keep their order"
+        );
+    }
+
+    #[test]
+    fn team_events_still_gathering_hold_back_only_their_agents() {
+        let (a, b, c) = (AgentId::new(), AgentId::new(), AgentId::new());
+        let held: VecDeque<Pending> = [
+            op(&[a], Class::Serial), // gathering
+            op(&[b], Class::Plain),  // free
+            op(&[a], Class::Plain),  // a waits ahead
+            op(&[c], Class::Serial), // team events keep their order
+            op(&[], Class::Barrier),
+        ]
+        .into();
+        assert_eq!(
+            startable(&held, &[], 100, false),
+            [false, true, false, false, false]
+        );
+        assert_eq!(
+            startable(&held, &[], 100, true),
+            [true, true, true, true, true],
+            "once gathered, they go"
         );
     }
 
@@ -1596,7 +1659,7 @@ mod tests {
         ]
         .into();
         assert_eq!(
-            startable(&held, &flying(&[a], false), 100),
+            startable(&held, &flying(&[a], false), 100, true),
             [true, false, false],
             "not while a batch is in flight, nor anything after it"
         );

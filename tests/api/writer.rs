@@ -50,6 +50,34 @@ fn delta(agent: AgentId, text: &str) -> NewEvent {
     }
 }
 
+/// Commit one event of `agent` with the state change it announces, on a task of its own.
+fn with_status(
+    writer: &agentry::events::EventWriter,
+    agent: AgentId,
+    text: &str,
+) -> tokio::task::JoinHandle<Result<Vec<agentry::domain::AgentEvent>, agentry::events::WriteError>>
+{
+    use agentry::domain::AgentStatus;
+    use agentry::events::{Attached, StateChange};
+    let writer = writer.clone();
+    let events = vec![delta(agent, text)];
+    tokio::spawn(async move {
+        writer
+            .append_committed_with(
+                events,
+                Attached {
+                    changes: vec![StateChange::Status {
+                        agent,
+                        status: AgentStatus::Idle,
+                        reason: None,
+                    }],
+                    ..Attached::default()
+                },
+            )
+            .await
+    })
+}
+
 /// The database refuses any event whose text carries the marker (the test's own database).
 async fn refuse_poison(app: &TestApp) {
     sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -592,9 +620,6 @@ async fn a_connection_broken_while_idle_is_replaced_before_use() {
 /// commit beside it; once it lands, everything lands in order.
 #[tokio::test]
 async fn a_slow_commit_holds_back_only_what_must_follow_it() {
-    use agentry::domain::AgentStatus;
-    use agentry::events::{Attached, StateChange};
-
     let app = spawn_app_with(|s| s.events.commit_wait_ms = 60_000).await;
     let repo = git_repo();
     let project = app.project(repo.path()).await;
@@ -605,25 +630,7 @@ async fn a_slow_commit_holds_back_only_what_must_follow_it() {
     }
     let (slow, other, next) = (ids[0], ids[1], ids[2]);
     let event = delta;
-    let with_status = |agent: AgentId, text: &str| {
-        let writer = app.writer.clone();
-        let events = vec![event(agent, text)];
-        tokio::spawn(async move {
-            writer
-                .append_committed_with(
-                    events,
-                    Attached {
-                        changes: vec![StateChange::Status {
-                            agent,
-                            status: AgentStatus::Idle,
-                            reason: None,
-                        }],
-                        ..Attached::default()
-                    },
-                )
-                .await
-        })
-    };
+    let with_status = |agent: AgentId, text: &str| with_status(&app.writer, agent, text);
     let stored = |text: &'static str| {
         let pool = app.pool.clone();
         async move {
@@ -685,6 +692,82 @@ async fn a_slow_commit_holds_back_only_what_must_follow_it() {
         .collect();
     assert_eq!(seqs, (1..=seqs.len() as i64).collect::<Vec<_>>());
     assert_eq!(stored("next-1").await, 1);
+    app.stop().await;
+}
+
+/// `events.team_linger_ms` holds state changes (and team events) back that long, so that
+/// those of a burst share a commit; other agents' events do not wait for them, and a full
+/// batch goes at once.
+#[tokio::test]
+async fn state_changes_linger_to_share_a_commit_and_nothing_else_waits_for_them() {
+    let app = spawn_app_with(|s| {
+        s.events.team_linger_ms = 1_000;
+        s.events.batch_max_events = 4;
+        s.events.commit_wait_ms = 30_000;
+    })
+    .await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let agent = app.agent_in_new_workspace(&project, "mock").await;
+        ids.push(agent.parse::<AgentId>().unwrap());
+    }
+    let (a, b, c) = (ids[0], ids[1], ids[2]);
+    // Rows inserted by one transaction share its id.
+    let transaction_of = |text: &'static str| {
+        let pool = app.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>(
+                "SELECT xmin::text FROM agent_events WHERE data->>'text' = $1",
+            )
+            .bind(text)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+
+    let started = std::time::Instant::now();
+    let first = with_status(&app.writer, a, "a-1");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = with_status(&app.writer, b, "b-1");
+    app.writer
+        .append_committed(vec![delta(c, "c-1")], Vec::new())
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "another agent's event waited for the state changes ({:?})",
+        started.elapsed()
+    );
+    assert!(!first.is_finished() && !second.is_finished());
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(950),
+        "the state changes lingered ({:?})",
+        started.elapsed()
+    );
+    assert_eq!(
+        transaction_of("a-1").await,
+        transaction_of("b-1").await,
+        "the state changes shared a commit"
+    );
+    assert_ne!(transaction_of("a-1").await, transaction_of("c-1").await);
+
+    // Four events make a full batch: it does not wait.
+    let started = std::time::Instant::now();
+    let full = [(a, "a-2"), (b, "b-2"), (c, "c-2"), (a, "a-3")]
+        .map(|(agent, text)| with_status(&app.writer, agent, text));
+    for op in full {
+        op.await.unwrap().unwrap();
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "a full batch waited out the linger ({:?})",
+        started.elapsed()
+    );
     app.stop().await;
 }
 
