@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use agentry::config::Settings;
 use agentry::domain::{AgentId, EventKind, NewEvent};
 use serde_json::{Value, json};
 
@@ -48,6 +49,23 @@ fn delta(agent: AgentId, text: &str) -> NewEvent {
         kind: EventKind::AssistantDelta,
         data: json!({"message_id": "m", "text": text}),
     }
+}
+
+/// A server with `tweak`ed settings and `n` open mock agents, each in a workspace of its
+/// own; the repository lives as long as the returned guard.
+async fn app_with_agents(
+    tweak: impl FnOnce(&mut Settings),
+    n: usize,
+) -> (TestApp, tempfile::TempDir, Vec<AgentId>) {
+    let app = spawn_app_with(tweak).await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let mut ids = Vec::with_capacity(n);
+    for _ in 0..n {
+        let agent = app.agent_in_new_workspace(&project, "mock").await;
+        ids.push(agent.parse().unwrap());
+    }
+    (app, repo, ids)
 }
 
 /// Commit one event of `agent` with the state change it announces, on a task of its own.
@@ -620,14 +638,7 @@ async fn a_connection_broken_while_idle_is_replaced_before_use() {
 /// commit beside it; once it lands, everything lands in order.
 #[tokio::test]
 async fn a_slow_commit_holds_back_only_what_must_follow_it() {
-    let app = spawn_app_with(|s| s.events.commit_wait_ms = 60_000).await;
-    let repo = git_repo();
-    let project = app.project(repo.path()).await;
-    let mut ids = Vec::new();
-    for _ in 0..3 {
-        let agent = app.agent_in_new_workspace(&project, "mock").await;
-        ids.push(agent.parse::<AgentId>().unwrap());
-    }
+    let (app, _repo, ids) = app_with_agents(|s| s.events.commit_wait_ms = 60_000, 3).await;
     let (slow, other, next) = (ids[0], ids[1], ids[2]);
     let event = delta;
     let with_status = |agent: AgentId, text: &str| with_status(&app.writer, agent, text);
@@ -700,19 +711,12 @@ async fn a_slow_commit_holds_back_only_what_must_follow_it() {
 /// batch goes at once.
 #[tokio::test]
 async fn state_changes_linger_to_share_a_commit_and_nothing_else_waits_for_them() {
-    let app = spawn_app_with(|s| {
+    let tweak = |s: &mut Settings| {
         s.events.team_linger_ms = 1_000;
         s.events.batch_max_events = 4;
         s.events.commit_wait_ms = 30_000;
-    })
-    .await;
-    let repo = git_repo();
-    let project = app.project(repo.path()).await;
-    let mut ids = Vec::new();
-    for _ in 0..3 {
-        let agent = app.agent_in_new_workspace(&project, "mock").await;
-        ids.push(agent.parse::<AgentId>().unwrap());
-    }
+    };
+    let (app, _repo, ids) = app_with_agents(tweak, 3).await;
     let (a, b, c) = (ids[0], ids[1], ids[2]);
     // Rows inserted by one transaction share its id.
     let transaction_of = |text: &'static str| {
@@ -775,19 +779,13 @@ async fn state_changes_linger_to_share_a_commit_and_nothing_else_waits_for_them(
 /// `events.batch_max_events` cuts the wait short once the batch is full.
 #[tokio::test]
 async fn a_batch_lingers_for_company_unless_it_is_full() {
-    let app = spawn_app_with(|s| {
+    let tweak = |s: &mut Settings| {
         s.events.batch_linger_ms = 1_500;
         s.events.batch_max_events = 3;
         s.events.commit_wait_ms = 30_000;
-    })
-    .await;
-    let repo = git_repo();
-    let project = app.project(repo.path()).await;
-    let id: AgentId = app
-        .agent_in_new_workspace(&project, "mock")
-        .await
-        .parse()
-        .unwrap();
+    };
+    let (app, _repo, ids) = app_with_agents(tweak, 1).await;
+    let id = ids[0];
     let event = |text: &str| delta(id, text);
 
     let started = std::time::Instant::now();
