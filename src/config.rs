@@ -403,8 +403,8 @@ pub struct EventSettings {
     /// …or after this many milliseconds, whichever comes first.
     pub batch_linger_ms: u64,
     /// Team events and the state they announce (turn starts and ends, status changes)
-    /// wait this many milliseconds to share a commit: a thousand turns ending at once
-    /// commit in a few statements instead of one or two each.
+    /// wait this many milliseconds to share a commit, so that a burst of them (a thousand
+    /// turns ending at once) does not take a commit for every one or two.
     pub team_linger_ms: u64,
     /// Events buffered per SSE connection before it resyncs from the database.
     pub subscriber_buffer: usize,
