@@ -863,6 +863,8 @@ impl Writer {
                     .and_then(|p| p.queued_at)
                     .map(|t| t + self.team_linger);
                 let serial_due = full || gathered.is_none_or(|at| now >= at);
+                // When they are done gathering, if not yet.
+                let gathering = gathered.filter(|_| !serial_due);
                 // Alone, a batch starts once its first operation has lingered (or the
                 // batch is full); beside one in flight, once the oldest operation that may
                 // start has waited `OVERLAP_AFTER` (or the linger, if longer).
@@ -891,16 +893,14 @@ impl Writer {
                         continue;
                     }
                     // Everything waiting waits for a batch to land, or to gather.
-                    _ => match gathered.filter(|_| !serial_due) {
+                    _ => match gathering {
                         // Nothing in flight: an arriving event may start at once.
                         Some(g) if alone => wake = Some(g),
                         Some(g) => rescan_at = Some((now + OVERLAP_AFTER).min(g)),
                         None => rescan_at = Some(now + OVERLAP_AFTER),
                     },
                 }
-                if let (Some(w), Some(g)) = (wake, gathered)
-                    && !serial_due
-                {
+                if let (Some(w), Some(g)) = (wake, gathering) {
                     wake = Some(w.min(g));
                 }
             }
