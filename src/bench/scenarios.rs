@@ -11,7 +11,8 @@ use tokio::sync::watch;
 
 use super::client::Api;
 use super::server::{
-    CpuReading, CpuShares, Memory, ServerProcess, descendants, own_command, process_pss_kib,
+    CpuReading, CpuShares, Memory, ServerProcess, StealSampler, descendants, own_command,
+    process_pss_kib, stolen_by_second,
 };
 use super::stream::{self, Subscription, Until};
 use super::verify::{self, Seen};
@@ -104,6 +105,9 @@ struct LoadRun {
     /// The same, of the part before the server's writer took each event into a batch
     /// (emission→`at`): the rest is the commit and the way to the subscriber.
     p99_before_writer_by_second: Vec<f64>,
+    /// CPU time the hypervisor took from the machine in each of those seconds (ms, all
+    /// cores): a slow second with theft in it is the machine's, not the server's.
+    stolen_by_second: Vec<f64>,
     /// When the first prompt was sent, to find the load's seconds in the server's and
     /// PostgreSQL's logs.
     started_at: chrono::DateTime<chrono::Utc>,
@@ -175,6 +179,10 @@ impl LoadRun {
                 "    of which before the writer took the event (emission→`at`, p99 per second): {}",
                 whole_ms(&self.p99_before_writer_by_second)
             );
+            println!(
+                "  CPU time stolen by the hypervisor in each second of the load (ms, all cores): {}",
+                whole_ms(&self.stolen_by_second)
+            );
         }
         println!(
             "  WAL segments created during the load (not reused): {}",
@@ -242,6 +250,7 @@ async fn run_load(
     }
     let wal_before = server.wal_files().await?;
     let cpu_before = CpuReading::take(server.pid());
+    let steal = StealSampler::start(Duration::from_millis(100));
     let started = Instant::now();
     let started_at = chrono::Utc::now();
     let started_us = crate::providers::mock::unix_micros();
@@ -264,6 +273,7 @@ async fn run_load(
         .await
         .map_err(|_| anyhow::anyhow!("the load did not complete within {bound:?}"))??;
     let cpu_after = CpuReading::take(server.pid());
+    let steal = steal.finish();
     let wal_created = server.wal_files().await? - wal_before;
     let finished = subs.iter().map(|s| s.finished).max().unwrap_or(started);
     let mut seen: HashMap<String, Vec<Seen>> = HashMap::new();
@@ -305,6 +315,7 @@ async fn run_load(
         deliveries,
         latency: Percentiles::of(latencies),
         steady: Percentiles::of(steady),
+        stolen_by_second: stolen_by_second(&steal, started_us, by_second.len()),
         p99_by_second: p99s(by_second),
         p99_before_writer_by_second: p99s(before_by_second),
         started_at,

@@ -491,6 +491,76 @@ impl std::fmt::Display for CpuShares {
     }
 }
 
+/// Samples the machine's stolen time on a thread of its own (the bench's runtime is
+/// busy with the load) every `every`, until `stop`: when in a load the hypervisor took the
+/// time, to set beside the latency of each second.
+pub struct StealSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Vec<StealSample>>>,
+}
+
+/// The machine's stolen time so far, read at `at_us` (microseconds since the Unix epoch).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StealSample {
+    pub at_us: i64,
+    pub stolen: Duration,
+}
+
+impl StealSampler {
+    pub fn start(every: Duration) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            loop {
+                samples.push(StealSample {
+                    at_us: crate::providers::mock::unix_micros(),
+                    stolen: machine_cpu().stolen,
+                });
+                if flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    return samples;
+                }
+                std::thread::sleep(every);
+            }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stop sampling (after one last sample) and return the samples.
+    pub fn finish(mut self) -> Vec<StealSample> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+/// A load that failed half-way stops the sampling too.
+impl Drop for StealSampler {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Milliseconds stolen in each of `seconds` seconds from `from_us` (all cores together):
+/// each interval between two samples counts in the second its end falls in.
+pub fn stolen_by_second(samples: &[StealSample], from_us: i64, seconds: usize) -> Vec<f64> {
+    let mut out = vec![Duration::ZERO; seconds];
+    for pair in samples.windows(2) {
+        let second = (pair[1].at_us - from_us).div_euclid(1_000_000);
+        if let Some(slot) = usize::try_from(second).ok().and_then(|s| out.get_mut(s)) {
+            *slot += pair[1].stolen.saturating_sub(pair[0].stolen);
+        }
+    }
+    out.into_iter()
+        .map(|d| d.as_micros() as f64 / 1000.0)
+        .collect()
+}
+
 /// Proportional set size of a process (shared pages divided among their users), in KiB.
 pub fn process_pss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
@@ -542,6 +612,28 @@ async fn warm_wal(pool: &PgPool) -> anyhow::Result<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stolen_time_is_counted_in_the_second_each_interval_ends_in() {
+        let sample = |at_us, ms| StealSample {
+            at_us,
+            stolen: Duration::from_millis(ms),
+        };
+        let from = 10_000_000;
+        let samples = [
+            // Before the load: its interval ends before the first second, so not counted.
+            sample(9_500_000, 100),
+            sample(9_900_000, 130),
+            // Second 0.
+            sample(10_400_000, 150),
+            sample(10_999_999, 160),
+            // Second 2 (nothing in second 1), then past the last second asked for.
+            sample(12_100_000, 200),
+            sample(13_000_000, 260),
+        ];
+        assert_eq!(stolen_by_second(&samples, from, 3), vec![30.0, 0.0, 40.0]);
+        assert_eq!(stolen_by_second(&samples[..1], from, 2), vec![0.0, 0.0]);
+    }
 
     #[test]
     fn time_no_process_is_charged_with_is_shown_apart_from_other_processes() {
