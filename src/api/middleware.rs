@@ -21,8 +21,8 @@ pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub struct RequestId(pub String);
 
 /// The pattern of the route a request matched (`/v1/agents/{id}`), found once per request
-/// and kept in its extensions: finding it runs the router's patterns over the path, and
-/// the request span, the access check and the metrics all ask for it.
+/// and kept in its extensions: the request span, the access check and the metrics all
+/// ask for it.
 #[derive(Debug, Clone)]
 struct RoutePattern(Option<String>);
 
@@ -30,7 +30,10 @@ pub fn route_pattern(req: &actix_web::HttpRequest) -> Option<String> {
     if let Some(RoutePattern(p)) = req.extensions().get::<RoutePattern>() {
         return p.clone();
     }
-    let pattern = req.match_pattern();
+    // A declared route is found without the router's regular expressions.
+    let pattern = super::access::declared_pattern(req.path())
+        .map(str::to_owned)
+        .or_else(|| req.match_pattern());
     req.extensions_mut().insert(RoutePattern(pattern.clone()));
     pattern
 }
