@@ -513,14 +513,17 @@ impl StealSampler {
         let thread = std::thread::spawn(move || {
             let mut samples = Vec::new();
             loop {
+                // Read first, so that the last sample is taken after `finish` asked.
+                let last = flag.load(std::sync::atomic::Ordering::Acquire);
                 samples.push(StealSample {
                     at_us: crate::providers::mock::unix_micros(),
                     stolen: machine_cpu().stolen,
                 });
-                if flag.load(std::sync::atomic::Ordering::Relaxed) {
+                if last {
                     return samples;
                 }
-                std::thread::sleep(every);
+                // Woken early by `finish`.
+                std::thread::park_timeout(every);
             }
         });
         Self {
@@ -529,20 +532,21 @@ impl StealSampler {
         }
     }
 
-    /// Stop sampling (after one last sample) and return the samples.
+    /// Stop sampling (after one last sample, taken at once) and return the samples.
     pub fn finish(mut self) -> Vec<StealSample> {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.thread
-            .take()
-            .and_then(|t| t.join().ok())
-            .unwrap_or_default()
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        let Some(thread) = self.thread.take() else {
+            return Vec::new();
+        };
+        thread.thread().unpark();
+        thread.join().unwrap_or_default()
     }
 }
 
 /// A load that failed half-way stops the sampling too.
 impl Drop for StealSampler {
     fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
     }
 }
 
@@ -612,6 +616,22 @@ async fn warm_wal(pool: &PgPool) -> anyhow::Result<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_steal_sampler_stops_at_once_with_a_last_sample() {
+        let started = Instant::now();
+        let sampler = StealSampler::start(Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(20));
+        let asked = crate::providers::mock::unix_micros();
+        let samples = sampler.finish();
+        // Not a minute: `finish` wakes the sampler from its wait.
+        assert!(started.elapsed() < Duration::from_secs(30));
+        assert!(
+            samples.last().is_some_and(|s| s.at_us >= asked),
+            "{samples:?}"
+        );
+        assert!(samples.windows(2).all(|w| w[0].at_us <= w[1].at_us));
+    }
 
     #[test]
     fn stolen_time_is_counted_in_the_second_each_interval_ends_in() {
