@@ -63,8 +63,7 @@ fn stream_response(rx: mpsc::Receiver<Bytes>) -> HttpResponse {
         .streaming(body)
 }
 
-/// What every stream does besides its events: `retry:` once, `: ping` while idle, and
-/// an end when the client leaves or the server stops.
+/// What every stream does besides its events: `retry:` once, `: ping` while idle.
 struct Idle {
     ping: tokio::time::Interval,
 }
@@ -77,22 +76,22 @@ impl Idle {
         Ok(Self { ping })
     }
 
-    /// Wait for the next ping (sent here; `Ok(true)`) or the end of the stream
-    /// (`Ok(false)`) — the client left or the server stops (`stopping`). Cancel-safe:
-    /// used inside `select!`.
-    async fn next(
-        &mut self,
-        tx: &mpsc::Sender<Bytes>,
-        stopping: impl std::future::Future<Output = ()>,
-    ) -> anyhow::Result<bool> {
-        tokio::select! {
-            _ = tx.closed() => Ok(false),
-            _ = stopping => Ok(false),
-            _ = self.ping.tick() => {
-                tx.send(Bytes::from_static(b": ping\n\n")).await?;
-                Ok(true)
-            }
-        }
+    /// Wait until a ping is due and send it. Cancel-safe up to the send: used inside
+    /// `select!`.
+    async fn ping(&mut self, tx: &mpsc::Sender<Bytes>) -> anyhow::Result<()> {
+        self.ping.tick().await;
+        tx.send(Bytes::from_static(b": ping\n\n")).await?;
+        Ok(())
+    }
+}
+
+/// Resolves when a stream ends: its client left, or the server stops (`stopping`). Made
+/// once per stream and polled in every `select!` of its loop, so an event does not
+/// register (and drop) a waiter on the shutdown signal, which every stream shares.
+async fn ended(tx: &mpsc::Sender<Bytes>, stopping: impl std::future::Future<Output = ()>) {
+    tokio::select! {
+        _ = tx.closed() => {}
+        _ = stopping => {}
     }
 }
 
@@ -140,9 +139,12 @@ async fn pump_agent(
 ) -> anyhow::Result<()> {
     let mut idle = Idle::start(ping_interval_s, &tx).await?;
     replay_agent(stream, &mut last, &tx).await?;
+    let ended = ended(&tx, stream.stopping());
+    tokio::pin!(ended);
     loop {
         tokio::select! {
-            open = idle.next(&tx, stream.stopping()) => if !open? { return Ok(()) },
+            _ = &mut ended => return Ok(()),
+            sent = idle.ping(&tx) => sent?,
             msg = live.recv() => {
                 let mut out = String::new();
                 let mut next = Some(msg);
@@ -272,9 +274,12 @@ async fn pump_team(
 ) -> anyhow::Result<()> {
     let mut idle = Idle::start(ping_interval_s, &tx).await?;
     replay_team(stream, &mut last, &tx).await?;
+    let ended = ended(&tx, stream.stopping());
+    tokio::pin!(ended);
     loop {
         tokio::select! {
-            open = idle.next(&tx, stream.stopping()) => if !open? { return Ok(()) },
+            _ = &mut ended => return Ok(()),
+            sent = idle.ping(&tx) => sent?,
             msg = live.recv() => match msg {
                 Ok(a) => {
                     if a.id <= last {

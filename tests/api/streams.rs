@@ -234,3 +234,81 @@ async fn idle_streams_get_keep_alive_comments() {
     assert!(text.starts_with("retry: 3000\n\n"));
     assert_eq!(text.matches("retry:").count(), 1);
 }
+
+/// Open an agent's stream and the team's, raw, each read until its `retry:` line.
+async fn two_streams(
+    app: &TestApp,
+    agent: &str,
+) -> Vec<impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin + use<>> {
+    use futures::StreamExt;
+    let mut out = Vec::new();
+    for path in [
+        format!("/v1/agents/{agent}/events"),
+        "/v1/events".to_owned(),
+    ] {
+        let res = app
+            .client
+            .get(app.url(&path))
+            .bearer_auth(&app.token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200, "{path}");
+        let mut body = Box::pin(res.bytes_stream());
+        let first = tokio::time::timeout(Duration::from_secs(5), body.next())
+            .await
+            .expect("a first chunk within 5 s");
+        let first = first.expect("a first chunk").unwrap();
+        assert!(first.starts_with(b"retry: 3000\n\n"), "{path}: {first:?}");
+        out.push(body);
+    }
+    out
+}
+
+async fn subscribers(app: &TestApp) -> f64 {
+    let page = crate::metrics::scrape(app).await;
+    crate::metrics::sample(&page, "agentry_sse_subscribers").unwrap()
+}
+
+#[tokio::test]
+async fn a_stream_ends_when_its_client_leaves_and_when_the_server_stops() {
+    use futures::StreamExt;
+    // The server notices a client left at the stream's next write: here, a ping.
+    let app = spawn_app_with(|s| s.events.ping_interval_s = 1).await;
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    app.wait(&id).await;
+
+    let streams = two_streams(&app, &id).await;
+    assert_eq!(subscribers(&app).await, 2.0);
+    drop(streams);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while subscribers(&app).await > 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "streams whose clients left still listen after 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // A graceful stop ends open streams cleanly, well before the server's 10 s grace.
+    let streams = two_streams(&app, &id).await;
+    let stop = tokio::spawn(app.stop());
+    for mut body in streams {
+        let end = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match body.next().await {
+                    Some(Ok(_)) => continue,
+                    other => return other.map(|r| r.map(|_| ())),
+                }
+            }
+        })
+        .await
+        .expect("the stream ends within 5 s of the stop");
+        assert!(end.is_none(), "a clean end of the stream, not {end:?}");
+    }
+    tokio::time::timeout(Duration::from_secs(5), stop)
+        .await
+        .expect("the server stops")
+        .unwrap();
+}
