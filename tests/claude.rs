@@ -9,117 +9,50 @@ mod helpers;
 #[path = "support/clis.rs"]
 mod clis;
 
+#[path = "support/cli_world.rs"]
+#[allow(dead_code)]
+mod cli_world;
+
 #[path = "support/fake_anthropic.rs"]
 #[allow(dead_code)]
 mod fake_anthropic;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agentry::config::{ProviderSettings, Settings};
+use agentry::config::ProviderSettings;
+use cli_world::{CliWorld, Provider, assistant_text, cli_settings, ledger_rows};
 use fake_anthropic::{FakeAnthropic, Reply, conversation_text};
 use helpers::*;
-use serde_json::{Value, json};
-use tempfile::TempDir;
-
-/// The CLI is large: at most this many run at once across the tests of this binary.
-static CLI_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(3);
+use serde_json::json;
 
 const LONG: Duration = Duration::from_secs(30);
 
-/// One test's world: the app, the fake model, the CLI's home, a repository.
-struct World {
-    app: TestApp,
-    fake: FakeAnthropic,
-    cli: PathBuf,
-    home: TempDir,
-    repo: TempDir,
-    _slot: tokio::sync::SemaphorePermit<'static>,
-}
+/// Claude Code against the fake Anthropic API.
+struct Claude;
 
-fn configure(s: &mut Settings, cli: &Path, fake_url: &str, home: &Path) {
-    let env = BTreeMap::from([
-        ("ANTHROPIC_BASE_URL".to_owned(), fake_url.to_owned()),
-        ("ANTHROPIC_API_KEY".to_owned(), "test-key".to_owned()),
-        ("HOME".to_owned(), home.display().to_string()),
-    ]);
-    s.providers.insert(
-        "claude".into(),
-        ProviderSettings {
-            command: Some(vec![cli.display().to_string()]),
-            env,
-            ..Default::default()
-        },
-    );
-}
+type World = CliWorld<Claude>;
 
-/// `None` when the CLI is not installed and not required (a loud message was printed).
-async fn world() -> Option<World> {
-    world_with(|_| {}).await
-}
+impl Provider for Claude {
+    const ID: &'static str = "claude";
+    const TURN: Duration = LONG;
+    const SLOTS: Option<usize> = Some(3);
+    type Fake = FakeAnthropic;
 
-/// Like `world`, with the app's settings adjusted by `tweak`.
-async fn world_with(tweak: impl FnOnce(&mut Settings)) -> Option<World> {
-    let cli = clis::cli("claude")?;
-    let slot = CLI_SLOTS.acquire().await.unwrap();
-    let fake = FakeAnthropic::start().await;
-    let home = tempfile::tempdir().unwrap();
-    let (url, h, c) = (fake.url.clone(), home.path().to_path_buf(), cli.clone());
-    let app = spawn_app_with(move |s| {
-        configure(s, &c, &url, &h);
-        tweak(s);
-    })
-    .await;
-    Some(World {
-        app,
-        fake,
-        cli,
-        home,
-        repo: git_repo(),
-        _slot: slot,
-    })
-}
-
-impl World {
-    /// A worktree workspace and a `claude` agent in `mode`; returns (agent id, workspace).
-    async fn agent(&self, mode: &str) -> (String, Value) {
-        let project = self.app.project(self.repo.path()).await;
-        let ws = self
-            .app
-            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-            .await;
-        let agent = self
-            .app
-            .post_ok(
-                "/v1/agents",
-                json!({"workspace_id": ws["id"], "provider": "claude", "mode": mode}),
-                201,
-            )
-            .await;
-        (agent["id"].as_str().unwrap().to_owned(), ws)
+    fn settings(cli: &Path, fake_url: &str, home: &Path) -> ProviderSettings {
+        let env = BTreeMap::from([
+            ("ANTHROPIC_BASE_URL".to_owned(), fake_url.to_owned()),
+            ("ANTHROPIC_API_KEY".to_owned(), "test-key".to_owned()),
+            ("HOME".to_owned(), home.display().to_string()),
+        ]);
+        cli_settings(cli, env)
     }
-
-    /// Prompt and read the agent's stream until the turn completes; returns its events.
-    async fn turn(&self, agent: &str, text: &str, after: Option<i64>) -> Vec<SseEvent> {
-        let mut stream = self.app.events(agent, after).await;
-        self.app.prompt(agent, text).await;
-        stream.until("turn_completed", LONG).await
-    }
-}
-
-/// The assistant's whole messages in `events`.
-fn assistant_text(events: &[SseEvent]) -> String {
-    of_kind(events, "assistant_message")
-        .iter()
-        .map(|m| m["text"].as_str().unwrap())
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 #[tokio::test]
 async fn a_text_turn_streams_deltas_and_completes_with_usage() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let providers = w.app.get_ok("/v1/providers").await;
     let claude = providers["items"]
         .as_array()
@@ -149,11 +82,11 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
         .map(|m| m["id"].as_str().unwrap())
         .collect();
     assert!(ids.contains(&"default"), "{models}");
-    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM managed_processes")
-        .fetch_one(&w.app.pool)
-        .await
-        .unwrap();
-    assert_eq!(left, 0, "the catalog probe leaves no process behind");
+    assert_eq!(
+        ledger_rows(&w.app.pool).await,
+        0,
+        "the catalog probe leaves no process behind"
+    );
 
     let (agent, _) = w.agent("default").await;
     w.fake.push(Reply::slow(
@@ -196,7 +129,7 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
 
 #[tokio::test]
 async fn an_allowed_write_lands_in_the_worktree_and_its_diff() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("default").await;
     let path = path_of(&ws["path"]).join("hello.txt");
     w.fake.push(Reply::tool(
@@ -223,16 +156,7 @@ async fn an_allowed_write_lands_in_the_worktree_and_its_diff() {
     assert_eq!(running[0]["status"], "running");
     assert!(!path.exists(), "nothing is written before the answer");
 
-    w.app
-        .post_ok(
-            &format!(
-                "/v1/agents/{agent}/permissions/{}",
-                request["request_id"].as_str().unwrap()
-            ),
-            json!({"behavior": "allow"}),
-            200,
-        )
-        .await;
+    w.answer(&agent, &request, "allow").await;
     let after = stream.until("turn_completed", LONG).await;
     assert_eq!(outcome(&after)["outcome"], "completed");
     let calls = of_kind(&after, "tool_call");
@@ -270,7 +194,7 @@ async fn an_allowed_write_lands_in_the_worktree_and_its_diff() {
 
 #[tokio::test]
 async fn a_denied_command_fails_and_the_model_is_told() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("default").await;
     w.fake.push(Reply::tool(
         "Bash",
@@ -283,16 +207,12 @@ async fn a_denied_command_fails_and_the_model_is_told() {
     let before = stream.until("permission_requested", LONG).await;
     let request = of_kind(&before, "permission_requested")[0].clone();
     assert_eq!(of_kind(&before, "tool_call")[0]["tool_kind"], "shell");
-    w.app
-        .post_ok(
-            &format!(
-                "/v1/agents/{agent}/permissions/{}",
-                request["request_id"].as_str().unwrap()
-            ),
-            json!({"behavior": "deny", "message": "not on this machine"}),
-            200,
-        )
-        .await;
+    w.answer_with(
+        &agent,
+        &request,
+        json!({"behavior": "deny", "message": "not on this machine"}),
+    )
+    .await;
     let after = stream.until("turn_completed", LONG).await;
     assert_eq!(outcome(&after)["outcome"], "completed");
     let failed = of_kind(&after, "tool_call");
@@ -317,7 +237,7 @@ async fn a_denied_command_fails_and_the_model_is_told() {
 
 #[tokio::test]
 async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, _) = w.agent("default").await;
     w.fake.push(Reply::slow(
         "This answer takes a long while to arrive, word by word, far too long.",
@@ -348,23 +268,14 @@ async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
     assert_eq!(assistant_text(&events), "Back again.");
 }
 
-/// The provider session id the agent reports.
-async fn session_id(app: &TestApp, agent: &str) -> String {
-    let a = app.get_ok(&format!("/v1/agents/{agent}")).await;
-    a["runtime"]["provider_session_id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no session id: {a}"))
-        .to_owned()
-}
-
 #[tokio::test]
 async fn a_closed_agent_resumes_its_conversation() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, _) = w.agent("default").await;
     w.fake.push(Reply::text("I will remember pineapple."));
     let first = w.turn(&agent, "the secret word is pineapple", None).await;
     assert_eq!(outcome(&first)["outcome"], "completed");
-    let id = session_id(&w.app, &agent).await;
+    let id = w.session_id(&agent).await;
 
     w.app
         .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
@@ -390,28 +301,18 @@ async fn a_closed_agent_resumes_its_conversation() {
 
 #[tokio::test]
 async fn after_a_server_restart_the_agent_resumes() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, _) = w.agent("default").await;
     w.fake.push(Reply::text("Noted: mango."));
     let first = w.turn(&agent, "remember mango", None).await;
     assert_eq!(outcome(&first)["outcome"], "completed");
-    let id = session_id(&w.app, &agent).await;
+    let id = w.session_id(&agent).await;
 
-    let World {
-        app,
-        fake,
-        cli,
-        home,
-        repo: _repo,
-        _slot,
-    } = w;
-    let (db, data_dir, token) = app.stop().await;
-    let (url, h) = (fake.url.clone(), home.path().to_path_buf());
-    let app = spawn_on_with(db, data_dir, Some(token), |s| configure(s, &cli, &url, &h)).await;
+    let w = w.restart(|_| {}).await;
 
-    fake.push(Reply::text("You said mango."));
-    let mut stream = app.events(&agent, Some(last_seq(&first))).await;
-    app.prompt(&agent, "what fruit?").await;
+    w.fake.push(Reply::text("You said mango."));
+    let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
+    w.app.prompt(&agent, "what fruit?").await;
     let second = stream.until("turn_completed", LONG).await;
     assert_eq!(
         outcome(&second)["outcome"],
@@ -419,15 +320,15 @@ async fn after_a_server_restart_the_agent_resumes() {
         "{:?}",
         kinds(&second)
     );
-    assert_eq!(session_id(&app, &agent).await, id);
-    let history = conversation_text(&fake.requests().pop().unwrap());
+    assert_eq!(w.session_id(&agent).await, id);
+    let history = conversation_text(&w.fake.requests().pop().unwrap());
     assert!(history.contains("remember mango"), "{history}");
     assert!(history.contains("Noted: mango."), "{history}");
 }
 
 #[tokio::test]
 async fn bypass_permissions_runs_tools_without_asking() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("bypassPermissions").await;
     w.fake.push(Reply::tool(
         "Bash",
@@ -452,7 +353,7 @@ async fn bypass_permissions_runs_tools_without_asking() {
 
 #[tokio::test]
 async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, _) = w.agent("default").await;
     w.fake.push(Reply::slow(
         "A long answer that will be cut short by a kill signal midway.",
@@ -462,8 +363,7 @@ async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
     let mut stream = w.app.events(&agent, None).await;
     w.app.prompt(&agent, "talk for a while").await;
     stream.until("assistant_delta", LONG).await;
-    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
-    let pid = a["runtime"]["pid"].as_i64().expect("a running process") as i32;
+    let pid = w.pid(&agent).await;
     let killed = Instant::now();
     // SAFETY: kill(2) on the CLI process this test's server started.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
@@ -508,14 +408,7 @@ async fn without_credentials_claude_is_unavailable_and_creation_is_refused() {
             ("ANTHROPIC_AUTH_TOKEN".to_owned(), String::new()),
             ("HOME".to_owned(), h.display().to_string()),
         ]);
-        s.providers.insert(
-            "claude".into(),
-            ProviderSettings {
-                command: Some(vec![cli.display().to_string()]),
-                env,
-                ..Default::default()
-            },
-        );
+        s.providers.insert("claude".into(), cli_settings(&cli, env));
     })
     .await;
     let providers = app.get_ok("/v1/providers").await;
@@ -579,7 +472,7 @@ async fn without_credentials_claude_is_unavailable_and_creation_is_refused() {
 
 #[tokio::test]
 async fn shell_output_with_a_nul_is_stored_with_a_replacement_character() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, _) = w.agent("bypassPermissions").await;
     w.fake.push(Reply::tool(
         "Bash",
@@ -612,7 +505,7 @@ async fn shell_output_with_a_nul_is_stored_with_a_replacement_character() {
 
 #[tokio::test]
 async fn mode_and_model_change_in_a_live_session() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("default").await;
     w.fake.push(Reply::text("Ready."));
     let first = w.turn(&agent, "get ready", None).await;
@@ -671,7 +564,7 @@ async fn mode_and_model_change_in_a_live_session() {
 
 #[tokio::test]
 async fn an_agent_closed_before_its_first_prompt_still_works() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, _) = w.agent("default").await;
     w.app
         .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
@@ -700,7 +593,7 @@ async fn an_agent_closed_before_its_first_prompt_still_works() {
 
 #[tokio::test]
 async fn an_idle_cli_is_stopped_and_the_next_prompt_resumes_the_conversation() {
-    let Some(w) = world_with(|s| s.agents.idle_timeout_s = 2).await else {
+    let Some(w) = World::new_with(|s| s.agents.idle_timeout_s = 2).await else {
         return;
     };
     let (agent, _) = w.agent("default").await;
@@ -709,9 +602,7 @@ async fn an_idle_cli_is_stopped_and_the_next_prompt_resumes_the_conversation() {
     w.app.prompt(&agent, "remember kiwi").await;
     let first = stream.until("turn_completed", LONG).await;
     assert_eq!(outcome(&first)["outcome"], "completed");
-    let pid = w.app.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["pid"]
-        .as_i64()
-        .expect("a live CLI") as i32;
+    let pid = w.pid(&agent).await;
     eventually("the idle CLI is stopped", Duration::from_secs(15), || {
         !pid_alive(pid)
     })
@@ -732,11 +623,11 @@ async fn an_idle_cli_is_stopped_and_the_next_prompt_resumes_the_conversation() {
         "{closed}"
     );
     assert!(closed["runtime"]["pid"].is_null());
-    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM managed_processes")
-        .fetch_one(&w.app.pool)
-        .await
-        .unwrap();
-    assert_eq!(left, 0, "no process is left in the ledger");
+    assert_eq!(
+        ledger_rows(&w.app.pool).await,
+        0,
+        "no process is left in the ledger"
+    );
 
     w.fake.push(Reply::text("You asked me to remember kiwi."));
     let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
@@ -757,7 +648,7 @@ async fn an_idle_cli_is_stopped_and_the_next_prompt_resumes_the_conversation() {
 
 #[tokio::test]
 async fn always_allowing_applies_the_cli_suggestion() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("default").await;
     let dir = path_of(&ws["path"]);
     w.fake.push(Reply::tool(
@@ -773,16 +664,12 @@ async fn always_allowing_applies_the_cli_suggestion() {
     w.app.prompt(&agent, "write two files").await;
     let before = stream.until("permission_requested", LONG).await;
     let request = of_kind(&before, "permission_requested")[0].clone();
-    w.app
-        .post_ok(
-            &format!(
-                "/v1/agents/{agent}/permissions/{}",
-                request["request_id"].as_str().unwrap()
-            ),
-            json!({"behavior": "allow", "option_id": "allow_always"}),
-            200,
-        )
-        .await;
+    w.answer_with(
+        &agent,
+        &request,
+        json!({"behavior": "allow", "option_id": "allow_always"}),
+    )
+    .await;
     let after = stream.until("turn_completed", LONG).await;
     let k = kinds(&after);
     assert_eq!(outcome(&after)["outcome"], "completed", "{k:?}");

@@ -16,128 +16,61 @@ mod scenarios;
 #[path = "support/clis.rs"]
 mod clis;
 
+#[path = "support/cli_world.rs"]
+#[allow(dead_code)]
+mod cli_world;
+
 #[path = "support/fake_chat.rs"]
 #[allow(dead_code)]
 mod fake_chat;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use agentry::config::{ProviderSettings, Settings};
+use agentry::config::ProviderSettings;
+use cli_world::{CliWorld, Provider, cli_settings, last_message};
 use fake_chat::{FakeChat, MODEL, Reply, conversation_text};
 use helpers::*;
 use serde_json::{Value, json};
-use tempfile::TempDir;
-
-/// The CLI is large: at most this many run at once across the tests of this binary.
-static CLI_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(3);
 
 const LONG: Duration = Duration::from_secs(40);
 
-/// One test's world: the app, the fake model, the CLI's home, a repository.
-struct World {
-    app: TestApp,
-    fake: FakeChat,
-    cli: PathBuf,
-    home: TempDir,
-    repo: TempDir,
-    _slot: tokio::sync::SemaphorePermit<'static>,
-}
+/// Copilot in BYOK mode against the fake Chat Completions server, offline.
+struct Copilot;
 
-/// The `[providers.copilot]` table of a BYOK setup against the fake, offline.
-fn configure(s: &mut Settings, cli: &Path, base_url: &str, home: &Path) {
-    let env = BTreeMap::from([
-        ("COPILOT_OFFLINE".to_owned(), "true".to_owned()),
-        ("COPILOT_PROVIDER_BASE_URL".to_owned(), base_url.to_owned()),
-        ("COPILOT_PROVIDER_TYPE".to_owned(), "openai".to_owned()),
-        ("COPILOT_PROVIDER_API_KEY".to_owned(), "test-key".to_owned()),
-        ("COPILOT_MODEL".to_owned(), MODEL.to_owned()),
-        (
-            "COPILOT_HOME".to_owned(),
-            home.join(".copilot").display().to_string(),
-        ),
-        ("HOME".to_owned(), home.display().to_string()),
-    ]);
-    s.providers.insert(
-        "copilot".into(),
-        ProviderSettings {
-            command: Some(vec![cli.display().to_string()]),
-            env,
-            ..Default::default()
-        },
-    );
-}
+type World = CliWorld<Copilot>;
 
-/// `None` when the CLI is not installed and not required (a loud message was printed).
-async fn world() -> Option<World> {
-    let cli = clis::cli("copilot")?;
-    let slot = CLI_SLOTS.acquire().await.unwrap();
-    let fake = FakeChat::start().await;
-    let home = tempfile::tempdir().unwrap();
-    let (url, h, c) = (fake.base_url(), home.path().to_path_buf(), cli.clone());
-    let app = spawn_app_with(move |s| configure(s, &c, &url, &h)).await;
-    Some(World {
-        app,
-        fake,
-        cli,
-        home,
-        repo: git_repo(),
-        _slot: slot,
-    })
-}
+impl Provider for Copilot {
+    const ID: &'static str = "copilot";
+    const TURN: Duration = LONG;
+    const SLOTS: Option<usize> = Some(3);
+    type Fake = FakeChat;
 
-impl World {
-    /// A worktree workspace and a `copilot` agent in `mode`; returns (agent id, workspace).
-    async fn agent(&self, mode: &str) -> (String, Value) {
-        let project = self
-            .app
-            .post_ok(
-                "/v1/projects",
-                json!({"name": format!("p{}", uuid::Uuid::now_v7().simple()), "repo_path": self.repo.path()}),
-                201,
-            )
-            .await;
-        let ws = self
-            .app
-            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-            .await;
-        let agent = self
-            .app
-            .post_ok(
-                "/v1/agents",
-                json!({"workspace_id": ws["id"], "provider": "copilot", "mode": mode}),
-                201,
-            )
-            .await;
-        (agent["id"].as_str().unwrap().to_owned(), ws)
+    /// The `[providers.copilot]` table of a BYOK setup against the fake, offline.
+    fn settings(cli: &Path, base_url: &str, home: &Path) -> ProviderSettings {
+        let env = BTreeMap::from([
+            ("COPILOT_OFFLINE".to_owned(), "true".to_owned()),
+            ("COPILOT_PROVIDER_BASE_URL".to_owned(), base_url.to_owned()),
+            ("COPILOT_PROVIDER_TYPE".to_owned(), "openai".to_owned()),
+            ("COPILOT_PROVIDER_API_KEY".to_owned(), "test-key".to_owned()),
+            ("COPILOT_MODEL".to_owned(), MODEL.to_owned()),
+            (
+                "COPILOT_HOME".to_owned(),
+                home.join(".copilot").display().to_string(),
+            ),
+            ("HOME".to_owned(), home.display().to_string()),
+        ]);
+        cli_settings(cli, env)
     }
-
-    /// Prompt and read the agent's stream until the turn completes; returns its events.
-    async fn turn(&self, agent: &str, text: &str, after: Option<i64>) -> Vec<SseEvent> {
-        let mut stream = self.app.events(agent, after).await;
-        self.app.prompt(agent, text).await;
-        stream.until("turn_completed", LONG).await
+    fn marker(home: &Path) -> String {
+        format!("COPILOT_HOME={}", home.join(".copilot").display())
     }
-
-    async fn pid(&self, agent: &str) -> i32 {
-        self.app.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["pid"]
-            .as_i64()
-            .expect("a running CLI") as i32
-    }
-}
-
-/// The assistant's last whole message in `events`.
-fn last_message(events: &[SseEvent]) -> String {
-    of_kind(events, "assistant_message")
-        .last()
-        .map(|m| m["text"].as_str().unwrap().to_owned())
-        .unwrap_or_default()
 }
 
 #[tokio::test]
 async fn a_text_turn_streams_deltas_and_completes_with_usage() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let providers = w.app.get_ok("/v1/providers").await;
     let copilot = providers["items"]
         .as_array()
@@ -207,7 +140,7 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
 
 #[tokio::test]
 async fn an_approved_create_lands_in_the_worktree_and_its_diff() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("agent").await;
     let path = path_of(&ws["path"]).join("hello.txt");
     w.fake.push(Reply::tool(
@@ -234,16 +167,7 @@ async fn an_approved_create_lands_in_the_worktree_and_its_diff() {
     assert_eq!(pending[0]["diff"][0]["new_text"], "hello from copilot\n");
     assert!(!path.exists(), "nothing is written before the answer");
 
-    w.app
-        .post_ok(
-            &format!(
-                "/v1/agents/{agent}/permissions/{}",
-                request["request_id"].as_str().unwrap()
-            ),
-            json!({"behavior": "allow"}),
-            200,
-        )
-        .await;
+    w.answer(&agent, &request, "allow").await;
     let after = stream.until("turn_completed", LONG).await;
     assert_eq!(
         outcome(&after)["outcome"],
@@ -292,7 +216,7 @@ async fn an_approved_create_lands_in_the_worktree_and_its_diff() {
 
 #[tokio::test]
 async fn a_denied_create_fails_the_tool_and_the_turn_completes() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("agent").await;
     let path = path_of(&ws["path"]).join("denied.txt");
     w.fake.push(Reply::tool(
@@ -303,16 +227,7 @@ async fn a_denied_create_fails_the_tool_and_the_turn_completes() {
     w.app.prompt(&agent, "make denied.txt").await;
     let before = stream.until("permission_requested", LONG).await;
     let request = of_kind(&before, "permission_requested")[0].clone();
-    w.app
-        .post_ok(
-            &format!(
-                "/v1/agents/{agent}/permissions/{}",
-                request["request_id"].as_str().unwrap()
-            ),
-            json!({"behavior": "deny"}),
-            200,
-        )
-        .await;
+    w.answer(&agent, &request, "deny").await;
     let after = stream.until("turn_completed", LONG).await;
     assert_eq!(
         outcome(&after)["outcome"],
@@ -343,7 +258,7 @@ async fn a_denied_create_fails_the_tool_and_the_turn_completes() {
 
 #[tokio::test]
 async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, _) = w.agent("agent").await;
     w.fake.push(Reply::slow(
         "This answer takes a long while to arrive, word by word, far too long.",
@@ -376,7 +291,7 @@ async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
 
 #[tokio::test]
 async fn an_interrupt_while_a_permission_is_pending_cancels_the_turn() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("agent").await;
     let path = path_of(&ws["path"]).join("never.txt");
     w.fake.push(Reply::tool(
@@ -422,7 +337,7 @@ async fn an_interrupt_while_a_permission_is_pending_cancels_the_turn() {
 
 #[tokio::test]
 async fn a_closed_agent_resumes_its_conversation() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, _) = w.agent("agent").await;
     w.fake.push(Reply::text("I will remember pineapple."));
     let first = w.turn(&agent, "the secret word is pineapple", None).await;
@@ -468,35 +383,28 @@ async fn a_closed_agent_resumes_its_conversation() {
 
 #[tokio::test]
 async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("allow-all").await;
     w.fake.push(Reply::text("Noted: mango."));
     let first = w.turn(&agent, "remember mango", None).await;
     assert_eq!(outcome(&first)["outcome"], "completed");
     let pid = w.pid(&agent).await;
 
-    let World {
-        app,
-        fake,
-        cli,
-        home,
-        repo: _repo,
-        _slot,
-    } = w;
-    let (db, data_dir, token) = app.stop().await;
-    assert!(!pid_alive(pid), "the server's stop ended the CLI");
-    let (url, h) = (fake.base_url(), home.path().to_path_buf());
-    let app = spawn_on_with(db, data_dir, Some(token), |s| configure(s, &cli, &url, &h)).await;
+    let w = w
+        .restart(|_| assert!(!pid_alive(pid), "the server's stop ended the CLI"))
+        .await;
 
     // Still unattended: a file is created without asking.
     let path = path_of(&ws["path"]).join("after.txt");
-    fake.push(Reply::tool(
+    w.fake.push(Reply::tool(
         "create",
         json!({"path": path, "file_text": "after\n"}),
     ));
-    fake.push(Reply::text("You said mango."));
-    let mut stream = app.events(&agent, Some(last_seq(&first))).await;
-    app.prompt(&agent, "what fruit? and write after.txt").await;
+    w.fake.push(Reply::text("You said mango."));
+    let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
+    w.app
+        .prompt(&agent, "what fruit? and write after.txt")
+        .await;
     let second = stream.until("turn_completed", LONG).await;
     assert_eq!(
         outcome(&second)["outcome"],
@@ -512,16 +420,16 @@ async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
         "{:?}",
         kinds(&second)
     );
-    let a = app.get_ok(&format!("/v1/agents/{agent}")).await;
+    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
     assert_eq!(a["mode"], "allow-all", "{a}");
-    let history = conversation_text(&fake.last_completion().body);
+    let history = conversation_text(&w.fake.last_completion().body);
     assert!(history.contains("remember mango"), "{history}");
     assert!(history.contains("Noted: mango."), "{history}");
 }
 
 #[tokio::test]
 async fn allow_all_creates_files_without_asking() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("allow-all").await;
     let path = path_of(&ws["path"]).join("unattended.txt");
     w.fake.push(Reply::tool(
@@ -542,7 +450,7 @@ async fn allow_all_creates_files_without_asking() {
 
 #[tokio::test]
 async fn switching_to_allow_all_in_a_live_session_stops_the_asking() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("agent").await;
     w.fake.push(Reply::text("Ready."));
     let first = w.turn(&agent, "get ready", None).await;
@@ -593,14 +501,8 @@ async fn without_credentials_copilot_is_unavailable_and_creation_is_refused() {
         .map(|v| (v.to_owned(), String::new()))
         .chain([("HOME".to_owned(), h.display().to_string())])
         .collect();
-        s.providers.insert(
-            "copilot".into(),
-            ProviderSettings {
-                command: Some(vec![cli.display().to_string()]),
-                env,
-                ..Default::default()
-            },
-        );
+        s.providers
+            .insert("copilot".into(), cli_settings(&cli, env));
     })
     .await;
     let providers = app.get_ok("/v1/providers").await;
@@ -640,17 +542,12 @@ async fn without_credentials_copilot_is_unavailable_and_creation_is_refused() {
     // A GitHub token alone makes it available (it is not used: nothing is started).
     let cli = clis::cli("copilot").unwrap();
     let app2 = spawn_app_with(move |s| {
-        s.providers.insert(
-            "copilot".into(),
-            ProviderSettings {
-                command: Some(vec![cli.display().to_string()]),
-                env: BTreeMap::from([
-                    ("GH_TOKEN".to_owned(), "github_pat_placeholder".to_owned()),
-                    ("COPILOT_PROVIDER_BASE_URL".to_owned(), String::new()),
-                ]),
-                ..Default::default()
-            },
-        );
+        let env = BTreeMap::from([
+            ("GH_TOKEN".to_owned(), "github_pat_placeholder".to_owned()),
+            ("COPILOT_PROVIDER_BASE_URL".to_owned(), String::new()),
+        ]);
+        s.providers
+            .insert("copilot".into(), cli_settings(&cli, env));
     })
     .await;
     let providers = app2.get_ok("/v1/providers").await;
@@ -693,55 +590,32 @@ async fn without_credentials_copilot_is_unavailable_and_creation_is_refused() {
     );
 }
 
-impl scenarios::Rig for World {
-    const PATIENCE: Duration = LONG;
+impl scenarios::Rig for Copilot {
+    const ASKING_MODE: &'static str = "agent";
 
-    fn app(&self) -> &TestApp {
-        &self.app
-    }
-    async fn agent(&self) -> String {
-        World::agent(self, "agent").await.0
-    }
-    fn reply_slowly(&self) {
-        self.fake.push(Reply::slow(
+    fn reply_slowly(fake: &FakeChat) {
+        fake.push(Reply::slow(
             "A long answer that will be cut short by a kill signal midway.",
             40,
             Duration::from_millis(250),
         ));
     }
-    fn reply_stalled(&self) {
-        self.fake.push(Reply::stalled("Still talking"));
+    fn reply_stalled(fake: &FakeChat) {
+        fake.push(Reply::stalled("Still talking"));
     }
-    fn reply_text(&self, text: &str) {
-        self.fake.push(Reply::text(text));
-    }
-    fn marker(&self) -> String {
-        format!(
-            "COPILOT_HOME={}",
-            self.home.path().join(".copilot").display()
-        )
-    }
-    fn into_app(self) -> (TestApp, Box<dyn std::any::Any>) {
-        let World {
-            app,
-            fake,
-            cli,
-            home,
-            repo,
-            _slot,
-        } = self;
-        (app, Box::new((fake, cli, home, repo, _slot)))
+    fn reply_text(fake: &FakeChat, text: &str) {
+        fake.push(Reply::text(text));
     }
 }
 
 #[tokio::test]
 async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     scenarios::a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers(&w).await;
 }
 
 #[tokio::test]
 async fn no_cli_process_is_left_after_archive_or_server_shutdown() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     scenarios::no_cli_process_is_left_after_archive_or_server_shutdown(w).await;
 }

@@ -12,6 +12,10 @@ mod http;
 #[path = "support/clis.rs"]
 mod clis;
 
+#[path = "support/cli_world.rs"]
+#[allow(dead_code)]
+mod cli_world;
+
 #[path = "support/fake_openai.rs"]
 #[allow(dead_code)]
 mod fake_openai;
@@ -21,10 +25,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use agentry::config::{ModeSetting, ProviderSettings};
+use cli_world::{CliWorld, Provider, assistant_text, ledger_rows};
 use fake_openai::{FakeOpenAi, Reply, input_text};
 use helpers::*;
-use serde_json::{Value, json};
-use tempfile::TempDir;
+use serde_json::json;
 
 const LONG: Duration = Duration::from_secs(60);
 /// A model Codex knows, so that it offers `apply_patch`.
@@ -39,108 +43,55 @@ fn mode(id: &str, unattended: bool) -> ModeSetting {
     }
 }
 
-/// The `[providers.codex-acp]` table a user would write.
-fn table(cli: &Path, base_url: &str, home: &Path) -> ProviderSettings {
-    ProviderSettings {
-        extends: Some("acp".into()),
-        label: Some("Codex over ACP".into()),
-        command: Some(vec![
-            cli.display().to_string(),
-            "-c".into(),
-            format!("model={MODEL}"),
-            "-c".into(),
-            "model_provider=fake".into(),
-            "-c".into(),
-            format!(
-                r#"model_providers.fake={{name="Fake",base_url="{base_url}",env_key="OPENAI_API_KEY",wire_api="responses"}}"#
-            ),
-        ]),
-        env: BTreeMap::from([
-            ("CODEX_HOME".to_owned(), home.display().to_string()),
-            ("HOME".to_owned(), home.display().to_string()),
-            ("OPENAI_API_KEY".to_owned(), "x".to_owned()),
-        ]),
-        modes: vec![
-            mode("read-only", false),
-            mode("auto", false),
-            mode("full-access", true),
-        ],
-        default_mode: Some("full-access".into()),
-        ..Default::default()
+/// codex-acp as a configured ACP agent against the fake OpenAI Responses server.
+struct CodexAcp;
+
+type World = CliWorld<CodexAcp>;
+
+impl Provider for CodexAcp {
+    const ID: &'static str = "codex-acp";
+    const TURN: Duration = LONG;
+    const SLOTS: Option<usize> = None;
+    type Fake = FakeOpenAi;
+
+    /// The `[providers.codex-acp]` table a user would write.
+    fn settings(cli: &Path, base_url: &str, home: &Path) -> ProviderSettings {
+        ProviderSettings {
+            extends: Some("acp".into()),
+            label: Some("Codex over ACP".into()),
+            command: Some(vec![
+                cli.display().to_string(),
+                "-c".into(),
+                format!("model={MODEL}"),
+                "-c".into(),
+                "model_provider=fake".into(),
+                "-c".into(),
+                format!(
+                    r#"model_providers.fake={{name="Fake",base_url="{base_url}",env_key="OPENAI_API_KEY",wire_api="responses"}}"#
+                ),
+            ]),
+            env: BTreeMap::from([
+                ("CODEX_HOME".to_owned(), home.display().to_string()),
+                ("HOME".to_owned(), home.display().to_string()),
+                ("OPENAI_API_KEY".to_owned(), "x".to_owned()),
+            ]),
+            modes: vec![
+                mode("read-only", false),
+                mode("auto", false),
+                mode("full-access", true),
+            ],
+            default_mode: Some("full-access".into()),
+            ..Default::default()
+        }
     }
-}
-
-struct Rig {
-    app: TestApp,
-    fake: FakeOpenAi,
-    home: TempDir,
-    repo: TempDir,
-}
-
-impl Rig {
-    async fn start() -> Option<Self> {
-        let cli = clis::cli("codex-acp")?;
-        let fake = FakeOpenAi::start().await;
-        let home = tempfile::tempdir().unwrap();
-        let table = table(&cli, &fake.base_url(), home.path());
-        let app = spawn_app_with(|s| {
-            s.providers.insert("codex-acp".into(), table);
-        })
-        .await;
-        Some(Self {
-            app,
-            fake,
-            home,
-            repo: git_repo(),
-        })
+    fn marker(home: &Path) -> String {
+        format!("CODEX_HOME={}", home.display())
     }
-
-    /// A worktree workspace and a codex-acp agent in `mode`: (agent, workspace).
-    async fn agent(&self, mode: &str) -> (String, Value) {
-        let project = self.app.project(self.repo.path()).await;
-        let ws = self
-            .app
-            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-            .await;
-        let agent = self
-            .app
-            .post_ok(
-                "/v1/agents",
-                json!({"workspace_id": ws["id"], "provider": "codex-acp", "mode": mode}),
-                201,
-            )
-            .await;
-        (agent["id"].as_str().unwrap().to_owned(), ws)
-    }
-
-    async fn turn(&self, agent: &str, text: &str, after: Option<i64>) -> Vec<SseEvent> {
-        let mut stream = self.app.events(agent, after).await;
-        self.app.prompt(agent, text).await;
-        stream.until("turn_completed", LONG).await
-    }
-
-    /// The live processes started for this test's agents (they carry its `CODEX_HOME`).
-    fn processes(&self) -> Vec<i32> {
-        processes_with_env(&format!("CODEX_HOME={}", self.home.path().display()))
-    }
-
-    async fn pid(&self, agent: &str) -> Option<i32> {
-        let a = self.app.get_ok(&format!("/v1/agents/{agent}")).await;
-        a["runtime"]["pid"].as_i64().map(|p| p as i32)
-    }
-}
-
-fn assistant_text(events: &[SseEvent]) -> String {
-    of_kind(events, "assistant_message")
-        .iter()
-        .map(|m| m["text"].as_str().unwrap())
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 #[tokio::test]
 async fn a_configured_acp_agent_is_listed_and_runs_a_text_turn() {
-    let Some(rig) = Rig::start().await else {
+    let Some(rig) = World::new().await else {
         return;
     };
     let providers = rig.app.get_ok("/v1/providers").await;
@@ -166,7 +117,7 @@ async fn a_configured_acp_agent_is_listed_and_runs_a_text_turn() {
 
 #[tokio::test]
 async fn a_file_write_is_approved_and_lands_in_the_worktree() {
-    let Some(rig) = Rig::start().await else {
+    let Some(rig) = World::new().await else {
         return;
     };
     let patch = "*** Begin Patch\n*** Add File: hello.txt\n+hello over acp\n*** End Patch\n";
@@ -186,16 +137,7 @@ async fn a_file_write_is_approved_and_lands_in_the_worktree() {
     // agentry's ids, chosen by kind (codex-acp's own are `approved`, `abort`, …).
     assert!(options.contains(&"allow"), "{request}");
     assert!(options.contains(&"deny"), "{request}");
-    rig.app
-        .post_ok(
-            &format!(
-                "/v1/agents/{agent}/permissions/{}",
-                request["request_id"].as_str().unwrap()
-            ),
-            json!({"behavior": "allow"}),
-            200,
-        )
-        .await;
+    rig.answer(&agent, &request, "allow").await;
     let after = stream.until("turn_completed", LONG).await;
     let k = kinds(&after);
     assert_eq!(outcome(&after)["outcome"], "completed", "{k:?}");
@@ -219,7 +161,7 @@ async fn a_file_write_is_approved_and_lands_in_the_worktree() {
 
 #[tokio::test]
 async fn a_closed_agent_resumes_its_conversation() {
-    let Some(rig) = Rig::start().await else {
+    let Some(rig) = World::new().await else {
         return;
     };
     rig.fake
@@ -227,7 +169,7 @@ async fn a_closed_agent_resumes_its_conversation() {
     let (agent, _) = rig.agent("full-access").await;
     let first = rig.turn(&agent, "my colour is blue", None).await;
     assert_eq!(outcome(&first)["outcome"], "completed");
-    let pid = rig.pid(&agent).await.expect("a live agent");
+    let pid = rig.pid(&agent).await;
     rig.app
         .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
         .await;
@@ -253,7 +195,7 @@ async fn a_closed_agent_resumes_its_conversation() {
 
 #[tokio::test]
 async fn a_killed_agent_fails_the_turn_quickly_and_is_usable_after() {
-    let Some(rig) = Rig::start().await else {
+    let Some(rig) = World::new().await else {
         return;
     };
     rig.fake
@@ -262,7 +204,7 @@ async fn a_killed_agent_fails_the_turn_quickly_and_is_usable_after() {
     let mut stream = rig.app.events(&agent, None).await;
     rig.app.prompt(&agent, "long task").await;
     stream.until("assistant_delta", LONG).await;
-    let pid = rig.pid(&agent).await.expect("a running process");
+    let pid = rig.pid(&agent).await;
     let killed = Instant::now();
     // SAFETY: kill(2) on the agent process this test's server started.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
@@ -286,7 +228,7 @@ async fn a_killed_agent_fails_the_turn_quickly_and_is_usable_after() {
 
 #[tokio::test]
 async fn a_denied_write_changes_nothing_and_the_agent_goes_on() {
-    let Some(rig) = Rig::start().await else {
+    let Some(rig) = World::new().await else {
         return;
     };
     let patch = "*** Begin Patch\n*** Add File: denied.txt\n+no\n*** End Patch\n";
@@ -300,14 +242,7 @@ async fn a_denied_write_changes_nothing_and_the_agent_goes_on() {
     rig.app.prompt(&agent, "add denied.txt").await;
     let before = stream.until("permission_requested", LONG).await;
     let request = of_kind(&before, "permission_requested")[0].clone();
-    let id = request["request_id"].as_str().unwrap();
-    rig.app
-        .post_ok(
-            &format!("/v1/agents/{agent}/permissions/{id}"),
-            json!({"behavior": "deny"}),
-            200,
-        )
-        .await;
+    rig.answer(&agent, &request, "deny").await;
     let after = stream.until("turn_completed", LONG).await;
     let k = kinds(&after);
     let resolved = of_kind(&after, "permission_resolved");
@@ -334,7 +269,7 @@ async fn a_denied_write_changes_nothing_and_the_agent_goes_on() {
 
 #[tokio::test]
 async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
-    let Some(rig) = Rig::start().await else {
+    let Some(rig) = World::new().await else {
         return;
     };
     rig.fake
@@ -360,7 +295,7 @@ async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
 
 #[tokio::test]
 async fn the_unattended_mode_writes_without_asking() {
-    let Some(rig) = Rig::start().await else {
+    let Some(rig) = World::new().await else {
         return;
     };
     let patch = "*** Begin Patch\n*** Add File: quiet.txt\n+unattended\n*** End Patch\n";
@@ -379,7 +314,7 @@ async fn the_unattended_mode_writes_without_asking() {
 
 #[tokio::test]
 async fn no_agent_process_is_left_after_archive_or_server_shutdown() {
-    let Some(rig) = Rig::start().await else {
+    let Some(rig) = World::new().await else {
         return;
     };
     rig.fake
@@ -387,21 +322,25 @@ async fn no_agent_process_is_left_after_archive_or_server_shutdown() {
     let (archived, ws) = rig.agent("full-access").await;
     let events = rig.turn(&archived, "one", None).await;
     assert_eq!(outcome(&events)["outcome"], "completed");
-    let pid = rig.pid(&archived).await.expect("a live agent");
-    assert!(rig.processes().contains(&pid), "{:?}", rig.processes());
+    let pid = rig.pid(&archived).await;
+    assert!(
+        rig.processes_of_this_test().contains(&pid),
+        "{:?}",
+        rig.processes_of_this_test()
+    );
     let res = rig.app.delete(&format!("/v1/agents/{archived}")).await;
     assert_eq!(res.status(), 204);
     eventually(
         "the archived agent's processes to end",
         Duration::from_secs(10),
-        || rig.processes().is_empty(),
+        || rig.processes_of_this_test().is_empty(),
     )
     .await;
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM managed_processes")
-        .fetch_one(&rig.app.pool)
-        .await
-        .unwrap();
-    assert_eq!(rows, 0, "the ledger is empty after archive");
+    assert_eq!(
+        ledger_rows(&rig.app.pool).await,
+        0,
+        "the ledger is empty after archive"
+    );
 
     // Server shutdown with a turn in flight.
     let agent = rig
@@ -416,23 +355,18 @@ async fn no_agent_process_is_left_after_archive_or_server_shutdown() {
     let mut stream = rig.app.events(agent, None).await;
     rig.app.prompt(agent, "talk").await;
     stream.until("assistant_delta", LONG).await;
-    assert!(!rig.processes().is_empty());
-    let Rig {
-        app,
-        fake: _fake,
-        home,
-        repo: _repo,
-    } = rig;
+    assert!(!rig.processes_of_this_test().is_empty());
+    let marker = rig.marker();
+    let (app, _rest) = rig.into_app();
     let (db, _data_dir, _token) = app.stop().await;
-    let marker = format!("CODEX_HOME={}", home.path().display());
     assert!(
         processes_with_env(&marker).is_empty(),
         "the server's stop ended every process"
     );
     let pool = sqlx::PgPool::connect_with(db).await.unwrap();
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM managed_processes")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(rows, 0, "the ledger is empty after shutdown");
+    assert_eq!(
+        ledger_rows(&pool).await,
+        0,
+        "the ledger is empty after shutdown"
+    );
 }

@@ -12,6 +12,10 @@ mod scenarios;
 #[path = "support/clis.rs"]
 mod clis;
 
+#[path = "support/cli_world.rs"]
+#[allow(dead_code)]
+mod cli_world;
+
 #[path = "support/fake_gemini.rs"]
 #[allow(dead_code)]
 mod fake_gemini;
@@ -20,133 +24,55 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use agentry::config::{ProviderSettings, Settings};
+use agentry::config::ProviderSettings;
+use cli_world::{CliWorld, Provider, assistant_text, cli_settings};
 use fake_gemini::{FakeGemini, REPLY_TOKENS, Reply, conversation_text, function_responses};
 use helpers::*;
-use serde_json::{Value, json};
+use serde_json::json;
 use tempfile::TempDir;
-
-/// The CLI is large: at most this many run at once across the tests of this binary.
-static CLI_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(3);
 
 const LONG: Duration = Duration::from_secs(60);
 const MODEL: &str = "gemini-2.5-flash";
 
-/// One test's world: the app, the fake model, the CLI's home, a repository.
-struct World {
-    app: TestApp,
-    fake: FakeGemini,
-    home: TempDir,
-    repo: TempDir,
-    _slot: tokio::sync::SemaphorePermit<'static>,
-}
+/// The Gemini CLI against the fake Gemini API.
+struct Gemini;
 
-/// A quiet, isolated home: no usage statistics, no update checks.
-fn quiet_home() -> TempDir {
-    let home = tempfile::tempdir().unwrap();
-    let dir = home.path().join(".gemini");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("settings.json"),
-        json!({"privacy": {"usageStatisticsEnabled": false},
-            "general": {"enableAutoUpdate": false, "enableAutoUpdateNotification": false}})
-        .to_string(),
-    )
-    .unwrap();
-    home
-}
+type World = CliWorld<Gemini>;
 
-fn configure(s: &mut Settings, cli: &Path, fake_url: &str, home: &Path) {
-    let env = BTreeMap::from([
-        ("GOOGLE_GEMINI_BASE_URL".to_owned(), fake_url.to_owned()),
-        ("GEMINI_API_KEY".to_owned(), "test-key".to_owned()),
-        ("HOME".to_owned(), home.display().to_string()),
-    ]);
-    s.providers.insert(
-        "gemini".into(),
-        ProviderSettings {
-            command: Some(vec![cli.display().to_string()]),
-            env,
-            ..Default::default()
-        },
-    );
-}
+impl Provider for Gemini {
+    const ID: &'static str = "gemini";
+    const TURN: Duration = LONG;
+    const SLOTS: Option<usize> = Some(3);
+    const MODEL: Option<&'static str> = Some(MODEL);
+    type Fake = FakeGemini;
 
-/// `None` when the CLI is not installed and not required (a loud message was printed).
-async fn world() -> Option<World> {
-    let cli = clis::cli("gemini")?;
-    let slot = CLI_SLOTS.acquire().await.unwrap();
-    let fake = FakeGemini::start().await;
-    let home = quiet_home();
-    let (url, h) = (fake.url.clone(), home.path().to_path_buf());
-    let app = spawn_app_with(move |s| configure(s, &cli, &url, &h)).await;
-    Some(World {
-        app,
-        fake,
-        home,
-        repo: git_repo(),
-        _slot: slot,
-    })
-}
-
-impl World {
-    /// A worktree workspace and a `gemini` agent in `mode`; returns (agent id, workspace).
-    async fn agent(&self, mode: &str) -> (String, Value) {
-        let project = self.app.project(self.repo.path()).await;
-        let ws = self
-            .app
-            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-            .await;
-        let agent = self
-            .app
-            .post_ok(
-                "/v1/agents",
-                json!({"workspace_id": ws["id"], "provider": "gemini", "mode": mode,
-                    "model": MODEL}),
-                201,
-            )
-            .await;
-        (agent["id"].as_str().unwrap().to_owned(), ws)
+    fn settings(cli: &Path, fake_url: &str, home: &Path) -> ProviderSettings {
+        let env = BTreeMap::from([
+            ("GOOGLE_GEMINI_BASE_URL".to_owned(), fake_url.to_owned()),
+            ("GEMINI_API_KEY".to_owned(), "test-key".to_owned()),
+            ("HOME".to_owned(), home.display().to_string()),
+        ]);
+        cli_settings(cli, env)
     }
-
-    /// Prompt and read the agent's stream until the turn completes; returns its events.
-    async fn turn(&self, agent: &str, text: &str, after: Option<i64>) -> Vec<SseEvent> {
-        let mut stream = self.app.events(agent, after).await;
-        self.app.prompt(agent, text).await;
-        stream.until("turn_completed", LONG).await
+    /// A quiet, isolated home: no usage statistics, no update checks.
+    fn home() -> TempDir {
+        let home = tempfile::tempdir().unwrap();
+        let dir = home.path().join(".gemini");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("settings.json"),
+            json!({"privacy": {"usageStatisticsEnabled": false},
+                "general": {"enableAutoUpdate": false, "enableAutoUpdateNotification": false}})
+            .to_string(),
+        )
+        .unwrap();
+        home
     }
-
-    async fn pid(&self, agent: &str) -> Option<i32> {
-        let a = self.app.get_ok(&format!("/v1/agents/{agent}")).await;
-        a["runtime"]["pid"].as_i64().map(|p| p as i32)
-    }
-
-    async fn answer(&self, agent: &str, request: &Value, body: Value) {
-        self.app
-            .post_ok(
-                &format!(
-                    "/v1/agents/{agent}/permissions/{}",
-                    request["request_id"].as_str().unwrap()
-                ),
-                body,
-                200,
-            )
-            .await;
-    }
-}
-
-/// The assistant's whole messages in `events`.
-fn assistant_text(events: &[SseEvent]) -> String {
-    of_kind(events, "assistant_message")
-        .iter()
-        .map(|m| m["text"].as_str().unwrap())
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 #[tokio::test]
 async fn a_text_turn_streams_deltas_and_completes_with_usage() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let providers = w.app.get_ok("/v1/providers").await;
     let gemini = providers["items"]
         .as_array()
@@ -214,7 +140,7 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
 
 #[tokio::test]
 async fn an_allowed_write_lands_in_the_worktree_and_its_diff() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("default").await;
     let path = path_of(&ws["path"]).join("hello.txt");
     w.fake.push(Reply::tool(
@@ -244,7 +170,7 @@ async fn an_allowed_write_lands_in_the_worktree_and_its_diff() {
     assert_eq!(calls[0]["call_id"], request["call_id"], "{request}");
     assert!(!path.exists(), "nothing is written before the answer");
 
-    w.answer(
+    w.answer_with(
         &agent,
         &request,
         json!({"behavior": "allow", "option_id": "allow"}),
@@ -299,7 +225,7 @@ async fn an_allowed_write_lands_in_the_worktree_and_its_diff() {
 
 #[tokio::test]
 async fn a_denied_write_fails_its_call_and_the_turn_completes() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("default").await;
     let path = path_of(&ws["path"]).join("denied.txt");
     w.fake.push(Reply::tool(
@@ -312,8 +238,7 @@ async fn a_denied_write_fails_its_call_and_the_turn_completes() {
     w.app.prompt(&agent, "make denied.txt").await;
     let before = stream.until("permission_requested", LONG).await;
     let request = of_kind(&before, "permission_requested")[0].clone();
-    w.answer(&agent, &request, json!({"behavior": "deny"}))
-        .await;
+    w.answer(&agent, &request, "deny").await;
     let after = stream.until("turn_completed", LONG).await;
     let k = kinds(&after);
     assert_eq!(outcome(&after)["outcome"], "completed", "{k:?}");
@@ -326,7 +251,7 @@ async fn a_denied_write_fails_its_call_and_the_turn_completes() {
 
 #[tokio::test]
 async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, _) = w.agent("default").await;
     w.fake.push(Reply::slow(
         "This answer takes a long while to arrive, word by word, far too long.",
@@ -359,7 +284,7 @@ async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
 
 #[tokio::test]
 async fn an_interrupt_while_a_permission_waits_expires_it() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("default").await;
     let path = path_of(&ws["path"]).join("never.txt");
     w.fake.push(Reply::tool(
@@ -402,7 +327,7 @@ async fn an_interrupt_while_a_permission_waits_expires_it() {
 
 #[tokio::test]
 async fn yolo_runs_tools_without_asking() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("yolo").await;
     let path = path_of(&ws["path"]).join("yolo.txt");
     w.fake.push(Reply::tool(
@@ -419,24 +344,15 @@ async fn yolo_runs_tools_without_asking() {
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "unattended\n");
 }
 
-/// The provider session id the agent reports.
-async fn session_id(app: &TestApp, agent: &str) -> String {
-    let a = app.get_ok(&format!("/v1/agents/{agent}")).await;
-    a["runtime"]["provider_session_id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no session id: {a}"))
-        .to_owned()
-}
-
 #[tokio::test]
 async fn a_closed_agent_resumes_its_conversation() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, _) = w.agent("default").await;
     w.fake.push(Reply::text("I will remember pineapple."));
     let first = w.turn(&agent, "the secret word is pineapple", None).await;
     assert_eq!(outcome(&first)["outcome"], "completed");
-    let id = session_id(&w.app, &agent).await;
-    let pid = w.pid(&agent).await.expect("a live CLI");
+    let id = w.session_id(&agent).await;
+    let pid = w.pid(&agent).await;
 
     w.app
         .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
@@ -495,14 +411,7 @@ async fn without_credentials_gemini_is_unavailable_and_creation_is_refused() {
         .iter()
         .map(|k| ((*k).to_owned(), String::new()))
         .collect();
-        s.providers.insert(
-            "gemini".into(),
-            ProviderSettings {
-                command: Some(vec![cli.display().to_string()]),
-                env,
-                ..Default::default()
-            },
-        );
+        s.providers.insert("gemini".into(), cli_settings(&cli, env));
     })
     .await;
     let providers = app.get_ok("/v1/providers").await;
@@ -535,7 +444,7 @@ async fn without_credentials_gemini_is_unavailable_and_creation_is_refused() {
 
 #[tokio::test]
 async fn mode_and_model_change_in_a_live_session() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("default").await;
     w.fake.push(Reply::text("Ready."));
     let first = w.turn(&agent, "get ready", None).await;
@@ -592,77 +501,39 @@ async fn mode_and_model_change_in_a_live_session() {
     assert!(last.contains("/models/gemini-2.5-pro:"), "{lines:?}");
 }
 
-impl scenarios::Rig for World {
+impl scenarios::Rig for Gemini {
     /// Gemini's first turn in a new process can be slow.
     const PATIENCE: Duration = Duration::from_secs(150);
+    const ASKING_MODE: &'static str = "default";
 
-    fn app(&self) -> &TestApp {
-        &self.app
-    }
-    async fn agent(&self) -> String {
-        let project = self
-            .app
-            .post_ok(
-                "/v1/projects",
-                json!({"name": format!("p{}", uuid::Uuid::now_v7().simple()), "repo_path": self.repo.path()}),
-                201,
-            )
-            .await;
-        let ws = self
-            .app
-            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-            .await;
-        let agent = self
-            .app
-            .post_ok(
-                "/v1/agents",
-                json!({"workspace_id": ws["id"], "provider": "gemini", "mode": "default", "model": MODEL}),
-                201,
-            )
-            .await;
-        agent["id"].as_str().unwrap().to_owned()
-    }
-    fn reply_slowly(&self) {
-        self.fake.push(Reply::slow(
+    fn reply_slowly(fake: &FakeGemini) {
+        fake.push(Reply::slow(
             "A long answer that will be cut short by a kill signal midway.",
             40,
             Duration::from_millis(250),
         ));
     }
-    fn reply_stalled(&self) {
+    fn reply_stalled(fake: &FakeGemini) {
         // Longer than any test: 200 chunks, half a second apart.
-        self.fake.push(Reply::slow(
+        fake.push(Reply::slow(
             "Still talking",
             200,
             Duration::from_millis(500),
         ));
     }
-    fn reply_text(&self, text: &str) {
-        self.fake.push(Reply::text(text));
-    }
-    fn marker(&self) -> String {
-        format!("HOME={}", self.home.path().display())
-    }
-    fn into_app(self) -> (TestApp, Box<dyn std::any::Any>) {
-        let World {
-            app,
-            fake,
-            home,
-            repo,
-            _slot,
-        } = self;
-        (app, Box::new((fake, home, repo, _slot)))
+    fn reply_text(fake: &FakeGemini, text: &str) {
+        fake.push(Reply::text(text));
     }
 }
 
 #[tokio::test]
 async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     scenarios::a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers(&w).await;
 }
 
 #[tokio::test]
 async fn no_cli_process_is_left_after_archive_or_server_shutdown() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     scenarios::no_cli_process_is_left_after_archive_or_server_shutdown(w).await;
 }

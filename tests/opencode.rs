@@ -13,186 +13,77 @@ mod http;
 #[path = "support/clis.rs"]
 mod clis;
 
+#[path = "support/cli_world.rs"]
+#[allow(dead_code)]
+mod cli_world;
+
 #[path = "support/fake_chat.rs"]
 #[allow(dead_code)]
 mod fake_chat;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agentry::config::{ProviderSettings, Settings};
+use agentry::config::ProviderSettings;
+use cli_world::{CliWorld, Provider, cli_settings, last_message, ledger_rows, new_agent};
 use fake_chat::{FakeChat, MODEL, Reply, conversation_text};
 use helpers::*;
-use serde_json::{Value, json};
-use tempfile::TempDir;
-
-/// The server is large: at most this many run at once across the tests of this binary.
-static CLI_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+use serde_json::json;
 
 const LONG: Duration = Duration::from_secs(60);
 
-/// One test's world: the app, the fake model, OpenCode's home, a repository.
-struct World {
-    app: TestApp,
-    fake: FakeChat,
-    cli: PathBuf,
-    home: TempDir,
-    repo: TempDir,
-    _slot: tokio::sync::SemaphorePermit<'static>,
-}
+/// `opencode serve` with a custom provider pointed at the fake Chat Completions server,
+/// offline.
+struct OpenCode;
 
-/// The `[providers.opencode]` table of a setup against the fake: a custom provider in
-/// `OPENCODE_CONFIG_CONTENT`, and a home of its own. The npm registry is unreachable, as
-/// on an offline machine: OpenCode's plugin install at start fails and must not matter.
-fn configure(s: &mut Settings, cli: &Path, base_url: &str, home: &Path) {
-    let config = json!({
-        "model": format!("fake/{MODEL}"),
-        "small_model": format!("fake/{MODEL}"),
-        "provider": {"fake": {
-            "npm": "@ai-sdk/openai-compatible",
-            "options": {"baseURL": base_url, "apiKey": "test-key"},
-            "models": {
-                MODEL: {"name": "Fake", "tool_call": true,
-                    "limit": {"context": 100000, "output": 4096}},
-                "fake-model-2": {"name": "Fake 2", "tool_call": true,
-                    "limit": {"context": 100000, "output": 4096}},
-            },
-        }},
-    });
-    let dir = |d: &str| home.join(d).display().to_string();
-    let env = BTreeMap::from([
-        ("OPENCODE_CONFIG_CONTENT".to_owned(), config.to_string()),
-        ("HOME".to_owned(), home.display().to_string()),
-        ("XDG_CONFIG_HOME".to_owned(), dir(".config")),
-        ("XDG_DATA_HOME".to_owned(), dir(".local/share")),
-        ("XDG_STATE_HOME".to_owned(), dir(".local/state")),
-        ("XDG_CACHE_HOME".to_owned(), dir(".cache")),
-        (
-            "npm_config_registry".to_owned(),
-            "http://127.0.0.1:9/".to_owned(),
-        ),
-    ]);
-    s.providers.insert(
-        "opencode".into(),
-        ProviderSettings {
-            command: Some(vec![cli.display().to_string()]),
-            env,
-            ..Default::default()
-        },
-    );
-}
+type World = CliWorld<OpenCode>;
 
-/// `None` when the CLI is not installed and not required (a loud message was printed).
-async fn world() -> Option<World> {
-    let cli = clis::cli("opencode")?;
-    let slot = CLI_SLOTS.acquire().await.unwrap();
-    let fake = FakeChat::start().await;
-    let home = tempfile::tempdir().unwrap();
-    let (url, h, c) = (fake.base_url(), home.path().to_path_buf(), cli.clone());
-    let app = spawn_app_with(move |s| configure(s, &c, &url, &h)).await;
-    Some(World {
-        app,
-        fake,
-        cli,
-        home,
-        repo: git_repo(),
-        _slot: slot,
-    })
-}
+impl Provider for OpenCode {
+    const ID: &'static str = "opencode";
+    const TURN: Duration = LONG;
+    const SLOTS: Option<usize> = Some(2);
+    type Fake = FakeChat;
 
-impl World {
-    /// A worktree workspace and an `opencode` agent in `mode`; returns (agent id, workspace).
-    async fn agent(&self, mode: &str) -> (String, Value) {
-        let project = self
-            .app
-            .post_ok(
-                "/v1/projects",
-                json!({"name": format!("p{}", uuid::Uuid::now_v7().simple()), "repo_path": self.repo.path()}),
-                201,
-            )
-            .await;
-        let ws = self
-            .app
-            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-            .await;
-        let agent = self
-            .app
-            .post_ok(
-                "/v1/agents",
-                json!({"workspace_id": ws["id"], "provider": "opencode", "mode": mode}),
-                201,
-            )
-            .await;
-        (agent["id"].as_str().unwrap().to_owned(), ws)
+    /// The `[providers.opencode]` table of a setup against the fake: a custom provider
+    /// in `OPENCODE_CONFIG_CONTENT`, and a home of its own. The npm registry is
+    /// unreachable, as on an offline machine: OpenCode's plugin install at start fails
+    /// and must not matter.
+    fn settings(cli: &Path, base_url: &str, home: &Path) -> ProviderSettings {
+        let config = json!({
+            "model": format!("fake/{MODEL}"),
+            "small_model": format!("fake/{MODEL}"),
+            "provider": {"fake": {
+                "npm": "@ai-sdk/openai-compatible",
+                "options": {"baseURL": base_url, "apiKey": "test-key"},
+                "models": {
+                    MODEL: {"name": "Fake", "tool_call": true,
+                        "limit": {"context": 100000, "output": 4096}},
+                    "fake-model-2": {"name": "Fake 2", "tool_call": true,
+                        "limit": {"context": 100000, "output": 4096}},
+                },
+            }},
+        });
+        let dir = |d: &str| home.join(d).display().to_string();
+        let env = BTreeMap::from([
+            ("OPENCODE_CONFIG_CONTENT".to_owned(), config.to_string()),
+            ("HOME".to_owned(), home.display().to_string()),
+            ("XDG_CONFIG_HOME".to_owned(), dir(".config")),
+            ("XDG_DATA_HOME".to_owned(), dir(".local/share")),
+            ("XDG_STATE_HOME".to_owned(), dir(".local/state")),
+            ("XDG_CACHE_HOME".to_owned(), dir(".cache")),
+            (
+                "npm_config_registry".to_owned(),
+                "http://127.0.0.1:9/".to_owned(),
+            ),
+        ]);
+        cli_settings(cli, env)
     }
-
-    /// Prompt and read the agent's stream until the turn completes; returns its events.
-    async fn turn(&self, agent: &str, text: &str, after: Option<i64>) -> Vec<SseEvent> {
-        let mut stream = self.app.events(agent, after).await;
-        self.app.prompt(agent, text).await;
-        stream.until("turn_completed", LONG).await
-    }
-
-    async fn pid(&self, agent: &str) -> i32 {
-        self.app.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["pid"]
-            .as_i64()
-            .expect("a running server") as i32
-    }
-
-    fn processes_of_this_test(&self) -> Vec<i32> {
-        processes_with_env(&format!("HOME={}", self.home.path().display()))
-    }
-
-    async fn answer(&self, agent: &str, request: &Value, behavior: &str) {
-        self.app
-            .post_ok(
-                &format!(
-                    "/v1/agents/{agent}/permissions/{}",
-                    request["request_id"].as_str().unwrap()
-                ),
-                json!({"behavior": behavior}),
-                200,
-            )
-            .await;
-    }
-}
-
-/// Pids whose environment holds `entry` (`NAME=value`).
-fn processes_with_env(entry: &str) -> Vec<i32> {
-    let mut found = Vec::new();
-    for dir in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = dir.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(environ) = std::fs::read(dir.path().join("environ")) else {
-            continue;
-        };
-        if environ.split(|b| *b == 0).any(|e| e == entry.as_bytes()) && pid_alive(pid) {
-            found.push(pid);
-        }
-    }
-    found
-}
-
-/// The assistant's last whole message in `events`.
-fn last_message(events: &[SseEvent]) -> String {
-    of_kind(events, "assistant_message")
-        .last()
-        .map(|m| m["text"].as_str().unwrap().to_owned())
-        .unwrap_or_default()
-}
-
-async fn ledger_rows(app: &TestApp) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM managed_processes")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap()
 }
 
 #[tokio::test]
 async fn a_text_turn_streams_deltas_and_completes_with_usage() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let providers = w.app.get_ok("/v1/providers").await;
     let opencode = providers["items"]
         .as_array()
@@ -224,7 +115,11 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
         .unwrap_or_else(|| panic!("the configured model is listed: {models}"));
     assert_eq!(fake["is_default"], true, "{models}");
     assert_eq!(fake["context_window"], 100000, "{models}");
-    assert_eq!(ledger_rows(&w.app).await, 0, "the probe's server is gone");
+    assert_eq!(
+        ledger_rows(&w.app.pool).await,
+        0,
+        "the probe's server is gone"
+    );
 
     let (agent, _) = w.agent("build").await;
     w.fake.push(Reply::slow(
@@ -292,7 +187,7 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
 
 #[tokio::test]
 async fn an_approved_write_lands_in_the_worktree_and_its_diff() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("build").await;
     let path = path_of(&ws["path"]).join("hello.txt");
     w.fake.push(Reply::tool(
@@ -365,7 +260,7 @@ async fn an_approved_write_lands_in_the_worktree_and_its_diff() {
 
 #[tokio::test]
 async fn a_denied_write_fails_the_tool_and_the_next_turn_works() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("build").await;
     let path = path_of(&ws["path"]).join("denied.txt");
     w.fake.push(Reply::tool(
@@ -406,7 +301,7 @@ async fn a_denied_write_fails_the_tool_and_the_next_turn_works() {
 
 #[tokio::test]
 async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, _) = w.agent("build").await;
     w.fake.push(Reply::slow(
         "This answer takes a long while to arrive, word by word, far too long.",
@@ -444,7 +339,7 @@ async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
 
 #[tokio::test]
 async fn an_interrupt_while_a_permission_is_pending_cancels_the_turn() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("build").await;
     let path = path_of(&ws["path"]).join("never.txt");
     w.fake.push(Reply::tool(
@@ -490,7 +385,7 @@ async fn an_interrupt_while_a_permission_is_pending_cancels_the_turn() {
 
 #[tokio::test]
 async fn a_closed_agent_resumes_its_conversation() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, _) = w.agent("build").await;
     w.fake.push(Reply::text("I will remember pineapple."));
     let first = w.turn(&agent, "the secret word is pineapple", None).await;
@@ -539,7 +434,7 @@ async fn a_closed_agent_resumes_its_conversation() {
 
 #[tokio::test]
 async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("full-access").await;
     w.fake.push(Reply::text("Noted: mango."));
     let first = w.turn(&agent, "remember mango", None).await;
@@ -548,28 +443,21 @@ async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
         .clone();
     let pid = w.pid(&agent).await;
 
-    let World {
-        app,
-        fake,
-        cli,
-        home,
-        repo: _repo,
-        _slot,
-    } = w;
-    let (db, data_dir, token) = app.stop().await;
-    assert!(!pid_alive(pid), "the server's stop ended OpenCode");
-    let (url, h) = (fake.base_url(), home.path().to_path_buf());
-    let app = spawn_on_with(db, data_dir, Some(token), |s| configure(s, &cli, &url, &h)).await;
+    let w = w
+        .restart(|_| assert!(!pid_alive(pid), "the server's stop ended OpenCode"))
+        .await;
 
     // Still unattended: a file is written without asking.
     let path = path_of(&ws["path"]).join("after.txt");
-    fake.push(Reply::tool(
+    w.fake.push(Reply::tool(
         "write",
         json!({"filePath": path, "content": "after\n"}),
     ));
-    fake.push(Reply::text("You said mango."));
-    let mut stream = app.events(&agent, Some(last_seq(&first))).await;
-    app.prompt(&agent, "what fruit? and write after.txt").await;
+    w.fake.push(Reply::text("You said mango."));
+    let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
+    w.app
+        .prompt(&agent, "what fruit? and write after.txt")
+        .await;
     let second = stream.until("turn_completed", LONG).await;
     let k = kinds(&second);
     assert_eq!(outcome(&second)["outcome"], "completed", "{k:?}");
@@ -578,31 +466,23 @@ async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
     assert_eq!(started.last().unwrap()["resumed"], true);
     assert_eq!(started.last().unwrap()["provider_session_id"], id);
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "after\n");
-    let a = app.get_ok(&format!("/v1/agents/{agent}")).await;
+    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
     assert_eq!(a["mode"], "full-access", "{a}");
-    let history = conversation_text(&fake.last_completion().body);
+    let history = conversation_text(&w.fake.last_completion().body);
     assert!(history.contains("remember mango"), "{history}");
     assert!(history.contains("Noted: mango."), "{history}");
 }
 
 #[tokio::test]
 async fn a_failed_mcp_server_and_a_lost_session_are_reported_and_the_agent_works() {
-    let Some(w) = world().await else { return };
-    let project = w.app.project(w.repo.path()).await;
-    let ws = w
-        .app
-        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-        .await;
-    let agent = w
-        .app
-        .post_ok(
-            "/v1/agents",
-            json!({"workspace_id": ws["id"], "provider": "opencode",
-                "mcp_servers": {"files": {"command": "/nonexistent/mcp-files", "args": ["--root", "."]}}}),
-            201,
-        )
-        .await;
-    let agent = agent["id"].as_str().unwrap().to_owned();
+    let Some(w) = World::new().await else { return };
+    let (agent, _) = new_agent(
+        &w.app,
+        w.repo.path(),
+        json!({"provider": "opencode",
+            "mcp_servers": {"files": {"command": "/nonexistent/mcp-files", "args": ["--root", "."]}}}),
+    )
+    .await;
     w.fake.push(Reply::text("Working without it."));
     let first = w.turn(&agent, "hello", None).await;
     assert_eq!(
@@ -655,7 +535,7 @@ async fn a_failed_mcp_server_and_a_lost_session_are_reported_and_the_agent_works
 
 #[tokio::test]
 async fn plan_mode_edits_nothing_and_a_model_change_applies_to_the_next_prompt() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("plan").await;
     let path = path_of(&ws["path"]).join("planned.txt");
     w.fake.push(Reply::tool(
@@ -698,7 +578,7 @@ async fn plan_mode_edits_nothing_and_a_model_change_applies_to_the_next_prompt()
 
 #[tokio::test]
 async fn full_access_writes_without_asking_and_a_live_switch_to_build_asks_again() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("full-access").await;
     let path = path_of(&ws["path"]).join("unattended.txt");
     w.fake.push(Reply::tool(
@@ -746,7 +626,7 @@ async fn full_access_writes_without_asking_and_a_live_switch_to_build_asks_again
 
 #[tokio::test]
 async fn a_killed_server_fails_the_turn_quickly_and_the_agent_recovers() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, _) = w.agent("build").await;
     w.fake.push(Reply::slow(
         "A long answer that will be cut short by a kill signal midway.",
@@ -787,14 +667,18 @@ async fn a_killed_server_fails_the_turn_quickly_and_the_agent_recovers() {
 
 #[tokio::test]
 async fn no_server_process_is_left_after_archive_or_server_shutdown() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (archived, _) = w.agent("build").await;
     w.fake.push(Reply::text("One."));
     let events = w.turn(&archived, "one", None).await;
     assert_eq!(outcome(&events)["outcome"], "completed");
     let pid = w.pid(&archived).await;
     assert!(w.processes_of_this_test().contains(&pid));
-    assert_eq!(ledger_rows(&w.app).await, 1, "the server is in the ledger");
+    assert_eq!(
+        ledger_rows(&w.app.pool).await,
+        1,
+        "the server is in the ledger"
+    );
     let res = w.app.delete(&format!("/v1/agents/{archived}")).await;
     assert_eq!(res.status(), 204);
     eventually(
@@ -810,7 +694,7 @@ async fn no_server_process_is_left_after_archive_or_server_shutdown() {
     )
     .await;
     assert_eq!(
-        ledger_rows(&w.app).await,
+        ledger_rows(&w.app.pool).await,
         0,
         "the ledger is empty after archive"
     );
@@ -829,23 +713,17 @@ async fn no_server_process_is_left_after_archive_or_server_shutdown() {
     w.app.prompt(&agent, "talk").await;
     stream.until("assistant_delta", LONG).await;
     let pid = w.pid(&agent).await;
-    let World {
-        app,
-        fake: _fake,
-        cli: _cli,
-        home,
-        repo: _repo,
-        _slot,
-    } = w;
+    let marker = w.marker();
+    let (app, _rest) = w.into_app();
     let (db, _data_dir, _token) = app.stop().await;
     assert!(!pid_alive(pid), "the server's stop ended OpenCode");
-    assert!(processes_with_env(&format!("HOME={}", home.path().display())).is_empty());
+    assert!(processes_with_env(&marker).is_empty());
     let pool = sqlx::PgPool::connect_with(db).await.unwrap();
-    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM managed_processes")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(left, 0, "the ledger is empty after shutdown");
+    assert_eq!(
+        ledger_rows(&pool).await,
+        0,
+        "the ledger is empty after shutdown"
+    );
 }
 
 #[tokio::test]

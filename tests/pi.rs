@@ -17,6 +17,10 @@ mod scenarios;
 #[path = "support/clis.rs"]
 mod clis;
 
+#[path = "support/cli_world.rs"]
+#[allow(dead_code)]
+mod cli_world;
+
 #[path = "support/fake_chat.rs"]
 #[allow(dead_code)]
 mod fake_chat;
@@ -25,14 +29,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentry::config::{ProviderSettings, Settings};
+use agentry::config::ProviderSettings;
+use cli_world::{CliWorld, Provider, cli_settings, last_message, new_agent};
 use fake_chat::{FakeChat, MODEL, Reply, conversation_text};
 use helpers::*;
-use serde_json::{Value, json};
-use tempfile::TempDir;
-
-/// At most this many CLIs run at once across the tests of this binary.
-static CLI_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(3);
+use serde_json::json;
 
 const LONG: Duration = Duration::from_secs(40);
 
@@ -42,16 +43,6 @@ const OTHER_MODEL: &str = "fake-model-2";
 /// The fake model as Pi names it: `<provider>/<id>`.
 fn pi_model() -> String {
     format!("fake/{MODEL}")
-}
-
-/// One test's world: the app, the fake model, Pi's agent dir, a repository.
-struct World {
-    app: TestApp,
-    fake: FakeChat,
-    cli: PathBuf,
-    home: TempDir,
-    repo: TempDir,
-    _slot: tokio::sync::SemaphorePermit<'static>,
 }
 
 /// Pi's agent dir with a `fake` provider at `base_url` as its default model.
@@ -68,112 +59,34 @@ fn agent_dir(home: &Path, base_url: &str) -> PathBuf {
     dir
 }
 
-/// The `[providers.pi]` table: the pinned CLI, its agent dir, a home of its own.
-fn configure(s: &mut Settings, cli: &Path, base_url: &str, home: &Path) {
-    let dir = agent_dir(home, base_url);
-    let env = BTreeMap::from([
-        ("PI_CODING_AGENT_DIR".to_owned(), dir.display().to_string()),
-        ("HOME".to_owned(), home.display().to_string()),
-    ]);
-    s.providers.insert(
-        "pi".into(),
-        ProviderSettings {
-            command: Some(vec![cli.display().to_string()]),
-            env,
-            ..Default::default()
-        },
-    );
-}
+/// Pi with a custom model provider pointed at the fake Chat Completions server, offline.
+struct Pi;
 
-/// `None` when the CLI is not installed and not required (a loud message was printed).
-async fn world() -> Option<World> {
-    let cli = clis::cli("pi")?;
-    let slot = CLI_SLOTS.acquire().await.unwrap();
-    let fake = FakeChat::start().await;
-    let home = tempfile::tempdir().unwrap();
-    let (url, h, c) = (fake.base_url(), home.path().to_path_buf(), cli.clone());
-    let app = spawn_app_with(move |s| configure(s, &c, &url, &h)).await;
-    Some(World {
-        app,
-        fake,
-        cli,
-        home,
-        repo: git_repo(),
-        _slot: slot,
-    })
-}
+type World = CliWorld<Pi>;
 
-impl World {
-    /// A worktree workspace and a `pi` agent in `mode`; returns (agent id, workspace).
-    async fn agent(&self, mode: &str) -> (String, Value) {
-        let project = self
-            .app
-            .post_ok(
-                "/v1/projects",
-                json!({"name": format!("p{}", uuid::Uuid::now_v7().simple()), "repo_path": self.repo.path()}),
-                201,
-            )
-            .await;
-        let ws = self
-            .app
-            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-            .await;
-        let agent = self
-            .app
-            .post_ok(
-                "/v1/agents",
-                json!({"workspace_id": ws["id"], "provider": "pi", "mode": mode}),
-                201,
-            )
-            .await;
-        (agent["id"].as_str().unwrap().to_owned(), ws)
+impl Provider for Pi {
+    const ID: &'static str = "pi";
+    const TURN: Duration = LONG;
+    const SLOTS: Option<usize> = Some(3);
+    type Fake = FakeChat;
+
+    /// The `[providers.pi]` table: the pinned CLI, its agent dir, a home of its own.
+    fn settings(cli: &Path, base_url: &str, home: &Path) -> ProviderSettings {
+        let dir = agent_dir(home, base_url);
+        let env = BTreeMap::from([
+            ("PI_CODING_AGENT_DIR".to_owned(), dir.display().to_string()),
+            ("HOME".to_owned(), home.display().to_string()),
+        ]);
+        cli_settings(cli, env)
     }
-
-    /// Prompt and read the agent's stream until the turn completes; returns its events.
-    async fn turn(&self, agent: &str, text: &str, after: Option<i64>) -> Vec<SseEvent> {
-        let mut stream = self.app.events(agent, after).await;
-        self.app.prompt(agent, text).await;
-        stream.until("turn_completed", LONG).await
+    fn marker(home: &Path) -> String {
+        format!("PI_CODING_AGENT_DIR={}", home.join("agent").display())
     }
-
-    async fn pid(&self, agent: &str) -> i32 {
-        self.app.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["pid"]
-            .as_i64()
-            .expect("a running CLI") as i32
-    }
-
-    fn marker(&self) -> String {
-        format!(
-            "PI_CODING_AGENT_DIR={}",
-            self.home.path().join("agent").display()
-        )
-    }
-
-    async fn answer(&self, agent: &str, request: &Value, behavior: &str) {
-        self.app
-            .post_ok(
-                &format!(
-                    "/v1/agents/{agent}/permissions/{}",
-                    request["request_id"].as_str().unwrap()
-                ),
-                json!({"behavior": behavior}),
-                200,
-            )
-            .await;
-    }
-}
-
-/// The assistant's last whole message in `events`.
-fn last_message(events: &[SseEvent]) -> String {
-    of_kind(events, "assistant_message")
-        .last()
-        .map(|m| m["text"].as_str().unwrap().to_owned())
-        .unwrap_or_default()
 }
 
 #[tokio::test]
 async fn a_text_turn_streams_deltas_and_completes_with_usage() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let providers = w.app.get_ok("/v1/providers").await;
     let pi = providers["items"]
         .as_array()
@@ -256,7 +169,7 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
 
 #[tokio::test]
 async fn an_approved_write_lands_in_the_worktree_and_its_diff() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("ask").await;
     let path = path_of(&ws["path"]).join("hello.txt");
     w.fake.push(Reply::tool(
@@ -325,7 +238,7 @@ async fn an_approved_write_lands_in_the_worktree_and_its_diff() {
 
 #[tokio::test]
 async fn a_denied_write_fails_the_tool_and_the_turn_completes() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("ask").await;
     let path = path_of(&ws["path"]).join("denied.txt");
     w.fake.push(Reply::tool(
@@ -371,7 +284,7 @@ async fn a_denied_write_fails_the_tool_and_the_turn_completes() {
 
 #[tokio::test]
 async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, _) = w.agent("ask").await;
     w.fake.push(Reply::slow(
         "This answer takes a long while to arrive, word by word, far too long.",
@@ -404,7 +317,7 @@ async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
 
 #[tokio::test]
 async fn an_interrupt_while_a_permission_is_pending_cancels_the_turn() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("ask").await;
     let path = path_of(&ws["path"]).join("never.txt");
     w.fake.push(Reply::tool(
@@ -450,7 +363,7 @@ async fn an_interrupt_while_a_permission_is_pending_cancels_the_turn() {
 
 #[tokio::test]
 async fn a_closed_agent_resumes_its_conversation() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, _) = w.agent("ask").await;
     w.fake.push(Reply::text("I will remember pineapple."));
     let first = w.turn(&agent, "the secret word is pineapple", None).await;
@@ -496,43 +409,38 @@ async fn a_closed_agent_resumes_its_conversation() {
 
 #[tokio::test]
 async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("full-access").await;
     w.fake.push(Reply::text("Noted: mango."));
     let first = w.turn(&agent, "remember mango", None).await;
     assert_eq!(outcome(&first)["outcome"], "completed");
     let pid = w.pid(&agent).await;
 
-    let World {
-        app,
-        fake,
-        cli,
-        home,
-        repo: _repo,
-        _slot,
-    } = w;
-    let (db, data_dir, token) = app.stop().await;
-    assert!(!pid_alive(pid), "the server's stop ended the CLI");
-    // The session file is kept under the data dir.
-    let sessions = data_dir.path().join("providers/pi/sessions");
-    let files: Vec<_> = std::fs::read_dir(&sessions)
-        .unwrap()
-        .flatten()
-        .filter(|f| f.path().extension().is_some_and(|e| e == "jsonl"))
-        .collect();
-    assert_eq!(files.len(), 1, "one session file in {}", sessions.display());
-    let (url, h) = (fake.base_url(), home.path().to_path_buf());
-    let app = spawn_on_with(db, data_dir, Some(token), |s| configure(s, &cli, &url, &h)).await;
+    let w = w
+        .restart(|data_dir| {
+            assert!(!pid_alive(pid), "the server's stop ended the CLI");
+            // The session file is kept under the data dir.
+            let sessions = data_dir.join("providers/pi/sessions");
+            let files: Vec<_> = std::fs::read_dir(&sessions)
+                .unwrap()
+                .flatten()
+                .filter(|f| f.path().extension().is_some_and(|e| e == "jsonl"))
+                .collect();
+            assert_eq!(files.len(), 1, "one session file in {}", sessions.display());
+        })
+        .await;
 
     // Still unattended: a file is written without asking.
     let path = path_of(&ws["path"]).join("after.txt");
-    fake.push(Reply::tool(
+    w.fake.push(Reply::tool(
         "write",
         json!({"path": path, "content": "after\n"}),
     ));
-    fake.push(Reply::text("You said mango."));
-    let mut stream = app.events(&agent, Some(last_seq(&first))).await;
-    app.prompt(&agent, "what fruit? and write after.txt").await;
+    w.fake.push(Reply::text("You said mango."));
+    let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
+    w.app
+        .prompt(&agent, "what fruit? and write after.txt")
+        .await;
     let second = stream.until("turn_completed", LONG).await;
     let k = kinds(&second);
     assert_eq!(outcome(&second)["outcome"], "completed", "{k:?}");
@@ -541,16 +449,16 @@ async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
     assert_eq!(started.last().unwrap()["resumed"], true);
     assert!(of_kind(&second, "mode_changed").is_empty(), "{k:?}");
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "after\n");
-    let a = app.get_ok(&format!("/v1/agents/{agent}")).await;
+    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
     assert_eq!(a["mode"], "full-access", "{a}");
-    let history = conversation_text(&fake.last_completion().body);
+    let history = conversation_text(&w.fake.last_completion().body);
     assert!(history.contains("remember mango"), "{history}");
     assert!(history.contains("Noted: mango."), "{history}");
 }
 
 #[tokio::test]
 async fn full_access_writes_files_and_runs_commands_without_asking() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("full-access").await;
     let path = path_of(&ws["path"]).join("unattended.txt");
     w.fake.push(Reply::tool(
@@ -587,7 +495,7 @@ async fn full_access_writes_files_and_runs_commands_without_asking() {
 
 #[tokio::test]
 async fn switching_modes_in_a_live_session_turns_the_gate_off_and_on() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, ws) = w.agent("ask").await;
     w.fake.push(Reply::text("Ready."));
     let first = w.turn(&agent, "get ready", None).await;
@@ -689,7 +597,7 @@ async fn a_missing_cli_is_unavailable_and_creation_is_refused() {
 async fn a_pi_fork_configured_with_extends_runs_its_own_command() {
     // `omp` stands for any Pi fork that speaks the same RPC: here it is Pi itself under
     // another id, with its own command, label and agent dir.
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (url, h) = (w.fake.base_url(), w.home.path().join("fork"));
     let dir = agent_dir(&h, &url);
     let cli = w.cli.clone();
@@ -721,21 +629,10 @@ async fn a_pi_fork_configured_with_extends_runs_its_own_command() {
     assert_eq!(omp["label"], "Oh My Pi", "{omp}");
     assert_eq!(omp["available"], true, "{omp}");
 
-    let project = app.project(w.repo.path()).await;
-    let ws = app
-        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-        .await;
-    let agent = app
-        .post_ok(
-            "/v1/agents",
-            json!({"workspace_id": ws["id"], "provider": "omp"}),
-            201,
-        )
-        .await;
-    let agent = agent["id"].as_str().unwrap();
+    let (agent, _) = new_agent(&app, w.repo.path(), json!({"provider": "omp"})).await;
     w.fake.push(Reply::text("Forked hello."));
-    let mut stream = app.events(agent, None).await;
-    app.prompt(agent, "hello fork").await;
+    let mut stream = app.events(&agent, None).await;
+    app.prompt(&agent, "hello fork").await;
     let events = stream.until("turn_completed", LONG).await;
     assert_eq!(
         outcome(&events)["outcome"],
@@ -748,24 +645,17 @@ async fn a_pi_fork_configured_with_extends_runs_its_own_command() {
 
 #[tokio::test]
 async fn the_model_is_chosen_at_creation_and_changed_in_a_live_session() {
-    let Some(w) = world().await else { return };
-    let project = w.app.project(w.repo.path()).await;
-    let ws = w
-        .app
-        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-        .await;
+    let Some(w) = World::new().await else { return };
     let other = format!("fake/{OTHER_MODEL}");
-    let agent = w
-        .app
-        .post_ok(
-            "/v1/agents",
-            json!({"workspace_id": ws["id"], "provider": "pi", "model": other,
-                "system_prompt": "Always answer in haiku.",
-                "mcp_servers": {"files": {"command": "mcp-files"}}}),
-            201,
-        )
-        .await;
-    let agent = agent["id"].as_str().unwrap();
+    let (agent, _) = new_agent(
+        &w.app,
+        w.repo.path(),
+        json!({"provider": "pi", "model": other,
+            "system_prompt": "Always answer in haiku.",
+            "mcp_servers": {"files": {"command": "mcp-files"}}}),
+    )
+    .await;
+    let agent = agent.as_str();
     w.fake.push(Reply::text("From the other model."));
     let first = w.turn(agent, "which model?", None).await;
     assert_eq!(
@@ -806,7 +696,7 @@ async fn the_model_is_chosen_at_creation_and_changed_in_a_live_session() {
 
 #[tokio::test]
 async fn an_unreadable_session_file_starts_afresh_and_says_so() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     let (agent, _) = w.agent("ask").await;
     w.fake.push(Reply::text("Noted."));
     let first = w.turn(&agent, "remember kiwi", None).await;
@@ -834,52 +724,32 @@ async fn an_unreadable_session_file_starts_afresh_and_says_so() {
     assert!(!history.contains("remember kiwi"), "{history}");
 }
 
-impl scenarios::Rig for World {
-    const PATIENCE: Duration = LONG;
+impl scenarios::Rig for Pi {
+    const ASKING_MODE: &'static str = "ask";
 
-    fn app(&self) -> &TestApp {
-        &self.app
-    }
-    async fn agent(&self) -> String {
-        World::agent(self, "ask").await.0
-    }
-    fn reply_slowly(&self) {
-        self.fake.push(Reply::slow(
+    fn reply_slowly(fake: &FakeChat) {
+        fake.push(Reply::slow(
             "A long answer that will be cut short by a kill signal midway.",
             40,
             Duration::from_millis(250),
         ));
     }
-    fn reply_stalled(&self) {
-        self.fake.push(Reply::stalled("Still talking"));
+    fn reply_stalled(fake: &FakeChat) {
+        fake.push(Reply::stalled("Still talking"));
     }
-    fn reply_text(&self, text: &str) {
-        self.fake.push(Reply::text(text));
-    }
-    fn marker(&self) -> String {
-        World::marker(self)
-    }
-    fn into_app(self) -> (TestApp, Box<dyn std::any::Any>) {
-        let World {
-            app,
-            fake,
-            cli,
-            home,
-            repo,
-            _slot,
-        } = self;
-        (app, Box::new((fake, cli, home, repo, _slot)))
+    fn reply_text(fake: &FakeChat, text: &str) {
+        fake.push(Reply::text(text));
     }
 }
 
 #[tokio::test]
 async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     scenarios::a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers(&w).await;
 }
 
 #[tokio::test]
 async fn no_cli_process_is_left_after_archive_or_server_shutdown() {
-    let Some(w) = world().await else { return };
+    let Some(w) = World::new().await else { return };
     scenarios::no_cli_process_is_left_after_archive_or_server_shutdown(w).await;
 }

@@ -11,6 +11,10 @@ mod helpers;
 #[path = "support/clis.rs"]
 mod clis;
 
+#[path = "support/cli_world.rs"]
+#[allow(dead_code)]
+mod cli_world;
+
 #[path = "support/fake_anthropic.rs"]
 #[allow(dead_code)]
 mod fake_anthropic;

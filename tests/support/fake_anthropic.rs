@@ -106,6 +106,15 @@ impl Drop for FakeAnthropic {
     }
 }
 
+impl crate::cli_world::ModelFake for FakeAnthropic {
+    fn launch() -> impl std::future::Future<Output = Self> {
+        Self::start()
+    }
+    fn endpoint(&self) -> String {
+        self.url.clone()
+    }
+}
+
 impl FakeAnthropic {
     pub async fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -124,6 +124,15 @@ impl Drop for FakeChat {
     }
 }
 
+impl crate::cli_world::ModelFake for FakeChat {
+    fn launch() -> impl std::future::Future<Output = Self> {
+        Self::start()
+    }
+    fn endpoint(&self) -> String {
+        self.base_url()
+    }
+}
+
 impl FakeChat {
     pub async fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -96,6 +96,15 @@ impl Drop for FakeGemini {
     }
 }
 
+impl crate::cli_world::ModelFake for FakeGemini {
+    fn launch() -> impl std::future::Future<Output = Self> {
+        Self::start()
+    }
+    fn endpoint(&self) -> String {
+        self.url.clone()
+    }
+}
+
 impl FakeGemini {
     pub async fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -104,6 +104,15 @@ impl Drop for FakeOpenAi {
     }
 }
 
+impl crate::cli_world::ModelFake for FakeOpenAi {
+    fn launch() -> impl std::future::Future<Output = Self> {
+        Self::start()
+    }
+    fn endpoint(&self) -> String {
+        self.base_url()
+    }
+}
+
 impl FakeOpenAi {
     pub async fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
