@@ -12,6 +12,10 @@ mod http;
 #[path = "support/clis.rs"]
 mod clis;
 
+#[path = "support/cli_world.rs"]
+#[allow(dead_code)]
+mod cli_world;
+
 #[path = "support/fake_openai.rs"]
 #[allow(dead_code)]
 mod fake_openai;
@@ -21,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agentry::config::{ProviderSettings, Settings};
+use cli_world::new_agent;
 use fake_openai::{FakeOpenAi, Item, Reply, input_text};
 use helpers::*;
 use serde_json::{Value, json};
@@ -94,30 +99,9 @@ impl Rig {
 
     /// A project, a worktree workspace and a codex agent in `mode`: (agent, workspace).
     async fn agent(&self, mode: &str) -> (String, String) {
-        let project = self
-            .app
-            .post_ok(
-                "/v1/projects",
-                json!({"name": format!("p{}", uuid::Uuid::now_v7().simple()), "repo_path": self.repo.path()}),
-                201,
-            )
-            .await;
-        let ws = self
-            .app
-            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-            .await;
-        let agent = self
-            .app
-            .post_ok(
-                "/v1/agents",
-                json!({"workspace_id": ws["id"], "provider": "codex", "mode": mode}),
-                201,
-            )
-            .await;
-        (
-            agent["id"].as_str().unwrap().to_owned(),
-            ws["id"].as_str().unwrap().to_owned(),
-        )
+        let fields = json!({"provider": "codex", "mode": mode});
+        let (agent, ws) = new_agent(&self.app, self.repo.path(), fields).await;
+        (agent, ws["id"].as_str().unwrap().to_owned())
     }
 
     /// Wait for the agent to stop running; returns the wait answer.
