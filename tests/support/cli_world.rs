@@ -83,6 +83,7 @@ impl<P: Provider> CliWorld<P> {
         let cli = clis::cli(P::ID)?;
         let slot = match P::SLOTS {
             Some(n) => {
+                // One static for every `P`: a test binary drives one provider.
                 static SLOTS: OnceLock<Semaphore> = OnceLock::new();
                 let slots = SLOTS.get_or_init(|| Semaphore::new(n));
                 Some(slots.acquire().await.unwrap())
