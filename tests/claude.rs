@@ -9,6 +9,9 @@ mod helpers;
 #[path = "support/clis.rs"]
 mod clis;
 
+#[path = "support/scenarios.rs"]
+mod scenarios;
+
 #[path = "support/cli_world.rs"]
 #[allow(dead_code)]
 mod cli_world;
@@ -235,68 +238,54 @@ async fn a_denied_command_fails_and_the_model_is_told() {
     assert_eq!(assistant_text(&after), "Understood, I will not.");
 }
 
+impl scenarios::Rig for Claude {
+    const ASKING_MODE: &'static str = "default";
+
+    fn reply_slowly(fake: &FakeAnthropic) {
+        fake.push(Reply::slow(
+            "This answer takes a long while to arrive, word by word, far too long.",
+            40,
+            Duration::from_millis(250),
+        ));
+    }
+    fn reply_stalled(fake: &FakeAnthropic) {
+        // Longer than any test: 200 chunks, half a second apart.
+        fake.push(Reply::slow(
+            "Still talking",
+            200,
+            Duration::from_millis(500),
+        ));
+    }
+    fn reply_text(fake: &FakeAnthropic, text: &str) {
+        fake.push(Reply::text(text));
+    }
+    fn reply_write(fake: &FakeAnthropic, path: &Path, content: &str) {
+        fake.push(Reply::tool(
+            "Write",
+            json!({"file_path": path, "content": content}),
+        ));
+    }
+    fn last_conversation(fake: &FakeAnthropic) -> String {
+        conversation_text(&fake.requests().pop().expect("the model was called"))
+    }
+}
+
 #[tokio::test]
 async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
     let Some(w) = World::new().await else { return };
-    let (agent, _) = w.agent("default").await;
-    w.fake.push(Reply::slow(
-        "This answer takes a long while to arrive, word by word, far too long.",
-        40,
-        Duration::from_millis(250),
-    ));
-    let mut stream = w.app.events(&agent, None).await;
-    w.app.prompt(&agent, "talk slowly").await;
-    stream.until("assistant_delta", LONG).await;
-    let res = w
-        .app
-        .post(&format!("/v1/agents/{agent}/interrupt"), json!({}))
-        .await;
-    assert_eq!(res.status(), 202);
-    let ended = stream.until("turn_completed", LONG).await;
-    assert_eq!(
-        outcome(&ended)["outcome"],
-        "canceled",
-        "{:?}",
-        kinds(&ended)
-    );
+    scenarios::an_interrupted_turn_is_canceled_and_the_next_prompt_works(&w).await;
+}
 
-    w.fake.push(Reply::text("Back again."));
-    let events = w
-        .turn(&agent, "are you there?", Some(last_seq(&ended)))
-        .await;
-    assert_eq!(outcome(&events)["outcome"], "completed");
-    assert_eq!(assistant_text(&events), "Back again.");
+#[tokio::test]
+async fn an_interrupt_while_a_permission_is_pending_cancels_the_turn() {
+    let Some(w) = World::new().await else { return };
+    scenarios::an_interrupt_while_a_permission_is_pending_cancels_the_turn(&w).await;
 }
 
 #[tokio::test]
 async fn a_closed_agent_resumes_its_conversation() {
     let Some(w) = World::new().await else { return };
-    let (agent, _) = w.agent("default").await;
-    w.fake.push(Reply::text("I will remember pineapple."));
-    let first = w.turn(&agent, "the secret word is pineapple", None).await;
-    assert_eq!(outcome(&first)["outcome"], "completed");
-    let id = w.session_id(&agent).await;
-
-    w.app
-        .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
-        .await;
-    w.fake.push(Reply::text("It was pineapple."));
-    let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
-    w.app.prompt(&agent, "what was the word?").await;
-    let second = stream.until("turn_completed", LONG).await;
-    assert_eq!(outcome(&second)["outcome"], "completed");
-    let started = of_kind(&second, "session_started");
-    assert_eq!(started.len(), 1);
-    assert_eq!(started[0]["resumed"], true);
-    assert_eq!(started[0]["provider_session_id"], id.as_str());
-    let last = w.fake.requests().pop().unwrap();
-    let history = conversation_text(&last);
-    assert!(
-        history.contains("the secret word is pineapple"),
-        "{history}"
-    );
-    assert!(history.contains("I will remember pineapple."), "{history}");
-    assert!(history.contains("what was the word?"));
+    scenarios::a_closed_agent_resumes_its_conversation(&w).await;
 }
 
 #[tokio::test]
@@ -354,44 +343,13 @@ async fn bypass_permissions_runs_tools_without_asking() {
 #[tokio::test]
 async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
     let Some(w) = World::new().await else { return };
-    let (agent, _) = w.agent("default").await;
-    w.fake.push(Reply::slow(
-        "A long answer that will be cut short by a kill signal midway.",
-        40,
-        Duration::from_millis(250),
-    ));
-    let mut stream = w.app.events(&agent, None).await;
-    w.app.prompt(&agent, "talk for a while").await;
-    stream.until("assistant_delta", LONG).await;
-    let pid = w.pid(&agent).await;
-    let killed = Instant::now();
-    // SAFETY: kill(2) on the CLI process this test's server started.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-    let ended = stream.until("turn_completed", Duration::from_secs(5)).await;
-    let took = killed.elapsed();
-    eprintln!("the turn failed {took:?} after SIGKILL");
-    let done = outcome(&ended);
-    assert_eq!(done["outcome"], "failed", "{done}");
-    assert!(
-        took < Duration::from_secs(2),
-        "the turn failed after {took:?}"
-    );
-    assert!(
-        done["error"].as_str().unwrap().contains("signal 9"),
-        "{done}"
-    );
+    scenarios::a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers(&w).await;
+}
 
-    w.fake.push(Reply::text("Recovered."));
-    let mut stream = w.app.events(&agent, Some(last_seq(&ended))).await;
-    w.app.prompt(&agent, "still there?").await;
-    let events = stream.until("turn_completed", LONG).await;
-    assert_eq!(
-        outcome(&events)["outcome"],
-        "completed",
-        "{:?}",
-        kinds(&events)
-    );
-    assert_eq!(assistant_text(&events), "Recovered.");
+#[tokio::test]
+async fn no_cli_process_is_left_after_archive_or_server_shutdown() {
+    let Some(w) = World::new().await else { return };
+    scenarios::no_cli_process_is_left_after_archive_or_server_shutdown(w).await;
 }
 
 #[tokio::test]

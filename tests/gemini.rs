@@ -7,6 +7,7 @@
 mod helpers;
 
 #[path = "support/scenarios.rs"]
+#[allow(dead_code)]
 mod scenarios;
 
 #[path = "support/clis.rs"]
@@ -252,77 +253,13 @@ async fn a_denied_write_fails_its_call_and_the_turn_completes() {
 #[tokio::test]
 async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
     let Some(w) = World::new().await else { return };
-    let (agent, _) = w.agent("default").await;
-    w.fake.push(Reply::slow(
-        "This answer takes a long while to arrive, word by word, far too long.",
-        40,
-        Duration::from_millis(250),
-    ));
-    let mut stream = w.app.events(&agent, None).await;
-    w.app.prompt(&agent, "talk slowly").await;
-    stream.until("assistant_delta", LONG).await;
-    let res = w
-        .app
-        .post(&format!("/v1/agents/{agent}/interrupt"), json!({}))
-        .await;
-    assert_eq!(res.status(), 202);
-    let ended = stream.until("turn_completed", LONG).await;
-    assert_eq!(
-        outcome(&ended)["outcome"],
-        "canceled",
-        "{:?}",
-        kinds(&ended)
-    );
-
-    w.fake.push(Reply::text("Back again."));
-    let events = w
-        .turn(&agent, "are you there?", Some(last_seq(&ended)))
-        .await;
-    assert_eq!(outcome(&events)["outcome"], "completed");
-    assert_eq!(assistant_text(&events), "Back again.");
+    scenarios::an_interrupted_turn_is_canceled_and_the_next_prompt_works(&w).await;
 }
 
 #[tokio::test]
 async fn an_interrupt_while_a_permission_waits_expires_it() {
     let Some(w) = World::new().await else { return };
-    let (agent, ws) = w.agent("default").await;
-    let path = path_of(&ws["path"]).join("never.txt");
-    w.fake.push(Reply::tool(
-        "write_file",
-        json!({"file_path": path, "content": "never\n"}),
-    ));
-    let mut stream = w.app.events(&agent, None).await;
-    w.app.prompt(&agent, "write never.txt").await;
-    let before = stream.until("permission_requested", LONG).await;
-    let request = of_kind(&before, "permission_requested")[0].clone();
-    let res = w
-        .app
-        .post(&format!("/v1/agents/{agent}/interrupt"), json!({}))
-        .await;
-    assert_eq!(res.status(), 202);
-    let ended = stream.until("turn_completed", LONG).await;
-    let k = kinds(&ended);
-    assert_eq!(outcome(&ended)["outcome"], "canceled", "{k:?}");
-    let calls = of_kind(&ended, "tool_call");
-    assert_eq!(calls.last().unwrap()["status"], "failed", "{k:?}");
-    // The request can no longer be answered.
-    let late = w
-        .app
-        .post(
-            &format!(
-                "/v1/agents/{agent}/permissions/{}",
-                request["request_id"].as_str().unwrap()
-            ),
-            json!({"behavior": "allow"}),
-        )
-        .await;
-    assert!(late.status().is_client_error(), "{}", late.status());
-    assert!(!path.exists());
-
-    w.fake.push(Reply::text("Still here."));
-    let events = w.turn(&agent, "hello?", Some(last_seq(&ended))).await;
-    assert_eq!(outcome(&events)["outcome"], "completed");
-    assert_eq!(assistant_text(&events), "Still here.");
+    scenarios::an_interrupt_while_a_permission_is_pending_cancels_the_turn(&w).await;
 }
 
 #[tokio::test]
@@ -508,7 +445,7 @@ impl scenarios::Rig for Gemini {
 
     fn reply_slowly(fake: &FakeGemini) {
         fake.push(Reply::slow(
-            "A long answer that will be cut short by a kill signal midway.",
+            "A long answer that will be cut short midway.",
             40,
             Duration::from_millis(250),
         ));
@@ -523,6 +460,15 @@ impl scenarios::Rig for Gemini {
     }
     fn reply_text(fake: &FakeGemini, text: &str) {
         fake.push(Reply::text(text));
+    }
+    fn reply_write(fake: &FakeGemini, path: &Path, content: &str) {
+        fake.push(Reply::tool(
+            "write_file",
+            json!({"file_path": path, "content": content}),
+        ));
+    }
+    fn last_conversation(fake: &FakeGemini) -> String {
+        conversation_text(&fake.requests().pop().expect("the model was called"))
     }
 }
 

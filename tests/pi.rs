@@ -285,126 +285,19 @@ async fn a_denied_write_fails_the_tool_and_the_turn_completes() {
 #[tokio::test]
 async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
     let Some(w) = World::new().await else { return };
-    let (agent, _) = w.agent("ask").await;
-    w.fake.push(Reply::slow(
-        "This answer takes a long while to arrive, word by word, far too long.",
-        40,
-        Duration::from_millis(250),
-    ));
-    let mut stream = w.app.events(&agent, None).await;
-    w.app.prompt(&agent, "talk slowly").await;
-    stream.until("assistant_delta", LONG).await;
-    let res = w
-        .app
-        .post(&format!("/v1/agents/{agent}/interrupt"), json!({}))
-        .await;
-    assert_eq!(res.status(), 202);
-    let ended = stream.until("turn_completed", LONG).await;
-    assert_eq!(
-        outcome(&ended)["outcome"],
-        "canceled",
-        "{:?}",
-        kinds(&ended)
-    );
-
-    w.fake.push(Reply::text("Back again."));
-    let events = w
-        .turn(&agent, "are you there?", Some(last_seq(&ended)))
-        .await;
-    assert_eq!(outcome(&events)["outcome"], "completed");
-    assert_eq!(last_message(&events), "Back again.");
+    scenarios::an_interrupted_turn_is_canceled_and_the_next_prompt_works(&w).await;
 }
 
 #[tokio::test]
 async fn an_interrupt_while_a_permission_is_pending_cancels_the_turn() {
     let Some(w) = World::new().await else { return };
-    let (agent, ws) = w.agent("ask").await;
-    let path = path_of(&ws["path"]).join("never.txt");
-    w.fake.push(Reply::tool(
-        "write",
-        json!({"path": path, "content": "never\n"}),
-    ));
-    let mut stream = w.app.events(&agent, None).await;
-    w.app.prompt(&agent, "write never.txt").await;
-    let before = stream.until("permission_requested", LONG).await;
-    let request = of_kind(&before, "permission_requested")[0].clone();
-    let res = w
-        .app
-        .post(&format!("/v1/agents/{agent}/interrupt"), json!({}))
-        .await;
-    assert_eq!(res.status(), 202);
-    let ended = stream.until("turn_completed", LONG).await;
-    let k = kinds(&ended);
-    assert_eq!(outcome(&ended)["outcome"], "canceled", "{k:?}");
-    let calls = of_kind(&ended, "tool_call");
-    assert_eq!(calls.last().unwrap()["status"], "failed", "{k:?}");
-    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
-    assert_eq!(a["pending_permissions"], 0, "{a}");
-    assert!(!path.exists());
-    // An answer now reaches no one.
-    let late = w
-        .app
-        .post(
-            &format!(
-                "/v1/agents/{agent}/permissions/{}",
-                request["request_id"].as_str().unwrap()
-            ),
-            json!({"behavior": "allow"}),
-        )
-        .await;
-    assert!(late.status().is_client_error(), "{}", late.status());
-
-    w.fake.push(Reply::text("Back."));
-    let next = w.turn(&agent, "hello again", Some(last_seq(&ended))).await;
-    assert_eq!(outcome(&next)["outcome"], "completed", "{:?}", kinds(&next));
-    assert_eq!(last_message(&next), "Back.");
-    assert!(!path.exists());
+    scenarios::an_interrupt_while_a_permission_is_pending_cancels_the_turn(&w).await;
 }
 
 #[tokio::test]
 async fn a_closed_agent_resumes_its_conversation() {
     let Some(w) = World::new().await else { return };
-    let (agent, _) = w.agent("ask").await;
-    w.fake.push(Reply::text("I will remember pineapple."));
-    let first = w.turn(&agent, "the secret word is pineapple", None).await;
-    assert_eq!(outcome(&first)["outcome"], "completed");
-    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
-    let id = a["runtime"]["provider_session_id"].clone();
-    assert!(id.is_string(), "{a}");
-    let pid = w.pid(&agent).await;
-
-    w.app
-        .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
-        .await;
-    eventually("the CLI to end", Duration::from_secs(5), || !pid_alive(pid)).await;
-    w.fake.push(Reply::text("It was pineapple."));
-    let second = w
-        .turn(&agent, "what was the word?", Some(last_seq(&first)))
-        .await;
-    assert_eq!(
-        outcome(&second)["outcome"],
-        "completed",
-        "{:?}",
-        kinds(&second)
-    );
-    let started = of_kind(&second, "session_started");
-    assert_eq!(started.len(), 1);
-    assert_eq!(started[0]["resumed"], true);
-    assert_eq!(started[0]["provider_session_id"], id);
-    // The reopened history is not reported again.
-    assert_eq!(
-        of_kind(&second, "assistant_message").len(),
-        1,
-        "{:?}",
-        kinds(&second)
-    );
-    let history = conversation_text(&w.fake.last_completion().body);
-    assert!(
-        history.contains("the secret word is pineapple"),
-        "{history}"
-    );
-    assert!(history.contains("I will remember pineapple."), "{history}");
-    assert!(history.contains("what was the word?"));
+    scenarios::a_closed_agent_resumes_its_conversation(&w).await;
 }
 
 #[tokio::test]
@@ -729,7 +622,7 @@ impl scenarios::Rig for Pi {
 
     fn reply_slowly(fake: &FakeChat) {
         fake.push(Reply::slow(
-            "A long answer that will be cut short by a kill signal midway.",
+            "A long answer that will be cut short midway.",
             40,
             Duration::from_millis(250),
         ));
@@ -739,6 +632,15 @@ impl scenarios::Rig for Pi {
     }
     fn reply_text(fake: &FakeChat, text: &str) {
         fake.push(Reply::text(text));
+    }
+    fn reply_write(fake: &FakeChat, path: &Path, content: &str) {
+        fake.push(Reply::tool(
+            "write",
+            json!({"path": path, "content": content}),
+        ));
+    }
+    fn last_conversation(fake: &FakeChat) -> String {
+        conversation_text(&fake.last_completion().body)
     }
 }
 
