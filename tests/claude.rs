@@ -56,14 +56,7 @@ impl Provider for Claude {
 #[tokio::test]
 async fn a_text_turn_streams_deltas_and_completes_with_usage() {
     let Some(w) = World::new().await else { return };
-    let providers = w.app.get_ok("/v1/providers").await;
-    let claude = providers["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "claude")
-        .expect("claude is listed")
-        .clone();
+    let claude = w.app.provider("claude").await;
     assert_eq!(claude["available"], true, "{claude}");
     assert_eq!(claude["protocol"], "claude-stream-json");
     assert_eq!(claude["default_mode"], "default");
@@ -369,32 +362,14 @@ async fn without_credentials_claude_is_unavailable_and_creation_is_refused() {
         s.providers.insert("claude".into(), cli_settings(&cli, env));
     })
     .await;
-    let providers = app.get_ok("/v1/providers").await;
-    let claude = providers["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "claude")
-        .unwrap()
-        .clone();
+    let claude = app.provider("claude").await;
     assert_eq!(claude["available"], false);
     let reason = claude["unavailable_reason"].as_str().unwrap();
     assert!(reason.contains("ANTHROPIC_API_KEY"), "{reason}");
     assert!(reason.contains(".credentials.json"), "{reason}");
 
     let repo = git_repo();
-    let project = app.project(repo.path()).await;
-    let ws = app
-        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-        .await;
-    let refused = app
-        .post_ok(
-            "/v1/agents",
-            json!({"workspace_id": ws["id"], "provider": "claude"}),
-            422,
-        )
-        .await;
-    assert_eq!(refused["code"], "provider_unavailable");
+    let refused = app.creation_refused(repo.path(), "claude").await;
     assert!(
         refused.to_string().contains("ANTHROPIC_API_KEY"),
         "{refused}"
@@ -411,14 +386,7 @@ async fn without_credentials_claude_is_unavailable_and_creation_is_refused() {
         );
     })
     .await;
-    let providers = app2.get_ok("/v1/providers").await;
-    let claude = providers["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "claude")
-        .unwrap()
-        .clone();
+    let claude = app2.provider("claude").await;
     assert_eq!(claude["available"], false);
     assert!(
         claude["unavailable_reason"]

@@ -172,14 +172,7 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
         Item::Text("Hello from the fake model.".into()),
     ])]);
     let (agent, _) = rig.agent("auto").await;
-    let providers = rig.app.get_ok("/v1/providers").await;
-    let codex = providers["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "codex")
-        .expect("codex is listed")
-        .clone();
+    let codex = rig.app.provider("codex").await;
     assert_eq!(codex["available"], true, "{codex}");
     assert_eq!(codex["protocol"], "codex-app-server");
     assert_eq!(codex["default_mode"], "auto");
@@ -558,31 +551,13 @@ async fn without_credentials_codex_is_unavailable_and_creating_an_agent_is_refus
         s.providers.insert("codex".into(), table);
     })
     .await;
-    let providers = app.get_ok("/v1/providers").await;
-    let codex = providers["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "codex")
-        .unwrap()
-        .clone();
+    let codex = app.provider("codex").await;
     assert_eq!(codex["available"], false, "{codex}");
     let reason = codex["unavailable_reason"].as_str().unwrap();
     assert!(reason.contains("OPENAI_API_KEY"), "{reason}");
 
     let repo = git_repo();
-    let project = app.project(repo.path()).await;
-    let ws = app
-        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-        .await;
-    let refused = app
-        .post_ok(
-            "/v1/agents",
-            json!({"workspace_id": ws["id"], "provider": "codex"}),
-            422,
-        )
-        .await;
-    assert_eq!(refused["code"], "provider_unavailable", "{refused}");
+    let refused = app.creation_refused(repo.path(), "codex").await;
     assert!(
         refused["detail"]
             .as_str()
@@ -599,14 +574,7 @@ async fn without_credentials_codex_is_unavailable_and_creating_an_agent_is_refus
         s.providers.insert("codex".into(), table);
     })
     .await;
-    let providers = app2.get_ok("/v1/providers").await;
-    let codex = providers["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "codex")
-        .unwrap()
-        .clone();
+    let codex = app2.provider("codex").await;
     assert!(
         codex["unavailable_reason"]
             .as_str()

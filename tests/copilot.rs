@@ -71,14 +71,7 @@ impl Provider for Copilot {
 #[tokio::test]
 async fn a_text_turn_streams_deltas_and_completes_with_usage() {
     let Some(w) = World::new().await else { return };
-    let providers = w.app.get_ok("/v1/providers").await;
-    let copilot = providers["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "copilot")
-        .expect("copilot is listed")
-        .clone();
+    let copilot = w.app.provider("copilot").await;
     assert_eq!(copilot["available"], true, "{copilot}");
     assert_eq!(copilot["protocol"], "acp");
     assert_eq!(copilot["default_mode"], "agent");
@@ -398,14 +391,7 @@ async fn without_credentials_copilot_is_unavailable_and_creation_is_refused() {
             .insert("copilot".into(), cli_settings(&cli, env));
     })
     .await;
-    let providers = app.get_ok("/v1/providers").await;
-    let copilot = providers["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "copilot")
-        .unwrap()
-        .clone();
+    let copilot = app.provider("copilot").await;
     assert_eq!(copilot["available"], false, "{copilot}");
     let reason = copilot["unavailable_reason"].as_str().unwrap();
     for looked_for in [
@@ -418,18 +404,7 @@ async fn without_credentials_copilot_is_unavailable_and_creation_is_refused() {
     }
 
     let repo = git_repo();
-    let project = app.project(repo.path()).await;
-    let ws = app
-        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-        .await;
-    let refused = app
-        .post_ok(
-            "/v1/agents",
-            json!({"workspace_id": ws["id"], "provider": "copilot"}),
-            422,
-        )
-        .await;
-    assert_eq!(refused["code"], "provider_unavailable");
+    let refused = app.creation_refused(repo.path(), "copilot").await;
     assert!(refused.to_string().contains("GH_TOKEN"), "{refused}");
 
     // A GitHub token alone makes it available (it is not used: nothing is started).
@@ -443,14 +418,7 @@ async fn without_credentials_copilot_is_unavailable_and_creation_is_refused() {
             .insert("copilot".into(), cli_settings(&cli, env));
     })
     .await;
-    let providers = app2.get_ok("/v1/providers").await;
-    let copilot = providers["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "copilot")
-        .unwrap()
-        .clone();
+    let copilot = app2.provider("copilot").await;
     assert_eq!(copilot["available"], true, "{copilot}");
 
     // A command that is not installed is named.
@@ -465,14 +433,7 @@ async fn without_credentials_copilot_is_unavailable_and_creation_is_refused() {
         );
     })
     .await;
-    let providers = app3.get_ok("/v1/providers").await;
-    let copilot = providers["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "copilot")
-        .unwrap()
-        .clone();
+    let copilot = app3.provider("copilot").await;
     assert_eq!(copilot["available"], false);
     assert!(
         copilot["unavailable_reason"]

@@ -94,14 +94,7 @@ async fn a_configured_acp_agent_is_listed_and_runs_a_text_turn() {
     let Some(rig) = World::new().await else {
         return;
     };
-    let providers = rig.app.get_ok("/v1/providers").await;
-    let listed = providers["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "codex-acp")
-        .expect("the configured agent is listed")
-        .clone();
+    let listed = rig.app.provider("codex-acp").await;
     assert_eq!(listed["available"], true, "{listed}");
     assert_eq!(listed["protocol"], "acp");
     assert_eq!(listed["label"], "Codex over ACP");

@@ -74,14 +74,7 @@ impl Provider for Gemini {
 #[tokio::test]
 async fn a_text_turn_streams_deltas_and_completes_with_usage() {
     let Some(w) = World::new().await else { return };
-    let providers = w.app.get_ok("/v1/providers").await;
-    let gemini = providers["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "gemini")
-        .expect("gemini is listed")
-        .clone();
+    let gemini = w.app.provider("gemini").await;
     assert_eq!(gemini["available"], true, "{gemini}");
     assert_eq!(gemini["protocol"], "acp");
     assert_eq!(gemini["default_mode"], "default");
@@ -351,31 +344,13 @@ async fn without_credentials_gemini_is_unavailable_and_creation_is_refused() {
         s.providers.insert("gemini".into(), cli_settings(&cli, env));
     })
     .await;
-    let providers = app.get_ok("/v1/providers").await;
-    let gemini = providers["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "gemini")
-        .unwrap()
-        .clone();
+    let gemini = app.provider("gemini").await;
     assert_eq!(gemini["available"], false, "{gemini}");
     let reason = gemini["unavailable_reason"].as_str().unwrap();
     assert!(reason.contains("GEMINI_API_KEY"), "{reason}");
 
     let repo = git_repo();
-    let project = app.project(repo.path()).await;
-    let ws = app
-        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-        .await;
-    let refused = app
-        .post_ok(
-            "/v1/agents",
-            json!({"workspace_id": ws["id"], "provider": "gemini"}),
-            422,
-        )
-        .await;
-    assert_eq!(refused["code"], "provider_unavailable");
+    let refused = app.creation_refused(repo.path(), "gemini").await;
     assert!(refused.to_string().contains("GEMINI_API_KEY"), "{refused}");
 }
 

@@ -88,14 +88,7 @@ impl Provider for OpenCode {
 #[tokio::test]
 async fn a_text_turn_streams_deltas_and_completes_with_usage() {
     let Some(w) = World::new().await else { return };
-    let providers = w.app.get_ok("/v1/providers").await;
-    let opencode = providers["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "opencode")
-        .expect("opencode is listed")
-        .clone();
+    let opencode = w.app.provider("opencode").await;
     assert_eq!(opencode["available"], true, "{opencode}");
     assert_eq!(opencode["protocol"], "opencode-http");
     assert_eq!(opencode["default_mode"], "build");
@@ -619,14 +612,7 @@ async fn not_installed_is_unavailable_and_creation_is_refused() {
         );
     })
     .await;
-    let providers = app.get_ok("/v1/providers").await;
-    let opencode = providers["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "opencode")
-        .unwrap()
-        .clone();
+    let opencode = app.provider("opencode").await;
     assert_eq!(opencode["available"], false, "{opencode}");
     assert!(
         opencode["unavailable_reason"]
@@ -636,16 +622,5 @@ async fn not_installed_is_unavailable_and_creation_is_refused() {
         "{opencode}"
     );
     let repo = git_repo();
-    let project = app.project(repo.path()).await;
-    let ws = app
-        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-        .await;
-    let refused = app
-        .post_ok(
-            "/v1/agents",
-            json!({"workspace_id": ws["id"], "provider": "opencode"}),
-            422,
-        )
-        .await;
-    assert_eq!(refused["code"], "provider_unavailable");
+    app.creation_refused(repo.path(), "opencode").await;
 }

@@ -87,14 +87,7 @@ impl Provider for Pi {
 #[tokio::test]
 async fn a_text_turn_streams_deltas_and_completes_with_usage() {
     let Some(w) = World::new().await else { return };
-    let providers = w.app.get_ok("/v1/providers").await;
-    let pi = providers["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "pi")
-        .expect("pi is listed")
-        .clone();
+    let pi = w.app.provider("pi").await;
     assert_eq!(pi["available"], true, "{pi}");
     assert_eq!(pi["protocol"], "pi-rpc");
     assert_eq!(pi["default_mode"], "ask");
@@ -451,14 +444,7 @@ async fn a_missing_cli_is_unavailable_and_creation_is_refused() {
         );
     })
     .await;
-    let providers = app.get_ok("/v1/providers").await;
-    let pi = providers["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "pi")
-        .unwrap()
-        .clone();
+    let pi = app.provider("pi").await;
     assert_eq!(pi["available"], false, "{pi}");
     assert!(
         pi["unavailable_reason"]
@@ -468,18 +454,7 @@ async fn a_missing_cli_is_unavailable_and_creation_is_refused() {
         "{pi}"
     );
     let repo = git_repo();
-    let project = app.project(repo.path()).await;
-    let ws = app
-        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-        .await;
-    let refused = app
-        .post_ok(
-            "/v1/agents",
-            json!({"workspace_id": ws["id"], "provider": "pi"}),
-            422,
-        )
-        .await;
-    assert_eq!(refused["code"], "provider_unavailable");
+    let refused = app.creation_refused(repo.path(), "pi").await;
     assert!(
         refused.to_string().contains("/nonexistent/pi-cli"),
         "{refused}"
@@ -510,14 +485,7 @@ async fn a_pi_fork_configured_with_extends_runs_its_own_command() {
         );
     })
     .await;
-    let providers = app.get_ok("/v1/providers").await;
-    let omp = providers["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "omp")
-        .expect("omp is listed")
-        .clone();
+    let omp = app.provider("omp").await;
     assert_eq!(omp["protocol"], "pi-rpc", "{omp}");
     assert_eq!(omp["label"], "Oh My Pi", "{omp}");
     assert_eq!(omp["available"], true, "{omp}");

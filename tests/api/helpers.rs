@@ -237,6 +237,37 @@ impl TestApp {
         (self.db, self.data_dir, self.token)
     }
 
+    /// The entry of provider `id` in `GET /v1/providers`; it must be listed.
+    pub async fn provider(&self, id: &str) -> Value {
+        let list = self.get_ok("/v1/providers").await;
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["id"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("{id} is listed: {list}"))
+    }
+
+    /// Creating an agent of `provider` in a new workspace of `repo` is refused (422
+    /// `provider_unavailable`); returns the problem.
+    #[allow(dead_code)] // for the real-CLI suites
+    pub async fn creation_refused(&self, repo: &Path, provider: &str) -> Value {
+        let project = self.project(repo).await;
+        let ws = self
+            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+            .await;
+        let refused = self
+            .post_ok(
+                "/v1/agents",
+                json!({"workspace_id": ws["id"], "provider": provider}),
+                422,
+            )
+            .await;
+        assert_eq!(refused["code"], "provider_unavailable", "{refused}");
+        refused
+    }
+
     pub async fn project(&self, repo: &Path) -> Value {
         self.post_ok(
             "/v1/projects",

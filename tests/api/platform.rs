@@ -184,14 +184,7 @@ async fn health_docs_and_providers() {
         ui.text().await.unwrap().contains("swagger"),
         "the UI is served from the binary"
     );
-    let providers = app.get_ok("/v1/providers").await;
-    let mock = providers["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == "mock")
-        .unwrap()
-        .clone();
+    let mock = app.provider("mock").await;
     assert_eq!(mock["available"], true);
     assert!(
         mock["modes"]
