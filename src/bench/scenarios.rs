@@ -121,8 +121,9 @@ struct LoadRun {
 }
 
 /// A second that lost this much CPU time to the hypervisor (all cores together) is
-/// called out even when the load's whole share looks small: in the fanout runs of
-/// docs/benchmarks.md, seconds that lost 170 ms or more held the misses.
+/// called out even when the load's whole share looks small: in run AK of
+/// docs/benchmarks.md, the fanout misses with little steal overall each held seconds that
+/// lost 170 ms or more.
 const WORST_SECOND_WARNING_MS: f64 = 100.0;
 
 impl LoadRun {
@@ -349,8 +350,8 @@ async fn run_load(
     })
 }
 
-/// Milliseconds, whole, separated by spaces.
-/// The first second with the largest value, and that value; `(0, 0.0)` for none.
+/// The first second with the largest value (counted from 0, as the per-second lines
+/// are), and that value; `(0, 0.0)` for none.
 fn worst_second(values: &[f64]) -> (usize, f64) {
     values.iter().copied().enumerate().fold(
         (0, 0.0),
@@ -358,6 +359,7 @@ fn worst_second(values: &[f64]) -> (usize, f64) {
     )
 }
 
+/// Milliseconds, whole, separated by spaces.
 fn whole_ms(values: &[f64]) -> String {
     values
         .iter()
