@@ -178,7 +178,8 @@ pub async fn insert_user(
     .await
 }
 
-/// Users in id order after `after`, only the one with `email` when given.
+/// Users in id order after `after`; with `email`, only those whose address is that one
+/// and verified (an identity provider's unverified address never finds anyone).
 pub async fn list_users(
     db: impl PgExecutor<'_>,
     email: Option<&str>,
@@ -187,7 +188,8 @@ pub async fn list_users(
 ) -> Result<Vec<UserRow>, sqlx::Error> {
     sqlx::query_as(
         "SELECT id, email, name, is_admin, created_at FROM users
-         WHERE ($1::text IS NULL OR lower(email) = lower($1)) AND ($2::uuid IS NULL OR id > $2)
+         WHERE ($1::text IS NULL OR (lower(email) = lower($1) AND email_verified))
+           AND ($2::uuid IS NULL OR id > $2)
          ORDER BY id LIMIT $3",
     )
     .bind(email)
