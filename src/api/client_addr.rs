@@ -3,6 +3,8 @@
 //! `[server] trusted_proxies`, the client is the right-most `X-Forwarded-For` address
 //! that is not a trusted proxy (the addresses to its left were written by the client or
 //! by proxies nobody vouches for, so they are never believed). Otherwise, the peer.
+//! A limit per address keys on `rate_limit_key`: an IPv6 client is its /64, the block a
+//! single host is usually given, so one host cannot spread over its addresses.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -11,9 +13,9 @@ use actix_web::{HttpRequest, web};
 use crate::config::IpBlock;
 use crate::server::AppState;
 
-/// The address of the client that sent `req`, for rate limits (`unknown` when the server
-/// cannot tell, as for a request on a Unix socket).
-pub fn client_addr(req: &HttpRequest) -> String {
+/// The address of the client that sent `req`; `None` when the server cannot tell (a
+/// request on a Unix socket).
+pub fn client_addr(req: &HttpRequest) -> Option<IpAddr> {
     let trusted = req
         .app_data::<web::Data<AppState>>()
         .map(|s| s.settings.server.trusted_proxy_blocks())
@@ -23,7 +25,23 @@ pub fn client_addr(req: &HttpRequest) -> String {
         .get_all("x-forwarded-for")
         .filter_map(|v| v.to_str().ok());
     client_addr_of(req.peer_addr().map(|a| a.ip()), forwarded, &trusted)
-        .map_or_else(|| "unknown".to_owned(), |ip| ip.to_string())
+}
+
+/// The key a limit per client address counts under: the client's IPv4 address, or the
+/// /64 of its IPv6 address (`2001:db8:1:2::/64`); `unknown` when there is none.
+pub fn rate_limit_key(req: &HttpRequest) -> String {
+    client_addr(req).map_or_else(|| "unknown".to_owned(), key_of)
+}
+
+/// An IPv4 address as itself, an IPv6 address as its /64.
+pub fn key_of(ip: IpAddr) -> String {
+    match canonical(ip) {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => {
+            let net = u128::from(v6) & !((1u128 << 64) - 1);
+            format!("{}/64", std::net::Ipv6Addr::from(net))
+        }
+    }
 }
 
 /// The client address from the TCP peer, the `X-Forwarded-For` header values (in the
@@ -130,6 +148,17 @@ mod tests {
             client_addr_of(ip("::ffff:10.0.0.2"), ["203.0.113.7"], &trusted),
             ip("203.0.113.7")
         );
+    }
+
+    #[test]
+    fn an_ipv6_client_is_limited_as_its_64() {
+        let a = key_of("2001:db8:1:2::1".parse().unwrap());
+        let b = key_of("2001:db8:1:2:ffff::9".parse().unwrap());
+        assert_eq!(a, "2001:db8:1:2::/64");
+        assert_eq!(a, b);
+        assert_ne!(a, key_of("2001:db8:1:3::1".parse().unwrap()));
+        assert_eq!(key_of("203.0.113.7".parse().unwrap()), "203.0.113.7");
+        assert_eq!(key_of("::ffff:203.0.113.7".parse().unwrap()), "203.0.113.7");
     }
 
     #[test]

@@ -70,7 +70,7 @@ async fn login(
     req: HttpRequest,
     q: web::Query<LoginQuery>,
 ) -> ApiResult<HttpResponse> {
-    let client = super::client_addr::client_addr(&req);
+    let client = super::client_addr::rate_limit_key(&req);
     let started = match sessions::login_url(&state.services, q.return_to.as_deref(), &client).await
     {
         Ok(s) => s,

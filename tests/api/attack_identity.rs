@@ -143,6 +143,10 @@ async fn being_added_to_a_team_never_changes_the_default_team() {
         .await;
     let me = victim.api.ok(Method::GET, "/v1/me", None, 200).await;
     assert_eq!(me["default_team_id"], own.as_str(), "{me}");
+    // Being added back does not bring the old choice back either.
+    add(&mallory, &trap, &victim, "owner").await;
+    let me = victim.api.ok(Method::GET, "/v1/me", None, 200).await;
+    assert_eq!(me["default_team_id"], own.as_str(), "{me}");
 }
 
 async fn start_device(app: &TestApp, forwarded_for: &str) -> (u16, Value) {
