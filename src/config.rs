@@ -66,6 +66,74 @@ pub struct Settings {
     pub secrets: SecretsSettings,
     /// Lifecycle hooks: delivery settings and server-wide hooks.
     pub hooks: HookSettings,
+    /// `[server]`: how the HTTP server sees its clients.
+    pub server: ServerSettings,
+}
+
+/// `[server]`: how the HTTP server sees its clients.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSettings {
+    /// Proxies (CIDR blocks, or single addresses) whose `X-Forwarded-For` is believed
+    /// for the client address that rate limits key on (default none: the TCP peer).
+    pub trusted_proxies: Vec<String>,
+}
+
+/// A block of IP addresses, `198.51.100.0/24` or `2001:db8::/32` (a single address is
+/// a block of one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpBlock {
+    addr: std::net::IpAddr,
+    prefix: u8,
+}
+
+impl IpBlock {
+    pub fn parse(s: &str) -> Option<Self> {
+        let (addr, prefix) = match s.trim().split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s.trim(), None),
+        };
+        let addr: std::net::IpAddr = addr.parse().ok()?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => p.parse().ok()?,
+            Some(_) => return None,
+            None => max,
+        };
+        (prefix <= max).then_some(Self { addr, prefix })
+    }
+
+    /// `ip` is in the block (an IPv4-mapped IPv6 address counts as its IPv4 address).
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr;
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        let bits = |a: IpAddr| match a {
+            IpAddr::V4(v) => (u128::from(u32::from(v)), 32u32),
+            IpAddr::V6(v) => (u128::from(v), 128u32),
+        };
+        let ((net, width), (candidate, cwidth)) = (bits(self.addr), bits(ip));
+        if width != cwidth {
+            return false;
+        }
+        let host_bits = width - u32::from(self.prefix);
+        if host_bits >= 128 {
+            return true;
+        }
+        (net >> host_bits) == (candidate >> host_bits)
+    }
+}
+
+impl ServerSettings {
+    /// The trusted proxies, parsed (validated at start).
+    pub fn trusted_proxy_blocks(&self) -> Vec<IpBlock> {
+        self.trusted_proxies
+            .iter()
+            .filter_map(|b| IpBlock::parse(b))
+            .collect()
+    }
 }
 
 /// `[hooks]`: how hooks are called, and the server-wide hooks of the settings file
@@ -201,6 +269,10 @@ pub struct OidcSettings {
     /// `[auth.oidc.groups]`: IdP group name → the team its members join, and the role.
     #[serde(default)]
     pub groups: BTreeMap<String, GroupMapping>,
+    /// The provider verifies every address it sends, so an email without an
+    /// `email_verified` claim counts as verified (default false: only `true` does).
+    #[serde(default)]
+    pub assume_email_verified: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -268,6 +340,7 @@ impl OidcSettings {
             session_idle_s: default_session_idle_s(),
             session_absolute_s: default_session_absolute_s(),
             groups: BTreeMap::new(),
+            assume_email_verified: false,
         }
     }
 
@@ -466,6 +539,7 @@ impl Default for Settings {
             providers: BTreeMap::new(),
             secrets: SecretsSettings::default(),
             hooks: HookSettings::default(),
+            server: ServerSettings::default(),
         }
     }
 }
@@ -716,6 +790,17 @@ impl Settings {
         }
         if let Some(oidc) = &self.auth.oidc {
             oidc.validate()?;
+        }
+        if let Some(bad) = self
+            .server
+            .trusted_proxies
+            .iter()
+            .find(|b| IpBlock::parse(b).is_none())
+        {
+            return Err(invalid(
+                "server.trusted_proxies",
+                format!("`{bad}` is not an IP address or CIDR block (like 10.0.0.0/8)"),
+            ));
         }
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return Err(invalid("log.format", "must be `text` or `json`"));
@@ -1279,6 +1364,18 @@ mod tests {
     fn refused(text: &str, env_pairs: &[(&str, &str)]) -> SettingsError {
         let (_dir, path) = file(text);
         Settings::load_from(Some(&path), &env(env_pairs)).expect_err("the settings are refused")
+    }
+
+    #[test]
+    fn trusted_proxies_are_read_and_checked() {
+        let (_dir, path) = file("[server]\ntrusted_proxies = [\"10.0.0.0/8\", \"2001:db8::1\"]\n");
+        let s = Settings::load_from(Some(&path), &[]).unwrap();
+        assert_eq!(s.server.trusted_proxy_blocks().len(), 2);
+        assert!(Settings::default().server.trusted_proxies.is_empty());
+        let e = refused("[server]\ntrusted_proxies = [\"10.0.0.0/99\"]\n", &[]);
+        assert!(e.to_string().contains("server.trusted_proxies"), "{e}");
+        let e = refused("[server]\nproxies = []\n", &[]);
+        assert!(e.to_string().contains("proxies"), "{e}");
     }
 
     #[test]

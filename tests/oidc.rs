@@ -392,12 +392,24 @@ async fn readiness_waits_for_the_identity_provider() {
 /// An app whose browser sign-in redirects back to itself, and a client that follows no
 /// redirects (each hop is checked).
 async fn browser_app(idp: &Idp) -> (TestApp, reqwest::Client) {
+    browser_app_with(idp, |_| {}).await
+}
+
+/// Like `browser_app`, with settings adjusted by `tweak`.
+async fn browser_app_with(
+    idp: &Idp,
+    tweak: impl FnOnce(&mut Settings),
+) -> (TestApp, reqwest::Client) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let mut o = oidc_settings(idp);
     o.client_id = Some("agentry-web".into());
     o.redirect_url = Some(format!("http://127.0.0.1:{port}/auth/callback"));
-    let app = helpers::spawn_app_on(listener, move |s: &mut Settings| s.auth.oidc = Some(o)).await;
+    let app = helpers::spawn_app_on(listener, move |s: &mut Settings| {
+        s.auth.oidc = Some(o);
+        tweak(s);
+    })
+    .await;
     wait_ready(&app).await;
     let browser = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -409,6 +421,23 @@ async fn browser_app(idp: &Idp) -> (TestApp, reqwest::Client) {
 fn location(res: &reqwest::Response) -> String {
     assert_eq!(res.status(), 302, "a redirect");
     res.headers()["location"].to_str().unwrap().to_owned()
+}
+
+/// The pre-login cookie (name=value) `GET /auth/login` set, checked for its attributes.
+fn login_cookie(res: &reqwest::Response) -> String {
+    let set = res
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .find(|c| c.starts_with("agentry_login="))
+        .expect("a pre-login cookie");
+    for a in ["HttpOnly", "SameSite=Lax", "Path=/auth", "Max-Age=600"] {
+        assert!(set.contains(a), "{a} in {set}");
+    }
+    // The redirect URL is http here: a Secure cookie would never come back.
+    assert!(!set.contains("Secure"), "{set}");
+    set.split_once(';').unwrap().0.to_owned()
 }
 
 /// Sign in through the real redirects: agentry → provider → agentry's callback. Returns
@@ -424,6 +453,7 @@ async fn sign_in(
         .await
         .unwrap();
     let to_idp = location(&res);
+    let pre_login = login_cookie(&res);
     let authorize = url::Url::parse(&to_idp).unwrap();
     let q: std::collections::HashMap<String, String> =
         authorize.query_pairs().into_owned().collect();
@@ -434,11 +464,18 @@ async fn sign_in(
     let res = browser.get(&to_idp).send().await.unwrap();
     let back = location(&res);
     assert!(back.starts_with(&app.url("/auth/callback?")), "{back}");
-    let res = browser.get(&back).send().await.unwrap();
+    let res = browser
+        .get(&back)
+        .header("cookie", &pre_login)
+        .send()
+        .await
+        .unwrap();
     let cookie = res
         .headers()
-        .get("set-cookie")
+        .get_all("set-cookie")
+        .iter()
         .map(|v| v.to_str().unwrap().to_owned())
+        .find(|c| c.starts_with("agentry_session="))
         .unwrap_or_default();
     assert_eq!(location(&res), return_to);
     let (pair, attributes) = cookie.split_once(';').expect("a session cookie");
@@ -620,8 +657,10 @@ async fn a_code_from_another_sign_in_is_refused() {
     // Two sign-ins started; the provider's answer to the second is delivered with the
     // first's state (a login CSRF / code injection attempt).
     let mut answers = Vec::new();
+    let mut cookies = Vec::new();
     for _ in 0..2 {
         let res = browser.get(app.url("/auth/login")).send().await.unwrap();
+        cookies.push(login_cookie(&res));
         let res = browser.get(location(&res)).send().await.unwrap();
         answers.push(url::Url::parse(&location(&res)).unwrap());
     }
@@ -636,7 +675,12 @@ async fn a_code_from_another_sign_in_is_refused() {
         param(&answers[1], "code"),
         param(&answers[0], "state")
     );
-    let res = browser.get(app.url(&mixed)).send().await.unwrap();
+    let res = browser
+        .get(app.url(&mixed))
+        .header("cookie", &cookies[0])
+        .send()
+        .await
+        .unwrap();
     assert!(res.headers().get("set-cookie").is_none());
     assert_eq!(expect_status(res, 400).await["code"], "sign_in_failed");
     // A provider-side refusal is reported, not a session.
@@ -646,4 +690,232 @@ async fn a_code_from_another_sign_in_is_refused() {
         .await
         .unwrap();
     assert_eq!(expect_status(res, 400).await["code"], "sign_in_failed");
+}
+
+#[tokio::test]
+async fn a_sign_in_finishes_only_in_the_browser_that_started_it() {
+    let Some(idp) = Idp::start().await else {
+        return;
+    };
+    let (app, browser) = browser_app(&idp).await;
+    // The attacker starts a sign-in of their own and stops at the callback URL…
+    idp.set_user(user("mallory", &["eng"]));
+    let res = browser.get(app.url("/auth/login")).send().await.unwrap();
+    let mallorys = login_cookie(&res);
+    let res = browser.get(location(&res)).send().await.unwrap();
+    let callback = location(&res);
+    // …and has the victim's browser open it: without the pre-login cookie, or with the
+    // victim's own from a sign-in of theirs.
+    let res = browser.get(app.url("/auth/login")).send().await.unwrap();
+    let victims = login_cookie(&res);
+    for cookie in [
+        None,
+        Some(victims.as_str()),
+        Some("agentry_login=agt_lgn_forged"),
+    ] {
+        let mut req = browser.get(&callback);
+        if let Some(c) = cookie {
+            req = req.header("cookie", c);
+        }
+        let res = req.send().await.unwrap();
+        let session = res
+            .headers()
+            .get_all("set-cookie")
+            .iter()
+            .any(|v| v.to_str().unwrap().starts_with("agentry_session="));
+        assert!(!session, "no session cookie");
+        let status = res.status().as_u16();
+        let body: Value = res.json().await.unwrap();
+        // The state is used up by the first attempt: the later ones find no sign-in.
+        let code = body["code"].as_str().unwrap();
+        assert!(
+            status == 400 && ["sign_in_browser_mismatch", "sign_in_failed"].contains(&code),
+            "{status} {body}"
+        );
+        if cookie.is_none() {
+            assert_eq!(code, "sign_in_browser_mismatch", "{body}");
+        }
+    }
+    // Nobody was signed in: no session, no user from the provider.
+    let sessions: i64 = sqlx::query_scalar("SELECT count(*) FROM user_sessions")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(sessions, 0);
+    let idp_users: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM users WHERE oidc_issuer IS NOT NULL")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(idp_users, 0);
+    // The pre-login secret is not stored, only its hash.
+    let secret = mallorys.split_once('=').unwrap().1;
+    let dump: Vec<String> = sqlx::query_scalar("SELECT row_to_json(l)::text FROM oidc_logins l")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    assert!(dump.iter().all(|r| !r.contains(secret)), "{dump:?}");
+}
+
+#[tokio::test]
+async fn sign_ins_in_progress_are_bounded_per_client_address() {
+    let Some(idp) = Idp::start().await else {
+        return;
+    };
+    let (app, browser) = browser_app_with(&idp, |s| {
+        s.server.trusted_proxies = vec!["127.0.0.1".into()]
+    })
+    .await;
+    let login = |client: &'static str| {
+        browser
+            .get(app.url("/auth/login"))
+            .header("x-forwarded-for", client)
+            .send()
+    };
+    let pending = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM oidc_logins")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap()
+    };
+    for _ in 0..20 {
+        assert_eq!(login("203.0.113.1").await.unwrap().status(), 302);
+    }
+    let res = login("203.0.113.1").await.unwrap();
+    assert_eq!(res.headers()["retry-after"], "60");
+    assert!(res.headers().get("set-cookie").is_none());
+    assert_eq!(expect_status(res, 429).await["code"], "too_many_requests");
+    assert_eq!(pending().await, 20, "the refused sign-in stored nothing");
+    // Another client behind the same proxy has its own limit.
+    assert_eq!(login("203.0.113.2").await.unwrap().status(), 302);
+    // Sign-ins nobody finished expire and are purged.
+    sqlx::query("UPDATE oidc_logins SET expires_at = now() - interval '1 second'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(login("203.0.113.1").await.unwrap().status(), 302);
+    assert_eq!(pending().await, 1);
+}
+
+#[tokio::test]
+async fn a_team_named_like_a_mapped_team_is_never_adopted() {
+    let Some(idp) = Idp::start().await else {
+        return;
+    };
+    let app = app_for(&idp, |_| {}).await;
+    // A plain local user, before anyone of the mapped groups signs in.
+    let mallory = app
+        .post_ok(
+            "/v1/users",
+            json!({"email": "mallory@example.com", "name": "Mallory"}),
+            201,
+        )
+        .await;
+    let mallory_id = mallory["id"].as_str().unwrap();
+    let token = app
+        .post_ok(
+            &format!("/v1/users/{mallory_id}/tokens"),
+            json!({"name": "laptop"}),
+            201,
+        )
+        .await;
+    let mallory_token = token["token"].as_str().unwrap();
+    let res = app
+        .client
+        .post(app.url("/v1/teams"))
+        .bearer_auth(mallory_token)
+        .json(&json!({"name": "platform"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(res, 409).await["code"], "team_name_reserved");
+    // A team of that name made before the mapping was configured (so the API could not
+    // refuse it), with Mallory as its owner.
+    let squatted = uuid::Uuid::now_v7();
+    sqlx::query("INSERT INTO teams (id, name) VALUES ($1, 'platform')")
+        .bind(squatted)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let mallory_uuid: uuid::Uuid = mallory_id.trim_start_matches("usr_").parse().unwrap();
+    sqlx::query("INSERT INTO team_members (team_id, user_id, role) VALUES ($1, $2, 'owner')")
+        .bind(squatted)
+        .bind(mallory_uuid)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+
+    // Alice of the mapped groups signs in: she joins a team bound to the mapping, made
+    // beside Mallory's, and never Mallory's.
+    idp.set_user(user("alice", &["eng", "eng-leads"]));
+    let tokens = idp.authorization_code("agentry-web").await;
+    let alice = tokens["access_token"].as_str().unwrap().to_owned();
+    let me = expect_status(get_as(&app, &alice, "/v1/me").await, 200).await;
+    let teams = me["teams"].as_array().unwrap();
+    assert_eq!(teams.len(), 1, "{me}");
+    assert_eq!(teams[0]["name"], "platform-idp", "{me}");
+    assert_eq!(teams[0]["role"], "owner");
+    let mapped = teams[0]["id"].as_str().unwrap().to_owned();
+    assert_ne!(mapped, format!("team_{}", squatted.simple()));
+    let members: Vec<uuid::Uuid> =
+        sqlx::query_scalar("SELECT user_id FROM team_members WHERE team_id = $1")
+            .bind(squatted)
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(members, [mallory_uuid], "nobody joined Mallory's team");
+    // Mallory cannot see the mapped team.
+    let res = app
+        .client
+        .get(app.url(&format!("/v1/teams/{mapped}")))
+        .bearer_auth(mallory_token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_status(res, 404).await["code"], "not_found");
+    // The next sign-in finds the same mapped team by its key.
+    let tokens = idp.authorization_code("agentry-web").await;
+    let again = get_as(&app, tokens["access_token"].as_str().unwrap(), "/v1/me").await;
+    let again = expect_status(again, 200).await;
+    assert_eq!(again["teams"][0]["id"], mapped.as_str(), "{again}");
+}
+
+#[tokio::test]
+async fn unverified_idp_emails_find_nobody() {
+    let Some(idp) = Idp::start().await else {
+        return;
+    };
+    let app = app_for(&idp, |_| {}).await;
+    let lookup = "/v1/users?email=alice@example.com";
+    // No `email_verified` claim: not verified.
+    idp.set_user(user("alice", &["eng"]));
+    let tokens = idp.authorization_code("agentry-web").await;
+    expect_status(
+        get_as(&app, tokens["access_token"].as_str().unwrap(), "/v1/me").await,
+        200,
+    )
+    .await;
+    assert_eq!(app.get_ok(lookup).await["items"], json!([]));
+    // `email_verified: false`: not either.
+    let mut claims = user("alice", &["eng"]);
+    claims["email_verified"] = json!(false);
+    idp.set_user(claims.clone());
+    let tokens = idp.authorization_code("agentry-web").await;
+    let me = expect_status(
+        get_as(&app, tokens["access_token"].as_str().unwrap(), "/v1/me").await,
+        200,
+    )
+    .await;
+    assert_eq!(app.get_ok(lookup).await["items"], json!([]));
+    // Verified: found.
+    claims["email_verified"] = json!(true);
+    idp.set_user(claims);
+    let tokens = idp.authorization_code("agentry-web").await;
+    expect_status(
+        get_as(&app, tokens["access_token"].as_str().unwrap(), "/v1/me").await,
+        200,
+    )
+    .await;
+    let found = app.get_ok(lookup).await;
+    assert_eq!(found["items"][0]["id"], me["id"], "{found}");
 }

@@ -23,6 +23,7 @@ pub const ROUTES: &[(&str, &str, Operation)] = {
     use Operation::*;
     &[
         ("GET", "/v1/me", ReadSelf),
+        ("PUT", "/v1/me/default-team", ManageSelf),
         ("GET", "/v1/tokens", ReadSelf),
         ("POST", "/v1/tokens", ManageSelf),
         ("DELETE", "/v1/tokens/{id}", ManageSelf),

@@ -1,8 +1,10 @@
 //! Several replicas: `GET /v1/cluster`, and the hand-over of agent commands. A command for
 //! an agent another replica runs (prompt, interrupt, permission answer, mode, model,
 //! close, archive, and the long `wait`) is sent on to that replica with the caller's own
-//! credentials, and its answer is the answer: the owner authenticates and authorizes it
-//! as if the client had reached it directly. A forwarded request is never forwarded again.
+//! credentials — a bearer token, or a dashboard's session cookie with the `Origin` (or
+//! `Referer`) its CSRF check reads; no other cookie is passed on — and its answer is the
+//! answer: the owner authenticates and authorizes it as if the client had reached it
+//! directly. A forwarded request is never forwarded again.
 //! Archiving a workspace first closes its agents on the replicas that run them. A new
 //! agent is created on the replica it is pinned to (label `agentry.replica`), else on the
 //! replica running the fewest agents when that runs fewer than the one asked.
@@ -28,15 +30,30 @@ use crate::services::cluster::{self, ReplicaList};
 /// Set on a request one replica hands to another.
 pub const FORWARDED_BY: HeaderName = HeaderName::from_static("agentry-forwarded-by");
 
-/// The request headers a forwarded command keeps.
-const KEPT: [&str; 6] = [
+/// The request headers a forwarded command keeps (and the session cookie, see
+/// `credentials`).
+const KEPT: [&str; 8] = [
     "authorization",
     "content-type",
     "idempotency-key",
     "x-request-id",
     "accept",
     "traceparent",
+    "origin",
+    "referer",
 ];
+
+/// The caller's credentials for another replica: the bearer token as sent, and the
+/// browser session cookie alone (never the request's other cookies).
+fn credentials(http: &HttpRequest, mut out: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    if let Some(session) = super::sessions::session_cookie(http) {
+        out = out.header(
+            "cookie",
+            format!("{}={session}", crate::auth::oidc::browser::SESSION_COOKIE),
+        );
+    }
+    out
+}
 
 pub fn configure(cfg: &mut ServiceConfig) {
     cfg.service(list);
@@ -100,11 +117,18 @@ async fn close_elsewhere(state: &AppState, http: &HttpRequest, ws: WorkspaceId) 
             .header(FORWARDED_BY.as_str(), state.services.agents.replica())
             .header("content-type", "application/json")
             .body("{}");
-        for name in ["authorization", "x-request-id", "traceparent"] {
+        for name in [
+            "authorization",
+            "x-request-id",
+            "traceparent",
+            "origin",
+            "referer",
+        ] {
             if let Some(v) = http.headers().get(name) {
                 out = out.header(name, v.as_bytes());
             }
         }
+        out = credentials(http, out);
         match out.send().await {
             Ok(r) if r.status().is_success() => {}
             Ok(r) => {
@@ -269,6 +293,7 @@ async fn send_body(
             out = out.header(name, v.as_bytes());
         }
     }
+    out = credentials(http, out);
     let unreachable = |e: reqwest::Error| {
         tracing::warn!(owner, error = %e, "could not hand a command to the agent's replica");
         ApiError::unavailable(

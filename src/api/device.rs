@@ -90,10 +90,9 @@ async fn start_device_sign_in(
     body: web::Json<StartDevice>,
 ) -> ApiResult<HttpResponse> {
     let info = req.connection_info().clone();
-    let client_ip = req
-        .peer_addr()
-        .map(|a| a.ip().to_string())
-        .unwrap_or_default();
+    // Behind trusted proxies, the client they name; else the TCP peer (an IPv6 one by
+    // its /64).
+    let client_ip = super::client_addr::rate_limit_key(&req);
     let page = format!("{}://{}/device", info.scheme(), info.host());
     match device::start(&state.services, &body, &client_ip, &page).await {
         Ok(codes) => Ok(HttpResponse::Ok()

@@ -188,6 +188,7 @@ impl From<ServiceError> for ApiError {
             | E::ProjectNameTaken
             | E::ProjectHasWorkspaces
             | E::TeamNameTaken
+            | E::TeamNameReserved
             | E::LastOwner
             | E::UserEmailTaken
             | E::WorkspacePathTaken(_)

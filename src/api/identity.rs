@@ -1,6 +1,6 @@
 //! Who am I, and API tokens: create (shown once), list, revoke (effective at once).
 
-use actix_web::{HttpRequest, HttpResponse, delete, get, post, web};
+use actix_web::{HttpRequest, HttpResponse, delete, get, post, put, web};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_actix_web::service_config::ServiceConfig;
@@ -10,10 +10,11 @@ use super::{Page, PageQuery, idempotency, parse_id};
 use crate::auth::Principal;
 use crate::domain::{TeamId, TokenId};
 use crate::server::AppState;
-use crate::services::identity::{self, CreateToken, CreatedToken, Me, TokenInfo};
+use crate::services::identity::{self, CreateToken, CreatedToken, DefaultTeam, Me, TokenInfo};
 
 pub fn configure(cfg: &mut ServiceConfig) {
     cfg.service(me)
+        .service(set_default_team)
         .service(create_token)
         .service(list_tokens)
         .service(revoke_token);
@@ -25,6 +26,25 @@ pub fn configure(cfg: &mut ServiceConfig) {
 #[get("/me")]
 async fn me(principal: Principal) -> ApiResult<web::Json<Me>> {
     Ok(web::Json(identity::me(&principal)?))
+}
+
+/// Choose your default team: where new projects, hooks and other resources go when a
+/// request names no team. It must be one of your teams; being added to a team never
+/// changes it.
+#[utoipa::path(tag = "identity", security(("bearer" = [])), request_body = DefaultTeam,
+    responses((status = 200, body = Me), (status = 401, body = Problem),
+        (status = 403, body = Problem, description = "A service token (its team is its default)"),
+        (status = 404, body = Problem, description = "You are not a member of this team"),
+        (status = 422, body = Problem)))]
+#[put("/me/default-team")]
+async fn set_default_team(
+    state: web::Data<AppState>,
+    principal: Principal,
+    body: web::Json<DefaultTeam>,
+) -> ApiResult<web::Json<Me>> {
+    Ok(web::Json(
+        identity::set_default_team(&state.services, &principal, &body).await?,
+    ))
 }
 
 /// Create an API token. The secret is in this response only.

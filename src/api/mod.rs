@@ -10,6 +10,7 @@ pub mod access;
 pub mod agents;
 pub mod audit;
 mod auth;
+pub mod client_addr;
 pub mod cluster;
 pub mod device;
 pub mod docs;

@@ -23,8 +23,9 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(remove_member);
 }
 
-/// Create a team; you become its owner. Names are unique (409 `team_name_taken`).
-/// Service tokens cannot create teams.
+/// Create a team; you become its owner. Names are unique (409 `team_name_taken`); the
+/// names of the teams `[auth.oidc.groups]` maps to are reserved (409
+/// `team_name_reserved`). Service tokens cannot create teams.
 #[utoipa::path(tag = "teams", security(("bearer" = [])),
     params(("Idempotency-Key" = Option<String>, Header, description = "Retry-safe creation")),
     request_body = CreateTeam,

@@ -192,7 +192,11 @@ impl Principal {
         }
     }
 
-    /// The team new resources go to when the request names none.
+    /// The team new resources go to when the request names none: a service token's team;
+    /// for a person, the default team they chose, else the team they joined first (never
+    /// one they were added to later, whatever its name). `teams` is read in that order —
+    /// the default first, then by when they joined (`store::identity::memberships`,
+    /// `bearer_by_hash`) — so it is the first membership.
     pub fn default_team(&self) -> Option<Uuid> {
         self.service_team
             .or_else(|| self.teams.first().map(|m| m.team_id))

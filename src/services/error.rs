@@ -40,6 +40,9 @@ pub enum ServiceError {
     ProjectHasWorkspaces,
     #[error("a team with this name already exists")]
     TeamNameTaken,
+    /// The name belongs to a team of `[auth.oidc.groups]`.
+    #[error("this team name is reserved for a team the identity provider's groups map to")]
+    TeamNameReserved,
     #[error("a team keeps at least one owner: add another owner first")]
     LastOwner,
     #[error("a user with this email already exists")]
@@ -106,6 +109,7 @@ impl ServiceError {
             ServiceError::ProjectNameTaken => "project_name_taken",
             ServiceError::ProjectHasWorkspaces => "project_has_workspaces",
             ServiceError::TeamNameTaken => "team_name_taken",
+            ServiceError::TeamNameReserved => "team_name_reserved",
             ServiceError::LastOwner => "last_owner",
             ServiceError::UserEmailTaken => "user_email_taken",
             ServiceError::WorkspacePathTaken(_) => "workspace_path_taken",

@@ -21,13 +21,27 @@ pub struct TeamRef {
 
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({"id": "usr_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "email": "admin@localhost", "name": "Local admin",
-    "is_admin": true, "teams": [{"id": "team_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c", "name": "default", "role": "owner"}]}))]
+    "is_admin": true, "default_team_id": "team_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c",
+    "teams": [{"id": "team_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c", "name": "default", "role": "owner"}]}))]
 pub struct Me {
     pub id: UserId,
     pub email: String,
     pub name: String,
     pub is_admin: bool,
+    /// Where new projects, hooks and other resources go when a request names no team:
+    /// the team you chose (`PUT /v1/me/default-team`), else the one you joined first. A
+    /// service token's is its team.
+    pub default_team_id: Option<TeamId>,
+    /// Your teams, the default first, then in the order you joined them.
     pub teams: Vec<TeamRef>,
+}
+
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"team_id": "team_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c"}))]
+pub struct DefaultTeam {
+    /// A team you are a member of.
+    pub team_id: TeamId,
 }
 
 #[derive(Debug, Deserialize, Serialize, ToSchema)]
@@ -77,6 +91,7 @@ pub fn me(principal: &Principal) -> ServiceResult<Me> {
         email: principal.email.clone(),
         name: principal.name.clone(),
         is_admin: principal.is_admin,
+        default_team_id: principal.default_team().map(Into::into),
         teams: principal
             .teams
             .iter()
@@ -86,6 +101,42 @@ pub fn me(principal: &Principal) -> ServiceResult<Me> {
                 role: m.role,
             })
             .collect(),
+    })
+}
+
+/// Choose the team new resources go to when a request names none; it must be one of
+/// your teams (a team you are not in is a missing resource). Being added to a team never
+/// changes it.
+pub async fn set_default_team(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    body: &DefaultTeam,
+) -> ServiceResult<Me> {
+    principal.authorize(Operation::ManageSelf)?;
+    if principal.service_team.is_some() {
+        return Err(AuthError::Forbidden("a service token's team is its default team").into());
+    }
+    let team = body.team_id.uuid();
+    if !principal.teams.iter().any(|m| m.team_id == team) {
+        return Err(ServiceError::NotFound("team"));
+    }
+    let set = within_deadline(ctx, async {
+        Ok(store::identity::set_default_team(&ctx.pool, principal.user_id, team).await?)
+    })
+    .await?;
+    if !set {
+        return Err(ServiceError::NotFound("team"));
+    }
+    // This replica forgets the principals it holds now, not at the notification.
+    ctx.tokens.forget_all();
+    let mut teams = principal.teams.clone();
+    if let Some(i) = teams.iter().position(|m| m.team_id == team) {
+        let chosen = teams.remove(i);
+        teams.insert(0, chosen);
+    }
+    me(&Principal {
+        teams,
+        ..principal.clone()
     })
 }
 

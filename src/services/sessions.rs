@@ -1,7 +1,7 @@
 //! Browser sign-in and sessions: start the provider's sign-in, finish it into a session,
 //! sign out. The flow itself (PKCE, state, nonce, the ID token) is `auth::oidc::browser`.
 
-use crate::auth::oidc::browser::{self, SignInError, SignedIn};
+use crate::auth::oidc::browser::{self, SignInError, SignedIn, Started};
 use crate::auth::{AuthError, Principal};
 
 use serde_json::json;
@@ -13,24 +13,28 @@ fn provider(ctx: &ServiceContext) -> Result<&crate::auth::oidc::Oidc, SignInErro
     ctx.oidc.as_ref().ok_or(SignInError::NotConfigured)
 }
 
-/// Where to send the browser to sign in; `return_to` is a path on this server.
+/// Start a sign-in for a browser at `client_addr`: where to send it, and the pre-login
+/// cookie that binds the sign-in to it; `return_to` is a path on this server.
 pub async fn login_url(
     ctx: &ServiceContext,
     return_to: Option<&str>,
-) -> Result<String, SignInError> {
-    browser::begin(provider(ctx)?, &ctx.pool, return_to).await
+    client_addr: &str,
+) -> Result<Started, SignInError> {
+    browser::begin(provider(ctx)?, &ctx.pool, return_to, client_addr).await
 }
 
-/// Finish a sign-in the provider sent back, opening a session. The sign-in is in the
+/// Finish a sign-in the provider sent back to the browser whose pre-login cookie is
+/// `browser`, opening a session. The sign-in is in the
 /// audit log before the session is handed out; when it cannot be recorded, the session is
 /// revoked again and the sign-in fails.
 pub async fn finish_sign_in(
     ctx: &ServiceContext,
     code: &str,
     state: &str,
+    browser: Option<&str>,
     request_id: Option<&str>,
 ) -> Result<SignedIn, SignInError> {
-    let signed = browser::finish(provider(ctx)?, &ctx.pool, code, state).await?;
+    let signed = browser::finish(provider(ctx)?, &ctx.pool, code, state, browser).await?;
     let recorded = audit::record_sign_in(
         ctx,
         signed.principal.user_id,

@@ -100,7 +100,8 @@ fn team(principal: &Principal, r: store::teams::TeamRow) -> Team {
     }
 }
 
-/// A new team with the caller as its owner.
+/// A new team with the caller as its owner. The names `[auth.oidc.groups]` gives its
+/// teams are reserved (409 `team_name_reserved`).
 pub async fn create(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -112,6 +113,13 @@ pub async fn create(
     }
     let name = body.name.trim();
     super::projects::validate_name("name", name)?;
+    // A team people make never becomes a mapped team; its name cannot pose as one.
+    if let Some(idp) = &ctx.oidc
+        && crate::auth::oidc::reserved_team_names(idp.settings())
+            .any(|r| r.eq_ignore_ascii_case(name))
+    {
+        return Err(ServiceError::TeamNameReserved);
+    }
     let id = TeamId::new().uuid();
     within_deadline(ctx, async {
         let mut tx = ctx.pool.pool().begin().await?;

@@ -107,13 +107,17 @@ pub async fn upsert_member(
     .map(|_| ())
 }
 
+/// The teams of `user`, their default team first, then in the order they joined (so the
+/// first is the team new resources go to when a request names none).
 pub async fn memberships(
     db: impl PgExecutor<'_>,
     user: Uuid,
 ) -> Result<Vec<MembershipRow>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT m.team_id, t.name AS team_name, m.role FROM team_members m JOIN teams t ON t.id = m.team_id
-         WHERE m.user_id = $1 ORDER BY t.name",
+        "SELECT m.team_id, t.name AS team_name, m.role
+         FROM team_members m JOIN teams t ON t.id = m.team_id JOIN users u ON u.id = m.user_id
+         WHERE m.user_id = $1
+         ORDER BY (m.team_id = u.default_team_id) IS TRUE DESC, m.created_at, m.team_id",
     )
     .bind(user)
     .fetch_all(db)
@@ -159,8 +163,8 @@ pub async fn insert_token(
 }
 
 /// What a bearer token stands for, read in one round trip: the token, its user (the
-/// user columns are null when the user is gone), the user's memberships (ordered by
-/// team name) and, for a team's service token, that team's name.
+/// user columns are null when the user is gone), the user's memberships (their default
+/// team first, then in the order they joined, like `memberships`) and, for a team's service token, that team's name.
 #[derive(Debug, Clone, FromRow)]
 pub struct BearerRow {
     #[sqlx(flatten)]
@@ -186,11 +190,18 @@ pub async fn bearer_by_hash(
          FROM api_tokens t
          LEFT JOIN users u ON u.id = t.user_id
          CROSS JOIN LATERAL (
-             SELECT coalesce(array_agg(m.team_id ORDER BY tm.name), '{}') AS member_team_ids,
-                    coalesce(array_agg(tm.name ORDER BY tm.name), '{}') AS member_team_names,
-                    coalesce(array_agg(m.role ORDER BY tm.name), '{}') AS member_roles
-             FROM team_members m JOIN teams tm ON tm.id = m.team_id
-             WHERE m.user_id = t.user_id
+             SELECT coalesce(array_agg(m.team_id ORDER BY m.later, m.created_at, m.team_id), '{}')
+                        AS member_team_ids,
+                    coalesce(array_agg(m.name ORDER BY m.later, m.created_at, m.team_id), '{}')
+                        AS member_team_names,
+                    coalesce(array_agg(m.role ORDER BY m.later, m.created_at, m.team_id), '{}')
+                        AS member_roles
+             FROM (
+                 SELECT tm.team_id, tm.role, tm.created_at, te.name,
+                        (tm.team_id = u.default_team_id) IS NOT TRUE AS later
+                 FROM team_members tm JOIN teams te ON te.id = tm.team_id
+                 WHERE tm.user_id = t.user_id
+             ) m
          ) ms
          WHERE t.token_hash = $1",
     )
@@ -274,6 +285,23 @@ pub async fn revoke_token(
     )
     .bind(id)
     .bind(user_id)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Make `team` the default team of `user`, who must be a member of it; false when not.
+pub async fn set_default_team(
+    db: impl PgExecutor<'_>,
+    user: Uuid,
+    team: Uuid,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE users SET default_team_id = $2
+         WHERE id = $1 AND EXISTS (SELECT 1 FROM team_members WHERE team_id = $2 AND user_id = $1)",
+    )
+    .bind(user)
+    .bind(team)
     .execute(db)
     .await?;
     Ok(done.rows_affected() == 1)

@@ -7,33 +7,43 @@ use uuid::Uuid;
 
 use super::identity::UserRow;
 
-/// The user for (`issuer`, `subject`), created on first sight; email and name are
-/// refreshed when they changed. Never touches local users (their issuer is null).
+/// The user for (`issuer`, `subject`), created on first sight; email, whether the
+/// provider verified it, and name are refreshed when they changed. Never touches local
+/// users (their issuer is null).
 pub async fn upsert_user(
     db: impl PgExecutor<'_> + Copy,
     issuer: &str,
     subject: &str,
     email: &str,
+    email_verified: bool,
     name: &str,
 ) -> Result<UserRow, sqlx::Error> {
-    let found: Option<UserRow> = sqlx::query_as(
-        "SELECT id, email, name, is_admin FROM users WHERE oidc_issuer = $1 AND oidc_subject = $2",
+    let found: Option<UserWithVerified> = sqlx::query_as(
+        "SELECT id, email, name, is_admin, email_verified FROM users
+         WHERE oidc_issuer = $1 AND oidc_subject = $2",
     )
     .bind(issuer)
     .bind(subject)
     .fetch_optional(db)
     .await?;
-    if let Some(u) = &found
+    if let Some(u) = found
         && u.email == email
         && u.name == name
+        && u.email_verified == email_verified
     {
-        return Ok(found.expect("checked"));
+        return Ok(UserRow {
+            id: u.id,
+            email: u.email,
+            name: u.name,
+            is_admin: u.is_admin,
+        });
     }
     sqlx::query_as(
-        "INSERT INTO users (id, email, name, is_admin, oidc_issuer, oidc_subject)
-         VALUES ($1, $2, $3, false, $4, $5)
+        "INSERT INTO users (id, email, name, is_admin, oidc_issuer, oidc_subject, email_verified)
+         VALUES ($1, $2, $3, false, $4, $5, $6)
          ON CONFLICT (oidc_issuer, oidc_subject)
-         DO UPDATE SET email = EXCLUDED.email, name = EXCLUDED.name
+         DO UPDATE SET email = EXCLUDED.email, name = EXCLUDED.name,
+                       email_verified = EXCLUDED.email_verified
          RETURNING id, email, name, is_admin",
     )
     .bind(Uuid::now_v7())
@@ -41,30 +51,90 @@ pub async fn upsert_user(
     .bind(name)
     .bind(issuer)
     .bind(subject)
+    .bind(email_verified)
     .fetch_one(db)
     .await
 }
 
-/// The id of the team named `name`, created when it does not exist.
-pub async fn ensure_team(db: impl PgExecutor<'_> + Copy, name: &str) -> Result<Uuid, sqlx::Error> {
-    let made: Option<Uuid> = sqlx::query_scalar(
-        "INSERT INTO teams (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING RETURNING id",
+#[derive(FromRow)]
+struct UserWithVerified {
+    id: Uuid,
+    email: String,
+    name: String,
+    is_admin: bool,
+    email_verified: bool,
+}
+
+/// The id of the team bound to the group mapping `key`, created when there is none.
+/// A team the server made for `name` before teams were bound by key (marked
+/// `legacy:<name>`) is bound to `key` instead, once. Teams people made are never
+/// bound: when one holds `name`, the mapped team is made beside it under the first free
+/// name of `name-idp`, `name-idp-2`, …
+pub async fn ensure_mapped_team(
+    db: impl PgExecutor<'_> + Copy,
+    key: &str,
+    name: &str,
+) -> Result<Uuid, sqlx::Error> {
+    let bound: Option<Uuid> = sqlx::query_scalar("SELECT id FROM teams WHERE idp_key = $1")
+        .bind(key)
+        .fetch_optional(db)
+        .await?;
+    if let Some(id) = bound {
+        return Ok(id);
+    }
+    let adopted: Option<Uuid> = sqlx::query_scalar(
+        "UPDATE teams SET idp_key = $1 WHERE idp_key = 'legacy:' || $2 AND name = $2
+         RETURNING id",
     )
-    .bind(Uuid::now_v7())
+    .bind(key)
     .bind(name)
     .fetch_optional(db)
     .await?;
-    match made {
-        Some(id) => Ok(id),
-        // It exists (perhaps made a moment ago by a concurrent request): a new statement
-        // sees it.
-        None => {
-            sqlx::query_scalar("SELECT id FROM teams WHERE name = $1")
-                .bind(name)
-                .fetch_one(db)
-                .await
+    if let Some(id) = adopted {
+        return Ok(id);
+    }
+    for attempt in 0..100u32 {
+        let candidate = match attempt {
+            0 => name.to_owned(),
+            1 => format!("{name}-idp"),
+            n => format!("{name}-idp-{n}"),
+        };
+        // Another request may make the same mapped team at once: the key is unique, so
+        // exactly one insert wins and the others read its id.
+        let made: Option<Uuid> = sqlx::query_scalar(
+            "INSERT INTO teams (id, name, idp_key) VALUES ($1, $2, $3)
+             ON CONFLICT DO NOTHING RETURNING id",
+        )
+        .bind(Uuid::now_v7())
+        .bind(&candidate)
+        .bind(key)
+        .fetch_optional(db)
+        .await?;
+        if let Some(id) = made {
+            return Ok(id);
+        }
+        let bound: Option<Uuid> = sqlx::query_scalar("SELECT id FROM teams WHERE idp_key = $1")
+            .bind(key)
+            .fetch_optional(db)
+            .await?;
+        if let Some(id) = bound {
+            return Ok(id);
         }
     }
+    Err(sqlx::Error::Protocol(format!(
+        "no free name for the team of group mapping {key}"
+    )))
+}
+
+/// The teams bound to group mappings, as (key, team id).
+pub async fn mapped_teams(
+    db: impl PgExecutor<'_>,
+    keys: &[String],
+) -> Result<Vec<(String, Uuid)>, sqlx::Error> {
+    sqlx::query_as("SELECT idp_key, id FROM teams WHERE idp_key = ANY($1)")
+        .bind(keys)
+        .fetch_all(db)
+        .await
 }
 
 #[derive(Debug, Clone, FromRow)]
@@ -142,9 +212,13 @@ pub async fn revoke_session(db: impl PgExecutor<'_>, hash: &[u8]) -> Result<bool
     Ok(done.rows_affected() == 1)
 }
 
+/// Remember a sign-in in progress; expired ones are swept first.
+#[allow(clippy::too_many_arguments)]
 pub async fn insert_login(
     db: impl PgExecutor<'_>,
     state_hash: &[u8],
+    browser_hash: &[u8],
+    client_addr: &str,
     code_verifier: &str,
     nonce: &str,
     return_to: &str,
@@ -152,10 +226,13 @@ pub async fn insert_login(
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
         "WITH gone AS (DELETE FROM oidc_logins WHERE expires_at < now())
-         INSERT INTO oidc_logins (state_hash, code_verifier, nonce, return_to, expires_at)
-         VALUES ($1, $2, $3, $4, $5)",
+         INSERT INTO oidc_logins
+             (state_hash, browser_hash, client_addr, code_verifier, nonce, return_to, expires_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
     )
     .bind(state_hash)
+    .bind(browser_hash)
+    .bind(client_addr)
     .bind(code_verifier)
     .bind(nonce)
     .bind(return_to)
@@ -165,8 +242,27 @@ pub async fn insert_login(
     .map(|_| ())
 }
 
+/// Unexpired sign-ins in progress: in all, and those started from `client_addr` since
+/// `since`.
+pub async fn count_logins(
+    db: impl PgExecutor<'_>,
+    client_addr: &str,
+    since: DateTime<Utc>,
+) -> Result<(i64, i64), sqlx::Error> {
+    sqlx::query_as(
+        "SELECT count(*),
+                count(*) FILTER (WHERE client_addr = $1 AND created_at > $2)
+         FROM oidc_logins WHERE expires_at >= now()",
+    )
+    .bind(client_addr)
+    .bind(since)
+    .fetch_one(db)
+    .await
+}
+
 #[derive(Debug, Clone, FromRow)]
 pub struct LoginRow {
+    pub browser_hash: Vec<u8>,
     pub code_verifier: String,
     pub nonce: String,
     pub return_to: String,
@@ -181,7 +277,7 @@ pub async fn take_login(
 ) -> Result<Option<LoginRow>, sqlx::Error> {
     sqlx::query_as(
         "DELETE FROM oidc_logins WHERE state_hash = $1
-         RETURNING code_verifier, nonce, return_to, expires_at",
+         RETURNING browser_hash, code_verifier, nonce, return_to, expires_at",
     )
     .bind(state_hash)
     .fetch_optional(db)

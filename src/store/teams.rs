@@ -138,18 +138,27 @@ pub async fn set_member(
     .await
 }
 
-/// True when the member was removed.
+/// True when the member was removed. A member who leaves the team they chose as their
+/// default forgets that choice (joining again later does not make it their default).
 pub async fn remove_member(
     db: impl PgExecutor<'_>,
     team: Uuid,
     user: Uuid,
 ) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query("DELETE FROM team_members WHERE team_id = $1 AND user_id = $2")
-        .bind(team)
-        .bind(user)
-        .execute(db)
-        .await?;
-    Ok(done.rows_affected() == 1)
+    let removed: i64 = sqlx::query_scalar(
+        "WITH gone AS (
+             DELETE FROM team_members WHERE team_id = $1 AND user_id = $2 RETURNING user_id
+         ), cleared AS (
+             UPDATE users SET default_team_id = NULL
+             WHERE id IN (SELECT user_id FROM gone) AND default_team_id = $1
+         )
+         SELECT count(*) FROM gone",
+    )
+    .bind(team)
+    .bind(user)
+    .fetch_one(db)
+    .await?;
+    Ok(removed == 1)
 }
 
 pub async fn get_user(db: impl PgExecutor<'_>, id: Uuid) -> Result<Option<UserRow>, sqlx::Error> {
@@ -178,7 +187,8 @@ pub async fn insert_user(
     .await
 }
 
-/// Users in id order after `after`, only the one with `email` when given.
+/// Users in id order after `after`; with `email`, only those whose address is that one
+/// and verified (an identity provider's unverified address never finds anyone).
 pub async fn list_users(
     db: impl PgExecutor<'_>,
     email: Option<&str>,
@@ -187,7 +197,8 @@ pub async fn list_users(
 ) -> Result<Vec<UserRow>, sqlx::Error> {
     sqlx::query_as(
         "SELECT id, email, name, is_admin, created_at FROM users
-         WHERE ($1::text IS NULL OR lower(email) = lower($1)) AND ($2::uuid IS NULL OR id > $2)
+         WHERE ($1::text IS NULL OR (lower(email) = lower($1) AND email_verified))
+           AND ($2::uuid IS NULL OR id > $2)
          ORDER BY id LIMIT $3",
     )
     .bind(email)

@@ -197,6 +197,12 @@ fn admin_only(call: &Call) -> bool {
     declared(call) == Some(agentry::auth::Operation::AdministerServer)
 }
 
+/// Choices a person makes for themselves among their own teams (their default team): a
+/// viewer of team A may make them, so they count as answers, not refusals.
+fn own_choice(call: &Call) -> bool {
+    call.method == Method::PUT && call.path == "/v1/me/default-team"
+}
+
 /// Reads the table reserves for owners (the audit log): a viewer gets 403.
 fn owner_only_read(call: &Call) -> bool {
     declared(call).and_then(|op| op.role()) == Some(agentry::auth::Role::Owner)
@@ -413,7 +419,7 @@ async fn no_route_lets_another_team_or_a_lower_role_or_a_narrower_token_through(
             .call(call.method.clone(), &call.path, call.body.clone())
             .await;
         if call.names_team_a {
-            if mutating || owner_only_read(call) {
+            if (mutating && !own_choice(call)) || owner_only_read(call) {
                 if (status, body["code"].as_str()) != (403, Some("forbidden")) {
                     fail(
                         call,

@@ -2,7 +2,8 @@
 // 127.0.0.1, configured for agentry:
 // - discovery, JWKS, /authorize (redirects straight back with a code; PKCE and nonce are
 //   honoured) and /token (client_credentials and authorization_code grants);
-// - user tokens carry sub, email, name and groups from the JSON file IDP_USER, read at
+// - user tokens carry sub, email, name, groups (and email_verified when the test sets
+//   it) from the JSON file IDP_USER, read at
 //   each issuance, so a test changes a user's groups by rewriting it;
 // - access tokens are for the audience IDP_AUDIENCE; ID tokens for the client.
 // Test controls, under /_test/ (nothing else of the server is changed by them):
@@ -53,6 +54,7 @@ async function build(kid) {
     }
     const u = user();
     Object.assign(p, { sub: u.sub, email: u.email, name: u.name, groups: u.groups });
+    if ('email_verified' in u) p.email_verified = u.email_verified;
     // The access token has a scope; the ID token keeps the client as its audience.
     if ('scope' in p) p.aud = audience;
   });

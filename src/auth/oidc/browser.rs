@@ -1,8 +1,14 @@
 //! Browser sign-in: the authorization code flow with PKCE (S256) against the provider,
 //! and the server-side sessions it ends in. The `state`, the PKCE verifier and the
 //! `nonce` of a sign-in in progress are kept in the database (by the state's hash) for
-//! ten minutes and used once. A session is a random secret in a cookie; only its SHA-256
-//! is stored, with an idle and an absolute expiry; signing out revokes it.
+//! ten minutes and used once. A sign-in is bound to the browser that started it: `begin`
+//! hands out a random pre-login secret for a short-lived cookie (`LOGIN_COOKIE`), only
+//! its hash is kept with the state, and `finish` signs nobody in unless the callback
+//! brings the same secret (login CSRF: nobody can finish their own sign-in in someone
+//! else's browser). Sign-ins in progress are bounded: at most `LOGINS_PER_MINUTE` started
+//! and not finished per client address, at most `MAX_PENDING_LOGINS` in all; expired ones
+//! are purged. A session is a random secret in a cookie; only its SHA-256 is stored, with
+//! an idle and an absolute expiry; signing out revokes it.
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -19,7 +25,15 @@ use crate::store::{self, DeadlinePool};
 /// The name of the session cookie.
 pub const SESSION_COOKIE: &str = "agentry_session";
 const SESSION_PREFIX: &str = "agt_ses_";
-const LOGIN_TTL_MINUTES: i64 = 10;
+/// The name of the pre-login cookie that binds a sign-in to its browser.
+pub const LOGIN_COOKIE: &str = "agentry_login";
+const LOGIN_PREFIX: &str = "agt_lgn_";
+/// Minutes a sign-in in progress (and its pre-login cookie) lives.
+pub const LOGIN_TTL_MINUTES: i64 = 10;
+/// Sign-ins one client address may start (and not finish) per minute.
+pub const LOGINS_PER_MINUTE: i64 = 20;
+/// Sign-ins in progress at most, from every address together.
+pub const MAX_PENDING_LOGINS: i64 = 10_000;
 
 /// Why a sign-in could not start or finish.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +44,12 @@ pub enum SignInError {
     BadReturnTo,
     #[error("{0}")]
     Failed(String),
+    /// The callback did not bring the pre-login cookie of the browser that started it.
+    #[error("this sign-in was started in another browser (or its cookie expired); start again")]
+    OtherBrowser,
+    /// Too many sign-ins in progress, from this address or in all.
+    #[error("{0}")]
+    TooMany(&'static str),
     #[error(transparent)]
     Auth(#[from] AuthError),
 }
@@ -59,12 +79,22 @@ pub fn valid_return_to(p: &str) -> bool {
         && p.bytes().all(|b| b.is_ascii_graphic())
 }
 
-/// Start a sign-in: remember state, verifier and nonce; the URL to send the browser to.
+/// A sign-in started: where to send the browser, and the pre-login secret to set as its
+/// `LOGIN_COOKIE` for `max_age_s` seconds.
+pub struct Started {
+    pub url: String,
+    pub browser: String,
+    pub max_age_s: i64,
+}
+
+/// Start a sign-in for a browser at `client_addr`: remember state, verifier, nonce and
+/// the hash of a new pre-login secret.
 pub async fn begin(
     idp: &Oidc,
     pool: &DeadlinePool,
     return_to: Option<&str>,
-) -> Result<String, SignInError> {
+    client_addr: &str,
+) -> Result<Started, SignInError> {
     let s = idp.settings();
     let (Some(client_id), Some(redirect_url)) = (&s.client_id, &s.redirect_url) else {
         return Err(SignInError::NotConfigured);
@@ -81,13 +111,28 @@ pub async fn begin(
             "the provider's discovery document has no authorization_endpoint".into(),
         )
     })?;
+    let (pending, from_here) =
+        store::oidc::count_logins(pool, client_addr, Utc::now() - Duration::minutes(1)).await?;
+    if from_here >= LOGINS_PER_MINUTE {
+        return Err(SignInError::TooMany(
+            "too many sign-ins started from this address; retry in a minute",
+        ));
+    }
+    if pending >= MAX_PENDING_LOGINS {
+        return Err(SignInError::TooMany(
+            "too many sign-ins are in progress on this server; retry in a minute",
+        ));
+    }
     let state = random_b64(32);
     let nonce = random_b64(32);
     let verifier = random_b64(32);
+    let browser = format!("{LOGIN_PREFIX}{}", random_b64(32));
     let challenge = URL_SAFE_NO_PAD.encode(Sha256::digest(verifier.as_bytes()));
     store::oidc::insert_login(
         pool,
         &hash(&state),
+        &hash(&browser),
+        client_addr,
         &verifier,
         &nonce,
         return_to,
@@ -108,7 +153,11 @@ pub async fn begin(
         ],
     )
     .map_err(|e| SignInError::Failed(format!("the authorization_endpoint is not a URL: {e}")))?;
-    Ok(url.into())
+    Ok(Started {
+        url: url.into(),
+        browser,
+        max_age_s: LOGIN_TTL_MINUTES * 60,
+    })
 }
 
 /// A finished sign-in: the session secret for the cookie, where to go, and who.
@@ -125,13 +174,16 @@ struct TokenResponse {
     id_token: Option<String>,
 }
 
-/// Finish a sign-in: exchange the code (with the PKCE verifier), validate the ID token
-/// and its nonce, upsert the user and open a session.
+/// Finish a sign-in in the browser whose pre-login cookie is `browser`: exchange the code
+/// (with the PKCE verifier), validate the ID token and its nonce, upsert the user and
+/// open a session. Without the cookie of the browser that started it, nobody is signed
+/// in (the state is used up all the same).
 pub async fn finish(
     idp: &Oidc,
     pool: &DeadlinePool,
     code: &str,
     state: &str,
+    browser: Option<&str>,
 ) -> Result<SignedIn, SignInError> {
     let s = idp.settings();
     let (Some(client_id), Some(redirect_url)) = (&s.client_id, &s.redirect_url) else {
@@ -143,6 +195,12 @@ pub async fn finish(
         .ok_or_else(|| {
             SignInError::Failed("this sign-in is unknown, used or expired; start again".into())
         })?;
+    let same_browser = browser
+        .filter(|b| b.starts_with(LOGIN_PREFIX) && b.len() <= 200)
+        .is_some_and(|b| constant_time_eq(&hash(b), &login.browser_hash));
+    if !same_browser {
+        return Err(SignInError::OtherBrowser);
+    }
     let meta = idp.metadata().ok_or_else(|| {
         AuthError::IdpUnavailable("the identity provider is not reachable yet".into())
     })?;
@@ -212,6 +270,10 @@ pub async fn finish(
         principal,
         max_age_s: s.session_absolute_s,
     })
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn seconds(s: u64) -> Duration {

@@ -19,7 +19,7 @@ use serde_json::{Map, Value};
 use tokio::runtime::Handle;
 
 pub use jwt::{MAX_TOKEN_BYTES, looks_like_jwt};
-pub use users::{IdpIdentity, principal_for};
+pub use users::{IdpIdentity, mapping_key, principal_for, reserved_team_names};
 
 use crate::auth::AuthError;
 use crate::config::OidcSettings;

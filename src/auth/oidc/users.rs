@@ -2,6 +2,12 @@
 //! the team memberships that `[auth.oidc.groups]` manages are set from the user's groups
 //! on every authentication — a user no longer in a group loses that team at once. Teams
 //! the mapping does not name are left alone (they are managed through the API).
+//!
+//! A mapped team is bound to its mapping by a key the server records when it makes the
+//! team (`mapping_key`: the issuer and the mapped team's name), never found by name: a
+//! team someone made through the API is never a mapped team, whatever it is called.
+//! The email is used to find people only when the provider verified it
+//! (`email_verified: true`, or `assume_email_verified`).
 
 use std::collections::BTreeMap;
 
@@ -18,6 +24,9 @@ use crate::store::{self, DeadlinePool};
 pub struct IdpIdentity {
     pub subject: String,
     pub email: String,
+    /// The provider says it verified `email` (`email_verified: true`, or every address
+    /// when `assume_email_verified` is set).
+    pub email_verified: bool,
     pub name: String,
     pub groups: Vec<String>,
 }
@@ -40,6 +49,14 @@ impl IdpIdentity {
                 .collect::<String>()
         };
         let email = text(&s.email_claim);
+        let email_verified = !email.is_empty()
+            && match claims.get("email_verified") {
+                Some(Value::Bool(b)) => *b,
+                // Some providers send it as a string.
+                Some(Value::String(v)) => v == "true",
+                Some(_) => false,
+                None => s.assume_email_verified,
+            };
         let mut name = text(&s.name_claim);
         if name.is_empty() {
             name = if email.is_empty() {
@@ -60,6 +77,7 @@ impl IdpIdentity {
         Ok(Self {
             subject,
             email,
+            email_verified,
             name,
             groups,
         })
@@ -86,7 +104,15 @@ pub async fn principal_for(
     s: &OidcSettings,
     id: &IdpIdentity,
 ) -> Result<Principal, AuthError> {
-    let user = store::oidc::upsert_user(pool, &s.issuer, &id.subject, &id.email, &id.name).await?;
+    let user = store::oidc::upsert_user(
+        pool,
+        &s.issuer,
+        &id.subject,
+        &id.email,
+        id.email_verified,
+        &id.name,
+    )
+    .await?;
     principal_of(pool, s, user, &id.groups).await
 }
 
@@ -123,7 +149,14 @@ pub(super) async fn principal_of(
     })
 }
 
-/// Set the memberships of the teams the mapping names; write only what changed.
+/// The key that binds the team `team` of the group mapping of `issuer` to the team the
+/// server made for it.
+pub fn mapping_key(issuer: &str, team: &str) -> String {
+    format!("oidc:{issuer}#{team}")
+}
+
+/// Set the memberships of the teams the mapping names (found by their key, never by
+/// name); write only what changed. A mapped team is made when someone first joins it.
 async fn sync_memberships(
     pool: &DeadlinePool,
     s: &OidcSettings,
@@ -138,12 +171,18 @@ async fn sync_memberships(
     let mut managed: Vec<&str> = s.groups.values().map(|m| m.team.as_str()).collect();
     managed.sort_unstable();
     managed.dedup();
-    for team in managed {
-        let have = current.iter().find(|m| m.team_name == team);
+    let keys: Vec<String> = managed.iter().map(|t| mapping_key(&s.issuer, t)).collect();
+    let bound = store::oidc::mapped_teams(pool, &keys).await?;
+    for (team, key) in managed.into_iter().zip(&keys) {
+        let team_id = bound.iter().find(|(k, _)| k == key).map(|(_, id)| *id);
+        let have = team_id.and_then(|id| current.iter().find(|m| m.team_id == id));
         match (wanted.get(team), have) {
             (Some(role), Some(m)) if m.role == role.as_str() => {}
             (Some(role), _) => {
-                let team_id = store::oidc::ensure_team(pool, team).await?;
+                let team_id = match team_id {
+                    Some(id) => id,
+                    None => store::oidc::ensure_mapped_team(pool, key, team).await?,
+                };
                 store::identity::upsert_member(pool, team_id, user, role.as_str()).await?;
             }
             (None, Some(m)) => {
@@ -155,10 +194,46 @@ async fn sync_memberships(
     Ok(())
 }
 
+/// The names `[auth.oidc.groups]` gives its teams: reserved, nobody creates a team of
+/// one of them through the API.
+pub fn reserved_team_names(s: &OidcSettings) -> impl Iterator<Item = &str> {
+    s.groups.values().map(|m| m.team.as_str())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::GroupMapping;
+
+    #[test]
+    fn only_an_email_the_provider_verified_counts_as_verified() {
+        let mut s = OidcSettings::new("https://idp", vec!["a".into()]);
+        let verified = |s: &OidcSettings, extra: Value| {
+            let mut claims = serde_json::json!({"sub": "u1", "email": "u1@example.com"});
+            if let Value::Object(more) = extra {
+                claims.as_object_mut().unwrap().extend(more);
+            }
+            let Value::Object(claims) = claims else {
+                unreachable!()
+            };
+            IdpIdentity::from_claims(&claims, s).unwrap().email_verified
+        };
+        use serde_json::json;
+        assert!(!verified(&s, json!({})), "a missing claim is unverified");
+        assert!(!verified(&s, json!({"email_verified": false})));
+        assert!(!verified(&s, json!({"email_verified": "yes"})));
+        assert!(verified(&s, json!({"email_verified": true})));
+        assert!(verified(&s, json!({"email_verified": "true"})));
+        s.assume_email_verified = true;
+        assert!(
+            verified(&s, json!({})),
+            "the setting vouches for every address"
+        );
+        assert!(
+            !verified(&s, json!({"email_verified": false})),
+            "but not against the claim"
+        );
+    }
 
     #[test]
     fn several_groups_of_one_team_give_the_highest_role() {
