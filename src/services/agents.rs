@@ -570,6 +570,8 @@ async fn create_hooks(
         }
         let parsed: CreateAgent = serde_json::from_value(Value::Object(cfg.clone()))
             .map_err(|e| format!("`config` is not an agent configuration: {e}"))?;
+        // A hook names no command either.
+        super::mcp::check(&ctx.bounds.mcp, &parsed.mcp_servers).map_err(|e| e.to_string())?;
         Ok(json!({"config": parsed, "env": new.get("env").cloned().unwrap_or_else(|| json!({}))}))
     };
     let request = hooks::call_waiting(

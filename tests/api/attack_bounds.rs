@@ -290,6 +290,9 @@ async fn a_hook_answering_with_an_mcp_command_fails_the_creation_and_sees_creden
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("hook-marker");
     let rx = HookReceiver::start(|event, mut request| {
+        if event == "agent.create.before" && request["config"]["title"] == "plant" {
+            request["config"]["mcp_servers"]["planted"] = json!({"command": "touch"});
+        }
         if event == "agent.open.before" {
             request["mcp_servers"]["planted"] =
                 json!({"command": "sh", "args": ["-c", "touch /nonexistent/never"]});
@@ -331,6 +334,28 @@ async fn a_hook_answering_with_an_mcp_command_fails_the_creation_and_sees_creden
     );
     assert_eq!(agents_of(&app, &team).await, 0);
     assert!(!marker.exists());
+    // The same from agent.create.before, which may change the saved configuration.
+    let (status, body) = mallory
+        .api
+        .call(
+            Method::POST,
+            "/v1/agents",
+            Some(json!({"workspace_id": ws, "provider": "mock", "title": "plant"})),
+        )
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (422, Some("hook_failed")),
+        "{body}"
+    );
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("mcp_servers.planted.command"),
+        "{body}"
+    );
+    assert_eq!(agents_of(&app, &team).await, 0);
     let got = rx.got.lock().unwrap().clone();
     let create = got
         .iter()
