@@ -413,6 +413,7 @@ pub async fn create(
     let provider = check_create(ctx, body).await?;
     let team_name = team_name(ctx, team).await?;
     super::mcp::check_team(&ctx.bounds.mcp, &team_name, &body.mcp_servers)?;
+    super::mcp::check_addresses(&ctx.bounds.mcp, &body.mcp_servers).await?;
     super::bounds::check_count(
         store::bounds::live_agents(&ctx.pool, team).await?,
         ctx.limits.max_agents_per_team,
@@ -663,6 +664,8 @@ async fn open_hooks(
     if let Some(m) = request.get("mcp_servers").and_then(Value::as_object) {
         mcp_servers.extend(m.iter().map(|(k, v)| (k.clone(), v.clone())));
     }
+    // Names resolve now as the provider will resolve them: none may point inside.
+    super::mcp::check_addresses(settings, &Value::Object(mcp_servers.clone())).await?;
     Ok(Launch {
         env: hooks::env_of(&request),
         mcp_servers: super::mcp::resolve(settings, &team_name, &Value::Object(mcp_servers))?,

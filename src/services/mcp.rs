@@ -130,6 +130,45 @@ pub fn check(settings: &McpSettings, servers: &Value) -> ServiceResult<()> {
     Ok(())
 }
 
+/// Remote servers' hosts, resolved now, reach no internal address (unless
+/// `mcp.allow_private_networks`): the provider CLI resolves the name itself, so a name
+/// that points inside (`/etc/hosts`, a DNS record) is refused like a literal address.
+/// A name that does not resolve is left to the CLI, which cannot reach it either.
+pub async fn check_addresses(settings: &McpSettings, servers: &Value) -> ServiceResult<()> {
+    if settings.allow_private_networks {
+        return Ok(());
+    }
+    for (name, server) in servers.as_object().into_iter().flatten() {
+        let Some(url) = server
+            .get("url")
+            .and_then(Value::as_str)
+            .and_then(|u| url::Url::parse(u).ok())
+        else {
+            continue;
+        };
+        let Some(url::Host::Domain(host)) = url.host() else {
+            continue;
+        };
+        let port = url.port_or_known_default().unwrap_or(443);
+        let lookup = tokio::net::lookup_host((host, port));
+        let Ok(Ok(addrs)) = tokio::time::timeout(std::time::Duration::from_secs(5), lookup).await
+        else {
+            continue;
+        };
+        if let Some(bad) = addrs
+            .map(|a| a.ip())
+            .find(|ip| super::hooks::is_internal(*ip))
+        {
+            return Err(invalid(
+                name,
+                "url",
+                format!("`{host}` resolves to {bad}, a loopback, private or link-local address"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The same refusal for a server the settings do not define and one the team may not
 /// use, so a member learns nothing about other teams' servers.
 fn not_usable(name: &str) -> ServiceError {

@@ -768,3 +768,45 @@ async fn mcp_credentials_stored_in_the_clear_before_an_upgrade_are_sealed_on_sta
     let app = spawn_on(db, data_dir, Some(token)).await;
     assert_database_lacks(&app, secret).await;
 }
+
+#[tokio::test]
+async fn a_remote_mcp_server_whose_name_resolves_inside_is_refused() {
+    // `localhost.` (with its root dot) is not the literal `localhost` the URL check
+    // knows; the host's own name usually resolves to a loopback or private address too.
+    let mut names = vec!["localhost.".to_owned()];
+    if let Ok(h) = std::fs::read_to_string("/etc/hostname") {
+        names.push(h.trim().to_owned());
+    }
+    let mut inside = Vec::new();
+    for n in names {
+        let addrs: Vec<std::net::IpAddr> = match tokio::net::lookup_host((n.as_str(), 80)).await {
+            Ok(a) => a.map(|a| a.ip()).collect(),
+            Err(_) => continue,
+        };
+        if addrs
+            .iter()
+            .any(|ip| agentry::services::hooks::is_internal(*ip))
+        {
+            inside.push(n);
+        }
+    }
+    let Some(name) = inside.first() else {
+        eprintln!("no name on this host resolves to an internal address; nothing to try");
+        return;
+    };
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let (mallory, team, ws) = member_with_workspace(&app, "mallory", "lab", repo.path()).await;
+    let (status, body) = mallory
+        .api
+        .call(
+            Method::POST,
+            "/v1/agents",
+            Some(json!({"workspace_id": ws, "provider": "mock",
+                "mcp_servers": {"r": {"type": "http", "url": format!("http://{name}:9/mcp")}}})),
+        )
+        .await;
+    assert_eq!(status, 422, "{name}: {body}");
+    assert_eq!(body["errors"][0]["field"], "mcp_servers.r.url", "{body}");
+    assert_eq!(agents_of(&app, &team).await, 0);
+}

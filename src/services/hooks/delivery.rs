@@ -103,7 +103,13 @@ pub fn check_url(raw: &str, team_hook: bool, settings: &HookSettings) -> Result<
         let literal = match host {
             Host::Ipv4(ip) => Some(IpAddr::V4(ip)),
             Host::Ipv6(ip) => Some(IpAddr::V6(ip)),
-            Host::Domain(d) if d.eq_ignore_ascii_case("localhost") || d.ends_with(".localhost") => {
+            Host::Domain(d)
+                if {
+                    // `localhost.` (the root's dot) names the same host.
+                    let d = d.trim_end_matches('.').to_ascii_lowercase();
+                    d == "localhost" || d.ends_with(".localhost")
+                } =>
+            {
                 return Err("a team's hook may not target a loopback address".into());
             }
             Host::Domain(_) => None,
@@ -431,6 +437,8 @@ mod tests {
         assert!(check_url("http://127.0.0.1:9/x", true, &s).is_err());
         assert!(check_url("http://[::1]/x", true, &s).is_err());
         assert!(check_url("http://localhost/x", true, &s).is_err());
+        assert!(check_url("http://localhost./x", true, &s).is_err());
+        assert!(check_url("http://a.LOCALHOST./x", true, &s).is_err());
         assert!(check_url("http://127.0.0.1:9/x", false, &s).is_ok());
         let open = HookSettings {
             allow_private_networks: true,
