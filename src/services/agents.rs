@@ -1071,7 +1071,7 @@ pub async fn wait(
     timeout: Duration,
 ) -> ServiceResult<WaitResult> {
     load(ctx, principal, id, Operation::ReadTeam).await?;
-    let _slot = ctx.bounds.wait(principal.token_id)?;
+    let _slot = ctx.bounds.wait(super::bounds::principal_key(principal))?;
     let timeout = timeout.min(Duration::from_secs(ctx.limits.max_wait_s));
     let settled = |s: AgentStatus| !matches!(s, AgentStatus::Running | AgentStatus::Starting);
     let mut timed_out = false;

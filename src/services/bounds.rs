@@ -75,7 +75,7 @@ impl Bounds {
         }
     }
 
-    /// A slot for one more open event stream of the principal `key` (its token).
+    /// A slot for one more open event stream of the principal `key` (`principal_key`).
     pub fn stream(&self, key: Uuid) -> ServiceResult<Slot> {
         take(
             &self.streams,
@@ -110,6 +110,16 @@ impl Bounds {
         }
         w.count += 1;
         true
+    }
+}
+
+/// Whose count a caller's streams and `wait`s are: its API token, or — for a caller with
+/// none behind it (an IdP bearer token, a browser session) — its user.
+pub fn principal_key(principal: &crate::auth::Principal) -> Uuid {
+    if principal.token_id.is_nil() {
+        principal.user_id
+    } else {
+        principal.token_id
     }
 }
 
@@ -151,6 +161,28 @@ mod tests {
         assert!(b.stream(you).is_ok(), "another principal has its own count");
         drop(first);
         assert!(b.stream(me).is_ok(), "a closed stream frees its slot");
+    }
+
+    #[test]
+    fn callers_without_a_token_count_as_their_user() {
+        let mut p = crate::auth::Principal {
+            user_id: Uuid::now_v7(),
+            email: String::new(),
+            name: String::new(),
+            is_admin: false,
+            token_id: Uuid::nil(),
+            service_team: None,
+            teams: Vec::new(),
+            scopes: Vec::new(),
+            request_id: None,
+        };
+        assert_eq!(
+            principal_key(&p),
+            p.user_id,
+            "not one count for every session"
+        );
+        p.token_id = Uuid::now_v7();
+        assert_eq!(principal_key(&p), p.token_id);
     }
 
     #[test]

@@ -28,7 +28,7 @@ pub async fn open_agent(
     id: AgentId,
 ) -> ServiceResult<AgentStream> {
     super::agents::authorize_read(ctx, principal, id).await?;
-    let slot = ctx.bounds.stream(principal.token_id)?;
+    let slot = ctx.bounds.stream(super::bounds::principal_key(principal))?;
     Ok(AgentStream {
         ctx: ctx.clone(),
         id,
@@ -87,7 +87,7 @@ pub async fn open_team(
     if let Some(w) = workspace {
         super::workspaces::find(ctx, principal, w).await?;
     }
-    let slot = ctx.bounds.stream(principal.token_id)?;
+    let slot = ctx.bounds.stream(super::bounds::principal_key(principal))?;
     Ok(TeamStream {
         _slot: slot,
         ctx: ctx.clone(),
