@@ -68,6 +68,8 @@ pub struct Settings {
     pub hooks: HookSettings,
     /// `[server]`: how the HTTP server sees its clients.
     pub server: ServerSettings,
+    /// `[mcp]`: the stdio MCP servers agents may use, and the rule for remote ones.
+    pub mcp: McpSettings,
 }
 
 /// `[server]`: how the HTTP server sees its clients.
@@ -133,6 +135,43 @@ impl ServerSettings {
             .iter()
             .filter_map(|b| IpBlock::parse(b))
             .collect()
+    }
+}
+
+/// `[mcp]`: stdio MCP servers are the server's own commands, defined here and named by
+/// agents (`mcp_servers: {"<name>": {"server": "<settings name>"}}`); members give remote
+/// servers by URL only.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct McpSettings {
+    /// Let remote MCP server URLs name loopback, private and link-local addresses
+    /// (default false: the same address rule as team hooks).
+    pub allow_private_networks: bool,
+    /// `[mcp.servers.<name>]`.
+    pub servers: BTreeMap<String, McpServerSetting>,
+}
+
+/// One `[mcp.servers.<name>]` table: a stdio MCP server the server may start for agents.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerSetting {
+    /// The program (looked up on PATH by the provider CLI that starts it).
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Its environment; values are credentials, never shown.
+    #[serde(default)]
+    pub env: BTreeMap<String, Secret>,
+    /// The names of the teams that may use it; absent: every team.
+    pub teams: Option<Vec<String>>,
+}
+
+impl McpServerSetting {
+    /// Whether a team named `team` may use this server.
+    pub fn allows(&self, team: &str) -> bool {
+        self.teams
+            .as_ref()
+            .is_none_or(|t| t.iter().any(|n| n == team))
     }
 }
 
@@ -466,6 +505,20 @@ pub struct Limits {
     pub max_prompt_bytes: usize,
     /// Longest `wait` a client may ask for, in seconds.
     pub max_wait_s: u64,
+    /// Event streams (`GET …/events`) one principal (a token, a session) may hold open
+    /// on one server at once.
+    pub max_streams_per_principal: usize,
+    /// `wait` calls one principal may have running on one server at once.
+    pub max_waits_per_principal: usize,
+    /// Agents of one team that are not archived.
+    pub max_agents_per_team: i64,
+    /// Workspaces of one team that are not archived.
+    pub max_workspaces_per_team: i64,
+    /// Projects of one team.
+    pub max_projects_per_team: i64,
+    /// Model catalog refreshes (`GET /v1/providers/{id}/models?refresh=true`) one team
+    /// may start per minute on one server; past it the cached catalog is answered.
+    pub catalog_refreshes_per_minute: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -540,6 +593,7 @@ impl Default for Settings {
             secrets: SecretsSettings::default(),
             hooks: HookSettings::default(),
             server: ServerSettings::default(),
+            mcp: McpSettings::default(),
         }
     }
 }
@@ -570,6 +624,12 @@ impl Default for Limits {
             max_body_bytes: 1024 * 1024,
             max_prompt_bytes: 256 * 1024,
             max_wait_s: 3600,
+            max_streams_per_principal: 32,
+            max_waits_per_principal: 32,
+            max_agents_per_team: 500,
+            max_workspaces_per_team: 1000,
+            max_projects_per_team: 200,
+            catalog_refreshes_per_minute: 6,
         }
     }
 }
@@ -826,6 +886,59 @@ impl Settings {
                 "limits.max_prompt_bytes",
                 "must be between 1 and limits.max_body_bytes",
             ));
+        }
+        for (setting, value) in [
+            (
+                "limits.max_streams_per_principal",
+                self.limits.max_streams_per_principal as i64,
+            ),
+            (
+                "limits.max_waits_per_principal",
+                self.limits.max_waits_per_principal as i64,
+            ),
+            (
+                "limits.max_agents_per_team",
+                self.limits.max_agents_per_team,
+            ),
+            (
+                "limits.max_workspaces_per_team",
+                self.limits.max_workspaces_per_team,
+            ),
+            (
+                "limits.max_projects_per_team",
+                self.limits.max_projects_per_team,
+            ),
+        ] {
+            if value < 1 {
+                return Err(invalid(setting, "must be at least 1"));
+            }
+        }
+        for (name, server) in &self.mcp.servers {
+            let setting = format!("mcp.servers.{name}");
+            if name.is_empty()
+                || name.len() > 100
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            {
+                return Err(invalid(
+                    &setting,
+                    "names are 1 to 100 letters, digits or `-_.`",
+                ));
+            }
+            if server.command.is_empty() {
+                return Err(invalid(&format!("{setting}.command"), "must not be empty"));
+            }
+            if server
+                .teams
+                .as_ref()
+                .is_some_and(|t| t.iter().any(String::is_empty))
+            {
+                return Err(invalid(
+                    &format!("{setting}.teams"),
+                    "team names must not be empty",
+                ));
+            }
         }
         if let Some(t) = &self.metrics.token
             && t.expose().len() < 16
@@ -1163,6 +1276,8 @@ fn typed_setting(path: &[String]) -> bool {
                 "hooks",
                 "timeout_s" | "allow_private_networks" | "allowed_hosts"
             ]
+            | ["mcp", "allow_private_networks"]
+            | ["mcp", "servers", _, "args" | "teams"]
             | [
                 "auth",
                 "oidc",
@@ -1376,6 +1491,35 @@ mod tests {
         assert!(e.to_string().contains("server.trusted_proxies"), "{e}");
         let e = refused("[server]\nproxies = []\n", &[]);
         assert!(e.to_string().contains("proxies"), "{e}");
+    }
+
+    #[test]
+    fn mcp_servers_and_limits_are_read_and_checked() {
+        let (_dir, path) = file(
+            "[mcp.servers.docs]\ncommand = \"docs-mcp\"\nargs = [\"--stdio\"]\n\
+             env = { T = \"x\" }\nteams = [\"web\"]\n\
+             [mcp.servers.open]\ncommand = \"open-mcp\"\n\
+             [limits]\nmax_agents_per_team = 3\n",
+        );
+        let s = Settings::load_from(Some(&path), &[]).unwrap();
+        let docs = &s.mcp.servers["docs"];
+        assert_eq!(docs.args, ["--stdio"]);
+        assert_eq!(docs.env["T"].expose(), "x");
+        assert!(docs.allows("web") && !docs.allows("ops"));
+        assert!(s.mcp.servers["open"].allows("anyone"));
+        assert!(!s.mcp.allow_private_networks);
+        assert_eq!(s.limits.max_agents_per_team, 3);
+        assert_eq!(s.limits.max_streams_per_principal, 32);
+        let e = refused("[mcp.servers.docs]\ncommand = \"d\"\nshell = true\n", &[]);
+        assert!(e.setting.starts_with("mcp.servers"), "{}", e.setting);
+        let e = refused("[mcp.servers.docs]\ncommand = \"\"\n", &[]);
+        assert_eq!(e.setting, "mcp.servers.docs.command");
+        let e = refused("[mcp.servers.\"a b\"]\ncommand = \"d\"\n", &[]);
+        assert_eq!(e.setting, "mcp.servers.a b");
+        let e = refused("[limits]\nmax_waits_per_principal = 0\n", &[]);
+        assert_eq!(e.setting, "limits.max_waits_per_principal");
+        let e = refused("", &[("AGENTRY_LIMITS__MAX_PROJECTS_PER_TEAM", "0")]);
+        assert_eq!(e.setting, "limits.max_projects_per_team");
     }
 
     #[test]

@@ -229,6 +229,10 @@ impl Application {
                 hooks: Arc::new(hooks::Hooks::new(&settings.hooks)?),
                 oidc,
                 tokens,
+                bounds: Arc::new(crate::services::bounds::Bounds::new(
+                    &settings.limits,
+                    &settings.mcp,
+                )),
             },
             settings: settings.clone(),
             http: Default::default(),
@@ -243,6 +247,11 @@ impl Application {
         ];
         if let Err(e) = crate::services::setup::fail_interrupted(&state.services, &replica).await {
             tracing::warn!(error = %e, "could not close the setups the previous run left running");
+        }
+        match crate::services::mcp::seal_stored(&state.services).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(agents = n, "sealed MCP header values stored in the clear"),
+            Err(e) => tracing::warn!(error = %e, "could not seal stored MCP header values"),
         }
         hooks::sync_settings_hooks(&state.services, &settings.hooks.server).await?;
         // Notifications: the moments stored with agents' events become outbox rows, the

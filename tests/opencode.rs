@@ -384,12 +384,27 @@ async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
 
 #[tokio::test]
 async fn a_failed_mcp_server_and_a_lost_session_are_reported_and_the_agent_works() {
-    let Some(w) = World::new().await else { return };
+    let Some(w) = World::new_with(|s| {
+        // Stdio MCP servers are the server's own commands, defined in its settings.
+        s.mcp.servers.insert(
+            "files".into(),
+            agentry::config::McpServerSetting {
+                command: "/nonexistent/mcp-files".into(),
+                args: vec!["--root".into(), ".".into()],
+                env: Default::default(),
+                teams: None,
+            },
+        );
+    })
+    .await
+    else {
+        return;
+    };
     let (agent, _) = new_agent(
         &w.app,
         w.repo.path(),
         json!({"provider": "opencode",
-            "mcp_servers": {"files": {"command": "/nonexistent/mcp-files", "args": ["--root", "."]}}}),
+            "mcp_servers": {"files": {"server": "files"}}}),
     )
     .await;
     w.fake.push(Reply::text("Working without it."));

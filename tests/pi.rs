@@ -506,14 +506,29 @@ async fn a_pi_fork_configured_with_extends_runs_its_own_command() {
 
 #[tokio::test]
 async fn the_model_is_chosen_at_creation_and_changed_in_a_live_session() {
-    let Some(w) = World::new().await else { return };
+    let Some(w) = World::new_with(|s| {
+        // Stdio MCP servers are the server's own commands, defined in its settings.
+        s.mcp.servers.insert(
+            "files".into(),
+            agentry::config::McpServerSetting {
+                command: "mcp-files".into(),
+                args: vec![],
+                env: Default::default(),
+                teams: None,
+            },
+        );
+    })
+    .await
+    else {
+        return;
+    };
     let other = format!("fake/{OTHER_MODEL}");
     let (agent, _) = new_agent(
         &w.app,
         w.repo.path(),
         json!({"provider": "pi", "model": other,
             "system_prompt": "Always answer in haiku.",
-            "mcp_servers": {"files": {"command": "mcp-files"}}}),
+            "mcp_servers": {"files": {"server": "files"}}}),
     )
     .await;
     let agent = agent.as_str();

@@ -175,6 +175,10 @@ impl From<ServiceError> for ApiError {
                 };
             }
             E::Invalid { field, message } => return ApiError::validation(field, message.clone()),
+            E::InvalidAt { field, message } => {
+                return ApiError::validation(field, message.clone());
+            }
+            E::LimitReached { .. } => StatusCode::TOO_MANY_REQUESTS,
             E::NotFound(_) => StatusCode::NOT_FOUND,
             E::PromptTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             E::UnknownProvider(_) | E::ProviderUnavailable { .. } | E::HookFailed(_) => {

@@ -35,21 +35,37 @@ impl Default for HttpMetrics {
     }
 }
 
+/// The methods counted by name; any other (a client may send any token) counts as `other`.
+const METHODS: &[&str] = &[
+    "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE",
+];
+
+/// The `method` label: a closed set, so no client can mint series.
+pub fn method_label(method: &str) -> &'static str {
+    METHODS
+        .iter()
+        .find(|m| **m == method)
+        .copied()
+        .unwrap_or("other")
+}
+
 /// Count every request by its route template (never the raw path: ids would make one
-/// series per resource); a path no route matches counts as `unmatched`.
+/// series per resource); a path no route matches counts as `unmatched`. Every label
+/// comes from a closed set: the declared methods plus `other`, the server's route
+/// patterns plus `unmatched`, and the status code.
 pub async fn record(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let started = Instant::now();
-    let method = req.method().as_str().to_owned();
+    let method = method_label(req.method().as_str());
     let route =
         super::middleware::route_pattern(req.request()).unwrap_or_else(|| "unmatched".to_owned());
     let state = req.app_data::<web::Data<AppState>>().cloned();
     let res = next.call(req).await?;
     if let Some(state) = state {
         let status = res.status().as_u16().to_string();
-        state.http.requests.with(&[&method, &route, &status]).inc();
+        state.http.requests.with(&[method, &route, &status]).inc();
         state
             .http
             .durations

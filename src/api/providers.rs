@@ -52,7 +52,9 @@ pub struct ModelsQuery {
     /// Probe again instead of answering what the provider reported before. With
     /// `workspace_id` only that workspace is probed again; without it, every workspace's
     /// catalog of this provider is forgotten (probed again when next asked for) and the
-    /// server-wide one is probed again.
+    /// server-wide one is probed again. Each team may refresh
+    /// `limits.catalog_refreshes_per_minute` times a minute (default 6); past it the
+    /// cached catalog is answered.
     pub refresh: Option<bool>,
 }
 

@@ -38,6 +38,12 @@ const MODELS: [(&str, &str); 2] = [("mock-small", "Mock small"), ("mock-large", 
 /// Messages `/load` may have queued ahead of the writer before it waits.
 const LOAD_QUEUE_HIGH: u64 = 1024;
 const LOAD_QUEUE_LOW: u64 = 256;
+/// Most events one `/load` emits.
+pub const LOAD_MAX_EVENTS: u64 = 100_000;
+/// Longest interval between two events of a `/load`, in milliseconds.
+pub const LOAD_MAX_INTERVAL_MS: u64 = 60_000;
+/// Longest a paced `/load` may run (events × interval), in milliseconds: ten minutes.
+pub const LOAD_MAX_DURATION_MS: u64 = 10 * 60 * 1000;
 
 /// The `mock` provider: the ACP adapter running `<agentry_exe> mock-agent`.
 pub fn mock_provider(agentry_exe: PathBuf) -> AcpProvider {
@@ -863,6 +869,7 @@ impl Turn {
             (Some("stamp"), None) => true,
             _ => return Err(invalid(USAGE)),
         };
+        check_load(events, interval).map_err(invalid)?;
         let message_id = Uuid::now_v7().to_string();
         if interval > 0 {
             return self
@@ -1036,6 +1043,25 @@ impl Turn {
     }
 }
 
+/// The bounds of one `/load`: a turn that asks for more fails with the reason, having
+/// emitted nothing.
+pub fn check_load(events: u64, interval_ms: u64) -> Result<(), String> {
+    if events > LOAD_MAX_EVENTS {
+        return Err(format!("/load emits at most {LOAD_MAX_EVENTS} events"));
+    }
+    if interval_ms > LOAD_MAX_INTERVAL_MS {
+        return Err(format!(
+            "/load waits at most {LOAD_MAX_INTERVAL_MS} ms between events"
+        ));
+    }
+    if events.saturating_mul(interval_ms) > LOAD_MAX_DURATION_MS {
+        return Err(format!(
+            "/load runs at most {LOAD_MAX_DURATION_MS} ms (events × interval_ms)"
+        ));
+    }
+    Ok(())
+}
+
 /// The text of `/load`'s chunk `i`: `"<i> "`, or with an emission stamp
 /// `"<i>@<microseconds since the Unix epoch> "`, taken just before the chunk is sent, so
 /// a reader on the same machine can tell how long the event took to reach it.
@@ -1164,6 +1190,17 @@ async fn write_inside(cwd: &Path, target: &Path, content: &str) -> Result<(), St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loads_are_bounded() {
+        assert!(check_load(LOAD_MAX_EVENTS, 0).is_ok());
+        assert!(check_load(100, 100).is_ok());
+        assert!(check_load(LOAD_MAX_EVENTS + 1, 0).is_err());
+        assert!(check_load(1, LOAD_MAX_INTERVAL_MS + 1).is_err());
+        assert!(check_load(u64::MAX, u64::MAX).is_err());
+        let e = check_load(60_001, 10).unwrap_err();
+        assert!(e.contains("600000 ms"), "{e}");
+    }
 
     #[test]
     fn load_chunks_read_back_with_and_without_a_stamp() {

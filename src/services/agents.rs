@@ -207,7 +207,8 @@ fn context(row: &AgentRow, secret_env: SecretEnv) -> AgentContext {
         model: row.model.clone(),
         mode: row.mode.clone(),
         system_prompt: row.system_prompt.clone(),
-        mcp_servers: row.mcp_servers.clone(),
+        // Filled in by a launch (resolved and opened); a live agent does not need them.
+        mcp_servers: json!({}),
         persistence: row.persistence.clone(),
         secret_env,
     }
@@ -354,7 +355,7 @@ async fn check_create(
             "at most 50 labels; keys 1 to 100 characters; values strings",
         ));
     }
-    check_mcp_servers(&body.mcp_servers)?;
+    super::mcp::check(&ctx.bounds.mcp, &body.mcp_servers)?;
     if let Some(mode) = &body.mode {
         let info = provider.info();
         if !info.modes.is_empty() && !info.modes.iter().any(|m| &m.id == mode) {
@@ -410,6 +411,16 @@ pub async fn create(
     let replaced = create_hooks(ctx, principal, body, team, project).await?;
     let (body, create_env) = (&replaced.0, replaced.1);
     let provider = check_create(ctx, body).await?;
+    let team_name = team_name(ctx, team).await?;
+    super::mcp::check_team(&ctx.bounds.mcp, &team_name, &body.mcp_servers)?;
+    super::mcp::check_addresses(&ctx.bounds.mcp, &body.mcp_servers).await?;
+    super::bounds::check_count(
+        store::bounds::live_agents(&ctx.pool, team).await?,
+        ctx.limits.max_agents_per_team,
+        "limits.max_agents_per_team",
+    )?;
+    // Remote MCP servers' header values are credentials: stored sealed, never in the clear.
+    let stored_mcp = super::mcp::seal(&ctx.secrets, team, &body.mcp_servers);
     let id = AgentId::new();
     // `agent.open.before`: launch-only environment and MCP servers, for this start.
     let launch = open_hooks(
@@ -420,7 +431,7 @@ pub async fn create(
             team,
             project,
             labels: &body.labels,
-            saved_mcp: &body.mcp_servers,
+            saved_mcp: &stored_mcp,
         },
         create_env,
     )
@@ -462,7 +473,7 @@ pub async fn create(
                 title: body.title.as_deref(),
                 labels: &body.labels,
                 system_prompt: body.system_prompt.as_deref(),
-                mcp_servers: &body.mcp_servers,
+                mcp_servers: &stored_mcp,
                 created_by: principal.user_id,
                 owner: (ctx.agents.replica(), ctx.agents.lease_ttl_s()),
             },
@@ -539,6 +550,8 @@ async fn create_hooks(
     let mut config = serde_json::to_value(body).map_err(anyhow::Error::from)?;
     if let Some(m) = config.as_object_mut() {
         m.remove("prompt");
+        // Hooks see MCP credentials masked; a masked value they return keeps the caller's.
+        m.insert("mcp_servers".into(), super::mcp::mask(&body.mcp_servers));
     }
     let check = |previous: &Value, new: &Value| {
         hooks::only_changed(previous, new, &["config", "env"])?;
@@ -558,6 +571,8 @@ async fn create_hooks(
         }
         let parsed: CreateAgent = serde_json::from_value(Value::Object(cfg.clone()))
             .map_err(|e| format!("`config` is not an agent configuration: {e}"))?;
+        // A hook names no command either.
+        super::mcp::check(&ctx.bounds.mcp, &parsed.mcp_servers).map_err(|e| e.to_string())?;
         Ok(json!({"config": parsed, "env": new.get("env").cloned().unwrap_or_else(|| json!({}))}))
     };
     let request = hooks::call_waiting(
@@ -577,6 +592,7 @@ async fn create_hooks(
     let mut parsed: CreateAgent =
         serde_json::from_value(request["config"].clone()).map_err(anyhow::Error::from)?;
     parsed.prompt = body.prompt.clone();
+    parsed.mcp_servers = super::mcp::unmask(&parsed.mcp_servers, &body.mcp_servers);
     let env = request.get("env").cloned().unwrap_or_else(|| json!({}));
     Ok((parsed, env))
 }
@@ -587,13 +603,15 @@ struct OpenSubject<'a> {
     team: uuid::Uuid,
     project: uuid::Uuid,
     labels: &'a Value,
+    /// The agent's MCP servers as stored (credentials sealed).
     saved_mcp: &'a Value,
 }
 
 /// What hooks add to one launch; never stored.
 struct Launch {
     env: SecretEnv,
-    /// The saved MCP servers with those of hooks.
+    /// The saved MCP servers with those of hooks, resolved for the provider: named
+    /// servers as the settings define them, credentials opened.
     mcp_servers: Value,
 }
 
@@ -605,12 +623,18 @@ async fn open_hooks(
     subject: OpenSubject<'_>,
     env: Value,
 ) -> ServiceResult<Launch> {
-    let saved = subject.saved_mcp;
+    let saved = super::mcp::open(&ctx.secrets, subject.team, subject.saved_mcp)?;
+    let saved = &saved;
+    let team_name = team_name(ctx, subject.team).await?;
+    let settings = &ctx.bounds.mcp;
     let check = |previous: &Value, new: &Value| {
         hooks::only_changed(previous, new, &["env", "mcp_servers"])?;
         hooks::checked_env(new)?;
         let mcp = new.get("mcp_servers").cloned().unwrap_or_else(|| json!({}));
-        check_mcp_servers(&mcp).map_err(|e| e.to_string())?;
+        // What a hook adds follows the caller's rules: no commands, only the servers of
+        // the settings this team may use, remote ones by allowed URL.
+        super::mcp::check(settings, &mcp).map_err(|e| e.to_string())?;
+        super::mcp::check_team(settings, &team_name, &mcp).map_err(|e| e.to_string())?;
         if let Some(m) = mcp.as_object()
             && let Some(name) = m.keys().find(|k| saved.get(k.as_str()).is_some())
         {
@@ -640,9 +664,11 @@ async fn open_hooks(
     if let Some(m) = request.get("mcp_servers").and_then(Value::as_object) {
         mcp_servers.extend(m.iter().map(|(k, v)| (k.clone(), v.clone())));
     }
+    // Names resolve now as the provider will resolve them: none may point inside.
+    super::mcp::check_addresses(settings, &Value::Object(mcp_servers.clone())).await?;
     Ok(Launch {
         env: hooks::env_of(&request),
-        mcp_servers: Value::Object(mcp_servers),
+        mcp_servers: super::mcp::resolve(settings, &team_name, &Value::Object(mcp_servers))?,
     })
 }
 
@@ -1045,6 +1071,7 @@ pub async fn wait(
     timeout: Duration,
 ) -> ServiceResult<WaitResult> {
     load(ctx, principal, id, Operation::ReadTeam).await?;
+    let _slot = ctx.bounds.wait(super::bounds::principal_key(principal))?;
     let timeout = timeout.min(Duration::from_secs(ctx.limits.max_wait_s));
     let settled = |s: AgentStatus| !matches!(s, AgentStatus::Running | AgentStatus::Starting);
     let mut timed_out = false;
@@ -1129,97 +1156,9 @@ pub async fn timeline(
     Ok(TimelinePage { items, more })
 }
 
-/// MCP servers are `{"<name>": {…}}`: a local server (`type` absent, `stdio` or `local`)
-/// with a `command` (a program, or a whole argv) and optional `args` and `env`; or a
-/// remote one (`type` `http` or `sse`) with a `url` and optional `headers`. Anything an
-/// agent could not start is refused here rather than skipped later.
-fn check_mcp_servers(servers: &Value) -> ServiceResult<()> {
-    let Some(servers) = servers.as_object() else {
-        return Err(ServiceError::invalid(
-            "mcp_servers",
-            "must be an object keyed by server name",
-        ));
-    };
-    let strings = |v: Option<&Value>| {
-        v.is_none_or(|v| v.as_array().is_some_and(|a| a.iter().all(Value::is_string)))
-    };
-    let string_map = |v: Option<&Value>| {
-        v.is_none_or(|v| {
-            v.as_object()
-                .is_some_and(|m| m.values().all(Value::is_string))
-        })
-    };
-    for (name, server) in servers {
-        if name.is_empty() || name.len() > 100 {
-            return Err(ServiceError::invalid(
-                "mcp_servers",
-                "server names are 1 to 100 characters",
-            ));
-        }
-        let Some(server) = server.as_object() else {
-            return Err(ServiceError::invalid(
-                "mcp_servers",
-                format!("`{name}` must be an object"),
-            ));
-        };
-        match server.get("type").map(|t| t.as_str()) {
-            None | Some(Some("stdio" | "local")) => {
-                let command_ok = match server.get("command") {
-                    Some(Value::String(c)) => !c.is_empty(),
-                    Some(Value::Array(argv)) => {
-                        argv.first()
-                            .and_then(Value::as_str)
-                            .is_some_and(|c| !c.is_empty())
-                            && argv.iter().all(Value::is_string)
-                    }
-                    _ => false,
-                };
-                if !command_ok {
-                    return Err(ServiceError::invalid(
-                        "mcp_servers",
-                        format!(
-                            "`{name}`: a local MCP server needs a `command`: a program, or an argv list of strings"
-                        ),
-                    ));
-                }
-                if !strings(server.get("args")) {
-                    return Err(ServiceError::invalid(
-                        "mcp_servers",
-                        format!("`{name}`: args must be a list of strings"),
-                    ));
-                }
-                if !string_map(server.get("env")) {
-                    return Err(ServiceError::invalid(
-                        "mcp_servers",
-                        format!("`{name}`: env must be an object of strings"),
-                    ));
-                }
-            }
-            Some(Some("http" | "sse")) => {
-                if !server
-                    .get("url")
-                    .and_then(Value::as_str)
-                    .is_some_and(|u| u.starts_with("http://") || u.starts_with("https://"))
-                {
-                    return Err(ServiceError::invalid(
-                        "mcp_servers",
-                        format!("`{name}`: a remote MCP server needs an http:// or https:// `url`"),
-                    ));
-                }
-                if !string_map(server.get("headers")) {
-                    return Err(ServiceError::invalid(
-                        "mcp_servers",
-                        format!("`{name}`: headers must be an object of strings"),
-                    ));
-                }
-            }
-            _ => {
-                return Err(ServiceError::invalid(
-                    "mcp_servers",
-                    format!("`{name}`: type must be `stdio`, `local`, `http` or `sse`"),
-                ));
-            }
-        }
-    }
-    Ok(())
+/// The name of `team`, which `[mcp.servers.<name>] teams` lists.
+async fn team_name(ctx: &ServiceContext, team: uuid::Uuid) -> ServiceResult<String> {
+    Ok(store::identity::team_name(&ctx.pool, team)
+        .await?
+        .unwrap_or_default())
 }

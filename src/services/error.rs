@@ -20,6 +20,12 @@ pub enum ServiceError {
         field: &'static str,
         message: String,
     },
+    /// A field inside the request (`mcp_servers.<name>.command`) is not acceptable.
+    #[error("{field}: {message}")]
+    InvalidAt { field: String, message: String },
+    /// A bound of the settings (`[limits]`) would be exceeded.
+    #[error("the limit `{limit}` ({value}) is reached")]
+    LimitReached { limit: &'static str, value: u64 },
     #[error("the prompt is {size} bytes; the limit is {limit}")]
     PromptTooLarge { size: usize, limit: usize },
     #[error("unknown provider `{0}`")]
@@ -98,7 +104,8 @@ impl ServiceError {
         match self {
             ServiceError::Auth(e) => e.code(),
             ServiceError::NotFound(_) => "not_found",
-            ServiceError::Invalid { .. } => "validation_failed",
+            ServiceError::Invalid { .. } | ServiceError::InvalidAt { .. } => "validation_failed",
+            ServiceError::LimitReached { .. } => "limit_reached",
             ServiceError::PromptTooLarge { .. } => "prompt_too_large",
             ServiceError::UnknownProvider(_) => "unknown_provider",
             ServiceError::ProviderUnavailable { .. } | ServiceError::ProviderUnreachable(_) => {

@@ -7,6 +7,7 @@
 
 pub mod agents;
 pub mod audit;
+pub mod bounds;
 pub mod cluster;
 pub mod device;
 pub mod error;
@@ -14,6 +15,7 @@ pub mod health;
 pub mod hooks;
 pub mod idempotency;
 pub mod identity;
+pub mod mcp;
 pub mod projects;
 pub mod providers;
 pub mod secrets;
@@ -64,6 +66,8 @@ pub struct ServiceContext {
     pub audit: audit::AuditLog,
     /// Principals of recently used API tokens; what changes one calls `forget_all`.
     pub tokens: Arc<crate::auth::TokenCache>,
+    /// Per-principal and per-team bounds, and the MCP servers of the settings.
+    pub bounds: Arc<bounds::Bounds>,
 }
 
 impl ServiceContext {

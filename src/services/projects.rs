@@ -80,6 +80,11 @@ pub async fn create(
     if store::identity::team_name(&ctx.pool, team).await?.is_none() {
         return Err(ServiceError::NotFound("team"));
     }
+    super::bounds::check_count(
+        store::bounds::live_projects(&ctx.pool, team).await?,
+        ctx.limits.max_projects_per_team,
+        "limits.max_projects_per_team",
+    )?;
     let path = Path::new(&body.repo_path);
     if !path.is_absolute() {
         return Err(ServiceError::invalid(

@@ -145,6 +145,15 @@ pub async fn models(
             });
         }
     }
+    // A refresh starts the provider's CLI: each team (a caller without one: its token)
+    // gets `limits.catalog_refreshes_per_minute` of them; past it the cached catalog is
+    // answered, as without `refresh`.
+    let refresh = refresh
+        && ctx.bounds.refresh_allowed(
+            principal
+                .default_team()
+                .unwrap_or_else(|| super::bounds::principal_key(principal)),
+        );
     let items = ctx
         .agents
         .models(id, &scope, refresh)

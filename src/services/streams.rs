@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
+use super::bounds::Slot;
 use super::{ServiceContext, ServiceResult};
 use crate::auth::{Operation, Principal};
 use crate::domain::{AgentEvent, AgentId, ProjectId, WorkspaceId};
@@ -17,6 +18,8 @@ use crate::store;
 pub struct AgentStream {
     ctx: ServiceContext,
     id: AgentId,
+    /// Counts against `limits.max_streams_per_principal` while the stream is open.
+    _slot: Slot,
 }
 
 pub async fn open_agent(
@@ -25,9 +28,11 @@ pub async fn open_agent(
     id: AgentId,
 ) -> ServiceResult<AgentStream> {
     super::agents::authorize_read(ctx, principal, id).await?;
+    let slot = ctx.bounds.stream(super::bounds::principal_key(principal))?;
     Ok(AgentStream {
         ctx: ctx.clone(),
         id,
+        _slot: slot,
     })
 }
 
@@ -65,6 +70,8 @@ pub struct TeamStream {
     teams: Option<Vec<Uuid>>,
     project: Option<Uuid>,
     workspace: Option<Uuid>,
+    /// Counts against `limits.max_streams_per_principal` while the stream is open.
+    _slot: Slot,
 }
 
 pub async fn open_team(
@@ -80,7 +87,9 @@ pub async fn open_team(
     if let Some(w) = workspace {
         super::workspaces::find(ctx, principal, w).await?;
     }
+    let slot = ctx.bounds.stream(super::bounds::principal_key(principal))?;
     Ok(TeamStream {
+        _slot: slot,
         ctx: ctx.clone(),
         teams: principal.visible_teams(),
         project: project.map(|p| p.uuid()),

@@ -157,6 +157,11 @@ pub async fn create(
     if let Some(t) = &body.title {
         super::projects::validate_name("title", t)?;
     }
+    super::bounds::check_count(
+        store::bounds::live_workspaces(&ctx.pool, project.team_id).await?,
+        ctx.limits.max_workspaces_per_team,
+        "limits.max_workspaces_per_team",
+    )?;
     let repo = PathBuf::from(&project.repo_path);
     let base_ref = body
         .base_ref

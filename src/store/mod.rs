@@ -19,6 +19,7 @@ macro_rules! lease_live {
 
 pub mod agents;
 pub mod audit;
+pub mod bounds;
 pub mod deadline;
 pub mod device_codes;
 pub mod events;

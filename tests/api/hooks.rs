@@ -1033,7 +1033,7 @@ async fn agent_hooks_run_server_first_accumulate_env_that_reaches_the_process_an
         .post(
             "/v1/agents",
             json!({"workspace_id": ws["id"], "provider": "mock",
-                "mcp_servers": {"tools": {"command": "my-tools"}}}),
+                "mcp_servers": {"tools": {"type": "http", "url": "https://tools.example.com/saved"}}}),
         )
         .await;
     let body = refused(res, 422, "hook_failed").await;

@@ -29,8 +29,15 @@ pub fn signature(secret: &[u8], timestamp: i64, body: &[u8]) -> String {
     format!("sha256={}", hex::encode(ctx.sign().as_ref()))
 }
 
-/// An address a team's hook may not reach: loopback, private, link-local, unspecified,
-/// shared (CGNAT), unique-local, multicast or broadcast.
+/// An address a team's hook (or any other server-side call a member chooses the target
+/// of) may not reach: loopback, private, link-local, unspecified, "this network", shared
+/// (CGNAT `100.64.0.0/10`), benchmarking (`198.18.0.0/15`), reserved (`240.0.0.0/4`),
+/// multicast or broadcast. In IPv6 also loopback, unspecified, multicast, unique-local,
+/// link-local, site-local (`fec0::/10`), the mapped (`::ffff:a.b.c.d`) and compatible
+/// (`::a.b.c.d`) forms of every refused IPv4 address, and the translated prefixes whole —
+/// NAT64 `64:ff9b::/96` and `64:ff9b:1::/48`, 6to4 `2002::/16` — since a gateway turns
+/// them into IPv4 addresses this check cannot see. The one address rule for every target
+/// a member chooses (hooks, git remotes).
 pub fn is_internal(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => {
@@ -41,19 +48,32 @@ pub fn is_internal(ip: IpAddr) -> bool {
                 || v4.is_unspecified()
                 || v4.is_broadcast()
                 || v4.is_multicast()
-                || (o[0] == 100 && (o[1] & 0xc0) == 64)
                 || o[0] == 0
+                || (o[0] == 100 && (o[1] & 0xc0) == 64)
+                || (o[0] == 198 && (o[1] & 0xfe) == 18)
+                || (o[0] & 0xf0) == 240
         }
         IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return is_internal(IpAddr::V4(v4));
-            }
             let s = v6.segments();
-            v6.is_loopback()
+            // Mapped (`::ffff:a.b.c.d`) and compatible (`::a.b.c.d`; `::` and `::1` are
+            // 0.0.0.0 and 0.0.0.1 there, both refused).
+            if s[..5].iter().all(|x| *x == 0) && (s[5] == 0 || s[5] == 0xffff) {
+                let [a, b] = s[6].to_be_bytes();
+                let [c, d] = s[7].to_be_bytes();
+                return is_internal(IpAddr::V4(std::net::Ipv4Addr::new(a, b, c, d)));
+            }
+            // NAT64: the well-known prefix `64:ff9b::/96` and the local-use `64:ff9b:1::/48`.
+            let nat64 =
+                s[0] == 0x64 && s[1] == 0xff9b && (s[2..6].iter().all(|x| *x == 0) || s[2] == 1);
+            let six_to_four = s[0] == 0x2002;
+            nat64
+                || six_to_four
+                || v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
                 || (s[0] & 0xfe00) == 0xfc00
                 || (s[0] & 0xffc0) == 0xfe80
+                || (s[0] & 0xffc0) == 0xfec0
         }
     }
 }
@@ -83,7 +103,13 @@ pub fn check_url(raw: &str, team_hook: bool, settings: &HookSettings) -> Result<
         let literal = match host {
             Host::Ipv4(ip) => Some(IpAddr::V4(ip)),
             Host::Ipv6(ip) => Some(IpAddr::V6(ip)),
-            Host::Domain(d) if d.eq_ignore_ascii_case("localhost") || d.ends_with(".localhost") => {
+            Host::Domain(d)
+                if {
+                    // `localhost.` (the root's dot) names the same host.
+                    let d = d.trim_end_matches('.').to_ascii_lowercase();
+                    d == "localhost" || d.ends_with(".localhost")
+                } =>
+            {
                 return Err("a team's hook may not target a loopback address".into());
             }
             Host::Domain(_) => None,
@@ -290,6 +316,10 @@ mod tests {
         );
     }
 
+    fn internal(ip: &str) -> bool {
+        is_internal(ip.parse().unwrap())
+    }
+
     #[test]
     fn internal_addresses_are_recognised() {
         for ip in [
@@ -299,16 +329,103 @@ mod tests {
             "192.168.1.1",
             "169.254.169.254",
             "0.0.0.0",
-            "100.64.0.1",
+            "0.1.2.3",
+            "255.255.255.255",
+            "224.0.0.1",
             "::1",
+            "::",
             "fe80::1",
             "fd00::1",
-            "::ffff:127.0.0.1",
+            "ff02::1",
         ] {
-            assert!(is_internal(ip.parse().unwrap()), "{ip}");
+            assert!(internal(ip), "{ip}");
         }
-        for ip in ["93.184.216.34", "2606:2800:220:1::1", "8.8.8.8"] {
-            assert!(!is_internal(ip.parse().unwrap()), "{ip}");
+        for ip in [
+            "93.184.216.34",
+            "2606:2800:220:1::1",
+            "8.8.8.8",
+            "100.63.255.255",
+            "100.128.0.0",
+            "198.17.255.255",
+            "198.20.0.0",
+            "223.255.255.254",
+            "2001:db8::1",
+            "2003::1",
+            "::ffff:8.8.8.8",
+        ] {
+            assert!(!internal(ip), "{ip}");
+        }
+    }
+
+    #[test]
+    fn cgnat_is_internal() {
+        assert!(internal("100.64.0.0"));
+        assert!(internal("100.127.255.255"));
+    }
+
+    #[test]
+    fn benchmarking_range_is_internal() {
+        assert!(internal("198.18.0.1"));
+        assert!(internal("198.19.255.255"));
+    }
+
+    #[test]
+    fn reserved_class_e_is_internal() {
+        assert!(internal("240.0.0.1"));
+        assert!(internal("254.1.2.3"));
+    }
+
+    #[test]
+    fn site_local_v6_is_internal() {
+        assert!(internal("fec0::1"));
+        assert!(internal("feff:ffff::1"));
+    }
+
+    #[test]
+    fn nat64_prefixes_are_internal() {
+        assert!(internal("64:ff9b::7f00:1"));
+        assert!(internal("64:ff9b::a00:1"));
+        assert!(internal("64:ff9b::808:808"), "refused whatever it carries");
+        assert!(internal("64:ff9b:1::1"));
+        assert!(internal("64:ff9b:1:ffff::1"));
+        assert!(!internal("64:ff9b:2::1"));
+    }
+
+    #[test]
+    fn six_to_four_is_internal() {
+        assert!(internal("2002:7f00:1::1"));
+        assert!(internal("2002:a9fe:a9fe::"));
+        assert!(internal("2002:808:808::1"), "refused whatever it carries");
+    }
+
+    #[test]
+    fn every_refused_v4_range_is_refused_in_its_v6_forms() {
+        let v4s = [
+            "127.0.0.1",
+            "10.0.0.1",
+            "172.16.0.1",
+            "192.168.0.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "100.64.0.1",
+            "198.18.0.1",
+            "240.0.0.1",
+            "224.0.0.1",
+            "255.255.255.255",
+        ];
+        for v4 in v4s {
+            let a: std::net::Ipv4Addr = v4.parse().unwrap();
+            let [b0, b1, b2, b3] = a.octets();
+            let (hi, lo) = (u16::from_be_bytes([b0, b1]), u16::from_be_bytes([b2, b3]));
+            for v6 in [
+                format!("::ffff:{v4}"),
+                format!("::{v4}"),
+                format!("64:ff9b::{v4}"),
+                format!("64:ff9b:1::{hi:x}:{lo:x}"),
+                format!("2002:{hi:x}:{lo:x}::1"),
+            ] {
+                assert!(internal(&v6), "{v6} carries {v4}");
+            }
         }
     }
 
@@ -320,6 +437,8 @@ mod tests {
         assert!(check_url("http://127.0.0.1:9/x", true, &s).is_err());
         assert!(check_url("http://[::1]/x", true, &s).is_err());
         assert!(check_url("http://localhost/x", true, &s).is_err());
+        assert!(check_url("http://localhost./x", true, &s).is_err());
+        assert!(check_url("http://a.LOCALHOST./x", true, &s).is_err());
         assert!(check_url("http://127.0.0.1:9/x", false, &s).is_ok());
         let open = HookSettings {
             allow_private_networks: true,
