@@ -302,7 +302,7 @@ async fn diff_covers_tracked_and_untracked_changes() {
     std::fs::write(wt.join("debug.log"), "ignored\n").unwrap();
     std::fs::write(wt.join("blob.bin"), [0u8, 1, 2, 3, 0, 255, 0, 7]).unwrap();
 
-    let diff = diff(&wt, "HEAD").await.unwrap();
+    let diff = diff(&f.repo, &wt, "HEAD").await.unwrap();
     assert_eq!(diff.base_commit, f.base);
     let files: Vec<_> = diff
         .files
@@ -346,7 +346,7 @@ async fn diff_detects_renames_and_committed_work() {
     sh(&wt, &["commit", "-q", "-m", "work"]);
     sh(&wt, &["mv", "keep.txt", "moved.txt"]);
 
-    let diff = diff(&wt, &f.base).await.unwrap();
+    let diff = diff(&f.repo, &wt, &f.base).await.unwrap();
     let files: Vec<_> = diff
         .files
         .iter()
@@ -360,11 +360,11 @@ async fn diff_detects_renames_and_committed_work() {
         ]
     );
 
-    let clean = super::diff(&f.repo, &f.base).await.unwrap();
+    let clean = super::diff(&f.repo, &f.repo, &f.base).await.unwrap();
     assert!(clean.files.is_empty());
     assert!(clean.patch.is_empty());
 
-    let err = super::diff(&wt, "-p").await.unwrap_err();
+    let err = super::diff(&f.repo, &wt, "-p").await.unwrap_err();
     assert!(matches!(err, GitError::UnknownRevision(_)), "{err:?}");
 }
 
@@ -375,7 +375,7 @@ async fn diff_patch_is_capped() {
     let big = line.repeat(PATCH_LIMIT / line.len() + 1000);
     std::fs::write(f.repo.join("big.txt"), &big).unwrap();
 
-    let diff = diff(&f.repo, "HEAD").await.unwrap();
+    let diff = diff(&f.repo, &f.repo, "HEAD").await.unwrap();
     assert_eq!(diff.files.len(), 1);
     assert_eq!(
         diff.files[0].additions,
@@ -437,7 +437,7 @@ async fn repositories_owned_by_another_user_are_usable() {
     let info = inspect_repo(&f.repo).await.unwrap();
     assert_eq!(info.default_branch, "trunk");
     std::fs::write(f.repo.join("keep.txt"), "changed\n").unwrap();
-    let diff = diff(&f.repo, &f.base).await.unwrap();
+    let diff = diff(&f.repo, &f.repo, &f.base).await.unwrap();
     assert_eq!(diff.files.len(), 1);
     let wt = f.root.join("wt");
     worktree_add(&f.repo, &wt, "agent/foreign", &f.base)
