@@ -454,10 +454,7 @@ pub async fn worktree_add(
 async fn check_out(git_dir: &Path, path: &Path, commit: &str) -> Result<(), GitError> {
     let common = view::common_dir(git_dir);
     let admin = view::worktree_admin_dir(&common, path).ok_or_else(|| {
-        GitError::Failed(format!(
-            "git recorded no worktree at `{}`",
-            path.display()
-        ))
+        GitError::Failed(format!("git recorded no worktree at `{}`", path.display()))
     })?;
     let view = view::View::create(&common, None).await?;
     let mut cmd = view.git(path, Some(&admin.join("index")));

@@ -542,7 +542,10 @@ async fn nothing_a_repository_or_tree_plants_runs() {
         .await
         .unwrap();
     assert!(wt.join("keep.txt").exists());
-    assert_eq!(std::fs::read_to_string(wt.join("gone.txt")).unwrap(), "bye\n");
+    assert_eq!(
+        std::fs::read_to_string(wt.join("gone.txt")).unwrap(),
+        "bye\n"
+    );
 
     // The worktree's `.git` file now points at a git dir of the agent's making.
     let planted = f.root.join("planted.git");
@@ -583,9 +586,16 @@ async fn nothing_a_repository_or_tree_plants_runs() {
         .unwrap();
     worktree_remove(&f.repo, &wt).await.unwrap();
     assert!(!wt.exists());
-    assert!(planted.join("config").exists(), "only the worktree is removed");
+    assert!(
+        planted.join("config").exists(),
+        "only the worktree is removed"
+    );
     branch_delete(&f.repo, "agent/planted").await.unwrap();
-    assert!(!marker.exists(), "{}", std::fs::read_to_string(&marker).unwrap());
+    assert!(
+        !marker.exists(),
+        "{}",
+        std::fs::read_to_string(&marker).unwrap()
+    );
 
     // The planted configuration is live when git runs in the repository the usual way.
     let out = std::process::Command::new("git")
@@ -594,7 +604,11 @@ async fn nothing_a_repository_or_tree_plants_runs() {
         .args(["add", "-A"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(marker.exists(), "the planted filter is live");
 }
 
@@ -606,7 +620,11 @@ async fn the_builder_pins_config_and_environment() {
         .env("GIT_DIR", "/nowhere");
     // Variables of the server's own environment are not passed on either.
     let out = run(cmd).await.unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         "command line:\t/dev/null"
@@ -640,7 +658,10 @@ async fn a_view_reads_no_repository_config() {
     let listed = String::from_utf8(run_ok(cmd, "config").await.unwrap()).unwrap();
     assert!(!listed.contains("filter.x"), "{listed}");
     assert!(!listed.contains("include"), "{listed}");
-    assert!(listed.contains("core.repositoryformatversion=0"), "{listed}");
+    assert!(
+        listed.contains("core.repositoryformatversion=0"),
+        "{listed}"
+    );
     // The index was copied: the committed files are tracked, nothing is changed.
     let mut cmd = view.git(&f.repo, None);
     cmd.args(["diff", "--name-only", "--no-ext-diff"]);
@@ -655,11 +676,15 @@ async fn a_view_reads_no_repository_config() {
     let sha256 = f.root.join("sha256");
     std::fs::create_dir(&sha256).unwrap();
     sh(&sha256, &["init", "-q", "--object-format=sha256"]);
-    let view = view::View::create(&sha256.join(".git"), None).await.unwrap();
+    let view = view::View::create(&sha256.join(".git"), None)
+        .await
+        .unwrap();
     let mut cmd = view.git(&sha256, None);
     cmd.args(["rev-parse", "--show-object-format"]);
     assert_eq!(
-        String::from_utf8(run_ok(cmd, "rev-parse").await.unwrap()).unwrap().trim(),
+        String::from_utf8(run_ok(cmd, "rev-parse").await.unwrap())
+            .unwrap()
+            .trim(),
         "sha256"
     );
 }

@@ -203,7 +203,10 @@ impl View {
             .arg(work_tree)
             .current_dir(work_tree)
             .env("GIT_OBJECT_DIRECTORY", &self.objects)
-            .env("GIT_INDEX_FILE", index.map_or_else(|| self.index(), Path::to_path_buf));
+            .env(
+                "GIT_INDEX_FILE",
+                index.map_or_else(|| self.index(), Path::to_path_buf),
+            );
         cmd
     }
 }
