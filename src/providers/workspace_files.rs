@@ -170,7 +170,7 @@ fn enter(root: &Path, dir: &OwnedFd, name: &CString, create: bool) -> Result<Own
                     return Err(e.into());
                 }
             }
-            return Ok(openat(dir, name, flags, 0).map_err(|_| OUTSIDE)?);
+            return openat(dir, name, flags, 0).map_err(|_| OUTSIDE);
         }
         Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {}
         Err(e) => return Err(e.into()),
