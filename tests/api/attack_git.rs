@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
+use reqwest::Method;
+
 use crate::helpers::{git, git_repo, spawn_app};
+use crate::people::{person, team};
 
 /// A script recording `$1` in `<dir>/ran` and copying stdin to stdout.
 fn evil_script(dir: &Path) -> (PathBuf, PathBuf) {
@@ -69,14 +72,32 @@ async fn planted_git_configuration_never_runs() {
     git(repo.path(), &["commit", "-q", "-m", "attributes"]);
     plant(&repo.path().join(".git"), &script);
 
-    let project = app.project(repo.path()).await;
-    let worktree = app
-        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-        .await;
-    let directory = app
+    // The project is in the team of a plain owner, who makes and loads the workspaces;
+    // the admin loads them too.
+    let ana = person(&app, "ana").await;
+    let team_a = team(&ana, "alpha").await;
+    let project = app
         .post_ok(
+            "/v1/projects",
+            json!({"name": "planted", "team_id": team_a, "repo_path": repo.path()}),
+            201,
+        )
+        .await;
+    let worktree = ana
+        .api
+        .ok(
+            Method::POST,
             "/v1/workspaces",
-            json!({"project_id": project["id"], "kind": "directory"}),
+            Some(json!({"project_id": project["id"]})),
+            201,
+        )
+        .await;
+    let directory = ana
+        .api
+        .ok(
+            Method::POST,
+            "/v1/workspaces",
+            Some(json!({"project_id": project["id"], "kind": "directory"})),
             201,
         )
         .await;
@@ -100,13 +121,18 @@ async fn planted_git_configuration_never_runs() {
     change_files(&wt_path);
     change_files(repo.path());
 
-    for ws in [&worktree, &directory] {
-        let diff = app
-            .get_ok(&format!(
-                "/v1/workspaces/{}/diff",
-                ws["id"].as_str().unwrap()
-            ))
-            .await;
+    for (ws, by_admin) in [
+        (&worktree, false),
+        (&directory, false),
+        (&worktree, true),
+        (&directory, true),
+    ] {
+        let path = format!("/v1/workspaces/{}/diff", ws["id"].as_str().unwrap());
+        let diff = if by_admin {
+            app.get_ok(&path).await
+        } else {
+            ana.api.ok(Method::GET, &path, None, 200).await
+        };
         let files: Vec<(String, String)> = diff["files"]
             .as_array()
             .unwrap()
@@ -135,16 +161,18 @@ async fn planted_git_configuration_never_runs() {
         );
     }
     // Another workspace, made after the planting, and archiving them all.
-    let again = app
-        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-        .await;
-    for ws in [&worktree, &directory, &again] {
-        app.post_ok(
-            &format!("/v1/workspaces/{}/archive", ws["id"].as_str().unwrap()),
-            json!({}),
-            200,
+    let again = ana
+        .api
+        .ok(
+            Method::POST,
+            "/v1/workspaces",
+            Some(json!({"project_id": project["id"]})),
+            201,
         )
         .await;
+    for ws in [&worktree, &directory, &again] {
+        let path = format!("/v1/workspaces/{}/archive", ws["id"].as_str().unwrap());
+        ana.api.ok(Method::POST, &path, Some(json!({})), 200).await;
     }
     assert!(!wt_path.exists());
     assert!(
