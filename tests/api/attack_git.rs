@@ -186,45 +186,75 @@ async fn planted_git_configuration_never_runs() {
 async fn mock_writes_refuse_git_paths_and_symlinks() {
     let app = spawn_app().await;
     let repo = git_repo();
-    let outside = tempfile::tempdir().unwrap();
-    std::fs::write(outside.path().join("file"), "precious").unwrap();
-    let (agent, ws) = app.mock_agent(repo.path()).await;
-    app.wait(&agent).await;
-    let ws = app.get_ok(&format!("/v1/workspaces/{ws}")).await;
-    let path = PathBuf::from(ws["path"].as_str().unwrap());
-    let dot_git = std::fs::read_to_string(path.join(".git")).unwrap();
-    std::os::unix::fs::symlink(outside.path(), path.join("link")).unwrap();
-    std::os::unix::fs::symlink(outside.path().join("file"), path.join("filelink")).unwrap();
+    let project = app.project(repo.path()).await;
+    for kind in ["worktree", "directory"] {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("file"), "precious").unwrap();
+        let ws = app
+            .post_ok(
+                "/v1/workspaces",
+                json!({"project_id": project["id"], "kind": kind}),
+                201,
+            )
+            .await;
+        let agent = app
+            .post_ok(
+                "/v1/agents",
+                json!({"workspace_id": ws["id"], "provider": "mock"}),
+                201,
+            )
+            .await;
+        let agent = agent["id"].as_str().unwrap();
+        app.wait(agent).await;
+        let path = PathBuf::from(ws["path"].as_str().unwrap());
+        let git_meta = |p: &Path| {
+            let git = p.join(".git");
+            if git.is_dir() {
+                std::fs::read_to_string(git.join("config")).unwrap()
+            } else {
+                std::fs::read_to_string(git).unwrap()
+            }
+        };
+        let before = git_meta(&path);
+        std::os::unix::fs::symlink(outside.path(), path.join("link")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("file"), path.join("filelink")).unwrap();
 
-    for target in [
-        ".git/config",
-        ".git",
-        "sub/.git/x",
-        ".GIT/config",
-        "link/x",
-        "filelink",
-    ] {
-        let reply = write(&app, &agent, &format!("{target} evil")).await;
-        assert!(
-            reply.contains(&format!("Could not write {target}:")),
-            "{target}: {reply}"
+        for target in [
+            ".git/config",
+            ".git",
+            "sub/.git/x",
+            ".GIT/config",
+            ".git./config",
+            "link/x",
+            "link/new/x",
+            "filelink",
+        ] {
+            let reply = write(&app, agent, &format!("{target} evil")).await;
+            assert!(
+                reply.contains(&format!("Could not write {target}:")),
+                "{kind} {target}: {reply}"
+            );
+            assert!(reply.contains("\"failed\""), "{kind} {target}: {reply}");
+        }
+        assert_eq!(git_meta(&path), before, "{kind}");
+        assert!(!path.join("sub").exists());
+        assert!(!path.join(".GIT").exists());
+        assert!(!path.join(".git.").exists());
+        assert_eq!(
+            std::fs::read_to_string(outside.path().join("file")).unwrap(),
+            "precious"
         );
-    }
-    assert_eq!(std::fs::read_to_string(path.join(".git")).unwrap(), dot_git);
-    assert!(!path.join("sub").exists());
-    assert!(!path.join(".GIT").exists());
-    assert_eq!(
-        std::fs::read_to_string(outside.path().join("file")).unwrap(),
-        "precious"
-    );
-    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 1);
+        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 1);
 
-    let reply = write(&app, &agent, "notes/ok.txt fine").await;
-    assert!(reply.contains("Wrote"), "{reply}");
-    assert_eq!(
-        std::fs::read_to_string(path.join("notes/ok.txt")).unwrap(),
-        "fine"
-    );
+        let reply = write(&app, agent, "notes/ok.txt fine").await;
+        assert!(reply.contains("Wrote"), "{reply}");
+        assert_eq!(
+            std::fs::read_to_string(path.join("notes/ok.txt")).unwrap(),
+            "fine"
+        );
+        std::fs::remove_file(path.join("link")).unwrap();
+        std::fs::remove_file(path.join("filelink")).unwrap();
+    }
 }
 
 /// `/write <args>` through the mock; returns the text of the turn's events.
