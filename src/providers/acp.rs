@@ -2212,6 +2212,14 @@ mod tests {
             Path::new("new/file.txt")
         );
         assert!(rel(Path::new("/etc/passwd")).is_err());
+        // The workspace through a symlinked parent.
+        let alias_dir = tempfile::tempdir().unwrap();
+        let alias = alias_dir.path().join("ws");
+        std::os::unix::fs::symlink(&root, &alias).unwrap();
+        assert_eq!(
+            rel(&alias.join("new/file.txt")).unwrap(),
+            Path::new("new/file.txt")
+        );
         let escape = rel(&root.join("../escape.txt")).unwrap();
         assert!(write(&root, &escape, b"x".to_vec()).await.is_err());
 

@@ -96,7 +96,28 @@ pub fn relative_to(root: &Path, path: &Path) -> Result<PathBuf, FileError> {
     if path.is_relative() {
         return Ok(path.to_path_buf());
     }
-    path.strip_prefix(root)
+    if let Ok(relative) = path.strip_prefix(root) {
+        return Ok(relative.to_path_buf());
+    }
+    // The workspace by another spelling (the session's cwd as given, under a symlinked
+    // directory): its directories canonicalized, the file's own name kept as is. The
+    // walk from the root still applies every rule to the result.
+    let name = path.file_name().ok_or(OUTSIDE)?;
+    let mut existing = path.parent().ok_or(OUTSIDE)?;
+    let mut missing = Vec::new();
+    let canonical = loop {
+        match std::fs::canonicalize(existing) {
+            Ok(canonical) => break canonical,
+            Err(_) => {
+                missing.push(existing.file_name().ok_or(OUTSIDE)?);
+                existing = existing.parent().ok_or(OUTSIDE)?;
+            }
+        }
+    };
+    let mut full = canonical;
+    full.extend(missing.into_iter().rev());
+    full.push(name);
+    full.strip_prefix(root)
         .map(Path::to_path_buf)
         .map_err(|_| OUTSIDE)
 }
