@@ -177,6 +177,8 @@ async fn worktree_add_creates_branch_at_base() {
     assert_eq!(sh(&path, &["symbolic-ref", "--short", "HEAD"]), "agent/one");
     assert!(path.join("keep.txt").exists());
     assert!(!path.join("later.txt").exists());
+    // Files and index were filled together: nothing shows as changed.
+    assert_eq!(sh(&path, &["status", "--porcelain"]), "");
     assert!(branch_exists(&f.repo, "agent/one").await.unwrap());
 
     let other = f.root.join("worktrees/two");
