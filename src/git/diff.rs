@@ -1,19 +1,20 @@
 //! Working-tree diffs against a base commit, untracked files included.
 //!
-//! The working tree is staged into a private, temporary index (a copy of the
-//! worktree's own index, so unchanged files are not hashed again) with `git add -A`,
-//! and that index is diffed against the base commit. The worktree's real index is
-//! never touched.
+//! The working tree is staged with `git add -A` into the index of a view (see
+//! `view.rs`: a private git dir with a config of the server's making, so no filter or
+//! other driver the tree or the repository names can run), which starts as a copy of
+//! the worktree's own index so unchanged files are not hashed again; that index is
+//! diffed against the base commit. The worktree's real index is never touched.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Output, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 
-use super::{Diff, DiffFile, GitError, failure, git, resolve_commit, run, run_ok, stdout_path};
+use super::view::View;
+use super::{Diff, DiffFile, GitError, failure, run, run_ok};
 
 /// Largest patch returned by [`super::diff`], in bytes, before the truncation note.
 pub const PATCH_LIMIT: usize = 8 * 1024 * 1024;
@@ -24,27 +25,46 @@ const TRUNCATION_NOTE: &str = "\n[patch truncated at 8 MiB]\n";
 /// How much of git's stderr is kept for error messages.
 const STDERR_LIMIT: u64 = 64 * 1024;
 
-pub(super) async fn diff(worktree: &Path, base_commit: &str) -> Result<Diff, GitError> {
-    let base = resolve_commit(worktree, base_commit).await?;
-    let index = TempIndex::create(worktree).await?;
-
-    let mut cmd = index.git(worktree);
-    cmd.args([
-        "-c",
-        "core.safecrlf=false",
-        "-c",
-        "advice.addEmbeddedRepo=false",
-        "add",
-        "--all",
-        "--ignore-errors",
-    ]);
-    let out = run(cmd).await?;
+/// The diff of `work_tree` against `base` (a full commit id), through a view of the
+/// repository whose common dir is `common`, starting from a copy of `index`.
+pub(super) async fn diff(
+    common: &Path,
+    index: &Path,
+    work_tree: &Path,
+    base: String,
+) -> Result<Diff, GitError> {
+    let view = View::create(common, Some(index)).await?;
+    let add = || {
+        let mut cmd = view.git(work_tree, None);
+        cmd.args([
+            "-c",
+            "core.safecrlf=false",
+            "-c",
+            "advice.addEmbeddedRepo=false",
+            "add",
+            "--all",
+            "--ignore-errors",
+        ]);
+        cmd
+    };
+    let mut out = run(add()).await?;
+    if out.status.code() == Some(128) {
+        // The copied index may be one git cannot use here (a split index whose shared
+        // part stayed behind, a newer format): start again from an empty one.
+        tracing::debug!(
+            work_tree = %work_tree.display(),
+            stderr = %String::from_utf8_lossy(&out.stderr).trim(),
+            "staging from the copied index failed; staging from an empty one"
+        );
+        view.forget_index();
+        out = run(add()).await?;
+    }
     match out.status.code() {
         Some(0) => {}
         // Some paths could not be added (unreadable file, nested repository without
         // a commit, ...): the rest is staged, so show what we can.
         Some(1) => tracing::warn!(
-            worktree = %worktree.display(),
+            work_tree = %work_tree.display(),
             stderr = %String::from_utf8_lossy(&out.stderr).trim(),
             "some files were left out of the diff"
         ),
@@ -52,7 +72,7 @@ pub(super) async fn diff(worktree: &Path, base_commit: &str) -> Result<Diff, Git
     }
 
     let diff_cmd = |format: &[&str]| {
-        let mut cmd = index.git(worktree);
+        let mut cmd = view.git(work_tree, None);
         cmd.args([
             "diff",
             "--cached",
@@ -76,74 +96,13 @@ pub(super) async fn diff(worktree: &Path, base_commit: &str) -> Result<Diff, Git
             "diff -p",
         ),
     )?;
-    drop(index);
+    drop(view);
 
     Ok(Diff {
         base_commit: base,
         files: merge(&parse_name_status(&name_status), &parse_numstat(&numstat)),
         patch: finish_patch(patch, truncated),
     })
-}
-
-/// A temporary index file, removed (with any lock git left next to it) on drop.
-struct TempIndex {
-    path: PathBuf,
-}
-
-impl TempIndex {
-    /// A copy of the worktree's index in its git dir (or the system temp dir when
-    /// the git dir is not writable); no file at all when the worktree has no index,
-    /// which git reads as an empty index.
-    async fn create(worktree: &Path) -> Result<Self, GitError> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let name = format!(
-            "agentry-diff-{}-{}.index",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
-
-        let mut cmd = git(worktree);
-        cmd.args(["rev-parse", "--absolute-git-dir"]);
-        let git_dir = stdout_path(&run_ok(cmd, "rev-parse --absolute-git-dir").await?);
-        let source = git_dir.join("index");
-        let temp_dir = std::env::temp_dir();
-
-        if tokio::fs::symlink_metadata(&source).await.is_err() {
-            return Ok(Self {
-                path: temp_dir.join(name),
-            });
-        }
-        let mut last_error = None;
-        for dir in [git_dir, temp_dir] {
-            let index = Self {
-                path: dir.join(&name),
-            };
-            match tokio::fs::copy(&source, &index.path).await {
-                Ok(_) => return Ok(index),
-                Err(err) => last_error = Some(err),
-            }
-        }
-        Err(last_error.map_or_else(
-            || GitError::Failed("could not create a temporary index".into()),
-            GitError::Io,
-        ))
-    }
-
-    /// A git command in `dir` that uses this index.
-    fn git(&self, dir: &Path) -> Command {
-        let mut cmd = git(dir);
-        cmd.env("GIT_INDEX_FILE", &self.path);
-        cmd
-    }
-}
-
-impl Drop for TempIndex {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-        let mut lock = self.path.clone().into_os_string();
-        lock.push(".lock");
-        let _ = std::fs::remove_file(lock);
-    }
 }
 
 /// Runs a command keeping at most `limit` bytes of stdout; returns the output and

@@ -177,6 +177,8 @@ async fn worktree_add_creates_branch_at_base() {
     assert_eq!(sh(&path, &["symbolic-ref", "--short", "HEAD"]), "agent/one");
     assert!(path.join("keep.txt").exists());
     assert!(!path.join("later.txt").exists());
+    // Files and index were filled together: nothing shows as changed.
+    assert_eq!(sh(&path, &["status", "--porcelain"]), "");
     assert!(branch_exists(&f.repo, "agent/one").await.unwrap());
 
     let other = f.root.join("worktrees/two");
@@ -302,7 +304,7 @@ async fn diff_covers_tracked_and_untracked_changes() {
     std::fs::write(wt.join("debug.log"), "ignored\n").unwrap();
     std::fs::write(wt.join("blob.bin"), [0u8, 1, 2, 3, 0, 255, 0, 7]).unwrap();
 
-    let diff = diff(&wt, "HEAD").await.unwrap();
+    let diff = diff(&f.repo, &wt, "HEAD").await.unwrap();
     assert_eq!(diff.base_commit, f.base);
     let files: Vec<_> = diff
         .files
@@ -346,7 +348,7 @@ async fn diff_detects_renames_and_committed_work() {
     sh(&wt, &["commit", "-q", "-m", "work"]);
     sh(&wt, &["mv", "keep.txt", "moved.txt"]);
 
-    let diff = diff(&wt, &f.base).await.unwrap();
+    let diff = diff(&f.repo, &wt, &f.base).await.unwrap();
     let files: Vec<_> = diff
         .files
         .iter()
@@ -360,11 +362,11 @@ async fn diff_detects_renames_and_committed_work() {
         ]
     );
 
-    let clean = super::diff(&f.repo, &f.base).await.unwrap();
+    let clean = super::diff(&f.repo, &f.repo, &f.base).await.unwrap();
     assert!(clean.files.is_empty());
     assert!(clean.patch.is_empty());
 
-    let err = super::diff(&wt, "-p").await.unwrap_err();
+    let err = super::diff(&f.repo, &wt, "-p").await.unwrap_err();
     assert!(matches!(err, GitError::UnknownRevision(_)), "{err:?}");
 }
 
@@ -375,7 +377,7 @@ async fn diff_patch_is_capped() {
     let big = line.repeat(PATCH_LIMIT / line.len() + 1000);
     std::fs::write(f.repo.join("big.txt"), &big).unwrap();
 
-    let diff = diff(&f.repo, "HEAD").await.unwrap();
+    let diff = diff(&f.repo, &f.repo, "HEAD").await.unwrap();
     assert_eq!(diff.files.len(), 1);
     assert_eq!(
         diff.files[0].additions,
@@ -437,7 +439,7 @@ async fn repositories_owned_by_another_user_are_usable() {
     let info = inspect_repo(&f.repo).await.unwrap();
     assert_eq!(info.default_branch, "trunk");
     std::fs::write(f.repo.join("keep.txt"), "changed\n").unwrap();
-    let diff = diff(&f.repo, &f.base).await.unwrap();
+    let diff = diff(&f.repo, &f.repo, &f.base).await.unwrap();
     assert_eq!(diff.files.len(), 1);
     let wt = f.root.join("wt");
     worktree_add(&f.repo, &wt, "agent/foreign", &f.base)
@@ -471,4 +473,236 @@ async fn repository_hooks_never_run() {
         .unwrap();
     worktree_remove(&f.repo, &path).await.unwrap();
     assert!(!marker.exists(), "a repository hook ran");
+}
+
+/// An executable script at `root/evil.sh` that records `$1` in `root/ran` and copies
+/// stdin to stdout (so it also works as a filter); returns the path of `ran`.
+fn evil_script(root: &Path) -> (PathBuf, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let marker = root.join("ran");
+    let script = root.join("evil.sh");
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\necho \"$1\" >> '{}'\ncat\n", marker.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (script, marker)
+}
+
+/// Plants in `git_dir` every program-running configuration an agent could write: a
+/// filter and diff driver, external diff, fsmonitor, hooks (in the hooks dir and
+/// through `core.hooksPath`), and an `include.path` to a config doing the same.
+fn plant(git_dir: &Path, script: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let s = script.display();
+    let hooks = git_dir.join("planted-hooks");
+    for dir in [git_dir.join("hooks"), hooks.clone()] {
+        std::fs::create_dir_all(&dir).unwrap();
+        for hook in [
+            "post-checkout",
+            "reference-transaction",
+            "pre-commit",
+            "post-index-change",
+        ] {
+            let path = dir.join(hook);
+            std::fs::write(&path, format!("#!/bin/sh\n{s} hook-{hook} </dev/null\n")).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+    }
+    let drivers = format!(
+        "[filter \"x\"]\n\tclean = {s} clean\n\tsmudge = {s} smudge\n\trequired = true\n\
+         [diff \"x\"]\n\ttextconv = {s} textconv\n\tcommand = {s} diffcmd\n\
+         [diff]\n\texternal = {s} external\n\
+         [core]\n\tfsmonitor = {s} fsmonitor\n\thooksPath = {}\n\
+         [alias]\n\tdiff = !{s} alias\n",
+        hooks.display()
+    );
+    std::fs::write(git_dir.join("included.config"), &drivers).unwrap();
+    let mut config = std::fs::read_to_string(git_dir.join("config")).unwrap_or_default();
+    config.push_str(&drivers);
+    config.push_str(&format!(
+        "[include]\n\tpath = {}\n",
+        git_dir.join("included.config").display()
+    ));
+    std::fs::write(git_dir.join("config"), config).unwrap();
+}
+
+#[tokio::test]
+async fn nothing_a_repository_or_tree_plants_runs() {
+    let f = fixture();
+    let (script, marker) = evil_script(&f.root);
+    // The base commit selects the driver for every file.
+    std::fs::write(f.repo.join(".gitattributes"), "* filter=x diff=x\n").unwrap();
+    sh(&f.repo, &["add", "-A"]);
+    sh(&f.repo, &["commit", "-q", "-m", "attributes"]);
+    let base = sh(&f.repo, &["rev-parse", "HEAD"]);
+    plant(&f.repo.join(".git"), &script);
+
+    let wt = f.root.join("wt");
+    worktree_add(&f.repo, &wt, "agent/planted", &base)
+        .await
+        .unwrap();
+    assert!(wt.join("keep.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(wt.join("gone.txt")).unwrap(),
+        "bye\n"
+    );
+
+    // The worktree's `.git` file now points at a git dir of the agent's making.
+    let planted = f.root.join("planted.git");
+    std::fs::create_dir_all(planted.join("refs")).unwrap();
+    std::fs::write(planted.join("HEAD"), "ref: refs/heads/x\n").unwrap();
+    plant(&planted, &script);
+    std::fs::write(wt.join(".git"), format!("gitdir: {}\n", planted.display())).unwrap();
+
+    for dir in [&wt, &f.repo] {
+        std::fs::write(dir.join("keep.txt"), "one\nchanged\n").unwrap();
+        std::fs::remove_file(dir.join("gone.txt")).unwrap();
+        std::fs::write(dir.join("new.txt"), "new\n").unwrap();
+        std::fs::write(dir.join("sub.gitattributes"), "* filter=x\n").unwrap();
+    }
+    for (tree, expected_base) in [(&wt, &base), (&f.repo, &base)] {
+        let diff = diff(&f.repo, tree, &base).await.unwrap();
+        assert_eq!(&diff.base_commit, expected_base);
+        let files: Vec<_> = diff
+            .files
+            .iter()
+            .map(|f| (f.path.as_str(), f.status.as_str()))
+            .collect();
+        assert_eq!(
+            files,
+            [
+                ("gone.txt", "deleted"),
+                ("keep.txt", "modified"),
+                ("new.txt", "added"),
+                ("sub.gitattributes", "added"),
+            ]
+        );
+        assert!(diff.patch.contains("+changed"), "{}", diff.patch);
+    }
+    inspect_repo(&f.repo).await.unwrap();
+    read_committed_file(&f.repo, &base, ".gitattributes", 1024)
+        .await
+        .unwrap()
+        .unwrap();
+    worktree_remove(&f.repo, &wt).await.unwrap();
+    assert!(!wt.exists());
+    assert!(
+        planted.join("config").exists(),
+        "only the worktree is removed"
+    );
+    branch_delete(&f.repo, "agent/planted").await.unwrap();
+    assert!(
+        !marker.exists(),
+        "{}",
+        std::fs::read_to_string(&marker).unwrap()
+    );
+
+    // The planted configuration is live when git runs in the repository the usual way.
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(&f.repo)
+        .args(["add", "-A"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(marker.exists(), "the planted filter is live");
+}
+
+#[tokio::test]
+async fn the_builder_pins_config_and_environment() {
+    let f = fixture();
+    let mut cmd = at(&f.repo.join(".git"));
+    cmd.args(["config", "--show-origin", "--get-all", "core.hooksPath"])
+        .env("GIT_DIR", "/nowhere");
+    // Variables of the server's own environment are not passed on either.
+    let out = run(cmd).await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "command line:\t/dev/null"
+    );
+    let mut cmd = command();
+    cmd.args(["var", "GIT_EDITOR"]);
+    let out = run(cmd).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), ":");
+    let std_cmd = command();
+    let envs: std::collections::HashMap<_, _> = std_cmd.as_std().get_envs().collect();
+    assert_eq!(
+        envs[std::ffi::OsStr::new("GIT_CONFIG_GLOBAL")],
+        Some(std::ffi::OsStr::new("/dev/null"))
+    );
+    assert_eq!(
+        envs[std::ffi::OsStr::new("HOME")],
+        Some(std::ffi::OsStr::new("/dev/null"))
+    );
+}
+
+#[tokio::test]
+async fn a_view_reads_no_repository_config() {
+    let f = fixture();
+    let (script, marker) = evil_script(&f.root);
+    plant(&f.repo.join(".git"), &script);
+    let view = view::View::create(&f.repo.join(".git"), Some(&f.repo.join(".git/index")))
+        .await
+        .unwrap();
+    let mut cmd = view.git(&f.repo, None);
+    cmd.args(["config", "--list", "--show-origin"]);
+    let listed = String::from_utf8(run_ok(cmd, "config").await.unwrap()).unwrap();
+    assert!(!listed.contains("filter.x"), "{listed}");
+    assert!(!listed.contains("include"), "{listed}");
+    assert!(
+        listed.contains("core.repositoryformatversion=0"),
+        "{listed}"
+    );
+    // The index was copied: the committed files are tracked, nothing is changed.
+    let mut cmd = view.git(&f.repo, None);
+    cmd.args(["diff", "--name-only", "--no-ext-diff"]);
+    assert!(run_ok(cmd, "diff").await.unwrap().is_empty());
+    let mut cmd = view.git(&f.repo, None);
+    cmd.args(["ls-files"]);
+    let listed = String::from_utf8(run_ok(cmd, "ls-files").await.unwrap()).unwrap();
+    assert!(listed.contains("keep.txt"), "{listed}");
+    assert!(!marker.exists());
+
+    // A view of a SHA-256 repository says so, and only that.
+    let sha256 = f.root.join("sha256");
+    std::fs::create_dir(&sha256).unwrap();
+    sh(&sha256, &["init", "-q", "--object-format=sha256"]);
+    let view = view::View::create(&sha256.join(".git"), None)
+        .await
+        .unwrap();
+    let mut cmd = view.git(&sha256, None);
+    cmd.args(["rev-parse", "--show-object-format"]);
+    assert_eq!(
+        String::from_utf8(run_ok(cmd, "rev-parse").await.unwrap())
+            .unwrap()
+            .trim(),
+        "sha256"
+    );
+}
+
+#[tokio::test]
+async fn a_dot_git_file_is_no_repository() {
+    let f = fixture();
+    let other = f.root.join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(
+        other.join(".git"),
+        format!("gitdir: {}\n", f.repo.join(".git").display()),
+    )
+    .unwrap();
+    let err = inspect_repo(&other).await.unwrap_err();
+    assert!(matches!(err, GitError::NotARepository(_)), "{err:?}");
+    let err = resolve_commit(&other, "HEAD").await.unwrap_err();
+    assert!(matches!(err, GitError::NotARepository(_)), "{err:?}");
 }

@@ -23,7 +23,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -1031,13 +1031,6 @@ fn permission_outcome(option_id: Option<String>) -> Value {
 // File requests, confined to the workspace
 // ---------------------------------------------------------------------------------------
 
-fn outside_error(path: &Path) -> acp::Error {
-    acp::Error::new(
-        acp::ErrorCode::INVALID_PARAMS,
-        format!("{} is outside the session's workspace", path.display()),
-    )
-}
-
 fn io_error(path: &Path, e: &std::io::Error) -> acp::Error {
     let code = if e.kind() == std::io::ErrorKind::NotFound {
         acp::ErrorCode::RESOURCE_NOT_FOUND
@@ -1047,46 +1040,13 @@ fn io_error(path: &Path, e: &std::io::Error) -> acp::Error {
     acp::Error::new(code, format!("{}: {e}", path.display()))
 }
 
-/// `path` resolved (symlinks included) to a place inside `root`, which may not exist yet.
-fn resolve_inside(root: &Path, path: &Path) -> Result<PathBuf, acp::Error> {
-    let joined = if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        root.join(path)
-    };
-    let mut existing = joined.as_path();
-    let mut rest = Vec::new();
-    let resolved = loop {
-        match std::fs::canonicalize(existing) {
-            Ok(canonical) => break canonical,
-            // There but unresolvable: a dangling symlink, which a write would follow
-            // wherever it points.
-            Err(_) if std::fs::symlink_metadata(existing).is_ok() => {
-                return Err(outside_error(path));
-            }
-            Err(_) => {
-                let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else {
-                    return Err(outside_error(path));
-                };
-                rest.push(name.to_owned());
-                existing = parent;
-            }
-        }
-    };
-    let mut full = resolved;
-    for name in rest.into_iter().rev() {
-        if matches!(
-            Path::new(&name).components().next(),
-            Some(Component::ParentDir | Component::CurDir)
-        ) {
-            return Err(outside_error(path));
-        }
-        full.push(name);
-    }
-    if full.starts_with(root) {
-        Ok(full)
-    } else {
-        Err(outside_error(path))
+fn file_error(path: &Path, e: super::workspace_files::FileError) -> acp::Error {
+    match e {
+        super::workspace_files::FileError::Refused(why) => acp::Error::new(
+            acp::ErrorCode::INVALID_PARAMS,
+            format!("{}: {why}", path.display()),
+        ),
+        super::workspace_files::FileError::Io(e) => io_error(path, &e),
     }
 }
 
@@ -1094,10 +1054,11 @@ async fn read_text_file(
     root: &Path,
     request: &proto::ReadTextFileRequest,
 ) -> Result<String, acp::Error> {
-    let path = resolve_inside(root, &request.path)?;
-    let text = tokio::fs::read_to_string(&path)
+    let relative = super::workspace_files::relative_to(root, &request.path)
+        .map_err(|e| file_error(&request.path, e))?;
+    let text = super::workspace_files::read(root, &relative)
         .await
-        .map_err(|e| io_error(&request.path, &e))?;
+        .map_err(|e| file_error(&request.path, e))?;
     if request.line.is_none() && request.limit.is_none() {
         return Ok(text);
     }
@@ -1108,19 +1069,17 @@ async fn read_text_file(
     Ok(text.split_inclusive('\n').skip(skip).take(take).collect())
 }
 
+/// Writes through [`super::workspace_files`]: no `.git` component, no symlink out of
+/// the workspace, nothing written when refused.
 async fn write_text_file(
     root: &Path,
     request: &proto::WriteTextFileRequest,
 ) -> Result<(), acp::Error> {
-    let path = resolve_inside(root, &request.path)?;
-    if let Some(parent) = path.parent() {
-        tokio::fs::create_dir_all(parent)
-            .await
-            .map_err(|e| io_error(&request.path, &e))?;
-    }
-    tokio::fs::write(&path, request.content.as_bytes())
+    let relative = super::workspace_files::relative_to(root, &request.path)
+        .map_err(|e| file_error(&request.path, e))?;
+    super::workspace_files::write(root, &relative, request.content.as_bytes().to_vec())
         .await
-        .map_err(|e| io_error(&request.path, &e))
+        .map_err(|e| file_error(&request.path, e))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -2242,31 +2201,58 @@ mod tests {
         );
     }
 
-    #[test]
-    fn paths_must_stay_in_the_workspace() {
-        let dir = std::env::temp_dir().join(format!("agentry-acp-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let root = std::fs::canonicalize(&dir).unwrap();
-        assert!(resolve_inside(&root, &root.join("new/file.txt")).is_ok());
-        assert!(resolve_inside(&root, &root.join("../escape.txt")).is_err());
-        assert!(resolve_inside(&root, Path::new("/etc/passwd")).is_err());
+    #[tokio::test]
+    async fn paths_must_stay_in_the_workspace() {
+        use super::super::workspace_files::{relative_to, write};
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        let rel = |p: &Path| relative_to(&root, p);
+        assert_eq!(
+            rel(&root.join("new/file.txt")).unwrap(),
+            Path::new("new/file.txt")
+        );
+        assert!(rel(Path::new("/etc/passwd")).is_err());
+        // The workspace through a symlinked parent.
+        let alias_dir = tempfile::tempdir().unwrap();
+        let alias = alias_dir.path().join("ws");
+        std::os::unix::fs::symlink(&root, &alias).unwrap();
+        assert_eq!(
+            rel(&alias.join("new/file.txt")).unwrap(),
+            Path::new("new/file.txt")
+        );
+        let escape = rel(&root.join("../escape.txt")).unwrap();
+        assert!(write(&root, &escape, b"x".to_vec()).await.is_err());
 
         // Symlinks that lead out are refused, dangling ones included.
         let outside = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(outside.path(), root.join("out")).unwrap();
-        assert!(resolve_inside(&root, &root.join("out/new.txt")).is_err());
+        assert!(
+            write(&root, Path::new("out/new.txt"), b"x".to_vec())
+                .await
+                .is_err()
+        );
         std::os::unix::fs::symlink(outside.path().join("later.txt"), root.join("dangling"))
             .unwrap();
-        assert!(resolve_inside(&root, &root.join("dangling")).is_err());
-        assert!(resolve_inside(&root, Path::new("dangling")).is_err());
-        // One that stays inside is fine.
+        assert!(
+            write(&root, Path::new("dangling"), b"x".to_vec())
+                .await
+                .is_err()
+        );
+        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+        // So is git's metadata.
+        assert!(
+            write(&root, Path::new(".Git/config"), b"x".to_vec())
+                .await
+                .is_err()
+        );
+        assert!(!root.join(".Git").exists());
+        // A directory symlink that stays inside is fine.
         std::fs::create_dir_all(root.join("real")).unwrap();
         std::os::unix::fs::symlink(root.join("real"), root.join("alias")).unwrap();
-        assert_eq!(
-            resolve_inside(&root, &root.join("alias/f.txt")).unwrap(),
-            root.join("real/f.txt")
-        );
-        let _ = std::fs::remove_dir_all(&dir);
+        write(&root, Path::new("alias/f.txt"), b"x".to_vec())
+            .await
+            .unwrap();
+        assert!(root.join("real/f.txt").exists());
     }
 
     #[test]

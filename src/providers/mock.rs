@@ -1021,7 +1021,7 @@ impl Turn {
                 .raw_input(input)
                 .content(vec![proto::Diff::new(target.clone(), content).into()]),
         ))?;
-        match write_inside(&self.cwd, &target, content).await {
+        match write_inside(&self.cwd, relative, content).await {
             Ok(()) => {
                 self.tool_update(
                     &call_id,
@@ -1167,22 +1167,10 @@ pub fn unix_micros() -> i64 {
         .map_or(0, |d| d.as_micros() as i64)
 }
 
-/// Write `content` to `target`, refusing a target that a symlink moves out of `cwd`.
-async fn write_inside(cwd: &Path, target: &Path, content: &str) -> Result<(), String> {
-    let parent = target.parent().unwrap_or(cwd);
-    tokio::fs::create_dir_all(parent)
-        .await
-        .map_err(|e| e.to_string())?;
-    let root = tokio::fs::canonicalize(cwd)
-        .await
-        .map_err(|e| e.to_string())?;
-    let real_parent = tokio::fs::canonicalize(parent)
-        .await
-        .map_err(|e| e.to_string())?;
-    if !real_parent.starts_with(&root) {
-        return Err("the path leads outside the workspace".to_owned());
-    }
-    tokio::fs::write(target, content)
+/// Write `content` to `relative` inside `cwd`, confined (see
+/// [`super::workspace_files`]: no `.git` component, no symlink out of the workspace).
+async fn write_inside(cwd: &Path, relative: &Path, content: &str) -> Result<(), String> {
+    super::workspace_files::write(cwd, relative, content.as_bytes().to_vec())
         .await
         .map_err(|e| e.to_string())
 }

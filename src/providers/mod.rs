@@ -20,6 +20,7 @@ pub mod mock;
 pub mod opencode;
 pub mod pi;
 pub mod registry;
+pub mod workspace_files;
 
 pub use registry::ProviderRegistry;
 

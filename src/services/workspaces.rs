@@ -647,8 +647,11 @@ pub async fn diff(
             "the workspace is archived; its files are gone",
         ));
     }
+    let project = store::projects::get(&ctx.pool, ws.project_id, None)
+        .await?
+        .ok_or(ServiceError::NotFound("project"))?;
     let base = ws.base_commit.clone().unwrap_or_else(|| "HEAD".into());
-    Ok(git::diff(Path::new(&ws.path), &base).await?)
+    Ok(git::diff(Path::new(&project.repo_path), Path::new(&ws.path), &base).await?)
 }
 
 pub async fn archive(

@@ -3,6 +3,7 @@
 
 mod access_matrix;
 mod agents;
+mod attack_git;
 mod attack_bounds;
 mod attack_identity;
 mod ci_docs;
