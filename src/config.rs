@@ -66,6 +66,97 @@ pub struct Settings {
     pub secrets: SecretsSettings,
     /// Lifecycle hooks: delivery settings and server-wide hooks.
     pub hooks: HookSettings,
+    /// `[projects]`: where project repositories may come from and where clones live.
+    pub projects: ProjectSettings,
+}
+
+/// `[projects]`: which local repositories teams may register, and how repositories
+/// cloned from a `git_url` are kept and refreshed.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProjectSettings {
+    /// Where clones of `git_url` projects live (`<id>.git` each); a path every replica
+    /// reaches. Default `<data_dir>/repos`.
+    pub storage_dir: Option<PathBuf>,
+    /// Seconds the first clone of a `git_url` project may take (default 300).
+    pub clone_timeout_s: u64,
+    /// Seconds the fetch before each new workspace may take (default 120).
+    pub fetch_timeout_s: u64,
+    /// Let `git_url` name loopback, private and link-local hosts (default false).
+    pub allow_private_remotes: bool,
+    /// Directories under which the named teams may register local repositories
+    /// (`[[projects.local_roots]]`); elsewhere only server admins may.
+    pub local_roots: Vec<LocalRoot>,
+}
+
+impl Default for ProjectSettings {
+    fn default() -> Self {
+        Self {
+            storage_dir: None,
+            clone_timeout_s: 300,
+            fetch_timeout_s: 120,
+            allow_private_remotes: false,
+            local_roots: Vec::new(),
+        }
+    }
+}
+
+/// One `[[projects.local_roots]]` table: `path` and the teams (by name or `team_…` id)
+/// whose owners may register repositories under it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalRoot {
+    pub path: PathBuf,
+    pub teams: Vec<String>,
+}
+
+impl ProjectSettings {
+    /// Where clones live, for a server whose data dir is `data_dir`.
+    pub fn storage(&self, data_dir: &Path) -> PathBuf {
+        self.storage_dir
+            .clone()
+            .unwrap_or_else(|| data_dir.join("repos"))
+    }
+
+    fn validate(&self) -> Result<(), SettingsError> {
+        if self.storage_dir.as_ref().is_some_and(|d| !d.is_absolute()) {
+            return Err(invalid("projects.storage_dir", "must be an absolute path"));
+        }
+        if !(1..=86_400).contains(&self.clone_timeout_s) {
+            return Err(invalid(
+                "projects.clone_timeout_s",
+                "must be between 1 and 86400 seconds",
+            ));
+        }
+        if !(1..=86_400).contains(&self.fetch_timeout_s) {
+            return Err(invalid(
+                "projects.fetch_timeout_s",
+                "must be between 1 and 86400 seconds",
+            ));
+        }
+        for root in &self.local_roots {
+            let p = &root.path;
+            if !p.is_absolute() || p.components().any(|c| c == std::path::Component::ParentDir) {
+                return Err(invalid(
+                    "projects.local_roots",
+                    format!("`{}` must be an absolute path without `..`", p.display()),
+                ));
+            }
+            if p.parent().is_none() {
+                return Err(invalid(
+                    "projects.local_roots",
+                    "`/` cannot be a root: name the directories teams may use",
+                ));
+            }
+            if root.teams.is_empty() || root.teams.iter().any(|t| t.trim().is_empty()) {
+                return Err(invalid(
+                    "projects.local_roots",
+                    format!("`{}` must name at least one team", p.display()),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `[hooks]`: how hooks are called, and the server-wide hooks of the settings file
@@ -466,6 +557,7 @@ impl Default for Settings {
             providers: BTreeMap::new(),
             secrets: SecretsSettings::default(),
             hooks: HookSettings::default(),
+            projects: ProjectSettings::default(),
         }
     }
 }
@@ -792,6 +884,7 @@ impl Settings {
                 "must be at least 1",
             ));
         }
+        self.projects.validate()?;
         if self.events.batch_max_events == 0 {
             return Err(invalid("events.batch_max_events", "must be at least 1"));
         }
@@ -1068,6 +1161,10 @@ fn typed_setting(path: &[String]) -> bool {
             | ["agents", _]
             | ["cluster", "lease_ttl_s" | "drain_timeout_s"]
             | ["workspaces", "setup_timeout_s" | "teardown_timeout_s"]
+            | [
+                "projects",
+                "clone_timeout_s" | "fetch_timeout_s" | "allow_private_remotes" | "local_roots"
+            ]
             | [
                 "providers",
                 _,

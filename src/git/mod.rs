@@ -8,6 +8,7 @@
 //! (`worktree add/remove/prune`) are serialized per repository with [`lock_repo`].
 
 mod diff;
+mod remote;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -21,6 +22,7 @@ use tokio::process::Command;
 use utoipa::ToSchema;
 
 pub use diff::PATCH_LIMIT;
+pub use remote::{REMOTE_BRANCHES, Remote, clone_bare, fetch, resolve_in_clone};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GitError {

@@ -8,7 +8,7 @@
 
 mod delivery;
 
-pub use delivery::{Caller, signature};
+pub use delivery::{Caller, is_internal, signature};
 
 use std::time::Duration;
 
