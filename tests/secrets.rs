@@ -192,9 +192,10 @@ async fn set_secret(app: &TestApp, token: &str, team: &str, name: &str, value: &
 
 /// A workspace of `team` (a new project on `repo`).
 async fn workspace(app: &TestApp, token: &str, team: &str, repo: &Path) -> String {
+    // Registering a local repository is a server admin's part.
     let (s, project) = call(
         app,
-        token,
+        &app.token,
         Method::POST,
         "/v1/projects",
         Some(json!({"name": format!("p-{}", Uuid::now_v7().simple()), "repo_path": repo, "team_id": team})),
