@@ -1379,6 +1379,74 @@ mod tests {
     }
 
     #[test]
+    fn project_settings_are_read_checked_and_unknown_keys_refused() {
+        let (_dir, path) = file(
+            "[projects]\nstorage_dir = \"/srv/repos\"\nclone_timeout_s = 60\n\
+             allow_private_remotes = true\n\
+             [[projects.local_roots]]\npath = \"/srv/git/web\"\nteams = [\"web\"]\n",
+        );
+        let s = Settings::load_from(Some(&path), &[]).unwrap();
+        assert_eq!(
+            s.projects.storage(Path::new("/d")),
+            PathBuf::from("/srv/repos")
+        );
+        assert_eq!(
+            (s.projects.clone_timeout_s, s.projects.fetch_timeout_s),
+            (60, 120)
+        );
+        assert!(s.projects.allow_private_remotes);
+        assert_eq!(s.projects.local_roots[0].teams, ["web"]);
+        assert_eq!(
+            Settings::default().projects.storage(Path::new("/d")),
+            PathBuf::from("/d/repos")
+        );
+        for (text, setting) in [
+            (
+                "[projects]\nstorage_dir = \"repos\"\n",
+                "projects.storage_dir",
+            ),
+            (
+                "[projects]\nclone_timeout_s = 0\n",
+                "projects.clone_timeout_s",
+            ),
+            (
+                "[projects]\nfetch_timeout_s = 0\n",
+                "projects.fetch_timeout_s",
+            ),
+            (
+                "[[projects.local_roots]]\npath = \"/srv/../etc\"\nteams = [\"web\"]\n",
+                "projects.local_roots",
+            ),
+            (
+                "[[projects.local_roots]]\npath = \"/\"\nteams = [\"web\"]\n",
+                "projects.local_roots",
+            ),
+            (
+                "[[projects.local_roots]]\npath = \"/srv/git\"\nteams = []\n",
+                "projects.local_roots",
+            ),
+            (
+                "[projects]\nallow_file_remotes = true\n",
+                "projects.allow_file_remotes",
+            ),
+        ] {
+            let (_dir, path) = file(text);
+            let e = Settings::load_from(Some(&path), &[]).unwrap_err();
+            assert_eq!(e.setting, setting, "{text}: {e}");
+        }
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                ("AGENTRY_PROJECTS__ALLOW_PRIVATE_REMOTES", "true"),
+                ("AGENTRY_PROJECTS__FETCH_TIMEOUT_S", "7"),
+            ]),
+        )
+        .unwrap();
+        assert!(s.projects.allow_private_remotes);
+        assert_eq!(s.projects.fetch_timeout_s, 7);
+    }
+
+    #[test]
     fn oidc_settings_are_read_checked_and_unknown_keys_refused() {
         let (_dir, path) = file(
             "[auth.oidc]\nissuer = \"https://idp.example.com\"\naudience = [\"agentry\"]\n\
