@@ -1439,11 +1439,16 @@ mod tests {
             &env(&[
                 ("AGENTRY_PROJECTS__ALLOW_PRIVATE_REMOTES", "true"),
                 ("AGENTRY_PROJECTS__FETCH_TIMEOUT_S", "7"),
+                (
+                    "AGENTRY_PROJECTS__LOCAL_ROOTS",
+                    r#"[{path = "/srv/git", teams = ["web"]}]"#,
+                ),
             ]),
         )
         .unwrap();
         assert!(s.projects.allow_private_remotes);
         assert_eq!(s.projects.fetch_timeout_s, 7);
+        assert_eq!(s.projects.local_roots[0].path, PathBuf::from("/srv/git"));
     }
 
     #[test]
