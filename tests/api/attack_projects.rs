@@ -489,4 +489,25 @@ async fn a_project_cloned_from_an_authenticated_remote_follows_it() {
             }
         }
     }
+    // Workspaces archived, deleting the project removes the server's clone with it.
+    let listed = app
+        .get_ok(&format!(
+            "/v1/workspaces?project_id={}",
+            project["id"].as_str().unwrap()
+        ))
+        .await;
+    for ws in listed["items"].as_array().unwrap() {
+        let res = app
+            .post(
+                &format!("/v1/workspaces/{}/archive", ws["id"].as_str().unwrap()),
+                json!({}),
+            )
+            .await;
+        assert!(res.status().is_success(), "{}", res.text().await.unwrap());
+    }
+    let res = app
+        .delete(&format!("/v1/projects/{}", project["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(res.status().as_u16(), 204);
+    assert!(!clone.exists(), "the clone went with its project");
 }
