@@ -413,6 +413,26 @@ async fn a_project_cloned_from_an_authenticated_remote_follows_it() {
     assert_eq!(ws["base_commit"], second, "{ws}");
     let ws_path = path_of(&ws["path"]);
     assert!(ws_path.join("src/lib.rs").exists());
+    // The test remote takes pushes too (over smart HTTP, with the same credential).
+    {
+        use base64::Engine;
+        let header = format!(
+            "http.extraHeader=Authorization: Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("git:{PASSWORD}"))
+        );
+        // Blocking git on a thread of its own: the remote is served on this runtime.
+        let (dir, url) = (ws_path.clone(), remote.url("web"));
+        tokio::task::spawn_blocking(move || {
+            git(
+                &dir,
+                &["-c", &header, "push", "-q", &url, "HEAD:refs/heads/pushed"],
+            )
+        })
+        .await
+        .unwrap();
+        let pushed = git(&remote.path("web"), &["rev-parse", "refs/heads/pushed"]);
+        assert_eq!(pushed.trim(), second);
+    }
 
     // An agent works in the worktree; the diff shows its write.
     let agent = app
