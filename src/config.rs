@@ -70,6 +70,8 @@ pub struct Settings {
     pub server: ServerSettings,
     /// `[mcp]`: the stdio MCP servers agents may use, and the rule for remote ones.
     pub mcp: McpSettings,
+    /// `[projects]`: where project repositories may come from and where clones live.
+    pub projects: ProjectSettings,
 }
 
 /// `[server]`: how the HTTP server sees its clients.
@@ -172,6 +174,95 @@ impl McpServerSetting {
         self.teams
             .as_ref()
             .is_none_or(|t| t.iter().any(|n| n == team))
+    }
+}
+
+/// `[projects]`: which local repositories teams may register, and how repositories
+/// cloned from a `git_url` are kept and refreshed.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProjectSettings {
+    /// Where clones of `git_url` projects live (`<id>.git` each); a path every replica
+    /// reaches. Default `<data_dir>/repos`.
+    pub storage_dir: Option<PathBuf>,
+    /// Seconds the first clone of a `git_url` project may take (default 300).
+    pub clone_timeout_s: u64,
+    /// Seconds the fetch before each new workspace may take (default 120).
+    pub fetch_timeout_s: u64,
+    /// Let `git_url` name loopback, private and link-local hosts (default false).
+    pub allow_private_remotes: bool,
+    /// Directories under which the named teams may register local repositories
+    /// (`[[projects.local_roots]]`); elsewhere only server admins may.
+    pub local_roots: Vec<LocalRoot>,
+}
+
+impl Default for ProjectSettings {
+    fn default() -> Self {
+        Self {
+            storage_dir: None,
+            clone_timeout_s: 300,
+            fetch_timeout_s: 120,
+            allow_private_remotes: false,
+            local_roots: Vec::new(),
+        }
+    }
+}
+
+/// One `[[projects.local_roots]]` table: `path` and the teams (by name or `team_…` id)
+/// whose owners may register repositories under it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalRoot {
+    pub path: PathBuf,
+    pub teams: Vec<String>,
+}
+
+impl ProjectSettings {
+    /// Where clones live, for a server whose data dir is `data_dir`.
+    pub fn storage(&self, data_dir: &Path) -> PathBuf {
+        self.storage_dir
+            .clone()
+            .unwrap_or_else(|| data_dir.join("repos"))
+    }
+
+    fn validate(&self) -> Result<(), SettingsError> {
+        if self.storage_dir.as_ref().is_some_and(|d| !d.is_absolute()) {
+            return Err(invalid("projects.storage_dir", "must be an absolute path"));
+        }
+        if !(1..=86_400).contains(&self.clone_timeout_s) {
+            return Err(invalid(
+                "projects.clone_timeout_s",
+                "must be between 1 and 86400 seconds",
+            ));
+        }
+        if !(1..=86_400).contains(&self.fetch_timeout_s) {
+            return Err(invalid(
+                "projects.fetch_timeout_s",
+                "must be between 1 and 86400 seconds",
+            ));
+        }
+        for root in &self.local_roots {
+            let p = &root.path;
+            if !p.is_absolute() || p.components().any(|c| c == std::path::Component::ParentDir) {
+                return Err(invalid(
+                    "projects.local_roots",
+                    format!("`{}` must be an absolute path without `..`", p.display()),
+                ));
+            }
+            if p.parent().is_none() {
+                return Err(invalid(
+                    "projects.local_roots",
+                    "`/` cannot be a root: name the directories teams may use",
+                ));
+            }
+            if root.teams.is_empty() || root.teams.iter().any(|t| t.trim().is_empty()) {
+                return Err(invalid(
+                    "projects.local_roots",
+                    format!("`{}` must name at least one team", p.display()),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -594,6 +685,7 @@ impl Default for Settings {
             hooks: HookSettings::default(),
             server: ServerSettings::default(),
             mcp: McpSettings::default(),
+            projects: ProjectSettings::default(),
         }
     }
 }
@@ -990,6 +1082,7 @@ impl Settings {
                 "must be at least 1",
             ));
         }
+        self.projects.validate()?;
         if self.events.batch_max_events == 0 {
             return Err(invalid("events.batch_max_events", "must be at least 1"));
         }
@@ -1267,6 +1360,10 @@ fn typed_setting(path: &[String]) -> bool {
             | ["cluster", "lease_ttl_s" | "drain_timeout_s"]
             | ["workspaces", "setup_timeout_s" | "teardown_timeout_s"]
             | [
+                "projects",
+                "clone_timeout_s" | "fetch_timeout_s" | "allow_private_remotes" | "local_roots"
+            ]
+            | [
                 "providers",
                 _,
                 "enabled" | "command" | "args" | "modes" | "team_secrets"
@@ -1520,6 +1617,79 @@ mod tests {
         assert_eq!(e.setting, "limits.max_waits_per_principal");
         let e = refused("", &[("AGENTRY_LIMITS__MAX_PROJECTS_PER_TEAM", "0")]);
         assert_eq!(e.setting, "limits.max_projects_per_team");
+    }
+
+    #[test]
+    fn project_settings_are_read_checked_and_unknown_keys_refused() {
+        let (_dir, path) = file(
+            "[projects]\nstorage_dir = \"/srv/repos\"\nclone_timeout_s = 60\n\
+             allow_private_remotes = true\n\
+             [[projects.local_roots]]\npath = \"/srv/git/web\"\nteams = [\"web\"]\n",
+        );
+        let s = Settings::load_from(Some(&path), &[]).unwrap();
+        assert_eq!(
+            s.projects.storage(Path::new("/d")),
+            PathBuf::from("/srv/repos")
+        );
+        assert_eq!(
+            (s.projects.clone_timeout_s, s.projects.fetch_timeout_s),
+            (60, 120)
+        );
+        assert!(s.projects.allow_private_remotes);
+        assert_eq!(s.projects.local_roots[0].teams, ["web"]);
+        assert_eq!(
+            Settings::default().projects.storage(Path::new("/d")),
+            PathBuf::from("/d/repos")
+        );
+        for (text, setting) in [
+            (
+                "[projects]\nstorage_dir = \"repos\"\n",
+                "projects.storage_dir",
+            ),
+            (
+                "[projects]\nclone_timeout_s = 0\n",
+                "projects.clone_timeout_s",
+            ),
+            (
+                "[projects]\nfetch_timeout_s = 0\n",
+                "projects.fetch_timeout_s",
+            ),
+            (
+                "[[projects.local_roots]]\npath = \"/srv/../etc\"\nteams = [\"web\"]\n",
+                "projects.local_roots",
+            ),
+            (
+                "[[projects.local_roots]]\npath = \"/\"\nteams = [\"web\"]\n",
+                "projects.local_roots",
+            ),
+            (
+                "[[projects.local_roots]]\npath = \"/srv/git\"\nteams = []\n",
+                "projects.local_roots",
+            ),
+            (
+                "[projects]\nallow_file_remotes = true\n",
+                "projects.allow_file_remotes",
+            ),
+        ] {
+            let (_dir, path) = file(text);
+            let e = Settings::load_from(Some(&path), &[]).unwrap_err();
+            assert_eq!(e.setting, setting, "{text}: {e}");
+        }
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                ("AGENTRY_PROJECTS__ALLOW_PRIVATE_REMOTES", "true"),
+                ("AGENTRY_PROJECTS__FETCH_TIMEOUT_S", "7"),
+                (
+                    "AGENTRY_PROJECTS__LOCAL_ROOTS",
+                    r#"[{path = "/srv/git", teams = ["web"]}]"#,
+                ),
+            ]),
+        )
+        .unwrap();
+        assert!(s.projects.allow_private_remotes);
+        assert_eq!(s.projects.fetch_timeout_s, 7);
+        assert_eq!(s.projects.local_roots[0].path, PathBuf::from("/srv/git"));
     }
 
     #[test]

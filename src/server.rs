@@ -223,6 +223,7 @@ impl Application {
                 runtime: Handle::current(),
                 limits: settings.limits.clone(),
                 workspaces: settings.workspaces.clone(),
+                projects: settings.projects.clone(),
                 data_dir: settings.data_dir.clone(),
                 shutdown: shutdown_rx,
                 secrets: Arc::new(keyring),

@@ -15,6 +15,9 @@ mod clis;
 #[allow(dead_code)]
 mod cli_world;
 
+#[path = "support/git_http.rs"]
+mod git_http;
+
 #[path = "support/fake_anthropic.rs"]
 #[allow(dead_code)]
 mod fake_anthropic;
@@ -192,9 +195,10 @@ async fn set_secret(app: &TestApp, token: &str, team: &str, name: &str, value: &
 
 /// A workspace of `team` (a new project on `repo`).
 async fn workspace(app: &TestApp, token: &str, team: &str, repo: &Path) -> String {
+    // Registering a local repository is a server admin's part.
     let (s, project) = call(
         app,
-        token,
+        &app.token,
         Method::POST,
         "/v1/projects",
         Some(json!({"name": format!("p-{}", Uuid::now_v7().simple()), "repo_path": repo, "team_id": team})),
@@ -515,5 +519,75 @@ async fn no_value_reaches_the_log_or_the_database_dump_whatever_happens_to_it() 
         assert_absent("API answers", &shown, value);
         assert_absent("server log", &log, value);
         assert_absent("database dump", &dump, value);
+    }
+}
+
+#[tokio::test]
+async fn a_remote_credential_reaches_neither_the_log_nor_the_database() {
+    capture_logs();
+    let password = format!("remote-{}", Uuid::now_v7().simple());
+    let wrong = format!("wrong-{}", Uuid::now_v7().simple());
+    let remote = git_http::GitHttp::start("git", &password).await;
+    remote.create_repo("web");
+    let app = spawn_app_with(|s: &mut Settings| s.projects.allow_private_remotes = true).await;
+    let team = default_team(&app).await;
+    set_secret(
+        &app,
+        &app.token,
+        &team,
+        "WEB_GIT",
+        &format!("git:{password}"),
+    )
+    .await;
+    set_secret(
+        &app,
+        &app.token,
+        &team,
+        "WRONG_GIT",
+        &format!("git:{wrong}"),
+    )
+    .await;
+    let mut shown = String::new();
+    for (name, secret, status) in [("bad", "WRONG_GIT", 422), ("web", "WEB_GIT", 201)] {
+        let (s, body) = call(
+            &app,
+            &app.token,
+            Method::POST,
+            "/v1/projects",
+            Some(json!({"name": name, "git_url": remote.url("web"), "credential_secret": secret})),
+        )
+        .await;
+        assert_eq!(s, status, "{body}");
+        shown.push_str(&body.to_string());
+        if s == 201 {
+            remote.commit("web", "next.txt", "next\n", "next");
+            let (s, ws) = call(
+                &app,
+                &app.token,
+                Method::POST,
+                "/v1/workspaces",
+                Some(json!({"project_id": body["id"]})),
+            )
+            .await;
+            assert_eq!(s, 201, "{ws}");
+            shown.push_str(&ws.to_string());
+        }
+    }
+    let db = app.db.clone();
+    app.stop().await;
+    let dump = pg_dump(&db);
+    let log = captured_log();
+    assert!(log.contains("ls-remote"), "the failed clone was logged");
+    use base64::Engine;
+    for value in [&password, &wrong] {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(format!("git:{value}"));
+        for (what, text) in [
+            ("API answers", &shown),
+            ("server log", &log),
+            ("database dump", &dump),
+        ] {
+            assert_absent(what, text, value);
+            assert!(!text.contains(&encoded), "the header is in the {what}");
+        }
     }
 }

@@ -184,6 +184,7 @@ impl From<ServiceError> for ApiError {
             E::UnknownProvider(_) | E::ProviderUnavailable { .. } | E::HookFailed(_) => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
+            E::RemoteUnavailable(_) => StatusCode::BAD_GATEWAY,
             E::ProviderUnreachable(_) | E::StoreUnavailable | E::NotReady => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -191,6 +192,7 @@ impl From<ServiceError> for ApiError {
             | E::AgentArchived
             | E::ProjectNameTaken
             | E::ProjectHasWorkspaces
+            | E::RepoInUse
             | E::TeamNameTaken
             | E::TeamNameReserved
             | E::LastOwner

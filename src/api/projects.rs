@@ -1,4 +1,5 @@
-//! Projects: git repositories on the server that a team's agents work on.
+//! Projects: git repositories a team's agents work on, cloned by the server from a remote
+//! or registered from the server's disk.
 
 use actix_web::{HttpRequest, HttpResponse, delete, get, post, web};
 use utoipa_actix_web::service_config::ServiceConfig;
@@ -17,12 +18,15 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(delete_project);
 }
 
-/// Register a git repository on the server as a project.
+/// Register a project: `git_url` (the server clones it) or `repo_path` (a repository on the
+/// server, for server admins or under a `[projects] local_roots` entry bound to the team).
 #[utoipa::path(tag = "projects", security(("bearer" = [])),
     params(("Idempotency-Key" = Option<String>, Header, description = "Retry-safe creation")),
     request_body = CreateProject,
     responses((status = 201, body = Project), (status = 200, description = "Replayed", body = Project),
-        (status = 409, body = Problem), (status = 422, body = Problem)))]
+        (status = 403, description = "`forbidden`: repo_path is outside what the team may use", body = Problem),
+        (status = 409, description = "`project_name_taken`, or `repo_in_use`: another team's project uses the repository", body = Problem),
+        (status = 422, description = "`validation_failed`: e.g. a refused git_url, a failed clone, an unknown credential_secret", body = Problem)))]
 #[post("/projects")]
 async fn create_project(
     state: web::Data<AppState>,
@@ -70,7 +74,8 @@ async fn get_project(
     ))
 }
 
-/// Remove a project (its workspaces must be archived first). The repository is untouched.
+/// Remove a project (its workspaces must be archived first). A registered repository is
+/// untouched; the server's own clone of a `git_url` project is removed.
 #[utoipa::path(tag = "projects", security(("bearer" = [])), params(("id" = String, Path)),
     responses((status = 204, description = "Deleted"), (status = 404, body = Problem), (status = 409, body = Problem)))]
 #[delete("/projects/{id}")]

@@ -19,6 +19,7 @@
 //! [`command`] too and add their own restrictions on top.
 
 mod diff;
+mod remote;
 mod view;
 
 use std::collections::HashMap;
@@ -32,6 +33,7 @@ use tokio::process::Command;
 use utoipa::ToSchema;
 
 pub use diff::PATCH_LIMIT;
+pub use remote::{REMOTE_BRANCHES, Remote, clone_bare, fetch, resolve_in_clone};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GitError {

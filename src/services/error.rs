@@ -42,6 +42,12 @@ pub enum ServiceError {
     AgentArchived,
     #[error("the team already has a project with this name")]
     ProjectNameTaken,
+    /// The repository is already another team's live project.
+    #[error("this repository is already a project of another team")]
+    RepoInUse,
+    /// The project's git remote could not be fetched.
+    #[error("{0}")]
+    RemoteUnavailable(String),
     #[error("archive the project's workspaces before deleting it")]
     ProjectHasWorkspaces,
     #[error("a team with this name already exists")]
@@ -115,6 +121,8 @@ impl ServiceError {
             ServiceError::AgentArchived => "agent_archived",
             ServiceError::ProjectNameTaken => "project_name_taken",
             ServiceError::ProjectHasWorkspaces => "project_has_workspaces",
+            ServiceError::RepoInUse => "repo_in_use",
+            ServiceError::RemoteUnavailable(_) => "remote_unavailable",
             ServiceError::TeamNameTaken => "team_name_taken",
             ServiceError::TeamNameReserved => "team_name_reserved",
             ServiceError::LastOwner => "last_owner",

@@ -52,6 +52,8 @@ pub struct ServiceContext {
     pub limits: Limits,
     /// Bounds on repository setup and teardown commands.
     pub workspaces: WorkspaceSettings,
+    /// Where projects may come from and where clones live.
+    pub projects: crate::config::ProjectSettings,
     /// Worktrees live under `<data_dir>/worktrees`.
     pub data_dir: PathBuf,
     /// Flips to true when the server stops, so long waits end.

@@ -162,15 +162,27 @@ pub async fn create(
         ctx.limits.max_workspaces_per_team,
         "limits.max_workspaces_per_team",
     )?;
+    let cloned = project.git_url.is_some();
+    if cloned && body.kind == Some(WorkspaceKind::Directory) {
+        return Err(ServiceError::invalid(
+            "kind",
+            "a directory workspace needs a local project; this one is cloned from git_url",
+        ));
+    }
     let repo = PathBuf::from(&project.repo_path);
     let base_ref = body
         .base_ref
         .clone()
         .unwrap_or_else(|| project.default_branch.clone());
     validate_ref("base_ref", &base_ref)?;
-    let base_commit = git::resolve_commit(&repo, &base_ref)
-        .await
-        .map_err(|e| git_error("base_ref", e))?;
+    // A cloned project starts from its remote's refs as they are now.
+    super::projects::refresh(ctx, &project).await?;
+    let base_commit = if cloned {
+        git::resolve_in_clone(&repo, &base_ref).await
+    } else {
+        git::resolve_commit(&repo, &base_ref).await
+    }
+    .map_err(|e| git_error("base_ref", e))?;
     let id = WorkspaceId::new();
     let mut scripts = setup::RepoScripts::None;
     let row = match body.kind.unwrap_or(WorkspaceKind::Worktree) {

@@ -221,8 +221,9 @@ async fn no_route_lets_another_team_or_a_lower_role_or_a_narrower_token_through(
     // Team A: a project, a workspace, an agent waiting on a permission request, a
     // service token.
     let repo = git_repo();
-    let project = ana
-        .api
+    // Registering a local repository is a server admin's part.
+    let admin = Caller::new(&app, &app.token);
+    let project = admin
         .ok(
             Method::POST,
             "/v1/projects",
@@ -338,8 +339,7 @@ async fn no_route_lets_another_team_or_a_lower_role_or_a_narrower_token_through(
     let reader = Caller::new(&app, read_token["token"].as_str().unwrap());
     // Team B has work of its own, so its lists are not trivially empty.
     let repo_b = git_repo();
-    let project_b = bob
-        .api
+    let project_b = admin
         .ok(
             Method::POST,
             "/v1/projects",

@@ -6,6 +6,7 @@ mod agents;
 mod attack_git;
 mod attack_bounds;
 mod attack_identity;
+mod attack_projects;
 mod ci_docs;
 mod cli;
 mod cluster;

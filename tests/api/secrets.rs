@@ -139,9 +139,10 @@ fn uuid_of(team: &str) -> Uuid {
 
 /// A project and workspace of the caller's team (`token`); returns the workspace id.
 async fn workspace(app: &TestApp, token: &str, team: &str, repo: &Path) -> String {
+    // Registering a local repository is a server admin's part.
     let (s, body) = call(
         app,
-        token,
+        &app.token,
         Method::POST,
         "/v1/projects",
         Some(json!({"name": format!("p-{}", Uuid::now_v7().simple()), "repo_path": repo, "team_id": team})),

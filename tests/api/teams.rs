@@ -251,8 +251,8 @@ async fn team_service_tokens_act_only_in_their_team_and_revocation_is_immediate(
     let other = team(&cleo, "elsewhere").await;
     add(&ana, &team_id, &cleo, "owner").await;
     let repo = git_repo();
-    let project = ana
-        .api
+    // Registering a local repository is a server admin's part.
+    let project = Caller::new(&app, &app.token)
         .ok(
             Method::POST,
             "/v1/projects",
@@ -471,13 +471,21 @@ async fn audit_of(who: &Caller, query: &str) -> Vec<Value> {
 
 #[tokio::test]
 async fn the_audit_log_records_who_did_what_for_which_request() {
-    let app = spawn_app().await;
+    // Ana's team may register repositories under the root that holds `repo`.
+    let repo = git_repo();
+    let root = repo.path().to_path_buf();
+    let app = spawn_app_with(move |s| {
+        s.projects.local_roots = vec![agentry::config::LocalRoot {
+            path: root,
+            teams: vec!["platform".into()],
+        }]
+    })
+    .await;
     let admin = Caller::new(&app, &app.token);
     let ana = person(&app, "ana").await;
     let bo = person(&app, "bo").await;
     let team_id = team(&ana, "platform").await;
     add(&ana, &team_id, &bo, "member").await;
-    let repo = git_repo();
     let project = ana
         .api
         .ok(
