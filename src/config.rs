@@ -410,6 +410,9 @@ pub struct EventSettings {
     pub subscriber_buffer: usize,
     /// Seconds between SSE keep-alive comments.
     pub ping_interval_s: u64,
+    /// Seconds, at most, between two checks of the caller of an open stream or `wait`
+    /// (besides the check on every change heard); 1 to 30.
+    pub revalidate_s: u64,
     /// Events accepted but not yet committed, at most; past it producers wait (the
     /// agents stop reading their providers' output until the database catches up).
     pub queue_max_events: usize,
@@ -591,6 +594,7 @@ impl Default for EventSettings {
             team_linger_ms: 10,
             subscriber_buffer: 1024,
             ping_interval_s: 15,
+            revalidate_s: 30,
             queue_max_events: 50_000,
             queue_max_bytes: 64 << 20,
             commit_wait_ms: 5000,
@@ -800,6 +804,9 @@ impl Settings {
         }
         if self.events.ping_interval_s == 0 {
             return Err(invalid("events.ping_interval_s", "must be at least 1"));
+        }
+        if !(1..=30).contains(&self.events.revalidate_s) {
+            return Err(invalid("events.revalidate_s", "must be 1 to 30"));
         }
         if self.events.queue_max_events == 0 || self.events.queue_max_events > u32::MAX as usize {
             return Err(invalid(

@@ -229,6 +229,7 @@ impl Application {
                 hooks: Arc::new(hooks::Hooks::new(&settings.hooks)?),
                 oidc,
                 tokens,
+                revalidate: Duration::from_secs(settings.events.revalidate_s),
             },
             settings: settings.clone(),
             http: Default::default(),
@@ -240,6 +241,9 @@ impl Application {
             listener_task,
             tokens_task,
             tokio::spawn(cluster::run(state.services.clone(), fanout, advertise_url)),
+            tokio::spawn(crate::services::idempotency::run_purge(
+                state.services.clone(),
+            )),
         ];
         if let Err(e) = crate::services::setup::fail_interrupted(&state.services, &replica).await {
             tracing::warn!(error = %e, "could not close the setups the previous run left running");

@@ -64,6 +64,9 @@ pub struct ServiceContext {
     pub audit: audit::AuditLog,
     /// Principals of recently used API tokens; what changes one calls `forget_all`.
     pub tokens: Arc<crate::auth::TokenCache>,
+    /// How often an open stream or wait checks its caller again at least
+    /// (`events.revalidate_s`).
+    pub revalidate: std::time::Duration,
 }
 
 impl ServiceContext {

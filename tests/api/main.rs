@@ -3,6 +3,7 @@
 
 mod access_matrix;
 mod agents;
+mod attack_tokens;
 mod ci_docs;
 mod cli;
 mod cluster;
