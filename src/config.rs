@@ -198,6 +198,10 @@ pub struct OidcSettings {
     /// …and this many seconds after sign-in, whatever happens.
     #[serde(default = "default_session_absolute_s")]
     pub session_absolute_s: u64,
+    /// The longest lifetime, in days, of a personal API token of a user of this provider;
+    /// a token asked for without `expires_in_days` gets this one.
+    #[serde(default = "default_max_token_days")]
+    pub max_token_days: u32,
     /// `[auth.oidc.groups]`: IdP group name → the team its members join, and the role.
     #[serde(default)]
     pub groups: BTreeMap<String, GroupMapping>,
@@ -247,6 +251,10 @@ fn default_session_absolute_s() -> u64 {
     7 * 24 * 3600
 }
 
+fn default_max_token_days() -> u32 {
+    90
+}
+
 impl OidcSettings {
     /// Settings for `issuer` and `audience` with every default (for tests and tools).
     pub fn new(issuer: impl Into<String>, audience: Vec<String>) -> Self {
@@ -267,6 +275,7 @@ impl OidcSettings {
             scopes: default_scopes(),
             session_idle_s: default_session_idle_s(),
             session_absolute_s: default_session_absolute_s(),
+            max_token_days: default_max_token_days(),
             groups: BTreeMap::new(),
         }
     }
@@ -356,6 +365,9 @@ impl OidcSettings {
                 "auth.oidc.session_absolute_s",
                 "sessions need session_idle_s >= 1 and session_absolute_s >= session_idle_s",
             ));
+        }
+        if !(1..=3650).contains(&self.max_token_days) {
+            return Err(invalid("auth.oidc.max_token_days", "must be 1 to 3650"));
         }
         for (group, m) in &self.groups {
             let name = format!("auth.oidc.groups.{group}");

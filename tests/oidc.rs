@@ -647,3 +647,56 @@ async fn a_code_from_another_sign_in_is_refused() {
         .unwrap();
     assert_eq!(expect_status(res, 400).await["code"], "sign_in_failed");
 }
+
+#[tokio::test]
+async fn personal_tokens_of_provider_users_have_a_maximum_lifetime() {
+    let Some(idp) = Idp::start().await else {
+        return;
+    };
+    let app = app_for(&idp, |o| o.max_token_days = 30).await;
+    idp.set_user(user("alice", &["eng"]));
+    let tokens = idp.authorization_code("agentry-web").await;
+    let alice = tokens["access_token"].as_str().unwrap();
+    let create = |body: Value| {
+        app.client
+            .post(app.url("/v1/tokens"))
+            .bearer_auth(alice)
+            .json(&body)
+            .send()
+    };
+    // Longer than the maximum: refused, naming the field, and no token made.
+    let res = create(json!({"name": "long", "expires_in_days": 31}))
+        .await
+        .unwrap();
+    let problem = expect_status(res, 422).await;
+    assert_eq!(problem["code"], "validation_failed", "{problem}");
+    assert!(problem.to_string().contains("expires_in_days"), "{problem}");
+    // None asked: the maximum; less asked: as asked.
+    let days_left = |t: &Value| {
+        let at: chrono::DateTime<chrono::Utc> = t["expires_at"]
+            .as_str()
+            .expect("an expiry")
+            .parse()
+            .unwrap();
+        (at - chrono::Utc::now()).num_hours()
+    };
+    let res = create(json!({"name": "default"})).await.unwrap();
+    let t = expect_status(res, 201).await;
+    assert!((29 * 24..=30 * 24).contains(&days_left(&t)), "{t}");
+    let res = create(json!({"name": "short", "expires_in_days": 7}))
+        .await
+        .unwrap();
+    let t = expect_status(res, 201).await;
+    assert!((6 * 24..=7 * 24).contains(&days_left(&t)), "{t}");
+    let listed = expect_status(get_as(&app, alice, "/v1/tokens").await, 200).await;
+    assert_eq!(listed["items"].as_array().unwrap().len(), 2, "{listed}");
+    // A local user's token is not bound by it.
+    let local = app
+        .post_ok(
+            "/v1/tokens",
+            json!({"name": "admin-long", "expires_in_days": 365}),
+            201,
+        )
+        .await;
+    assert!(days_left(&local) > 300 * 24, "{local}");
+}
