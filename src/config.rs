@@ -202,6 +202,11 @@ pub struct OidcSettings {
     /// a token asked for without `expires_in_days` gets this one.
     #[serde(default = "default_max_token_days")]
     pub max_token_days: u32,
+    /// A browser session is checked with the provider again at least this often, in
+    /// seconds: as refresh tokens are not kept, the session then ends and its user signs in
+    /// again (their groups, teams and admin rights read anew).
+    #[serde(default = "default_session_recheck_s")]
+    pub session_recheck_s: u64,
     /// `[auth.oidc.groups]`: IdP group name → the team its members join, and the role.
     #[serde(default)]
     pub groups: BTreeMap<String, GroupMapping>,
@@ -251,6 +256,10 @@ fn default_session_absolute_s() -> u64 {
     7 * 24 * 3600
 }
 
+fn default_session_recheck_s() -> u64 {
+    900
+}
+
 fn default_max_token_days() -> u32 {
     90
 }
@@ -276,6 +285,7 @@ impl OidcSettings {
             session_idle_s: default_session_idle_s(),
             session_absolute_s: default_session_absolute_s(),
             max_token_days: default_max_token_days(),
+            session_recheck_s: default_session_recheck_s(),
             groups: BTreeMap::new(),
         }
     }
@@ -365,6 +375,9 @@ impl OidcSettings {
                 "auth.oidc.session_absolute_s",
                 "sessions need session_idle_s >= 1 and session_absolute_s >= session_idle_s",
             ));
+        }
+        if self.session_recheck_s == 0 {
+            return Err(invalid("auth.oidc.session_recheck_s", "must be at least 1"));
         }
         if !(1..=3650).contains(&self.max_token_days) {
             return Err(invalid("auth.oidc.max_token_days", "must be 1 to 3650"));

@@ -392,12 +392,23 @@ async fn readiness_waits_for_the_identity_provider() {
 /// An app whose browser sign-in redirects back to itself, and a client that follows no
 /// redirects (each hop is checked).
 async fn browser_app(idp: &Idp) -> (TestApp, reqwest::Client) {
+    browser_app_with(idp, |_| {}).await
+}
+
+async fn browser_app_with(
+    idp: &Idp,
+    tweak: impl FnOnce(&mut Settings),
+) -> (TestApp, reqwest::Client) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let mut o = oidc_settings(idp);
     o.client_id = Some("agentry-web".into());
     o.redirect_url = Some(format!("http://127.0.0.1:{port}/auth/callback"));
-    let app = helpers::spawn_app_on(listener, move |s: &mut Settings| s.auth.oidc = Some(o)).await;
+    let app = helpers::spawn_app_on(listener, move |s: &mut Settings| {
+        s.auth.oidc = Some(o);
+        tweak(s);
+    })
+    .await;
     wait_ready(&app).await;
     let browser = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -699,4 +710,77 @@ async fn personal_tokens_of_provider_users_have_a_maximum_lifetime() {
         )
         .await;
     assert!(days_left(&local) > 300 * 24, "{local}");
+}
+
+/// Everything an event stream sends until it ends; `None` when still open after `within`.
+async fn until_end(res: reqwest::Response, within: Duration) -> Option<String> {
+    use futures::StreamExt;
+    let mut body = res.bytes_stream();
+    let mut text = Vec::new();
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, body.next()).await {
+            Ok(Some(Ok(chunk))) => text.extend_from_slice(&chunk),
+            Ok(None) | Ok(Some(Err(_))) => return Some(String::from_utf8_lossy(&text).into()),
+            Err(_) => return None,
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_session_ends_its_streams_when_signed_out_and_at_the_provider_recheck() {
+    let Some(idp) = Idp::start().await else {
+        return;
+    };
+    let (app, browser) = browser_app_with(&idp, |s| {
+        s.events.revalidate_s = 1;
+        if let Some(o) = s.auth.oidc.as_mut() {
+            o.session_recheck_s = 3;
+        }
+    })
+    .await;
+    let open = |cookie: String| {
+        browser
+            .get(app.url("/v1/events"))
+            .header("cookie", cookie)
+            .send()
+    };
+    // Signed out elsewhere (another tab): the open stream ends at once.
+    let (cookie, _, _) = sign_in(&app, &browser, "/").await;
+    let stream = open(cookie.clone()).await.unwrap();
+    assert_eq!(stream.status(), 200);
+    sqlx::query("UPDATE user_sessions SET revoked_at = now()")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let text = until_end(stream, Duration::from_secs(3))
+        .await
+        .expect("the stream ended");
+    assert!(text.contains(": ended session_expired"), "{text}");
+
+    // Past the recheck period, the session (and its stream) ends: sign in again.
+    idp.set_user(user("alice", &["eng"]));
+    let (cookie, _, _) = sign_in(&app, &browser, "/").await;
+    let me = |cookie: String| {
+        browser
+            .get(app.url("/v1/me"))
+            .header("cookie", cookie)
+            .send()
+    };
+    let before = expect_status(me(cookie.clone()).await.unwrap(), 200).await;
+    assert_eq!(before["teams"].as_array().unwrap().len(), 1, "{before}");
+    let stream = open(cookie.clone()).await.unwrap();
+    assert_eq!(stream.status(), 200);
+    // Meanwhile the provider drops the group.
+    idp.set_user(user("alice", &[]));
+    let text = until_end(stream, Duration::from_secs(8))
+        .await
+        .expect("the stream ended at the recheck");
+    assert!(text.contains(": ended session_expired"), "{text}");
+    let res = open(cookie).await.unwrap();
+    assert_eq!(expect_status(res, 401).await["code"], "session_expired");
+    // Signed in again, the user's teams are what the provider says now.
+    let (cookie, _, _) = sign_in(&app, &browser, "/").await;
+    let after = expect_status(me(cookie).await.unwrap(), 200).await;
+    assert_eq!(after["teams"], json!([]), "{after}");
 }
