@@ -396,6 +396,15 @@ pub struct OidcSettings {
     /// …and this many seconds after sign-in, whatever happens.
     #[serde(default = "default_session_absolute_s")]
     pub session_absolute_s: u64,
+    /// The longest lifetime, in days, of a personal API token of a user of this provider;
+    /// a token asked for without `expires_in_days` gets this one.
+    #[serde(default = "default_max_token_days")]
+    pub max_token_days: u32,
+    /// A browser session is checked with the provider again at least this often, in
+    /// seconds: as refresh tokens are not kept, the session then ends and its user signs in
+    /// again (their groups, teams and admin rights read anew).
+    #[serde(default = "default_session_recheck_s")]
+    pub session_recheck_s: u64,
     /// `[auth.oidc.groups]`: IdP group name → the team its members join, and the role.
     #[serde(default)]
     pub groups: BTreeMap<String, GroupMapping>,
@@ -449,6 +458,14 @@ fn default_session_absolute_s() -> u64 {
     7 * 24 * 3600
 }
 
+fn default_session_recheck_s() -> u64 {
+    900
+}
+
+fn default_max_token_days() -> u32 {
+    90
+}
+
 impl OidcSettings {
     /// Settings for `issuer` and `audience` with every default (for tests and tools).
     pub fn new(issuer: impl Into<String>, audience: Vec<String>) -> Self {
@@ -469,6 +486,8 @@ impl OidcSettings {
             scopes: default_scopes(),
             session_idle_s: default_session_idle_s(),
             session_absolute_s: default_session_absolute_s(),
+            max_token_days: default_max_token_days(),
+            session_recheck_s: default_session_recheck_s(),
             groups: BTreeMap::new(),
             assume_email_verified: false,
         }
@@ -560,6 +579,12 @@ impl OidcSettings {
                 "sessions need session_idle_s >= 1 and session_absolute_s >= session_idle_s",
             ));
         }
+        if self.session_recheck_s == 0 {
+            return Err(invalid("auth.oidc.session_recheck_s", "must be at least 1"));
+        }
+        if !(1..=3650).contains(&self.max_token_days) {
+            return Err(invalid("auth.oidc.max_token_days", "must be 1 to 3650"));
+        }
         for (group, m) in &self.groups {
             let name = format!("auth.oidc.groups.{group}");
             if !matches!(m.role.as_str(), "owner" | "member" | "viewer") {
@@ -627,6 +652,9 @@ pub struct EventSettings {
     pub subscriber_buffer: usize,
     /// Seconds between SSE keep-alive comments.
     pub ping_interval_s: u64,
+    /// Seconds, at most, between two checks of the caller of an open stream or `wait`
+    /// (besides the check on every change heard); 1 to 30.
+    pub revalidate_s: u64,
     /// Events accepted but not yet committed, at most; past it producers wait (the
     /// agents stop reading their providers' output until the database catches up).
     pub queue_max_events: usize,
@@ -817,6 +845,7 @@ impl Default for EventSettings {
             team_linger_ms: 10,
             subscriber_buffer: 1024,
             ping_interval_s: 15,
+            revalidate_s: 30,
             queue_max_events: 50_000,
             queue_max_bytes: 64 << 20,
             commit_wait_ms: 5000,
@@ -1091,6 +1120,9 @@ impl Settings {
         }
         if self.events.ping_interval_s == 0 {
             return Err(invalid("events.ping_interval_s", "must be at least 1"));
+        }
+        if !(1..=30).contains(&self.events.revalidate_s) {
+            return Err(invalid("events.revalidate_s", "must be 1 to 30"));
         }
         if self.events.queue_max_events == 0 || self.events.queue_max_events > u32::MAX as usize {
             return Err(invalid(

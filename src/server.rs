@@ -234,6 +234,7 @@ impl Application {
                     &settings.limits,
                     &settings.mcp,
                 )),
+                revalidate: Duration::from_secs(settings.events.revalidate_s),
             },
             settings: settings.clone(),
             http: Default::default(),
@@ -245,6 +246,9 @@ impl Application {
             listener_task,
             tokens_task,
             tokio::spawn(cluster::run(state.services.clone(), fanout, advertise_url)),
+            tokio::spawn(crate::services::idempotency::run_purge(
+                state.services.clone(),
+            )),
         ];
         if let Err(e) = crate::services::setup::fail_interrupted(&state.services, &replica).await {
             tracing::warn!(error = %e, "could not close the setups the previous run left running");

@@ -919,3 +919,129 @@ async fn unverified_idp_emails_find_nobody() {
     let found = app.get_ok(lookup).await;
     assert_eq!(found["items"][0]["id"], me["id"], "{found}");
 }
+
+#[tokio::test]
+async fn personal_tokens_of_provider_users_have_a_maximum_lifetime() {
+    let Some(idp) = Idp::start().await else {
+        return;
+    };
+    let app = app_for(&idp, |o| o.max_token_days = 30).await;
+    idp.set_user(user("alice", &["eng"]));
+    let tokens = idp.authorization_code("agentry-web").await;
+    let alice = tokens["access_token"].as_str().unwrap();
+    let create = |body: Value| {
+        app.client
+            .post(app.url("/v1/tokens"))
+            .bearer_auth(alice)
+            .json(&body)
+            .send()
+    };
+    // Longer than the maximum: refused, naming the field, and no token made.
+    let res = create(json!({"name": "long", "expires_in_days": 31}))
+        .await
+        .unwrap();
+    let problem = expect_status(res, 422).await;
+    assert_eq!(problem["code"], "validation_failed", "{problem}");
+    assert!(problem.to_string().contains("expires_in_days"), "{problem}");
+    // None asked: the maximum; less asked: as asked.
+    let days_left = |t: &Value| {
+        let at: chrono::DateTime<chrono::Utc> = t["expires_at"]
+            .as_str()
+            .expect("an expiry")
+            .parse()
+            .unwrap();
+        (at - chrono::Utc::now()).num_hours()
+    };
+    let res = create(json!({"name": "default"})).await.unwrap();
+    let t = expect_status(res, 201).await;
+    assert!((29 * 24..=30 * 24).contains(&days_left(&t)), "{t}");
+    let res = create(json!({"name": "short", "expires_in_days": 7}))
+        .await
+        .unwrap();
+    let t = expect_status(res, 201).await;
+    assert!((6 * 24..=7 * 24).contains(&days_left(&t)), "{t}");
+    let listed = expect_status(get_as(&app, alice, "/v1/tokens").await, 200).await;
+    assert_eq!(listed["items"].as_array().unwrap().len(), 2, "{listed}");
+    // A local user's token is not bound by it.
+    let local = app
+        .post_ok(
+            "/v1/tokens",
+            json!({"name": "admin-long", "expires_in_days": 365}),
+            201,
+        )
+        .await;
+    assert!(days_left(&local) > 300 * 24, "{local}");
+}
+
+/// Everything an event stream sends until it ends; `None` when still open after `within`.
+async fn until_end(res: reqwest::Response, within: Duration) -> Option<String> {
+    use futures::StreamExt;
+    let mut body = res.bytes_stream();
+    let mut text = Vec::new();
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, body.next()).await {
+            Ok(Some(Ok(chunk))) => text.extend_from_slice(&chunk),
+            Ok(None) | Ok(Some(Err(_))) => return Some(String::from_utf8_lossy(&text).into()),
+            Err(_) => return None,
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_session_ends_its_streams_when_signed_out_and_at_the_provider_recheck() {
+    let Some(idp) = Idp::start().await else {
+        return;
+    };
+    let (app, browser) = browser_app_with(&idp, |s| {
+        s.events.revalidate_s = 1;
+        if let Some(o) = s.auth.oidc.as_mut() {
+            o.session_recheck_s = 3;
+        }
+    })
+    .await;
+    let open = |cookie: String| {
+        browser
+            .get(app.url("/v1/events"))
+            .header("cookie", cookie)
+            .send()
+    };
+    // Signed out elsewhere (another tab): the open stream ends at once.
+    let (cookie, _, _) = sign_in(&app, &browser, "/").await;
+    let stream = open(cookie.clone()).await.unwrap();
+    assert_eq!(stream.status(), 200);
+    sqlx::query("UPDATE user_sessions SET revoked_at = now()")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let text = until_end(stream, Duration::from_secs(3))
+        .await
+        .expect("the stream ended");
+    assert!(text.contains(": ended session_expired"), "{text}");
+
+    // Past the recheck period, the session (and its stream) ends: sign in again.
+    idp.set_user(user("alice", &["eng"]));
+    let (cookie, _, _) = sign_in(&app, &browser, "/").await;
+    let me = |cookie: String| {
+        browser
+            .get(app.url("/v1/me"))
+            .header("cookie", cookie)
+            .send()
+    };
+    let before = expect_status(me(cookie.clone()).await.unwrap(), 200).await;
+    assert_eq!(before["teams"].as_array().unwrap().len(), 1, "{before}");
+    let stream = open(cookie.clone()).await.unwrap();
+    assert_eq!(stream.status(), 200);
+    // Meanwhile the provider drops the group.
+    idp.set_user(user("alice", &[]));
+    let text = until_end(stream, Duration::from_secs(8))
+        .await
+        .expect("the stream ended at the recheck");
+    assert!(text.contains(": ended session_expired"), "{text}");
+    let res = open(cookie).await.unwrap();
+    assert_eq!(expect_status(res, 401).await["code"], "session_expired");
+    // Signed in again, the user's teams are what the provider says now.
+    let (cookie, _, _) = sign_in(&app, &browser, "/").await;
+    let after = expect_status(me(cookie).await.unwrap(), 200).await;
+    assert_eq!(after["teams"], json!([]), "{after}");
+}

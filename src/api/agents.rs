@@ -18,6 +18,7 @@ use crate::services::agents::{
     PermissionList, PermissionStatus, PermissionView, PromptBody, TimelineFrom, TurnAccepted,
     WaitResult,
 };
+use crate::services::streams::Guard;
 
 pub fn configure(cfg: &mut ServiceConfig) {
     cfg.service(create_agent)
@@ -235,14 +236,18 @@ pub struct WaitQuery {
 async fn wait_agent(
     state: web::Data<AppState>,
     principal: Principal,
+    req: HttpRequest,
     id: web::Path<String>,
     q: web::Query<WaitQuery>,
 ) -> ApiResult<web::Json<WaitResult>> {
     let id: AgentId = parse_id(&id, "agent")?;
     let timeout = Duration::from_secs(q.timeout_s.unwrap_or(600));
-    Ok(web::Json(
-        agents::wait(&state.services, &principal, id, timeout).await?,
-    ))
+    // The wait ends as soon as its caller may no longer read the agent.
+    let guard = Guard::for_agent(&state.services, id, super::sse::recheck(&req));
+    tokio::select! {
+        done = agents::wait(&state.services, &principal, id, timeout) => Ok(web::Json(done?)),
+        ending = guard.ended() => Err(super::sse::ending_error(ending)),
+    }
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -3,6 +3,11 @@
 //! the last id sent — no gaps, no duplicates, in order. Each connection has a bounded
 //! buffer; when it falls behind the bus it resynchronises from the database, so a slow
 //! client never slows the writer. `: ping` every `events.ping_interval_s` seconds.
+//!
+//! A stream lasts only as long as its caller's right to it (`streams::Guard`): when the
+//! credential it was opened with is revoked or expires, or the caller loses a team the
+//! stream covers, the stream sends a last comment naming why (`: ended token_revoked`)
+//! and ends; reconnecting with that credential gets the refusal.
 
 use std::time::Duration;
 
@@ -19,7 +24,7 @@ use crate::auth::Principal;
 use crate::domain::{AgentId, ProjectId, WorkspaceId};
 use crate::events::TeamActivity;
 use crate::server::AppState;
-use crate::services::streams::{self, AgentStream, TeamStream};
+use crate::services::streams::{self, AgentStream, Ending, Guard, Recheck, TeamStream, Verdict};
 
 pub fn configure(cfg: &mut ServiceConfig) {
     cfg.service(agent_events).service(team_events);
@@ -85,6 +90,73 @@ impl Idle {
     }
 }
 
+/// Checks the credential of `req` again, as a new request carrying it would be.
+/// With `fresh`, this replica's cached principal of the token is dropped first.
+pub fn recheck(req: &HttpRequest) -> Recheck {
+    let req = req.clone();
+    Box::new(move |fresh| {
+        if fresh {
+            forget_bearer(&req);
+        }
+        let authenticated = super::auth::authenticate_request(&req);
+        Box::pin(async move {
+            match authenticated.await {
+                Ok(p) => Verdict::Holds(p),
+                Err(e) if e.status == actix_web::http::StatusCode::UNAUTHORIZED => {
+                    Verdict::Refused {
+                        code: e.code,
+                        detail: e.detail,
+                    }
+                }
+                Err(_) => Verdict::Unknown,
+            }
+        })
+    })
+}
+
+/// Drop what this replica holds about the API token `req` carries, if any.
+fn forget_bearer(req: &HttpRequest) {
+    let Some(state) = req.app_data::<web::Data<AppState>>() else {
+        return;
+    };
+    let token = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        });
+    if let Some(token) = token {
+        state.services.tokens.forget_token(token.trim());
+    }
+}
+
+/// The answer of a `wait` whose caller lost the right to it: what a new request would get.
+pub fn ending_error(ending: Ending) -> ApiError {
+    match ending {
+        Ending::Refused { code, detail } => {
+            ApiError::new(actix_web::http::StatusCode::UNAUTHORIZED, code, detail)
+        }
+        Ending::OutOfScope(e) => e.into(),
+    }
+}
+
+/// The last words of a stream whose caller lost the right to it.
+async fn say_ended(tx: &mpsc::Sender<Bytes>, ending: &Ending) -> anyhow::Result<()> {
+    let detail = ending.detail().replace(['\r', '\n'], " ");
+    tracing::debug!(
+        code = ending.code(),
+        "stream ended: its caller lost the right to it"
+    );
+    tx.send(Bytes::from(format!(
+        ": ended {}: {detail}\n\n",
+        ending.code()
+    )))
+    .await?;
+    Ok(())
+}
+
 /// Resolves when a stream ends: its client left, or the server stops (`stopping`). Made
 /// once per stream and polled in every `select!` of its loop, so an event does not
 /// register (and drop) a waiter on the shutdown signal, which every stream shares.
@@ -118,12 +190,13 @@ async fn agent_events(
     let id: AgentId = parse_id(&id, "agent")?;
     let stream = streams::open_agent(&state.services, &principal, id).await?;
     let after = resume_point(&req, q.after_seq)?;
+    let guard = stream.guard(recheck(&req));
     // Subscribe before replaying, so nothing committed in between is missed.
     let live = stream.subscribe();
     let (tx, rx) = mpsc::channel(64);
     let ping = state.settings.events.ping_interval_s;
     actix_web::rt::spawn(async move {
-        if let Err(e) = pump_agent(&stream, ping, after, live, tx).await {
+        if let Err(e) = pump_agent(&stream, guard, ping, after, live, tx).await {
             tracing::debug!(agent_id = %id, error = %e, "event stream ended");
         }
     });
@@ -132,11 +205,14 @@ async fn agent_events(
 
 async fn pump_agent(
     stream: &AgentStream,
+    guard: Guard,
     ping_interval_s: u64,
     mut last: i64,
     mut live: broadcast::Receiver<std::sync::Arc<crate::events::Published>>,
     tx: mpsc::Sender<Bytes>,
 ) -> anyhow::Result<()> {
+    let revoked = guard.ended();
+    tokio::pin!(revoked);
     let mut idle = Idle::start(ping_interval_s, &tx).await?;
     replay_agent(stream, &mut last, &tx).await?;
     let ended = ended(&tx, stream.stopping());
@@ -144,6 +220,7 @@ async fn pump_agent(
     loop {
         tokio::select! {
             _ = &mut ended => return Ok(()),
+            ending = &mut revoked => return say_ended(&tx, &ending).await,
             sent = idle.ping(&tx) => sent?,
             msg = live.recv() => {
                 let mut out = String::new();
@@ -254,11 +331,12 @@ async fn team_events(
         .transpose()?;
     let stream = streams::open_team(&state.services, &principal, project, workspace).await?;
     let after = resume_point(&req, q.after_id)?;
+    let guard = stream.guard(recheck(&req));
     let live = stream.subscribe();
     let (tx, rx) = mpsc::channel(64);
     let ping = state.settings.events.ping_interval_s;
     actix_web::rt::spawn(async move {
-        if let Err(e) = pump_team(&stream, ping, after, live, tx).await {
+        if let Err(e) = pump_team(&stream, guard, ping, after, live, tx).await {
             tracing::debug!(error = %e, "team stream ended");
         }
     });
@@ -267,11 +345,14 @@ async fn team_events(
 
 async fn pump_team(
     stream: &TeamStream,
+    guard: Guard,
     ping_interval_s: u64,
     mut last: i64,
     mut live: broadcast::Receiver<std::sync::Arc<TeamActivity>>,
     tx: mpsc::Sender<Bytes>,
 ) -> anyhow::Result<()> {
+    let revoked = guard.ended();
+    tokio::pin!(revoked);
     let mut idle = Idle::start(ping_interval_s, &tx).await?;
     replay_team(stream, &mut last, &tx).await?;
     let ended = ended(&tx, stream.stopping());
@@ -279,6 +360,7 @@ async fn pump_team(
     loop {
         tokio::select! {
             _ = &mut ended => return Ok(()),
+            ending = &mut revoked => return say_ended(&tx, &ending).await,
             sent = idle.ping(&tx) => sent?,
             msg = live.recv() => match msg {
                 Ok(a) => {

@@ -8,6 +8,11 @@
 //! also calls `forget_all` once it has committed, so its own replica does not wait for
 //! the notification. An entry is also dropped after `MAX_AGE`, and a token's expiry is
 //! checked on every use.
+//!
+//! Every such change is also announced to this replica's open event streams and waits
+//! (`changes`): each checks its caller again and ends when the caller lost the right to
+//! it. Migration 0017 adds browser sessions (revoked, cut short, deleted) to what
+//! notifies.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
+use tokio::sync::watch;
 
 use super::Principal;
 use crate::metrics::{Counter, Family};
@@ -44,6 +50,8 @@ pub struct TokenCache {
     pub lookups: Family<Counter>,
     held: Arc<Counter>,
     read: Arc<Counter>,
+    /// Counts every `forget_all`: open streams and waits watch it to check their caller.
+    changed: watch::Sender<u64>,
 }
 
 #[derive(Clone)]
@@ -65,6 +73,7 @@ impl Default for TokenCache {
             held: lookups.with(&["held"]),
             read: lookups.with(&["read"]),
             lookups,
+            changed: watch::Sender::new(0),
         }
     }
 }
@@ -128,6 +137,20 @@ impl TokenCache {
         let mut entries = self.entries.lock().unwrap();
         self.generation.fetch_add(1, Ordering::SeqCst);
         entries.clear();
+        drop(entries);
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Forget the principal of `token`, so that its next use reads it from the store.
+    pub fn forget_token(&self, token: &str) {
+        let hash = super::tokens::hash(token);
+        self.entries.lock().unwrap().remove(&hash);
+    }
+
+    /// Changes that may affect a principal, as they are heard (or made here): whoever
+    /// holds a principal for long checks it again when this changes.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
     }
 
     /// Start or stop holding principals; either way, what is held now is forgotten and
@@ -206,6 +229,18 @@ mod tests {
         assert!(cache.get(&[2; 32]).is_some());
         cache.forget_all();
         assert!(cache.get(&[2; 32]).is_none());
+    }
+
+    #[test]
+    fn every_change_is_announced_to_watchers() {
+        let cache = TokenCache::default();
+        let mut rx = cache.changes();
+        assert!(!rx.has_changed().unwrap());
+        cache.forget_all();
+        assert!(rx.has_changed().unwrap());
+        rx.mark_unchanged();
+        cache.set_listening(true);
+        assert!(rx.has_changed().unwrap());
     }
 
     #[test]

@@ -49,7 +49,8 @@ pub struct DefaultTeam {
 #[schema(example = json!({"name": "ci-bot", "expires_in_days": 90}))]
 pub struct CreateToken {
     pub name: String,
-    /// Days until the token expires (default: never).
+    /// Days until the token expires (default: never). A personal token of a user of the
+    /// identity provider lives at most `auth.oidc.max_token_days` (and that long by default).
     pub expires_in_days: Option<u32>,
     /// Make a team service token acting in this team.
     pub team_id: Option<TeamId>,
@@ -224,6 +225,32 @@ fn check_token_request(body: &CreateToken) -> ServiceResult<&str> {
     Ok(name)
 }
 
+/// The lifetime of a new token: a personal token of an identity provider's user lives at
+/// most `auth.oidc.max_token_days` (that long when none is asked for), so it does not
+/// outlast for long what the provider says of its user; other tokens as asked.
+async fn lifetime_days(
+    ctx: &ServiceContext,
+    user: uuid::Uuid,
+    team: Option<uuid::Uuid>,
+    asked: Option<u32>,
+) -> ServiceResult<Option<u32>> {
+    let Some(idp) = &ctx.oidc else {
+        return Ok(asked);
+    };
+    if team.is_some() || !store::identity::is_idp_user(&ctx.pool, user).await? {
+        return Ok(asked);
+    }
+    let max = idp.settings().max_token_days;
+    match asked {
+        Some(d) if d > max => Err(ServiceError::invalid(
+            "expires_in_days",
+            format!("a personal token of a sign-in user lives at most {max} days"),
+        )),
+        Some(d) => Ok(Some(d)),
+        None => Ok(Some(max)),
+    }
+}
+
 /// Store a new token of `user` (its hash, never the secret) with its audit entry.
 async fn issue_token(
     ctx: &ServiceContext,
@@ -234,10 +261,9 @@ async fn issue_token(
     name: &str,
     body: &CreateToken,
 ) -> ServiceResult<CreatedToken> {
+    let days = lifetime_days(ctx, user, team, body.expires_in_days).await?;
     let token = tokens::generate();
-    let expires_at = body
-        .expires_in_days
-        .map(|d| Utc::now() + Duration::days(i64::from(d)));
+    let expires_at = days.map(|d| Utc::now() + Duration::days(i64::from(d)));
     let id = TokenId::new();
     let row = within_deadline(ctx, async {
         let mut tx = ctx.pool.pool().begin().await?;

@@ -70,6 +70,9 @@ pub struct ServiceContext {
     pub tokens: Arc<crate::auth::TokenCache>,
     /// Per-principal and per-team bounds, and the MCP servers of the settings.
     pub bounds: Arc<bounds::Bounds>,
+    /// How often an open stream or wait checks its caller again at least
+    /// (`events.revalidate_s`).
+    pub revalidate: std::time::Duration,
 }
 
 impl ServiceContext {

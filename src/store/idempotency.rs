@@ -2,6 +2,8 @@
 //! with the same body gets the stored response, a different body a conflict. A claim
 //! without a response (the request died mid-way) expires after `CLAIM_TTL`, so a retry
 //! can claim the key again; at boot every unfinished claim belongs to a stopped server.
+//! A key is kept `KEY_TTL_S` after its claim: past that it is claimed anew as if it had
+//! never been used, and `purge_expired` deletes it.
 
 use serde_json::Value;
 use sqlx::{FromRow, PgExecutor};
@@ -18,8 +20,12 @@ pub struct KeyRow {
 /// after 120 s), so a request still at work is never taken over.
 pub const CLAIM_TTL_S: i64 = 300;
 
+/// How long a key is kept, completed or not: 24 hours.
+pub const KEY_TTL_S: i64 = 24 * 3600;
+
 /// Claim `key`; true when this request is the first to use it, or when the earlier claim
-/// got no response within `CLAIM_TTL_S` (its request died; this one takes over).
+/// got no response within `CLAIM_TTL_S` (its request died; this one takes over), or when
+/// the earlier use is older than `KEY_TTL_S` (expired: the key is new again).
 pub async fn claim(
     db: impl PgExecutor<'_>,
     principal: &str,
@@ -31,13 +37,15 @@ pub async fn claim(
          ON CONFLICT (principal, key) DO UPDATE
             SET request_hash = EXCLUDED.request_hash, created_at = now(),
                 status = NULL, response = NULL
-          WHERE idempotency_keys.response IS NULL
-            AND idempotency_keys.created_at < now() - make_interval(secs => $4)",
+          WHERE (idempotency_keys.response IS NULL
+                 AND idempotency_keys.created_at < now() - make_interval(secs => $4))
+             OR idempotency_keys.created_at < now() - make_interval(secs => $5)",
     )
     .bind(principal)
     .bind(key)
     .bind(hash)
     .bind(CLAIM_TTL_S as f64)
+    .bind(KEY_TTL_S as f64)
     .execute(db)
     .await?;
     Ok(done.rows_affected() == 1)
@@ -50,6 +58,21 @@ pub async fn release_unfinished(db: impl PgExecutor<'_>) -> Result<u64, sqlx::Er
         .execute(db)
         .await
         .map(|r| r.rows_affected())
+}
+
+/// Delete up to `limit` keys older than `KEY_TTL_S`; how many were deleted.
+pub async fn purge_expired(db: impl PgExecutor<'_>, limit: i64) -> Result<u64, sqlx::Error> {
+    sqlx::query(
+        "DELETE FROM idempotency_keys WHERE ctid IN (
+             SELECT ctid FROM idempotency_keys
+              WHERE created_at < now() - make_interval(secs => $1)
+              LIMIT $2 FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(KEY_TTL_S as f64)
+    .bind(limit)
+    .execute(db)
+    .await
+    .map(|r| r.rows_affected())
 }
 
 pub async fn get(

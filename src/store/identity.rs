@@ -306,3 +306,12 @@ pub async fn set_default_team(
     .await?;
     Ok(done.rows_affected() == 1)
 }
+
+/// Whether `user` signs in through an identity provider (not a local user).
+pub async fn is_idp_user(db: impl PgExecutor<'_>, user: Uuid) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT oidc_issuer IS NOT NULL FROM users WHERE id = $1")
+        .bind(user)
+        .fetch_optional(db)
+        .await
+        .map(|v| v.unwrap_or(false))
+}

@@ -145,6 +145,8 @@ pub struct SessionRow {
     pub idle_expires_at: DateTime<Utc>,
     pub absolute_expires_at: DateTime<Utc>,
     pub revoked_at: Option<DateTime<Utc>>,
+    /// When the provider last vouched for the session's user (its sign-in).
+    pub created_at: DateTime<Utc>,
 }
 
 pub async fn insert_session(
@@ -174,7 +176,8 @@ pub async fn session_by_hash(
     hash: &[u8],
 ) -> Result<Option<SessionRow>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT id, user_id, groups, idle_expires_at, absolute_expires_at, revoked_at
+        "SELECT id, user_id, groups, idle_expires_at, absolute_expires_at, revoked_at,
+                created_at
          FROM user_sessions WHERE session_hash = $1",
     )
     .bind(hash)

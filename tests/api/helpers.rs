@@ -353,6 +353,58 @@ impl TestApp {
         }
     }
 
+    #[allow(dead_code)] // for the suites that check secrets at rest
+    /// Every row of every table of the public schema, one row a line as JSON text, each
+    /// line prefixed with its table's name.
+    pub async fn dump_database(&self) -> String {
+        let tables: Vec<String> = sqlx::query_scalar(
+            "SELECT quote_ident(table_name) FROM information_schema.tables
+              WHERE table_schema = 'public' AND table_type = 'BASE TABLE' ORDER BY 1",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap();
+        assert!(!tables.is_empty(), "the database has tables");
+        let mut dump = String::new();
+        for table in tables {
+            let rows: Vec<String> =
+                // The table names come from the catalog, quoted by `quote_ident`.
+                sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT row_to_json(t)::text FROM {table} t"
+                )))
+                    .fetch_all(&self.pool)
+                    .await
+                    .unwrap();
+            for row in rows {
+                dump.push_str(&table);
+                dump.push(' ');
+                dump.push_str(&row);
+                dump.push('\n');
+            }
+        }
+        dump
+    }
+
+    #[allow(dead_code)] // for the suites that check secrets at rest
+    /// The whole database (`dump_database`) holds none of `secrets`: not as text, not in
+    /// hex (how `bytea` columns appear), whatever the case.
+    pub async fn assert_database_lacks(&self, secrets: &[&str]) {
+        let dump = self.dump_database().await.to_lowercase();
+        for secret in secrets {
+            assert!(secret.len() >= 8, "too short to search for: {secret:?}");
+            let forms = [secret.to_lowercase(), hex::encode(secret.as_bytes())];
+            for form in forms {
+                if let Some(at) = dump.find(&form) {
+                    let line = dump[..at].rsplit('\n').next().unwrap_or_default();
+                    panic!(
+                        "the database holds a secret ({secret:.12}…) in the clear, in: {:.200}",
+                        line
+                    );
+                }
+            }
+        }
+    }
+
     /// Open the agent's SSE stream.
     pub async fn events(&self, agent: &str, last_event_id: Option<i64>) -> SseReader {
         let mut req = self

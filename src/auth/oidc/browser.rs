@@ -297,6 +297,10 @@ pub async fn authenticate_session(
     if row.revoked_at.is_some() || row.idle_expires_at <= now || row.absolute_expires_at <= now {
         return Err(AuthError::SessionExpired);
     }
+    // Past `session_recheck_s` the provider must vouch for the user again: a new sign-in.
+    if row.created_at + seconds(idp.settings().session_recheck_s) <= now {
+        return Err(AuthError::SessionExpired);
+    }
     let user = store::identity::get_user(pool, row.user_id)
         .await?
         .ok_or(AuthError::SessionExpired)?;
