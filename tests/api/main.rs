@@ -3,8 +3,8 @@
 
 mod access_matrix;
 mod agents;
-mod attack_git;
 mod attack_bounds;
+mod attack_git;
 mod attack_identity;
 mod attack_projects;
 mod attack_tokens;
