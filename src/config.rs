@@ -744,8 +744,8 @@ impl Default for Limits {
             max_body_bytes: 1024 * 1024,
             max_prompt_bytes: 256 * 1024,
             max_wait_s: 3600,
-            max_streams_per_principal: 32,
-            max_waits_per_principal: 32,
+            max_streams_per_principal: 128,
+            max_waits_per_principal: 256,
             max_agents_per_team: 500,
             max_workspaces_per_team: 1000,
             max_projects_per_team: 200,
@@ -1638,7 +1638,7 @@ mod tests {
         assert!(s.mcp.servers["open"].allows("anyone"));
         assert!(!s.mcp.allow_private_networks);
         assert_eq!(s.limits.max_agents_per_team, 3);
-        assert_eq!(s.limits.max_streams_per_principal, 32);
+        assert_eq!(s.limits.max_streams_per_principal, 128);
         let e = refused("[mcp.servers.docs]\ncommand = \"d\"\nshell = true\n", &[]);
         assert!(e.setting.starts_with("mcp.servers"), "{}", e.setting);
         let e = refused("[mcp.servers.docs]\ncommand = \"\"\n", &[]);

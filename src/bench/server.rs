@@ -15,6 +15,15 @@ use crate::embedded_pg::EmbeddedPostgres;
 /// Where the embedded cluster lives when the server runs as root.
 const ROOT_CLUSTER_BASE: &str = "/var/lib/agentry";
 
+/// Settings that bound one caller or one team, lifted for a load.
+const BENCH_LIMITS: [(&str, &str); 5] = [
+    ("AGENTRY_LIMITS__MAX_STREAMS_PER_PRINCIPAL", "1000000"),
+    ("AGENTRY_LIMITS__MAX_WAITS_PER_PRINCIPAL", "1000000"),
+    ("AGENTRY_LIMITS__MAX_AGENTS_PER_TEAM", "1000000"),
+    ("AGENTRY_LIMITS__MAX_WORKSPACES_PER_TEAM", "1000000"),
+    ("AGENTRY_LIMITS__MAX_PROJECTS_PER_TEAM", "1000000"),
+];
+
 pub struct ServerProcess {
     child: Child,
     /// The bench's temporary directory: the repository, the data dir, the server log.
@@ -55,7 +64,16 @@ impl ServerProcess {
         };
         let log = std::fs::File::create(dir.join("server.log"))?;
         let exe = std::env::current_exe().context("cannot find the agentry executable")?;
-        let child = Command::new(exe)
+        let mut serve = Command::new(exe);
+        // A load is one client opening up to thousands of agents and streams with one
+        // token: the per-caller and per-team bounds are lifted (unless the environment
+        // sets them, to measure them).
+        for (var, value) in BENCH_LIMITS {
+            if std::env::var_os(var).is_none() {
+                serve.env(var, value);
+            }
+        }
+        let child = serve
             .arg("serve")
             .arg("--data-dir")
             .arg(&data_dir)

@@ -12,9 +12,13 @@ use std::sync::{Arc, Mutex};
 
 use base64::Engine;
 use tempfile::TempDir;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::Command;
+
+#[path = "http.rs"]
+mod http;
+use http::read_request;
 
 /// One request the remote answered: method, path and query, and its status.
 #[derive(Debug, Clone)]
@@ -151,66 +155,6 @@ fn git(dir: &Path, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
-}
-
-/// A request head and body (by `Content-Length` or chunked).
-async fn read_request(stream: &mut TcpStream) -> Option<(String, Vec<u8>)> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 16384];
-    let head_end = loop {
-        if let Some(pos) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break pos;
-        }
-        let n = stream.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    let mut rest = buf[head_end + 4..].to_vec();
-    if let Some(len) = header(&head, "content-length").and_then(|v| v.parse::<usize>().ok()) {
-        while rest.len() < len {
-            let n = stream.read(&mut chunk).await.ok()?;
-            if n == 0 {
-                return None;
-            }
-            rest.extend_from_slice(&chunk[..n]);
-        }
-        rest.truncate(len);
-        return Some((head, rest));
-    }
-    if !header(&head, "transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
-        return Some((head, Vec::new()));
-    }
-    let mut body = Vec::new();
-    loop {
-        let line_end = loop {
-            if let Some(pos) = rest.windows(2).position(|w| w == b"\r\n") {
-                break pos;
-            }
-            let n = stream.read(&mut chunk).await.ok()?;
-            if n == 0 {
-                return None;
-            }
-            rest.extend_from_slice(&chunk[..n]);
-        };
-        let size_text = String::from_utf8_lossy(&rest[..line_end]).into_owned();
-        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
-        rest.drain(..line_end + 2);
-        while rest.len() < size + 2 {
-            let n = stream.read(&mut chunk).await.ok()?;
-            if n == 0 {
-                return None;
-            }
-            rest.extend_from_slice(&chunk[..n]);
-        }
-        if size == 0 {
-            return Some((head, body));
-        }
-        body.extend_from_slice(&rest[..size]);
-        rest.drain(..size + 2);
-    }
 }
 
 fn header(head: &str, name: &str) -> Option<String> {
