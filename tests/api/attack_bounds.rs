@@ -82,31 +82,6 @@ fn uuid_of(id: &str) -> uuid::Uuid {
     uuid::Uuid::parse_str(hex).unwrap()
 }
 
-/// Every row of every table of the database, as text, has no `needle` (nor its hex).
-async fn assert_database_lacks(app: &TestApp, needle: &str) {
-    let tables: Vec<String> = sqlx::query_scalar(
-        "SELECT table_name::text FROM information_schema.tables \
-         WHERE table_schema = 'public' AND table_type = 'BASE TABLE'",
-    )
-    .fetch_all(&app.pool)
-    .await
-    .unwrap();
-    assert!(tables.iter().any(|t| t == "agents"), "{tables:?}");
-    let hex = hex::encode(needle);
-    for t in tables {
-        let sql = format!(
-            "SELECT count(*) FROM \"{t}\" r WHERE strpos(r::text, $1) > 0 OR strpos(r::text, $2) > 0"
-        );
-        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .bind(needle)
-            .bind(&hex)
-            .fetch_one(&app.pool)
-            .await
-            .unwrap();
-        assert_eq!(n, 0, "table {t} holds `{needle}`");
-    }
-}
-
 #[tokio::test]
 async fn a_member_naming_an_mcp_command_gets_422_naming_the_field_and_nothing_runs() {
     let app = spawn_app_with(|s| files_server(s, Some(&["web"]))).await;
@@ -190,7 +165,7 @@ async fn a_settings_server_the_team_may_use_is_named_and_stored_by_name() {
         json!({"f": {"server": "files"}}),
         "stored by name only"
     );
-    assert_database_lacks(&app, "settings-env-value").await;
+    app.assert_database_lacks(&["settings-env-value"]).await;
 }
 
 /// One HTTP/1.1 request with a `Content-Length` body: its head and its body.
@@ -416,7 +391,7 @@ async fn mcp_credentials_are_sealed_at_rest_and_shown_nowhere() {
     app.wait(&id).await;
     let audit = admin.ok(Method::GET, "/v1/audit", None, 200).await;
     assert!(!audit.to_string().contains(secret), "{audit}");
-    assert_database_lacks(&app, secret).await;
+    app.assert_database_lacks(&[secret]).await;
 }
 
 #[tokio::test]
@@ -766,7 +741,7 @@ async fn mcp_credentials_stored_in_the_clear_before_an_upgrade_are_sealed_on_sta
         .unwrap();
     let (db, data_dir, token) = app.stop().await;
     let app = spawn_on(db, data_dir, Some(token)).await;
-    assert_database_lacks(&app, secret).await;
+    app.assert_database_lacks(&[secret]).await;
 }
 
 #[tokio::test]
