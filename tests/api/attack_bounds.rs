@@ -82,6 +82,17 @@ fn uuid_of(id: &str) -> uuid::Uuid {
     uuid::Uuid::parse_str(hex).unwrap()
 }
 
+/// A creation failed by a hook's answer that named an MCP command.
+fn assert_hook_refused_command(status: u16, body: &Value) {
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (422, Some("hook_failed")),
+        "{body}"
+    );
+    let detail = body["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("mcp_servers.planted.command"), "{body}");
+}
+
 #[tokio::test]
 async fn a_member_naming_an_mcp_command_gets_422_naming_the_field_and_nothing_runs() {
     let app = spawn_app_with(|s| files_server(s, Some(&["web"]))).await;
@@ -295,18 +306,7 @@ async fn a_hook_answering_with_an_mcp_command_fails_the_creation_and_sees_creden
                     "headers": {"Authorization": "Bearer hook-should-never-see-this"}}}})),
         )
         .await;
-    assert_eq!(
-        (status, body["code"].as_str()),
-        (422, Some("hook_failed")),
-        "{body}"
-    );
-    assert!(
-        body["detail"]
-            .as_str()
-            .unwrap()
-            .contains("mcp_servers.planted.command"),
-        "{body}"
-    );
+    assert_hook_refused_command(status, &body);
     assert_eq!(agents_of(&app, &team).await, 0);
     assert!(!marker.exists());
     // The same from agent.create.before, which may change the saved configuration.
@@ -318,18 +318,7 @@ async fn a_hook_answering_with_an_mcp_command_fails_the_creation_and_sees_creden
             Some(json!({"workspace_id": ws, "provider": "mock", "title": "plant"})),
         )
         .await;
-    assert_eq!(
-        (status, body["code"].as_str()),
-        (422, Some("hook_failed")),
-        "{body}"
-    );
-    assert!(
-        body["detail"]
-            .as_str()
-            .unwrap()
-            .contains("mcp_servers.planted.command"),
-        "{body}"
-    );
+    assert_hook_refused_command(status, &body);
     assert_eq!(agents_of(&app, &team).await, 0);
     let got = rx.got.lock().unwrap().clone();
     let create = got
