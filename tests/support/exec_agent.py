@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""A scripted ACP agent for the sandbox tests: each prompt's text is run as a shell
+command in the agent's working directory, and what it printed comes back as the
+assistant's message, starting with `exit=<code>` (`exit=signal:<n>` when a signal ended
+it). It needs no model: the tests say exactly what to run, as an injected prompt would.
+
+Configured as `[providers.<id>] extends = "acp"`, `command = ["python3", "<this file>"]`.
+`session/cancel` ends the running command's whole process group.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+out_lock = threading.Lock()
+running = {}  # session id -> Popen
+
+
+def send(msg):
+    line = json.dumps(msg)
+    with out_lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+def reply(req_id, result):
+    send({"jsonrpc": "2.0", "id": req_id, "result": result})
+
+
+def error(req_id, code, message):
+    send({"jsonrpc": "2.0", "id": req_id, "error": {"code": code, "message": message}})
+
+
+def run_prompt(req_id, session, text):
+    try:
+        proc = subprocess.Popen(
+            ["sh", "-c", text],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except OSError as e:
+        say(session, f"exit=spawn-error\n{e}")
+        reply(req_id, {"stopReason": "end_turn"})
+        return
+    running[session] = proc
+    output, _ = proc.communicate()
+    running.pop(session, None)
+    code = proc.returncode
+    status = f"signal:{-code}" if code < 0 else str(code)
+    text = output.decode("utf-8", "replace")
+    if len(text) > 64_000:
+        text = text[:64_000] + "\n[truncated]"
+    say(session, f"exit={status}\n{text}")
+    reply(req_id, {"stopReason": "cancelled" if getattr(proc, "canceled", False) else "end_turn"})
+
+
+def say(session, text):
+    send(
+        {
+            "jsonrpc": "2.0",
+            "method": "session/update",
+            "params": {
+                "sessionId": session,
+                "update": {
+                    "sessionUpdate": "agent_message_chunk",
+                    "content": {"type": "text", "text": text},
+                },
+            },
+        }
+    )
+
+
+def main():
+    sessions = 0
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        method = msg.get("method")
+        req_id = msg.get("id")
+        params = msg.get("params") or {}
+        if method == "initialize":
+            reply(
+                req_id,
+                {
+                    "protocolVersion": 1,
+                    "agentCapabilities": {"loadSession": False},
+                    "agentInfo": {"name": "exec-agent", "version": "1"},
+                    "authMethods": [],
+                },
+            )
+        elif method == "session/new":
+            sessions += 1
+            reply(req_id, {"sessionId": f"exec-{os.getpid()}-{sessions}"})
+        elif method == "session/set_mode" or method == "session/set_model":
+            reply(req_id, {})
+        elif method == "session/prompt":
+            text = "".join(
+                b.get("text", "") for b in params.get("prompt", []) if b.get("type") == "text"
+            )
+            threading.Thread(
+                target=run_prompt, args=(req_id, params.get("sessionId"), text), daemon=True
+            ).start()
+        elif method == "session/cancel":
+            proc = running.get(params.get("sessionId"))
+            if proc is not None:
+                proc.canceled = True
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        elif req_id is not None and method is not None:
+            error(req_id, -32601, f"{method} is not supported")
+
+
+if __name__ == "__main__":
+    main()
