@@ -385,3 +385,58 @@ async fn a_query_stalled_behind_a_lock_answers_503_and_the_service_recovers() {
     .await;
     app.stop().await;
 }
+
+const STALLED_AGENTS: usize = 10;
+
+/// Ten agents each in a turn of `/load 4000 1` (four seconds of events); the cluster is
+/// stopped for ten seconds in the middle. Once it runs again, every turn ends completed,
+/// with every event stored, dense and in order.
+#[tokio::test]
+async fn after_a_stall_every_running_turn_completes() {
+    let _cluster = CLUSTER.lock().await;
+    let app = spawn_app().await;
+    let cluster = agentry::embedded_pg::test_cluster();
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let mut agents = Vec::new();
+    for _ in 0..STALLED_AGENTS {
+        agents.push(app.agent_in_new_workspace(&project, "mock").await);
+    }
+    for a in &agents {
+        app.prompt(a, "/load 4000 1").await;
+    }
+    let start = app.writer.stats().committed_events;
+    let flowing = Instant::now();
+    while app.writer.stats().committed_events < start + 2000 {
+        assert!(
+            flowing.elapsed() < Duration::from_secs(20),
+            "events start flowing"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let paused = Paused::stop(cluster_processes(cluster.data_dir()));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    drop(paused);
+    let resumed = Instant::now();
+
+    for a in &agents {
+        let w = app
+            .get_ok(&format!("/v1/agents/{a}/wait?timeout_s=45"))
+            .await;
+        assert_eq!(w["timed_out"], false, "{a} ended its turn: {w}");
+        assert_eq!(w["last_turn"]["outcome"], "completed", "{w}");
+        let events = app.timeline(a).await;
+        let seqs: Vec<i64> = events.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+        assert_eq!(seqs, (1..=events.len() as i64).collect::<Vec<_>>());
+        let completed = events
+            .iter()
+            .filter(|e| e["kind"] == "turn_completed")
+            .count();
+        assert_eq!(completed, 1, "one turn_completed for {a}");
+    }
+    eprintln!(
+        "stalled 10 s: every turn completed {:?} after the database resumed",
+        resumed.elapsed()
+    );
+    app.stop().await;
+}

@@ -83,6 +83,9 @@ pub(crate) struct Actor {
     last_activity: Instant,
     /// Masks the agent's team secret values in what it writes.
     redactor: Redactor,
+    /// A status change the writer kept while the store was unavailable: it commits
+    /// later, in order, and the snapshot (what `wait` and the API see) follows it then.
+    unpublished: bool,
 }
 
 impl Actor {
@@ -110,6 +113,7 @@ impl Actor {
             stop: false,
             last_activity: Instant::now(),
             redactor,
+            unpublished: false,
         }
     }
 
@@ -133,6 +137,7 @@ impl Actor {
         loop {
             let deadline = self.turn.as_ref().and_then(|t| t.interrupt_deadline);
             let idle_deadline = self.idle_deadline();
+            let writer = self.shared.writer.clone();
             tokio::select! {
                 cmd = commands.recv() => {
                     self.last_activity = Instant::now();
@@ -147,6 +152,7 @@ impl Actor {
                 }
                 _ = sleep_until(deadline) => self.interrupt_timed_out().await,
                 _ = sleep_until(idle_deadline) => self.close(IDLE_REASON).await,
+                landed = landed(&writer), if self.unpublished => self.publish_landed(landed),
             }
             // Take what else the provider has already sent, then write it as one batch.
             let mut taken = 0;
@@ -1120,9 +1126,32 @@ impl Actor {
             .inc();
         if let Some((status, _)) = next {
             self.status = status;
-            if committed.is_ok() {
+            self.publish_status(&committed);
+        }
+    }
+
+    /// After a commit that changed the status: publish it when it is committed; when the
+    /// writer kept it for later (the store is unavailable), once it has landed. A turn's
+    /// end committed after a stall then still ends the turn for those who wait on it.
+    fn publish_status<T>(&mut self, committed: &Result<T, crate::events::WriteError>) {
+        match committed {
+            Ok(_) => {
+                let status = self.status;
                 self.snapshot.send_modify(|s| s.status = status);
+                self.unpublished = false;
             }
+            Err(crate::events::WriteError::Unavailable) => self.unpublished = true,
+            Err(crate::events::WriteError::Stopped) => {}
+        }
+    }
+
+    /// What the writer kept has landed (or the writer stopped, and it never will).
+    fn publish_landed(&mut self, landed: bool) {
+        self.unpublished = false;
+        if landed {
+            let status = self.status;
+            self.snapshot.send_modify(|s| s.status = status);
+            tracing::info!(agent_id = %self.id(), status = status.as_str(), "a status kept through a store outage is committed");
         }
     }
 
@@ -1305,9 +1334,24 @@ impl Actor {
             moments: moments.into_iter().map(|m| m.at(0)).collect(),
             changes: vec![change],
         };
-        self.commit_with(vec![event], attached).await?;
-        self.snapshot.send_modify(|s| s.status = status);
+        let committed = self.commit_with(vec![event], attached).await;
+        self.publish_status(&committed);
+        committed?;
         Ok(())
+    }
+}
+
+/// Once everything handed to the writer so far is committed: true, or false when the
+/// writer has stopped. While the store is known to be down, asks again every 250 ms.
+async fn landed(writer: &crate::events::EventWriter) -> bool {
+    loop {
+        match writer.flush().await {
+            Ok(()) => return true,
+            Err(crate::events::WriteError::Stopped) => return false,
+            Err(crate::events::WriteError::Unavailable) => {
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+        }
     }
 }
 
