@@ -209,10 +209,21 @@ impl Application {
             let (tokens, pool) = (tokens.clone(), pool.clone());
             async move { tokens.listen(pool).await }
         });
+        // What the request path knows of the store's health: a probe watches it, and the
+        // supervisor of the embedded database says when that one is down and why.
+        let health = Arc::new(store::StoreHealth::new());
+        if let Some(pg) = &embedded {
+            pg.supervise(health.clone());
+        }
+        let health_task = tokio::spawn({
+            let (health, options) = (health.clone(), (*pool.connect_options()).clone());
+            async move { health.watch(options).await }
+        });
         let pool = store::DeadlinePool::new(
             pool,
             Duration::from_millis(settings.database.statement_deadline_ms),
-        );
+        )
+        .with_health(health);
         let state = web::Data::new(AppState {
             services: ServiceContext {
                 audit: crate::services::audit::AuditLog::spawn(pool.clone()),
@@ -243,6 +254,7 @@ impl Application {
         let port = listener.local_addr()?.port();
         cluster::join(&state.services, &fanout).await?;
         let cluster_tasks = vec![
+            health_task,
             listener_task,
             tokens_task,
             tokio::spawn(cluster::run(state.services.clone(), fanout, advertise_url)),

@@ -185,7 +185,7 @@ impl From<ServiceError> for ApiError {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
             E::RemoteUnavailable(_) => StatusCode::BAD_GATEWAY,
-            E::ProviderUnreachable(_) | E::StoreUnavailable | E::NotReady => {
+            E::ProviderUnreachable(_) | E::StoreUnavailable | E::StoreDown(_) | E::NotReady => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             E::WorkspaceArchived(_)
@@ -302,6 +302,11 @@ fn store_error_ref(e: &sqlx::Error) -> ApiError {
         sqlx::Error::Database(db) if db.is_foreign_key_violation() => {
             ApiError::not_found("a resource this request names")
         }
+        // Known down: said once by `StoreHealth`, not again for every request.
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::NotConnected => {
+            tracing::debug!(error = %e, "store unavailable");
+            ApiError::store_unavailable()
+        }
         _ if crate::events::is_unavailable(e) => {
             tracing::error!(error = %e, "store unavailable");
             ApiError::store_unavailable()
@@ -328,6 +333,12 @@ impl ResponseError for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         ));
+        if self.code == "store_unavailable" {
+            res.insert_header((
+                header::RETRY_AFTER,
+                HeaderValue::from(crate::store::health::RETRY_AFTER_S),
+            ));
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             let v = format!(
                 "Bearer error=\"invalid_token\", error_description=\"{}\"",

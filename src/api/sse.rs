@@ -32,6 +32,8 @@ pub fn configure(cfg: &mut ServiceConfig) {
 
 const REPLAY_PAGE: i64 = 1000;
 const COALESCE: usize = 256;
+/// How long a stream waits before it reads again when a replay found the store down.
+const STORE_RETRY: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -265,6 +267,19 @@ async fn pump_agent(
     }
 }
 
+/// A replay found the store unavailable: keep the stream open (a comment is its
+/// keep-alive) and let the caller read again a moment later, from where it was. Ends
+/// with an error only when the client has left.
+async fn wait_for_store(tx: &mpsc::Sender<Bytes>) -> anyhow::Result<()> {
+    tokio::select! {
+        _ = tx.closed() => anyhow::bail!("the client left while the store was unavailable"),
+        _ = tokio::time::sleep(STORE_RETRY) => {}
+    }
+    tx.send(Bytes::from_static(b": store unavailable; waiting\n\n"))
+        .await?;
+    Ok(())
+}
+
 async fn flush(tx: &mpsc::Sender<Bytes>, out: &mut String) -> anyhow::Result<()> {
     if !out.is_empty() {
         tx.send(Bytes::from(std::mem::take(out))).await?;
@@ -279,7 +294,14 @@ async fn replay_agent(
     tx: &mpsc::Sender<Bytes>,
 ) -> anyhow::Result<()> {
     loop {
-        let events = stream.after(*last, REPLAY_PAGE).await?;
+        let events = match stream.after(*last, REPLAY_PAGE).await {
+            Ok(events) => events,
+            Err(e) if e.is_store_unavailable() => {
+                wait_for_store(tx).await?;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         let n = events.len() as i64;
         let mut out = String::new();
         for e in events {
@@ -390,7 +412,14 @@ async fn replay_team(
     tx: &mpsc::Sender<Bytes>,
 ) -> anyhow::Result<()> {
     loop {
-        let rows = stream.after(*last, REPLAY_PAGE).await?;
+        let rows = match stream.after(*last, REPLAY_PAGE).await {
+            Ok(rows) => rows,
+            Err(e) if e.is_store_unavailable() => {
+                wait_for_store(tx).await?;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         let n = rows.len() as i64;
         let mut out = String::new();
         for a in rows {

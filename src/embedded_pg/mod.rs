@@ -19,7 +19,8 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, OnceLock, PoisonError, mpsc};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -27,6 +28,7 @@ use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgSslMode};
 
 use crate::process;
+use crate::store::StoreHealth;
 
 /// Only used in the socket file name (`.s.PGSQL.5432`): the socket directory is private.
 const PORT: u16 = 5432;
@@ -48,6 +50,16 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 const QUIT_TIMEOUT: Duration = Duration::from_secs(5);
 const TEST_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 const LOG_TAIL_LINES: usize = 20;
+/// How often the supervisor checks that the postmaster still runs.
+const WATCH_EVERY: Duration = Duration::from_millis(100);
+/// The first wait after a failed restart; it doubles up to `RESTART_BACKOFF_MAX`.
+const RESTART_BACKOFF_MIN: Duration = Duration::from_millis(500);
+const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// How long orphaned backends of a dead postmaster get to exit after `SIGQUIT`, and then
+/// after `SIGKILL`.
+const ORPHAN_GRACE: Duration = Duration::from_secs(2);
+/// The longest reason a failed restart gives the readiness probe.
+const NOTE_LIMIT: usize = 600;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EmbeddedError {
@@ -85,8 +97,24 @@ pub struct EmbeddedPostgres {
     pub port: u16,
     data_dir: PathBuf,
     log_path: PathBuf,
-    pid: u32,
+    running: Arc<Running>,
+    supervisor: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// The postmaster we run, as the supervisor shares it with its owner.
+struct Running {
+    layout: Layout,
+    ephemeral: bool,
+    pid: AtomicU32,
     child: Mutex<Option<Child>>,
+    /// Set by `stop` (and on drop): the supervisor restarts nothing any more.
+    stopping: AtomicBool,
+}
+
+impl Running {
+    fn child(&self) -> std::sync::MutexGuard<'_, Option<Child>> {
+        self.child.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 impl std::fmt::Debug for EmbeddedPostgres {
@@ -95,7 +123,7 @@ impl std::fmt::Debug for EmbeddedPostgres {
             .field("cluster_dir", &self.cluster_dir)
             .field("socket_dir", &self.socket_dir)
             .field("port", &self.port)
-            .field("pid", &self.pid)
+            .field("pid", &self.pid())
             .finish()
     }
 }
@@ -172,12 +200,52 @@ impl EmbeddedPostgres {
     }
 
     /// Fast shutdown: `SIGINT`, up to 15 s for the postmaster to exit, then `SIGQUIT`
-    /// (and as a last resort `SIGKILL`). Calling it again does nothing.
+    /// (and as a last resort `SIGKILL`). Ends the supervision first. Calling it again
+    /// does nothing.
     pub async fn stop(&self) -> Result<(), EmbeddedError> {
+        self.running.stopping.store(true, Ordering::SeqCst);
+        let supervisor = self
+            .supervisor
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(thread) = supervisor {
+            run_blocking(move || {
+                let _ = thread.join();
+                Ok(())
+            })
+            .await?;
+        }
         let Some(child) = self.take_child() else {
             return Ok(());
         };
         run_blocking(move || shutdown_child(child, STOP_TIMEOUT, true)).await
+    }
+
+    /// Watch the postmaster from now on and start it again whenever it exits (a crash, an
+    /// OOM kill, a stray `kill`): clear what the dead one left (its orphaned backends, a
+    /// stale `postmaster.pid`), start it again (PostgreSQL replays its WAL), retrying with
+    /// a backoff from 0.5 s doubling to 10 s for as long as it takes. `health` hears that
+    /// the store is down, and why, until it runs again. Once per cluster; later calls do
+    /// nothing.
+    pub fn supervise(&self, health: Arc<StoreHealth>) {
+        let mut slot = self
+            .supervisor
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if slot.is_some() || self.running.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let running = self.running.clone();
+        match std::thread::Builder::new()
+            .name("agentry-pg-supervisor".into())
+            .spawn(move || supervise(&running, &health))
+        {
+            Ok(thread) => *slot = Some(thread),
+            Err(e) => {
+                tracing::error!(error = %e, "could not start the supervisor of the embedded PostgreSQL; it is not restarted should it exit");
+            }
+        }
     }
 
     /// The cluster's PGDATA directory.
@@ -190,16 +258,13 @@ impl EmbeddedPostgres {
         &self.log_path
     }
 
-    /// Process id of the postmaster.
+    /// Process id of the postmaster (the current one, after a restart).
     pub fn pid(&self) -> u32 {
-        self.pid
+        self.running.pid.load(Ordering::SeqCst)
     }
 
     fn take_child(&self) -> Option<Child> {
-        self.child
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
+        self.running.child().take()
     }
 
     /// Blocking `stop` with a custom grace period; used at process exit.
@@ -226,21 +291,29 @@ impl EmbeddedPostgres {
             "embedded PostgreSQL is ready"
         );
         Ok(Self {
-            cluster_dir: layout.cluster_dir,
-            socket_dir: layout.socket_dir,
+            cluster_dir: layout.cluster_dir.clone(),
+            socket_dir: layout.socket_dir.clone(),
             port: PORT,
-            data_dir: layout.data_dir,
-            log_path: layout.log_path,
-            pid,
-            child: Mutex::new(Some(child)),
+            data_dir: layout.data_dir.clone(),
+            log_path: layout.log_path.clone(),
+            running: Arc::new(Running {
+                layout,
+                ephemeral,
+                pid: AtomicU32::new(pid),
+                child: Mutex::new(Some(child)),
+                stopping: AtomicBool::new(false),
+            }),
+            supervisor: Mutex::new(None),
         })
     }
 }
 
 impl Drop for EmbeddedPostgres {
     fn drop(&mut self) {
-        let slot = self.child.get_mut().unwrap_or_else(PoisonError::into_inner);
-        let Some(mut child) = slot.take() else {
+        // The supervisor sees the flag within `WATCH_EVERY` (or after the restart it is
+        // in) and ends without restarting anything.
+        self.running.stopping.store(true, Ordering::SeqCst);
+        let Some(mut child) = self.take_child() else {
             return;
         };
         if let Ok(None) = child.try_wait() {
@@ -420,7 +493,7 @@ fn lookup_account(name: &str) -> Option<Account> {
 // ---------------------------------------------------------------------------------------
 // Directory layout
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Layout {
     cluster_dir: PathBuf,
     data_dir: PathBuf,
@@ -966,6 +1039,189 @@ fn wait_ready(child: &mut Child, layout: &Layout) -> Result<(), String> {
         }
         std::thread::sleep(POLL_INTERVAL);
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Supervision
+
+/// Watch the postmaster until `stop`; restart it whenever it exits.
+fn supervise(running: &Running, health: &StoreHealth) {
+    loop {
+        if running.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let exited = {
+            let mut slot = running.child();
+            let Some(child) = slot.as_mut() else {
+                // Taken by `stop`.
+                return;
+            };
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    slot.take();
+                    Some(status)
+                }
+                Ok(None) => None,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot check on the embedded PostgreSQL");
+                    None
+                }
+            }
+        };
+        match exited {
+            None => std::thread::sleep(WATCH_EVERY),
+            Some(status) => {
+                if !recover(running, health, &status.to_string()) {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The postmaster exited with `status`: start it again, for as long as it takes (false
+/// when told to stop first).
+fn recover(running: &Running, health: &StoreHealth, status: &str) -> bool {
+    let lost = Instant::now();
+    let old_pid = running.pid.load(Ordering::SeqCst);
+    let note = format!("the embedded PostgreSQL exited ({status}); restarting it");
+    tracing::error!(
+        pid = old_pid,
+        status,
+        cluster = %running.layout.cluster_dir.display(),
+        "the embedded PostgreSQL exited; restarting it"
+    );
+    health.set_note(Some(note.clone()));
+    health.mark_down(note);
+    let mut backoff = RESTART_BACKOFF_MIN;
+    for attempt in 1u32.. {
+        if running.stopping.load(Ordering::SeqCst) {
+            return false;
+        }
+        match restart(running) {
+            Ok(child) => {
+                let pid = child.id();
+                running.pid.store(pid, Ordering::SeqCst);
+                *running.child() = Some(child);
+                if running.stopping.load(Ordering::SeqCst) {
+                    // Dropped while this attempt ran: nobody will stop this one.
+                    if let Some(child) = running.child().take() {
+                        let _ = shutdown_child(child, QUIT_TIMEOUT, false);
+                    }
+                    return false;
+                }
+                tracing::info!(
+                    pid,
+                    attempt,
+                    down_ms = lost.elapsed().as_millis() as u64,
+                    "the embedded PostgreSQL runs again (its crash recovery is done)"
+                );
+                health.set_note(None);
+                // The prober confirms it answers and ends the outage.
+                health.suspect();
+                return true;
+            }
+            Err(e) => {
+                let why = compact(&e.to_string());
+                tracing::warn!(
+                    attempt,
+                    retry_in_ms = backoff.as_millis() as u64,
+                    error = %e,
+                    "could not restart the embedded PostgreSQL; trying again"
+                );
+                health.set_note(Some(format!(
+                    "the embedded PostgreSQL exited ({status}) and did not start again (attempt {attempt}, next in {} ms): {why}",
+                    backoff.as_millis()
+                )));
+                let until = Instant::now() + backoff;
+                while Instant::now() < until {
+                    if running.stopping.load(Ordering::SeqCst) {
+                        return false;
+                    }
+                    std::thread::sleep(WATCH_EVERY);
+                }
+                backoff = (backoff * 2).min(RESTART_BACKOFF_MAX);
+            }
+        }
+    }
+    unreachable!("the attempts never run out")
+}
+
+/// One attempt: clear what the dead postmaster left, start a new one, wait until ready.
+fn restart(running: &Running) -> Result<Child, EmbeddedError> {
+    let bins = find_binaries()?;
+    let owner = run_as()?;
+    let layout = &running.layout;
+    let pid_file = layout.data_dir.join("postmaster.pid");
+    // A postmaster someone else started on this data dir meanwhile is left alone
+    // (`clear_stale_state` says who it is); only with none running are the processes
+    // still at work in the data dir orphans of the one that died.
+    let live_postmaster = read_pid_file(&pid_file).filter(|&pid| {
+        process_alive(pid) && is_postgres_process(pid) && process_runs_in(pid, &layout.data_dir)
+    });
+    if live_postmaster.is_none() {
+        end_orphans(&layout.data_dir, owner);
+    }
+    clear_stale_state(layout)?;
+    launch(&bins, layout, owner, running.ephemeral)
+}
+
+/// End the backends a dead postmaster left running in `data_dir`: they hold its shared
+/// memory, which keeps a new postmaster from starting. `SIGQUIT` (they exit at once),
+/// then `SIGKILL` for any that did not.
+fn end_orphans(data_dir: &Path, owner: Option<Account>) {
+    // SAFETY: geteuid has no preconditions.
+    let uid = owner.map_or_else(|| unsafe { libc::geteuid() }, |a| a.uid);
+    let orphans = || -> Vec<i32> {
+        let Ok(entries) = fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|&pid| {
+                fs::metadata(format!("/proc/{pid}")).is_ok_and(|m| m.uid() == uid)
+                    && process_alive(pid)
+                    && is_postgres_process(pid)
+                    && process_runs_in(pid, data_dir)
+            })
+            .collect()
+    };
+    for (signal, name) in [(libc::SIGQUIT, "SIGQUIT"), (libc::SIGKILL, "SIGKILL")] {
+        let pids = orphans();
+        if pids.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            pids = ?pids,
+            signal = name,
+            "ending the backends the dead embedded PostgreSQL left running"
+        );
+        for &pid in &pids {
+            send_signal(pid, signal);
+        }
+        for &pid in &pids {
+            wait_until_gone(pid, ORPHAN_GRACE);
+        }
+    }
+}
+
+/// A failure as one line the readiness probe can show: its last `NOTE_LIMIT` bytes.
+fn compact(text: &str) -> String {
+    let one_line = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" | ");
+    if one_line.len() <= NOTE_LIMIT {
+        return one_line;
+    }
+    let mut start = one_line.len() - NOTE_LIMIT;
+    while !one_line.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("…{}", &one_line[start..])
 }
 
 // ---------------------------------------------------------------------------------------

@@ -79,6 +79,9 @@ pub enum ServiceError {
     /// The store cannot be reached (or did not answer in time).
     #[error("the database is unavailable; retry later")]
     StoreUnavailable,
+    /// The store is known to be down, for the reason given (`StoreHealth`).
+    #[error("the database is unavailable: {0}; retry later")]
+    StoreDown(String),
     /// The store is reachable but its schema is behind this server.
     #[error("database migrations are not applied")]
     NotReady,
@@ -101,6 +104,16 @@ impl ServiceError {
         ServiceError::Invalid {
             field,
             message: message.into(),
+        }
+    }
+
+    /// The store could not be reached or did not answer: worth retrying once it is back.
+    pub fn is_store_unavailable(&self) -> bool {
+        match self {
+            ServiceError::StoreUnavailable | ServiceError::StoreDown(_) => true,
+            ServiceError::Store(e) => crate::store::health::is_unreachable(e),
+            ServiceError::Events(WriteError::Unavailable) => true,
+            _ => false,
         }
     }
 
@@ -135,7 +148,7 @@ impl ServiceError {
             ServiceError::IdempotencyKeyInProgress(_) => "idempotency_key_in_progress",
             ServiceError::HookFailed(_) => "hook_failed",
             ServiceError::HookReadOnly => "hook_read_only",
-            ServiceError::StoreUnavailable => "store_unavailable",
+            ServiceError::StoreUnavailable | ServiceError::StoreDown(_) => "store_unavailable",
             ServiceError::NotReady => "not_ready",
             ServiceError::Runtime(_) => "runtime",
             ServiceError::Store(_) => "store",

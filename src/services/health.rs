@@ -5,6 +5,10 @@ use super::{ServiceContext, ServiceError, ServiceResult};
 use crate::store;
 
 pub async fn ready(ctx: &ServiceContext) -> ServiceResult<()> {
+    // Known down: say why at once, without waiting for a connection.
+    if let Some(reason) = ctx.pool.health().reason() {
+        return Err(ServiceError::StoreDown(reason));
+    }
     let latest = store::MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
     match store::applied_migration(&ctx.pool).await {
         Ok(Some(v)) if v >= latest => match &ctx.oidc {
@@ -14,7 +18,10 @@ pub async fn ready(ctx: &ServiceContext) -> ServiceResult<()> {
         Ok(_) => Err(ServiceError::NotReady),
         Err(e) => {
             tracing::warn!(error = %e, "readiness: the store is unreachable");
-            Err(ServiceError::StoreUnavailable)
+            match ctx.pool.health().reason() {
+                Some(reason) => Err(ServiceError::StoreDown(reason)),
+                None => Err(ServiceError::StoreUnavailable),
+            }
         }
     }
 }

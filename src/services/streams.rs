@@ -292,7 +292,11 @@ impl Guard {
         };
         match result {
             Ok(()) => None,
-            Err(ServiceError::Store(_) | ServiceError::StoreUnavailable) => None,
+            Err(
+                ServiceError::Store(_)
+                | ServiceError::StoreUnavailable
+                | ServiceError::StoreDown(_),
+            ) => None,
             Err(e) => Some(Ending::OutOfScope(e)),
         }
     }

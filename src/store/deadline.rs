@@ -10,6 +10,7 @@
 //! bounded pages.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -20,16 +21,35 @@ use sqlx::postgres::{PgQueryResult, PgRow, PgStatement, PgTypeInfo};
 use sqlx::{Describe, Either, Error, Execute, Executor, PgPool, Postgres, SqlStr};
 use tokio::time::Instant;
 
+use super::health::{StoreHealth, is_unreachable};
+
 /// A pool whose every call has a deadline.
 #[derive(Clone)]
 pub struct DeadlinePool {
     pool: PgPool,
     deadline: Duration,
+    health: Arc<StoreHealth>,
 }
 
 impl DeadlinePool {
     pub fn new(pool: PgPool, deadline: Duration) -> Self {
-        Self { pool, deadline }
+        Self {
+            pool,
+            deadline,
+            health: Arc::new(StoreHealth::new()),
+        }
+    }
+
+    /// Share `health`: while it says the store is down, every call fails at once, and a
+    /// call that finds the store unreachable asks it for a probe.
+    pub fn with_health(mut self, health: Arc<StoreHealth>) -> Self {
+        self.health = health;
+        self
+    }
+
+    /// What this pool knows of the store's health.
+    pub fn health(&self) -> &Arc<StoreHealth> {
+        &self.health
     }
 
     /// The pool itself, for work that is not bounded by a request (the writer, the
@@ -63,16 +83,31 @@ fn stalled(deadline: Duration) -> Error {
     ))
 }
 
-/// A connection of `pool`, if one comes before `until`.
+/// A connection of `pool`, if one comes before `until`; none at all while the store is
+/// known to be down.
 async fn acquire(
     pool: &PgPool,
+    health: &StoreHealth,
     until: Instant,
     deadline: Duration,
 ) -> Result<PoolConnection<Postgres>, Error> {
+    if health.is_down() {
+        return Err(health.down_error());
+    }
     match tokio::time::timeout_at(until, pool.acquire()).await {
         Ok(conn) => conn,
         Err(_) => Err(stalled(deadline)),
     }
+}
+
+/// A call failed as if the store were unreachable (or stalled): have it probed.
+fn noted<T>(health: &StoreHealth, result: Result<T, Error>) -> Result<T, Error> {
+    if let Err(e) = &result
+        && is_unreachable(e)
+    {
+        health.suspect();
+    }
+    result
 }
 
 /// The statement on `conn` did not end in time. It may still run, or the server may
@@ -95,15 +130,22 @@ impl<'p> Executor<'p> for &'p DeadlinePool {
         'p: 'e,
         E: 'q + Execute<'q, Postgres>,
     {
-        let (pool, deadline) = (self.pool.clone(), self.deadline);
+        let (pool, deadline, health) = (self.pool.clone(), self.deadline, self.health.clone());
         async move {
             let until = Instant::now() + deadline;
-            let mut conn = acquire(&pool, until, deadline).await?;
+            let mut conn = noted(&health, acquire(&pool, &health, until, deadline).await)?;
             let items =
                 tokio::time::timeout_at(until, conn.fetch_many(query).collect::<Vec<_>>()).await;
             match items {
-                Ok(items) => Ok(futures::stream::iter(items)),
-                Err(_) => Err(expire(conn, deadline)),
+                Ok(items) => {
+                    if let Some(Err(e)) = items.iter().find(|i| i.is_err())
+                        && is_unreachable(e)
+                    {
+                        health.suspect();
+                    }
+                    Ok(futures::stream::iter(items))
+                }
+                Err(_) => noted(&health, Err(expire(conn, deadline))),
             }
         }
         .try_flatten_stream()
@@ -115,14 +157,14 @@ impl<'p> Executor<'p> for &'p DeadlinePool {
         'p: 'e,
         E: 'q + Execute<'q, Postgres>,
     {
-        let (pool, deadline) = (self.pool.clone(), self.deadline);
+        let (pool, deadline, health) = (self.pool.clone(), self.deadline, self.health.clone());
         async move {
             let until = Instant::now() + deadline;
-            let mut conn = acquire(&pool, until, deadline).await?;
+            let mut conn = noted(&health, acquire(&pool, &health, until, deadline).await)?;
             let row = tokio::time::timeout_at(until, conn.fetch_optional(query)).await;
             match row {
-                Ok(row) => row,
-                Err(_) => Err(expire(conn, deadline)),
+                Ok(row) => noted(&health, row),
+                Err(_) => noted(&health, Err(expire(conn, deadline))),
             }
         }
         .boxed()
@@ -136,15 +178,15 @@ impl<'p> Executor<'p> for &'p DeadlinePool {
     where
         'p: 'e,
     {
-        let (pool, deadline) = (self.pool.clone(), self.deadline);
+        let (pool, deadline, health) = (self.pool.clone(), self.deadline, self.health.clone());
         async move {
             let until = Instant::now() + deadline;
-            let mut conn = acquire(&pool, until, deadline).await?;
+            let mut conn = noted(&health, acquire(&pool, &health, until, deadline).await)?;
             let statement =
                 tokio::time::timeout_at(until, conn.prepare_with(sql, parameters)).await;
             match statement {
-                Ok(statement) => statement,
-                Err(_) => Err(expire(conn, deadline)),
+                Ok(statement) => noted(&health, statement),
+                Err(_) => noted(&health, Err(expire(conn, deadline))),
             }
         }
         .boxed()
@@ -154,14 +196,14 @@ impl<'p> Executor<'p> for &'p DeadlinePool {
     where
         'p: 'e,
     {
-        let (pool, deadline) = (self.pool.clone(), self.deadline);
+        let (pool, deadline, health) = (self.pool.clone(), self.deadline, self.health.clone());
         async move {
             let until = Instant::now() + deadline;
-            let mut conn = acquire(&pool, until, deadline).await?;
+            let mut conn = noted(&health, acquire(&pool, &health, until, deadline).await)?;
             let described = tokio::time::timeout_at(until, conn.describe(sql)).await;
             match described {
-                Ok(described) => described,
-                Err(_) => Err(expire(conn, deadline)),
+                Ok(described) => noted(&health, described),
+                Err(_) => noted(&health, Err(expire(conn, deadline))),
             }
         }
         .boxed()

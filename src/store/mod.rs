@@ -23,6 +23,7 @@ pub mod bounds;
 pub mod deadline;
 pub mod device_codes;
 pub mod events;
+pub mod health;
 pub mod hooks;
 pub mod idempotency;
 pub mod identity;
@@ -37,6 +38,7 @@ pub mod teams;
 pub mod workspaces;
 
 pub use deadline::DeadlinePool;
+pub use health::StoreHealth;
 
 use std::time::Duration;
 

@@ -116,6 +116,25 @@ pub async fn spawn_on_with(
     start(db, data_dir, token, s).await
 }
 
+/// An app on the embedded default database of its own data dir, started and supervised
+/// by the server itself (as `agentry serve` without `database.url` runs it).
+#[allow(dead_code)] // used by the store recovery tests, not by tests/api
+pub async fn spawn_embedded_app(tweak: impl FnOnce(&mut Settings)) -> TestApp {
+    use std::os::unix::fs::PermissionsExt;
+    let data_dir = tempfile::tempdir().unwrap();
+    // The database server's account must reach it when the tests run as root.
+    std::fs::set_permissions(data_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut s = settings(data_dir.path());
+    s.database.url = None;
+    tweak(&mut s);
+    let (pool, embedded) = agentry::server::open_database(&s)
+        .await
+        .expect("the embedded database starts");
+    let db = (*pool.connect_options()).clone();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    launch(pool, embedded, db, data_dir, None, s, listener).await
+}
+
 async fn start(
     db: PgConnectOptions,
     data_dir: TempDir,
@@ -134,7 +153,19 @@ async fn start_on(
     listener: TcpListener,
 ) -> TestApp {
     let pool = agentry::store::connect(db.clone(), 10).await.expect("pool");
-    let app = Application::build_with(settings, pool.clone(), None, listener)
+    launch(pool, None, db, data_dir, token, settings, listener).await
+}
+
+async fn launch(
+    pool: PgPool,
+    embedded: Option<agentry::embedded_pg::EmbeddedPostgres>,
+    db: PgConnectOptions,
+    data_dir: TempDir,
+    token: Option<String>,
+    settings: Settings,
+    listener: TcpListener,
+) -> TestApp {
+    let app = Application::build_with(settings, pool.clone(), embedded, listener)
         .await
         .expect("app builds");
     let token = token
