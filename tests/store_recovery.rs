@@ -22,6 +22,14 @@ use serde_json::Value;
 /// The tests here each run a cluster of their own, but share two CPUs: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The server's log on stderr with `RUST_LOG` (what the supervisor did, and why).
+fn log() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
 fn stat_fields(pid: i32) -> Option<(String, i32)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &stat[stat.rfind(')')? + 1..];
@@ -149,6 +157,7 @@ const AGENTS: usize = 20;
 #[tokio::test]
 async fn a_killed_postmaster_comes_back_and_every_turn_ends_once() {
     let _serial = SERIAL.lock().await;
+    log();
     let app = spawn_embedded_app(|_| {}).await;
     let (postmaster, data_dir) = our_postmaster();
     let _cleanup = RemoveCluster(data_dir.parent().unwrap().to_path_buf());
@@ -254,6 +263,7 @@ async fn a_killed_postmaster_comes_back_and_every_turn_ends_once() {
 #[tokio::test]
 async fn a_cluster_that_cannot_start_says_why_and_is_tried_until_it_can() {
     let _serial = SERIAL.lock().await;
+    log();
     let app = spawn_embedded_app(|_| {}).await;
     let (postmaster, data_dir) = our_postmaster();
     let _cleanup = RemoveCluster(data_dir.parent().unwrap().to_path_buf());

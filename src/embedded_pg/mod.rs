@@ -1118,7 +1118,7 @@ fn recover(running: &Running, health: &StoreHealth, status: &str) -> bool {
                 );
                 health.set_note(None);
                 // The prober confirms it answers and ends the outage.
-                health.suspect();
+                health.probe_now();
                 return true;
             }
             Err(e) => {

@@ -80,7 +80,11 @@ impl StoreHealth {
             }
             state.reason = Some(reason);
         }
-        self.wake.notify_one();
+        // The prober, waiting while the store was up, starts probing every
+        // `PROBE_EVERY` (a prober marking it down again needs no wake-up: it would spin).
+        if !was_down {
+            self.wake.notify_one();
+        }
     }
 
     /// Mark the store up (a probe succeeded).
@@ -101,9 +105,17 @@ impl StoreHealth {
         self.lock().note = note;
     }
 
-    /// A call failed as if the store were unreachable, or whoever manages it expects it
-    /// back: probe it now.
+    /// A call failed as if the store were unreachable: probe it now (while it is known
+    /// down, the prober already probes it on its own).
     pub fn suspect(&self) {
+        if !self.is_down() {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Whoever manages the database expects it back: probe it now rather than at the
+    /// next `PROBE_EVERY`.
+    pub fn probe_now(&self) {
         self.wake.notify_one();
     }
 
