@@ -77,6 +77,18 @@ impl Drop for Paused {
     }
 }
 
+/// Until `/readyz` answers 200 (at most 10 s).
+async fn until_ready(app: &TestApp) {
+    let asked = Instant::now();
+    while app.get("/readyz").await.status() != 200 {
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "ready again after the database resumed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The tests here stop the whole cluster: one at a time.
 static CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -273,6 +285,11 @@ async fn requests_answer_503_within_the_statement_deadline_while_the_database_is
         eprintln!("stopped database: read answered 503 in {read_in:?}, write in {write_in:?}");
     }
     drop(paused);
+    // Known down, the server answers 503 at once until its probe (every 0.5 s) finds the
+    // database answering again.
+    let resumed = Instant::now();
+    until_ready(&app).await;
+    eprintln!("resumed: ready again after {:?}", resumed.elapsed());
 
     // Back: the same requests succeed, more of them than the pool has connections, so a
     // connection left stuck in a stalled statement would show.
