@@ -113,7 +113,8 @@ async fn until_ready_answering_fast(
         slowest = slowest.max(took);
         let problem = expect_status(res, 503).await;
         assert_eq!(problem["code"], "store_unavailable", "{problem}");
-        reasons.push(problem["detail"].as_str().unwrap_or_default().to_owned());
+        assert_eq!(problem["ready"], false, "{problem}");
+        reasons.push(problem["reason"].as_str().unwrap_or_default().to_owned());
 
         let asked = Instant::now();
         let res = app.get("/v1/projects").await;
@@ -287,7 +288,7 @@ async fn a_cluster_that_cannot_start_says_why_and_is_tried_until_it_can() {
         let res = app.client.get(app.url("/readyz")).send().await.unwrap();
         assert!(asked.elapsed() < Duration::from_secs(2));
         let problem = expect_status(res, 503).await;
-        said = problem["detail"].as_str().unwrap_or_default().to_owned();
+        said = problem["reason"].as_str().unwrap_or_default().to_owned();
     }
     eprintln!("while it could not start, /readyz said: {said}");
     // It keeps trying: a few more attempts fail, then the mended cluster starts.

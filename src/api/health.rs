@@ -20,6 +20,16 @@ async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
 }
 
+/// The problem, with `ready: false` and the `reason` beside it (what an orchestrator or a
+/// person reads first when the store is down: why, and for how long).
+fn not_ready(err: ApiError) -> HttpResponse {
+    let res = actix_web::ResponseError::error_response(&err);
+    let mut body = serde_json::to_value(err.problem()).unwrap_or_else(|_| json!({}));
+    body["ready"] = json!(false);
+    body["reason"] = json!(err.detail);
+    res.set_body(body.to_string()).map_into_boxed_body()
+}
+
 /// The database is reachable and every migration is applied.
 #[utoipa::path(tag = "health", responses(
     (status = 200, description = "Ready", content_type = "application/json", example = json!({"status": "ready"})),
@@ -28,6 +38,6 @@ async fn healthz() -> HttpResponse {
 async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     match health::ready(&state.services).await {
         Ok(()) => HttpResponse::Ok().json(json!({"status": "ready"})),
-        Err(e) => actix_web::ResponseError::error_response(&ApiError::from(e)),
+        Err(e) => not_ready(ApiError::from(e)),
     }
 }
