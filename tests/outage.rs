@@ -186,6 +186,8 @@ async fn a_stopped_database_slows_agents_loses_nothing_and_recovers() {
     drop(paused);
     sampling.store(false, Ordering::Relaxed);
     sampler.await.unwrap();
+    // Known down, requests answer 503 until the probe finds the database again.
+    until_ready(&app).await;
 
     let (max_events, max_bytes) = (
         max_events.load(Ordering::Relaxed),
@@ -435,6 +437,7 @@ async fn after_a_stall_every_running_turn_completes() {
     tokio::time::sleep(Duration::from_secs(10)).await;
     drop(paused);
     let resumed = Instant::now();
+    until_ready(&app).await;
 
     for a in &agents {
         let w = app
