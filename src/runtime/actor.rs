@@ -135,7 +135,10 @@ impl Actor {
             let idle_deadline = self.idle_deadline();
             tokio::select! {
                 cmd = commands.recv() => {
-                    self.last_activity = Instant::now();
+                    // A refused connection is no work: it keeps no idle agent running.
+                    if !matches!(cmd, Some(Command::NetworkDenied { .. })) {
+                        self.last_activity = Instant::now();
+                    }
                     match cmd {
                         Some(cmd) => self.handle_command(cmd).await,
                         None => self.close("the server dropped the agent").await,
@@ -199,6 +202,7 @@ impl Actor {
                     "the agent was closed".into(),
                 )));
             }
+            Command::NetworkDenied { .. } => {}
         }
     }
 
@@ -396,6 +400,13 @@ impl Actor {
             Command::Close { reason, reply } => {
                 self.close(&reason).await;
                 let _ = reply.send(());
+            }
+            Command::NetworkDenied { host, port, reason } => {
+                self.emit(
+                    EventKind::NetworkDenied,
+                    json!({"host": host, "port": port, "reason": reason}),
+                )
+                .await;
             }
         }
     }
