@@ -473,3 +473,63 @@ async fn only_owners_set_their_teams_allow_list_and_bad_entries_change_nothing()
     assert_eq!(items.len(), 1, "{audit}");
     assert_eq!(items[0]["details"]["allow"], set);
 }
+
+fn bridge(argv: &[&str]) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"));
+    c.args(["sandbox-bridge", "--listen", "127.0.0.1:0"])
+        .args(["--socket", "/nonexistent/egress.sock", "--"])
+        .args(argv)
+        .kill_on_drop(true);
+    c
+}
+
+async fn until_exists(path: &std::path::Path) {
+    eventually(
+        "the CLI under the bridge started",
+        Duration::from_secs(10),
+        || path.exists(),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_bridge_passes_term_on_and_ends_as_its_cli_ended() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    // The CLI's exit code is the bridge's.
+    let status = bridge(&["sh", "-c", "exit 7"]).status().await.unwrap();
+    assert_eq!(status.code(), Some(7));
+
+    // TERM to the bridge reaches the CLI, which ends its own way.
+    let ready = dir.path().join("ready");
+    let got = dir.path().join("got-term");
+    let script = format!(
+        "trap 'touch {}; exit 3' TERM; touch {}; while :; do sleep 0.1; done",
+        got.display(),
+        ready.display()
+    );
+    let mut child = bridge(&["sh", "-c", &script]).spawn().unwrap();
+    until_exists(&ready).await;
+    let pid = child.id().unwrap() as i32;
+    // SAFETY: signalling the bridge this test started.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("the bridge ends")
+        .unwrap();
+    assert_eq!(status.code(), Some(3));
+    assert!(got.exists(), "the CLI heard TERM");
+
+    // A CLI killed by the signal: the bridge ends killed by the same signal.
+    let ready = dir.path().join("ready-2");
+    let script = format!("touch {}; exec sleep 30", ready.display());
+    let mut child = bridge(&["sh", "-c", &script]).spawn().unwrap();
+    until_exists(&ready).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    unsafe { libc::kill(child.id().unwrap() as i32, libc::SIGTERM) };
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("the bridge ends")
+        .unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+}
