@@ -80,7 +80,11 @@ async fn bridge(args: BridgeArgs) -> anyhow::Result<std::process::ExitStatus> {
             _ = term.recv() => forward(libc::SIGTERM),
             _ = int.recv() => forward(libc::SIGINT),
             accepted = listener.accept() => {
-                let Ok((mut tcp, _)) = accepted else { continue };
+                let Ok((mut tcp, _)) = accepted else {
+                    // Out of descriptors, most likely: let the open connections finish.
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                };
                 let (socket, slots) = (socket.clone(), slots.clone());
                 tokio::spawn(async move {
                     let Ok(_permit) = slots.acquire_owned().await else { return };
