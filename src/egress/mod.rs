@@ -44,6 +44,10 @@ pub const BRIDGE_LISTEN: &str = "127.0.0.1:3128";
 const DENIAL_QUEUE: usize = 1024;
 /// How many distinct hosts are counted per agent.
 const MAX_COUNTED_HOSTS: usize = 512;
+/// How many refusals of one agent are reported per minute: an agent that retries a
+/// refused host in a loop does not fill its timeline (the rest are only answered `403`
+/// and counted in `dropped_denials`).
+pub const DENIALS_PER_MINUTE: u32 = 30;
 
 /// What an agent's sandbox needs for the proxy's network mode: its own network
 /// namespace, the endpoint's directory mounted in, the proxy variables, and the bridge
@@ -165,6 +169,8 @@ pub(crate) struct AgentState {
     pub brokered: Vec<Brokered>,
     pub limits: EgressLimits,
     counts: Mutex<BTreeMap<String, u64>>,
+    /// The start of the current minute of reported refusals, and how many it has had.
+    reported: Mutex<(std::time::Instant, u32)>,
     egress: std::sync::Weak<Inner>,
 }
 
@@ -188,6 +194,18 @@ impl AgentState {
             port,
             reason,
         };
+        let within = {
+            let mut r = self.reported.lock().expect("egress reported lock");
+            if r.0.elapsed() >= Duration::from_secs(60) {
+                *r = (std::time::Instant::now(), 0);
+            }
+            r.1 += 1;
+            r.1 <= DENIALS_PER_MINUTE
+        };
+        if !within {
+            egress.dropped_denials.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         tracing::info!(agent_id = %self.agent, host, port, reason = reason.as_str(), "egress refused");
         if egress.denials.try_send(denial).is_err() {
             egress.dropped_denials.fetch_add(1, Ordering::Relaxed);
@@ -272,6 +290,7 @@ impl Egress {
             brokered,
             limits: self.inner.limits.clone(),
             counts: Mutex::new(BTreeMap::new()),
+            reported: Mutex::new((std::time::Instant::now(), 0)),
             egress: Arc::downgrade(&self.inner),
         });
         let stop = CancellationToken::new();
@@ -368,7 +387,8 @@ impl Egress {
         Some(counts)
     }
 
-    /// Denials dropped because the runtime did not take them fast enough.
+    /// Denials not reported: beyond `DENIALS_PER_MINUTE` for their agent, or because the
+    /// runtime did not take them fast enough.
     pub fn dropped_denials(&self) -> u64 {
         self.inner.dropped_denials.load(Ordering::Relaxed)
     }

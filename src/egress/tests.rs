@@ -444,3 +444,26 @@ async fn connections_beyond_the_bound_are_answered_503() {
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
     drop(held);
 }
+
+#[tokio::test]
+async fn an_agent_retrying_a_refused_host_reports_a_bounded_number() {
+    let (_dir, egress, mut denials) = proxy();
+    let a = agent();
+    egress.open(a, AllowList::default(), vec![]).unwrap();
+    let tries = DENIALS_PER_MINUTE as usize + 10;
+    for _ in 0..tries {
+        let answer = exchange(
+            &egress,
+            a,
+            "CONNECT blocked.example.com:443 HTTP/1.1\r\n\r\n",
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    }
+    let mut reported = 0;
+    while denials.try_recv().is_ok() {
+        reported += 1;
+    }
+    assert_eq!(reported, DENIALS_PER_MINUTE as usize);
+    assert_eq!(egress.dropped_denials(), 10);
+}
