@@ -72,6 +72,44 @@ pub struct Settings {
     pub mcp: McpSettings,
     /// `[projects]`: where project repositories may come from and where clones live.
     pub projects: ProjectSettings,
+    /// `[egress]`: what agents may reach through the egress proxy.
+    pub egress: EgressSettings,
+}
+
+/// `[egress]`: the allow lists of the egress proxy (each entry `host`, `*.suffix`, `*` or
+/// an IP literal, with an optional `:port`; checked when the server starts) and its
+/// bounds.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EgressSettings {
+    /// Entries every agent may reach, beside its provider's and its team's (default none).
+    pub allow: Vec<String>,
+    /// `[egress.providers.<id>]`: a list that replaces the provider's built-in one.
+    pub providers: BTreeMap<String, EgressProviderSettings>,
+    /// Connections one agent may hold open through the proxy at once (default 64).
+    pub max_connections_per_agent: usize,
+    /// Seconds a proxied connection may stay silent both ways before it is closed
+    /// (default 600: a model may think that long between streamed events).
+    pub idle_timeout_s: u64,
+}
+
+impl Default for EgressSettings {
+    fn default() -> Self {
+        Self {
+            allow: Vec::new(),
+            providers: BTreeMap::new(),
+            max_connections_per_agent: 64,
+            idle_timeout_s: 600,
+        }
+    }
+}
+
+/// `[egress.providers.<id>]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EgressProviderSettings {
+    /// The hosts the provider's agents may reach instead of its built-in list.
+    pub allow: Vec<String>,
 }
 
 /// `[server]`: how the HTTP server sees its clients.
@@ -714,6 +752,7 @@ impl Default for Settings {
             server: ServerSettings::default(),
             mcp: McpSettings::default(),
             projects: ProjectSettings::default(),
+            egress: EgressSettings::default(),
         }
     }
 }
@@ -1112,6 +1151,18 @@ impl Settings {
             ));
         }
         self.projects.validate()?;
+        if !(1..=4096).contains(&self.egress.max_connections_per_agent) {
+            return Err(invalid(
+                "egress.max_connections_per_agent",
+                "must be between 1 and 4096",
+            ));
+        }
+        if !(1..=86_400).contains(&self.egress.idle_timeout_s) {
+            return Err(invalid(
+                "egress.idle_timeout_s",
+                "must be between 1 and 86400 seconds",
+            ));
+        }
         if self.events.batch_max_events == 0 {
             return Err(invalid("events.batch_max_events", "must be at least 1"));
         }
@@ -1364,7 +1415,8 @@ fn env_path(rest: &str) -> Vec<String> {
     let mut path: Vec<String> = Vec::with_capacity(parts.len());
     for (i, part) in parts.iter().enumerate() {
         let in_providers = path.first().is_some_and(|p| p == "providers");
-        if in_providers && path.len() == 1 {
+        let in_egress_providers = path.len() == 2 && path[..2] == ["egress", "providers"];
+        if (in_providers && path.len() == 1) || in_egress_providers {
             path.push(part.to_ascii_lowercase().replace('_', "-"));
         } else if in_providers && path.len() == 3 && path[2] == "env" {
             path.push(parts[i..].join("__"));
@@ -1406,6 +1458,11 @@ fn typed_setting(path: &[String]) -> bool {
                 "timeout_s" | "allow_private_networks" | "allowed_hosts"
             ]
             | ["mcp", "allow_private_networks"]
+            | [
+                "egress",
+                "allow" | "max_connections_per_agent" | "idle_timeout_s"
+            ]
+            | ["egress", "providers", _, "allow"]
             | ["mcp", "servers", _, "args" | "teams"]
             | [
                 "auth",
@@ -1608,6 +1665,44 @@ mod tests {
     fn refused(text: &str, env_pairs: &[(&str, &str)]) -> SettingsError {
         let (_dir, path) = file(text);
         Settings::load_from(Some(&path), &env(env_pairs)).expect_err("the settings are refused")
+    }
+
+    #[test]
+    fn egress_lists_and_bounds_are_read_and_checked() {
+        let (_dir, path) = file(
+            "[egress]\nallow = [\"pypi.org\"]\nidle_timeout_s = 30\n\
+             [egress.providers.claude]\nallow = [\"llm-gateway.internal:8443\"]\n",
+        );
+        let s = Settings::load_from(
+            Some(&path),
+            &env(&[
+                (
+                    "AGENTRY_EGRESS__PROVIDERS__MY_AGENT__ALLOW",
+                    "[\"api.example.com\"]",
+                ),
+                ("AGENTRY_EGRESS__MAX_CONNECTIONS_PER_AGENT", "8"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.egress.allow, ["pypi.org"]);
+        assert_eq!(s.egress.idle_timeout_s, 30);
+        assert_eq!(s.egress.max_connections_per_agent, 8);
+        assert_eq!(
+            s.egress.providers["claude"].allow,
+            ["llm-gateway.internal:8443"]
+        );
+        assert_eq!(s.egress.providers["my-agent"].allow, ["api.example.com"]);
+        let d = Settings::default().egress;
+        assert!(d.allow.is_empty() && d.providers.is_empty());
+        assert_eq!((d.max_connections_per_agent, d.idle_timeout_s), (64, 600));
+        let e = refused("[egress]\ndeny = []\n", &[]);
+        assert!(e.to_string().contains("deny"), "{e}");
+        let e = refused("[egress.providers.claude]\nallow = []\nblock = []\n", &[]);
+        assert!(e.to_string().contains("block"), "{e}");
+        let e = refused("[egress]\nmax_connections_per_agent = 0\n", &[]);
+        assert_eq!(e.setting, "egress.max_connections_per_agent");
+        let e = refused("[egress]\nidle_timeout_s = 0\n", &[]);
+        assert_eq!(e.setting, "egress.idle_timeout_s");
     }
 
     #[test]

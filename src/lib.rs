@@ -7,6 +7,7 @@ pub mod bench;
 pub mod client;
 pub mod config;
 pub mod domain;
+pub mod egress;
 pub mod embedded_pg;
 pub mod events;
 pub mod git;

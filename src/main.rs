@@ -64,6 +64,20 @@ enum Command {
     },
     /// The mock ACP agent on stdio (used by the built-in `mock` provider).
     MockAgent,
+    /// Inside an agent's sandbox: forward a loopback port to the egress endpoint and run
+    /// the CLI given after `--`.
+    #[command(hide = true)]
+    SandboxBridge {
+        /// The loopback address to listen on.
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// The egress endpoint's Unix socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// The CLI and its arguments.
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
     /// Measure durable event throughput, SSE latency and memory.
     Bench(agentry::bench::BenchArgs),
     #[command(flatten)]
@@ -119,11 +133,23 @@ fn main() -> anyhow::Result<()> {
             .build()?;
         return rt.block_on(agentry::providers::mock::run_stdio());
     }
+    if let Command::SandboxBridge {
+        listen,
+        socket,
+        argv,
+    } = cli.command
+    {
+        return agentry::egress::bridge::run(agentry::egress::bridge::BridgeArgs {
+            listen,
+            socket,
+            argv,
+        });
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     match cli.command {
-        Command::MockAgent => unreachable!("handled above"),
+        Command::MockAgent | Command::SandboxBridge { .. } => unreachable!("handled above"),
         Command::Client(command) => {
             let code = agentry::client::main(cli.connection, command, &rt);
             std::process::exit(code);

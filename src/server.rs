@@ -17,11 +17,13 @@ use utoipa_actix_web::AppExt;
 use crate::api;
 use crate::auth::tokens;
 use crate::config::Settings;
+use crate::egress::{Egress, EgressLimits};
 use crate::embedded_pg::{EmbeddedOptions, EmbeddedPostgres};
 use crate::events::{Bus, EventWriter, Fanout, WriterLimits};
 use crate::process::Ledger;
 use crate::providers::ProviderRegistry;
 use crate::runtime::{AgentManager, ReplicaLock, reconcile_at_boot};
+use crate::services::network::EgressPolicy;
 use crate::services::{ServiceContext, cluster, hooks, secrets};
 use crate::store;
 
@@ -32,6 +34,10 @@ pub struct AppState {
     pub settings: Settings,
     /// Requests counted for `GET /metrics`.
     pub http: api::metrics::HttpMetrics,
+    /// The egress proxy: one endpoint per agent that runs in the proxy network mode.
+    pub egress: Egress,
+    /// The server's part of agents' allow lists (`[egress]` over the built-in lists).
+    pub egress_policy: Arc<EgressPolicy>,
 }
 
 pub struct Application {
@@ -182,6 +188,18 @@ impl Application {
         .await;
         let registry =
             ProviderRegistry::from_settings_in(&settings.providers, Some(&settings.data_dir))?;
+        let provider_ids: Vec<String> = registry.all().map(|p| p.info().id).collect();
+        let egress_policy =
+            EgressPolicy::from_settings(&settings.egress, provider_ids.iter().map(String::as_str))
+                .map_err(anyhow::Error::msg)?;
+        let (egress, denials) = Egress::start_with(
+            settings.data_dir.join("egress"),
+            EgressLimits {
+                max_connections_per_agent: settings.egress.max_connections_per_agent,
+                idle_timeout: Duration::from_secs(settings.egress.idle_timeout_s),
+                ..EgressLimits::default()
+            },
+        );
         let agents = AgentManager::new(
             pool.clone(),
             writer.clone(),
@@ -249,6 +267,8 @@ impl Application {
             },
             settings: settings.clone(),
             http: Default::default(),
+            egress,
+            egress_policy: Arc::new(egress_policy),
         });
 
         let port = listener.local_addr()?.port();
@@ -261,6 +281,7 @@ impl Application {
             tokio::spawn(crate::services::idempotency::run_purge(
                 state.services.clone(),
             )),
+            tokio::spawn(record_denials(denials, state.services.agents.clone())),
         ];
         if let Err(e) = crate::services::setup::fail_interrupted(&state.services, &replica).await {
             tracing::warn!(error = %e, "could not close the setups the previous run left running");
@@ -345,6 +366,7 @@ impl Application {
         let _ = self.shutdown.send(true);
         let drain = Duration::from_secs(self.state.settings.cluster.drain_timeout_s);
         self.state.services.agents.shutdown(drain).await;
+        self.state.egress.close_all();
         for task in self.cluster_tasks {
             task.abort();
             let _ = task.await;
@@ -384,6 +406,22 @@ impl Application {
             pg.stop().await?;
         }
         Ok(())
+    }
+}
+
+/// Every connection the egress proxy refused becomes a `network_denied` event in its
+/// agent's timeline.
+async fn record_denials(
+    mut denials: tokio::sync::mpsc::Receiver<crate::egress::Denial>,
+    agents: AgentManager,
+) {
+    while let Some(d) = denials.recv().await {
+        if !agents
+            .record_network_denial(d.agent, d.host, d.port, d.reason.as_str())
+            .await
+        {
+            tracing::debug!(agent_id = %d.agent, "a refused connection of an agent not running here");
+        }
     }
 }
 

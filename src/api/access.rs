@@ -74,6 +74,8 @@ pub const ROUTES: &[(&str, &str, Operation)] = {
         ("GET", "/v1/teams/{id}/secrets", ReadTeam),
         ("PUT", "/v1/teams/{id}/secrets/{name}", ManageTeam),
         ("DELETE", "/v1/teams/{id}/secrets/{name}", ManageTeam),
+        ("GET", "/v1/teams/{id}/network", ReadTeam),
+        ("PUT", "/v1/teams/{id}/network", ManageTeam),
         ("POST", "/v1/hooks", ManageTeam),
         ("GET", "/v1/hooks", ReadAsOwner),
         ("GET", "/v1/hooks/{id}", ReadAsOwner),

@@ -22,6 +22,7 @@ pub mod identity;
 pub mod input;
 pub mod metrics;
 pub mod middleware;
+pub mod network;
 pub mod openapi;
 pub mod projects;
 pub mod providers;
@@ -76,6 +77,7 @@ pub fn configure(cfg: &mut ServiceConfig, max_body_bytes: usize) {
             .configure(workspaces::configure)
             .configure(providers::configure)
             .configure(secrets::configure)
+            .configure(network::configure)
             .configure(hooks::configure)
             .configure(cluster::configure),
     );

@@ -273,6 +273,17 @@ impl Renderer {
                 self.close_line(out);
                 let _ = writeln!(out, "{} {}", s.red("error:"), text("message"));
             }
+            "network_denied" => {
+                self.close_line(out);
+                let _ = writeln!(
+                    out,
+                    "{} {}:{} {}",
+                    s.yellow("network denied:"),
+                    text("host"),
+                    d["port"],
+                    s.dim(&format!("[{}]", text("reason")))
+                );
+            }
             "turn_completed" => {
                 self.close_line(out);
                 let outcome = text("outcome");
@@ -305,5 +316,24 @@ impl Renderer {
         let mut out = stdout.lock();
         self.close_line(&mut out);
         let _ = out.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_connection_is_one_line() {
+        let mut r = Renderer::new(Style { color: false }, false, Progress::off());
+        let mut out = Vec::new();
+        r.render(
+            &serde_json::json!({"kind": "network_denied", "data": {"host": "blocked.example.com", "port": 443, "reason": "not_allowed"}}),
+            &mut out,
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "network denied: blocked.example.com:443 [not_allowed]\n"
+        );
     }
 }

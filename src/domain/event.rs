@@ -29,10 +29,12 @@ pub enum EventKind {
     Status,
     Error,
     TurnCompleted,
+    /// The egress proxy refused a connection the agent tried: `host`, `port`, `reason`.
+    NetworkDenied,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 17] = [
+    pub const ALL: [EventKind; 18] = [
         EventKind::SessionStarted,
         EventKind::TurnStarted,
         EventKind::UserMessage,
@@ -50,6 +52,7 @@ impl EventKind {
         EventKind::Status,
         EventKind::Error,
         EventKind::TurnCompleted,
+        EventKind::NetworkDenied,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -71,6 +74,7 @@ impl EventKind {
             EventKind::Status => "status",
             EventKind::Error => "error",
             EventKind::TurnCompleted => "turn_completed",
+            EventKind::NetworkDenied => "network_denied",
         }
     }
 

@@ -4,6 +4,7 @@
 pub mod event;
 pub mod hook;
 pub mod ids;
+pub mod net;
 pub mod secret;
 
 pub use event::*;

@@ -140,7 +140,10 @@ impl Actor {
             let writer = self.shared.writer.clone();
             tokio::select! {
                 cmd = commands.recv() => {
-                    self.last_activity = Instant::now();
+                    // A refused connection is no work: it keeps no idle agent running.
+                    if !matches!(cmd, Some(Command::NetworkDenied { .. })) {
+                        self.last_activity = Instant::now();
+                    }
                     match cmd {
                         Some(cmd) => self.handle_command(cmd).await,
                         None => self.close("the server dropped the agent").await,
@@ -205,6 +208,7 @@ impl Actor {
                     "the agent was closed".into(),
                 )));
             }
+            Command::NetworkDenied { .. } => {}
         }
     }
 
@@ -402,6 +406,13 @@ impl Actor {
             Command::Close { reason, reply } => {
                 self.close(&reason).await;
                 let _ = reply.send(());
+            }
+            Command::NetworkDenied { host, port, reason } => {
+                self.emit(
+                    EventKind::NetworkDenied,
+                    json!({"host": host, "port": port, "reason": reason}),
+                )
+                .await;
             }
         }
     }

@@ -143,6 +143,12 @@ pub(crate) enum Command {
         reason: String,
         reply: oneshot::Sender<()>,
     },
+    /// The egress proxy refused a connection of the agent's: a `network_denied` event.
+    NetworkDenied {
+        host: String,
+        port: u16,
+        reason: &'static str,
+    },
 }
 
 /// A moment of an agent's life that lifecycle hooks hear about. It is attached to the
@@ -715,6 +721,28 @@ impl AgentManager {
             // replica could still find the agent held if this returned then.
             while ended.changed().await.is_ok() {}
         }
+    }
+
+    /// Record in the agent's timeline that the egress proxy refused one of its
+    /// connections (a `network_denied` event, in its current turn if one runs). Only the
+    /// replica that runs the agent does: for an agent not live here nothing is written
+    /// (`false`), and neither when its mailbox stays full for a second.
+    pub async fn record_network_denial(
+        &self,
+        id: AgentId,
+        host: String,
+        port: u16,
+        reason: &'static str,
+    ) -> bool {
+        let Some(handle) = self.live(id) else {
+            return false;
+        };
+        let cmd = Command::NetworkDenied { host, port, reason };
+        handle
+            .tx
+            .send_timeout(cmd, Duration::from_secs(1))
+            .await
+            .is_ok()
     }
 
     pub fn snapshot(&self, id: AgentId) -> Option<Snapshot> {

@@ -47,10 +47,11 @@ pub enum Action {
     HookUpdate,
     HookDelete,
     HookFail,
+    NetworkSet,
 }
 
 impl Action {
-    pub const ALL: [Action; 23] = [
+    pub const ALL: [Action; 24] = [
         Action::AgentCreate,
         Action::AgentPrompt,
         Action::AgentInterrupt,
@@ -74,6 +75,7 @@ impl Action {
         Action::HookUpdate,
         Action::HookDelete,
         Action::HookFail,
+        Action::NetworkSet,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -101,6 +103,7 @@ impl Action {
             Action::HookUpdate => "hook.update",
             Action::HookDelete => "hook.delete",
             Action::HookFail => "hook.fail",
+            Action::NetworkSet => "network.set",
         }
     }
 

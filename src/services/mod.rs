@@ -16,6 +16,7 @@ pub mod hooks;
 pub mod idempotency;
 pub mod identity;
 pub mod mcp;
+pub mod network;
 pub mod projects;
 pub mod providers;
 pub mod secrets;

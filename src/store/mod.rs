@@ -34,6 +34,7 @@ pub mod projects;
 pub mod replica_lock;
 pub mod replicas;
 pub mod secrets;
+pub mod team_network;
 pub mod teams;
 pub mod workspaces;
 

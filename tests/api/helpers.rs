@@ -24,6 +24,8 @@ pub struct TestApp {
     pub db: PgConnectOptions,
     /// The app's event writer, for its counters.
     pub writer: agentry::events::EventWriter,
+    /// The app's egress proxy, to open an agent's endpoint directly.
+    pub egress: agentry::egress::Egress,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -173,6 +175,7 @@ async fn launch(
         .expect("a token");
     let base = format!("http://127.0.0.1:{}", app.port());
     let writer = app.state().services.writer.clone();
+    let egress = app.state().egress.clone();
     let (stop_tx, stop_rx) = oneshot::channel();
     let task = tokio::spawn(async move {
         app.run_until(async {
@@ -195,6 +198,7 @@ async fn launch(
         data_dir,
         db,
         writer,
+        egress,
         stop: Some(stop_tx),
         task: Some(task),
     }

@@ -4,6 +4,7 @@
 mod access_matrix;
 mod agents;
 mod attack_bounds;
+mod attack_egress;
 mod attack_git;
 mod attack_identity;
 mod attack_projects;

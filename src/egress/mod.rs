@@ -1,0 +1,410 @@
+//! The egress proxy: the only way a sandboxed agent reaches the network. The server runs
+//! one endpoint per agent, a Unix socket `<root>/<agent uuid>/egress.sock` that the
+//! agent's sandbox mounts at `/run/agentry/egress.sock`; inside the sandbox's own network
+//! namespace the bridge (`agentry sandbox-bridge`, see `bridge`) listens on loopback and
+//! forwards every connection to it. The endpoint speaks HTTP `CONNECT` (tunnels) and
+//! absolute-form HTTP, checks each connection against the agent's allow list, refuses
+//! with `403` and reports a `Denial`, counts what it allowed; and it brokers model API
+//! credentials: an origin-form request under a brokered provider's path goes to that
+//! provider's upstream with the credential added outside the sandbox.
+
+mod allow;
+pub mod bridge;
+mod proxy;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use url::Url;
+
+pub use allow::{
+    AllowEntry, AllowList, DEFAULT_PORTS, EntryError, HostPattern, MAX_ENTRY_LEN, Verdict,
+    normalise_host,
+};
+
+use crate::domain::{AgentId, SecretValue};
+
+/// The socket's name in an agent's endpoint directory.
+pub const SOCKET_NAME: &str = "egress.sock";
+/// Where an agent's endpoint directory is mounted inside its sandbox.
+pub const INSIDE_DIR: &str = "/run/agentry";
+/// Where the bridge listens inside the sandbox (its network namespace is its own, so any
+/// port is free there).
+pub const BRIDGE_LISTEN: &str = "127.0.0.1:3128";
+/// How many denials may wait for the runtime before more are dropped (and counted).
+const DENIAL_QUEUE: usize = 1024;
+/// How many distinct hosts are counted per agent.
+const MAX_COUNTED_HOSTS: usize = 512;
+/// How many refusals of one agent are reported per minute: an agent that retries a
+/// refused host in a loop does not fill its timeline (the rest are only answered `403`
+/// and counted in `dropped_denials`).
+pub const DENIALS_PER_MINUTE: u32 = 30;
+
+/// What an agent's sandbox needs for the proxy's network mode: its own network
+/// namespace, the endpoint's directory mounted in, the proxy variables, and the bridge
+/// run before the CLI's own argv.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentNet {
+    pub unshare_net: bool,
+    /// Read-write binds: (host path, path inside the sandbox).
+    pub binds: Vec<(PathBuf, PathBuf)>,
+    /// Added to the CLI's environment.
+    pub env: BTreeMap<String, String>,
+    /// Run inside the sandbox before the CLI's argv.
+    pub argv_prefix: Vec<String>,
+}
+
+/// Why a connection was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DenialReason {
+    /// No entry of the agent's allow list names the host and port.
+    NotAllowed,
+    /// The host resolves to an internal address and only a wildcard allowed it.
+    InternalAddress,
+}
+
+impl DenialReason {
+    /// The stable wire name (the `reason` of a `network_denied` event).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotAllowed => "not_allowed",
+            Self::InternalAddress => "internal_address",
+        }
+    }
+
+    fn explain(self) -> &'static str {
+        match self {
+            Self::NotAllowed => "no entry of this agent's allow list names this host and port",
+            Self::InternalAddress => {
+                "the host resolves to an internal address and no exact entry names it"
+            }
+        }
+    }
+}
+
+/// A refused connection, for the agent's timeline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denial {
+    pub agent: AgentId,
+    pub host: String,
+    pub port: u16,
+    pub reason: DenialReason,
+}
+
+/// A provider whose credential is added by the proxy: an origin-form request to
+/// `/<path_prefix>/<rest>` on the agent's endpoint goes to `<upstream_base>/<rest>` with
+/// `headers` set (replacing any the agent sent under those names).
+#[derive(Debug, Clone)]
+pub struct Brokered {
+    pub provider: String,
+    pub path_prefix: String,
+    pub upstream_base: Url,
+    pub headers: Vec<(String, SecretValue)>,
+}
+
+/// The base URL a CLI inside the sandbox is given for a brokered provider.
+pub fn brokered_base_url(path_prefix: &str) -> String {
+    format!("http://{BRIDGE_LISTEN}/{}", path_prefix.trim_matches('/'))
+}
+
+/// Bounds of every endpoint.
+#[derive(Debug, Clone)]
+pub struct EgressLimits {
+    /// Connections one agent may hold open at once; more wait for a free one (up to the
+    /// header timeout), then are answered `503`.
+    pub max_connections_per_agent: usize,
+    /// A connection with no byte in either direction for this long is closed.
+    pub idle_timeout: Duration,
+    /// Time a client has to send its request head, and a connect or a lookup may take.
+    pub header_timeout: Duration,
+    /// The largest request head accepted (`431` beyond).
+    pub max_header_bytes: usize,
+}
+
+impl Default for EgressLimits {
+    fn default() -> Self {
+        Self {
+            max_connections_per_agent: 64,
+            idle_timeout: Duration::from_secs(600),
+            header_timeout: Duration::from_secs(10),
+            max_header_bytes: 32 * 1024,
+        }
+    }
+}
+
+/// The proxy: one endpoint per agent it was opened for. Cheap to clone.
+#[derive(Clone)]
+pub struct Egress {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    root: PathBuf,
+    bridge_program: PathBuf,
+    limits: EgressLimits,
+    denials: mpsc::Sender<Denial>,
+    dropped_denials: AtomicU64,
+    endpoints: Mutex<HashMap<AgentId, Endpoint>>,
+}
+
+struct Endpoint {
+    dir: PathBuf,
+    stop: CancellationToken,
+    state: Arc<AgentState>,
+}
+
+/// What one agent's connections share.
+pub(crate) struct AgentState {
+    pub agent: AgentId,
+    pub policy: AllowList,
+    pub brokered: Vec<Brokered>,
+    pub limits: EgressLimits,
+    counts: Mutex<BTreeMap<String, u64>>,
+    /// The start of the current minute of reported refusals, and how many it has had.
+    reported: Mutex<(std::time::Instant, u32)>,
+    egress: std::sync::Weak<Inner>,
+}
+
+impl AgentState {
+    pub(crate) fn count(&self, host: &str) {
+        let mut counts = self.counts.lock().expect("egress counts lock");
+        if let Some(n) = counts.get_mut(host) {
+            *n += 1;
+        } else if counts.len() < MAX_COUNTED_HOSTS {
+            counts.insert(host.to_owned(), 1);
+        }
+    }
+
+    pub(crate) fn deny(&self, host: &str, port: u16, reason: DenialReason) {
+        let Some(egress) = self.egress.upgrade() else {
+            return;
+        };
+        let denial = Denial {
+            agent: self.agent,
+            host: host.to_owned(),
+            port,
+            reason,
+        };
+        let within = {
+            let mut r = self.reported.lock().expect("egress reported lock");
+            if r.0.elapsed() >= Duration::from_secs(60) {
+                *r = (std::time::Instant::now(), 0);
+            }
+            r.1 += 1;
+            r.1 <= DENIALS_PER_MINUTE
+        };
+        if !within {
+            egress.dropped_denials.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        tracing::info!(agent_id = %self.agent, host, port, reason = reason.as_str(), "egress refused");
+        if egress.denials.try_send(denial).is_err() {
+            egress.dropped_denials.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Egress {
+    /// A proxy whose endpoints live under `root`; denials arrive on the receiver.
+    pub fn start(root: PathBuf) -> (Self, mpsc::Receiver<Denial>) {
+        Self::start_with(root, EgressLimits::default())
+    }
+
+    pub fn start_with(root: PathBuf, limits: EgressLimits) -> (Self, mpsc::Receiver<Denial>) {
+        let (tx, rx) = mpsc::channel(DENIAL_QUEUE);
+        let bridge_program = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("agentry"));
+        let inner = Inner {
+            root,
+            bridge_program,
+            limits,
+            denials: tx,
+            dropped_denials: AtomicU64::new(0),
+            endpoints: Mutex::new(HashMap::new()),
+        };
+        (
+            Self {
+                inner: Arc::new(inner),
+            },
+            rx,
+        )
+    }
+
+    /// The program that runs the bridge (`<program> sandbox-bridge …`); by default this
+    /// executable. Set it before the proxy is cloned.
+    pub fn with_bridge_program(mut self, program: PathBuf) -> Self {
+        Arc::get_mut(&mut self.inner)
+            .expect("the bridge program is set before the proxy is shared")
+            .bridge_program = program;
+        self
+    }
+
+    /// Where endpoints live.
+    pub fn root(&self) -> &Path {
+        &self.inner.root
+    }
+
+    /// Open (or reopen, closing the old one) `agent`'s endpoint with its allow list and
+    /// brokered providers; the answer is what its sandbox needs. Needs a Tokio runtime.
+    pub fn open(
+        &self,
+        agent: AgentId,
+        policy: AllowList,
+        brokered: Vec<Brokered>,
+    ) -> io::Result<AgentNet> {
+        let rt = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
+        self.close(agent);
+        let root = &self.inner.root;
+        std::fs::create_dir_all(root)?;
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))?;
+        let dir = root.join(agent.uuid().to_string());
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        let path = dir.join(SOCKET_NAME);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let listener = std::os::unix::net::UnixListener::bind(&path)?;
+        listener.set_nonblocking(true)?;
+        let listener = {
+            let _guard = rt.enter();
+            tokio::net::UnixListener::from_std(listener)?
+        };
+        let state = Arc::new(AgentState {
+            agent,
+            policy,
+            brokered,
+            limits: self.inner.limits.clone(),
+            counts: Mutex::new(BTreeMap::new()),
+            reported: Mutex::new((std::time::Instant::now(), 0)),
+            egress: Arc::downgrade(&self.inner),
+        });
+        let stop = CancellationToken::new();
+        rt.spawn(proxy::accept(listener, state.clone(), stop.clone()));
+        self.inner
+            .endpoints
+            .lock()
+            .expect("egress endpoints lock")
+            .insert(
+                agent,
+                Endpoint {
+                    dir: dir.clone(),
+                    stop,
+                    state,
+                },
+            );
+        Ok(self.plan(&dir))
+    }
+
+    /// What a sandbox needs to use the endpoint in `dir`.
+    fn plan(&self, dir: &Path) -> AgentNet {
+        let proxy = format!("http://{BRIDGE_LISTEN}");
+        let mut env = BTreeMap::new();
+        for name in [
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "http_proxy",
+            "https_proxy",
+            "ALL_PROXY",
+            "all_proxy",
+        ] {
+            env.insert(name.to_owned(), proxy.clone());
+        }
+        // Loopback inside the sandbox is the bridge itself (brokered base URLs).
+        for name in ["NO_PROXY", "no_proxy"] {
+            env.insert(name.to_owned(), "localhost,127.0.0.1,::1".to_owned());
+        }
+        let socket = Path::new(INSIDE_DIR).join(SOCKET_NAME);
+        AgentNet {
+            unshare_net: true,
+            binds: vec![(dir.to_path_buf(), PathBuf::from(INSIDE_DIR))],
+            env,
+            argv_prefix: vec![
+                self.inner.bridge_program.display().to_string(),
+                "sandbox-bridge".into(),
+                "--listen".into(),
+                BRIDGE_LISTEN.into(),
+                "--socket".into(),
+                socket.display().to_string(),
+                "--".into(),
+            ],
+        }
+    }
+
+    /// Close `agent`'s endpoint: its open connections end and its directory is removed.
+    pub fn close(&self, agent: AgentId) {
+        let endpoint = self
+            .inner
+            .endpoints
+            .lock()
+            .expect("egress endpoints lock")
+            .remove(&agent);
+        if let Some(e) = endpoint {
+            e.stop.cancel();
+            if let Err(err) = std::fs::remove_dir_all(&e.dir)
+                && err.kind() != io::ErrorKind::NotFound
+            {
+                tracing::warn!(agent_id = %agent, error = %err, "could not remove the egress endpoint");
+            }
+        }
+    }
+
+    /// Close every endpoint (at shutdown).
+    pub fn close_all(&self) {
+        let agents: Vec<AgentId> = self
+            .inner
+            .endpoints
+            .lock()
+            .expect("egress endpoints lock")
+            .keys()
+            .copied()
+            .collect();
+        for a in agents {
+            self.close(a);
+        }
+    }
+
+    /// Connections allowed for `agent` by host, since its endpoint was opened (`None`:
+    /// no endpoint).
+    pub fn counts(&self, agent: AgentId) -> Option<BTreeMap<String, u64>> {
+        let endpoints = self.inner.endpoints.lock().expect("egress endpoints lock");
+        let e = endpoints.get(&agent)?;
+        let counts = e.state.counts.lock().expect("egress counts lock").clone();
+        Some(counts)
+    }
+
+    /// Denials not reported: beyond `DENIALS_PER_MINUTE` for their agent, or because the
+    /// runtime did not take them fast enough.
+    pub fn dropped_denials(&self) -> u64 {
+        self.inner.dropped_denials.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let endpoints = std::mem::take(self.endpoints.get_mut().expect("egress endpoints lock"));
+        for (_, e) in endpoints {
+            e.stop.cancel();
+            let _ = std::fs::remove_dir_all(&e.dir);
+        }
+    }
+}
+
+/// Slots for one agent's connections.
+pub(crate) fn slots(limits: &EgressLimits) -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(limits.max_connections_per_agent.max(1)))
+}
