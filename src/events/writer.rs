@@ -12,6 +12,18 @@
 //! - while the store is unreachable or stalled the batch is kept and retried, in order,
 //!   with a backoff capped at one second, until it commits.
 //!
+//! Only an agent's owner writes its timeline. An operation may carry a `Fence`: the lease
+//! epoch of the actor that wrote it. The statement that stores a batch locks the agent
+//! rows of its fences (in id order, with those whose state it changes) and stores nothing
+//! at all unless each epoch still matches `agents.lease_epoch`. A batch that met a fence
+//! that no longer holds (another replica took the agent over) is taken apart before
+//! anything of it is published or answered: the fenced operations are refused whole
+//! (`WriteError::Fenced`, the fence marked deposed so that its actor stops, counted in
+//! `fenced_batches`), and the others go back to the front of the queue to be numbered
+//! again. A refused fence stalls nobody else. A seq slot found taken (a write without a
+//! fence that raced another replica's) is never answered by renumbering a stored or
+//! published event: the batch is sent back the same way and numbered from the table.
+//!
 //! A producer may attach *moments* to its events (`NewMoment`: a kind and some data,
 //! e.g. "a turn ended"): each is stored in `agent_moments`, in the same transaction as the
 //! event it goes with, so it exists exactly when its event does. The writer gives them no
