@@ -1370,19 +1370,74 @@ const NOT_SETTINGS: [&str; 7] = [
     "AGENTRY_TEST_PEERS_CACHE",
 ];
 
-/// The providers this server implements without `extends`, with the keys each one uses.
-/// A provider id that is not here needs `extends = "acp"` (or another built-in's id).
-const BUILT_IN_PROVIDERS: [(&str, &[&str]); 6] = [
-    ("mock", &["enabled", "command"]),
-    ("claude", &CLI_PROVIDER_KEYS),
-    ("codex", &CLI_PROVIDER_KEYS),
-    ("copilot", &CLI_PROVIDER_KEYS),
-    ("gemini", &CLI_PROVIDER_KEYS),
-    ("pi", &CLI_PROVIDER_KEYS),
-];
+/// The CLI providers this server implements: the one list of them. The settings accept a
+/// `[providers.<id>]` table (and `extends = "<id>"`) for each, and the provider registry
+/// builds its built-ins from it (`providers::registry::builtins` matches on every
+/// variant), so the two cannot drift apart. It lives here because the settings are a
+/// leaf layer that cannot ask the registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuiltInCli {
+    Claude,
+    Codex,
+    Copilot,
+    Gemini,
+    OpenCode,
+    Pi,
+}
 
-/// The built-ins a table can extend (`extends = "claude"` makes a second Claude profile).
-const EXTENDABLE: [&str; 6] = ["acp", "claude", "codex", "copilot", "gemini", "pi"];
+impl BuiltInCli {
+    pub const ALL: [Self; 6] = [
+        Self::Claude,
+        Self::Codex,
+        Self::Copilot,
+        Self::Gemini,
+        Self::OpenCode,
+        Self::Pi,
+    ];
+
+    /// The provider id (the settings table's name).
+    pub const fn id(self) -> &'static str {
+        match self {
+            Self::Claude => "claude",
+            Self::Codex => "codex",
+            Self::Copilot => "copilot",
+            Self::Gemini => "gemini",
+            Self::OpenCode => "opencode",
+            Self::Pi => "pi",
+        }
+    }
+
+    pub fn from_id(id: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|b| b.id() == id)
+    }
+}
+
+/// The keys the built-in `mock` provider's table may carry.
+const MOCK_PROVIDER_KEYS: [&str; 2] = ["enabled", "command"];
+
+/// The keys of the provider built in as `id` (`mock` or a `BuiltInCli`), or `None` when
+/// `id` is not built in (it needs `extends = "acp"` or another built-in's id).
+fn built_in_provider_keys(id: &str) -> Option<&'static [&'static str]> {
+    if id == "mock" {
+        Some(&MOCK_PROVIDER_KEYS)
+    } else {
+        BuiltInCli::from_id(id).map(|_| &CLI_PROVIDER_KEYS[..])
+    }
+}
+
+/// What a table can extend: `acp`, or a built-in CLI (`extends = "claude"` makes a second
+/// Claude profile).
+fn extendable(kind: &str) -> bool {
+    kind == "acp" || BuiltInCli::from_id(kind).is_some()
+}
+
+fn extendable_list() -> String {
+    std::iter::once("acp")
+        .chain(BuiltInCli::ALL.map(BuiltInCli::id))
+        .map(|e| format!("`{e}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// The keys a built-in CLI provider's table may carry.
 const CLI_PROVIDER_KEYS: [&str; 8] = [
@@ -1520,8 +1575,8 @@ fn check_providers(table: &toml::Table) -> Result<(), SettingsError> {
             return Err(invalid(&name, "must be a table"));
         };
         let allowed: &[&str] = match p.get("extends") {
-            Some(toml::Value::String(kind)) if EXTENDABLE.contains(&kind.as_str()) => {
-                if BUILT_IN_PROVIDERS.iter().any(|(b, _)| b == id) {
+            Some(toml::Value::String(kind)) if extendable(kind) => {
+                if built_in_provider_keys(id).is_some() {
                     return Err(invalid(
                         &format!("{name}.extends"),
                         format!(
@@ -1534,21 +1589,21 @@ fn check_providers(table: &toml::Table) -> Result<(), SettingsError> {
             Some(_) => {
                 return Err(invalid(
                     &format!("{name}.extends"),
-                    format!(
-                        "can extend only {}",
-                        EXTENDABLE.map(|e| format!("`{e}`")).join(", ")
-                    ),
+                    format!("can extend only {}", extendable_list()),
                 ));
             }
-            None => match BUILT_IN_PROVIDERS.iter().find(|(b, _)| b == id) {
-                Some((_, keys)) => keys,
+            None => match built_in_provider_keys(id) {
+                Some(keys) => keys,
                 None => {
                     return Err(invalid(
                         &name,
                         format!(
                             "`{id}` is not a provider this server implements (built in: \
                              {}); for an ACP agent add `extends = \"acp\"`",
-                            BUILT_IN_PROVIDERS.map(|(b, _)| b).join(", ")
+                            std::iter::once("mock")
+                                .chain(BuiltInCli::ALL.map(BuiltInCli::id))
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         ),
                     ));
                 }

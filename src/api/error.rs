@@ -283,6 +283,11 @@ fn write_error(e: WriteError) -> ApiError {
     match e {
         WriteError::Unavailable => ApiError::store_unavailable(),
         WriteError::Stopped => ApiError::internal(e),
+        // The agent's lease passed to another replica while this one wrote for it.
+        WriteError::Fenced => ApiError::unavailable(
+            "agent_moved",
+            format!("{e}; retry, the replica that runs the agent now answers"),
+        ),
     }
 }
 

@@ -150,6 +150,11 @@ async fn metrics_page(
         "Agent events the database refused, stored as event_rejected errors instead.",
         writer.rejected_events,
     );
+    page.counter(
+        "agentry_fenced_batches_total",
+        "Batches this server's writer refused for an agent another replica had taken over (once per agent and batch); the agent was stopped here.",
+        writer.fenced_batches,
+    );
     page.gauge(
         "agentry_writer_queued_events",
         "Events accepted and not yet committed.",

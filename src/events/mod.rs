@@ -13,6 +13,6 @@ pub use fanout::{Fanout, Notice, listen as listen_to_replicas};
 pub use fault::{Fault, classify, is_unavailable};
 pub use scrub::{REPLACEMENT, scrub};
 pub use writer::{
-    Attached, EventWriter, NewMoment, NewTeamEvent, StateChange, WriteError, WriterLimits,
+    Attached, EventWriter, Fence, NewMoment, NewTeamEvent, StateChange, WriteError, WriterLimits,
     WriterStats,
 };

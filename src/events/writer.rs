@@ -12,6 +12,18 @@
 //! - while the store is unreachable or stalled the batch is kept and retried, in order,
 //!   with a backoff capped at one second, until it commits.
 //!
+//! Only an agent's owner writes its timeline. An operation may carry a `Fence`: the lease
+//! epoch of the actor that wrote it. The statement that stores a batch locks the agent
+//! rows of its fences (in id order, with those whose state it changes) and stores nothing
+//! at all unless each epoch still matches `agents.lease_epoch`. A batch that met a fence
+//! that no longer holds (another replica took the agent over) is taken apart before
+//! anything of it is published or answered: the fenced operations are refused whole
+//! (`WriteError::Fenced`, the fence marked deposed so that its actor stops, counted in
+//! `fenced_batches`), and the others go back to the front of the queue to be numbered
+//! again. A refused fence stalls nobody else. A seq slot found taken (a write without a
+//! fence that raced another replica's) is never answered by renumbering a stored or
+//! published event: the batch is sent back the same way and numbered from the table.
+//!
 //! A producer may attach *moments* to its events (`NewMoment`: a kind and some data,
 //! e.g. "a turn ended"): each is stored in `agent_moments`, in the same transaction as the
 //! event it goes with, so it exists exactly when its event does. The writer gives them no
@@ -81,6 +93,68 @@ pub enum WriteError {
     Unavailable,
     #[error("the event writer has stopped")]
     Stopped,
+    /// The operation's fence no longer holds: another replica took the agent over, and
+    /// nothing of the operation was stored.
+    #[error("another replica took this agent over; nothing was written")]
+    Fenced,
+}
+
+/// The fencing token of the actor that runs `agent` here: the lease epoch it started with
+/// (see the module docs). Every operation it hands over carries a clone; once the writer
+/// finds the agent's epoch moved on, it refuses them and marks the fence deposed, which
+/// wakes whoever waits on `deposed`.
+#[derive(Debug, Clone)]
+pub struct Fence {
+    agent: AgentId,
+    epoch: i64,
+    deposed: Arc<Deposed>,
+}
+
+#[derive(Debug, Default)]
+struct Deposed {
+    flag: AtomicBool,
+    notify: Notify,
+}
+
+impl Fence {
+    pub fn new(agent: AgentId, epoch: i64) -> Self {
+        Self {
+            agent,
+            epoch,
+            deposed: Arc::default(),
+        }
+    }
+
+    pub fn agent(&self) -> AgentId {
+        self.agent
+    }
+
+    pub fn epoch(&self) -> i64 {
+        self.epoch
+    }
+
+    /// Whether the writer refused a batch of this fence.
+    pub fn is_deposed(&self) -> bool {
+        self.deposed.flag.load(Ordering::SeqCst)
+    }
+
+    /// Wait until the writer refuses a batch of this fence (at once if it did).
+    pub async fn deposed(&self) {
+        loop {
+            let notified = self.deposed.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_deposed() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn depose(&self) {
+        self.deposed.flag.store(true, Ordering::SeqCst);
+        self.deposed.notify.notify_waiters();
+    }
 }
 
 /// A team activity event to append alongside agent events.
@@ -149,6 +223,9 @@ pub struct Attached {
     pub moments: Vec<NewMoment>,
     /// The state the events announce, in order.
     pub changes: Vec<StateChange>,
+    /// The fence of the agent's owner: all of it is stored only while that holds. None
+    /// for writes that are not an owner's (a takeover's, a service's on a closed agent).
+    pub fence: Option<Fence>,
 }
 
 /// How the writer batches and how much it may hold.
@@ -199,6 +276,9 @@ pub struct WriterStats {
     pub rejected_events: u64,
     /// Team events the database refused (logged; they have no slot to keep).
     pub rejected_team_events: u64,
+    /// Batches refused for an agent whose fence no longer held (another replica took it
+    /// over): counted once per agent and batch.
+    pub fenced_batches: u64,
     /// Operations queued beyond the budget by `append_committed` after its wait expired.
     pub overdrafts: u64,
     /// Longest time any operation waited in the queue before its batch committed.
@@ -210,7 +290,7 @@ pub struct WriterStats {
     pub store_down: bool,
 }
 
-type Done = oneshot::Sender<Vec<AgentEvent>>;
+type Done = oneshot::Sender<Result<Vec<AgentEvent>, WriteError>>;
 
 /// Budget taken by one operation, and what it really holds.
 #[derive(Debug, Clone, Copy, Default)]
@@ -230,6 +310,7 @@ enum WriteOp {
         done: Option<Done>,
         charge: Charge,
         queued_at: Instant,
+        fence: Option<Fence>,
     },
     /// The agent's actor stopped: drop its cached seq (memory stays flat).
     Forget(AgentId),
@@ -248,6 +329,7 @@ struct Shared {
     committed_events: AtomicU64,
     rejected_events: AtomicU64,
     rejected_team_events: AtomicU64,
+    fenced_batches: AtomicU64,
     overdrafts: AtomicU64,
     max_queue_wait_us: AtomicU64,
     max_isolation_us: AtomicU64,
@@ -277,6 +359,7 @@ impl Shared {
             committed_events: AtomicU64::new(0),
             rejected_events: AtomicU64::new(0),
             rejected_team_events: AtomicU64::new(0),
+            fenced_batches: AtomicU64::new(0),
             overdrafts: AtomicU64::new(0),
             max_queue_wait_us: AtomicU64::new(0),
             max_isolation_us: AtomicU64::new(0),
@@ -402,16 +485,31 @@ impl EventWriter {
     /// `append_many`, with moments attached to some of the events.
     pub async fn append_many_with(
         &self,
-        mut events: Vec<NewEvent>,
-        mut moments: Vec<NewMoment>,
+        events: Vec<NewEvent>,
+        moments: Vec<NewMoment>,
     ) -> Result<(), WriteError> {
-        let bytes = prepare(&mut events, &mut [], &mut moments, &mut []);
-        let charge = self.shared.charge(events.len(), bytes);
-        self.shared.reserve(&charge).await;
         let attached = Attached {
             moments,
             ..Attached::default()
         };
+        self.append_many_attached(events, attached).await
+    }
+
+    /// `append_many`, with moments and a fence (team events and state changes too).
+    pub async fn append_many_attached(
+        &self,
+        mut events: Vec<NewEvent>,
+        mut attached: Attached,
+    ) -> Result<(), WriteError> {
+        let Attached {
+            team,
+            moments,
+            changes,
+            ..
+        } = &mut attached;
+        let bytes = prepare(&mut events, team, moments, changes);
+        let charge = self.shared.charge(events.len() + team.len(), bytes);
+        self.shared.reserve(&charge).await;
         self.send(events, attached, None, charge)
     }
 
@@ -444,6 +542,7 @@ impl EventWriter {
             team,
             moments,
             changes,
+            ..
         } = &mut attached;
         let bytes = prepare(&mut events, team, moments, changes);
         let mut charge = self.shared.charge(events.len() + team.len(), bytes);
@@ -469,7 +568,7 @@ impl EventWriter {
         let (done, rx) = oneshot::channel();
         self.send(events, attached, Some(done), charge)?;
         match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(events)) => Ok(events),
+            Ok(Ok(answer)) => answer,
             Ok(Err(_)) => Err(WriteError::Stopped),
             Err(_) => Err(WriteError::Unavailable),
         }
@@ -514,6 +613,7 @@ impl EventWriter {
             committed_events: s.committed_events.load(Ordering::Relaxed),
             rejected_events: s.rejected_events.load(Ordering::Relaxed),
             rejected_team_events: s.rejected_team_events.load(Ordering::Relaxed),
+            fenced_batches: s.fenced_batches.load(Ordering::Relaxed),
             overdrafts: s.overdrafts.load(Ordering::Relaxed),
             max_queue_wait: Duration::from_micros(s.max_queue_wait_us.load(Ordering::Relaxed)),
             max_isolation: Duration::from_micros(s.max_isolation_us.load(Ordering::Relaxed)),
@@ -532,6 +632,7 @@ impl EventWriter {
             team,
             mut moments,
             changes,
+            fence,
         } = attached;
         moments.retain(|m| {
             let fits = m.event < events.len();
@@ -552,6 +653,7 @@ impl EventWriter {
             done,
             charge,
             queued_at: Instant::now(),
+            fence,
         };
         self.tx.send(op).map_err(|e| {
             if let WriteOp::Append { charge, .. } = e.0 {
@@ -596,6 +698,7 @@ struct Pending {
     charge: Charge,
     queued_at: Option<Instant>,
     forget: Option<AgentId>,
+    fence: Option<Fence>,
 }
 
 impl Pending {
@@ -609,6 +712,7 @@ impl Pending {
                 done,
                 charge,
                 queued_at,
+                fence,
             } => Self {
                 events,
                 team,
@@ -618,6 +722,7 @@ impl Pending {
                 charge,
                 queued_at: Some(queued_at),
                 forget: None,
+                fence,
             },
             // Applied once the batch is numbered.
             WriteOp::Forget(id) => Self {
@@ -629,6 +734,7 @@ impl Pending {
                 charge: Charge::default(),
                 queued_at: None,
                 forget: Some(id),
+                fence: None,
             },
         }
     }
@@ -750,22 +856,47 @@ struct Numbered {
     flight: u64,
     batch: Vec<Pending>,
     spans: Vec<(usize, usize)>,
+    /// How many team events, moments and state changes each operation brought, in order.
+    parts: Vec<Parts>,
     events: Vec<AgentEvent>,
     team: Vec<NewTeamEvent>,
     moments: Vec<NewMoment>,
     changes: Vec<StateChange>,
+    /// The fences of the batch's operations, each once.
+    fences: Vec<store::events::FenceRow>,
 }
 
-/// A batch committed: to be answered and published.
+/// What one operation added to a batch besides its events.
+#[derive(Debug, Clone, Copy, Default)]
+struct Parts {
+    team: usize,
+    moments: usize,
+    changes: usize,
+}
+
+/// What became of a batch.
+enum Outcome {
+    /// Committed, with these team rows.
+    Committed(Vec<TeamEventRow>),
+    /// Nothing was stored: these fences did not hold.
+    Deposed(Vec<store::events::FenceRow>),
+    /// Nothing was stored: a seq slot was taken, so the cached seqs of its agents are
+    /// behind the table.
+    Stale,
+}
+
+/// A batch back from the store: committed (to be answered and published), or not stored
+/// at all (to be taken apart and queued again, without what was fenced off).
 struct Landed {
     flight: u64,
     batch: Vec<Pending>,
     spans: Vec<(usize, usize)>,
+    parts: Vec<Parts>,
     events: Vec<AgentEvent>,
-    rows: Vec<TeamEventRow>,
-    moments: bool,
-    /// Agents numbered again from the table: their cached seq is stale.
-    renumbered: Vec<AgentId>,
+    team: Vec<NewTeamEvent>,
+    moments: Vec<NewMoment>,
+    changes: Vec<StateChange>,
+    outcome: Outcome,
     commit_started: Instant,
 }
 
@@ -803,6 +934,21 @@ impl Held {
         let p = Pending::from_op(op);
         self.events += p.len();
         self.ops.push_back(p);
+    }
+
+    /// Put the operations of a batch that was not stored back at the front, in order:
+    /// whatever else waits came after them.
+    fn requeue(&mut self, ops: Vec<Pending>) {
+        if ops.is_empty() {
+            return;
+        }
+        if self.ops.is_empty() {
+            self.since = Instant::now();
+        }
+        for p in ops.into_iter().rev() {
+            self.events += p.len();
+            self.ops.push_front(p);
+        }
     }
 
     /// Take out the operations `take` marks, keeping the others in order.
@@ -917,7 +1063,7 @@ impl Writer {
             tokio::select! {
                 Some(landed) = landing.next(), if !landing.is_empty() => match landed {
                     Ok(landed) => {
-                        self.land(landed);
+                        held.requeue(self.land(landed));
                         rescan_at = None;
                     }
                     // A commit that panicked takes the writer with it, as it did when
@@ -956,6 +1102,8 @@ impl Writer {
         let total: usize = batch.iter().map(|p| p.events.len()).sum();
         let mut events: Vec<AgentEvent> = Vec::with_capacity(total);
         let mut spans: Vec<(usize, usize)> = Vec::with_capacity(batch.len());
+        let mut parts: Vec<Parts> = Vec::with_capacity(batch.len());
+        let mut fences: Vec<store::events::FenceRow> = Vec::new();
         let mut team: Vec<NewTeamEvent> = Vec::new();
         let mut moments: Vec<NewMoment> = Vec::new();
         let mut changes: Vec<StateChange> = Vec::new();
@@ -971,6 +1119,17 @@ impl Writer {
         let now = DateTime::from_timestamp_micros(now.timestamp_micros()).unwrap_or(now);
         for p in batch.iter_mut() {
             let start = events.len();
+            parts.push(Parts {
+                team: p.team.len(),
+                moments: p.moments.len(),
+                changes: p.changes.len(),
+            });
+            if let Some(f) = &p.fence {
+                let row = (f.agent.uuid(), f.epoch);
+                if !fences.contains(&row) {
+                    fences.push(row);
+                }
+            }
             moments.extend(p.moments.drain(..).map(|mut m| {
                 m.event += start;
                 m
@@ -1009,31 +1168,35 @@ impl Writer {
             flight,
             batch,
             spans,
+            parts,
             events,
             team,
             moments,
             changes,
+            fences,
         }
     }
 
-    /// A batch is committed: now, and only now, answer its producers and publish it.
-    fn land(&mut self, landed: Landed) {
+    /// A batch is back from the store. Committed: now, and only now, answer its producers
+    /// and publish it. Not stored: returns its operations to queue again (see `unwind`).
+    fn land(&mut self, mut landed: Landed) -> Vec<Pending> {
+        let mut rows = match std::mem::replace(&mut landed.outcome, Outcome::Stale) {
+            Outcome::Committed(rows) => rows,
+            Outcome::Deposed(deposed) => return self.unwind(landed, &deposed),
+            Outcome::Stale => return self.unwind(landed, &[]),
+        };
         let Landed {
             flight,
             batch,
             spans,
             events,
-            mut rows,
             moments,
-            renumbered,
             commit_started,
+            ..
         } = landed;
         self.flights.retain(|f| f.id != flight);
-        for a in renumbered {
-            self.next_seq.remove(&a);
-        }
         let shared = &self.committer.shared;
-        if moments {
+        if !moments.is_empty() {
             shared.moments_stored.notify_one();
         }
         let committed_at = Instant::now();
@@ -1049,7 +1212,7 @@ impl Writer {
         let mut oldest: Option<Instant> = None;
         for (p, (start, end)) in batch.into_iter().zip(spans) {
             if let Some(done) = p.done {
-                let _ = done.send(events[start..end].to_vec());
+                let _ = done.send(Ok(events[start..end].to_vec()));
             }
             released.event_permits += p.charge.event_permits;
             released.byte_permits += p.charge.byte_permits;
@@ -1079,6 +1242,103 @@ impl Writer {
                 .max_queue_wait_us
                 .fetch_max(waited, Ordering::Relaxed);
         }
+        Vec::new()
+    }
+
+    /// A batch that was not stored, taken apart: the operations whose fence is among
+    /// `deposed` are refused (their producers answered `Fenced`, their fences marked
+    /// deposed, their budget given back); the others go back to the queue, to be numbered
+    /// again. Nothing of the batch was published or answered, so no seq anyone has seen
+    /// changes. The seqs cached for its agents go back to where the batch started them,
+    /// except for agents that were fenced off, or all of them when the batch met a taken
+    /// slot (`deposed` empty): those are read from the table again.
+    fn unwind(&mut self, landed: Landed, deposed: &[store::events::FenceRow]) -> Vec<Pending> {
+        let Landed {
+            flight,
+            batch,
+            spans,
+            parts,
+            events,
+            team,
+            moments,
+            changes,
+            ..
+        } = landed;
+        self.flights.retain(|f| f.id != flight);
+        let stale = deposed.is_empty();
+        let fenced: HashSet<Uuid> = deposed.iter().map(|d| d.0).collect();
+        let mut first: HashMap<AgentId, i64> = HashMap::new();
+        for e in &events {
+            let s = first.entry(e.agent_id).or_insert(e.seq);
+            *s = (*s).min(e.seq);
+        }
+        for (agent, seq) in first {
+            if stale || fenced.contains(&agent.uuid()) {
+                self.next_seq.remove(&agent);
+            } else {
+                self.next_seq.insert(agent, seq);
+            }
+        }
+        let shared = &self.committer.shared;
+        shared
+            .fenced_batches
+            .fetch_add(deposed.len() as u64, Ordering::Relaxed);
+        let mut events = events.into_iter();
+        let mut team = team.into_iter();
+        let mut moments = moments.into_iter();
+        let mut changes = changes.into_iter();
+        let mut released = Charge::default();
+        let mut again = Vec::with_capacity(batch.len());
+        for ((mut p, (start, end)), part) in batch.into_iter().zip(spans).zip(parts) {
+            let op_events: Vec<NewEvent> = events
+                .by_ref()
+                .take(end - start)
+                .map(|e| NewEvent {
+                    agent_id: e.agent_id,
+                    turn_id: e.turn_id,
+                    kind: e.kind,
+                    data: e.data,
+                })
+                .collect();
+            let op_team: Vec<NewTeamEvent> = team.by_ref().take(part.team).collect();
+            let op_moments: Vec<NewMoment> = moments
+                .by_ref()
+                .take(part.moments)
+                .map(|mut m| {
+                    m.event -= start;
+                    m
+                })
+                .collect();
+            let op_changes: Vec<StateChange> = changes.by_ref().take(part.changes).collect();
+            let refused = p
+                .fence
+                .as_ref()
+                .is_some_and(|f| deposed.contains(&(f.agent.uuid(), f.epoch)));
+            if refused {
+                if let Some(f) = &p.fence {
+                    tracing::warn!(
+                        agent_id = %f.agent, epoch = f.epoch, events = op_events.len(),
+                        "another replica took this agent over: its batch is refused and the agent stops here"
+                    );
+                    f.depose();
+                }
+                if let Some(done) = p.done.take() {
+                    let _ = done.send(Err(WriteError::Fenced));
+                }
+                released.event_permits += p.charge.event_permits;
+                released.byte_permits += p.charge.byte_permits;
+                released.events += p.charge.events;
+                released.bytes += p.charge.bytes;
+                continue;
+            }
+            p.events = op_events;
+            p.team = op_team;
+            p.moments = op_moments;
+            p.changes = op_changes;
+            again.push(p);
+        }
+        shared.release(&released);
+        again
     }
 }
 
@@ -1097,10 +1357,12 @@ impl Committer {
             flight,
             batch,
             spans,
+            parts,
             mut events,
             team,
             moments,
             changes,
+            fences,
         } = n;
         let commit_started = Instant::now();
         let state = fold(&changes);
@@ -1109,19 +1371,22 @@ impl Committer {
         } else {
             tracing::info_span!("commit", events = events.len(), team_events = team.len())
         };
-        let (rows, renumbered) = tracing::Instrument::instrument(
-            self.commit_all(&mut events, &team, &moments, &state),
+        let outcome = tracing::Instrument::instrument(
+            self.commit_all(&mut events, &team, &moments, &state, &fences),
             span,
         )
         .await;
+        drop(state);
         Landed {
             flight,
             batch,
             spans,
+            parts,
             events,
-            rows,
-            moments: !moments.is_empty(),
-            renumbered,
+            team,
+            moments,
+            changes,
+            outcome,
             commit_started,
         }
     }
@@ -1129,38 +1394,37 @@ impl Committer {
     /// Commit `events` and `team`, whatever it takes: retry while the store is
     /// unavailable; when the database refuses the batch for its content, commit it again
     /// row by row so that every other event is stored and each refused one is replaced by
-    /// a stand-in in its slot. Returns the committed team rows, and the agents whose
-    /// events had to be numbered again from the table.
+    /// a stand-in in its slot. Stores nothing when a fence does not hold, or a seq slot
+    /// is taken: the writer takes the batch apart then (`Writer::unwind`).
     async fn commit_all(
         &self,
         events: &mut [AgentEvent],
         team: &[NewTeamEvent],
         moments: &[NewMoment],
         state: &StateRows<'_>,
-    ) -> (Vec<TeamEventRow>, Vec<AgentId>) {
-        let mut renumbered_agents = Vec::new();
+        fences: &[store::events::FenceRow],
+    ) -> Outcome {
         if events.is_empty() && team.is_empty() && state.is_empty() {
-            return (Vec::new(), renumbered_agents);
+            return Outcome::Committed(Vec::new());
         }
         let mut backoff = Backoff::new();
-        let mut renumbered = 0;
         let mut first_refusal: Option<Instant> = None;
         loop {
             let attempt = if first_refusal.is_some() {
                 self.watched(
                     events.len(),
-                    self.commit_isolating(events, team, moments, state),
+                    self.commit_isolating(events, team, moments, state, fences),
                 )
                 .await
             } else {
                 self.watched(
                     events.len(),
-                    try_commit(&self.pool, events, team, moments, state),
+                    try_commit(&self.pool, events, team, moments, state, fences),
                 )
                 .await
             };
             let err = match attempt {
-                Ok(rows) => {
+                Ok(outcome) => {
                     if self.shared.is_down() {
                         tracing::info!("the event store is reachable again");
                         self.shared.set_down(false);
@@ -1170,7 +1434,7 @@ impl Committer {
                             .max_isolation_us
                             .fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
                     }
-                    return (rows, renumbered_agents);
+                    return outcome;
                 }
                 Err(err) => err,
             };
@@ -1182,11 +1446,13 @@ impl Committer {
                     }
                     backoff.wait().await;
                 }
-                Fault::SeqTaken if renumbered < 3 => {
-                    // Our cached seq is behind the table (another writer was here).
+                Fault::SeqTaken => {
+                    // A deposed owner never gets here: its fence fails first. What is left
+                    // is a write without a fence (a takeover's, a service's) that found this
+                    // writer's cached seq behind the table. Nothing was stored, published or
+                    // answered: the batch is numbered again from the table.
                     tracing::warn!(error = %err, "an event's seq slot was already taken; numbering the batch again from the table");
-                    renumbered_agents = self.renumber(events).await;
-                    renumbered += 1;
+                    return Outcome::Stale;
                 }
                 Fault::Content if first_refusal.is_none() => {
                     first_refusal = Some(Instant::now());
@@ -1211,8 +1477,16 @@ impl Committer {
         team: &[NewTeamEvent],
         moments: &[NewMoment],
         state: &StateRows<'_>,
-    ) -> Result<Vec<TeamEventRow>, sqlx::Error> {
+        fences: &[store::events::FenceRow],
+    ) -> Result<Outcome, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
+        // The fences first, their rows locked until the commit: nothing is set aside for a
+        // batch that is not to be stored at all.
+        let deposed = store::events::deposed(&mut tx, fences).await?;
+        if !deposed.is_empty() {
+            tx.rollback().await?;
+            return Ok(Outcome::Deposed(deposed));
+        }
         let refused = if events.is_empty() {
             Vec::new()
         } else {
@@ -1282,7 +1556,7 @@ impl Committer {
         }
         if !state.is_empty() {
             let mut sp = sqlx::Acquire::begin(&mut *tx).await?;
-            match store::events::insert_batch_with(&mut *sp, &[], &[], &[], state).await {
+            match store::events::insert_batch_with(&mut *sp, &[], &[], &[], state, &[]).await {
                 Ok(_) => sp.commit().await?,
                 Err(err) if classify(&err) == Fault::Content => {
                     sp.rollback().await?;
@@ -1298,7 +1572,7 @@ impl Committer {
         self.shared
             .rejected_team_events
             .fetch_add(team_refused, Ordering::Relaxed);
-        Ok(rows)
+        Ok(Outcome::Committed(rows))
     }
 
     /// Run one attempt; if it has not finished after `commit_wait`, the store counts as
@@ -1342,26 +1616,6 @@ impl Committer {
                 }
             }
         }
-    }
-
-    /// Give the batch's events new seqs following what the table holds; returns the
-    /// agents concerned, whose cached seq the writer must read again.
-    async fn renumber(&self, events: &mut [AgentEvent]) -> Vec<AgentId> {
-        let mut agents: Vec<AgentId> = events.iter().map(|e| e.agent_id).collect();
-        agents.sort_by_key(|a| a.uuid());
-        agents.dedup();
-        let mut next: HashMap<AgentId, i64> = self
-            .last_seqs(&agents)
-            .await
-            .into_iter()
-            .map(|(a, s)| (a, s + 1))
-            .collect();
-        for e in events.iter_mut() {
-            let s = next.get_mut(&e.agent_id).expect("every agent was read");
-            e.seq = *s;
-            *s += 1;
-        }
-        agents
     }
 }
 
@@ -1441,11 +1695,21 @@ async fn try_commit(
     team: &[NewTeamEvent],
     moments: &[NewMoment],
     state: &StateRows<'_>,
-) -> Result<Vec<TeamEventRow>, sqlx::Error> {
-    // One statement, committed on its own: atomic and durable in one round trip.
+    fences: &[store::events::FenceRow],
+) -> Result<Outcome, sqlx::Error> {
+    // One statement, committed on its own: atomic and durable in one round trip, the
+    // fences checked in it.
     if team.is_empty() && moments.is_empty() && state.is_empty() {
-        store::events::insert_batch(pool, events).await?;
-        return Ok(Vec::new());
+        if fences.is_empty() {
+            store::events::insert_batch(pool, events).await?;
+            return Ok(Outcome::Committed(Vec::new()));
+        }
+        let deposed = store::events::insert_batch_fenced(pool, events, fences).await?;
+        return Ok(if deposed.is_empty() {
+            Outcome::Committed(Vec::new())
+        } else {
+            Outcome::Deposed(deposed)
+        });
     }
     let stored: Vec<_> = moments.iter().map(|m| moment_row(events, m)).collect();
     let team: Vec<_> = team
@@ -1458,7 +1722,12 @@ async fn try_commit(
             data: &t.data,
         })
         .collect();
-    store::events::insert_batch_with(pool, events, &stored, &team, state).await
+    Ok(
+        match store::events::insert_batch_with(pool, events, &stored, &team, state, fences).await? {
+            store::events::Stored::Team(rows) => Outcome::Committed(rows),
+            store::events::Stored::Deposed(deposed) => Outcome::Deposed(deposed),
+        },
+    )
 }
 
 #[cfg(test)]
@@ -1551,6 +1820,7 @@ mod tests {
             charge: Charge::default(),
             queued_at: None,
             forget: None,
+            fence: None,
         }
     }
 

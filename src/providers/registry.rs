@@ -14,22 +14,28 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::OnceCell;
 
-use crate::config::ProviderSettings;
+use crate::config::{BuiltInCli, ProviderSettings};
 
 use super::acp::{AcpProvider, AcpProviderConfig};
 use super::mock::mock_provider;
 use super::{Builtin, CatalogScope, CliConfig, ModeInfo, ModelInfo, Probe, Provider};
 
-/// The CLI providers this server implements, by id.
+/// The CLI providers this server implements, by id: one per `BuiltInCli`, the list the
+/// settings check their `[providers.<id>]` tables against.
 pub fn builtins() -> Vec<Builtin> {
-    vec![
-        super::claude::builtin(),
-        super::codex::builtin(),
-        super::copilot::builtin(),
-        super::gemini::builtin(),
-        super::opencode::builtin(),
-        super::pi::builtin(),
-    ]
+    BuiltInCli::ALL.into_iter().map(builtin).collect()
+}
+
+/// The adapter of one built-in; the match makes a new `BuiltInCli` need one.
+fn builtin(b: BuiltInCli) -> Builtin {
+    match b {
+        BuiltInCli::Claude => super::claude::builtin(),
+        BuiltInCli::Codex => super::codex::builtin(),
+        BuiltInCli::Copilot => super::copilot::builtin(),
+        BuiltInCli::Gemini => super::gemini::builtin(),
+        BuiltInCli::OpenCode => super::opencode::builtin(),
+        BuiltInCli::Pi => super::pi::builtin(),
+    }
 }
 
 /// Why the registry could not be built from the settings.
@@ -291,6 +297,34 @@ mod tests {
         ids.extend(more.iter().map(|id| (*id).to_owned()));
         ids.sort();
         ids
+    }
+
+    /// Every provider the registry builds without settings is accepted as a settings
+    /// table of its own (and every built-in CLI as a base to extend): the settings and the
+    /// registry share one list.
+    #[test]
+    fn every_built_in_provider_is_accepted_as_a_settings_table() {
+        for b in BuiltInCli::ALL {
+            assert_eq!(builtin(b).id, b.id(), "the adapter of {b:?} has another id");
+        }
+        let registry = ProviderRegistry::from_settings(&BTreeMap::new()).expect("registry");
+        let dir = tempfile::tempdir().unwrap();
+        for id in ids(&registry) {
+            let path = dir.path().join(format!("{id}.toml"));
+            std::fs::write(&path, format!("[providers.{id}]\nenabled = true\n")).unwrap();
+            let settings = crate::config::Settings::load_from(Some(&path), &[])
+                .unwrap_or_else(|e| panic!("[providers.{id}] is refused: {e}"));
+            assert_eq!(settings.providers[&id].enabled, Some(true));
+            if id != "mock" {
+                std::fs::write(
+                    &path,
+                    format!("[providers.second-{id}]\nextends = \"{id}\"\n"),
+                )
+                .unwrap();
+                crate::config::Settings::load_from(Some(&path), &[])
+                    .unwrap_or_else(|e| panic!("extends = \"{id}\" is refused: {e}"));
+            }
+        }
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::domain::{
     AgentId, AgentStatus, Behavior, EventKind, MessageId, NewEvent, PermissionId, PermissionOption,
     Redactor, ToolStatus, TurnId, TurnOutcome,
 };
-use crate::events::{Attached, NewMoment, NewTeamEvent, StateChange};
+use crate::events::{Attached, Fence, NewMoment, NewTeamEvent, StateChange};
 use crate::providers::{
     PermissionDecision, PermissionRequest, Provider, ProviderError, ProviderEvent, ProviderSession,
     SessionSpec, ToolCallUpdate, TurnInput, Usage,
@@ -86,6 +86,9 @@ pub(crate) struct Actor {
     /// A status change the writer kept while the store was unavailable: it commits
     /// later, in order, and the snapshot (what `wait` and the API see) follows it then.
     unpublished: bool,
+    /// The lease epoch this actor writes with; deposed once another replica took the
+    /// agent over (then it stops without writing anything more).
+    fence: Option<Fence>,
 }
 
 impl Actor {
@@ -95,8 +98,10 @@ impl Actor {
         provider: Arc<dyn Provider>,
         snapshot: watch::Sender<Snapshot>,
         generation: u64,
+        epoch: Option<i64>,
     ) -> Self {
         let redactor = Redactor::new(&ctx.secret_env);
+        let fence = epoch.map(|e| Fence::new(ctx.id, e));
         Self {
             shared,
             ctx,
@@ -114,6 +119,7 @@ impl Actor {
             last_activity: Instant::now(),
             redactor,
             unpublished: false,
+            fence,
         }
     }
 
@@ -156,6 +162,7 @@ impl Actor {
                 _ = sleep_until(deadline) => self.interrupt_timed_out().await,
                 _ = sleep_until(idle_deadline) => self.close(IDLE_REASON).await,
                 landed = landed(&writer), if self.unpublished => self.publish_landed(landed),
+                _ = deposed(self.fence.as_ref()) => self.deposed().await,
             }
             // Take what else the provider has already sent, then write it as one batch.
             let mut taken = 0;
@@ -213,7 +220,11 @@ impl Actor {
     }
 
     async fn finish(&mut self) {
-        self.flush().await;
+        // What this actor wrote is committed before its lease is given up: a later claim
+        // starts a new epoch, which would fence off anything still on its way.
+        if !self.is_deposed() {
+            let _ = self.commit(Vec::new(), Vec::new()).await;
+        }
         self.shared.writer.forget(self.id()).await;
         self.shared.remove_actor(self.id(), self.generation);
         self.shared.release_lease(self.id()).await;
@@ -502,6 +513,7 @@ impl Actor {
             .commit_with(
                 opening,
                 Attached {
+                    fence: None,
                     team: vec![team],
                     moments: vec![Moment::TurnStarted { turn_id }.at(0)],
                     changes: vec![
@@ -644,6 +656,7 @@ impl Actor {
         self.commit_with(
             vec![self.event(EventKind::PermissionResolved, data)],
             Attached {
+                fence: None,
                 team: vec![team],
                 moments: vec![moment.at(0)],
                 changes: Vec::new(),
@@ -909,6 +922,7 @@ impl Actor {
             .commit_with(
                 vec![self.event(EventKind::PermissionRequested, data)],
                 Attached {
+                    fence: None,
                     team: vec![team],
                     moments: vec![Moment::PermissionRequested { request_id: id }.at(0)],
                     changes: Vec::new(),
@@ -1122,6 +1136,7 @@ impl Actor {
             .commit_with(
                 events,
                 Attached {
+                    fence: None,
                     team,
                     moments,
                     changes,
@@ -1152,7 +1167,8 @@ impl Actor {
                 self.unpublished = false;
             }
             Err(crate::events::WriteError::Unavailable) => self.unpublished = true,
-            Err(crate::events::WriteError::Stopped) => {}
+            // Stopped: it never lands. Fenced: the agent is another replica's now.
+            Err(crate::events::WriteError::Stopped | crate::events::WriteError::Fenced) => {}
         }
     }
 
@@ -1200,21 +1216,54 @@ impl Actor {
         });
     }
 
+    fn is_deposed(&self) -> bool {
+        self.fence.as_ref().is_some_and(Fence::is_deposed)
+    }
+
+    /// Another replica took the agent over (the writer refused a batch of this actor):
+    /// stop the provider process at once and write nothing more. The timeline and the
+    /// agent's row are the new owner's.
+    async fn deposed(&mut self) {
+        tracing::warn!(agent_id = %self.id(), "another replica took this agent over; stopping it here without writing");
+        if let Some(session) = self.session.take() {
+            session.close().await;
+        }
+        self.provider_events = None;
+        self.outbox.clear();
+        self.outbox_moments.clear();
+        for (_, p) in self.pending.drain() {
+            drop(p);
+        }
+        self.turn = None;
+        self.status = AgentStatus::Closed;
+        self.snapshot.send_modify(|s| {
+            s.status = AgentStatus::Closed;
+            s.pid = None;
+        });
+        self.stop = true;
+    }
+
     /// Hand the queued events to the writer as one batch.
     async fn flush(&mut self) {
+        if self.is_deposed() {
+            self.outbox.clear();
+            self.outbox_moments.clear();
+            return;
+        }
         if self.outbox.is_empty() {
             return;
         }
         let mut events = std::mem::take(&mut self.outbox);
         let mut attached = Attached {
             moments: std::mem::take(&mut self.outbox_moments),
+            fence: self.fence.clone(),
             ..Attached::default()
         };
         self.redact(&mut events, &mut attached);
         if let Err(e) = self
             .shared
             .writer
-            .append_many_with(events, attached.moments)
+            .append_many_attached(events, attached)
             .await
         {
             tracing::error!(agent_id = %self.id(), error = %e, "could not queue events");
@@ -1249,6 +1298,10 @@ impl Actor {
             m
         }));
         attached.moments = all_moments;
+        attached.fence = self.fence.clone();
+        if self.is_deposed() {
+            return Err(crate::events::WriteError::Fenced);
+        }
         all.extend(events);
         self.redact(&mut all, &mut attached);
         self.shared
@@ -1341,6 +1394,7 @@ impl Actor {
         let reason = reason.map(|r| self.redactor.text(r).into_owned());
         let (event, team, change) = self.status_events(status, reason.as_deref());
         let attached = Attached {
+            fence: None,
             team: vec![team],
             moments: moments.into_iter().map(|m| m.at(0)).collect(),
             changes: vec![change],
@@ -1353,12 +1407,14 @@ impl Actor {
 }
 
 /// Once everything handed to the writer so far is committed: true, or false when the
-/// writer has stopped. While the store is known to be down, asks again every 250 ms.
+/// writer has stopped (or this actor's writes were fenced off). While the store is known to be down, asks again every 250 ms.
 async fn landed(writer: &crate::events::EventWriter) -> bool {
     loop {
         match writer.flush().await {
             Ok(()) => return true,
-            Err(crate::events::WriteError::Stopped) => return false,
+            Err(crate::events::WriteError::Stopped | crate::events::WriteError::Fenced) => {
+                return false;
+            }
             Err(crate::events::WriteError::Unavailable) => {
                 tokio::time::sleep(std::time::Duration::from_millis(250)).await;
             }
@@ -1490,5 +1546,13 @@ async fn while_reading<T>(
                 None => return call.await,
             },
         }
+    }
+}
+
+/// Resolves once `fence` is deposed; never without one.
+async fn deposed(fence: Option<&Fence>) {
+    match fence {
+        Some(f) => f.deposed().await,
+        None => std::future::pending().await,
     }
 }

@@ -223,6 +223,8 @@ impl Moment {
 #[derive(Clone)]
 struct ActorHandle {
     generation: u64,
+    /// The lease epoch the actor writes with (its fence), when the agent has a row.
+    epoch: Option<i64>,
     /// The agent's team, to authorize a command for the live agent without reading its row.
     team_id: Uuid,
     tx: mpsc::Sender<Command>,
@@ -433,14 +435,16 @@ impl AgentManager {
     /// Make sure this replica holds agent `id`'s lease before it runs the agent: take it
     /// when nobody holds it, take the agent over when its holder stopped renewing, and
     /// say who runs it otherwise.
-    async fn lease(&self, id: AgentId) -> Result<(), RuntimeError> {
-        if self.live(id).is_some() {
-            return Ok(());
+    /// Returns the lease epoch an actor started now writes with.
+    async fn lease(&self, id: AgentId) -> Result<Option<i64>, RuntimeError> {
+        if let Some(h) = self.live(id) {
+            return Ok(h.epoch);
         }
         let s = &self.shared;
         for _ in 0..2 {
             match store::replicas::claim(&s.pool, id.uuid(), &s.replica, s.lease_ttl_s).await? {
-                store::replicas::Claim::Taken | store::replicas::Claim::NotFound => return Ok(()),
+                store::replicas::Claim::Taken { epoch } => return Ok(Some(epoch)),
+                store::replicas::Claim::NotFound => return Ok(None),
                 store::replicas::Claim::Held { owner, expired } if expired => {
                     self.take_over(id, &owner).await?;
                 }
@@ -551,7 +555,8 @@ impl AgentManager {
     }
 
     /// The live actor of `ctx.id`, started (opening or resuming its session) when none runs.
-    fn actor(&self, ctx: &AgentContext) -> Result<ActorHandle, RuntimeError> {
+    /// `epoch` is the lease epoch a new actor writes with (see `lease`).
+    fn actor(&self, ctx: &AgentContext, epoch: Option<i64>) -> Result<ActorHandle, RuntimeError> {
         if self.shared.shutting_down.load(Ordering::SeqCst) {
             return Err(RuntimeError::ShuttingDown);
         }
@@ -571,6 +576,7 @@ impl AgentManager {
         });
         let handle = ActorHandle {
             generation,
+            epoch,
             team_id: ctx.team_id,
             tx,
             snapshot: snap_rx,
@@ -582,6 +588,7 @@ impl AgentManager {
             provider,
             snap_tx,
             generation,
+            epoch,
         );
         self.shared.rt.spawn(actor.run(rx));
         Ok(handle)
@@ -593,8 +600,8 @@ impl AgentManager {
         ctx: &AgentContext,
         prompt: Option<String>,
     ) -> Result<Option<TurnId>, RuntimeError> {
-        self.lease(ctx.id).await?;
-        let handle = self.actor(ctx)?;
+        let epoch = self.lease(ctx.id).await?;
+        let handle = self.actor(ctx, epoch)?;
         match prompt {
             Some(text) => send(&handle, |reply| Command::Prompt {
                 text,
@@ -616,8 +623,8 @@ impl AgentManager {
         // A prompt that reaches an actor as it stops (idle timeout, exited process) is
         // handed to a fresh one, which reopens the session.
         for _ in 0..2 {
-            self.lease(ctx.id).await?;
-            let handle = self.actor(ctx)?;
+            let epoch = self.lease(ctx.id).await?;
+            let handle = self.actor(ctx, epoch)?;
             match send(&handle, |reply| Command::Prompt {
                 text: text.clone(),
                 client_message_id: client_message_id.clone(),
@@ -818,9 +825,12 @@ impl Shared {
     pub(crate) async fn release_lease(&self, id: AgentId) {
         let live = || {
             let actors = self.actors.lock().expect("actors lock");
-            actors.get(&id).is_some_and(|h| !h.tx.is_closed())
+            actors
+                .get(&id)
+                .filter(|h| !h.tx.is_closed())
+                .map(|h| h.epoch)
         };
-        if live() {
+        if live().is_some() {
             return;
         }
         if let Err(e) = store::replicas::release(&self.pool, id.uuid(), &self.replica).await {
@@ -829,10 +839,17 @@ impl Shared {
             return;
         }
         // A prompt may have reopened the agent here meanwhile, its lease taken just before
-        // this release cleared it: take it back, so that no other replica starts it too.
-        if live()
-            && let Err(e) =
-                store::replicas::claim(&self.pool, id.uuid(), &self.replica, self.lease_ttl_s).await
+        // this release cleared it: take it back for that actor, in its epoch, so that no
+        // other replica starts it too.
+        if let Some(Some(epoch)) = live()
+            && let Err(e) = store::replicas::reclaim(
+                &self.pool,
+                id.uuid(),
+                &self.replica,
+                epoch,
+                self.lease_ttl_s,
+            )
+            .await
         {
             // The next renewal takes it back.
             tracing::warn!(agent_id = %id, error = %e, "could not take an agent's lease back");

@@ -180,6 +180,7 @@ pub async fn abandon_agent(
             team,
             moments,
             changes,
+            fence: None,
         };
         writer.append_committed_with(events, attached).await?;
     }

@@ -537,6 +537,17 @@ pub async fn create(
     reload(ctx, id).await
 }
 
+/// The configuration as `agent.create.before` hooks see it: the creation body without
+/// `prompt`. Every hook of a chain gets this shape, the first from the caller's body, each
+/// next one from the previous answer.
+fn hook_config(body: &CreateAgent) -> ServiceResult<Value> {
+    let mut config = serde_json::to_value(body).map_err(anyhow::Error::from)?;
+    if let Some(m) = config.as_object_mut() {
+        m.remove("prompt");
+    }
+    Ok(config)
+}
+
 /// `agent.create.before`: the request (its configuration without `prompt`, and launch
 /// `env`) through the team's waiting hooks. Returns the configuration to save (with the
 /// caller's prompt) and the launch environment.
@@ -547,9 +558,8 @@ async fn create_hooks(
     team: uuid::Uuid,
     project: uuid::Uuid,
 ) -> ServiceResult<(CreateAgent, Value)> {
-    let mut config = serde_json::to_value(body).map_err(anyhow::Error::from)?;
+    let mut config = hook_config(body)?;
     if let Some(m) = config.as_object_mut() {
-        m.remove("prompt");
         // Hooks see MCP credentials masked; a masked value they return keeps the caller's.
         m.insert("mcp_servers".into(), super::mcp::mask(&body.mcp_servers));
     }
@@ -566,14 +576,18 @@ async fn create_hooks(
                 return Err(format!("`config.{fixed}` may not be changed"));
             }
         }
-        if cfg.contains_key("prompt") {
+        // `"prompt": null` (a hook that round-trips the configuration through a typed
+        // value) sets nothing; a prompt is the caller's alone.
+        if cfg.get("prompt").is_some_and(|p| !p.is_null()) {
             return Err("`config.prompt` is not part of the configuration".into());
         }
         let parsed: CreateAgent = serde_json::from_value(Value::Object(cfg.clone()))
             .map_err(|e| format!("`config` is not an agent configuration: {e}"))?;
         // A hook names no command either.
         super::mcp::check(&ctx.bounds.mcp, &parsed.mcp_servers).map_err(|e| e.to_string())?;
-        Ok(json!({"config": parsed, "env": new.get("env").cloned().unwrap_or_else(|| json!({}))}))
+        // The next hook sees the configuration in the same shape as the first did.
+        let config = hook_config(&parsed).map_err(|e| e.to_string())?;
+        Ok(json!({"config": config, "env": new.get("env").cloned().unwrap_or_else(|| json!({}))}))
     };
     let request = hooks::call_waiting(
         ctx,

@@ -119,6 +119,63 @@ pub async fn insert_batch(
     Ok(())
 }
 
+/// An agent's fence in a batch: the lease epoch its owner's writes carry.
+pub type FenceRow = (Uuid, i64);
+
+/// `insert_batch`, stored only if every fence holds: each agent's row is locked (in id
+/// order) and its `lease_epoch` compared in the same statement. When one does not hold,
+/// nothing is stored and the fences that failed come back.
+pub async fn insert_batch_fenced(
+    db: impl PgExecutor<'_>,
+    events: &[AgentEvent],
+    fences: &[FenceRow],
+) -> Result<Vec<FenceRow>, sqlx::Error> {
+    let c = Columns::of(events, sqlx::types::Json);
+    bind_events!(
+        sqlx::query_as(
+            "WITH locked AS MATERIALIZED (
+                SELECT id, lease_epoch FROM agents WHERE id = ANY($7::uuid[]) ORDER BY id FOR NO KEY UPDATE
+             ), deposed AS MATERIALIZED (
+                SELECT f.id, f.epoch FROM UNNEST($7::uuid[], $8::int8[]) AS f(id, epoch)
+                  JOIN locked l ON l.id = f.id WHERE l.lease_epoch <> f.epoch
+             ), stored AS (
+                INSERT INTO agent_events (agent_id, seq, turn_id, kind, data, created_at)
+                SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], $4::text[], $5::jsonb[], $6::timestamptz[])
+                 WHERE NOT EXISTS (SELECT 1 FROM deposed)
+             )
+             SELECT id, epoch FROM deposed",
+        ),
+        c
+    )
+    .bind(fences.iter().map(|f| f.0).collect::<Vec<_>>())
+    .bind(fences.iter().map(|f| f.1).collect::<Vec<_>>())
+    .fetch_all(db)
+    .await
+}
+
+/// The fences among `fences` that no longer hold, their agents' rows locked (in id order)
+/// until the transaction ends.
+pub async fn deposed(
+    tx: &mut Transaction<'_, Postgres>,
+    fences: &[FenceRow],
+) -> Result<Vec<FenceRow>, sqlx::Error> {
+    if fences.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = fences.iter().map(|f| f.0).collect();
+    sqlx::query_as(
+        "WITH locked AS MATERIALIZED (
+            SELECT id, lease_epoch FROM agents WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
+         )
+         SELECT f.id, f.epoch FROM UNNEST($1::uuid[], $2::int8[]) AS f(id, epoch)
+           JOIN locked l ON l.id = f.id WHERE l.lease_epoch <> f.epoch",
+    )
+    .bind(&ids)
+    .bind(fences.iter().map(|f| f.1).collect::<Vec<_>>())
+    .fetch_all(&mut **tx)
+    .await
+}
+
 /// Insert events one by one (each in its own subtransaction): the ones the database
 /// refuses for their content are left out and reported as `(index, SQLSTATE, message)`.
 /// Slow; only for a batch that `insert_batch` could not store. `data` goes as text, so
@@ -197,7 +254,7 @@ pub async fn page_before(
     .await
 }
 
-#[derive(Debug, Clone, FromRow)]
+#[derive(Debug, Clone, FromRow, serde::Deserialize)]
 pub struct TeamEventRow {
     pub id: i64,
     pub team_id: Uuid,
@@ -316,17 +373,25 @@ pub struct AgentRowUpdate<'a> {
 
 /// Events, moments, team events and the state they announce, in one statement (see
 /// `insert_batch_with`). The agent rows are locked in id order, as every statement that
-/// locks several agent rows does (`replicas::renew`), so two of them never deadlock.
+/// locks several agent rows does (`replicas::renew`), so two of them never deadlock: those
+/// whose state changes and those whose fence is checked, together. When a fence does not
+/// hold, nothing at all is written.
 const INSERT_BATCH_WITH: &str = concat!(
-    "WITH stored AS (
+    "WITH locked AS MATERIALIZED (
+            SELECT id, lease_epoch FROM agents WHERE id = ANY($17::uuid[]) OR id = ANY($25::uuid[])
+             ORDER BY id FOR NO KEY UPDATE
+         ), deposed AS MATERIALIZED (
+            SELECT f.id, f.epoch FROM UNNEST($25::uuid[], $26::int8[]) AS f(id, epoch)
+              JOIN locked l ON l.id = f.id WHERE l.lease_epoch <> f.epoch
+         ), stored AS (
             INSERT INTO agent_events (agent_id, seq, turn_id, kind, data, created_at)
             SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], $4::text[], $5::jsonb[], $6::timestamptz[])
+             WHERE NOT EXISTS (SELECT 1 FROM deposed)
          ), moments AS (
             ",
     insert_moments_sql!(7, 8, 9, 10, 11),
     "
-         ), locked AS MATERIALIZED (
-            SELECT id FROM agents WHERE id = ANY($17::uuid[]) ORDER BY id FOR NO KEY UPDATE
+              AND NOT EXISTS (SELECT 1 FROM deposed)
          ), agent_rows AS (
             UPDATE agents a SET
               last_turn_id = COALESCE(u.started, a.last_turn_id),
@@ -341,33 +406,50 @@ const INSERT_BATCH_WITH: &str = concat!(
             FROM UNNEST($17::uuid[], $18::uuid[], $19::uuid[], $20::text[], $21::text[], $22::text[], $23::text[])
                  AS u(id, started, ended, outcome, error, status, reason)
             WHERE a.id = u.id AND a.id IN (SELECT id FROM locked)
+              AND NOT EXISTS (SELECT 1 FROM deposed)
          ), expired AS (
             UPDATE permission_requests SET status = 'expired', resolved_at = now()
             WHERE id = ANY($24::uuid[]) AND status = 'pending'
+              AND NOT EXISTS (SELECT 1 FROM deposed)
+         ), team_rows AS (
+            INSERT INTO team_events (team_id, project_id, workspace_id, kind, data)
+            SELECT t, p, w, k, d
+            FROM UNNEST($12::uuid[], $13::uuid[], $14::uuid[], $15::text[], $16::jsonb[])
+                 WITH ORDINALITY AS x(t, p, w, k, d, n)
+            WHERE NOT EXISTS (SELECT 1 FROM deposed)
+            ORDER BY n
+            RETURNING id, team_id, project_id, workspace_id, kind, data, at
          )
-         INSERT INTO team_events (team_id, project_id, workspace_id, kind, data)
-         SELECT t, p, w, k, d
-         FROM UNNEST($12::uuid[], $13::uuid[], $14::uuid[], $15::text[], $16::jsonb[])
-              WITH ORDINALITY AS x(t, p, w, k, d, n)
-         ORDER BY n
-         RETURNING id, team_id, project_id, workspace_id, kind, data, at"
+         SELECT (SELECT COALESCE(json_agg(r ORDER BY r.id), '[]'::json) FROM team_rows r) AS team,
+                (SELECT COALESCE(array_agg(id), '{}') FROM deposed) AS deposed_ids,
+                (SELECT COALESCE(array_agg(epoch), '{}') FROM deposed) AS deposed_epochs"
 );
+
+/// What `insert_batch_with` did: the team events stored (in id order), or, when a fence
+/// did not hold, nothing at all and the fences that failed.
+#[derive(Debug)]
+pub enum Stored {
+    Team(Vec<TeamEventRow>),
+    Deposed(Vec<FenceRow>),
+}
 
 /// Insert a batch of events, their moments and team events, and write the state they
 /// announce, in one statement (a data-modifying `WITH`): on its own, one atomic commit and
 /// one round trip, like `insert_batch`, however much it holds. Team events take their ids
-/// in the order given; the stored rows come back in that order.
+/// in the order given; the stored rows come back in that order. With `fences`, all of it is
+/// stored only if each holds (see `insert_batch_fenced`).
 pub async fn insert_batch_with(
     db: impl PgExecutor<'_>,
     events: &[AgentEvent],
     moments: &[MomentRow<'_>],
     team: &[NewTeamRow<'_>],
     state: &StateRows<'_>,
-) -> Result<Vec<TeamEventRow>, sqlx::Error> {
+    fences: &[FenceRow],
+) -> Result<Stored, sqlx::Error> {
     let c = Columns::of(events, sqlx::types::Json);
     let m = MomentColumns::of(moments);
     let a = &state.agents;
-    let mut rows: Vec<TeamEventRow> =
+    let (rows, ids, epochs): (sqlx::types::Json<Vec<TeamEventRow>>, Vec<Uuid>, Vec<i64>) =
         bind_moments!(bind_events!(sqlx::query_as(INSERT_BATCH_WITH), c), m)
             .bind(team.iter().map(|t| t.team_id).collect::<Vec<_>>())
             .bind(team.iter().map(|t| t.project_id).collect::<Vec<_>>())
@@ -402,10 +484,16 @@ pub async fn insert_batch_with(
                     .collect::<Vec<_>>(),
             )
             .bind(&state.expired_permissions)
-            .fetch_all(db)
+            .bind(fences.iter().map(|f| f.0).collect::<Vec<_>>())
+            .bind(fences.iter().map(|f| f.1).collect::<Vec<_>>())
+            .fetch_one(db)
             .await?;
+    if !ids.is_empty() {
+        return Ok(Stored::Deposed(ids.into_iter().zip(epochs).collect()));
+    }
+    let mut rows = rows.0;
     rows.sort_by_key(|r| r.id);
-    Ok(rows)
+    Ok(Stored::Team(rows))
 }
 
 struct MomentColumns<'a> {

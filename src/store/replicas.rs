@@ -171,8 +171,10 @@ pub async fn forget_if_idle(db: impl PgExecutor<'_>, id: &str) -> Result<bool, s
 /// What stands in the way of `me` leasing an agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
-    /// The lease is `me`'s now.
-    Taken,
+    /// The lease is `me`'s now, in this epoch (the fencing token its writes carry).
+    Taken {
+        epoch: i64,
+    },
     /// Another replica holds it; `expired` when its lease ran out unrenewed.
     Held {
         owner: String,
@@ -181,25 +183,29 @@ pub enum Claim {
     NotFound,
 }
 
-/// Lease agent `id` to `me` for `ttl_s` seconds, unless another replica holds it.
+/// Lease agent `id` to `me` for `ttl_s` seconds, unless another replica holds it. Taking
+/// an agent nobody holds starts a new epoch: whoever held it before (and may still have
+/// writes on their way) is fenced off. Claiming it again while `me` holds it keeps the
+/// epoch of the actor that runs it.
 pub async fn claim(
     db: impl PgExecutor<'_> + Copy,
     id: Uuid,
     me: &str,
     ttl_s: i64,
 ) -> Result<Claim, sqlx::Error> {
-    let taken = sqlx::query(
-        "UPDATE agents SET owner_replica = $2, lease_expires_at = now() + make_interval(secs => $3)
-          WHERE id = $1 AND (owner_replica IS NULL OR owner_replica = $2)",
+    let taken: Option<i64> = sqlx::query_scalar(
+        "UPDATE agents SET owner_replica = $2, lease_expires_at = now() + make_interval(secs => $3),
+                           lease_epoch = lease_epoch + CASE WHEN owner_replica IS NULL THEN 1 ELSE 0 END
+          WHERE id = $1 AND (owner_replica IS NULL OR owner_replica = $2)
+          RETURNING lease_epoch",
     )
     .bind(id)
     .bind(me)
     .bind(ttl_s as f64)
-    .execute(db)
-    .await?
-    .rows_affected();
-    if taken > 0 {
-        return Ok(Claim::Taken);
+    .fetch_optional(db)
+    .await?;
+    if let Some(epoch) = taken {
+        return Ok(Claim::Taken { epoch });
     }
     let row: Option<(Option<String>, bool)> = sqlx::query_as(concat!(
         "SELECT a.owner_replica, NOT ",
@@ -220,6 +226,8 @@ pub async fn claim(
 }
 
 /// Take agent `id` over from `owner`, whose lease expired: true when `me` holds it now.
+/// The agent's epoch grows: from this commit on, the event writer refuses every batch
+/// `owner` sends for it (see `events::writer`), however late it arrives.
 ///
 /// The owner's row in `replicas` is locked (shared) until this commits: a heartbeat of the
 /// owner at the same moment either renews its lease first (and the agent is left to it) or
@@ -236,7 +244,8 @@ pub async fn take_over(
         "WITH holder AS MATERIALIZED (
             SELECT lease_expires_at FROM replicas WHERE id = $2 FOR SHARE
          )
-         UPDATE agents SET owner_replica = $3, lease_expires_at = now() + make_interval(secs => $4)
+         UPDATE agents SET owner_replica = $3, lease_expires_at = now() + make_interval(secs => $4),
+                           lease_epoch = lease_epoch + 1
           WHERE id = $1 AND owner_replica = $2 AND coalesce(lease_expires_at < now(), true)
             AND NOT EXISTS (SELECT 1 FROM holder WHERE lease_expires_at > now())",
     )
@@ -327,6 +336,29 @@ pub async fn release(db: impl PgExecutor<'_>, id: Uuid, me: &str) -> Result<(), 
     .execute(db)
     .await
     .map(|_| ())
+}
+
+/// Take agent `id` back for the actor that runs it here in `epoch`, after a release of
+/// `me` raced with that actor's start: only while nobody else took it meanwhile (its
+/// epoch is still `epoch`), and without starting a new epoch. True when `me` holds it.
+pub async fn reclaim(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    me: &str,
+    epoch: i64,
+    ttl_s: i64,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query(
+        "UPDATE agents SET owner_replica = $2, lease_expires_at = now() + make_interval(secs => $4)
+          WHERE id = $1 AND (owner_replica IS NULL OR owner_replica = $2) AND lease_epoch = $3",
+    )
+    .bind(id)
+    .bind(me)
+    .bind(epoch)
+    .bind(ttl_s as f64)
+    .execute(db)
+    .await
+    .map(|r| r.rows_affected() > 0)
 }
 
 /// Give up every lease of `me` (rows locked in id order, as in `renew`).

@@ -809,3 +809,80 @@ async fn assert_one_takeover(app: &TestApp) {
         "{page}"
     );
 }
+
+/// An agent taken over while its old owner still streams (its lease epoch moved on, as a
+/// takeover by another replica does, and the old owner has not renewed since): the old
+/// owner cannot write one more event. Its next batch is refused whole and counted, its
+/// process stops at once (long before a renewal would notice), and no seq a client saw
+/// changes kind or content.
+#[tokio::test]
+async fn a_deposed_owner_cannot_write_and_stops_its_agent_at_once() {
+    // Default leases: a renewal would take 5 s to notice; the fence acts at the next batch.
+    let (a, b) = replicas(|_| {}).await;
+    let repo = git_repo();
+    let (id, _) = a.mock_agent(repo.path()).await;
+    let row = id.trim_start_matches("agt_").to_owned();
+    a.prompt(&id, "/load 20000 2").await;
+    let pid = {
+        let mut pid = None;
+        for _ in 0..100 {
+            let agent = a.get_ok(&format!("/v1/agents/{id}")).await;
+            if let Some(p) = agent["runtime"]["pid"].as_i64() {
+                pid = Some(p as i32);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        pid.expect("a live process")
+    };
+    // Wait until it has written a good part of its turn.
+    for _ in 0..200 {
+        if a.timeline(&id).await.len() > 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let seen_before = a.timeline(&id).await;
+    assert!(seen_before.len() > 50, "{}", seen_before.len());
+
+    // The takeover, as `replicas::take_over` writes it.
+    sqlx::query(
+        "UPDATE agents SET owner_replica = 'elsewhere', lease_epoch = lease_epoch + 1 WHERE id = $1::uuid",
+    )
+    .bind(&row)
+    .execute(&a.pool)
+    .await
+    .unwrap();
+    let last_at_takeover: i64 =
+        sqlx::query_scalar("SELECT max(seq) FROM agent_events WHERE agent_id = $1::uuid")
+            .bind(&row)
+            .fetch_one(&a.pool)
+            .await
+            .unwrap();
+
+    eventually("A stops the deposed agent", Duration::from_secs(3), || {
+        !pid_alive(pid)
+    })
+    .await;
+    let page = crate::metrics::scrape(&a).await;
+    let fenced = crate::metrics::sample(&page, "agentry_fenced_batches_total").unwrap_or(0.0);
+    assert!(fenced >= 1.0, "{page}");
+
+    // Nothing written by A after the takeover, and what was seen is still there as it was.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let last_now: i64 =
+        sqlx::query_scalar("SELECT max(seq) FROM agent_events WHERE agent_id = $1::uuid")
+            .bind(&row)
+            .fetch_one(&a.pool)
+            .await
+            .unwrap();
+    assert_eq!(last_now, last_at_takeover);
+    let after = b.timeline(&id).await;
+    for e in &seen_before {
+        let seq = e["seq"].as_i64().unwrap();
+        let now = after.iter().find(|x| x["seq"].as_i64() == Some(seq));
+        assert_eq!(now, Some(e), "seq {seq} changed");
+    }
+    b.stop().await;
+    a.stop().await;
+}

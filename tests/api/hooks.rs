@@ -1051,6 +1051,50 @@ async fn agent_hooks_run_server_first_accumulate_env_that_reaches_the_process_an
     );
 }
 
+/// Two `agent.create.before` hooks, the first answering 200 with exactly the request it
+/// got: the second sees the same configuration (no field added, `prompt` still absent)
+/// and the agent is created with the caller's prompt.
+#[tokio::test]
+async fn a_chain_of_create_hooks_passes_an_unchanged_config_on_as_it_was() {
+    let app = app().await;
+    let first = Receiver::start().await;
+    let second = Receiver::start().await;
+    hook(&app, "echo", &["agent.create.before"], &first.url("/echo")).await;
+    hook(
+        &app,
+        "check",
+        &["agent.create.before"],
+        &second.url("/check"),
+    )
+    .await;
+    let echo = |r: &Received| Reply::Json(200, json!({"request": r.body["payload"]["request"]}));
+    first.answer(echo);
+    second.answer(echo);
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let agent = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "mock", "prompt": "hello"}),
+            201,
+        )
+        .await;
+    let seen_first = &first.of("agent.create.before")[0].body["payload"]["request"];
+    let seen_second = &second.of("agent.create.before")[0].body["payload"]["request"];
+    assert_eq!(seen_first, seen_second);
+    assert!(
+        seen_second["config"].get("prompt").is_none(),
+        "{seen_second}"
+    );
+    let id = agent["id"].as_str().unwrap();
+    app.wait(id).await;
+    let text = serde_json::to_string(&app.timeline(id).await).unwrap();
+    assert!(text.contains("hello"), "{text}");
+}
+
 /// Wait until the agent has a pending permission request; returns it.
 async fn pending(app: &TestApp, agent: &str) -> Value {
     for _ in 0..400 {
