@@ -83,6 +83,9 @@ pub(crate) struct Actor {
     last_activity: Instant,
     /// Masks the agent's team secret values in what it writes.
     redactor: Redactor,
+    /// The stable code of the open turn's failure, when it has one (`resource_limit`),
+    /// given with its `turn_completed`.
+    turn_error_code: Option<&'static str>,
 }
 
 impl Actor {
@@ -110,6 +113,7 @@ impl Actor {
             stop: false,
             last_activity: Instant::now(),
             redactor,
+            turn_error_code: None,
         }
     }
 
@@ -742,7 +746,19 @@ impl Actor {
                     session.close().await;
                 }
                 self.snapshot.send_modify(|s| s.pid = None);
-                let why = format!("the agent process exited: {reason}");
+                let why = match self.shared.ledger.take_limit_hit(self.id()) {
+                    Some(hit) => {
+                        let why = format!("the agent's processes were stopped: {hit}");
+                        self.emit(
+                            EventKind::Error,
+                            json!({"message": why, "code": "resource_limit"}),
+                        )
+                        .await;
+                        self.turn_error_code = Some("resource_limit");
+                        why
+                    }
+                    None => format!("the agent process exited: {reason}"),
+                };
                 self.settle(
                     Settled {
                         status: AgentStatus::Error,
@@ -1042,6 +1058,9 @@ impl Actor {
         let mut data = json!({"turn_id": turn.id, "outcome": outcome});
         if let Some(e) = &error {
             data["error"] = json!(e);
+        }
+        if let Some(code) = self.turn_error_code.take() {
+            data["error_code"] = json!(code);
         }
         if let Some(u) = &usage {
             data["usage"] = json!(u);
