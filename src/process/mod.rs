@@ -98,6 +98,8 @@ pub struct Ledger {
     agent_limits: Option<ResourceLimits>,
     /// The limit that ended an agent's process, until its runtime asks.
     hits: Arc<Mutex<HashMap<AgentId, LimitHit>>>,
+    /// The cgroup of each agent's latest process, while it lives.
+    live: Arc<Mutex<HashMap<AgentId, std::sync::Weak<ChildCgroup>>>>,
 }
 
 /// A started, recorded child with piped stdin/stdout/stderr.
@@ -506,6 +508,7 @@ impl Ledger {
             host: Arc::new(LimitHost::rlimits_only()),
             agent_limits: None,
             hits: Arc::default(),
+            live: Arc::default(),
         }
     }
 
@@ -528,6 +531,22 @@ impl Ledger {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&agent)
+    }
+
+    /// Whether the tree of `agent`'s running process has reached a limit (the kernel
+    /// counted it) before its watch noticed; if so it is ended at once, as the watch would.
+    /// For a turn that ends right after, so that it fails rather than completes.
+    pub fn stop_if_over_limit(&self, agent: AgentId) -> Option<LimitHit> {
+        let cgroup = self
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&agent)?
+            .upgrade()?;
+        let hit = cgroup.limit_hit()?;
+        self.record_hit(agent, hit);
+        cgroup.kill_all();
+        Some(hit)
     }
 
     fn record_hit(&self, agent: AgentId, hit: LimitHit) {
@@ -628,6 +647,12 @@ impl Ledger {
             self.take_limit_hit(agent);
         }
         if let Some(cgroup) = child.cgroup.clone() {
+            if let Some(agent) = agent_id {
+                self.live
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(agent, Arc::downgrade(&cgroup));
+            }
             let (ledger, seen) = (self.clone(), child.hit.clone());
             child.watch = Some(LimitWatch::start(cgroup, move |hit| {
                 *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(hit);

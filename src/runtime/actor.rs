@@ -737,6 +737,20 @@ impl Actor {
                         Some(_) => TurnOutcome::Canceled,
                         None => outcome,
                     };
+                    // A tree over its limit is ended; the turn it ran in fails with it,
+                    // even when the agent answered before the limit's watch noticed.
+                    if let Some(hit) = self.shared.ledger.stop_if_over_limit(self.id()) {
+                        let why = format!("the agent's processes were stopped: {hit}");
+                        self.emit(
+                            EventKind::Error,
+                            json!({"message": why, "code": "resource_limit"}),
+                        )
+                        .await;
+                        self.turn_error_code = Some("resource_limit");
+                        self.finish_turn(TurnOutcome::Failed, Some(why), usage)
+                            .await;
+                        return;
+                    }
                     self.finish_turn(outcome, error, usage).await;
                 }
             }
@@ -747,7 +761,7 @@ impl Actor {
                 }
                 self.snapshot.send_modify(|s| s.pid = None);
                 let why = match self.shared.ledger.take_limit_hit(self.id()) {
-                    Some(hit) => {
+                    Some(hit) if self.turn.is_some() => {
                         let why = format!("the agent's processes were stopped: {hit}");
                         self.emit(
                             EventKind::Error,
@@ -757,6 +771,7 @@ impl Actor {
                         self.turn_error_code = Some("resource_limit");
                         why
                     }
+                    Some(hit) => format!("the agent's processes were stopped: {hit}"),
                     None => format!("the agent process exited: {reason}"),
                 };
                 self.settle(

@@ -6,6 +6,7 @@ mod agents;
 mod attack_bounds;
 mod attack_git;
 mod attack_identity;
+mod attack_limits;
 mod attack_projects;
 mod attack_tokens;
 mod ci_docs;
