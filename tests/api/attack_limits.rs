@@ -238,3 +238,42 @@ async fn a_fork_bomb_is_stopped_at_the_process_limit() {
         .unwrap();
     assert_eq!(rows, 0);
 }
+
+#[tokio::test]
+async fn cgroups_no_process_holds_are_ended_and_removed_at_boot() {
+    let app = app_with_limits().await;
+    if !uses_cgroups(&app).await {
+        return;
+    }
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let agent = app.agent_in_new_workspace(&project, EXEC).await;
+    let dirs = agentry_cgroups_of(agent_pid(&app, &agent).await);
+    let replica_dir = dirs[0].parent().unwrap().to_owned();
+
+    // A cgroup a crashed server left, with a process still in it, and no row.
+    let leftover = replica_dir.join(uuid::Uuid::now_v7().simple().to_string());
+    std::fs::create_dir(&leftover).unwrap();
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    std::fs::write(leftover.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+    // Not a row id: left alone.
+    let other = replica_dir.join("not-a-row");
+    std::fs::create_dir(&other).unwrap();
+
+    let token = app.token.clone();
+    let (db, data_dir, _) = app.stop().await;
+    let app = crate::helpers::spawn_on_with(db, data_dir, Some(token), |s| {
+        s.agents.limits.max_processes = 64;
+    })
+    .await;
+    assert!(!leftover.exists(), "the leftover cgroup is removed");
+    let status = sleeper.wait().unwrap();
+    assert!(!status.success(), "the process in it was ended");
+    assert!(other.is_dir());
+    std::fs::remove_dir(&other).unwrap();
+    app.stop().await;
+    let _ = std::fs::remove_dir(&replica_dir);
+}
