@@ -142,10 +142,15 @@ impl LimitHost {
             .filter_map(|(controller, own_dir)| {
                 let dir = own_dir.join(BASE_DIR).join(&name);
                 match std::fs::create_dir_all(&dir) {
-                    Ok(()) => Some(Base {
-                        controllers: vec![controller],
-                        dir,
-                    }),
+                    Ok(()) => {
+                        // Made again with the first child: a server that starts none
+                        // leaves nothing behind.
+                        let _ = std::fs::remove_dir(&dir);
+                        Some(Base {
+                            controllers: vec![controller],
+                            dir,
+                        })
+                    }
                     Err(e) => {
                         tracing::debug!(controller = controller.name(), dir = %dir.display(), error = %e, "cgroup v1 controller not usable");
                         None
@@ -689,29 +694,57 @@ impl ChildCgroup {
         }
     }
 
+    /// `remove` on a thread of its own, for a handle dropped without `terminate` (the
+    /// runtime may be stopping and run no more tasks).
+    pub fn remove_in_background(self: Arc<Self>) {
+        let spawned = std::thread::Builder::new()
+            .name("cgroup-remove".into())
+            .spawn(move || {
+                for attempt in 0..50 {
+                    if self.remove_once(attempt == 49) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                self.remove_parents();
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "could not start removing a process's cgroup; it is left for the next start");
+        }
+    }
+
     /// End what is left in the cgroup and remove its directories (retrying while killed
     /// processes finish exiting), then the replica's directory when it is empty.
     pub async fn remove(&self) {
         for attempt in 0..50 {
-            self.kill_all();
-            let mut left = false;
-            for (_, dir) in &self.dirs {
-                match std::fs::remove_dir(dir) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => {
-                        left = true;
-                        if attempt == 49 {
-                            tracing::warn!(dir = %dir.display(), error = %e, "could not remove a process's cgroup");
-                        }
-                    }
-                }
-            }
-            if !left {
+            if self.remove_once(attempt == 49) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        self.remove_parents();
+    }
+
+    /// One attempt: whether every directory is gone.
+    fn remove_once(&self, last: bool) -> bool {
+        self.kill_all();
+        let mut left = false;
+        for (_, dir) in &self.dirs {
+            match std::fs::remove_dir(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    left = true;
+                    if last {
+                        tracing::warn!(dir = %dir.display(), error = %e, "could not remove a process's cgroup");
+                    }
+                }
+            }
+        }
+        !left
+    }
+
+    fn remove_parents(&self) {
         for (_, dir) in &self.dirs {
             // Fails while another child's cgroup is there: that is fine.
             if let Some(parent) = dir.parent() {

@@ -338,18 +338,14 @@ impl Drop for ManagedChild {
             send_to_group(self.pgid(), libc::SIGKILL);
         }
         self.watch.take();
-        let cgroup = self.cgroup.take();
-        if let Some(cgroup) = &cgroup {
-            cgroup.kill_all();
+        if let Some(cgroup) = self.cgroup.take() {
+            cgroup.remove_in_background();
         }
         if let Some((ledger, id)) = self.ledger.take() {
             let tmpdir = self.tmpdir.take();
             match tokio::runtime::Handle::try_current() {
                 Ok(handle) => {
                     handle.spawn(async move {
-                        if let Some(cgroup) = cgroup {
-                            cgroup.remove().await;
-                        }
                         if let Some(dir) = tmpdir {
                             remove_private_tmp_off_runtime(dir, id).await;
                         }
