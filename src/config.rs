@@ -805,6 +805,8 @@ pub struct AgentSettings {
     /// events keeps its share of the cores while agents build and test. 0 runs them at
     /// the server's own priority.
     pub nice: i32,
+    /// `[agents.limits]`: what each agent's process tree may use.
+    pub limits: AgentLimitsSettings,
 }
 
 impl Default for AgentSettings {
@@ -812,8 +814,100 @@ impl Default for AgentSettings {
         Self {
             idle_timeout_s: 900,
             nice: 10,
+            limits: AgentLimitsSettings::default(),
         }
     }
+}
+
+/// `[agents.limits]`: resource limits of each agent's process tree (its CLI and all it
+/// starts) and of each workspace setup or teardown command. Where each one holds depends
+/// on the host (cgroups or rlimits only): see docs/security.md.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentLimitsSettings {
+    /// Memory of the whole tree, as a whole number with a unit: `"512MiB"`, `"4GiB"`
+    /// (units `B`, `KiB`, `MiB`, `GiB`, `TiB`), at least 64 MiB; `"unlimited"` sets none.
+    pub memory: String,
+    /// Processes and threads of the whole tree at once; 0 sets no limit.
+    pub max_processes: u64,
+    /// CPU share of each agent relative to the other agents, 1–10000 (100 is the
+    /// cgroup v2 default weight; agents as a whole weigh as one group beside the server).
+    pub cpu_weight: u32,
+    /// Open files per process (`RLIMIT_NOFILE`); 0 keeps the server's own limit.
+    pub open_files: u64,
+}
+
+impl Default for AgentLimitsSettings {
+    fn default() -> Self {
+        Self {
+            memory: "4GiB".into(),
+            max_processes: 512,
+            cpu_weight: 100,
+            open_files: 4096,
+        }
+    }
+}
+
+/// The smallest memory limit accepted: below it no agent CLI starts.
+const MIN_AGENT_MEMORY: u64 = 64 << 20;
+
+impl AgentLimitsSettings {
+    /// The memory limit in bytes (`None`: unlimited).
+    pub fn memory_bytes(&self) -> Result<Option<u64>, String> {
+        let text = self.memory.trim();
+        if text == "unlimited" {
+            return Ok(None);
+        }
+        let bytes = parse_byte_size(text).ok_or_else(|| {
+            format!("`{text}` is not a size such as \"512MiB\" or \"4GiB\" (or \"unlimited\")")
+        })?;
+        if bytes < MIN_AGENT_MEMORY {
+            return Err("must be at least 64MiB".into());
+        }
+        Ok(Some(bytes))
+    }
+
+    fn validate(&self) -> Result<(), SettingsError> {
+        self.memory_bytes()
+            .map_err(|m| invalid("agents.limits.memory", m))?;
+        if self.max_processes != 0 && self.max_processes < 16 {
+            return Err(invalid(
+                "agents.limits.max_processes",
+                "must be 0 (no limit) or at least 16",
+            ));
+        }
+        if !(1..=10_000).contains(&self.cpu_weight) {
+            return Err(invalid(
+                "agents.limits.cpu_weight",
+                "must be between 1 and 10000",
+            ));
+        }
+        if self.open_files != 0 && self.open_files < 64 {
+            return Err(invalid(
+                "agents.limits.open_files",
+                "must be 0 (the server's own limit) or at least 64",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `<whole number><unit>` with a binary unit (`B`, `KiB`, `MiB`, `GiB`, `TiB`).
+fn parse_byte_size(text: &str) -> Option<u64> {
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
+    let (number, unit) = text.split_at(split);
+    if number.is_empty() {
+        return None;
+    }
+    let shift = match unit.trim_start() {
+        "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        "TiB" => 40,
+        _ => return None,
+    };
+    number.parse::<u64>().ok()?.checked_mul(1u64 << shift)
 }
 
 /// `[metrics]`: `GET /metrics` answers anyone who can reach it unless `token` is set;
@@ -1002,6 +1096,7 @@ impl Settings {
         if !(0..=19).contains(&self.agents.nice) {
             return Err(invalid("agents.nice", "must be between 0 and 19"));
         }
+        self.agents.limits.validate()?;
         if self.database.statement_deadline_ms == 0 {
             return Err(invalid(
                 "database.statement_deadline_ms",
@@ -1496,6 +1591,11 @@ fn typed_setting(path: &[String]) -> bool {
             | ["limits", _]
             | ["events", _]
             | ["agents", _]
+            | [
+                "agents",
+                "limits",
+                "max_processes" | "cpu_weight" | "open_files"
+            ]
             | ["cluster", "lease_ttl_s" | "drain_timeout_s"]
             | ["workspaces", "setup_timeout_s" | "teardown_timeout_s"]
             | [
@@ -2056,6 +2156,85 @@ mod tests {
         assert_eq!(p.default_mode.as_deref(), Some("1"));
         assert_eq!(s.replica_id.as_deref(), Some("007"));
         assert_eq!(s.data_dir, PathBuf::from("/srv/1"));
+    }
+
+    #[test]
+    fn agent_limits_are_parsed_and_checked() {
+        let d = Settings::load_from(None, &[]).unwrap().agents.limits;
+        assert_eq!(d.memory_bytes().unwrap(), Some(4 << 30));
+        assert_eq!(
+            (d.max_processes, d.cpu_weight, d.open_files),
+            (512, 100, 4096)
+        );
+
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(
+            file.path(),
+            "[agents.limits]\nmemory = \"200MiB\"\nmax_processes = 64\nopen_files = 256\n",
+        )
+        .unwrap();
+        let s = Settings::load_from(
+            Some(file.path()),
+            &env(&[("AGENTRY_AGENTS__LIMITS__CPU_WEIGHT", "50")]),
+        )
+        .unwrap();
+        assert_eq!(s.agents.limits.memory_bytes().unwrap(), Some(200 << 20));
+        assert_eq!(s.agents.limits.max_processes, 64);
+        assert_eq!(s.agents.limits.open_files, 256);
+        assert_eq!(s.agents.limits.cpu_weight, 50);
+        let s = Settings::load_from(
+            None,
+            &env(&[("AGENTRY_AGENTS__LIMITS__MEMORY", "unlimited")]),
+        )
+        .unwrap();
+        assert_eq!(s.agents.limits.memory_bytes().unwrap(), None);
+
+        for (name, value, setting) in [
+            (
+                "AGENTRY_AGENTS__LIMITS__MEMORY",
+                "4G",
+                "agents.limits.memory",
+            ),
+            (
+                "AGENTRY_AGENTS__LIMITS__MEMORY",
+                "1.5GiB",
+                "agents.limits.memory",
+            ),
+            (
+                "AGENTRY_AGENTS__LIMITS__MEMORY",
+                "10MiB",
+                "agents.limits.memory",
+            ),
+            (
+                "AGENTRY_AGENTS__LIMITS__MEMORY",
+                "GiB",
+                "agents.limits.memory",
+            ),
+            (
+                "AGENTRY_AGENTS__LIMITS__MAX_PROCESSES",
+                "3",
+                "agents.limits.max_processes",
+            ),
+            (
+                "AGENTRY_AGENTS__LIMITS__CPU_WEIGHT",
+                "0",
+                "agents.limits.cpu_weight",
+            ),
+            (
+                "AGENTRY_AGENTS__LIMITS__CPU_WEIGHT",
+                "10001",
+                "agents.limits.cpu_weight",
+            ),
+            (
+                "AGENTRY_AGENTS__LIMITS__OPEN_FILES",
+                "10",
+                "agents.limits.open_files",
+            ),
+            ("AGENTRY_AGENTS__LIMITS__SWAP", "1", "agents.limits.swap"),
+        ] {
+            let e = Settings::load_from(None, &env(&[(name, value)])).unwrap_err();
+            assert_eq!(e.setting, setting, "{name}={value}: {e}");
+        }
     }
 
     #[test]

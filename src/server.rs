@@ -171,8 +171,11 @@ impl Application {
             bus.clone(),
             fanout.clone(),
         ));
-        let ledger =
-            Ledger::new(pool.clone(), replica.clone()).with_tmp_root(settings.data_dir.join("tmp"));
+        let limit_host = crate::process::limits::LimitHost::detect(&replica);
+        tracing::info!("limits: {}", limit_host.describe());
+        let ledger = Ledger::new(pool.clone(), replica.clone())
+            .with_tmp_root(settings.data_dir.join("tmp"))
+            .with_limits(limit_host, agent_limits(&settings.agents.limits)?);
         let report = reconcile_at_boot(&pool, &writer, &ledger, &lock).await?;
         if report.agents_closed + report.processes_killed + report.turns_failed > 0 {
             tracing::info!(?report, "reconciled what the previous run left");
@@ -427,6 +430,20 @@ async fn record_denials(
 
 /// How other replicas reach this one: `cluster.advertise_url`, else `http://` and the
 /// address it listens on (the host name for an unspecified address).
+/// `[agents.limits]` as the limits of each agent's process tree.
+fn agent_limits(
+    s: &crate::config::AgentLimitsSettings,
+) -> anyhow::Result<crate::process::limits::ResourceLimits> {
+    Ok(crate::process::limits::ResourceLimits {
+        memory_bytes: s
+            .memory_bytes()
+            .map_err(|m| anyhow::anyhow!("invalid setting `agents.limits.memory`: {m}"))?,
+        max_processes: (s.max_processes > 0).then_some(s.max_processes),
+        cpu_weight: Some(s.cpu_weight),
+        open_files: (s.open_files > 0).then_some(s.open_files),
+    })
+}
+
 fn advertise_url(settings: &Settings, listener: &TcpListener) -> anyhow::Result<String> {
     if let Some(url) = &settings.cluster.advertise_url {
         return Ok(url.trim_end_matches('/').to_owned());

@@ -30,14 +30,18 @@ fn not_ready(err: ApiError) -> HttpResponse {
     res.set_body(body.to_string()).map_into_boxed_body()
 }
 
-/// The database is reachable and every migration is applied.
+/// The database is reachable and every migration is applied. The body also says how agent
+/// resource limits are enforced on this host (`limits`).
 #[utoipa::path(tag = "health", responses(
-    (status = 200, description = "Ready", content_type = "application/json", example = json!({"status": "ready"})),
+    (status = 200, description = "Ready", content_type = "application/json", example = json!({"status": "ready", "limits": "cgroup v1 (memory, pids, cpu)"})),
     (status = 503, description = "Not ready", body = crate::api::error::Problem)))]
 #[get("/readyz")]
 async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     match health::ready(&state.services).await {
-        Ok(()) => HttpResponse::Ok().json(json!({"status": "ready"})),
+        Ok(()) => HttpResponse::Ok().json(json!({
+            "status": "ready",
+            "limits": state.services.agents.ledger().limits_mechanism(),
+        })),
         Err(e) => not_ready(ApiError::from(e)),
     }
 }

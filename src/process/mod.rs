@@ -5,15 +5,16 @@
 mod executable;
 pub mod framing;
 pub mod jsonrpc;
+pub mod limits;
 pub mod line_writer;
 pub mod output;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -22,6 +23,7 @@ use uuid::Uuid;
 
 use crate::domain::{AgentId, Redactor, SecretEnv};
 use crate::store::processes as store;
+use limits::{ChildCgroup, LimitHit, LimitHost, LimitWatch, Prepared, ResourceLimits};
 
 pub use crate::store::processes::LedgerRow;
 pub use executable::{find_executable, find_executable_in, is_executable};
@@ -90,6 +92,14 @@ pub struct Ledger {
     /// Where each recorded child gets a temporary directory of its own (its `TMPDIR`),
     /// removed once the child is gone. `None`: children get the server's `TMPDIR`.
     tmp_root: Option<PathBuf>,
+    /// The cgroups (or rlimits only) this host offers.
+    host: Arc<LimitHost>,
+    /// What an agent's process tree (or a workspace command) may use.
+    agent_limits: Option<ResourceLimits>,
+    /// The limit that ended an agent's process, until its runtime asks.
+    hits: Arc<Mutex<HashMap<AgentId, LimitHit>>>,
+    /// The cgroup of each agent's latest process, while it lives.
+    live: Arc<Mutex<HashMap<AgentId, std::sync::Weak<ChildCgroup>>>>,
 }
 
 /// A started, recorded child with piped stdin/stdout/stderr.
@@ -100,6 +110,8 @@ pub struct ManagedChild {
     pub child: tokio::process::Child,
     pub identity: ProcessIdentity,
     ledger: Option<(Ledger, Uuid)>,
+    /// The agent it was started for, if any.
+    agent: Option<AgentId>,
     /// The child's own temporary directory (its `TMPDIR`), removed once it is gone.
     tmpdir: Option<PathBuf>,
     /// The leader has been reaped (its exit status is known).
@@ -110,6 +122,12 @@ pub struct ManagedChild {
     redactor: Redactor,
     /// The process's trace span, from spawn until this handle is dropped.
     span: tracing::Span,
+    /// The cgroup of its tree, removed once it is gone.
+    cgroup: Option<Arc<ChildCgroup>>,
+    /// Ends the tree when it reaches a limit, while it runs.
+    watch: Option<LimitWatch>,
+    /// The limit that ended the tree, once one did.
+    hit: Arc<Mutex<Option<LimitHit>>>,
 }
 
 impl ManagedChild {
@@ -124,6 +142,13 @@ impl ManagedChild {
     /// Masks the child's secret values in text taken from it (its stderr).
     pub fn redactor(&self) -> Redactor {
         self.redactor.clone()
+    }
+
+    /// The limit its tree reached (which ended it), if any: known while its cgroup
+    /// exists and after `terminate`.
+    pub fn limit_hit(&self) -> Option<LimitHit> {
+        let seen = *self.hit.lock().unwrap_or_else(|p| p.into_inner());
+        seen.or_else(|| self.cgroup.as_ref().and_then(|c| c.limit_hit()))
     }
 
     /// The ledger row recording this child, if it was started through [`Ledger::launch`].
@@ -235,6 +260,28 @@ impl ManagedChild {
             send_to_group(self.pgid(), libc::SIGKILL);
         }
 
+        // Its cgroup holds what left the group too (a new session, a daemon).
+        self.watch.take();
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.kill_all();
+            if let Some(hit) = cgroup.limit_hit() {
+                let mut seen = self.hit.lock().unwrap_or_else(|p| p.into_inner());
+                if seen.is_none() {
+                    *seen = Some(hit);
+                    if let Some((ledger, _)) = &self.ledger
+                        && let Some(agent) = self.agent
+                    {
+                        ledger.record_hit(agent, hit);
+                    }
+                }
+            }
+        }
+        if status.is_some()
+            && let Some(cgroup) = self.cgroup.take()
+        {
+            cgroup.remove().await;
+        }
+
         if let Some((ledger, id)) = self.ledger.take() {
             if status.is_some() {
                 if let Some(dir) = self.tmpdir.take() {
@@ -290,6 +337,10 @@ impl Drop for ManagedChild {
         if self.group_is_ours() {
             send_to_group(self.pgid(), libc::SIGKILL);
         }
+        self.watch.take();
+        if let Some(cgroup) = self.cgroup.take() {
+            cgroup.remove_in_background();
+        }
         if let Some((ledger, id)) = self.ledger.take() {
             let tmpdir = self.tmpdir.take();
             match tokio::runtime::Handle::try_current() {
@@ -325,11 +376,16 @@ pub fn lower_priority(pgid: i32, nice: i32) -> io::Result<()> {
 
 /// Spawn `spec` in a new process group (not yet recorded).
 pub fn spawn(spec: &CommandSpec) -> Result<ManagedChild, ProcessError> {
-    spawn_in(spec, None)
+    spawn_in(spec, None, None)
 }
 
-/// `spawn`, with `tmpdir` as the child's `TMPDIR` unless a secret sets it.
-fn spawn_in(spec: &CommandSpec, tmpdir: Option<&Path>) -> Result<ManagedChild, ProcessError> {
+/// `spawn`, with `tmpdir` as the child's `TMPDIR` unless a secret sets it, and in the
+/// cgroup and under the rlimits of `limits`.
+fn spawn_in(
+    spec: &CommandSpec,
+    tmpdir: Option<&Path>,
+    limits: Option<&Prepared>,
+) -> Result<ManagedChild, ProcessError> {
     let mut extra = spec.env.clone();
     if let Some(dir) = tmpdir {
         extra.insert("TMPDIR".to_owned(), dir.to_string_lossy().into_owned());
@@ -373,6 +429,14 @@ fn spawn_in(spec: &CommandSpec, tmpdir: Option<&Path>) -> Result<ManagedChild, P
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    if let Some(prepared) = limits {
+        let setup = prepared.setup();
+        // SAFETY: `apply` makes only async-signal-safe calls (open, write, close,
+        // setrlimit) on data prepared before the fork, and allocates nothing.
+        unsafe {
+            command.pre_exec(move || setup.apply());
+        }
+    }
     let mut child = command.spawn().map_err(spawn_error)?;
 
     let Some(pid) = child.id() else {
@@ -413,6 +477,10 @@ fn spawn_in(spec: &CommandSpec, tmpdir: Option<&Path>) -> Result<ManagedChild, P
         reaped: false,
         finished: false,
         redactor: Redactor::new(&spec.secret_env),
+        cgroup: limits.and_then(Prepared::cgroup),
+        watch: None,
+        hit: Arc::default(),
+        agent: None,
     })
 }
 
@@ -433,7 +501,55 @@ impl Ledger {
             pool,
             replica: replica.into(),
             tmp_root: None,
+            host: Arc::new(LimitHost::rlimits_only()),
+            agent_limits: None,
+            hits: Arc::default(),
+            live: Arc::default(),
         }
+    }
+
+    /// Apply `agent_limits` (see [`Ledger::launch_limited`]) through what `host` offers.
+    pub fn with_limits(mut self, host: LimitHost, agent_limits: ResourceLimits) -> Self {
+        self.host = Arc::new(host);
+        self.agent_limits = Some(agent_limits);
+        self
+    }
+
+    /// What this host offers for limits (`cgroup v1 (memory, pids, cpu)`, `rlimits only`).
+    pub fn limits_mechanism(&self) -> String {
+        self.host.describe()
+    }
+
+    /// The limit that ended a process of `agent`, if one did since it was last asked (and
+    /// since the agent's last process started).
+    pub fn take_limit_hit(&self, agent: AgentId) -> Option<LimitHit> {
+        self.hits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&agent)
+    }
+
+    /// Whether the tree of `agent`'s running process has reached a limit (the kernel
+    /// counted it) before its watch noticed; if so it is ended at once, as the watch would.
+    /// For a turn that ends right after, so that it fails rather than completes.
+    pub fn stop_if_over_limit(&self, agent: AgentId) -> Option<LimitHit> {
+        let cgroup = self
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&agent)?
+            .upgrade()?;
+        let hit = cgroup.limit_hit()?;
+        self.record_hit(agent, hit);
+        cgroup.kill_all();
+        Some(hit)
+    }
+
+    fn record_hit(&self, agent: AgentId, hit: LimitHit) {
+        self.hits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(agent, hit);
     }
 
     /// Give each child a temporary directory of its own under `root`
@@ -458,6 +574,27 @@ impl Ledger {
         spec: &CommandSpec,
         agent_id: Option<AgentId>,
     ) -> Result<ManagedChild, ProcessError> {
+        self.launch_with(spec, agent_id, None).await
+    }
+
+    /// `launch` under the agents' resource limits (`[agents.limits]`): an agent's
+    /// process, a workspace's setup command. Its tree gets a cgroup of its own where the
+    /// host allows, ended as a whole when it reaches a limit.
+    pub async fn launch_limited(
+        &self,
+        spec: &CommandSpec,
+        agent_id: Option<AgentId>,
+    ) -> Result<ManagedChild, ProcessError> {
+        self.launch_with(spec, agent_id, self.agent_limits.as_ref())
+            .await
+    }
+
+    async fn launch_with(
+        &self,
+        spec: &CommandSpec,
+        agent_id: Option<AgentId>,
+        limits: Option<&ResourceLimits>,
+    ) -> Result<ManagedChild, ProcessError> {
         let id = Uuid::now_v7();
         let tmpdir = match &self.tmp_root {
             Some(root) if !spec.env.contains_key("TMPDIR") => Some(
@@ -474,17 +611,52 @@ impl Ledger {
             ),
             _ => None,
         };
-        let spawned = spawn_in(spec, tmpdir.as_deref());
+        let prepared = match limits.map(|l| self.host.prepare(id, l)).transpose() {
+            Ok(prepared) => prepared,
+            Err(source) => {
+                if let Some(dir) = &tmpdir {
+                    remove_private_tmp(dir, id);
+                }
+                return Err(ProcessError::Spawn {
+                    program: spec.program.clone(),
+                    source,
+                });
+            }
+        };
+        let spawned = spawn_in(spec, tmpdir.as_deref(), prepared.as_ref());
         let mut child = match spawned {
             Ok(child) => child,
             Err(e) => {
                 if let Some(dir) = &tmpdir {
                     remove_private_tmp(dir, id);
                 }
+                if let Some(cgroup) = prepared.as_ref().and_then(Prepared::cgroup) {
+                    cgroup.remove().await;
+                }
                 return Err(e);
             }
         };
         child.tmpdir = tmpdir;
+        child.agent = agent_id;
+        if let Some(agent) = agent_id {
+            // A hit of an earlier process is no news any more.
+            self.take_limit_hit(agent);
+        }
+        if let Some(cgroup) = child.cgroup.clone() {
+            if let Some(agent) = agent_id {
+                self.live
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(agent, Arc::downgrade(&cgroup));
+            }
+            let (ledger, seen) = (self.clone(), child.hit.clone());
+            child.watch = Some(LimitWatch::start(cgroup, move |hit| {
+                *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(hit);
+                if let Some(agent) = agent_id {
+                    ledger.record_hit(agent, hit);
+                }
+            }));
+        }
         let command: Vec<String> = std::iter::once(spec.program.clone())
             .chain(spec.args.iter().cloned())
             .collect();
@@ -540,6 +712,7 @@ impl Ledger {
             };
             match judge(&row, current_boot, &probe) {
                 Verdict::Gone => {
+                    self.host.remove_leftover(row.id).await;
                     remove_row_tmp(&row).await;
                     store::delete(&self.pool, row.id).await?;
                     report.gone += 1;
@@ -549,6 +722,7 @@ impl Ledger {
                     let start = row.start_ticks as u64;
                     tracing::info!(pid, pgid = row.pgid, command = ?row.command, "ending a leftover process");
                     end_leftover(pid, row.pgid, start).await;
+                    self.host.remove_leftover(row.id).await;
                     remove_row_tmp(&row).await;
                     store::delete(&self.pool, row.id).await?;
                     report.killed.push(pid);
@@ -592,6 +766,29 @@ impl Ledger {
                 remove_private_tmp_off_runtime(dir, id).await;
                 removed += 1;
             }
+        }
+        Ok(removed)
+    }
+}
+
+impl Ledger {
+    /// At boot, after `reconcile`: end and remove the child cgroups of this replica that
+    /// no ledger row holds (a server that stopped before it could). Only this server's
+    /// children are ever placed in them. Returns how many were removed.
+    pub async fn sweep_cgroups(&self) -> Result<usize, sqlx::Error> {
+        let found = self.host.present();
+        if found.is_empty() {
+            return Ok(0);
+        }
+        let held: std::collections::HashSet<Uuid> = store::existing(&self.pool, &found)
+            .await?
+            .into_iter()
+            .collect();
+        let mut removed = 0;
+        for id in found.into_iter().filter(|id| !held.contains(id)) {
+            tracing::info!(row = %id, "removing a cgroup no process holds");
+            self.host.remove_leftover(id).await;
+            removed += 1;
         }
         Ok(removed)
     }
@@ -1052,7 +1249,7 @@ mod tests {
                 "echo \"$TMPDIR\"; mkdir \"$TMPDIR/x\"; echo left > \"$TMPDIR/x/lib.so\"",
             ],
         );
-        let out = run_to_success(spawn_in(&s, Some(&dir)).unwrap()).await;
+        let out = run_to_success(spawn_in(&s, Some(&dir), None).unwrap()).await;
         assert_eq!(out.trim(), dir.to_str().unwrap());
         assert!(dir.join("x/lib.so").is_file());
 

@@ -89,6 +89,9 @@ pub(crate) struct Actor {
     /// The lease epoch this actor writes with; deposed once another replica took the
     /// agent over (then it stops without writing anything more).
     fence: Option<Fence>,
+    /// The stable code of the open turn's failure, when it has one (`resource_limit`),
+    /// given with its `turn_completed`.
+    turn_error_code: Option<&'static str>,
 }
 
 impl Actor {
@@ -120,6 +123,7 @@ impl Actor {
             redactor,
             unpublished: false,
             fence,
+            turn_error_code: None,
         }
     }
 
@@ -763,6 +767,20 @@ impl Actor {
                         Some(_) => TurnOutcome::Canceled,
                         None => outcome,
                     };
+                    // A tree over its limit is ended; the turn it ran in fails with it,
+                    // even when the agent answered before the limit's watch noticed.
+                    if let Some(hit) = self.shared.ledger.stop_if_over_limit(self.id()) {
+                        let why = format!("the agent's processes were stopped: {hit}");
+                        self.emit(
+                            EventKind::Error,
+                            json!({"message": why, "code": "resource_limit"}),
+                        )
+                        .await;
+                        self.turn_error_code = Some("resource_limit");
+                        self.finish_turn(TurnOutcome::Failed, Some(why), usage)
+                            .await;
+                        return;
+                    }
                     self.finish_turn(outcome, error, usage).await;
                 }
             }
@@ -772,7 +790,20 @@ impl Actor {
                     session.close().await;
                 }
                 self.snapshot.send_modify(|s| s.pid = None);
-                let why = format!("the agent process exited: {reason}");
+                let why = match self.shared.ledger.take_limit_hit(self.id()) {
+                    Some(hit) if self.turn.is_some() => {
+                        let why = format!("the agent's processes were stopped: {hit}");
+                        self.emit(
+                            EventKind::Error,
+                            json!({"message": why, "code": "resource_limit"}),
+                        )
+                        .await;
+                        self.turn_error_code = Some("resource_limit");
+                        why
+                    }
+                    Some(hit) => format!("the agent's processes were stopped: {hit}"),
+                    None => format!("the agent process exited: {reason}"),
+                };
                 self.settle(
                     Settled {
                         status: AgentStatus::Error,
@@ -1073,6 +1104,9 @@ impl Actor {
         let mut data = json!({"turn_id": turn.id, "outcome": outcome});
         if let Some(e) = &error {
             data["error"] = json!(e);
+        }
+        if let Some(code) = self.turn_error_code.take() {
+            data["error_code"] = json!(code);
         }
         if let Some(u) = &usage {
             data["usage"] = json!(u);

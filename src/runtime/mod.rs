@@ -912,7 +912,7 @@ impl ProcessLauncher for AgentLauncher {
     async fn launch(&self, mut spec: CommandSpec) -> Result<ManagedChild, ProcessError> {
         spec.secret_env
             .extend(self.secret_env.iter().map(|(k, v)| (k.clone(), v.clone())));
-        let child = self.ledger.launch(&spec, Some(self.agent)).await?;
+        let child = self.ledger.launch_limited(&spec, Some(self.agent)).await?;
         if self.nice > 0
             && let Err(e) = crate::process::lower_priority(child.pgid(), self.nice)
         {

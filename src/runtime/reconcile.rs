@@ -50,6 +50,10 @@ pub async fn reconcile_at_boot(
     if !procs.killed.is_empty() {
         tracing::warn!(pids = ?procs.killed, "ended leftover agent processes of an earlier run");
     }
+    let cgroups = ledger.sweep_cgroups().await?;
+    if cgroups > 0 {
+        tracing::info!(cgroups, "removed cgroups that no process held");
+    }
     let swept = ledger.sweep_tmp().await?;
     if swept > 0 {
         tracing::info!(

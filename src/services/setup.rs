@@ -400,7 +400,10 @@ async fn run_one(
     deadline: Instant,
     timeout: Duration,
 ) -> Result<(), String> {
-    let mut child = ledger.launch(spec, None).await.map_err(|e| e.to_string())?;
+    let mut child = ledger
+        .launch_limited(spec, None)
+        .await
+        .map_err(|e| e.to_string())?;
     drop(child.take_stdin());
     let readers = [
         child.take_stdout().map(|s| drain(s, out.clone())),
@@ -425,6 +428,9 @@ async fn run_one(
     }
     // Whatever it left running in its group ends with it.
     child.terminate(STOP_GRACE).await;
+    if let Some(hit) = child.limit_hit() {
+        return Err(format!("`{}` was stopped: {hit}", spec.program));
+    }
     if status.success() {
         Ok(())
     } else {

@@ -7,6 +7,7 @@ mod attack_bounds;
 mod attack_egress;
 mod attack_git;
 mod attack_identity;
+mod attack_limits;
 mod attack_projects;
 mod attack_tokens;
 mod ci_docs;
