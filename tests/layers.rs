@@ -17,7 +17,7 @@ const LAYERS: &[&[&str]] = &[
     &["services"],
     &["auth", "runtime"],
     &["providers", "embedded_pg"],
-    &["process", "git"],
+    &["process", "git", "sandbox"],
     &["events"],
     &["store"],
     &["domain"],

@@ -353,6 +353,7 @@ async fn run(
     announce(ctx, target, phase, "running", "").await;
     let deadline = Instant::now() + timeout;
     let ledger = ctx.agents.ledger().clone();
+    let sandbox = ctx.agents.sandbox().cloned();
     let commands = commands.to_vec();
     let target_env = environment(target);
     let cwd = target.path.clone();
@@ -367,6 +368,23 @@ async fn run(
                 env: target_env.clone(),
                 pass_env: Vec::new(),
                 secret_env: Default::default(),
+            };
+            // The repository's commands run in the sandbox an agent of the workspace gets.
+            let spec = match &sandbox {
+                Some(sandbox) => {
+                    let view = crate::sandbox::AgentView {
+                        agent: None,
+                        worktree: cwd.clone(),
+                    };
+                    match sandbox.wrap(spec, &view) {
+                        Ok(spec) => spec,
+                        Err(e) => {
+                            push(&work_out, &format!("[agentry] {e}\n"));
+                            return false;
+                        }
+                    }
+                }
+                None => spec,
             };
             if let Err(why) = run_one(&ledger, &spec, &work_out, deadline, timeout).await {
                 push(&work_out, &format!("[agentry] {why}\n"));
