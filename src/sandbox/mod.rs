@@ -289,6 +289,9 @@ impl Sandbox {
         env.remove("TMPDIR");
         a.flag(&["--bind", TMPDIR_ARG, TMPDIR_ARG]);
 
+        // Only the binds above are writable: not the sandbox's root, nor `/tmp` with the
+        // mount points made in it (TMPDIR is the private directory bound above).
+        a.flag(&["--remount-ro", "/tmp", "--remount-ro", "/"]);
         a.flag(&["--chdir"]);
         a.path(worktree);
         // bwrap ignores TERM (see `program` below), so the ledger's TERM to the group

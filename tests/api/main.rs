@@ -7,6 +7,7 @@ mod attack_bounds;
 mod attack_git;
 mod attack_identity;
 mod attack_projects;
+mod attack_sandbox;
 mod attack_tokens;
 mod ci_docs;
 mod cli;
