@@ -262,3 +262,99 @@ async fn network_host_reaches_a_loopback_server() {
     assert_eq!(r.0, 0, "{}", r.1);
     let _: Value = json!({});
 }
+
+/// The exec agent with an `ask` mode (default) and an unattended `yolo` mode, on a host
+/// where the sandbox cannot run.
+fn unsandboxable(s: &mut Settings) {
+    exec_agent(s);
+    let p = s.providers.get_mut(EXEC).unwrap();
+    p.modes = vec![
+        agentry::config::ModeSetting {
+            id: "ask".into(),
+            label: None,
+            description: None,
+            unattended: false,
+        },
+        agentry::config::ModeSetting {
+            id: "yolo".into(),
+            label: None,
+            description: None,
+            unattended: true,
+        },
+    ];
+    p.default_mode = Some("ask".into());
+    s.sandbox.bwrap = "/nonexistent".into();
+}
+
+async fn create_in_mode(app: &TestApp, repo: &Path, mode: &str, status: u16) -> Value {
+    let project = app
+        .post_ok(
+            "/v1/projects",
+            json!({"name": format!("p-{mode}"), "repo_path": repo}),
+            201,
+        )
+        .await;
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    app.post_ok(
+        "/v1/agents",
+        json!({"workspace_id": ws["id"], "provider": EXEC, "mode": mode}),
+        status,
+    )
+    .await
+}
+
+async fn agent_rows(app: &TestApp) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM agents")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn unattended_modes_are_refused_when_the_host_cannot_sandbox() {
+    let app = spawn_app_with(unsandboxable).await;
+    let repo = git_repo();
+    let refused = create_in_mode(&app, repo.path(), "yolo", 409).await;
+    assert_eq!(refused["code"], "sandbox_unavailable", "{refused}");
+    assert_eq!(agent_rows(&app).await, 0, "no agent was made");
+    // An asking mode still runs (unconfined, as the start log says).
+    let other = git_repo();
+    let ok = create_in_mode(&app, other.path(), "ask", 201).await;
+    let id = ok["id"].as_str().unwrap();
+    let refused = app
+        .client
+        .put(app.url(&format!("/v1/agents/{id}/mode")))
+        .bearer_auth(&app.token)
+        .json(&json!({"mode": "yolo"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 409);
+}
+
+#[tokio::test]
+async fn unattended_modes_run_unconfined_only_when_the_admin_allows_it() {
+    let app = spawn_app_with(|s| {
+        unsandboxable(s);
+        s.sandbox.allow_unconfined_unattended = true;
+    })
+    .await;
+    let repo = git_repo();
+    create_in_mode(&app, repo.path(), "yolo", 201).await;
+}
+
+#[tokio::test]
+async fn sandbox_mode_off_refuses_unattended_modes_too() {
+    let app = spawn_app_with(|s| {
+        unsandboxable(s);
+        s.sandbox.bwrap = "bwrap".into();
+        s.sandbox.mode = agentry::config::SandboxMode::Off;
+    })
+    .await;
+    let repo = git_repo();
+    let refused = create_in_mode(&app, repo.path(), "yolo", 409).await;
+    assert_eq!(refused["code"], "sandbox_unavailable", "{refused}");
+    assert_eq!(agent_rows(&app).await, 0);
+}
