@@ -234,6 +234,7 @@ impl Actor {
                 let view = crate::sandbox::AgentView {
                     agent: Some(self.id().uuid()),
                     worktree: self.ctx.cwd.clone(),
+                    provider: Some(self.ctx.provider.clone()),
                 };
                 (s, view)
             }),

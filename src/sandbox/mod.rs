@@ -66,6 +66,9 @@ pub struct AgentView {
     pub agent: Option<Uuid>,
     /// The worktree (or directory) the agent works in: read-write.
     pub worktree: PathBuf,
+    /// The agent's provider, whose state directory `<data_dir>/providers/<id>` (Pi's
+    /// session files) is mounted read-write when it exists.
+    pub provider: Option<String>,
 }
 
 /// Whether this host can sandbox, found once at start.
@@ -280,6 +283,16 @@ impl Sandbox {
             }
             make_private_dir(&dir)?;
             a.pair("--bind", &dir, &dir);
+        }
+        if let Some(id) = &view.provider
+            && !id.is_empty()
+            && !id.contains('/')
+            && id != ".."
+        {
+            let dir = self.data_dir.join("providers").join(id);
+            if dir.is_dir() {
+                a.pair("--bind", &dir, &dir);
+            }
         }
         for (host, inside) in &plan.binds {
             a.pair("--bind", host, inside);

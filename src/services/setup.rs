@@ -375,6 +375,7 @@ async fn run(
                     let view = crate::sandbox::AgentView {
                         agent: None,
                         worktree: cwd.clone(),
+                        provider: None,
                     };
                     match sandbox.wrap(spec, &view) {
                         Ok(spec) => spec,
