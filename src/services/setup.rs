@@ -412,6 +412,14 @@ async fn run(
 }
 
 /// One command to its end: `Err` says why it counts as failed.
+/// The program a command names, also once wrapped in a sandbox (whose argv ends with it).
+fn shown_program(spec: &CommandSpec) -> &str {
+    match spec.args.iter().position(|a| a == "--default-signal=TERM") {
+        Some(i) if spec.program == "env" => spec.args.get(i + 1).map_or(&spec.program, |p| p),
+        _ => &spec.program,
+    }
+}
+
 async fn run_one(
     ledger: &Ledger,
     spec: &CommandSpec,
@@ -429,7 +437,7 @@ async fn run_one(
         Ok(Ok(status)) => status,
         Ok(Err(e)) => {
             child.terminate(STOP_GRACE).await;
-            return Err(format!("could not wait for `{}`: {e}", spec.program));
+            return Err(format!("could not wait for `{}`: {e}", shown_program(spec)));
         }
         Err(_) => {
             child.terminate(STOP_GRACE).await;
@@ -449,7 +457,7 @@ async fn run_one(
     } else {
         Err(
             crate::process::output::describe_exit(Some(status), None, "")
-                .replace("the agent process", &format!("`{}`", spec.program)),
+                .replace("the agent process", &format!("`{}`", shown_program(spec))),
         )
     }
 }
