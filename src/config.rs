@@ -74,6 +74,11 @@ pub struct Settings {
     pub projects: ProjectSettings,
     /// `[egress]`: what agents may reach through the egress proxy.
     pub egress: EgressSettings,
+    /// `[sandbox]`: how agent processes are confined.
+    pub sandbox: SandboxSettings,
+    /// The settings file this was read from (not a setting): kept out of every sandbox.
+    #[serde(skip)]
+    pub config_file: Option<PathBuf>,
 }
 
 /// `[egress]`: the allow lists of the egress proxy (each entry `host`, `*.suffix`, `*` or
@@ -104,12 +109,58 @@ impl Default for EgressSettings {
     }
 }
 
+/// `[sandbox]`: every process started for an agent runs inside a `bwrap` sandbox of its
+/// own (see docs/security.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxSettings {
+    /// `enforce` (default) or `off`.
+    pub mode: SandboxMode,
+    /// `host` (default: the host's network), `none` (loopback only) or `proxy` (not
+    /// available yet: refused at start).
+    pub network: SandboxNetwork,
+    /// Let agents run in unattended modes when they cannot be sandboxed (default false).
+    pub allow_unconfined_unattended: bool,
+    /// Absolute paths mounted read-only into every sandbox (a JDK, a toolchain).
+    pub extra_read_only: Vec<PathBuf>,
+    /// The bubblewrap executable (default `bwrap`, looked up on PATH).
+    pub bwrap: String,
+}
+
+impl Default for SandboxSettings {
+    fn default() -> Self {
+        Self {
+            mode: SandboxMode::Enforce,
+            network: SandboxNetwork::Host,
+            allow_unconfined_unattended: false,
+            extra_read_only: Vec::new(),
+            bwrap: "bwrap".to_owned(),
+        }
+    }
+}
+
 /// `[egress.providers.<id>]`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EgressProviderSettings {
     /// The hosts the provider's agents may reach instead of its built-in list.
     pub allow: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxMode {
+    Enforce,
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxNetwork {
+    Host,
+    None,
+    /// Through agentry's egress proxy (not wired yet: refused at start).
+    Proxy,
 }
 
 /// `[server]`: how the HTTP server sees its clients.
@@ -753,6 +804,8 @@ impl Default for Settings {
             mcp: McpSettings::default(),
             projects: ProjectSettings::default(),
             egress: EgressSettings::default(),
+            sandbox: SandboxSettings::default(),
+            config_file: None,
         }
     }
 }
@@ -1066,9 +1119,11 @@ impl Settings {
             set_path(&mut table, &path, value);
         }
         check_providers(&table)?;
-        let settings: Settings = toml::Value::Table(table)
+        let mut settings: Settings = toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| invalid(&setting_name_of(&e), e.message()))?;
+        settings.config_file =
+            file.map(|f| std::fs::canonicalize(f).unwrap_or_else(|_| f.to_owned()));
         settings.validated()
     }
 
@@ -1092,6 +1147,26 @@ impl Settings {
         }
         if self.database.max_connections == 0 {
             return Err(invalid("database.max_connections", "must be at least 1"));
+        }
+        if self.sandbox.network == SandboxNetwork::Proxy {
+            return Err(invalid(
+                "sandbox.network",
+                "`proxy` is not available yet; use `host` or `none`",
+            ));
+        }
+        if let Some(bad) = self
+            .sandbox
+            .extra_read_only
+            .iter()
+            .find(|p| p.is_relative())
+        {
+            return Err(invalid(
+                "sandbox.extra_read_only",
+                format!("`{}` is not an absolute path", bad.display()),
+            ));
+        }
+        if self.sandbox.bwrap.trim().is_empty() {
+            return Err(invalid("sandbox.bwrap", "must not be empty"));
         }
         if !(0..=19).contains(&self.agents.nice) {
             return Err(invalid("agents.nice", "must be between 0 and 19"));

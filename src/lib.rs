@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod process;
 pub mod providers;
 pub mod runtime;
+pub mod sandbox;
 pub mod server;
 pub mod services;
 pub mod store;

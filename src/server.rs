@@ -215,7 +215,8 @@ impl Application {
                 .then(|| Duration::from_secs(settings.agents.idle_timeout_s)),
         )
         .with_lease_ttl(Duration::from_secs(settings.cluster.lease_ttl_s))
-        .with_agent_nice(settings.agents.nice);
+        .with_agent_nice(settings.agents.nice)
+        .with_sandbox(std::sync::Arc::new(sandbox_at_start(&settings)));
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let oidc = match &settings.auth.oidc {
             Some(o) => Some(crate::auth::oidc::Oidc::start(
@@ -546,4 +547,31 @@ pub async fn create_admin_token(pool: &PgPool, name: &str) -> anyhow::Result<Str
     )
     .await?;
     Ok(token)
+}
+
+/// Probe once whether this host can sandbox agents, and say what it found.
+fn sandbox_at_start(settings: &Settings) -> crate::sandbox::Sandbox {
+    use crate::config::SandboxMode;
+    let sandbox = crate::sandbox::Sandbox::probe(
+        &settings.sandbox,
+        &settings.data_dir,
+        settings.config_file.as_deref(),
+    );
+    let status = sandbox.status();
+    match (status.mode, &status.reason) {
+        (SandboxMode::Enforce, None) => {
+            tracing::info!(network = ?status.network, "agent processes run sandboxed (bwrap)");
+        }
+        (SandboxMode::Enforce, Some(reason)) => {
+            tracing::error!(%reason, allow_unconfined_unattended = settings.sandbox.allow_unconfined_unattended,
+                "this host cannot sandbox agents: they run UNCONFINED; unattended modes are refused unless sandbox.allow_unconfined_unattended is set");
+        }
+        (SandboxMode::Off, _) => {
+            tracing::warn!(
+                allow_unconfined_unattended = settings.sandbox.allow_unconfined_unattended,
+                "sandbox.mode = \"off\": agents run UNCONFINED; unattended modes are refused unless sandbox.allow_unconfined_unattended is set"
+            );
+        }
+    }
+    sandbox
 }

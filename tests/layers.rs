@@ -17,7 +17,7 @@ const LAYERS: &[&[&str]] = &[
     &["services"],
     &["auth", "runtime"],
     &["providers", "embedded_pg"],
-    &["process", "git", "egress"],
+    &["process", "git", "egress", "sandbox"],
     &["events"],
     &["store"],
     &["domain"],

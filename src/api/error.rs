@@ -189,6 +189,7 @@ impl From<ServiceError> for ApiError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             E::WorkspaceArchived(_)
+            | E::SandboxUnavailable { .. }
             | E::AgentArchived
             | E::ProjectNameTaken
             | E::ProjectHasWorkspaces

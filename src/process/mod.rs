@@ -44,6 +44,11 @@ const POLL_INTERVAL: Duration = Duration::from_millis(50);
 /// progress, here or on a replica sharing the data dir, records its row long before.
 const ORPHAN_TMP_AGE: Duration = Duration::from_secs(600);
 
+/// An argument that stands for the child's private temporary directory (see
+/// `Ledger::with_tmp_root`): replaced by its path when it has one; a `--bind` of it to
+/// itself (a sandbox's) is dropped when it has none, and the child's `TMPDIR` is `/tmp`.
+pub const TMPDIR_ARG: &str = "@agentry-private-tmpdir@";
+
 /// What to run. `program` is looked up on PATH unless it contains a `/`.
 #[derive(Debug, Clone)]
 pub struct CommandSpec {
@@ -390,6 +395,10 @@ fn spawn_in(
     if let Some(dir) = tmpdir {
         extra.insert("TMPDIR".to_owned(), dir.to_string_lossy().into_owned());
     }
+    let args = with_tmpdir(&spec.args, tmpdir);
+    if tmpdir.is_none() && args.len() != spec.args.len() {
+        extra.insert("TMPDIR".to_owned(), "/tmp".to_owned());
+    }
     extra.extend(
         spec.secret_env
             .iter()
@@ -420,7 +429,7 @@ fn spawn_in(
     let mut command = tokio::process::Command::new(&program);
     command
         .arg0(&spec.program)
-        .args(&spec.args)
+        .args(&args)
         .current_dir(&spec.cwd)
         .env_clear()
         .envs(env)
@@ -482,6 +491,39 @@ fn spawn_in(
         hit: Arc::default(),
         agent: None,
     })
+}
+
+/// `args` with `TMPDIR_ARG` replaced by `tmpdir`, or without the `--bind` of it when
+/// there is none.
+fn with_tmpdir(args: &[String], tmpdir: Option<&Path>) -> Vec<String> {
+    match tmpdir {
+        Some(dir) => args
+            .iter()
+            .map(|a| {
+                if a == TMPDIR_ARG {
+                    dir.to_string_lossy().into_owned()
+                } else {
+                    a.clone()
+                }
+            })
+            .collect(),
+        None => {
+            let mut out = Vec::with_capacity(args.len());
+            let mut i = 0;
+            while i < args.len() {
+                if args[i] == "--bind"
+                    && args.get(i + 1).is_some_and(|a| a == TMPDIR_ARG)
+                    && args.get(i + 2).is_some_and(|a| a == TMPDIR_ARG)
+                {
+                    i += 3;
+                    continue;
+                }
+                out.push(args[i].clone());
+                i += 1;
+            }
+            out
+        }
+    }
 }
 
 /// The identity of a live (or zombie) process, read from /proc.

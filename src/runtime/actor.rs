@@ -255,6 +255,14 @@ impl Actor {
             agent: self.id(),
             secret_env: self.ctx.secret_env.clone(),
             nice: self.shared.agent_nice,
+            sandbox: self.shared.sandbox.clone().map(|s| {
+                let view = crate::sandbox::AgentView {
+                    agent: Some(self.id().uuid()),
+                    worktree: self.ctx.cwd.clone(),
+                    provider: Some(self.ctx.provider.clone()),
+                };
+                (s, view)
+            }),
         });
         let (tx, rx) = mpsc::channel(1024);
         match self.provider.start(spec, launcher, tx).await {

@@ -32,6 +32,7 @@ use crate::process::{CommandSpec, Ledger, ManagedChild, ProcessError};
 use crate::providers::{
     CatalogScope, ModelInfo, Probe, ProcessLauncher, Provider, ProviderRegistry,
 };
+use crate::sandbox::{AgentView, Sandbox};
 use crate::store;
 use crate::store::replicas::{Busy, Renewal};
 
@@ -241,6 +242,8 @@ pub(crate) struct Shared {
     pub idle_timeout: Option<Duration>,
     /// CPU priority of agent processes (`agents.nice`; 0: the server's own).
     pub agent_nice: i32,
+    /// The sandbox every agent process runs in (`None`: none, as in unit tests).
+    pub sandbox: Option<Arc<Sandbox>>,
     actors: Mutex<HashMap<AgentId, ActorHandle>>,
     /// Turns ended, by provider and outcome.
     pub turns: Family<Counter>,
@@ -286,6 +289,7 @@ impl AgentManager {
                 interrupt_grace: Duration::from_secs(5),
                 idle_timeout: None,
                 agent_nice: 0,
+                sandbox: None,
                 actors: Mutex::new(HashMap::new()),
                 turns: Family::counters(&["provider", "outcome"]),
                 turns_started: Family::counters(&["provider"]),
@@ -327,6 +331,19 @@ impl AgentManager {
             .expect("the agents' priority is set before the manager is shared")
             .agent_nice = nice;
         self
+    }
+
+    /// The sandbox agent processes run in. Set it before the manager is cloned or used.
+    pub fn with_sandbox(mut self, sandbox: Arc<Sandbox>) -> Self {
+        Arc::get_mut(&mut self.shared)
+            .expect("the sandbox is set before the manager is shared")
+            .sandbox = Some(sandbox);
+        self
+    }
+
+    /// The sandbox agent processes run in, if any.
+    pub fn sandbox(&self) -> Option<&Arc<Sandbox>> {
+        self.shared.sandbox.as_ref()
     }
 
     /// How long this replica's leases last unrenewed (default 15 s). Set it before the
@@ -905,6 +922,8 @@ pub(crate) struct AgentLauncher {
     pub agent: AgentId,
     pub secret_env: SecretEnv,
     pub nice: i32,
+    /// The sandbox the agent's processes run in, and what the agent sees there.
+    pub sandbox: Option<(Arc<Sandbox>, AgentView)>,
 }
 
 #[async_trait]
@@ -912,6 +931,12 @@ impl ProcessLauncher for AgentLauncher {
     async fn launch(&self, mut spec: CommandSpec) -> Result<ManagedChild, ProcessError> {
         spec.secret_env
             .extend(self.secret_env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        if let Some((sandbox, view)) = &self.sandbox {
+            spec = sandbox.wrap(spec, view).map_err(|e| ProcessError::Spawn {
+                program: "bwrap".to_owned(),
+                source: std::io::Error::other(e.to_string()),
+            })?;
+        }
         let child = self.ledger.launch_limited(&spec, Some(self.agent)).await?;
         if self.nice > 0
             && let Err(e) = crate::process::lower_priority(child.pgid(), self.nice)

@@ -368,6 +368,36 @@ async fn check_create(
     Ok(provider)
 }
 
+/// An unattended `mode` (or the provider's default) is refused when agents are not
+/// sandboxed here (the host cannot, or `sandbox.mode = "off"`), unless the admin allows it
+/// (`sandbox.allow_unconfined_unattended`): nothing runs unattended and unconfined silently.
+fn check_confinement(
+    ctx: &ServiceContext,
+    provider: &dyn crate::providers::Provider,
+    mode: Option<&str>,
+) -> ServiceResult<()> {
+    let Some(sandbox) = ctx.agents.sandbox() else {
+        return Ok(());
+    };
+    let status = sandbox.status();
+    if status.confines() || sandbox.settings().allow_unconfined_unattended {
+        return Ok(());
+    }
+    let info = provider.info();
+    let Some(mode) = mode.map(str::to_owned).or(info.default_mode.clone()) else {
+        return Ok(());
+    };
+    if !info.modes.iter().any(|m| m.id == mode && m.unattended) {
+        return Ok(());
+    }
+    let reason = match (&status.reason, status.mode) {
+        (_, crate::config::SandboxMode::Off) => "sandbox.mode is off".to_owned(),
+        (Some(r), _) => r.clone(),
+        (None, _) => "unknown".to_owned(),
+    };
+    Err(ServiceError::SandboxUnavailable { mode, reason })
+}
+
 pub async fn create(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -411,6 +441,7 @@ pub async fn create(
     let replaced = create_hooks(ctx, principal, body, team, project).await?;
     let (body, create_env) = (&replaced.0, replaced.1);
     let provider = check_create(ctx, body).await?;
+    check_confinement(ctx, provider.as_ref(), body.mode.as_deref())?;
     let team_name = team_name(ctx, team).await?;
     super::mcp::check_team(&ctx.bounds.mcp, &team_name, &body.mcp_servers)?;
     super::mcp::check_addresses(&ctx.bounds.mcp, &body.mcp_servers).await?;
@@ -862,6 +893,9 @@ pub async fn set_mode(
                 format!("`{mode}` is not a mode of `{}`", row.provider),
             ));
         }
+    }
+    if let Some(p) = ctx.agents.registry().get(&row.provider) {
+        check_confinement(ctx, p.as_ref(), Some(&mode))?;
     }
     if !ctx.agents.set_mode(id, mode.clone()).await? {
         store::agents::set_mode(&ctx.pool, row.id, &mode).await?;

@@ -33,6 +33,11 @@ pub enum ServiceError {
     /// The provider cannot be used for a new agent right now.
     #[error("provider `{provider}` is unavailable: {reason}")]
     ProviderUnavailable { provider: String, reason: String },
+    /// An unattended mode was asked for an agent this server cannot sandbox.
+    #[error(
+        "mode `{mode}` runs unattended, and agents are not sandboxed on this server ({reason}); an admin may allow it with sandbox.allow_unconfined_unattended"
+    )]
+    SandboxUnavailable { mode: String, reason: String },
     /// The provider could not be asked (e.g. for its models) right now.
     #[error("{0}")]
     ProviderUnreachable(String),
@@ -130,6 +135,7 @@ impl ServiceError {
             ServiceError::ProviderUnavailable { .. } | ServiceError::ProviderUnreachable(_) => {
                 "provider_unavailable"
             }
+            ServiceError::SandboxUnavailable { .. } => "sandbox_unavailable",
             ServiceError::WorkspaceArchived(_) => "workspace_archived",
             ServiceError::AgentArchived => "agent_archived",
             ServiceError::ProjectNameTaken => "project_name_taken",

@@ -353,6 +353,7 @@ async fn run(
     announce(ctx, target, phase, "running", "").await;
     let deadline = Instant::now() + timeout;
     let ledger = ctx.agents.ledger().clone();
+    let sandbox = ctx.agents.sandbox().cloned();
     let commands = commands.to_vec();
     let target_env = environment(target);
     let cwd = target.path.clone();
@@ -367,6 +368,24 @@ async fn run(
                 env: target_env.clone(),
                 pass_env: Vec::new(),
                 secret_env: Default::default(),
+            };
+            // The repository's commands run in the sandbox an agent of the workspace gets.
+            let spec = match &sandbox {
+                Some(sandbox) => {
+                    let view = crate::sandbox::AgentView {
+                        agent: None,
+                        worktree: cwd.clone(),
+                        provider: None,
+                    };
+                    match sandbox.wrap(spec, &view) {
+                        Ok(spec) => spec,
+                        Err(e) => {
+                            push(&work_out, &format!("[agentry] {e}\n"));
+                            return false;
+                        }
+                    }
+                }
+                None => spec,
             };
             if let Err(why) = run_one(&ledger, &spec, &work_out, deadline, timeout).await {
                 push(&work_out, &format!("[agentry] {why}\n"));
@@ -393,6 +412,14 @@ async fn run(
 }
 
 /// One command to its end: `Err` says why it counts as failed.
+/// The program a command names, also once wrapped in a sandbox (whose argv ends with it).
+fn shown_program(spec: &CommandSpec) -> &str {
+    match spec.args.iter().position(|a| a == "--default-signal=TERM") {
+        Some(i) if spec.program == "env" => spec.args.get(i + 1).map_or(&spec.program, |p| p),
+        _ => &spec.program,
+    }
+}
+
 async fn run_one(
     ledger: &Ledger,
     spec: &CommandSpec,
@@ -413,7 +440,7 @@ async fn run_one(
         Ok(Ok(status)) => status,
         Ok(Err(e)) => {
             child.terminate(STOP_GRACE).await;
-            return Err(format!("could not wait for `{}`: {e}", spec.program));
+            return Err(format!("could not wait for `{}`: {e}", shown_program(spec)));
         }
         Err(_) => {
             child.terminate(STOP_GRACE).await;
@@ -436,7 +463,7 @@ async fn run_one(
     } else {
         Err(
             crate::process::output::describe_exit(Some(status), None, "")
-                .replace("the agent process", &format!("`{}`", spec.program)),
+                .replace("the agent process", &format!("`{}`", shown_program(spec))),
         )
     }
 }

@@ -9,6 +9,7 @@ mod attack_git;
 mod attack_identity;
 mod attack_limits;
 mod attack_projects;
+mod attack_sandbox;
 mod attack_tokens;
 mod ci_docs;
 mod cli;

@@ -24,6 +24,9 @@ use crate::helpers::*;
 const ENVDUMP: &str = "envdump";
 
 fn envdump(s: &mut Settings, dir: &Path) {
+    // The dump is written outside the agent's worktree, which a sandbox forbids: these
+    // tests look at the environment, not at confinement.
+    s.sandbox.mode = agentry::config::SandboxMode::Off;
     let script = format!(
         "env > \"$ENV_DUMP_DIR/$$.env\"; exec '{}' mock-agent",
         env!("CARGO_BIN_EXE_agentry")

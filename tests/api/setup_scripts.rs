@@ -198,7 +198,11 @@ setup = [["sh", "-c", "echo started; sleep 3737 & sleep 3737"]]
 
 #[tokio::test]
 async fn teardown_runs_before_the_worktree_goes() {
-    let app = spawn_app().await;
+    // The marker is written outside the worktree, which a sandbox forbids.
+    let app = crate::helpers::spawn_app_with(|s| {
+        s.sandbox.mode = agentry::config::SandboxMode::Off;
+    })
+    .await;
     let outside = tempfile::tempdir().unwrap();
     let marker = outside.path().join("torn-down");
     let repo = repo_with(&format!(

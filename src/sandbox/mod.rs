@@ -1,0 +1,501 @@
+//! The agent sandbox: turns a `CommandSpec` into one that runs the same argv inside
+//! `bwrap` (user, PID, IPC, UTS and cgroup namespaces, a mount namespace that shows only
+//! what the agent needs) from a description of the agent's view. See docs/security.md.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use uuid::Uuid;
+
+use crate::config::{SandboxMode, SandboxNetwork, SandboxSettings};
+use crate::process::{CommandSpec, TMPDIR_ARG, find_executable_in};
+
+/// System directories every sandbox sees read-only (those that exist on the host).
+const SYSTEM_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
+];
+
+/// Files under `/etc` never shown, whatever their mode (the sandbox's uid 0 owns them).
+const MASKED_FILES: &[&str] = &[
+    "/etc/shadow",
+    "/etc/gshadow",
+    "/etc/shadow-",
+    "/etc/gshadow-",
+];
+
+/// Variables that name a directory where a CLI keeps its state: when a provider's `env`
+/// sets one to an absolute path, that directory is mounted read-write.
+const STATE_VARS: &[&str] = &[
+    "HOME",
+    "CLAUDE_CONFIG_DIR",
+    "CODEX_HOME",
+    "PI_CODING_AGENT_DIR",
+    "COPILOT_HOME",
+    "GEMINI_CLI_HOME",
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
+    "XDG_STATE_HOME",
+    "XDG_CACHE_HOME",
+];
+
+/// How the sandbox reaches the network: produced for `host` and `none` here, and by the
+/// egress proxy for `proxy`. Binds are read-write binds (host path, in-sandbox path);
+/// `env` is added to the child's; `argv_prefix` runs before the CLI's argv inside.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NetworkPlan {
+    pub unshare_net: bool,
+    pub binds: Vec<(PathBuf, PathBuf)>,
+    pub env: BTreeMap<String, String>,
+    pub argv_prefix: Vec<String>,
+}
+
+impl NetworkPlan {
+    pub fn for_mode(mode: SandboxNetwork) -> Self {
+        Self {
+            unshare_net: mode != SandboxNetwork::Host,
+            ..Self::default()
+        }
+    }
+}
+
+/// What one agent (or one workspace's setup) sees besides the system.
+#[derive(Debug, Clone)]
+pub struct AgentView {
+    /// The agent whose private home is `<data_dir>/agent-homes/<uuid>`; `None` (setup
+    /// commands): HOME is the sandbox's private `/tmp`.
+    pub agent: Option<Uuid>,
+    /// The worktree (or directory) the agent works in: read-write.
+    pub worktree: PathBuf,
+    /// The agent's provider, whose state directory `<data_dir>/providers/<id>` (Pi's
+    /// session files) is mounted read-write when it exists.
+    pub provider: Option<String>,
+}
+
+/// Whether this host can sandbox, found once at start.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct SandboxStatus {
+    /// `enforce` or `off`.
+    #[schema(value_type = String)]
+    pub mode: SandboxMode,
+    /// The host can sandbox (bwrap found and a trial sandbox ran).
+    pub available: bool,
+    /// Why not, when it cannot.
+    pub reason: Option<String>,
+    /// `host` or `none`.
+    #[schema(value_type = String)]
+    pub network: SandboxNetwork,
+}
+
+impl SandboxStatus {
+    /// Agent processes are confined.
+    pub fn confines(&self) -> bool {
+        self.mode == SandboxMode::Enforce && self.available
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("could not prepare the sandbox: {0}")]
+    Prepare(String),
+}
+
+/// The sandbox builder of a server.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    settings: SandboxSettings,
+    data_dir: PathBuf,
+    config_file: Option<PathBuf>,
+    /// The resolved bwrap executable.
+    bwrap: Option<PathBuf>,
+    status: SandboxStatus,
+}
+
+impl Sandbox {
+    /// Probe once whether the host can sandbox (bwrap found, a trial `bwrap … true` with
+    /// the namespaces used succeeds).
+    pub fn probe(settings: &SandboxSettings, data_dir: &Path, config_file: Option<&Path>) -> Self {
+        let path_var = std::env::var_os("PATH");
+        let bwrap = find_executable_in(&settings.bwrap, path_var.as_deref(), &[], Path::new("/"));
+        let reason = match &bwrap {
+            None => Some(format!("`{}` was not found", settings.bwrap)),
+            Some(exe) => trial(exe, settings.network),
+        };
+        let status = SandboxStatus {
+            mode: settings.mode,
+            available: reason.is_none(),
+            reason,
+            network: settings.network,
+        };
+        Self {
+            settings: settings.clone(),
+            data_dir: data_dir.to_owned(),
+            config_file: config_file.map(Path::to_owned),
+            bwrap,
+            status,
+        }
+    }
+
+    pub fn status(&self) -> &SandboxStatus {
+        &self.status
+    }
+
+    pub fn settings(&self) -> &SandboxSettings {
+        &self.settings
+    }
+
+    /// The private home of `agent`.
+    pub fn home_of(&self, agent: Uuid) -> PathBuf {
+        self.data_dir.join("agent-homes").join(agent.to_string())
+    }
+
+    /// `spec`, to run inside the sandbox of `view` (unchanged when the sandbox does not
+    /// confine).
+    pub fn wrap(&self, spec: CommandSpec, view: &AgentView) -> Result<CommandSpec, SandboxError> {
+        let (true, Some(bwrap)) = (self.status.confines(), self.bwrap.as_ref()) else {
+            return Ok(spec);
+        };
+        let plan = NetworkPlan::for_mode(self.settings.network);
+        self.wrap_with(spec, view, bwrap, &plan)
+    }
+
+    /// `wrap` with an explicit network plan.
+    pub fn wrap_with(
+        &self,
+        spec: CommandSpec,
+        view: &AgentView,
+        bwrap: &Path,
+        plan: &NetworkPlan,
+    ) -> Result<CommandSpec, SandboxError> {
+        let mut a = Args::default();
+        a.flag(&[
+            "--unshare-user",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--die-with-parent",
+        ]);
+        if plan.unshare_net {
+            a.flag(&["--unshare-net"]);
+        }
+        for dir in SYSTEM_DIRS {
+            let p = Path::new(dir);
+            match std::fs::symlink_metadata(p) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    if let Ok(target) = std::fs::read_link(p) {
+                        a.pair("--symlink", &target, p);
+                    }
+                }
+                Ok(m) if m.is_dir() => a.pair("--ro-bind", p, p),
+                _ => {}
+            }
+        }
+        for f in MASKED_FILES {
+            if Path::new(f).exists() {
+                a.pair("--ro-bind", Path::new("/dev/null"), Path::new(f));
+            }
+        }
+        // The settings file, wherever it is, and its directory when that is not a system
+        // directory itself (`/etc/agentry`).
+        if let Some(file) = &self.config_file
+            && let Some(dir) = file.parent()
+            && dir.starts_with("/etc")
+        {
+            if SYSTEM_DIRS.iter().any(|s| Path::new(s) == dir) {
+                a.pair("--ro-bind", Path::new("/dev/null"), file);
+            } else {
+                a.flag(&["--tmpfs"]);
+                a.path(dir);
+            }
+        }
+        a.flag(&["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
+
+        // The CLI's installation and the admin's extra paths, read-only.
+        let path_var = spec
+            .env
+            .get("PATH")
+            .cloned()
+            .or_else(|| std::env::var("PATH").ok());
+        let mut read_only: Vec<PathBuf> = self.settings.extra_read_only.clone();
+        if let Some(exe) = find_executable_in(
+            &spec.program,
+            path_var.as_deref().map(std::ffi::OsStr::new),
+            &[],
+            &spec.cwd,
+        ) {
+            let resolved = std::fs::canonicalize(&exe).unwrap_or(exe.clone());
+            read_only.push(install_root(&exe));
+            read_only.push(install_root(&resolved));
+        }
+        read_only.sort();
+        read_only.dedup();
+        for p in &read_only {
+            if self.is_system(p) || !p.exists() {
+                continue;
+            }
+            if self.touches_private(p) {
+                tracing::warn!(path = %p.display(), "not mounting a path that holds the data dir or the settings file into a sandbox");
+                continue;
+            }
+            a.pair("--ro-bind", p, p);
+        }
+
+        // The worktree and the git metadata a commit needs.
+        let worktree = &view.worktree;
+        a.pair("--bind", worktree, worktree);
+        let dot_git = worktree.join(".git");
+        if dot_git.is_dir() {
+            read_only_git_files(&mut a, &dot_git)?;
+        } else if let Some(common) = worktree_common_dir(worktree) {
+            a.pair("--bind", &common, &common);
+            read_only_git_files(&mut a, &common)?;
+        }
+
+        // HOME, and the state directories the provider's `env` names.
+        let mut env = spec.env.clone();
+        let own_home = view.agent.map(|id| self.home_of(id));
+        if !env.contains_key("HOME") {
+            match &own_home {
+                Some(home) => {
+                    make_private_dir(home)?;
+                    a.pair("--bind", home, home);
+                    env.insert("HOME".into(), home.display().to_string());
+                }
+                None => {
+                    env.insert("HOME".into(), "/tmp".into());
+                }
+            }
+        }
+        for var in STATE_VARS {
+            let Some(value) = spec.env.get(*var) else {
+                continue;
+            };
+            let dir = PathBuf::from(value);
+            if dir.is_relative() || dir == Path::new("/") {
+                continue;
+            }
+            let providers = self.data_dir.join("providers");
+            let allowed_inside = dir.starts_with(&providers)
+                || own_home.as_ref().is_some_and(|h| dir.starts_with(h));
+            if (self.touches_private(&dir) && !allowed_inside) || self.is_system(&dir) {
+                tracing::warn!(var, path = %dir.display(), "not mounting a provider's state directory that holds private server files");
+                continue;
+            }
+            make_private_dir(&dir)?;
+            a.pair("--bind", &dir, &dir);
+        }
+        if let Some(id) = &view.provider
+            && !id.is_empty()
+            && !id.contains('/')
+            && id != ".."
+        {
+            let dir = self.data_dir.join("providers").join(id);
+            if dir.is_dir() {
+                a.pair("--bind", &dir, &dir);
+            }
+        }
+        for (host, inside) in &plan.binds {
+            a.pair("--bind", host, inside);
+        }
+        env.extend(plan.env.clone());
+        // The ledger's private temporary directory (its `TMPDIR`), at its own path.
+        env.remove("TMPDIR");
+        a.flag(&["--bind", TMPDIR_ARG, TMPDIR_ARG]);
+
+        // Only the binds above are writable: not the sandbox's root, nor `/tmp` with the
+        // mount points made in it (TMPDIR is the private directory bound above).
+        a.flag(&["--remount-ro", "/tmp", "--remount-ro", "/"]);
+        a.flag(&["--chdir"]);
+        a.path(worktree);
+        // bwrap ignores TERM (see `program` below), so the ledger's TERM to the group
+        // reaches the CLI, which can save its session; the CLI gets TERM's default back.
+        a.flag(&["--", "env", "--default-signal=TERM"]);
+        a.0.extend(plan.argv_prefix.iter().cloned());
+        a.0.push(spec.program.clone());
+        a.0.extend(spec.args.iter().cloned());
+
+        let mut args = vec![
+            "--ignore-signal=TERM".to_owned(),
+            bwrap.display().to_string(),
+        ];
+        args.extend(a.0);
+        Ok(CommandSpec {
+            program: "env".to_owned(),
+            args,
+            cwd: spec.cwd,
+            env,
+            pass_env: spec.pass_env,
+            secret_env: spec.secret_env,
+        })
+    }
+
+    fn is_system(&self, p: &Path) -> bool {
+        SYSTEM_DIRS.iter().any(|s| p.starts_with(s))
+    }
+
+    /// `p` is, holds or lies in the data dir, or holds the settings file.
+    fn touches_private(&self, p: &Path) -> bool {
+        p.starts_with(&self.data_dir)
+            || self.data_dir.starts_with(p)
+            || self.config_file.as_ref().is_some_and(|f| f.starts_with(p))
+    }
+}
+
+/// Run `bwrap --ro-bind / / … true` with the namespaces used: `None` when it works, else
+/// why not.
+fn trial(bwrap: &Path, network: SandboxNetwork) -> Option<String> {
+    let mut cmd = std::process::Command::new(bwrap);
+    cmd.args([
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+    ]);
+    if network != SandboxNetwork::Host {
+        cmd.arg("--unshare-net");
+    }
+    cmd.args([
+        "--ro-bind",
+        "/",
+        "/",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--",
+        "env",
+        "--default-signal=TERM",
+        "true",
+    ]);
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    match cmd.output() {
+        Ok(out) if out.status.success() => None,
+        Ok(out) => Some(format!(
+            "a trial sandbox failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Err(e) => Some(format!("could not run `{}`: {e}", bwrap.display())),
+    }
+}
+
+/// The directory tree a program belongs to: above its `node_modules` for a node package,
+/// above `bin`/`shims` for an installation with its own prefix, else its directory.
+fn install_root(exe: &Path) -> PathBuf {
+    let mut root = PathBuf::new();
+    for c in exe.components() {
+        if c.as_os_str() == "node_modules" {
+            return root;
+        }
+        root.push(c);
+    }
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    match dir.file_name().and_then(|n| n.to_str()) {
+        Some("bin" | "shims") => dir.parent().unwrap_or(dir).to_owned(),
+        _ => dir.to_owned(),
+    }
+}
+
+/// The repository's git dir of a linked worktree, when its `.git` file names an admin dir
+/// `<common>/worktrees/<name>` that names this worktree back (the worktree is the agent's
+/// to write, so its `.git` file is checked against the admin dir, which it cannot write).
+fn worktree_common_dir(worktree: &Path) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(worktree.join(".git")).ok()?;
+    let admin = PathBuf::from(text.strip_prefix("gitdir:")?.trim());
+    let admin = std::fs::canonicalize(worktree.join(admin)).ok()?;
+    let parent = admin.parent()?;
+    if parent.file_name()? != "worktrees" {
+        return None;
+    }
+    let back = std::fs::read_to_string(admin.join("gitdir")).ok()?;
+    let back = std::fs::canonicalize(back.trim()).ok()?;
+    let own = std::fs::canonicalize(worktree.join(".git")).ok()?;
+    if back != own {
+        return None;
+    }
+    Some(parent.parent()?.to_owned())
+}
+
+/// The repository's `config`, `hooks/` and `info/` read-only over a writable git dir (the
+/// directories made first when missing, so that the agent cannot make them).
+fn read_only_git_files(a: &mut Args, git_dir: &Path) -> Result<(), SandboxError> {
+    for dir in ["hooks", "info"] {
+        let p = git_dir.join(dir);
+        if !p.exists() {
+            std::fs::create_dir_all(&p)
+                .map_err(|e| SandboxError::Prepare(format!("{}: {e}", p.display())))?;
+        }
+        a.pair("--ro-bind", &p, &p);
+    }
+    for file in ["config", "config.worktree"] {
+        let p = git_dir.join(file);
+        if p.exists() {
+            a.pair("--ro-bind", &p, &p);
+        }
+    }
+    Ok(())
+}
+
+/// Make `dir` (mode 0700) when missing.
+fn make_private_dir(dir: &Path) -> Result<(), SandboxError> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| SandboxError::Prepare(format!("{}: {e}", dir.display())))
+}
+
+/// bwrap's argv being built.
+#[derive(Default)]
+struct Args(Vec<String>);
+
+impl Args {
+    fn flag(&mut self, flags: &[&str]) {
+        self.0.extend(flags.iter().map(|f| (*f).to_owned()));
+    }
+
+    fn path(&mut self, p: &Path) {
+        self.0.push(p.display().to_string());
+    }
+
+    fn pair(&mut self, flag: &str, src: &Path, dst: &Path) {
+        self.0.push(flag.to_owned());
+        self.path(src);
+        self.path(dst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn install_roots() {
+        assert_eq!(
+            install_root(Path::new("/c/pkg@1/node_modules/.bin/claude")),
+            Path::new("/c/pkg@1")
+        );
+        assert_eq!(
+            install_root(Path::new("/opt/node/bin/node")),
+            Path::new("/opt/node")
+        );
+        assert_eq!(
+            install_root(Path::new("/x/target/debug/agentry")),
+            Path::new("/x/target/debug")
+        );
+    }
+
+    #[test]
+    fn network_plans() {
+        assert!(!NetworkPlan::for_mode(SandboxNetwork::Host).unshare_net);
+        assert!(NetworkPlan::for_mode(SandboxNetwork::None).unshare_net);
+    }
+}
