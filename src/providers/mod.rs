@@ -103,6 +103,13 @@ pub struct SessionSpec {
 #[async_trait]
 pub trait ProcessLauncher: Send + Sync {
     async fn launch(&self, spec: CommandSpec) -> Result<ManagedChild, ProcessError>;
+
+    /// What it launches runs inside agentry's sandbox, which already confines the process
+    /// tree to its worktree: a CLI's own sandbox cannot be nested inside it (it could not
+    /// mount a `/proc` of its own) and is not asked for where agentry's holds.
+    fn confined(&self) -> bool {
+        false
+    }
 }
 
 /// Where a catalog is probed: the server-wide default, or one workspace's directory (a

@@ -946,6 +946,10 @@ impl ProcessLauncher for AgentLauncher {
         }
         Ok(child)
     }
+
+    fn confined(&self) -> bool {
+        self.sandbox.is_some()
+    }
 }
 
 /// A turn counted as running while this lives: the drain at shutdown waits for none to be

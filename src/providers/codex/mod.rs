@@ -89,8 +89,18 @@ fn modes() -> Vec<ModeInfo> {
 }
 
 /// A mode as Codex's approval policy, thread sandbox mode and turn sandbox policy.
-fn policy(mode: &str) -> Option<(&'static str, &'static str, Value)> {
+/// `confined`: Codex runs inside agentry's sandbox, which already gives `auto` what
+/// Codex's workspace sandbox would (the worktree writable, nothing else of the host), and
+/// in which Codex's own sandbox cannot start; `auto` then runs without Codex's, under
+/// agentry's. `read-only` keeps Codex's read-only sandbox: where it cannot start, Codex
+/// asks before running each command, which is what the mode promises.
+fn policy(mode: &str, confined: bool) -> Option<(&'static str, &'static str, Value)> {
     match mode {
+        "auto" if confined => Some((
+            "on-request",
+            "danger-full-access",
+            json!({"type": "dangerFullAccess"}),
+        )),
         "read-only" => Some(("untrusted", "read-only", json!({"type": "readOnly"}))),
         "auto" => Some((
             "on-request",
@@ -124,7 +134,7 @@ impl CodexProvider {
             .map(str::to_owned)
             .or_else(|| self.cfg.default_mode.clone())
             .unwrap_or_else(|| "auto".to_owned());
-        if policy(&mode).is_none() {
+        if policy(&mode, false).is_none() {
             return Err(ProviderError::Protocol(format!(
                 "unknown Codex mode `{mode}` (known: read-only, auto, full-access)"
             )));
@@ -308,8 +318,12 @@ impl Provider for CodexProvider {
             started_rx,
         ));
 
-        let opened =
-            tokio::time::timeout(self.start_timeout, open_thread(&conn.peer, &spec, &mode)).await;
+        let confined = launcher.confined();
+        let opened = tokio::time::timeout(
+            self.start_timeout,
+            open_thread(&conn.peer, &spec, &mode, confined),
+        )
+        .await;
         let failure = match opened {
             Ok(Ok(thread)) => {
                 let info = SessionInfo {
@@ -324,6 +338,7 @@ impl Provider for CodexProvider {
                     thread_id: thread.id,
                     shared,
                     mode,
+                    confined,
                     model: thread.model,
                     unsent_policy: false,
                     unsent_model: false,
@@ -602,9 +617,14 @@ impl Thread {
     }
 }
 
-async fn open_thread(peer: &Peer, spec: &SessionSpec, mode: &str) -> Result<Thread, RpcError> {
+async fn open_thread(
+    peer: &Peer,
+    spec: &SessionSpec,
+    mode: &str,
+    confined: bool,
+) -> Result<Thread, RpcError> {
     initialize(peer, START_TIMEOUT).await?;
-    let (approval, sandbox, _) = policy(mode).expect("a checked mode");
+    let (approval, sandbox, _) = policy(mode, confined).expect("a checked mode");
     let mut params = json!({
         "cwd": spec.cwd,
         "approvalPolicy": approval,
@@ -865,6 +885,8 @@ struct CodexSession {
     thread_id: String,
     shared: Arc<Shared>,
     mode: String,
+    /// Inside agentry's sandbox (see `policy`).
+    confined: bool,
     model: Option<String>,
     /// The mode changed since the last turn started: the next one carries the policy.
     unsent_policy: bool,
@@ -895,7 +917,7 @@ impl ProviderSession for CodexSession {
             "input": [{"type": "text", "text": input.text, "text_elements": []}],
         });
         if self.unsent_policy {
-            let (approval, _, sandbox) = policy(&self.mode).expect("a checked mode");
+            let (approval, _, sandbox) = policy(&self.mode, self.confined).expect("a checked mode");
             params["approvalPolicy"] = json!(approval);
             params["sandboxPolicy"] = sandbox;
         }
@@ -967,7 +989,7 @@ impl ProviderSession for CodexSession {
     }
 
     async fn set_mode(&mut self, mode: &str) -> Result<(), ProviderError> {
-        if policy(mode).is_none() {
+        if policy(mode, false).is_none() {
             return Err(ProviderError::Protocol(format!(
                 "unknown Codex mode `{mode}` (known: read-only, auto, full-access)"
             )));

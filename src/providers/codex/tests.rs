@@ -76,15 +76,25 @@ fn mcp_servers_become_config_overrides() {
 
 #[test]
 fn modes_are_policies() {
-    assert_eq!(policy("read-only").unwrap().0, "untrusted");
-    assert_eq!(policy("auto").unwrap().1, "workspace-write");
+    assert_eq!(policy("read-only", false).unwrap().0, "untrusted");
+    assert_eq!(policy("auto", false).unwrap().1, "workspace-write");
     assert_eq!(
-        policy("full-access").unwrap().2,
+        policy("full-access", false).unwrap().2,
         json!({"type": "dangerFullAccess"})
     );
-    assert!(policy("yolo").is_none());
+    assert!(policy("yolo", false).is_none());
     let ids: Vec<String> = modes().into_iter().map(|m| m.id).collect();
-    assert!(ids.iter().all(|m| policy(m).is_some()));
+    assert!(ids.iter().all(|m| policy(m, false).is_some()));
+    // Inside agentry's sandbox `auto` leaves confinement to it; `read-only` keeps Codex's.
+    assert_eq!(
+        policy("auto", true).unwrap(),
+        (
+            "on-request",
+            "danger-full-access",
+            json!({"type": "dangerFullAccess"})
+        )
+    );
+    assert_eq!(policy("read-only", true), policy("read-only", false));
 }
 
 #[test]
