@@ -433,6 +433,9 @@ async fn no_value_reaches_the_log_or_the_database_dump_whatever_happens_to_it() 
                 ..Default::default()
             },
         );
+        // The dump is written outside the agent's worktree and named by the host's pid,
+        // which a sandbox forbids and hides: this test is about the values, not the walls.
+        s.sandbox.mode = agentry::config::SandboxMode::Off;
     })
     .await;
     let repo = git_repo();

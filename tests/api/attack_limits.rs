@@ -10,21 +10,11 @@ use serde_json::Value;
 
 use crate::helpers::{TestApp, git_repo, spawn_app_with};
 
-const EXEC: &str = "exec";
+const EXEC: &str = crate::helpers::EXEC_PROVIDER;
 
 async fn app_with_limits() -> TestApp {
     spawn_app_with(|s| {
-        s.providers.insert(
-            EXEC.into(),
-            agentry::config::ProviderSettings {
-                extends: Some("acp".into()),
-                command: Some(vec![
-                    "python3".into(),
-                    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/exec_agent.py").into(),
-                ]),
-                ..Default::default()
-            },
-        );
+        crate::helpers::with_exec_agent(s);
         s.agents.limits.memory = "200MiB".into();
         s.agents.limits.max_processes = 64;
         s.agents.limits.open_files = 256;

@@ -4,31 +4,12 @@
 
 use std::path::{Path, PathBuf};
 
-use agentry::config::{ProviderSettings, SandboxNetwork, Settings};
+use agentry::config::{SandboxNetwork, Settings};
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, git_repo, spawn_app_with};
-
-const EXEC: &str = "exec";
-
-fn support_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support")
-}
-
-fn exec_agent(s: &mut Settings) {
-    s.providers.insert(
-        EXEC.into(),
-        ProviderSettings {
-            extends: Some("acp".into()),
-            command: Some(vec![
-                "python3".into(),
-                support_dir().join("exec_agent.py").display().to_string(),
-            ]),
-            ..Default::default()
-        },
-    );
-    s.sandbox.extra_read_only = vec![support_dir()];
-}
+use crate::helpers::{
+    EXEC_PROVIDER as EXEC, TestApp, git_repo, spawn_app_with, with_exec_agent as exec_agent,
+};
 
 /// A project of `repo` named `name`, a worktree workspace and an exec agent in it:
 /// `(agent id, worktree path)`.

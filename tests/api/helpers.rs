@@ -718,3 +718,25 @@ pub async fn until_a_statement_waits_on_a_lock(pool: &PgPool, query_prefix: &str
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The provider id of the scripted agent `tests/support/exec_agent.py` (each prompt runs
+/// as a shell command in the agent's worktree, as an injected prompt would have it).
+pub const EXEC_PROVIDER: &str = "exec";
+
+/// Settings with the scripted exec agent as a custom ACP provider; its script's
+/// directory is shown read-only inside agent sandboxes.
+pub fn with_exec_agent(s: &mut Settings) {
+    let support = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support");
+    s.providers.insert(
+        EXEC_PROVIDER.into(),
+        agentry::config::ProviderSettings {
+            extends: Some("acp".into()),
+            command: Some(vec![
+                "python3".into(),
+                support.join("exec_agent.py").display().to_string(),
+            ]),
+            ..Default::default()
+        },
+    );
+    s.sandbox.extra_read_only.push(support);
+}
