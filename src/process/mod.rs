@@ -63,6 +63,9 @@ pub struct CommandSpec {
     /// Secret variables (a team's credentials), set last: they win over `env` and
     /// `pass_env`. Their values are redacted wherever the spec is formatted.
     pub secret_env: SecretEnv,
+    /// What the process is called in its span when `program` is only a wrapper around
+    /// it (a sandbox's launcher): the wrapped program's name.
+    pub wraps: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -465,10 +468,10 @@ fn spawn_in(
             )));
         }
     };
-    let name = std::path::Path::new(&spec.program).file_name().map_or_else(
-        || spec.program.clone(),
-        |n| n.to_string_lossy().into_owned(),
-    );
+    let shown = spec.wraps.as_ref().unwrap_or(&spec.program);
+    let name = std::path::Path::new(shown)
+        .file_name()
+        .map_or_else(|| shown.clone(), |n| n.to_string_lossy().into_owned());
     let span = tracing::info_span!("process", program = %name, pid,
         agent_id = tracing::field::Empty, exit_code = tracing::field::Empty,
         signal = tracing::field::Empty);
@@ -1102,6 +1105,7 @@ mod tests {
             env: BTreeMap::new(),
             pass_env: Vec::new(),
             secret_env: SecretEnv::new(),
+            wraps: None,
         }
     }
 

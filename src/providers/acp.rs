@@ -1643,6 +1643,7 @@ async fn start_session(
             env: cfg.env.clone(),
             pass_env: cfg.pass_env.clone(),
             secret_env: Default::default(),
+            wraps: None,
         })
         .await?;
     let pid = child.pid();

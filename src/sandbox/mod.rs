@@ -325,6 +325,7 @@ impl Sandbox {
             cwd: spec.cwd,
             env,
             pass_env: spec.pass_env,
+            wraps: Some(spec.wraps.unwrap_or(spec.program)),
             secret_env: spec.secret_env,
         })
     }

@@ -368,6 +368,7 @@ async fn run(
                 env: target_env.clone(),
                 pass_env: Vec::new(),
                 secret_env: Default::default(),
+                wraps: None,
             };
             // The repository's commands run in the sandbox an agent of the workspace gets.
             let spec = match &sandbox {

@@ -110,6 +110,7 @@ impl Provider for FakeProvider {
                 env: Default::default(),
                 pass_env: Vec::new(),
                 secret_env: Default::default(),
+                wraps: None,
             })
             .await?;
         let pid = child.pid();

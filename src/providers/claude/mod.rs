@@ -149,6 +149,7 @@ impl ClaudeProvider {
             env,
             pass_env: self.cfg.pass_env.clone(),
             secret_env: Default::default(),
+            wraps: None,
         })
     }
 

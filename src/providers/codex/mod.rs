@@ -169,6 +169,7 @@ impl CodexProvider {
                 env: self.cfg.env.clone(),
                 pass_env: self.cfg.pass_env.clone(),
                 secret_env: Default::default(),
+                wraps: None,
             })
             .await?;
         let Some((stdin, stdout, stderr)) = child.take_stdio().await else {

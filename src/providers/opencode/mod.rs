@@ -232,6 +232,7 @@ impl OpenCodeProvider {
                     "OPENCODE_SERVER_PASSWORD".to_owned(),
                     SecretValue::new(password.clone()),
                 )]),
+                wraps: None,
             })
             .await?;
         let Some((stdin, stdout, stderr)) = child.take_stdio().await else {

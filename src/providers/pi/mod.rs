@@ -165,6 +165,7 @@ impl PiProvider {
             env: all,
             pass_env: self.cfg.pass_env.clone(),
             secret_env: Default::default(),
+            wraps: None,
         })
     }
 
