@@ -31,9 +31,10 @@ fn not_ready(err: ApiError) -> HttpResponse {
 }
 
 /// The database is reachable and every migration is applied. The body also says how agent
-/// resource limits are enforced on this host (`limits`).
+/// resource limits are enforced on this host (`limits`) and whether agents are sandboxed
+/// (`sandbox`: mode, whether the host can, why not, network mode).
 #[utoipa::path(tag = "health", responses(
-    (status = 200, description = "Ready", content_type = "application/json", example = json!({"status": "ready", "limits": "cgroup v1 (memory, pids, cpu)"})),
+    (status = 200, description = "Ready", content_type = "application/json", example = json!({"status": "ready", "limits": "cgroup v1 (memory, pids, cpu)", "sandbox": {"mode": "enforce", "available": true, "reason": null, "network": "host"}})),
     (status = 503, description = "Not ready", body = crate::api::error::Problem)))]
 #[get("/readyz")]
 async fn readyz(state: web::Data<AppState>) -> HttpResponse {
@@ -41,6 +42,7 @@ async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         Ok(()) => HttpResponse::Ok().json(json!({
             "status": "ready",
             "limits": state.services.agents.ledger().limits_mechanism(),
+            "sandbox": state.services.agents.sandbox().map(|s| s.status()),
         })),
         Err(e) => not_ready(ApiError::from(e)),
     }

@@ -34,6 +34,9 @@ pub struct ProviderView {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ProviderList {
     pub items: Vec<ProviderView>,
+    /// Whether agent processes run sandboxed here: the mode, whether the host can, why
+    /// not, and the network mode. Absent on a server started without the sandbox layer.
+    pub sandbox: Option<crate::sandbox::SandboxStatus>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -94,7 +97,10 @@ pub async fn list(
             team_secrets,
         });
     }
-    Ok(ProviderList { items })
+    Ok(ProviderList {
+        items,
+        sandbox: ctx.agents.sandbox().map(|s| s.status().clone()),
+    })
 }
 
 pub async fn models(

@@ -241,7 +241,28 @@ async fn network_host_reaches_a_loopback_server() {
     let (id, _) = agent(&app, repo.path(), "a").await;
     let r = run(&app, &id, &format!("{CONNECT} {port}")).await;
     assert_eq!(r.0, 0, "{}", r.1);
-    let _: Value = json!({});
+    let state = sandbox_state(&app).await;
+    assert_eq!(
+        state,
+        json!({"mode": "enforce", "available": true, "reason": null, "network": "host"})
+    );
+}
+
+/// The sandbox's state as `GET /v1/providers` shows it, checked to be what `/readyz`
+/// shows too.
+async fn sandbox_state(app: &TestApp) -> Value {
+    let providers = app.get_ok("/v1/providers").await;
+    let ready: Value = app
+        .client
+        .get(app.url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ready["sandbox"], providers["sandbox"], "{ready}");
+    providers["sandbox"].clone()
 }
 
 /// The exec agent with an `ask` mode (default) and an unattended `yolo` mode, on a host
@@ -300,6 +321,13 @@ async fn unattended_modes_are_refused_when_the_host_cannot_sandbox() {
     let refused = create_in_mode(&app, repo.path(), "yolo", 409).await;
     assert_eq!(refused["code"], "sandbox_unavailable", "{refused}");
     assert_eq!(agent_rows(&app).await, 0, "no agent was made");
+    // The state is shown, with why.
+    let state = sandbox_state(&app).await;
+    assert_eq!(state["available"], false, "{state}");
+    assert!(
+        state["reason"].as_str().is_some_and(|r| !r.is_empty()),
+        "{state}"
+    );
     // An asking mode still runs (unconfined, as the start log says).
     let other = git_repo();
     let ok = create_in_mode(&app, other.path(), "ask", 201).await;
