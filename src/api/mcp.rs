@@ -216,7 +216,9 @@ async fn post(
         ));
     }
     if let Some(v) = req.headers().get(VERSION_HEADER)
-        && !PROTOCOL_VERSIONS.iter().any(|p| v.as_bytes() == p.as_bytes())
+        && !PROTOCOL_VERSIONS
+            .iter()
+            .any(|p| v.as_bytes() == p.as_bytes())
     {
         return Ok(rpc_error(
             StatusCode::BAD_REQUEST,
@@ -512,7 +514,9 @@ pub fn inline(doc: &Value, schema: &Value, depth: usize) -> Value {
                     .collect(),
             )
         }
-        Value::Array(items) => Value::Array(items.iter().map(|v| inline(doc, v, depth + 1)).collect()),
+        Value::Array(items) => {
+            Value::Array(items.iter().map(|v| inline(doc, v, depth + 1)).collect())
+        }
         other => other.clone(),
     }
 }
@@ -583,7 +587,8 @@ async fn call(
     let op = super::access::operation(tool.method, tool.path)
         .ok_or_else(|| ApiError::internal(anyhow::anyhow!("tool {name} has no route policy")))?;
     principal.authorize(op)?;
-    if let Some(field) = super::input::field_with_nul(&Value::Object(arguments.clone()), String::new())
+    if let Some(field) =
+        super::input::field_with_nul(&Value::Object(arguments.clone()), String::new())
     {
         return Err(ApiError::validation(&field, "contains U+0000"));
     }
@@ -775,11 +780,9 @@ pub fn render_timeline(page: &Value) -> String {
                 clip(&s("title")),
                 options_text(&d["options"])
             ),
-            "permission_resolved" => format!(
-                "permission {} answered {}",
-                s("request_id"),
-                s("behavior")
-            ),
+            "permission_resolved" => {
+                format!("permission {} answered {}", s("request_id"), s("behavior"))
+            }
             "status" => format!("status {}", s("status")),
             "error" => format!("error: {}", clip(&s("message"))),
             kind => format!("{kind} {}", clip(&d.to_string())),

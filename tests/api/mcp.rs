@@ -28,11 +28,11 @@ fn mcp_python() -> PathBuf {
 }
 
 /// A plain member with a team and a workspace of their own (the admin adds the
-/// repository): `(member, workspace id, the repository)`.
+/// repository): `(member, project id, workspace id, the repository)`.
 async fn member_with_workspace(
     app: &super::helpers::TestApp,
     name: &str,
-) -> (super::people::Person, String, tempfile::TempDir) {
+) -> (super::people::Person, String, String, tempfile::TempDir) {
     let member = person(app, name).await;
     let team = team(&member, &format!("{name}-team")).await;
     let repo = git_repo();
@@ -41,7 +41,9 @@ async fn member_with_workspace(
         .ok(
             Method::POST,
             "/v1/projects",
-            Some(json!({"name": format!("{name}-repo"), "repo_path": repo.path(), "team_id": team})),
+            Some(
+                json!({"name": format!("{name}-repo"), "repo_path": repo.path(), "team_id": team}),
+            ),
             201,
         )
         .await;
@@ -54,14 +56,19 @@ async fn member_with_workspace(
             201,
         )
         .await;
-    (member, ws["id"].as_str().unwrap().to_owned(), repo)
+    (
+        member,
+        project["id"].as_str().unwrap().to_owned(),
+        ws["id"].as_str().unwrap().to_owned(),
+        repo,
+    )
 }
 
 #[tokio::test]
 async fn a_real_mcp_client_opens_waits_reads_answers_and_archives_a_mock_agent() {
     let app = spawn_app().await;
-    let (alice, workspace, _repo) = member_with_workspace(&app, "alice").await;
-    let (bob, bob_workspace, _bob_repo) = member_with_workspace(&app, "bob").await;
+    let (alice, project, workspace, _repo) = member_with_workspace(&app, "alice").await;
+    let (bob, _, bob_workspace, _bob_repo) = member_with_workspace(&app, "bob").await;
     let foreign = bob
         .api
         .ok(
@@ -73,10 +80,14 @@ async fn a_real_mcp_client_opens_waits_reads_answers_and_archives_a_mock_agent()
         .await;
 
     let run = tokio::process::Command::new(mcp_python())
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/mcp_client.py"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/support/mcp_client.py"
+        ))
         .env_clear()
         .env("AGENTRY_MCP_URL", app.url("/mcp"))
         .env("AGENTRY_MCP_TOKEN", &alice.api.token)
+        .env("PROJECT_ID", &project)
         .env("WORKSPACE_ID", &workspace)
         .env("FOREIGN_AGENT_ID", foreign["id"].as_str().unwrap())
         .kill_on_drop(true)
@@ -132,8 +143,13 @@ async fn a_real_mcp_client_opens_waits_reads_answers_and_archives_a_mock_agent()
 
     let asking = &out["wait_asking"];
     assert_eq!(asking["is_error"], false, "{asking}");
-    assert_eq!(asking["structured"]["status"], "waiting_permission", "{asking}");
-    let pending = asking["structured"]["pending_permissions"].as_array().unwrap();
+    assert_eq!(
+        asking["structured"]["status"], "waiting_permission",
+        "{asking}"
+    );
+    let pending = asking["structured"]["pending_permissions"]
+        .as_array()
+        .unwrap();
     assert_eq!(pending.len(), 1, "{asking}");
     assert_eq!(pending[0]["title"], "deploy?");
     let request = pending[0]["request_id"].as_str().unwrap();
@@ -150,8 +166,13 @@ async fn a_real_mcp_client_opens_waits_reads_answers_and_archives_a_mock_agent()
     assert_eq!(done["structured"]["status"], "idle", "{done}");
     assert_eq!(done["structured"]["timed_out"], false);
     assert_eq!(done["structured"]["last_turn"]["outcome"], "completed");
-    let reply = done["structured"]["last_assistant_message"].as_str().unwrap();
-    assert!(reply.contains("allow"), "the mock reports the answer it got: {reply}");
+    let reply = done["structured"]["last_assistant_message"]
+        .as_str()
+        .unwrap();
+    assert!(
+        reply.contains("allow"),
+        "the mock reports the answer it got: {reply}"
+    );
     assert!(done["text"].as_str().unwrap().contains(reply), "{done}");
 
     // The timeline tool answers the API's page and a compact rendering of it.
@@ -180,7 +201,10 @@ async fn a_real_mcp_client_opens_waits_reads_answers_and_archives_a_mock_agent()
         !text.contains("assistant_delta"),
         "streaming chunks are left out: {text}"
     );
-    assert!(text.ends_with("(end of timeline in this direction)"), "{text}");
+    assert!(
+        text.ends_with("(end of timeline in this direction)"),
+        "{text}"
+    );
 
     // Another team's agent does not exist for this caller.
     let foreign_read = &out["foreign_timeline"];
@@ -204,6 +228,54 @@ async fn a_real_mcp_client_opens_waits_reads_answers_and_archives_a_mock_agent()
         .filter(|e| e["action"] == "permission.answer" && e["actor"]["id"] == alice.id.as_str())
         .collect();
     assert_eq!(prompts.len(), 1, "{audit}");
+
+    // The rest of the tools, on a second agent in a workspace the tools made.
+    let providers = &out["list_providers"]["structured"]["items"];
+    let mock = providers
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "mock")
+        .unwrap();
+    assert_eq!(mock["available"], true);
+    let made = &out["create_workspace"];
+    assert_eq!(made["is_error"], false, "{made}");
+    assert_eq!(made["structured"]["project_id"], project.as_str());
+    assert_eq!(made["structured"]["title"], "via mcp");
+    let listed: Vec<&Value> = out["list_workspaces"]["structured"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| &w["id"])
+        .collect();
+    assert!(listed.contains(&&made["structured"]["id"]), "{listed:?}");
+    assert!(listed.contains(&&json!(workspace)), "{listed:?}");
+    assert_eq!(listed.len(), 2, "only this team's workspaces: {listed:?}");
+    assert_eq!(
+        out["wait_written"]["structured"]["last_turn"]["outcome"],
+        "completed"
+    );
+    let diff = &out["get_diff"]["structured"];
+    assert_eq!(diff["files"][0]["path"], "notes.txt", "{diff}");
+    assert!(diff["patch"].as_str().unwrap().contains("+hello"), "{diff}");
+    assert_eq!(
+        out["send_message"]["is_error"], false,
+        "{}",
+        out["send_message"]
+    );
+    assert!(
+        out["send_message"]["structured"]["turn_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("trn_")
+    );
+    assert_eq!(out["interrupt_agent"]["is_error"], false);
+    let stopped = &out["wait_interrupted"]["structured"];
+    assert_eq!(stopped["last_turn"]["outcome"], "canceled", "{stopped}");
+    assert_eq!(
+        stopped["last_turn"]["turn_id"],
+        out["send_message"]["structured"]["turn_id"]
+    );
 }
 
 /// Each tool's input schema is its operation's parameters and request body as the
@@ -231,8 +303,14 @@ fn tool_schemas_agree_with_the_openapi_document(tools: &Value) {
         // And, read directly: every body property and every required one of the request
         // schema, every query parameter, every path parameter (under the tool's name).
         let op = &doc["paths"][spec.path][spec.method.to_lowercase()];
-        assert!(op.is_object(), "{} {} is not in the document", spec.method, spec.path);
-        if let Some(body) = op["requestBody"]["content"]["application/json"]["schema"]["$ref"].as_str()
+        assert!(
+            op.is_object(),
+            "{} {} is not in the document",
+            spec.method,
+            spec.path
+        );
+        if let Some(body) =
+            op["requestBody"]["content"]["application/json"]["schema"]["$ref"].as_str()
         {
             let component = &doc["components"]["schemas"][body.rsplit('/').next().unwrap()];
             for (name, prop) in component["properties"].as_object().unwrap() {
@@ -333,11 +411,19 @@ async fn the_endpoint_wants_a_bearer_token_and_its_own_session() {
     let session = res.headers()["mcp-session-id"].to_str().unwrap().to_owned();
     let body: Value = res.json().await.unwrap();
     assert_eq!(body["result"]["protocolVersion"], "2025-06-18");
-    assert_eq!(body["result"]["capabilities"]["tools"]["listChanged"], false);
+    assert_eq!(
+        body["result"]["capabilities"]["tools"]["listChanged"],
+        false
+    );
 
     let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
     // Without the session, or with one this token did not open: refused.
-    assert_eq!(rpc(&app, Some(&app.token), None, list.clone()).await.status(), 400);
+    assert_eq!(
+        rpc(&app, Some(&app.token), None, list.clone())
+            .await
+            .status(),
+        400
+    );
     let other = person(&app, "carol").await;
     assert_eq!(
         rpc(&app, Some(&other.api.token), Some(&session), list.clone())
@@ -383,7 +469,9 @@ async fn the_endpoint_wants_a_bearer_token_and_its_own_session() {
         .unwrap();
     assert_eq!(res.status(), 204);
     assert_eq!(
-        rpc(&app, Some(&app.token), Some(&session), list).await.status(),
+        rpc(&app, Some(&app.token), Some(&session), list)
+            .await
+            .status(),
         404
     );
 }
@@ -391,7 +479,7 @@ async fn the_endpoint_wants_a_bearer_token_and_its_own_session() {
 #[tokio::test]
 async fn a_read_only_token_lists_but_cannot_drive() {
     let app = spawn_app().await;
-    let (alice, workspace, _repo) = member_with_workspace(&app, "dora").await;
+    let (alice, _, workspace, _repo) = member_with_workspace(&app, "dora").await;
     let read_only = alice
         .api
         .ok(
@@ -423,7 +511,10 @@ async fn a_read_only_token_lists_but_cannot_drive() {
     .unwrap();
     let result = &listed["result"];
     assert_eq!(result["isError"], false, "{listed}");
-    assert_eq!(result["structuredContent"]["items"][0]["id"], workspace.as_str());
+    assert_eq!(
+        result["structuredContent"]["items"][0]["id"],
+        workspace.as_str()
+    );
 
     let refused: Value = rpc(
         &app,

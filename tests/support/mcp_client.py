@@ -1,10 +1,12 @@
 """Drives agentry's /mcp endpoint with the reference MCP client (the `mcp` package from
 PyPI, pinned in .ci/install-test-peers): lists the tools, opens a mock agent that asks for
 a permission, waits for it, answers, waits again, reads its timeline, reads another team's
-agent and archives its own. Prints one JSON object with what each step answered; the Rust
+agent and archives its own; then makes a workspace, has a second agent write a file in
+it, reads the diff, prompts it again and interrupts it. Prints one JSON object with what each step answered; the Rust
 test (tests/api/mcp.rs) makes the assertions.
 
-Environment: AGENTRY_MCP_URL, AGENTRY_MCP_TOKEN, WORKSPACE_ID, FOREIGN_AGENT_ID.
+Environment: AGENTRY_MCP_URL, AGENTRY_MCP_TOKEN, PROJECT_ID, WORKSPACE_ID,
+FOREIGN_AGENT_ID.
 """
 
 import asyncio
@@ -70,6 +72,32 @@ async def main():
             )
             out["archive_agent"] = result(await client.call_tool("archive_agent", {"agent_id": agent}))
             out["agent_id"] = agent
+
+            # A second agent in a workspace made by the tools: it writes a file (the diff
+            # shows it), then sleeps until it is interrupted.
+            out["list_providers"] = result(await client.call_tool("list_providers", {}))
+            made = result(
+                await client.call_tool("create_workspace", {"project_id": os.environ["PROJECT_ID"], "title": "via mcp"})
+            )
+            out["create_workspace"] = made
+            workspace = made["structured"]["id"]
+            out["list_workspaces"] = result(await client.call_tool("list_workspaces", {"limit": 10}))
+            writer = result(
+                await client.call_tool(
+                    "create_agent",
+                    {"workspace_id": workspace, "provider": "mock", "prompt": "/write notes.txt hello"},
+                )
+            )
+            second = writer["structured"]["id"]
+            out["wait_written"] = result(await client.call_tool("wait_for_agent", {"agent_id": second, "timeout_s": 30}))
+            out["get_diff"] = result(await client.call_tool("get_diff", {"workspace_id": workspace}))
+            out["send_message"] = result(
+                await client.call_tool("send_message", {"agent_id": second, "text": "/sleep 60000"})
+            )
+            out["interrupt_agent"] = result(await client.call_tool("interrupt_agent", {"agent_id": second}))
+            out["wait_interrupted"] = result(
+                await client.call_tool("wait_for_agent", {"agent_id": second, "timeout_s": 30})
+            )
     json.dump(out, sys.stdout)
 
 
