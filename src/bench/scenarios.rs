@@ -850,18 +850,6 @@ pub async fn growth(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     ])
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_worst_second_is_the_first_with_the_most() {
-        assert_eq!(worst_second(&[0.0, 10.0, 190.0, 40.0, 190.0]), (2, 190.0));
-        assert_eq!(worst_second(&[0.0, 0.0]), (0, 0.0));
-        assert_eq!(worst_second(&[]), (0, 0.0));
-    }
-}
-
 pub async fn mcp(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     const S: &str = "mcp";
     let n = args.events.unwrap_or(2000) as usize;
@@ -925,4 +913,16 @@ pub async fn mcp(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
             added < 2.0,
         ),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_worst_second_is_the_first_with_the_most() {
+        assert_eq!(worst_second(&[0.0, 10.0, 190.0, 40.0, 190.0]), (2, 190.0));
+        assert_eq!(worst_second(&[0.0, 0.0]), (0, 0.0));
+        assert_eq!(worst_second(&[]), (0, 0.0));
+    }
 }
