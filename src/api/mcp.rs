@@ -14,6 +14,8 @@
 //!
 //! Sessions live in the memory of the replica that opened them (bound to the token that
 //! opened them); a client that reaches another replica is told 404 and initializes again.
+//! A command for an agent another replica runs is handed to that replica as its `/v1`
+//! request, with the caller's token, as `api::cluster` hands over REST commands.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -284,9 +286,19 @@ async fn post(
                     "isError": false,
                 }),
                 Err(e) => {
-                    let problem = e.problem();
+                    let problem = match e {
+                        ToolError::Local(e) => {
+                            serde_json::to_value(e.problem()).unwrap_or_default()
+                        }
+                        ToolError::Remote(problem) => problem,
+                    };
+                    let text = format!(
+                        "{}: {}",
+                        problem["code"].as_str().unwrap_or("error"),
+                        problem["detail"].as_str().unwrap_or("")
+                    );
                     json!({
-                        "content": [{"type": "text", "text": format!("{}: {}", e.code, e.detail)}],
+                        "content": [{"type": "text", "text": text}],
                         "structuredContent": problem,
                         "isError": true,
                     })
@@ -572,6 +584,84 @@ impl Args {
     }
 }
 
+/// Why a tool failed: a problem of this replica, or the one the agent's replica answered.
+enum ToolError {
+    Local(ApiError),
+    Remote(Value),
+}
+
+impl<E: Into<ApiError>> From<E> for ToolError {
+    fn from(e: E) -> Self {
+        ToolError::Local(e.into())
+    }
+}
+
+type ToolResult<T> = Result<T, ToolError>;
+
+/// The replica running `agent`, when that is another one.
+async fn owner_elsewhere(ctx: &ServiceContext, agent: AgentId) -> ApiResult<Option<String>> {
+    if !ctx.bus.announcing() {
+        return Ok(None);
+    }
+    Ok(crate::services::cluster::route(ctx, agent).await?)
+}
+
+/// Hand a command for an agent another replica runs to that replica as its route's own
+/// request (`path` filled in), with the caller's bearer token, as `/v1` does
+/// (`api::cluster`); its JSON answer (null for none), or its problem.
+async fn forward(
+    ctx: &ServiceContext,
+    req: &HttpRequest,
+    owner: &str,
+    tool: &ToolSpec,
+    path: &str,
+    body: Option<Value>,
+) -> ToolResult<Value> {
+    let method = reqwest::Method::from_bytes(tool.method.as_bytes()).map_err(ApiError::internal)?;
+    let mut out = super::cluster::client()
+        .request(method, format!("{owner}{path}"))
+        .timeout(Duration::from_secs(ctx.limits.max_wait_s + 30))
+        .header(super::cluster::FORWARDED_BY.as_str(), ctx.agents.replica());
+    for name in ["authorization", "x-request-id", "traceparent"] {
+        if let Some(v) = req.headers().get(name) {
+            out = out.header(name, v.as_bytes());
+        }
+    }
+    if let Some(body) = body {
+        out = out.json(&body);
+    }
+    let unreachable = |e: reqwest::Error| {
+        tracing::warn!(owner, error = %e, "could not hand a tool call to the agent's replica");
+        ApiError::unavailable(
+            "replica_unreachable",
+            "the replica running this agent did not answer; retry (if it stopped, another \
+             replica takes the agent over within the lease time)",
+        )
+    };
+    let res = out.send().await.map_err(unreachable)?;
+    let ok = res.status().is_success();
+    let bytes = res.bytes().await.map_err(unreachable)?;
+    let answer: Value = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).map_err(ApiError::internal)?
+    };
+    if ok {
+        Ok(answer)
+    } else {
+        Err(ToolError::Remote(answer))
+    }
+}
+
+/// `path` with its `{id}` (and `{request_id}`) filled in.
+fn fill(path: &str, id: &str, request: Option<&str>) -> String {
+    let path = path.replace("{id}", id);
+    match request {
+        Some(r) => path.replace("{request_id}", r),
+        None => path,
+    }
+}
+
 /// Run tool `name` as `principal`, with the scope check of its route first.
 async fn call(
     ctx: &ServiceContext,
@@ -579,7 +669,7 @@ async fn call(
     req: &HttpRequest,
     name: &str,
     arguments: Map<String, Value>,
-) -> ApiResult<ToolOutput> {
+) -> ToolResult<ToolOutput> {
     let tool = TOOLS
         .iter()
         .find(|t| t.name == name)
@@ -590,7 +680,7 @@ async fn call(
     if let Some(field) =
         super::input::field_with_nul(&Value::Object(arguments.clone()), String::new())
     {
-        return Err(ApiError::validation(&field, "contains U+0000"));
+        return Err(ApiError::validation(&field, "contains U+0000").into());
     }
     let mut args = Args(arguments);
     match name {
@@ -602,32 +692,49 @@ async fn call(
                 .as_deref()
                 .map(|t| parse_id::<TeamId>(t, "team"))
                 .transpose()?;
-            ToolOutput::json(providers::list(ctx, principal, team).await?)
+            Ok(ToolOutput::json(
+                providers::list(ctx, principal, team).await?,
+            )?)
         }
         "list_workspaces" => {
             let filter: WorkspaceFilter = args.query(&["project_id", "include_archived"])?;
             let page: PageQuery = args.query(&["limit", "cursor"])?;
             args.done()?;
-            ToolOutput::json(list_page(ctx, principal, &filter, &page).await?)
+            Ok(ToolOutput::json(
+                list_page(ctx, principal, &filter, &page).await?,
+            )?)
         }
         "create_workspace" => {
             let body: workspaces::CreateWorkspace = args.body()?;
-            ToolOutput::json(workspaces::create(ctx, principal, &body).await?)
+            Ok(ToolOutput::json(
+                workspaces::create(ctx, principal, &body).await?,
+            )?)
         }
         "create_agent" => {
             let body: CreateAgent = args.body()?;
-            ToolOutput::json(agents::create(ctx, principal, &body).await?)
+            Ok(ToolOutput::json(
+                agents::create(ctx, principal, &body).await?,
+            )?)
         }
         "send_message" => {
             let id: AgentId = args.id("agent_id", "agent")?;
             let body: PromptBody = args.body()?;
-            ToolOutput::json(agents::prompt(ctx, principal, id, body).await?)
+            if let Some(owner) = owner_elsewhere(ctx, id).await? {
+                let path = fill(tool.path, &id.to_string(), None);
+                let body = serde_json::to_value(&body).map_err(ApiError::internal)?;
+                return Ok(ToolOutput::json(
+                    forward(ctx, req, &owner, tool, &path, Some(body)).await?,
+                )?);
+            }
+            Ok(ToolOutput::json(
+                agents::prompt(ctx, principal, id, body).await?,
+            )?)
         }
         "wait_for_agent" => {
             let id: AgentId = args.id("agent_id", "agent")?;
             let q: WaitQuery = args.query(&["timeout_s"])?;
             args.done()?;
-            wait_for_agent(ctx, principal, req, id, q).await
+            wait_for_agent(ctx, principal, req, tool, id, q).await
         }
         "get_timeline" => {
             let id: AgentId = args.id("agent_id", "agent")?;
@@ -643,44 +750,82 @@ async fn call(
         "get_diff" => {
             let id: WorkspaceId = args.id("workspace_id", "workspace")?;
             args.done()?;
-            ToolOutput::json(workspaces::diff(ctx, principal, id).await?)
+            Ok(ToolOutput::json(
+                workspaces::diff(ctx, principal, id).await?,
+            )?)
         }
         "answer_permission" => {
             let id: AgentId = args.id("agent_id", "agent")?;
             let request: PermissionId = args.id("request_id", "permission request")?;
+            let raw = Value::Object(args.0.clone());
             let body: PermissionAnswerBody = args.body()?;
-            ToolOutput::json(agents::answer_permission(ctx, principal, id, request, body).await?)
+            if let Some(owner) = owner_elsewhere(ctx, id).await? {
+                let path = fill(tool.path, &id.to_string(), Some(&request.to_string()));
+                return Ok(ToolOutput::json(
+                    forward(ctx, req, &owner, tool, &path, Some(raw)).await?,
+                )?);
+            }
+            Ok(ToolOutput::json(
+                agents::answer_permission(ctx, principal, id, request, body).await?,
+            )?)
         }
         "interrupt_agent" => {
             let id: AgentId = args.id("agent_id", "agent")?;
             args.done()?;
-            agents::interrupt(ctx, principal, id).await?;
-            ToolOutput::json(json!({"agent_id": id, "interrupted": true}))
+            match owner_elsewhere(ctx, id).await? {
+                Some(owner) => {
+                    let path = fill(tool.path, &id.to_string(), None);
+                    forward(ctx, req, &owner, tool, &path, None).await?;
+                }
+                None => agents::interrupt(ctx, principal, id).await?,
+            }
+            Ok(ToolOutput::json(
+                json!({"agent_id": id, "interrupted": true}),
+            )?)
         }
         "archive_agent" => {
             let id: AgentId = args.id("agent_id", "agent")?;
             args.done()?;
-            agents::archive(ctx, principal, id).await?;
-            ToolOutput::json(json!({"agent_id": id, "archived": true}))
+            match owner_elsewhere(ctx, id).await? {
+                Some(owner) => {
+                    let path = fill(tool.path, &id.to_string(), None);
+                    forward(ctx, req, &owner, tool, &path, None).await?;
+                }
+                None => agents::archive(ctx, principal, id).await?,
+            }
+            Ok(ToolOutput::json(json!({"agent_id": id, "archived": true}))?)
         }
-        _ => Err(ApiError::not_found("tool")),
+        _ => Err(ApiError::not_found("tool").into()),
     }
 }
 
-/// The wait of `GET /v1/agents/{id}/wait` (ended early when the caller loses access),
-/// plus the agent's last assistant message.
+/// The wait of `GET /v1/agents/{id}/wait` (ended early when the caller loses access; on
+/// the agent's replica when another one runs it), plus the agent's last assistant message.
 async fn wait_for_agent(
     ctx: &ServiceContext,
     principal: &Principal,
     req: &HttpRequest,
+    tool: &ToolSpec,
     id: AgentId,
     q: WaitQuery,
-) -> ApiResult<ToolOutput> {
-    let timeout = Duration::from_secs(q.timeout_s.unwrap_or(DEFAULT_WAIT_S));
-    let guard = Guard::for_agent(ctx, id, super::sse::recheck(req));
-    let done = tokio::select! {
-        done = agents::wait(ctx, principal, id, timeout) => done?,
-        ending = guard.ended() => return Err(super::sse::ending_error(ending)),
+) -> ToolResult<ToolOutput> {
+    let timeout_s = q.timeout_s.unwrap_or(DEFAULT_WAIT_S);
+    let mut done = match owner_elsewhere(ctx, id).await? {
+        Some(owner) => {
+            let path = format!(
+                "{}?timeout_s={timeout_s}",
+                fill(tool.path, &id.to_string(), None)
+            );
+            forward(ctx, req, &owner, tool, &path, None).await?
+        }
+        None => {
+            let guard = Guard::for_agent(ctx, id, super::sse::recheck(req));
+            let done = tokio::select! {
+                done = agents::wait(ctx, principal, id, Duration::from_secs(timeout_s)) => done?,
+                ending = guard.ended() => return Err(super::sse::ending_error(ending).into()),
+            };
+            serde_json::to_value(&done).map_err(ApiError::internal)?
+        }
     };
     let last = agents::timeline(ctx, principal, id, TimelineFrom::Before(i64::MAX), 200).await?;
     let last_message = last
@@ -689,35 +834,37 @@ async fn wait_for_agent(
         .find(|e| e.kind.as_str() == "assistant_message")
         .and_then(|e| e.data["text"].as_str())
         .map(str::to_owned);
-    let mut structured = serde_json::to_value(&done).map_err(ApiError::internal)?;
-    structured["last_assistant_message"] = json!(last_message);
-    let mut text = format!("status: {}", structured["status"].as_str().unwrap_or("?"));
-    if done.timed_out {
+    done["last_assistant_message"] = json!(last_message);
+    let mut text = format!("status: {}", done["status"].as_str().unwrap_or("?"));
+    if done["timed_out"] == true {
         text.push_str(" (timed out; call wait_for_agent again)");
     }
-    if let Some(turn) = &done.last_turn {
+    let turn = &done["last_turn"];
+    if let Some(turn_id) = turn["turn_id"].as_str() {
         text.push_str(&format!(
-            "\nlast turn {}: {}",
-            turn.turn_id,
-            turn.outcome.as_deref().unwrap_or("running")
+            "\nlast turn {turn_id}: {}",
+            turn["outcome"].as_str().unwrap_or("running")
         ));
-        if let Some(e) = &turn.error {
+        if let Some(e) = turn["error"].as_str() {
             text.push_str(&format!(" ({e})"));
         }
     }
-    for p in &done.pending_permissions {
+    for p in done["pending_permissions"].as_array().into_iter().flatten() {
         text.push_str(&format!(
             "\npending permission {}: {} (options: {})",
-            p.request_id,
-            p.title,
-            options_text(&p.options)
+            p["request_id"].as_str().unwrap_or("?"),
+            p["title"].as_str().unwrap_or(""),
+            options_text(&p["options"])
         ));
     }
     if let Some(m) = &last_message {
         text.push_str("\nlast assistant message:\n");
         text.push_str(m);
     }
-    Ok(ToolOutput { text, structured })
+    Ok(ToolOutput {
+        text,
+        structured: done,
+    })
 }
 
 fn options_text(options: &Value) -> String {

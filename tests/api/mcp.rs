@@ -539,3 +539,112 @@ async fn a_read_only_token_lists_but_cannot_drive() {
             .starts_with("insufficient_scope:")
     );
 }
+
+/// One `tools/call` on an open session; its `result`.
+async fn tool(app: &super::helpers::TestApp, session: &str, name: &str, arguments: Value) -> Value {
+    let res = rpc(
+        app,
+        Some(&app.token),
+        Some(session),
+        json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+            "params": {"name": name, "arguments": arguments}}),
+    )
+    .await;
+    assert_eq!(res.status(), 200);
+    let body: Value = res.json().await.unwrap();
+    body["result"].clone()
+}
+
+#[tokio::test]
+async fn a_tool_call_for_an_agent_another_replica_runs_is_handed_to_that_replica() {
+    let lease = |s: &mut agentry::config::Settings| s.cluster.lease_ttl_s = 3;
+    let a = super::helpers::spawn_app_with(lease).await;
+    let b = super::helpers::spawn_on_with(
+        a.db.clone(),
+        tempfile::tempdir().unwrap(),
+        Some(a.token.clone()),
+        lease,
+    )
+    .await;
+    let repo = git_repo();
+    let (agent, _) = a.mock_agent(repo.path()).await;
+    a.wait(&agent).await;
+    let owner = a.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["replica"].clone();
+    assert!(owner.is_string(), "{owner}");
+
+    // The client talks to the replica that does not run the agent.
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "test", "version": "0"}}});
+    let res = rpc(&b, Some(&b.token), None, init).await;
+    let session = res.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+
+    let sent = tool(
+        &b,
+        &session,
+        "send_message",
+        json!({"agent_id": agent, "text": "/ask ship?"}),
+    )
+    .await;
+    assert_eq!(sent["isError"], false, "{sent}");
+    let turn = sent["structuredContent"]["turn_id"].clone();
+    let asking = tool(
+        &b,
+        &session,
+        "wait_for_agent",
+        json!({"agent_id": agent, "timeout_s": 30}),
+    )
+    .await;
+    let asking = &asking["structuredContent"];
+    assert_eq!(asking["status"], "waiting_permission", "{asking}");
+    let request = asking["pending_permissions"][0]["request_id"]
+        .as_str()
+        .unwrap();
+    let answered = tool(
+        &b,
+        &session,
+        "answer_permission",
+        json!({"agent_id": agent, "request_id": request, "behavior": "allow"}),
+    )
+    .await;
+    assert_eq!(answered["isError"], false, "{answered}");
+    let done = tool(
+        &b,
+        &session,
+        "wait_for_agent",
+        json!({"agent_id": agent, "timeout_s": 30}),
+    )
+    .await;
+    let done = &done["structuredContent"];
+    assert_eq!(done["last_turn"]["turn_id"], turn, "{done}");
+    assert_eq!(done["last_turn"]["outcome"], "completed", "{done}");
+    assert!(
+        done["last_assistant_message"]
+            .as_str()
+            .unwrap()
+            .contains("allow"),
+        "{done}"
+    );
+    // It ran where it was: the owner did not change.
+    assert_eq!(
+        a.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["replica"],
+        owner
+    );
+    // A problem the owner answers reaches the client with its code.
+    let again = tool(
+        &b,
+        &session,
+        "answer_permission",
+        json!({"agent_id": agent, "request_id": request, "behavior": "deny"}),
+    )
+    .await;
+    assert_eq!(again["isError"], true, "{again}");
+    assert_eq!(
+        again["structuredContent"]["code"],
+        "permission_already_resolved"
+    );
+
+    let archived = tool(&b, &session, "archive_agent", json!({"agent_id": agent})).await;
+    assert_eq!(archived["isError"], false, "{archived}");
+    assert!(!a.get_ok(&format!("/v1/agents/{agent}")).await["archived_at"].is_null());
+}
