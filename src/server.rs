@@ -34,6 +34,8 @@ pub struct AppState {
     pub settings: Settings,
     /// Requests counted for `GET /metrics`.
     pub http: api::metrics::HttpMetrics,
+    /// The MCP sessions opened on this replica (`/mcp`).
+    pub mcp: api::mcp::Sessions,
     /// The egress proxy: one endpoint per agent that runs in the proxy network mode.
     pub egress: Egress,
     /// The server's part of agents' allow lists (`[egress]` over the built-in lists).
@@ -271,6 +273,7 @@ impl Application {
             },
             settings: settings.clone(),
             http: Default::default(),
+            mcp: Default::default(),
             egress,
             egress_policy: Arc::new(egress_policy),
         });
@@ -315,6 +318,7 @@ impl Application {
                 .wrap(actix_web::middleware::from_fn(api::middleware::request_id))
                 .service(api::docs::swagger())
                 .configure(api::ui::configure)
+                .configure(api::mcp::configure)
                 .route("/docs", web::get().to(api::docs::redirect_to_ui))
                 .default_service(web::to(api::docs::fallback))
         })

@@ -225,7 +225,8 @@ async fn archive_agent(
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct WaitQuery {
-    /// Seconds to wait at most (default 600; capped by the server's `limits.max_wait_s`).
+    /// Seconds to wait at most (default 600, or 60 for the MCP tool `wait_for_agent`;
+    /// capped by the server's `limits.max_wait_s`).
     pub timeout_s: Option<u64>,
 }
 
@@ -274,6 +275,18 @@ async fn timeline(
     q: web::Query<TimelineQuery>,
 ) -> ApiResult<web::Json<Page<AgentEvent>>> {
     let id: AgentId = parse_id(&id, "agent")?;
+    Ok(web::Json(
+        timeline_page(&state.services, &principal, id, &q).await?,
+    ))
+}
+
+/// The page `q` asks for (also the MCP tool `get_timeline`).
+pub(super) async fn timeline_page(
+    ctx: &crate::services::ServiceContext,
+    principal: &Principal,
+    id: AgentId,
+    q: &TimelineQuery,
+) -> ApiResult<Page<AgentEvent>> {
     let limit = i64::from(q.limit.unwrap_or(100).clamp(1, 1000));
     let bad_cursor = || {
         ApiError::bad_request(
@@ -304,7 +317,7 @@ async fn timeline(
     } else {
         TimelineFrom::Before(from)
     };
-    let page = agents::timeline(&state.services, &principal, id, from, limit).await?;
+    let page = agents::timeline(ctx, principal, id, from, limit).await?;
     let items = page.items;
     let next_cursor = if page.more {
         items
@@ -313,7 +326,7 @@ async fn timeline(
     } else {
         None
     };
-    Ok(web::Json(Page { items, next_cursor }))
+    Ok(Page { items, next_cursor })
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -141,7 +141,7 @@ async fn close_elsewhere(state: &AppState, http: &HttpRequest, ws: WorkspaceId) 
     }
 }
 
-fn client() -> &'static reqwest::Client {
+pub(super) fn client() -> &'static reqwest::Client {
     static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
     CLIENT.get_or_init(|| {
         reqwest::Client::builder()

@@ -100,7 +100,7 @@ fn nul_in_json(body: &[u8]) -> Option<String> {
     field_with_nul(&value, String::new())
 }
 
-fn field_with_nul(value: &Value, at: String) -> Option<String> {
+pub(crate) fn field_with_nul(value: &Value, at: String) -> Option<String> {
     let join = |key: &str| {
         if at.is_empty() {
             key.to_owned()

@@ -20,6 +20,7 @@ pub mod hooks;
 mod idempotency;
 pub mod identity;
 pub mod input;
+pub mod mcp;
 pub mod metrics;
 pub mod middleware;
 pub mod network;

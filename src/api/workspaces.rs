@@ -59,6 +59,19 @@ async fn list_workspaces(
     filter: web::Query<WorkspaceFilter>,
     page: web::Query<PageQuery>,
 ) -> ApiResult<web::Json<Page<Workspace>>> {
+    Ok(web::Json(
+        list_page(&state.services, &principal, &filter, &page).await?,
+    ))
+}
+
+/// The page of workspaces `filter` and `page` ask for (also the MCP tool
+/// `list_workspaces`).
+pub(super) async fn list_page(
+    ctx: &crate::services::ServiceContext,
+    principal: &Principal,
+    filter: &WorkspaceFilter,
+    page: &PageQuery,
+) -> ApiResult<Page<Workspace>> {
     let project: Option<ProjectId> = filter
         .project_id
         .as_deref()
@@ -66,19 +79,17 @@ async fn list_workspaces(
         .transpose()?;
     let after: Option<WorkspaceId> = page.after()?;
     let items = workspaces::list(
-        &state.services,
-        &principal,
+        ctx,
+        principal,
         project,
         filter.include_archived.unwrap_or(false),
         after,
         page.limit() + 1,
     )
     .await?;
-    Ok(web::Json(Page::from_rows(
-        items,
-        page.limit(),
-        |w: &Workspace| w.id.to_string(),
-    )))
+    Ok(Page::from_rows(items, page.limit(), |w: &Workspace| {
+        w.id.to_string()
+    }))
 }
 
 #[utoipa::path(tag = "workspaces", security(("bearer" = [])), params(("id" = String, Path)),

@@ -66,6 +66,60 @@ impl Api {
         Ok(v)
     }
 
+    /// Open an MCP session at `/mcp`; its `Mcp-Session-Id`.
+    pub async fn mcp_session(&self) -> anyhow::Result<String> {
+        let res = self
+            .client
+            .post(format!("{}/mcp", self.base))
+            .bearer_auth(&self.token)
+            .json(
+                &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "agentry-bench", "version": env!("CARGO_PKG_VERSION")}}}),
+            )
+            .send()
+            .await
+            .context("POST /mcp initialize")?;
+        anyhow::ensure!(
+            res.status().is_success(),
+            "initialize answered {}",
+            res.status()
+        );
+        let session = res
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .context("initialize answered no Mcp-Session-Id")?
+            .to_owned();
+        Ok(session)
+    }
+
+    /// Call an MCP tool; its result, which must not be a tool error.
+    pub async fn mcp_call(
+        &self,
+        session: &str,
+        name: &str,
+        arguments: &Value,
+    ) -> anyhow::Result<Value> {
+        let res = self
+            .client
+            .post(format!("{}/mcp", self.base))
+            .bearer_auth(&self.token)
+            .header("Mcp-Session-Id", session)
+            .header("MCP-Protocol-Version", "2025-06-18")
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": name, "arguments": arguments}}))
+            .send()
+            .await
+            .with_context(|| format!("tools/call {name}"))?;
+        let v: Value = res.json().await?;
+        anyhow::ensure!(
+            v["result"]["isError"] == false,
+            "tools/call {name} answered {v}"
+        );
+        Ok(v["result"].clone())
+    }
+
     /// Open an SSE stream (`after` becomes `Last-Event-ID`).
     pub async fn stream(&self, path: &str, after: Option<i64>) -> anyhow::Result<SseStream> {
         let mut req = self

@@ -27,6 +27,8 @@ pub enum Scenario {
     Fanout,
     /// One timeline grown to 1,000,000 events: does memory stay flat?
     Growth,
+    /// What a `/mcp` tool call adds over the same `/v1` request.
+    Mcp,
     /// Every scenario above, each on its own fresh server.
     All,
 }
@@ -120,6 +122,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::Latency,
             Scenario::Fanout,
             Scenario::Growth,
+            Scenario::Mcp,
         ],
         one => vec![one],
     };
@@ -141,6 +144,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::Create => scenarios::create(&args).await,
             Scenario::Fanout => scenarios::fanout(&args).await,
             Scenario::Growth => scenarios::growth(&args).await,
+            Scenario::Mcp => scenarios::mcp(&args).await,
             Scenario::All => unreachable!("expanded above"),
         }?;
         println!("({s:?} took {:.0} s)\n", started.elapsed().as_secs_f64());

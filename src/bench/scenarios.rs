@@ -850,6 +850,71 @@ pub async fn growth(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     ])
 }
 
+pub async fn mcp(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
+    const S: &str = "mcp";
+    let n = args.events.unwrap_or(2000) as usize;
+    println!(
+        "== mcp: {n} × the timeline page of one agent, alternately GET /v1/agents/{{id}}/timeline \
+         and the tool get_timeline over /mcp, one request at a time"
+    );
+    let server = ServerProcess::start(args.keep).await?;
+    let api = Api::new(&server.base, &server.token);
+    let ws = api.workspace(&server.repo).await?;
+    let agents = api.open_agents(&ws, 1, 1).await?;
+    let id = &agents[0];
+    api.post_ok(
+        &format!("/v1/agents/{id}/messages"),
+        &json!({"text": "/load 40 0"}),
+    )
+    .await?;
+    let w = api
+        .get_ok(&format!("/v1/agents/{id}/wait?timeout_s=60"))
+        .await?;
+    anyhow::ensure!(
+        w["last_turn"]["outcome"] == "completed",
+        "the turn did not complete: {w}"
+    );
+    let session = api.mcp_session().await?;
+    let path = format!("/v1/agents/{id}/timeline?limit=20");
+    let arguments = json!({"agent_id": id, "limit": 20});
+    // Warm both paths (connections, caches), then alternate so that both see the same
+    // machine.
+    for _ in 0..50 {
+        api.get_ok(&path).await?;
+        api.mcp_call(&session, "get_timeline", &arguments).await?;
+    }
+    let (mut rest, mut tool) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n {
+        let t = Instant::now();
+        let page = api.get_ok(&path).await?;
+        rest.push(t.elapsed().as_micros() as u32);
+        let t = Instant::now();
+        let result = api.mcp_call(&session, "get_timeline", &arguments).await?;
+        tool.push(t.elapsed().as_micros() as u32);
+        anyhow::ensure!(
+            result["structuredContent"]["items"] == page["items"],
+            "the tool's page differs from the route's"
+        );
+    }
+    server.stop().await?;
+    let rest = Percentiles::of(rest).context("no samples")?;
+    let tool = Percentiles::of(tool).context("no samples")?;
+    println!("  GET /v1/agents/{{id}}/timeline: {}", rest.line());
+    println!("  tools/call get_timeline:       {}", tool.line());
+    let added = tool.p50 - rest.p50;
+    Ok(vec![
+        Figure::info(S, "REST timeline page p50", format!("{:.2} ms", rest.p50)),
+        Figure::info(S, "MCP get_timeline p50", format!("{:.2} ms", tool.p50)),
+        Figure::target(
+            S,
+            "added by the tool call, p50",
+            format!("{added:.2} ms"),
+            "< 2 ms",
+            added < 2.0,
+        ),
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,6 +19,7 @@ mod helpers;
 mod hooks;
 mod idempotency_claims;
 mod input;
+mod mcp;
 mod metrics;
 mod people;
 mod platform;
