@@ -154,17 +154,13 @@ impl Parser {
                 self.data.push_str(&String::from_utf8_lossy(value));
             }
             b"event" => self.event = String::from_utf8_lossy(value).into_owned(),
-            b"id" => {
-                if !value.contains(&0) {
-                    self.last_id = String::from_utf8_lossy(value).into_owned();
-                }
+            b"id" if !value.contains(&0) => {
+                self.last_id = String::from_utf8_lossy(value).into_owned();
             }
-            b"retry" => {
-                if !value.is_empty() && value.iter().all(u8::is_ascii_digit) {
-                    // All digits, so it parses unless it overflows.
-                    if let Ok(ms) = std::str::from_utf8(value).unwrap_or("").parse::<u64>() {
-                        self.retry = Some(Duration::from_millis(ms));
-                    }
+            // All digits, so it parses unless it overflows (then it is ignored too).
+            b"retry" if !value.is_empty() && value.iter().all(u8::is_ascii_digit) => {
+                if let Ok(ms) = std::str::from_utf8(value).unwrap_or("").parse::<u64>() {
+                    self.retry = Some(Duration::from_millis(ms));
                 }
             }
             _ => {}
