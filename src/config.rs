@@ -1528,9 +1528,14 @@ fn valid_provider_id(id: &str) -> bool {
 }
 
 /// Variables that start with `AGENTRY_` but are not server settings: the settings file,
-/// the command-line client's server and token, the seed of randomized tests, and where
-/// the test suite finds the pinned agent CLIs and test peers (and whether it must).
-const NOT_SETTINGS: [&str; 7] = [
+/// the command-line client's server and token, and what the test suite and the CI scripts
+/// read (the seed of randomized tests, where the pinned agent CLIs, test peers, Playwright
+/// and deploy tools are cached, the dashboard test's Chromium and screenshots, rewriting
+/// the committed OpenAPI document). A developer exports these in the shell that also
+/// runs `agentry serve`, so they must not stop it. `AGENTRY_REQUIRE_CLIS` is retired (a
+/// missing test peer now always fails) but is still let through for shells that export
+/// it. `every_variable_the_tests_and_ci_read_is_let_through` keeps this list complete.
+const NOT_SETTINGS: &[&str] = &[
     "AGENTRY_CONFIG",
     "AGENTRY_URL",
     "AGENTRY_TOKEN",
@@ -1538,6 +1543,11 @@ const NOT_SETTINGS: [&str; 7] = [
     "AGENTRY_CLI_CACHE",
     "AGENTRY_REQUIRE_CLIS",
     "AGENTRY_TEST_PEERS_CACHE",
+    "AGENTRY_PLAYWRIGHT_CACHE",
+    "AGENTRY_CHROMIUM",
+    "AGENTRY_SCREENSHOTS",
+    "AGENTRY_BLESS",
+    "AGENTRY_DEPLOY_TOOLS",
 ];
 
 /// The CLI providers this server implements: the one list of them. The settings accept a
@@ -1883,6 +1893,72 @@ mod tests {
         assert_eq!(e.setting, "log.format");
         let e = Settings::load_from(None, &env(&[("AGENTRY_BOGUS", "1")])).unwrap_err();
         assert!(e.to_string().contains("bogus"), "{e}");
+    }
+
+    /// The `AGENTRY_*` variables the test suite and the CI scripts read from their
+    /// environment, by how each kind of file reads one.
+    fn variables_read_by_tests_and_ci() -> std::collections::BTreeSet<String> {
+        fn files(dir: &Path, out: &mut Vec<PathBuf>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    files(&path, out);
+                } else {
+                    out.push(path);
+                }
+            }
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut all = Vec::new();
+        files(&root.join("tests"), &mut all);
+        files(&root.join(".ci"), &mut all);
+        let mut found = std::collections::BTreeSet::new();
+        for path in all {
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+            let readers: &[&str] = match ext {
+                "rs" => &["var(\"", "var_os(\""],
+                "py" => &["environ.get(\"", "environ[\"", "getenv(\""],
+                "js" | "mjs" => &["process.env."],
+                // The scripts in .ci/ have no extension.
+                "" | "sh" => &["${", "$", "export "],
+                _ => continue,
+            };
+            for reader in readers {
+                for (at, _) in text.match_indices(&format!("{reader}AGENTRY_")) {
+                    let name: String = text[at + reader.len()..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    found.insert(name);
+                }
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn every_variable_the_tests_and_ci_read_is_let_through() {
+        let read = variables_read_by_tests_and_ci();
+        // The scan sees each way of reading one.
+        for known in [
+            "AGENTRY_TEST_SEED",
+            "AGENTRY_PLAYWRIGHT_CACHE",
+            "AGENTRY_CHROMIUM",
+            "AGENTRY_DEPLOY_TOOLS",
+        ] {
+            assert!(read.contains(known), "{known} not found in {read:?}");
+        }
+        for name in &read {
+            assert!(
+                Settings::load_from(None, &env(&[(name.as_str(), "/tmp/x")])).is_ok(),
+                "`agentry serve` refuses to start when {name} (read by the tests or CI) is \
+                 exported: add it to NOT_SETTINGS"
+            );
+        }
+        assert!(Settings::load_from(None, &env(&[("AGENTRY_PLAYWRIGHT_CACHE", "/x")])).is_ok());
     }
 
     fn file(text: &str) -> (tempfile::TempDir, PathBuf) {

@@ -9,6 +9,7 @@ pub mod config;
 pub mod domain;
 pub mod egress;
 pub mod embedded_pg;
+pub mod event_stream;
 pub mod events;
 pub mod git;
 pub mod metrics;

@@ -153,9 +153,13 @@ fn escape(v: &str) -> String {
         .replace('\n', r"\n")
 }
 
+/// A sample value or bucket bound as the exposition format spells it: `+Inf`, `-Inf`,
+/// `NaN`, or the number.
 fn number(v: f64) -> String {
-    if v.is_infinite() {
+    if v == f64::INFINITY {
         "+Inf".to_owned()
+    } else if v == f64::NEG_INFINITY {
+        "-Inf".to_owned()
     } else {
         format!("{v}")
     }
@@ -263,6 +267,29 @@ mod tests {
         assert!(text.contains("x_seconds_bucket{le=\"+Inf\"} 4\n"), "{text}");
         assert!(text.contains("x_seconds_sum 8.05\n"), "{text}");
         assert!(text.contains("x_seconds_count 4\n"), "{text}");
+    }
+
+    #[test]
+    fn infinities_keep_their_sign() {
+        // A bound of -Inf counts only observations of -Inf; its bucket and the sum it
+        // drags down must not read as +Inf.
+        static BOUNDS: &[f64] = &[f64::NEG_INFINITY, 0.0];
+        let h = Histogram::new(BOUNDS);
+        h.observe(f64::NEG_INFINITY);
+        h.observe(-1.0);
+        let mut page = Page::default();
+        page.histogram("x", "x", &h);
+        page.gauge("y", "y", f64::NEG_INFINITY);
+        page.gauge("z", "z", f64::NAN);
+        let text = page.finish();
+        assert!(text.contains("x_bucket{le=\"-Inf\"} 1\n"), "{text}");
+        assert!(text.contains("x_bucket{le=\"0\"} 2\n"), "{text}");
+        assert!(text.contains("x_bucket{le=\"+Inf\"} 2\n"), "{text}");
+        assert!(text.contains("x_sum -Inf\n"), "{text}");
+        assert!(text.contains("y -Inf\n"), "{text}");
+        assert!(text.contains("z NaN\n"), "{text}");
+        assert_eq!(number(f64::INFINITY), "+Inf");
+        assert_eq!(number(-0.5), "-0.5");
     }
 
     #[test]

@@ -394,8 +394,10 @@ async fn failing_prompt_fails_the_turn_with_its_message() {
 async fn sleep_is_interrupted_promptly() {
     let dir = tempfile::tempdir().unwrap();
     let mut agent = Agent::start(&dir).await;
+    // No wait for the sleep to begin: the cancel follows the prompt on the same pipe, and
+    // the mock agent notes the turn's cancel epoch as it reads the prompt, so an interrupt
+    // sent now reaches the running turn.
     agent.prompt("/sleep 10000").await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let interrupted_at = Instant::now();
     agent.session().interrupt().await.unwrap();
     let turn = agent.turn().await;
@@ -535,10 +537,11 @@ async fn killed_process_ends_the_session_without_ending_the_turn() {
     let dir = tempfile::tempdir().unwrap();
     let mut agent = Agent::start(&dir).await;
     let pid = agent.info.pid.unwrap();
+    // The turn runs from the adapter's side once the prompt is sent; whether the agent
+    // has read it yet changes nothing the adapter may report.
     agent.prompt("/sleep 10000").await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let killed_at = Instant::now();
-    // SAFETY: the pid is our own child, still running the sleep.
+    // SAFETY: the pid is our own child, still running.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
     let event = tokio::time::timeout(Duration::from_secs(2), agent.events.recv())
         .await
@@ -634,8 +637,8 @@ async fn close_ends_with_exited_closed() {
     let dir = tempfile::tempdir().unwrap();
     let mut agent = Agent::start(&dir).await;
     let pid = agent.info.pid.unwrap() as i32;
+    // Closed with the turn sent and unanswered, whether or not the agent has read it.
     agent.prompt("/sleep 10000").await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
     let rest = agent.close().await;
     let Some(ProviderEvent::Exited { reason }) = rest.last() else {
         panic!("Exited last: {rest:?}")
@@ -944,6 +947,8 @@ async fn an_agent_outrunning_its_consumer_blocks_on_its_pipe_and_loses_nothing()
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut last = 0;
     let mut steady_since = Instant::now();
+    // That the agent has stopped is an absence: its progress file unchanged for 1.5 s,
+    // sampled every 100 ms, is the check itself.
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let now = flood_progress(dir.path());

@@ -55,7 +55,7 @@ impl Provider for Claude {
 
 #[tokio::test]
 async fn a_text_turn_streams_deltas_and_completes_with_usage() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let claude = w.app.provider("claude").await;
     assert_eq!(claude["available"], true, "{claude}");
     assert_eq!(claude["protocol"], "claude-stream-json");
@@ -125,7 +125,7 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
 
 #[tokio::test]
 async fn an_allowed_write_lands_in_the_worktree_and_its_diff() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("default").await;
     let path = path_of(&ws["path"]).join("hello.txt");
     w.fake.push(Reply::tool(
@@ -190,7 +190,7 @@ async fn an_allowed_write_lands_in_the_worktree_and_its_diff() {
 
 #[tokio::test]
 async fn a_denied_command_fails_and_the_model_is_told() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("default").await;
     w.fake.push(Reply::tool(
         "Bash",
@@ -265,25 +265,25 @@ impl scenarios::Rig for Claude {
 
 #[tokio::test]
 async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::an_interrupted_turn_is_canceled_and_the_next_prompt_works(&w).await;
 }
 
 #[tokio::test]
 async fn an_interrupt_while_a_permission_is_pending_cancels_the_turn() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::an_interrupt_while_a_permission_is_pending_cancels_the_turn(&w).await;
 }
 
 #[tokio::test]
 async fn a_closed_agent_resumes_its_conversation() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::a_closed_agent_resumes_its_conversation(&w).await;
 }
 
 #[tokio::test]
 async fn after_a_server_restart_the_agent_resumes() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, _) = w.agent("default").await;
     w.fake.push(Reply::text("Noted: mango."));
     let first = w.turn(&agent, "remember mango", None).await;
@@ -310,7 +310,7 @@ async fn after_a_server_restart_the_agent_resumes() {
 
 #[tokio::test]
 async fn bypass_permissions_runs_tools_without_asking() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("bypassPermissions").await;
     w.fake.push(Reply::tool(
         "Bash",
@@ -335,21 +335,19 @@ async fn bypass_permissions_runs_tools_without_asking() {
 
 #[tokio::test]
 async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers(&w).await;
 }
 
 #[tokio::test]
 async fn no_cli_process_is_left_after_archive_or_server_shutdown() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::no_cli_process_is_left_after_archive_or_server_shutdown(w).await;
 }
 
 #[tokio::test]
 async fn without_credentials_claude_is_unavailable_and_creation_is_refused() {
-    let Some(cli) = clis::cli("claude") else {
-        return;
-    };
+    let cli = clis::cli("claude");
     let home = tempfile::tempdir().unwrap();
     let h = home.path().to_path_buf();
     let app = spawn_app_with(move |s| {
@@ -398,7 +396,7 @@ async fn without_credentials_claude_is_unavailable_and_creation_is_refused() {
 
 #[tokio::test]
 async fn shell_output_with_a_nul_is_stored_with_a_replacement_character() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, _) = w.agent("bypassPermissions").await;
     w.fake.push(Reply::tool(
         "Bash",
@@ -431,7 +429,7 @@ async fn shell_output_with_a_nul_is_stored_with_a_replacement_character() {
 
 #[tokio::test]
 async fn mode_and_model_change_in_a_live_session() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("default").await;
     w.fake.push(Reply::text("Ready."));
     let first = w.turn(&agent, "get ready", None).await;
@@ -490,7 +488,7 @@ async fn mode_and_model_change_in_a_live_session() {
 
 #[tokio::test]
 async fn an_agent_closed_before_its_first_prompt_still_works() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, _) = w.agent("default").await;
     w.app
         .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
@@ -519,9 +517,7 @@ async fn an_agent_closed_before_its_first_prompt_still_works() {
 
 #[tokio::test]
 async fn an_idle_cli_is_stopped_and_the_next_prompt_resumes_the_conversation() {
-    let Some(w) = World::new_with(|s| s.agents.idle_timeout_s = 2).await else {
-        return;
-    };
+    let w = World::new_with(|s| s.agents.idle_timeout_s = 2).await;
     let (agent, _) = w.agent("default").await;
     w.fake.push(Reply::text("Kiwi it is."));
     let mut stream = w.app.events(&agent, None).await;
@@ -574,7 +570,7 @@ async fn an_idle_cli_is_stopped_and_the_next_prompt_resumes_the_conversation() {
 
 #[tokio::test]
 async fn always_allowing_applies_the_cli_suggestion() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("default").await;
     let dir = path_of(&ws["path"]);
     w.fake.push(Reply::tool(

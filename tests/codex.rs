@@ -75,10 +75,9 @@ struct Rig {
 }
 
 impl Rig {
-    /// A server with the codex provider on a fresh fake; `None` when the CLI is missing
-    /// locally (CI fails instead).
-    async fn start(model: &str, tweak: impl FnOnce(&mut Settings)) -> Option<Self> {
-        let cli = clis::cli("codex")?;
+    /// A server with the codex provider on a fresh fake; fails when the CLI is missing.
+    async fn start(model: &str, tweak: impl FnOnce(&mut Settings)) -> Self {
+        let cli = clis::cli("codex");
         let fake = FakeOpenAi::start().await;
         let home = tempfile::tempdir().unwrap();
         let table = codex_settings(&cli, &fake.base_url(), home.path(), model, true);
@@ -87,14 +86,14 @@ impl Rig {
             tweak(s);
         })
         .await;
-        Some(Self {
+        Self {
             app,
             fake,
             cli,
             home,
             repo: git_repo(),
             model: model.to_owned(),
-        })
+        }
     }
 
     /// A project, a worktree workspace and a codex agent in `mode`: (agent, workspace).
@@ -164,9 +163,7 @@ fn outcomes(events: &[Value]) -> Vec<String> {
 
 #[tokio::test]
 async fn a_text_turn_streams_deltas_and_completes_with_usage() {
-    let Some(rig) = Rig::start("fake-model", |_| {}).await else {
-        return;
-    };
+    let rig = Rig::start("fake-model", |_| {}).await;
     rig.fake.script([Reply::new(vec![
         Item::Reasoning("Thinking it over.".into()),
         Item::Text("Hello from the fake model.".into()),
@@ -231,9 +228,7 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
 
 #[tokio::test]
 async fn an_allowed_command_in_read_only_mode_runs_and_its_file_is_in_the_diff() {
-    let Some(rig) = Rig::start("fake-model", |_| {}).await else {
-        return;
-    };
+    let rig = Rig::start("fake-model", |_| {}).await;
     // Asked to run outside the read-only sandbox, so that an approved command can write.
     rig.fake.script([
         Reply::exec_escalated("call_1", "echo hello > out.txt"),
@@ -303,9 +298,7 @@ async fn an_allowed_command_in_read_only_mode_runs_and_its_file_is_in_the_diff()
 
 #[tokio::test]
 async fn a_declined_command_fails_the_tool_the_model_is_told_and_the_turn_completes() {
-    let Some(rig) = Rig::start("fake-model", |_| {}).await else {
-        return;
-    };
+    let rig = Rig::start("fake-model", |_| {}).await;
     rig.fake.script([
         Reply::exec("call_1", "echo hello > out.txt"),
         Reply::text("Understood, not running it."),
@@ -343,9 +336,7 @@ async fn a_declined_command_fails_the_tool_the_model_is_told_and_the_turn_comple
 
 #[tokio::test]
 async fn an_interrupt_cancels_the_turn_and_the_next_prompt_works() {
-    let Some(rig) = Rig::start("fake-model", |_| {}).await else {
-        return;
-    };
+    let rig = Rig::start("fake-model", |_| {}).await;
     rig.fake.script([
         Reply::stalled("This answer never ends"),
         Reply::text("Back again."),
@@ -373,9 +364,7 @@ async fn an_interrupt_cancels_the_turn_and_the_next_prompt_works() {
 
 #[tokio::test]
 async fn a_closed_agent_resumes_its_thread_on_the_next_prompt() {
-    let Some(rig) = Rig::start("fake-model", |_| {}).await else {
-        return;
-    };
+    let rig = Rig::start("fake-model", |_| {}).await;
     rig.fake
         .script([Reply::text("The secret is 42."), Reply::text("I remember.")]);
     let (agent, _) = rig.agent("auto").await;
@@ -411,9 +400,7 @@ async fn a_closed_agent_resumes_its_thread_on_the_next_prompt() {
 
 #[tokio::test]
 async fn after_a_server_restart_the_next_prompt_resumes_the_thread() {
-    let Some(rig) = Rig::start("fake-model", |_| {}).await else {
-        return;
-    };
+    let rig = Rig::start("fake-model", |_| {}).await;
     rig.fake
         .script([Reply::text("Noted: blue."), Reply::text("It was blue.")]);
     let (agent, _) = rig.agent("auto").await;
@@ -453,9 +440,7 @@ async fn after_a_server_restart_the_next_prompt_resumes_the_thread() {
 
 #[tokio::test]
 async fn full_access_runs_commands_without_asking() {
-    let Some(rig) = Rig::start("fake-model", |_| {}).await else {
-        return;
-    };
+    let rig = Rig::start("fake-model", |_| {}).await;
     rig.fake.script([
         Reply::exec("call_1", "echo unattended > free.txt"),
         Reply::text("Done."),
@@ -476,9 +461,7 @@ async fn full_access_runs_commands_without_asking() {
 #[tokio::test]
 async fn a_patch_becomes_a_write_with_its_diff_and_lands_in_the_worktree() {
     // `apply_patch` is offered to catalog models only.
-    let Some(rig) = Rig::start("gpt-5.5", |_| {}).await else {
-        return;
-    };
+    let rig = Rig::start("gpt-5.5", |_| {}).await;
     let patch = "*** Begin Patch\n*** Add File: hello.txt\n+hello from patch\n*** End Patch\n";
     rig.fake
         .script([Reply::patch("call_p", patch), Reply::text("Patched.")]);
@@ -505,9 +488,7 @@ async fn a_patch_becomes_a_write_with_its_diff_and_lands_in_the_worktree() {
 
 #[tokio::test]
 async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_is_usable_after() {
-    let Some(rig) = Rig::start("fake-model", |_| {}).await else {
-        return;
-    };
+    let rig = Rig::start("fake-model", |_| {}).await;
     rig.fake
         .script([Reply::stalled("Working on it"), Reply::text("Recovered.")]);
     let (agent, _) = rig.agent("auto").await;
@@ -536,9 +517,7 @@ async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_is_usable_after() {
 
 #[tokio::test]
 async fn without_credentials_codex_is_unavailable_and_creating_an_agent_is_refused() {
-    let Some(cli) = clis::cli("codex") else {
-        return;
-    };
+    let cli = clis::cli("codex");
     let home = tempfile::tempdir().unwrap();
     let table = codex_settings(
         &cli,
@@ -586,9 +565,7 @@ async fn without_credentials_codex_is_unavailable_and_creating_an_agent_is_refus
 
 #[tokio::test]
 async fn binary_shell_output_is_stored_with_replacement_characters() {
-    let Some(rig) = Rig::start("fake-model", |_| {}).await else {
-        return;
-    };
+    let rig = Rig::start("fake-model", |_| {}).await;
     rig.fake.script([
         Reply::exec("call_1", "printf 'a\\000b\\377c\\n'"),
         Reply::text("Printed."),
@@ -613,9 +590,7 @@ async fn binary_shell_output_is_stored_with_replacement_characters() {
 
 #[tokio::test]
 async fn an_idle_cli_is_stopped_and_the_next_prompt_resumes_the_conversation() {
-    let Some(rig) = Rig::start("fake-model", |s| s.agents.idle_timeout_s = 1).await else {
-        return;
-    };
+    let rig = Rig::start("fake-model", |s| s.agents.idle_timeout_s = 1).await;
     rig.fake
         .script([Reply::text("Noted: seven."), Reply::text("It was seven.")]);
     let (agent, _) = rig.agent("auto").await;
@@ -638,9 +613,7 @@ async fn an_idle_cli_is_stopped_and_the_next_prompt_resumes_the_conversation() {
 
 #[tokio::test]
 async fn mode_and_model_changes_apply_to_the_next_turn() {
-    let Some(rig) = Rig::start("fake-model", |_| {}).await else {
-        return;
-    };
+    let rig = Rig::start("fake-model", |_| {}).await;
     rig.fake.script([
         Reply::text("First."),
         Reply::exec("call_1", "echo later > later.txt"),

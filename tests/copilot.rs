@@ -70,7 +70,7 @@ impl Provider for Copilot {
 
 #[tokio::test]
 async fn a_text_turn_streams_deltas_and_completes_with_usage() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let copilot = w.app.provider("copilot").await;
     assert_eq!(copilot["available"], true, "{copilot}");
     assert_eq!(copilot["protocol"], "acp");
@@ -133,7 +133,7 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
 
 #[tokio::test]
 async fn an_approved_create_lands_in_the_worktree_and_its_diff() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("agent").await;
     let path = path_of(&ws["path"]).join("hello.txt");
     w.fake.push(Reply::tool(
@@ -209,7 +209,7 @@ async fn an_approved_create_lands_in_the_worktree_and_its_diff() {
 
 #[tokio::test]
 async fn a_denied_create_fails_the_tool_and_the_turn_completes() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("agent").await;
     let path = path_of(&ws["path"]).join("denied.txt");
     w.fake.push(Reply::tool(
@@ -251,25 +251,25 @@ async fn a_denied_create_fails_the_tool_and_the_turn_completes() {
 
 #[tokio::test]
 async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::an_interrupted_turn_is_canceled_and_the_next_prompt_works(&w).await;
 }
 
 #[tokio::test]
 async fn an_interrupt_while_a_permission_is_pending_cancels_the_turn() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::an_interrupt_while_a_permission_is_pending_cancels_the_turn(&w).await;
 }
 
 #[tokio::test]
 async fn a_closed_agent_resumes_its_conversation() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::a_closed_agent_resumes_its_conversation(&w).await;
 }
 
 #[tokio::test]
 async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("allow-all").await;
     w.fake.push(Reply::text("Noted: mango."));
     let first = w.turn(&agent, "remember mango", None).await;
@@ -315,7 +315,7 @@ async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
 
 #[tokio::test]
 async fn allow_all_creates_files_without_asking() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("allow-all").await;
     let path = path_of(&ws["path"]).join("unattended.txt");
     w.fake.push(Reply::tool(
@@ -336,7 +336,7 @@ async fn allow_all_creates_files_without_asking() {
 
 #[tokio::test]
 async fn switching_to_allow_all_in_a_live_session_stops_the_asking() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("agent").await;
     w.fake.push(Reply::text("Ready."));
     let first = w.turn(&agent, "get ready", None).await;
@@ -370,9 +370,7 @@ async fn switching_to_allow_all_in_a_live_session_stops_the_asking() {
 
 #[tokio::test]
 async fn without_credentials_copilot_is_unavailable_and_creation_is_refused() {
-    let Some(cli) = clis::cli("copilot") else {
-        return;
-    };
+    let cli = clis::cli("copilot");
     let home = tempfile::tempdir().unwrap();
     let h = home.path().to_path_buf();
     let app = spawn_app_with(move |s| {
@@ -408,7 +406,7 @@ async fn without_credentials_copilot_is_unavailable_and_creation_is_refused() {
     assert!(refused.to_string().contains("GH_TOKEN"), "{refused}");
 
     // A GitHub token alone makes it available (it is not used: nothing is started).
-    let cli = clis::cli("copilot").unwrap();
+    let cli = clis::cli("copilot");
     let app2 = spawn_app_with(move |s| {
         let env = BTreeMap::from([
             ("GH_TOKEN".to_owned(), "github_pat_placeholder".to_owned()),
@@ -473,12 +471,12 @@ impl scenarios::Rig for Copilot {
 
 #[tokio::test]
 async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers(&w).await;
 }
 
 #[tokio::test]
 async fn no_cli_process_is_left_after_archive_or_server_shutdown() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::no_cli_process_is_left_after_archive_or_server_shutdown(w).await;
 }

@@ -73,7 +73,7 @@ impl Provider for Gemini {
 
 #[tokio::test]
 async fn a_text_turn_streams_deltas_and_completes_with_usage() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let gemini = w.app.provider("gemini").await;
     assert_eq!(gemini["available"], true, "{gemini}");
     assert_eq!(gemini["protocol"], "acp");
@@ -134,7 +134,7 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
 
 #[tokio::test]
 async fn an_allowed_write_lands_in_the_worktree_and_its_diff() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("default").await;
     let path = path_of(&ws["path"]).join("hello.txt");
     w.fake.push(Reply::tool(
@@ -219,7 +219,7 @@ async fn an_allowed_write_lands_in_the_worktree_and_its_diff() {
 
 #[tokio::test]
 async fn a_denied_write_fails_its_call_and_the_turn_completes() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("default").await;
     let path = path_of(&ws["path"]).join("denied.txt");
     w.fake.push(Reply::tool(
@@ -245,19 +245,19 @@ async fn a_denied_write_fails_its_call_and_the_turn_completes() {
 
 #[tokio::test]
 async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::an_interrupted_turn_is_canceled_and_the_next_prompt_works(&w).await;
 }
 
 #[tokio::test]
 async fn an_interrupt_while_a_permission_waits_expires_it() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::an_interrupt_while_a_permission_is_pending_cancels_the_turn(&w).await;
 }
 
 #[tokio::test]
 async fn yolo_runs_tools_without_asking() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("yolo").await;
     let path = path_of(&ws["path"]).join("yolo.txt");
     w.fake.push(Reply::tool(
@@ -276,7 +276,7 @@ async fn yolo_runs_tools_without_asking() {
 
 #[tokio::test]
 async fn a_closed_agent_resumes_its_conversation() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, _) = w.agent("default").await;
     w.fake.push(Reply::text("I will remember pineapple."));
     let first = w.turn(&agent, "the secret word is pineapple", None).await;
@@ -327,9 +327,7 @@ async fn a_closed_agent_resumes_its_conversation() {
 
 #[tokio::test]
 async fn without_credentials_gemini_is_unavailable_and_creation_is_refused() {
-    let Some(cli) = clis::cli("gemini") else {
-        return;
-    };
+    let cli = clis::cli("gemini");
     let app = spawn_app_with(move |s| {
         // Empty values count as unset, whatever the server's own environment holds.
         let env = [
@@ -356,7 +354,7 @@ async fn without_credentials_gemini_is_unavailable_and_creation_is_refused() {
 
 #[tokio::test]
 async fn mode_and_model_change_in_a_live_session() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("default").await;
     w.fake.push(Reply::text("Ready."));
     let first = w.turn(&agent, "get ready", None).await;
@@ -449,12 +447,12 @@ impl scenarios::Rig for Gemini {
 
 #[tokio::test]
 async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers(&w).await;
 }
 
 #[tokio::test]
 async fn no_cli_process_is_left_after_archive_or_server_shutdown() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::no_cli_process_is_left_after_archive_or_server_shutdown(w).await;
 }

@@ -27,7 +27,7 @@ const LAYERS: &[&[&str]] = &[
 const HTTP_EDGE: usize = 1;
 
 /// Utilities every layer may use; they use nothing but each other.
-const LEAVES: &[&str] = &["config", "metrics", "telemetry"];
+const LEAVES: &[&str] = &["config", "event_stream", "metrics", "telemetry"];
 
 fn rank(module: &str) -> Option<usize> {
     if LEAVES.contains(&module) {

@@ -110,9 +110,7 @@ fn b64(v: &Value) -> String {
 
 #[tokio::test]
 async fn tokens_from_the_provider_are_accepted_and_users_upserted() {
-    let Some(idp) = Idp::start().await else {
-        return;
-    };
+    let idp = Idp::start().await;
     let app = app_for(&idp, |_| {}).await;
 
     // A service client (client credentials grant).
@@ -169,12 +167,8 @@ async fn tokens_from_the_provider_are_accepted_and_users_upserted() {
 
 #[tokio::test]
 async fn the_attack_suite_is_refused_with_precise_codes() {
-    let Some(idp) = Idp::start_with(0, Some("shared-kid")).await else {
-        return;
-    };
-    let Some(other) = Idp::start_with(0, Some("shared-kid")).await else {
-        return;
-    };
+    let idp = Idp::start_with(0, Some("shared-kid")).await;
+    let other = Idp::start_with(0, Some("shared-kid")).await;
     let app = app_for(&idp, |_| {}).await;
     let n = modulus(&idp).await;
     let claims = |over: Value| {
@@ -281,9 +275,7 @@ async fn the_attack_suite_is_refused_with_precise_codes() {
 
 #[tokio::test]
 async fn rotated_keys_validate_without_a_restart_and_removed_keys_stop() {
-    let Some(idp) = Idp::start().await else {
-        return;
-    };
+    let idp = Idp::start().await;
     let app = app_for(&idp, |o| o.jwks_refetch_min_interval_s = 0).await;
     let old = idp.client_credentials("ci-bot").await;
     expect_status(get_as(&app, &old, "/v1/me").await, 200).await;
@@ -306,9 +298,7 @@ async fn rotated_keys_validate_without_a_restart_and_removed_keys_stop() {
 
 #[tokio::test]
 async fn unknown_key_refetches_are_rate_limited() {
-    let Some(idp) = Idp::start().await else {
-        return;
-    };
+    let idp = Idp::start().await;
     let app = app_for(&idp, |o| o.jwks_refetch_min_interval_s = 3600).await;
     idp.rotate().await;
     let new = idp.client_credentials("ci-bot").await;
@@ -319,9 +309,7 @@ async fn unknown_key_refetches_are_rate_limited() {
 
 #[tokio::test]
 async fn leaving_an_idp_group_removes_the_team_on_the_next_request() {
-    let Some(idp) = Idp::start().await else {
-        return;
-    };
+    let idp = Idp::start().await;
     let app = app_for(&idp, |_| {}).await;
     idp.set_user(user("bob", &["eng"]));
     let tokens = idp.authorization_code("agentry-web").await;
@@ -381,9 +369,7 @@ async fn readiness_waits_for_the_identity_provider() {
     // API tokens work all along.
     app.get_ok("/v1/me").await;
 
-    let Some(idp) = Idp::start_with(port, None).await else {
-        return;
-    };
+    let idp = Idp::start_with(port, None).await;
     wait_ready(&app).await;
     let bot = idp.client_credentials("ci-bot").await;
     expect_status(get_as(&app, &bot, "/v1/me").await, 200).await;
@@ -484,9 +470,7 @@ async fn sign_in(
 
 #[tokio::test]
 async fn browser_sign_in_sessions_csrf_and_logout() {
-    let Some(idp) = Idp::start().await else {
-        return;
-    };
+    let idp = Idp::start().await;
     let (app, browser) = browser_app(&idp).await;
     idp.set_user(user("carol", &["eng"]));
     let (cookie, attributes, callback) = sign_in(&app, &browser, "/agents/agt_x").await;
@@ -596,9 +580,7 @@ async fn browser_sign_in_sessions_csrf_and_logout() {
 
 #[tokio::test]
 async fn an_idle_session_expires() {
-    let Some(idp) = Idp::start().await else {
-        return;
-    };
+    let idp = Idp::start().await;
     let (app, browser) = browser_app(&idp).await;
     let (cookie, _, _) = sign_in(&app, &browser, "/").await;
     let res = browser
@@ -635,9 +617,7 @@ async fn an_idle_session_expires() {
 
 #[tokio::test]
 async fn without_browser_settings_sign_in_is_not_found() {
-    let Some(idp) = Idp::start().await else {
-        return;
-    };
+    let idp = Idp::start().await;
     let app = app_for(&idp, |_| {}).await;
     for path in ["/auth/login", "/auth/callback?code=c&state=s"] {
         let res = app.client.get(app.url(path)).send().await.unwrap();
@@ -650,9 +630,7 @@ async fn without_browser_settings_sign_in_is_not_found() {
 
 #[tokio::test]
 async fn a_code_from_another_sign_in_is_refused() {
-    let Some(idp) = Idp::start().await else {
-        return;
-    };
+    let idp = Idp::start().await;
     let (app, browser) = browser_app(&idp).await;
     // Two sign-ins started; the provider's answer to the second is delivered with the
     // first's state (a login CSRF / code injection attempt).
@@ -694,9 +672,7 @@ async fn a_code_from_another_sign_in_is_refused() {
 
 #[tokio::test]
 async fn a_sign_in_finishes_only_in_the_browser_that_started_it() {
-    let Some(idp) = Idp::start().await else {
-        return;
-    };
+    let idp = Idp::start().await;
     let (app, browser) = browser_app(&idp).await;
     // The attacker starts a sign-in of their own and stops at the callback URL…
     idp.set_user(user("mallory", &["eng"]));
@@ -759,9 +735,7 @@ async fn a_sign_in_finishes_only_in_the_browser_that_started_it() {
 
 #[tokio::test]
 async fn sign_ins_in_progress_are_bounded_per_client_address() {
-    let Some(idp) = Idp::start().await else {
-        return;
-    };
+    let idp = Idp::start().await;
     let (app, browser) = browser_app_with(&idp, |s| {
         s.server.trusted_proxies = vec!["127.0.0.1".into()]
     })
@@ -799,9 +773,7 @@ async fn sign_ins_in_progress_are_bounded_per_client_address() {
 
 #[tokio::test]
 async fn a_team_named_like_a_mapped_team_is_never_adopted() {
-    let Some(idp) = Idp::start().await else {
-        return;
-    };
+    let idp = Idp::start().await;
     let app = app_for(&idp, |_| {}).await;
     // A plain local user, before anyone of the mapped groups signs in.
     let mallory = app
@@ -882,9 +854,7 @@ async fn a_team_named_like_a_mapped_team_is_never_adopted() {
 
 #[tokio::test]
 async fn unverified_idp_emails_find_nobody() {
-    let Some(idp) = Idp::start().await else {
-        return;
-    };
+    let idp = Idp::start().await;
     let app = app_for(&idp, |_| {}).await;
     let lookup = "/v1/users?email=alice@example.com";
     // No `email_verified` claim: not verified.
@@ -922,9 +892,7 @@ async fn unverified_idp_emails_find_nobody() {
 
 #[tokio::test]
 async fn personal_tokens_of_provider_users_have_a_maximum_lifetime() {
-    let Some(idp) = Idp::start().await else {
-        return;
-    };
+    let idp = Idp::start().await;
     let app = app_for(&idp, |o| o.max_token_days = 30).await;
     idp.set_user(user("alice", &["eng"]));
     let tokens = idp.authorization_code("agentry-web").await;
@@ -990,9 +958,7 @@ async fn until_end(res: reqwest::Response, within: Duration) -> Option<String> {
 
 #[tokio::test]
 async fn a_session_ends_its_streams_when_signed_out_and_at_the_provider_recheck() {
-    let Some(idp) = Idp::start().await else {
-        return;
-    };
+    let idp = Idp::start().await;
     let (app, browser) = browser_app_with(&idp, |s| {
         s.events.revalidate_s = 1;
         if let Some(o) = s.auth.oidc.as_mut() {

@@ -87,7 +87,7 @@ impl Provider for OpenCode {
 
 #[tokio::test]
 async fn a_text_turn_streams_deltas_and_completes_with_usage() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let opencode = w.app.provider("opencode").await;
     assert_eq!(opencode["available"], true, "{opencode}");
     assert_eq!(opencode["protocol"], "opencode-http");
@@ -184,7 +184,7 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
 
 #[tokio::test]
 async fn an_approved_write_lands_in_the_worktree_and_its_diff() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("build").await;
     let path = path_of(&ws["path"]).join("hello.txt");
     w.fake.push(Reply::tool(
@@ -257,7 +257,7 @@ async fn an_approved_write_lands_in_the_worktree_and_its_diff() {
 
 #[tokio::test]
 async fn a_denied_write_fails_the_tool_and_the_next_turn_works() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("build").await;
     let path = path_of(&ws["path"]).join("denied.txt");
     w.fake.push(Reply::tool(
@@ -325,25 +325,25 @@ impl scenarios::Rig for OpenCode {
 
 #[tokio::test]
 async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::an_interrupted_turn_is_canceled_and_the_next_prompt_works(&w).await;
 }
 
 #[tokio::test]
 async fn an_interrupt_while_a_permission_is_pending_cancels_the_turn() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::an_interrupt_while_a_permission_is_pending_cancels_the_turn(&w).await;
 }
 
 #[tokio::test]
 async fn a_closed_agent_resumes_its_conversation() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::a_closed_agent_resumes_its_conversation(&w).await;
 }
 
 #[tokio::test]
 async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("full-access").await;
     w.fake.push(Reply::text("Noted: mango."));
     let first = w.turn(&agent, "remember mango", None).await;
@@ -384,7 +384,7 @@ async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
 
 #[tokio::test]
 async fn a_failed_mcp_server_and_a_lost_session_are_reported_and_the_agent_works() {
-    let Some(w) = World::new_with(|s| {
+    let w = World::new_with(|s| {
         // Stdio MCP servers are the server's own commands, defined in its settings.
         s.mcp.servers.insert(
             "files".into(),
@@ -396,10 +396,7 @@ async fn a_failed_mcp_server_and_a_lost_session_are_reported_and_the_agent_works
             },
         );
     })
-    .await
-    else {
-        return;
-    };
+    .await;
     let (agent, _) = new_agent(
         &w.app,
         w.repo.path(),
@@ -459,7 +456,7 @@ async fn a_failed_mcp_server_and_a_lost_session_are_reported_and_the_agent_works
 
 #[tokio::test]
 async fn plan_mode_edits_nothing_and_a_model_change_applies_to_the_next_prompt() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("plan").await;
     let path = path_of(&ws["path"]).join("planned.txt");
     w.fake.push(Reply::tool(
@@ -502,7 +499,7 @@ async fn plan_mode_edits_nothing_and_a_model_change_applies_to_the_next_prompt()
 
 #[tokio::test]
 async fn full_access_writes_without_asking_and_a_live_switch_to_build_asks_again() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("full-access").await;
     let path = path_of(&ws["path"]).join("unattended.txt");
     w.fake.push(Reply::tool(
@@ -550,13 +547,13 @@ async fn full_access_writes_without_asking_and_a_live_switch_to_build_asks_again
 
 #[tokio::test]
 async fn a_killed_server_fails_the_turn_quickly_and_the_agent_recovers() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers(&w).await;
 }
 
 #[tokio::test]
 async fn no_server_process_is_left_after_archive_or_server_shutdown() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (archived, _) = w.agent("build").await;
     w.fake.push(Reply::text("One."));
     let events = w.turn(&archived, "one", None).await;

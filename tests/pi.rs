@@ -86,7 +86,7 @@ impl Provider for Pi {
 
 #[tokio::test]
 async fn a_text_turn_streams_deltas_and_completes_with_usage() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let pi = w.app.provider("pi").await;
     assert_eq!(pi["available"], true, "{pi}");
     assert_eq!(pi["protocol"], "pi-rpc");
@@ -162,7 +162,7 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
 
 #[tokio::test]
 async fn an_approved_write_lands_in_the_worktree_and_its_diff() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("ask").await;
     let path = path_of(&ws["path"]).join("hello.txt");
     w.fake.push(Reply::tool(
@@ -231,7 +231,7 @@ async fn an_approved_write_lands_in_the_worktree_and_its_diff() {
 
 #[tokio::test]
 async fn a_denied_write_fails_the_tool_and_the_turn_completes() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("ask").await;
     let path = path_of(&ws["path"]).join("denied.txt");
     w.fake.push(Reply::tool(
@@ -277,25 +277,25 @@ async fn a_denied_write_fails_the_tool_and_the_turn_completes() {
 
 #[tokio::test]
 async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::an_interrupted_turn_is_canceled_and_the_next_prompt_works(&w).await;
 }
 
 #[tokio::test]
 async fn an_interrupt_while_a_permission_is_pending_cancels_the_turn() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::an_interrupt_while_a_permission_is_pending_cancels_the_turn(&w).await;
 }
 
 #[tokio::test]
 async fn a_closed_agent_resumes_its_conversation() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::a_closed_agent_resumes_its_conversation(&w).await;
 }
 
 #[tokio::test]
 async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("full-access").await;
     w.fake.push(Reply::text("Noted: mango."));
     let first = w.turn(&agent, "remember mango", None).await;
@@ -344,7 +344,7 @@ async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
 
 #[tokio::test]
 async fn full_access_writes_files_and_runs_commands_without_asking() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("full-access").await;
     let path = path_of(&ws["path"]).join("unattended.txt");
     w.fake.push(Reply::tool(
@@ -381,7 +381,7 @@ async fn full_access_writes_files_and_runs_commands_without_asking() {
 
 #[tokio::test]
 async fn switching_modes_in_a_live_session_turns_the_gate_off_and_on() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, ws) = w.agent("ask").await;
     w.fake.push(Reply::text("Ready."));
     let first = w.turn(&agent, "get ready", None).await;
@@ -465,7 +465,7 @@ async fn a_missing_cli_is_unavailable_and_creation_is_refused() {
 async fn a_pi_fork_configured_with_extends_runs_its_own_command() {
     // `omp` stands for any Pi fork that speaks the same RPC: here it is Pi itself under
     // another id, with its own command, label and agent dir.
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (url, h) = (w.fake.base_url(), w.home.path().join("fork"));
     let dir = agent_dir(&h, &url);
     let cli = w.cli.clone();
@@ -506,7 +506,7 @@ async fn a_pi_fork_configured_with_extends_runs_its_own_command() {
 
 #[tokio::test]
 async fn the_model_is_chosen_at_creation_and_changed_in_a_live_session() {
-    let Some(w) = World::new_with(|s| {
+    let w = World::new_with(|s| {
         // Stdio MCP servers are the server's own commands, defined in its settings.
         s.mcp.servers.insert(
             "files".into(),
@@ -518,10 +518,7 @@ async fn the_model_is_chosen_at_creation_and_changed_in_a_live_session() {
             },
         );
     })
-    .await
-    else {
-        return;
-    };
+    .await;
     let other = format!("fake/{OTHER_MODEL}");
     let (agent, _) = new_agent(
         &w.app,
@@ -572,7 +569,7 @@ async fn the_model_is_chosen_at_creation_and_changed_in_a_live_session() {
 
 #[tokio::test]
 async fn an_unreadable_session_file_starts_afresh_and_says_so() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     let (agent, _) = w.agent("ask").await;
     w.fake.push(Reply::text("Noted."));
     let first = w.turn(&agent, "remember kiwi", None).await;
@@ -629,12 +626,12 @@ impl scenarios::Rig for Pi {
 
 #[tokio::test]
 async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers(&w).await;
 }
 
 #[tokio::test]
 async fn no_cli_process_is_left_after_archive_or_server_shutdown() {
-    let Some(w) = World::new().await else { return };
+    let w = World::new().await;
     scenarios::no_cli_process_is_left_after_archive_or_server_shutdown(w).await;
 }

@@ -6,7 +6,7 @@ use anyhow::Context;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use crate::client::api::SseFrames;
+use crate::event_stream::Parser;
 
 #[derive(Clone)]
 pub struct Api {
@@ -137,7 +137,7 @@ impl Api {
         );
         Ok(SseStream {
             res,
-            frames: SseFrames::default(),
+            frames: Parser::new(),
         })
     }
 
@@ -204,16 +204,22 @@ impl Api {
 /// An open SSE response, read frame by frame.
 pub struct SseStream {
     res: reqwest::Response,
-    frames: SseFrames,
+    frames: Parser,
 }
 
 impl SseStream {
-    /// The next chunk of bytes the server sent, split into complete frames' `data:`
-    /// payloads; `None` when the stream ended. Fails after `timeout` without any byte.
+    /// The next chunk of bytes the server sent, as the `data` of the events it
+    /// completes; `None` when the stream ended. Fails after `timeout` without any byte.
     pub async fn next_chunk(&mut self, timeout: Duration) -> anyhow::Result<Option<Vec<Vec<u8>>>> {
         let chunk = tokio::time::timeout(timeout, self.res.chunk())
             .await
             .map_err(|_| anyhow::anyhow!("no byte from the stream for {timeout:?}"))??;
-        Ok(chunk.map(|bytes| self.frames.push(&bytes)))
+        Ok(chunk.map(|bytes| {
+            self.frames
+                .push(&bytes)
+                .into_iter()
+                .map(|event| event.data.into_bytes())
+                .collect()
+        }))
     }
 }

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::event_stream::Parser;
+
 /// Why a command could not do its work; each kind has its exit status.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -178,13 +180,13 @@ impl Api {
                     continue;
                 }
             };
-            let mut frames = SseFrames::default();
+            let mut stream = Parser::new();
             // Until the stream ends, breaks or goes silent past the server's pings; then
             // reconnect.
             while let Ok(Ok(Some(bytes))) = tokio::time::timeout(SILENCE, res.chunk()).await {
                 failures = 0;
-                for data in frames.push(&bytes) {
-                    let Ok(event) = serde_json::from_slice::<Value>(&data) else {
+                for message in stream.push(&bytes) {
+                    let Ok(event) = serde_json::from_str::<Value>(&message.data) else {
                         continue;
                     };
                     let seq = event["seq"].as_i64().unwrap_or(0);
@@ -214,56 +216,3 @@ const RECONNECTS: u32 = 20;
 const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
 /// The server pings every 15 s; this long without a byte means the stream is dead.
 const SILENCE: Duration = Duration::from_secs(45);
-
-/// Splits an SSE byte stream into the `data:` payloads of its complete messages.
-#[derive(Default)]
-pub struct SseFrames {
-    buf: Vec<u8>,
-    /// Bytes of `buf` already searched for a message end.
-    scanned: usize,
-}
-
-impl SseFrames {
-    pub fn push(&mut self, bytes: &[u8]) -> Vec<Vec<u8>> {
-        self.buf.extend_from_slice(bytes);
-        let mut out = Vec::new();
-        let mut start = 0;
-        let mut from = self.scanned.saturating_sub(1).max(start);
-        while let Some(pos) = self.buf[from..].windows(2).position(|w| w == b"\n\n") {
-            let end = from + pos;
-            let message = &self.buf[start..end];
-            if let Some(data) = message
-                .split(|b| *b == b'\n')
-                .find_map(|l| l.strip_prefix(b"data: "))
-            {
-                out.push(data.to_vec());
-            }
-            start = end + 2;
-            from = start;
-        }
-        self.buf.drain(..start);
-        self.scanned = self.buf.len();
-        out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn frames_split_across_chunks_come_out_whole_and_once() {
-        let mut f = SseFrames::default();
-        assert!(
-            f.push(b"retry: 3000\n\nid: 1\nevent: status\nda")
-                .is_empty()
-        );
-        assert!(f.push(b"ta: {\"seq\":1}\n").is_empty());
-        let out = f.push(b"\n: ping\n\nid: 2\ndata: {\"seq\":2}\n\nid: 3\n");
-        assert_eq!(out, vec![b"{\"seq\":1}".to_vec(), b"{\"seq\":2}".to_vec()]);
-        assert_eq!(
-            f.push(b"data: {\"seq\":3}\n\n"),
-            vec![b"{\"seq\":3}".to_vec()]
-        );
-    }
-}

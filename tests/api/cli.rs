@@ -581,10 +581,18 @@ async fn logs_follow_resumes_after_a_dropped_connection_without_gaps_or_repeats(
         proxy.accepted.load(std::sync::atomic::Ordering::SeqCst) == 1
     })
     .await;
-    // A long turn; the connection is cut twice while it streams.
+    // A long turn; the connection is cut twice while it streams, each time once the
+    // follower has printed another 500 events of it.
+    let mut seqs = Vec::new();
     app.prompt(&agent, "/load 3000 1").await;
     for round in 1..=2 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        while seqs.len() < round * 500 {
+            let seq = tokio::time::timeout(Duration::from_secs(30), seq_rx.recv())
+                .await
+                .expect("the follower keeps printing")
+                .expect("the follower is still running");
+            seqs.push(seq);
+        }
         proxy.cut();
         eventually("the follower to reconnect", Duration::from_secs(10), || {
             proxy.accepted.load(std::sync::atomic::Ordering::SeqCst) > round
@@ -597,7 +605,6 @@ async fn logs_follow_resumes_after_a_dropped_connection_without_gaps_or_repeats(
         .as_i64()
         .unwrap();
 
-    let mut seqs = Vec::new();
     while seqs.last() != Some(&last) {
         let seq = tokio::time::timeout(Duration::from_secs(30), seq_rx.recv())
             .await

@@ -517,42 +517,36 @@ pub fn outcome(events: &[SseEvent]) -> Value {
 
 pub struct SseReader {
     stream: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
-    buf: Vec<u8>,
+    parser: agentry::event_stream::Parser,
+    ready: std::collections::VecDeque<agentry::event_stream::Event>,
 }
 
 impl SseReader {
     pub fn from_response(res: reqwest::Response) -> Self {
         SseReader {
             stream: Box::pin(res.bytes_stream()),
-            buf: Vec::new(),
+            parser: agentry::event_stream::Parser::new(),
+            ready: std::collections::VecDeque::new(),
         }
     }
 
-    /// The next event (comments and `retry:` skipped), or None when the stream ends or
-    /// nothing arrives within `timeout`.
+    /// The next event with a numeric id (comments and `retry:` skipped), or None when the
+    /// stream ends or nothing arrives within `timeout`.
     pub async fn next(&mut self, timeout: Duration) -> Option<SseEvent> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            if let Some(pos) = self.buf.windows(2).position(|w| w == b"\n\n") {
-                let block: Vec<u8> = self.buf.drain(..pos + 2).collect();
-                let text = String::from_utf8(block).unwrap();
-                let (mut id, mut event, mut data) = (None, None, None);
-                for line in text.lines() {
-                    if let Some(v) = line.strip_prefix("id: ") {
-                        id = v.parse().ok();
-                    } else if let Some(v) = line.strip_prefix("event: ") {
-                        event = Some(v.to_owned());
-                    } else if let Some(v) = line.strip_prefix("data: ") {
-                        data = Some(serde_json::from_str(v).unwrap());
-                    }
-                }
-                if let (Some(id), Some(event), Some(data)) = (id, event, data) {
-                    return Some(SseEvent { id, event, data });
-                }
-                continue;
+            while let Some(e) = self.ready.pop_front() {
+                let Ok(id) = e.id.parse() else { continue };
+                let data = serde_json::from_str(&e.data)
+                    .unwrap_or_else(|err| panic!("event {id} is not JSON ({err}): {}", e.data));
+                return Some(SseEvent {
+                    id,
+                    event: e.event,
+                    data,
+                });
             }
             match tokio::time::timeout_at(deadline, self.stream.next()).await {
-                Ok(Some(Ok(chunk))) => self.buf.extend_from_slice(&chunk),
+                Ok(Some(Ok(chunk))) => self.ready.extend(self.parser.push(&chunk)),
                 _ => return None,
             }
         }

@@ -544,11 +544,16 @@ async fn settings_file_hooks_are_server_wide_stable_and_read_only() {
         .await;
     assert_eq!(got[0].body["payload"]["workspace"]["id"], ws["id"]);
     // Recorded as delivered (a stop in between would leave it pending, to be sent again).
-    for _ in 0..100 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
         let d = app.get_ok(&format!("/v1/hooks/{id}/deliveries")).await;
         if d["items"][0]["status"] == "delivered" {
             break;
         }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the delivery was never recorded as delivered: {d}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
@@ -1317,8 +1322,13 @@ async fn notifications_are_retried_until_the_receiver_comes_back() {
     let rx = Receiver::start().await;
     let addr = rx.addr;
     let h = hook(&app, "flaky", &["workspace.create.after"], &rx.url("/in")).await;
-    drop(rx); // the receiver is down
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(rx); // the receiver is down: wait until its port refuses connections
+    eventually(
+        "the receiver to stop listening",
+        Duration::from_secs(10),
+        || std::net::TcpStream::connect(addr).is_err(),
+    )
+    .await;
     let repo = git_repo();
     let project = app.project(repo.path()).await;
     let started = std::time::Instant::now();
@@ -1740,7 +1750,8 @@ async fn a_turn_cut_short_by_a_crash_is_notified_as_failed_after_the_restart() {
         .await;
     assert_eq!(closed[0].body["payload"]["agent"]["id"], agent);
     assert_eq!(closed[0].body["payload"]["agent"]["status"], "closed");
-    // Told once each.
+    // Told once each. A duplicate would arrive after the first, and no event says none
+    // is coming, so this pause is the check itself: half a second for a repeat to show.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(rx.of("agent.turn.after").len(), 1);
     assert_eq!(rx.of("agent.close.after").len(), 1);

@@ -73,14 +73,14 @@ pub struct CliWorld<P: Provider> {
 }
 
 impl<P: Provider> CliWorld<P> {
-    /// `None` when the CLI is not installed and not required (a loud message was printed).
-    pub async fn new() -> Option<Self> {
+    /// A server with the provider on a fresh fake; fails when the CLI is not installed.
+    pub async fn new() -> Self {
         Self::new_with(|_| {}).await
     }
 
     /// Like `new`, with the app's settings adjusted by `tweak`.
-    pub async fn new_with(tweak: impl FnOnce(&mut Settings)) -> Option<Self> {
-        let cli = clis::cli(P::ID)?;
+    pub async fn new_with(tweak: impl FnOnce(&mut Settings)) -> Self {
+        let cli = clis::cli(P::ID);
         let slot = match P::SLOTS {
             Some(n) => {
                 // One static for every `P`: a test binary drives one provider.
@@ -98,14 +98,14 @@ impl<P: Provider> CliWorld<P> {
             tweak(s);
         })
         .await;
-        Some(Self {
+        Self {
             app,
             fake,
             cli,
             home,
             repo: git_repo(),
             _slot: slot,
-        })
+        }
     }
 
     /// Stop the server and start it again on its database and data dir, calling `between`

@@ -1,16 +1,16 @@
 //! The pinned agent CLIs (`.ci/cli-pins`), as `.ci/install-clis` installs them into
 //! `~/.cache/agentry/clis/` (or `$AGENTRY_CLI_CACHE`).
 //!
-//! A test that needs one calls `cli("claude")`. When it is not installed the test fails
-//! if `AGENTRY_REQUIRE_CLIS` is set (CI sets it), and otherwise returns `None` after a loud
-//! message, so that `cargo test` on a machine without them still runs everything else.
+//! A test that needs one calls `cli("claude")`. When it is not installed the test fails,
+//! saying how to install it: a test that did not run never reports `ok`. `.ci/test` (the
+//! README's test command) installs every peer before it runs the tests.
 
 use std::path::PathBuf;
 
 const PINS: &str = include_str!("../../.ci/cli-pins");
 
 /// The installed binary of the pinned CLI named `bin` (`claude`, `codex`).
-pub fn cli(bin: &str) -> Option<PathBuf> {
+pub fn cli(bin: &str) -> PathBuf {
     let (spec, _) = PINS
         .lines()
         .filter(|l| !l.starts_with('#'))
@@ -27,16 +27,11 @@ pub fn cli(bin: &str) -> Option<PathBuf> {
         .join(spec.replace('/', "+"))
         .join("node_modules/.bin")
         .join(bin);
-    if path.exists() {
-        return Some(path);
-    }
-    let why = format!(
-        "{spec} is not installed at {}; run .ci/install-clis",
+    assert!(
+        path.exists(),
+        "{spec} is not installed at {}; run the tests with .ci/test, which installs it \
+         (or run .ci/install-clis)",
         path.display()
     );
-    if std::env::var_os("AGENTRY_REQUIRE_CLIS").is_some() {
-        panic!("{why} (AGENTRY_REQUIRE_CLIS is set, so this test fails)");
-    }
-    eprintln!("\n!!!!! SKIPPED: {why} !!!!!\n");
-    None
+    path
 }

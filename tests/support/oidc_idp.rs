@@ -2,9 +2,8 @@
 //! installed by `.ci/install-test-peers`) run by `tests/support/oidc_idp.mjs` on
 //! 127.0.0.1, killed when dropped.
 //!
-//! When the package is not installed, `Idp::start` fails the test if
-//! `AGENTRY_REQUIRE_CLIS` is set (CI sets it) and otherwise returns `None` after a loud
-//! message, like `clis.rs`.
+//! When the package is not installed, `Idp::start` fails the test, saying how to install
+//! it, like `clis.rs`.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -27,7 +26,7 @@ pub struct Idp {
 }
 
 /// The installed `node_modules` of the pinned provider, or None (see the module docs).
-fn modules() -> Option<PathBuf> {
+fn modules() -> PathBuf {
     let spec = PINS
         .lines()
         .map(str::trim)
@@ -40,18 +39,13 @@ fn modules() -> Option<PathBuf> {
                 .join(".cache/agentry/test-peers")
         });
     let dir = cache.join(spec).join("node_modules");
-    if dir.join("oauth2-mock-server/package.json").exists() {
-        return Some(dir);
-    }
-    let why = format!(
-        "{spec} is not installed at {}; run .ci/install-test-peers",
+    assert!(
+        dir.join("oauth2-mock-server/package.json").exists(),
+        "{spec} is not installed at {}; run the tests with .ci/test, which installs it \
+         (or run .ci/install-test-peers)",
         dir.display()
     );
-    if std::env::var_os("AGENTRY_REQUIRE_CLIS").is_some() {
-        panic!("{why} (AGENTRY_REQUIRE_CLIS is set, so this test fails)");
-    }
-    eprintln!("\n!!!!! SKIPPED: {why} !!!!!\n");
-    None
+    dir
 }
 
 /// The user the provider signs in, as the test last wrote it.
@@ -61,13 +55,13 @@ pub fn user(sub: &str, groups: &[&str]) -> Value {
 
 impl Idp {
     /// A provider on a free port with a random key id.
-    pub async fn start() -> Option<Idp> {
+    pub async fn start() -> Idp {
         Self::start_with(0, None).await
     }
 
     /// A provider on `port` (0: any) whose first key has `kid`.
-    pub async fn start_with(port: u16, kid: Option<&str>) -> Option<Idp> {
-        let modules = modules()?;
+    pub async fn start_with(port: u16, kid: Option<&str>) -> Idp {
+        let modules = modules();
         agentry::telemetry::install_crypto_provider();
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("user.json"), user("alice", &[]).to_string()).unwrap();
@@ -111,7 +105,7 @@ impl Idp {
             .await
             .unwrap();
         assert_eq!(res.status(), 200);
-        Some(idp)
+        idp
     }
 
     /// The user the provider signs in from now on.

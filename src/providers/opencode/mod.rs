@@ -14,7 +14,7 @@
 
 mod mapping;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,6 +36,7 @@ use super::{
     ProviderEvent, ProviderInfo, ProviderSession, SessionInfo, SessionSpec, TurnInput, mode,
 };
 use crate::domain::SecretValue;
+use crate::event_stream::{Event, Parser};
 use crate::process::output::{StderrReader, StderrTail, describe_exit};
 use crate::process::{CommandSpec, ManagedChild, STOP_GRACE, find_executable};
 
@@ -412,11 +413,7 @@ impl Api {
         if !response.status().is_success() {
             return Err(format!("GET /event answered {}", response.status()));
         }
-        let mut stream = EventStream {
-            body: response,
-            buffer: Vec::new(),
-            data: String::new(),
-        };
+        let mut stream = EventStream::new(response);
         match tokio::time::timeout(CALL_TIMEOUT, stream.next()).await {
             Ok(Some(Ok(_))) => Ok(stream),
             Ok(Some(Err(e))) => Err(e),
@@ -426,46 +423,53 @@ impl Api {
     }
 }
 
-/// Server-sent events, one JSON object per event (`data:` lines; blank line ends one).
+/// OpenCode's server-sent events, one JSON object per event's `data`.
 struct EventStream {
     body: reqwest::Response,
-    buffer: Vec<u8>,
-    data: String,
+    parser: Parser,
+    /// Events parsed from a chunk and not yet handed out.
+    ready: VecDeque<Event>,
+    too_long: bool,
 }
 
-/// The longest line kept: an event is one line, and a tool's output can be large.
-const MAX_LINE: usize = 16 * 1024 * 1024;
+/// The most bytes held for one event not yet complete: an event is one line, and a
+/// tool's output can be large.
+const MAX_EVENT: usize = 16 * 1024 * 1024;
 
 impl EventStream {
+    fn new(body: reqwest::Response) -> Self {
+        Self {
+            body,
+            parser: Parser::new(),
+            ready: VecDeque::new(),
+            too_long: false,
+        }
+    }
+
     /// The next event; `None` when the stream ends.
     async fn next(&mut self) -> Option<Result<Value, String>> {
         loop {
-            while let Some(end) = self.buffer.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.buffer.drain(..=end).collect();
-                let line = String::from_utf8_lossy(&line);
-                let line = line.trim_end_matches(['\n', '\r']);
-                if line.is_empty() {
-                    if self.data.is_empty() {
-                        continue;
-                    }
-                    let data = std::mem::take(&mut self.data);
-                    return Some(
-                        serde_json::from_str(&data)
-                            .map_err(|e| format!("an unreadable event from OpenCode: {e}")),
-                    );
+            if let Some(event) = self.ready.pop_front() {
+                if event.data.is_empty() {
+                    // An event without a payload tells nothing.
+                    continue;
                 }
-                if let Some(data) = line.strip_prefix("data:") {
-                    if !self.data.is_empty() {
-                        self.data.push('\n');
-                    }
-                    self.data.push_str(data.strip_prefix(' ').unwrap_or(data));
-                }
+                return Some(
+                    serde_json::from_str(&event.data)
+                        .map_err(|e| format!("an unreadable event from OpenCode: {e}")),
+                );
             }
-            if self.buffer.len() > MAX_LINE {
+            if self.too_long {
+                return None;
+            }
+            if self.parser.pending() > MAX_EVENT {
+                // The rest of the stream cannot be read in step: report it once, then
+                // treat the stream as ended.
+                self.too_long = true;
                 return Some(Err("an event from OpenCode is too long".to_owned()));
             }
             match self.body.chunk().await {
-                Ok(Some(bytes)) => self.buffer.extend_from_slice(&bytes),
+                Ok(Some(bytes)) => self.ready.extend(self.parser.push(&bytes)),
                 Ok(None) => return None,
                 Err(e) => return Some(Err(format!("the event stream broke: {e}"))),
             }
