@@ -67,6 +67,10 @@ pub struct AgentRuntime {
     pub provider_session_id: Option<String>,
     /// The id of the replica running the agent, or null when none does.
     pub replica: Option<String>,
+    /// Under `[sandbox] network = "proxy"`, while the agent's process runs: the
+    /// connections the egress proxy allowed it since the process started, by host (at
+    /// most 512 hosts counted). Null otherwise.
+    pub egress_hosts: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -74,7 +78,8 @@ pub struct AgentRuntime {
     "provider": "mock", "model": "mock-small", "mode": "default", "title": null, "labels": {"ci_run": "1234"},
     "status": "idle", "status_reason": null, "last_seq": 12, "created_by": "usr_0193a1b2c3d47e8f9a0b1c2d3e4f5a6d",
     "created_at": "2026-11-30T12:00:00Z", "archived_at": null, "pending_permissions": 0,
-    "runtime": {"pid": 4242, "provider_session_id": "3b1f…", "replica": "node-1-5f2c9a1e"}}))]
+    "runtime": {"pid": 4242, "provider_session_id": "3b1f…", "replica": "node-1-5f2c9a1e",
+        "egress_hosts": null}}))]
 pub struct Agent {
     pub id: AgentId,
     pub workspace_id: WorkspaceId,
@@ -211,7 +216,24 @@ fn context(row: &AgentRow, secret_env: SecretEnv) -> AgentContext {
         mcp_servers: json!({}),
         persistence: row.persistence.clone(),
         secret_env,
+        // Filled in by a launch when the sandbox uses the egress proxy.
+        egress_allow: None,
     }
+}
+
+/// The egress allow list of the agent of `row` for this launch, when its sandbox uses the
+/// egress proxy: its provider's entries, the server's, and its team's as they are now.
+async fn egress_allow(
+    ctx: &ServiceContext,
+    row: &AgentRow,
+) -> ServiceResult<Option<crate::egress::AllowList>> {
+    if !ctx.agents.uses_egress() {
+        return Ok(None);
+    }
+    let list =
+        super::network::agent_allow_list(ctx, &ctx.egress_policy, row.team_id, &row.provider)
+            .await?;
+    Ok(Some(list))
 }
 
 /// The team secrets `provider` takes, opened for an agent of `team`; a secret that is not
@@ -263,6 +285,7 @@ pub(crate) fn to_agent(ctx: &ServiceContext, row: AgentRow) -> Agent {
             provider_session_id: snap
                 .and_then(|s| s.provider_session_id)
                 .or(row.provider_session_id),
+            egress_hosts: ctx.agents.egress_counts(row.id.into()),
         },
     }
 }
@@ -559,6 +582,7 @@ pub async fn create(
     secret_env.extend(launch.env);
     let mut agent_ctx = context(&row, secret_env);
     agent_ctx.mcp_servers = launch.mcp_servers;
+    agent_ctx.egress_allow = egress_allow(ctx, &row).await?;
     // Start the session (and the first prompt, queued behind it). A provider that fails to
     // start leaves the agent in `error` with the reason in its timeline; it is still created.
     match ctx.agents.start(&agent_ctx, body.prompt.clone()).await {
@@ -825,6 +849,7 @@ pub async fn prompt(
         secret_env.extend(launch.env);
         let mut c = context(&row, secret_env);
         c.mcp_servers = launch.mcp_servers;
+        c.egress_allow = egress_allow(ctx, &row).await?;
         c
     } else {
         context(&row, secret_env)
