@@ -680,13 +680,29 @@ async fn an_agents_endpoint_lives_while_its_process_runs_and_is_gone_after_archi
     let shown = app.get_ok(&format!("/v1/agents/{agent}")).await;
     assert_eq!(shown["runtime"]["egress_hosts"], Value::Null, "{shown}");
 
-    // The next prompt starts its process again, with a new endpoint.
-    let r = probe(&app, &agent, "direct 127.0.0.1 9").await;
-    assert!(r.as_str().unwrap().contains("ConnectionRefused"), "{r}");
+    // The next prompt starts its process again, with a new endpoint and the list as it
+    // is then: the team's owners added a host meanwhile.
+    let team_host = origin("the team's host").await;
+    let team = app.get_ok("/v1/me").await["teams"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    app.put_ok(
+        &format!("/v1/teams/{team}/network"),
+        json!({"allow": [format!("127.0.0.1:{}", team_host.port)]}),
+    )
+    .await;
+    let r = probe(
+        &app,
+        &agent,
+        &format!("http http://127.0.0.1:{}/", team_host.port),
+    )
+    .await;
+    assert_eq!(r, json!([200, "the team's host"]));
     assert!(dir.join("egress.sock").exists());
     assert_eq!(
         app.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["egress_hosts"],
-        json!({})
+        json!({"127.0.0.1": 1})
     );
 
     // Archived: gone for good.
