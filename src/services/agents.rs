@@ -413,12 +413,33 @@ fn check_confinement(
     if !info.modes.iter().any(|m| m.id == mode && m.unattended) {
         return Ok(());
     }
-    let reason = match (&status.reason, status.mode) {
+    Err(ServiceError::SandboxUnavailable {
+        mode,
+        reason: unconfined_reason(status),
+    })
+}
+
+/// Why agents are not sandboxed here.
+fn unconfined_reason(status: &crate::sandbox::SandboxStatus) -> String {
+    match (&status.reason, status.mode) {
         (_, crate::config::SandboxMode::Off) => "sandbox.mode is off".to_owned(),
         (Some(r), _) => r.clone(),
         (None, _) => "unknown".to_owned(),
+    }
+}
+
+/// An agent of a team that requires the sandbox is neither created nor prompted where
+/// agents are not sandboxed (409 `sandbox_required`). Where they are, nothing is read.
+async fn check_team_sandbox(ctx: &ServiceContext, team: uuid::Uuid) -> ServiceResult<()> {
+    let reason = match ctx.agents.sandbox() {
+        Some(s) if s.status().confines() => return Ok(()),
+        Some(s) => unconfined_reason(s.status()),
+        None => "no sandbox is configured".to_owned(),
     };
-    Err(ServiceError::SandboxUnavailable { mode, reason })
+    if store::teams::requires_sandbox(&ctx.pool, team).await? {
+        return Err(ServiceError::SandboxRequired { reason });
+    }
+    Ok(())
 }
 
 pub async fn create(
@@ -459,6 +480,7 @@ pub async fn create(
         }
     };
     principal.authorize_in(team, Operation::DriveAgents, "workspace")?;
+    check_team_sandbox(ctx, team).await?;
     // `agent.create.before` may change the saved configuration (not where the agent
     // works) and add launch environment; the result is checked like the caller's own.
     let replaced = create_hooks(ctx, principal, body, team, project).await?;
@@ -815,12 +837,14 @@ pub async fn prompt(
             return Err(ServiceError::NotFound("agent"));
         }
         principal.authorize_in(team, Operation::DriveAgents, "agent")?;
+        check_team_sandbox(ctx, team).await?;
         let cmid = body.client_message_id.as_deref();
         if let Some(turn_id) = ctx.agents.prompt_live(id, &body.text, cmid).await? {
             return accepted(ctx, principal, team, id, turn_id, cmid).await;
         }
     }
     let row = load_to_drive(ctx, principal, id).await?;
+    check_team_sandbox(ctx, row.team_id).await?;
     if row.archived_at.is_some() {
         return Err(ServiceError::AgentArchived);
     }

@@ -309,7 +309,7 @@ async fn call(
 }
 
 /// A new user with `role` in `team` and a token for them.
-async fn user_in(app: &TestApp, team: Uuid, role: &str) -> String {
+pub(crate) async fn user_in(app: &TestApp, team: Uuid, role: &str) -> String {
     let user = Uuid::now_v7();
     identity::insert_user(&app.pool, user, &format!("{user}@example.com"), "U", false)
         .await
