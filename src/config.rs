@@ -1937,6 +1937,25 @@ mod tests {
     }
 
     #[test]
+    fn every_sandbox_network_mode_is_accepted_and_host_is_the_default() {
+        assert_eq!(Settings::default().sandbox.network, SandboxNetwork::Host);
+        for (name, mode) in [
+            ("host", SandboxNetwork::Host),
+            ("none", SandboxNetwork::None),
+            ("proxy", SandboxNetwork::Proxy),
+        ] {
+            let (_dir, path) = file(&format!("[sandbox]\nnetwork = \"{name}\"\n"));
+            let s = Settings::load_from(Some(&path), &[]).unwrap();
+            assert_eq!(s.sandbox.network, mode);
+        }
+        let e = refused("[sandbox]\nnetwork = \"vpn\"\n", &[]);
+        assert!(e.to_string().contains("vpn"), "{e}");
+        // Not a setting: a file cannot name the bridge's program.
+        let e = refused("bridge_program = \"/bin/sh\"\n", &[]);
+        assert!(e.to_string().contains("bridge_program"), "{e}");
+    }
+
+    #[test]
     fn trusted_proxies_are_read_and_checked() {
         let (_dir, path) = file("[server]\ntrusted_proxies = [\"10.0.0.0/8\", \"2001:db8::1\"]\n");
         let s = Settings::load_from(Some(&path), &[]).unwrap();

@@ -529,5 +529,35 @@ mod tests {
     fn network_plans() {
         assert!(!NetworkPlan::for_mode(SandboxNetwork::Host).unshare_net);
         assert!(NetworkPlan::for_mode(SandboxNetwork::None).unshare_net);
+        // `proxy` without an endpoint (setup commands): loopback only.
+        assert!(NetworkPlan::for_mode(SandboxNetwork::Proxy).unshare_net);
+    }
+
+    #[test]
+    fn an_endpoints_plan_shows_the_bridge_read_only() {
+        let net = AgentNet {
+            unshare_net: true,
+            binds: vec![(PathBuf::from("/d/egress/x"), PathBuf::from("/run/agentry"))],
+            env: BTreeMap::from([("HTTP_PROXY".into(), "http://127.0.0.1:3128".into())]),
+            argv_prefix: vec!["/opt/agentry/bin/agentry".into(), "sandbox-bridge".into()],
+        };
+        let plan = NetworkPlan::from(net.clone());
+        assert!(plan.unshare_net);
+        assert_eq!(plan.read_only, [PathBuf::from("/opt/agentry/bin/agentry")]);
+        assert_eq!(
+            (plan.binds, plan.env, plan.argv_prefix),
+            (net.binds, net.env, net.argv_prefix)
+        );
+        // A bridge looked up on PATH is not mounted by name.
+        let relative = AgentNet {
+            argv_prefix: vec!["agentry".into()],
+            ..AgentNet {
+                unshare_net: true,
+                binds: Vec::new(),
+                env: BTreeMap::new(),
+                argv_prefix: Vec::new(),
+            }
+        };
+        assert!(NetworkPlan::from(relative).read_only.is_empty());
     }
 }
