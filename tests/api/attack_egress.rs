@@ -547,7 +547,11 @@ fn proxy_mode(s: &mut agentry::config::Settings, allow: Vec<String>) {
 /// A worktree workspace of `repo` and an exec agent in it, started.
 async fn exec_agent_in(app: &TestApp, repo: &std::path::Path) -> String {
     let project = app
-        .post_ok("/v1/projects", json!({"name": "p", "repo_path": repo}), 201)
+        .post_ok(
+            "/v1/projects",
+            json!({"name": format!("p-{}", Uuid::now_v7().simple()), "repo_path": repo}),
+            201,
+        )
         .await;
     let ws = app
         .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
@@ -666,7 +670,8 @@ async fn under_the_proxy_mode_an_agent_reaches_only_what_is_allowed_and_its_refu
 }
 
 #[tokio::test]
-async fn an_agents_endpoint_lives_while_its_process_runs_and_is_gone_after_archive() {
+async fn an_agents_endpoint_lives_while_its_process_runs_and_is_gone_after_close_archive_and_stop()
+{
     let app = spawn_app_with(|s| proxy_mode(s, Vec::new())).await;
     let repo = git_repo();
     let agent = exec_agent_in(&app, repo.path()).await;
@@ -709,11 +714,21 @@ async fn an_agents_endpoint_lives_while_its_process_runs_and_is_gone_after_archi
     let res = app.delete(&format!("/v1/agents/{agent}")).await;
     assert!(res.status().is_success(), "{}", res.status());
     assert!(!dir.exists(), "the endpoint of an archived agent");
-    assert!(
-        std::fs::read_dir(app.data_dir.path().join("egress"))
+    let endpoints = |root: &std::path::Path| {
+        std::fs::read_dir(root.join("egress"))
             .unwrap()
-            .next()
-            .is_none(),
-        "no endpoint is left"
+            .map(|e| e.unwrap().file_name())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        endpoints(app.data_dir.path()),
+        Vec::<std::ffi::OsString>::new()
     );
+
+    // A running agent's endpoint goes when the server stops.
+    let other = git_repo();
+    let running = exec_agent_in(&app, other.path()).await;
+    assert!(endpoint_dir(&app, &running).join("egress.sock").exists());
+    let (_db, data_dir, _token) = app.stop().await;
+    assert_eq!(endpoints(data_dir.path()), Vec::<std::ffi::OsString>::new());
 }
