@@ -856,7 +856,7 @@ pub async fn prompt(
     // A closed agent is reopened by this prompt, with the team's secrets as they are now
     // and what `agent.open.before` hooks add for this launch.
     let mut secret_env = team_env(ctx, &row.provider, row.team_id).await?;
-    let agent_ctx = if ctx.agents.snapshot(id).is_none() {
+    let mut agent_ctx = if ctx.agents.snapshot(id).is_none() {
         let launch = open_hooks(
             ctx,
             principal,
@@ -873,11 +873,13 @@ pub async fn prompt(
         secret_env.extend(launch.env);
         let mut c = context(&row, secret_env);
         c.mcp_servers = launch.mcp_servers;
-        c.egress_allow = egress_allow(ctx, &row).await?;
         c
     } else {
         context(&row, secret_env)
     };
+    // Also for an agent live at the check: its actor may be stopping, and the fresh one
+    // that takes the prompt then opens its endpoint with this list.
+    agent_ctx.egress_allow = egress_allow(ctx, &row).await?;
     let turn_id = ctx
         .agents
         .prompt(&agent_ctx, body.text, body.client_message_id.clone())
