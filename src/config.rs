@@ -79,6 +79,12 @@ pub struct Settings {
     /// The settings file this was read from (not a setting): kept out of every sandbox.
     #[serde(skip)]
     pub config_file: Option<PathBuf>,
+    /// The `agentry` executable whose `sandbox-bridge` command runs first in a sandbox
+    /// of the `proxy` network mode (not a setting). `None`: the running executable, which
+    /// is `agentry` itself when it serves; a program that embeds the server (the
+    /// integration tests) names the `agentry` binary here.
+    #[serde(skip)]
+    pub bridge_program: Option<PathBuf>,
 }
 
 /// `[egress]`: the allow lists of the egress proxy (each entry `host`, `*.suffix`, `*` or
@@ -116,8 +122,8 @@ impl Default for EgressSettings {
 pub struct SandboxSettings {
     /// `enforce` (default) or `off`.
     pub mode: SandboxMode,
-    /// `host` (default: the host's network), `none` (loopback only) or `proxy` (not
-    /// available yet: refused at start).
+    /// `host` (default: the host's network), `none` (loopback only) or `proxy` (a network
+    /// namespace of its own, the world reached only through agentry's egress proxy).
     pub network: SandboxNetwork,
     /// Let agents run in unattended modes when they cannot be sandboxed (default false).
     pub allow_unconfined_unattended: bool,
@@ -159,7 +165,7 @@ pub enum SandboxMode {
 pub enum SandboxNetwork {
     Host,
     None,
-    /// Through agentry's egress proxy (not wired yet: refused at start).
+    /// A network namespace of its own; the world only through agentry's egress proxy.
     Proxy,
 }
 
@@ -806,6 +812,7 @@ impl Default for Settings {
             egress: EgressSettings::default(),
             sandbox: SandboxSettings::default(),
             config_file: None,
+            bridge_program: None,
         }
     }
 }
@@ -1147,12 +1154,6 @@ impl Settings {
         }
         if self.database.max_connections == 0 {
             return Err(invalid("database.max_connections", "must be at least 1"));
-        }
-        if self.sandbox.network == SandboxNetwork::Proxy {
-            return Err(invalid(
-                "sandbox.network",
-                "`proxy` is not available yet; use `host` or `none`",
-            ));
         }
         if let Some(bad) = self
             .sandbox
@@ -2009,6 +2010,25 @@ mod tests {
         assert_eq!(e.setting, "egress.max_connections_per_agent");
         let e = refused("[egress]\nidle_timeout_s = 0\n", &[]);
         assert_eq!(e.setting, "egress.idle_timeout_s");
+    }
+
+    #[test]
+    fn every_sandbox_network_mode_is_accepted_and_host_is_the_default() {
+        assert_eq!(Settings::default().sandbox.network, SandboxNetwork::Host);
+        for (name, mode) in [
+            ("host", SandboxNetwork::Host),
+            ("none", SandboxNetwork::None),
+            ("proxy", SandboxNetwork::Proxy),
+        ] {
+            let (_dir, path) = file(&format!("[sandbox]\nnetwork = \"{name}\"\n"));
+            let s = Settings::load_from(Some(&path), &[]).unwrap();
+            assert_eq!(s.sandbox.network, mode);
+        }
+        let e = refused("[sandbox]\nnetwork = \"vpn\"\n", &[]);
+        assert!(e.to_string().contains("vpn"), "{e}");
+        // Not a setting: a file cannot name the bridge's program.
+        let e = refused("bridge_program = \"/bin/sh\"\n", &[]);
+        assert!(e.to_string().contains("bridge_program"), "{e}");
     }
 
     #[test]

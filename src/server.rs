@@ -38,8 +38,6 @@ pub struct AppState {
     pub mcp: api::mcp::Sessions,
     /// The egress proxy: one endpoint per agent that runs in the proxy network mode.
     pub egress: Egress,
-    /// The server's part of agents' allow lists (`[egress]` over the built-in lists).
-    pub egress_policy: Arc<EgressPolicy>,
 }
 
 pub struct Application {
@@ -205,6 +203,12 @@ impl Application {
                 ..EgressLimits::default()
             },
         );
+        // The bridge that runs first in each sandbox is this executable (`Egress`'s
+        // default) unless the server is embedded in another program that names `agentry`.
+        let egress = match &settings.bridge_program {
+            Some(p) => egress.with_bridge_program(p.clone()),
+            None => egress,
+        };
         let agents = AgentManager::new(
             pool.clone(),
             writer.clone(),
@@ -218,7 +222,8 @@ impl Application {
         )
         .with_lease_ttl(Duration::from_secs(settings.cluster.lease_ttl_s))
         .with_agent_nice(settings.agents.nice)
-        .with_sandbox(std::sync::Arc::new(sandbox_at_start(&settings)));
+        .with_sandbox(std::sync::Arc::new(sandbox_at_start(&settings)))
+        .with_egress(egress.clone());
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let oidc = match &settings.auth.oidc {
             Some(o) => Some(crate::auth::oidc::Oidc::start(
@@ -270,12 +275,12 @@ impl Application {
                     &settings.mcp,
                 )),
                 revalidate: Duration::from_secs(settings.events.revalidate_s),
+                egress_policy: Arc::new(egress_policy),
             },
             settings: settings.clone(),
             http: Default::default(),
             mcp: Default::default(),
             egress,
-            egress_policy: Arc::new(egress_policy),
         });
 
         let port = listener.local_addr()?.port();

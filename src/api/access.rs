@@ -76,6 +76,7 @@ pub const ROUTES: &[(&str, &str, Operation)] = {
         ("DELETE", "/v1/teams/{id}/secrets/{name}", ManageTeam),
         ("GET", "/v1/teams/{id}/network", ReadTeam),
         ("PUT", "/v1/teams/{id}/network", ManageTeam),
+        ("PUT", "/v1/teams/{id}/sandbox", ManageTeam),
         ("POST", "/v1/hooks", ManageTeam),
         ("GET", "/v1/hooks", ReadAsOwner),
         ("GET", "/v1/hooks/{id}", ReadAsOwner),

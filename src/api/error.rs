@@ -190,6 +190,7 @@ impl From<ServiceError> for ApiError {
             }
             E::WorkspaceArchived(_)
             | E::SandboxUnavailable { .. }
+            | E::SandboxRequired { .. }
             | E::AgentArchived
             | E::ProjectNameTaken
             | E::ProjectHasWorkspaces

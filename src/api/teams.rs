@@ -11,7 +11,7 @@ use crate::auth::Principal;
 use crate::domain::{TeamId, UserId};
 use crate::server::AppState;
 use crate::services::teams::{
-    self, CreateTeam, Member, MemberChange, MemberRole, Team, TeamDetail,
+    self, CreateTeam, Member, MemberChange, MemberRole, Team, TeamDetail, TeamSandbox,
 };
 
 pub fn configure(cfg: &mut ServiceConfig) {
@@ -20,7 +20,28 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(get_team)
         .service(list_members)
         .service(set_member)
-        .service(remove_member);
+        .service(remove_member)
+        .service(set_sandbox);
+}
+
+/// Require (or stop requiring) that the team's agents run sandboxed (owners; audited as
+/// `team.sandbox`). While it is required and the server's sandbox is off or unavailable,
+/// creating or prompting an agent of the team answers 409 `sandbox_required`.
+#[utoipa::path(tag = "teams", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The team")), request_body = TeamSandbox,
+    responses((status = 200, body = Team), (status = 403, body = Problem),
+        (status = 404, body = Problem), (status = 422, body = Problem)))]
+#[put("/teams/{id}/sandbox")]
+async fn set_sandbox(
+    state: web::Data<AppState>,
+    principal: Principal,
+    id: web::Path<String>,
+    body: web::Json<TeamSandbox>,
+) -> ApiResult<web::Json<Team>> {
+    let id: TeamId = parse_id(&id, "team")?;
+    Ok(web::Json(
+        teams::set_sandbox(&state.services, &principal, id, &body).await?,
+    ))
 }
 
 /// Create a team; you become its owner. Names are unique (409 `team_name_taken`); the

@@ -134,6 +134,7 @@ impl Actor {
     pub(crate) async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
         if let Err(e) = self.open_session().await {
             tracing::warn!(agent_id = %self.id(), error = %e, "agent session did not start");
+            self.close_egress();
             // Answer what is already queued, then stop: the agent stays in `error`.
             commands.close();
             while let Some(cmd) = commands.recv().await {
@@ -182,6 +183,7 @@ impl Actor {
                 break;
             }
         }
+        self.close_egress();
         // Answer commands that raced with the stop; a new actor serves later ones (a
         // prompt is retried there: `ActorGone`).
         commands.close();
@@ -250,6 +252,19 @@ impl Actor {
             mcp_servers,
             resume: self.ctx.persistence.clone(),
         };
+        let network = match self.open_egress() {
+            Ok(n) => n,
+            Err(e) => {
+                let message = format!("could not open the agent's egress endpoint: {e}");
+                self.emit(
+                    EventKind::Error,
+                    json!({"message": message, "code": "provider_start_failed"}),
+                )
+                .await;
+                self.set_status(AgentStatus::Error, Some(&message)).await?;
+                return Err(RuntimeError::StartFailed(message));
+            }
+        };
         let launcher = Arc::new(AgentLauncher {
             ledger: self.shared.ledger.clone(),
             agent: self.id(),
@@ -260,6 +275,7 @@ impl Actor {
                     agent: Some(self.id().uuid()),
                     worktree: self.ctx.cwd.clone(),
                     provider: Some(self.ctx.provider.clone()),
+                    network,
                 };
                 (s, view)
             }),
@@ -319,6 +335,30 @@ impl Actor {
                 self.set_status(AgentStatus::Error, Some(&message)).await?;
                 Err(RuntimeError::StartFailed(message))
             }
+        }
+    }
+
+    /// In the `proxy` network mode, the agent's egress endpoint, opened (again) with its
+    /// allow list; what its sandbox needs to use it. `None` in the other modes.
+    fn open_egress(&self) -> std::io::Result<Option<crate::sandbox::NetworkPlan>> {
+        if !self.shared.uses_egress() {
+            return Ok(None);
+        }
+        let Some(egress) = &self.shared.egress else {
+            return Ok(None);
+        };
+        // An agent started without a list (none was read for it) reaches nothing.
+        let allow = self.ctx.egress_allow.clone().unwrap_or_default();
+        let net = egress.open(self.id(), allow, Vec::new())?;
+        Ok(Some(net.into()))
+    }
+
+    /// Close the agent's egress endpoint (its connections end, its directory goes):
+    /// before the mailbox closes, so that a later actor of the agent never has its new
+    /// endpoint closed by this one.
+    fn close_egress(&self) {
+        if let Some(egress) = &self.shared.egress {
+            egress.close(self.id());
         }
     }
 

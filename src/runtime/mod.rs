@@ -23,9 +23,11 @@ use uuid::Uuid;
 pub use reconcile::{Abandoned, BootReport, abandon_agent, reconcile_at_boot};
 pub use replica_lock::{ReplicaLock, ReplicaLockError};
 
+use crate::config::SandboxNetwork;
 use crate::domain::{
     AgentId, AgentStatus, Behavior, HookEvent, PermissionId, SecretEnv, TurnId, TurnOutcome,
 };
+use crate::egress::{AllowList, Egress};
 use crate::events::{EventWriter, NewMoment};
 use crate::metrics::{Counter, Family};
 use crate::process::{CommandSpec, Ledger, ManagedChild, ProcessError};
@@ -116,6 +118,9 @@ pub struct AgentContext {
     /// The team secrets the provider takes, opened: set in the environment of every
     /// process started for this agent (values redacted when formatted).
     pub secret_env: SecretEnv,
+    /// What the agent may reach through the egress proxy (its provider's, the server's
+    /// and its team's entries), when its sandbox uses the proxy; read at each launch.
+    pub egress_allow: Option<AllowList>,
 }
 
 pub(crate) enum Command {
@@ -244,6 +249,9 @@ pub(crate) struct Shared {
     pub agent_nice: i32,
     /// The sandbox every agent process runs in (`None`: none, as in unit tests).
     pub sandbox: Option<Arc<Sandbox>>,
+    /// The egress proxy, whose endpoint an agent gets while its process runs when the
+    /// sandbox's network mode is `proxy`.
+    pub egress: Option<Egress>,
     actors: Mutex<HashMap<AgentId, ActorHandle>>,
     /// Turns ended, by provider and outcome.
     pub turns: Family<Counter>,
@@ -263,6 +271,15 @@ pub(crate) struct Shared {
     /// Turns running now (see `RunningTurn`).
     turns_running: AtomicUsize,
     rt: Handle,
+}
+
+impl Shared {
+    pub(crate) fn uses_egress(&self) -> bool {
+        self.egress.is_some()
+            && self.sandbox.as_ref().is_some_and(|s| {
+                s.status().confines() && s.settings().network == SandboxNetwork::Proxy
+            })
+    }
 }
 
 /// Entry point to live agents.
@@ -290,6 +307,7 @@ impl AgentManager {
                 idle_timeout: None,
                 agent_nice: 0,
                 sandbox: None,
+                egress: None,
                 actors: Mutex::new(HashMap::new()),
                 turns: Family::counters(&["provider", "outcome"]),
                 turns_started: Family::counters(&["provider"]),
@@ -344,6 +362,27 @@ impl AgentManager {
     /// The sandbox agent processes run in, if any.
     pub fn sandbox(&self) -> Option<&Arc<Sandbox>> {
         self.shared.sandbox.as_ref()
+    }
+
+    /// The egress proxy agents reach the network through in the `proxy` network mode.
+    /// Set it before the manager is cloned or used.
+    pub fn with_egress(mut self, egress: Egress) -> Self {
+        Arc::get_mut(&mut self.shared)
+            .expect("the egress proxy is set before the manager is shared")
+            .egress = Some(egress);
+        self
+    }
+
+    /// Agents' processes run confined with the egress proxy as their only way out: their
+    /// launches need an allow list (`AgentContext::egress_allow`).
+    pub fn uses_egress(&self) -> bool {
+        self.shared.uses_egress()
+    }
+
+    /// Connections the egress proxy allowed for agent `id` by host, since its process
+    /// started (`None`: it has no endpoint here).
+    pub fn egress_counts(&self, id: AgentId) -> Option<std::collections::BTreeMap<String, u64>> {
+        self.shared.egress.as_ref()?.counts(id)
     }
 
     /// How long this replica's leases last unrenewed (default 15 s). Set it before the

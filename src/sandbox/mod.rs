@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use uuid::Uuid;
 
 use crate::config::{SandboxMode, SandboxNetwork, SandboxSettings};
+use crate::egress::AgentNet;
 use crate::process::{CommandSpec, TMPDIR_ARG, find_executable_in};
 
 /// System directories every sandbox sees read-only (those that exist on the host).
@@ -40,13 +41,36 @@ const STATE_VARS: &[&str] = &[
 
 /// How the sandbox reaches the network: produced for `host` and `none` here, and by the
 /// egress proxy for `proxy`. Binds are read-write binds (host path, in-sandbox path);
-/// `env` is added to the child's; `argv_prefix` runs before the CLI's argv inside.
+/// `read_only` are shown read-only at their own path (the bridge's executable); `env` is
+/// added to the child's; `argv_prefix` runs before the CLI's argv inside.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NetworkPlan {
     pub unshare_net: bool,
     pub binds: Vec<(PathBuf, PathBuf)>,
+    pub read_only: Vec<PathBuf>,
     pub env: BTreeMap<String, String>,
     pub argv_prefix: Vec<String>,
+}
+
+impl From<AgentNet> for NetworkPlan {
+    /// The plan of an agent's egress endpoint: the bridge (the first word of its argv
+    /// prefix) is shown read-only where it is.
+    fn from(net: AgentNet) -> Self {
+        let read_only = net
+            .argv_prefix
+            .first()
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+            .into_iter()
+            .collect();
+        Self {
+            unshare_net: net.unshare_net,
+            binds: net.binds,
+            read_only,
+            env: net.env,
+            argv_prefix: net.argv_prefix,
+        }
+    }
 }
 
 impl NetworkPlan {
@@ -69,6 +93,9 @@ pub struct AgentView {
     /// The agent's provider, whose state directory `<data_dir>/providers/<id>` (Pi's
     /// session files) is mounted read-write when it exists.
     pub provider: Option<String>,
+    /// How the agent reaches the network when it is not what the settings' mode gives
+    /// (`proxy`: its egress endpoint's plan). `None`: `NetworkPlan::for_mode`.
+    pub network: Option<NetworkPlan>,
 }
 
 /// Whether this host can sandbox, found once at start.
@@ -81,7 +108,7 @@ pub struct SandboxStatus {
     pub available: bool,
     /// Why not, when it cannot.
     pub reason: Option<String>,
-    /// `host` or `none`.
+    /// `host`, `none` or `proxy`.
     #[schema(value_type = String)]
     pub network: SandboxNetwork,
 }
@@ -154,7 +181,10 @@ impl Sandbox {
         let (true, Some(bwrap)) = (self.status.confines(), self.bwrap.as_ref()) else {
             return Ok(spec);
         };
-        let plan = NetworkPlan::for_mode(self.settings.network);
+        let plan = view
+            .network
+            .clone()
+            .unwrap_or_else(|| NetworkPlan::for_mode(self.settings.network));
         self.wrap_with(spec, view, bwrap, &plan)
     }
 
@@ -217,6 +247,7 @@ impl Sandbox {
             .cloned()
             .or_else(|| std::env::var("PATH").ok());
         let mut read_only: Vec<PathBuf> = self.settings.extra_read_only.clone();
+        read_only.extend(plan.read_only.iter().cloned());
         if let Some(exe) = find_executable_in(
             &spec.program,
             path_var.as_deref().map(std::ffi::OsStr::new),
@@ -498,5 +529,35 @@ mod tests {
     fn network_plans() {
         assert!(!NetworkPlan::for_mode(SandboxNetwork::Host).unshare_net);
         assert!(NetworkPlan::for_mode(SandboxNetwork::None).unshare_net);
+        // `proxy` without an endpoint (setup commands): loopback only.
+        assert!(NetworkPlan::for_mode(SandboxNetwork::Proxy).unshare_net);
+    }
+
+    #[test]
+    fn an_endpoints_plan_shows_the_bridge_read_only() {
+        let net = AgentNet {
+            unshare_net: true,
+            binds: vec![(PathBuf::from("/d/egress/x"), PathBuf::from("/run/agentry"))],
+            env: BTreeMap::from([("HTTP_PROXY".into(), "http://127.0.0.1:3128".into())]),
+            argv_prefix: vec!["/opt/agentry/bin/agentry".into(), "sandbox-bridge".into()],
+        };
+        let plan = NetworkPlan::from(net.clone());
+        assert!(plan.unshare_net);
+        assert_eq!(plan.read_only, [PathBuf::from("/opt/agentry/bin/agentry")]);
+        assert_eq!(
+            (plan.binds, plan.env, plan.argv_prefix),
+            (net.binds, net.env, net.argv_prefix)
+        );
+        // A bridge looked up on PATH is not mounted by name.
+        let relative = AgentNet {
+            argv_prefix: vec!["agentry".into()],
+            ..AgentNet {
+                unshare_net: true,
+                binds: Vec::new(),
+                env: BTreeMap::new(),
+                argv_prefix: Vec::new(),
+            }
+        };
+        assert!(NetworkPlan::from(relative).read_only.is_empty());
     }
 }

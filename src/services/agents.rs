@@ -67,6 +67,10 @@ pub struct AgentRuntime {
     pub provider_session_id: Option<String>,
     /// The id of the replica running the agent, or null when none does.
     pub replica: Option<String>,
+    /// Under `[sandbox] network = "proxy"`, while the agent's process runs: the
+    /// connections the egress proxy allowed it since the process started, by host (at
+    /// most 512 hosts counted). Null otherwise.
+    pub egress_hosts: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -74,7 +78,8 @@ pub struct AgentRuntime {
     "provider": "mock", "model": "mock-small", "mode": "default", "title": null, "labels": {"ci_run": "1234"},
     "status": "idle", "status_reason": null, "last_seq": 12, "created_by": "usr_0193a1b2c3d47e8f9a0b1c2d3e4f5a6d",
     "created_at": "2026-11-30T12:00:00Z", "archived_at": null, "pending_permissions": 0,
-    "runtime": {"pid": 4242, "provider_session_id": "3b1f…", "replica": "node-1-5f2c9a1e"}}))]
+    "runtime": {"pid": 4242, "provider_session_id": "3b1f…", "replica": "node-1-5f2c9a1e",
+        "egress_hosts": null}}))]
 pub struct Agent {
     pub id: AgentId,
     pub workspace_id: WorkspaceId,
@@ -211,7 +216,24 @@ fn context(row: &AgentRow, secret_env: SecretEnv) -> AgentContext {
         mcp_servers: json!({}),
         persistence: row.persistence.clone(),
         secret_env,
+        // Filled in by a launch when the sandbox uses the egress proxy.
+        egress_allow: None,
     }
+}
+
+/// The egress allow list of the agent of `row` for this launch, when its sandbox uses the
+/// egress proxy: its provider's entries, the server's, and its team's as they are now.
+async fn egress_allow(
+    ctx: &ServiceContext,
+    row: &AgentRow,
+) -> ServiceResult<Option<crate::egress::AllowList>> {
+    if !ctx.agents.uses_egress() {
+        return Ok(None);
+    }
+    let list =
+        super::network::agent_allow_list(ctx, &ctx.egress_policy, row.team_id, &row.provider)
+            .await?;
+    Ok(Some(list))
 }
 
 /// The team secrets `provider` takes, opened for an agent of `team`; a secret that is not
@@ -263,6 +285,7 @@ pub(crate) fn to_agent(ctx: &ServiceContext, row: AgentRow) -> Agent {
             provider_session_id: snap
                 .and_then(|s| s.provider_session_id)
                 .or(row.provider_session_id),
+            egress_hosts: ctx.agents.egress_counts(row.id.into()),
         },
     }
 }
@@ -390,12 +413,33 @@ fn check_confinement(
     if !info.modes.iter().any(|m| m.id == mode && m.unattended) {
         return Ok(());
     }
-    let reason = match (&status.reason, status.mode) {
+    Err(ServiceError::SandboxUnavailable {
+        mode,
+        reason: unconfined_reason(status),
+    })
+}
+
+/// Why agents are not sandboxed here.
+fn unconfined_reason(status: &crate::sandbox::SandboxStatus) -> String {
+    match (&status.reason, status.mode) {
         (_, crate::config::SandboxMode::Off) => "sandbox.mode is off".to_owned(),
         (Some(r), _) => r.clone(),
         (None, _) => "unknown".to_owned(),
+    }
+}
+
+/// An agent of a team that requires the sandbox is neither created nor prompted where
+/// agents are not sandboxed (409 `sandbox_required`). Where they are, nothing is read.
+async fn check_team_sandbox(ctx: &ServiceContext, team: uuid::Uuid) -> ServiceResult<()> {
+    let reason = match ctx.agents.sandbox() {
+        Some(s) if s.status().confines() => return Ok(()),
+        Some(s) => unconfined_reason(s.status()),
+        None => "no sandbox is configured".to_owned(),
     };
-    Err(ServiceError::SandboxUnavailable { mode, reason })
+    if store::teams::requires_sandbox(&ctx.pool, team).await? {
+        return Err(ServiceError::SandboxRequired { reason });
+    }
+    Ok(())
 }
 
 pub async fn create(
@@ -436,6 +480,7 @@ pub async fn create(
         }
     };
     principal.authorize_in(team, Operation::DriveAgents, "workspace")?;
+    check_team_sandbox(ctx, team).await?;
     // `agent.create.before` may change the saved configuration (not where the agent
     // works) and add launch environment; the result is checked like the caller's own.
     let replaced = create_hooks(ctx, principal, body, team, project).await?;
@@ -559,6 +604,7 @@ pub async fn create(
     secret_env.extend(launch.env);
     let mut agent_ctx = context(&row, secret_env);
     agent_ctx.mcp_servers = launch.mcp_servers;
+    agent_ctx.egress_allow = egress_allow(ctx, &row).await?;
     // Start the session (and the first prompt, queued behind it). A provider that fails to
     // start leaves the agent in `error` with the reason in its timeline; it is still created.
     match ctx.agents.start(&agent_ctx, body.prompt.clone()).await {
@@ -791,12 +837,14 @@ pub async fn prompt(
             return Err(ServiceError::NotFound("agent"));
         }
         principal.authorize_in(team, Operation::DriveAgents, "agent")?;
+        check_team_sandbox(ctx, team).await?;
         let cmid = body.client_message_id.as_deref();
         if let Some(turn_id) = ctx.agents.prompt_live(id, &body.text, cmid).await? {
             return accepted(ctx, principal, team, id, turn_id, cmid).await;
         }
     }
     let row = load_to_drive(ctx, principal, id).await?;
+    check_team_sandbox(ctx, row.team_id).await?;
     if row.archived_at.is_some() {
         return Err(ServiceError::AgentArchived);
     }
@@ -808,7 +856,7 @@ pub async fn prompt(
     // A closed agent is reopened by this prompt, with the team's secrets as they are now
     // and what `agent.open.before` hooks add for this launch.
     let mut secret_env = team_env(ctx, &row.provider, row.team_id).await?;
-    let agent_ctx = if ctx.agents.snapshot(id).is_none() {
+    let mut agent_ctx = if ctx.agents.snapshot(id).is_none() {
         let launch = open_hooks(
             ctx,
             principal,
@@ -829,6 +877,9 @@ pub async fn prompt(
     } else {
         context(&row, secret_env)
     };
+    // Also for an agent live at the check: its actor may be stopping, and the fresh one
+    // that takes the prompt then opens its endpoint with this list.
+    agent_ctx.egress_allow = egress_allow(ctx, &row).await?;
     let turn_id = ctx
         .agents
         .prompt(&agent_ctx, body.text, body.client_message_id.clone())

@@ -38,6 +38,11 @@ pub enum ServiceError {
         "mode `{mode}` runs unattended, and agents are not sandboxed on this server ({reason}); an admin may allow it with sandbox.allow_unconfined_unattended"
     )]
     SandboxUnavailable { mode: String, reason: String },
+    /// The agent's team requires the sandbox, and agents are not sandboxed here.
+    #[error(
+        "the team requires its agents to run sandboxed, and agents are not sandboxed on this server ({reason})"
+    )]
+    SandboxRequired { reason: String },
     /// The provider could not be asked (e.g. for its models) right now.
     #[error("{0}")]
     ProviderUnreachable(String),
@@ -136,6 +141,7 @@ impl ServiceError {
                 "provider_unavailable"
             }
             ServiceError::SandboxUnavailable { .. } => "sandbox_unavailable",
+            ServiceError::SandboxRequired { .. } => "sandbox_required",
             ServiceError::WorkspaceArchived(_) => "workspace_archived",
             ServiceError::AgentArchived => "agent_archived",
             ServiceError::ProjectNameTaken => "project_name_taken",

@@ -74,6 +74,9 @@ pub struct ServiceContext {
     /// How often an open stream or wait checks its caller again at least
     /// (`events.revalidate_s`).
     pub revalidate: std::time::Duration,
+    /// The server's part of agents' egress allow lists (`[egress]` over the built-in
+    /// lists), for agents whose sandbox uses the egress proxy.
+    pub egress_policy: Arc<network::EgressPolicy>,
 }
 
 impl ServiceContext {

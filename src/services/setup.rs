@@ -377,6 +377,8 @@ async fn run(
                         agent: None,
                         worktree: cwd.clone(),
                         provider: None,
+                        // Under `proxy` the commands have no endpoint: loopback only.
+                        network: None,
                     };
                     match sandbox.wrap(spec, &view) {
                         Ok(spec) => spec,

@@ -24,13 +24,25 @@ pub struct CreateTeam {
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[schema(example = json!({"id": "team_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "name": "platform", "role": "owner",
-    "created_at": "2026-11-30T12:00:00Z"}))]
+    "created_at": "2026-11-30T12:00:00Z", "require_sandbox": false}))]
 pub struct Team {
     pub id: TeamId,
     pub name: String,
     /// Your role in the team; null for a server admin who is not a member.
     pub role: Option<Role>,
     pub created_at: DateTime<Utc>,
+    /// The team's agents must run sandboxed: where the server's sandbox is off or
+    /// unavailable, creating or prompting one is refused (409 `sandbox_required`).
+    #[serde(default)]
+    pub require_sandbox: bool,
+}
+
+/// Whether the team's agents must run sandboxed.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"require_sandbox": true}))]
+pub struct TeamSandbox {
+    pub require_sandbox: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -47,7 +59,8 @@ pub struct Member {
 /// A team with its members.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({"id": "team_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "name": "platform", "role": "owner",
-    "created_at": "2026-11-30T12:00:00Z", "members": [{"user_id": "usr_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c",
+    "created_at": "2026-11-30T12:00:00Z", "require_sandbox": false,
+    "members": [{"user_id": "usr_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c",
     "email": "ana@example.com", "name": "Ana", "role": "owner", "added_at": "2026-11-30T12:00:00Z"}],
     "more_members": false}))]
 pub struct TeamDetail {
@@ -55,6 +68,8 @@ pub struct TeamDetail {
     pub name: String,
     pub role: Option<Role>,
     pub created_at: DateTime<Utc>,
+    /// The team's agents must run sandboxed (see `Team`).
+    pub require_sandbox: bool,
     /// The first `MEMBERS_SHOWN` members; page through `/members` for all of them.
     pub members: Vec<Member>,
     /// More members than shown here.
@@ -97,6 +112,7 @@ fn team(principal: &Principal, r: store::teams::TeamRow) -> Team {
             .find(|m| m.team_id == r.id)
             .map(|m| m.role),
         created_at: r.created_at,
+        require_sandbox: r.require_sandbox,
     }
 }
 
@@ -194,9 +210,39 @@ pub async fn get(
         name: t.name,
         role: t.role,
         created_at: t.created_at,
+        require_sandbox: t.require_sandbox,
         members: members.into_iter().map(member).collect(),
         more_members,
     })
+}
+
+/// Require (or stop requiring) that the team's agents run sandboxed: owners only,
+/// audited as `team.sandbox` in the same transaction. The answer is the team.
+pub async fn set_sandbox(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: TeamId,
+    body: &TeamSandbox,
+) -> ServiceResult<Team> {
+    find(ctx, principal, id, Operation::ManageTeam).await?;
+    let row = within_deadline(ctx, async {
+        let mut tx = ctx.pool.pool().begin().await?;
+        let row = store::teams::set_require_sandbox(&mut *tx, id.uuid(), body.require_sandbox)
+            .await?
+            .ok_or(ServiceError::NotFound("team"))?;
+        audit::record_in(
+            &mut *tx,
+            principal,
+            &Entry::new(Action::TeamSandbox, Some(row.id), "team", id)
+                .details(json!({"require_sandbox": body.require_sandbox})),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(row)
+    })
+    .await?;
+    tracing::info!(team_id = %id, require_sandbox = row.require_sandbox, "team sandbox requirement set");
+    Ok(team(principal, row))
 }
 
 /// A page of the team's members, by user id.

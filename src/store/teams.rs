@@ -9,6 +9,7 @@ pub struct TeamRow {
     pub id: Uuid,
     pub name: String,
     pub created_at: DateTime<Utc>,
+    pub require_sandbox: bool,
 }
 
 #[derive(Debug, Clone, FromRow)]
@@ -30,7 +31,7 @@ pub struct UserRow {
 }
 
 pub async fn get(db: impl PgExecutor<'_>, id: Uuid) -> Result<Option<TeamRow>, sqlx::Error> {
-    sqlx::query_as("SELECT id, name, created_at FROM teams WHERE id = $1")
+    sqlx::query_as("SELECT id, name, created_at, require_sandbox FROM teams WHERE id = $1")
         .bind(id)
         .fetch_optional(db)
         .await
@@ -44,7 +45,7 @@ pub async fn list(
     limit: i64,
 ) -> Result<Vec<TeamRow>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT id, name, created_at FROM teams
+        "SELECT id, name, created_at, require_sandbox FROM teams
          WHERE ($1::uuid[] IS NULL OR id = ANY($1)) AND ($2::uuid IS NULL OR id > $2)
          ORDER BY id LIMIT $3",
     )
@@ -52,6 +53,31 @@ pub async fn list(
     .bind(after)
     .bind(limit)
     .fetch_all(db)
+    .await
+}
+
+/// Whether the team's agents must run sandboxed (false for a team that does not exist).
+pub async fn requires_sandbox(db: impl PgExecutor<'_>, id: Uuid) -> Result<bool, sqlx::Error> {
+    let found: Option<bool> = sqlx::query_scalar("SELECT require_sandbox FROM teams WHERE id = $1")
+        .bind(id)
+        .fetch_optional(db)
+        .await?;
+    Ok(found.unwrap_or(false))
+}
+
+/// Set whether the team's agents must run sandboxed; its row after (`None`: no team).
+pub async fn set_require_sandbox(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    require: bool,
+) -> Result<Option<TeamRow>, sqlx::Error> {
+    sqlx::query_as(
+        "UPDATE teams SET require_sandbox = $2 WHERE id = $1 \
+         RETURNING id, name, created_at, require_sandbox",
+    )
+    .bind(id)
+    .bind(require)
+    .fetch_optional(db)
     .await
 }
 

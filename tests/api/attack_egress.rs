@@ -309,7 +309,7 @@ async fn call(
 }
 
 /// A new user with `role` in `team` and a token for them.
-async fn user_in(app: &TestApp, team: Uuid, role: &str) -> String {
+pub(crate) async fn user_in(app: &TestApp, team: Uuid, role: &str) -> String {
     let user = Uuid::now_v7();
     identity::insert_user(&app.pool, user, &format!("{user}@example.com"), "U", false)
         .await
@@ -532,4 +532,203 @@ async fn the_bridge_passes_term_on_and_ends_as_its_cli_ended() {
         .expect("the bridge ends")
         .unwrap();
     assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+}
+
+// ---- the proxy network mode, end to end -------------------------------------------------
+
+/// Settings where every agent's sandbox reaches the network only through the proxy, the
+/// scripted exec agent runs, and `allow` are the server's entries.
+fn proxy_mode(s: &mut agentry::config::Settings, allow: Vec<String>) {
+    with_exec_agent(s);
+    s.sandbox.network = agentry::config::SandboxNetwork::Proxy;
+    s.egress.allow = allow;
+}
+
+/// A worktree workspace of `repo` and an exec agent in it, started.
+async fn exec_agent_in(app: &TestApp, repo: &std::path::Path) -> String {
+    let project = app
+        .post_ok(
+            "/v1/projects",
+            json!({"name": format!("p-{}", Uuid::now_v7().simple()), "repo_path": repo}),
+            201,
+        )
+        .await;
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let agent = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": EXEC_PROVIDER}),
+            201,
+        )
+        .await;
+    let id = agent["id"].as_str().unwrap().to_owned();
+    app.wait(&id).await;
+    id
+}
+
+/// Run `tests/support/net_probe.py <args>` as the agent's next prompt (inside its
+/// sandbox): what the probe printed.
+async fn probe(app: &TestApp, agent: &str, args: &str) -> Value {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/net_probe.py");
+    app.prompt(agent, &format!("python3 {} {args}", script.display()))
+        .await;
+    app.wait(agent).await;
+    let text = app
+        .timeline(agent)
+        .await
+        .into_iter()
+        .rev()
+        .find(|e| e["kind"] == "assistant_message")
+        .and_then(|e| e["data"]["text"].as_str().map(str::to_owned))
+        .expect("an answer");
+    let printed = text
+        .strip_prefix("exit=0\n")
+        .unwrap_or_else(|| panic!("the probe ran: {text}"));
+    serde_json::from_str(printed.trim()).unwrap_or_else(|_| panic!("the probe's report: {text}"))
+}
+
+/// The endpoint directory of `agent` under the server's data dir.
+fn endpoint_dir(app: &TestApp, agent: &str) -> std::path::PathBuf {
+    app.data_dir
+        .path()
+        .join("egress")
+        .join(agent_id(agent).uuid().to_string())
+}
+
+#[tokio::test]
+async fn under_the_proxy_mode_an_agent_reaches_only_what_is_allowed_and_its_refusals_are_recorded()
+{
+    let allowed = origin("hello through the proxy").await;
+    let not_listed = origin("never reached").await;
+    let port = allowed.port;
+    // A loopback address is internal: only an exact entry reaches it.
+    let app = spawn_app_with(|s| proxy_mode(s, vec![format!("127.0.0.1:{port}")])).await;
+    let providers = app.get_ok("/v1/providers").await;
+    assert_eq!(providers["sandbox"]["network"], "proxy", "{providers}");
+    assert_eq!(providers["sandbox"]["available"], true, "{providers}");
+    let repo = git_repo();
+    let agent = exec_agent_in(&app, repo.path()).await;
+    assert!(endpoint_dir(&app, &agent).join("egress.sock").exists());
+
+    // (a) The allowed server, through the proxy: absolute-form HTTP, then a tunnel.
+    let r = probe(&app, &agent, &format!("http http://127.0.0.1:{port}/a")).await;
+    assert_eq!(r, json!([200, "hello through the proxy"]));
+    let r = probe(&app, &agent, &format!("connect 127.0.0.1 {port}")).await;
+    assert_eq!(r, json!([200, "hello through the proxy"]));
+    assert_eq!(allowed.connections.load(Ordering::SeqCst), 2);
+    let requests = allowed.requests.lock().await.clone();
+    assert!(
+        requests[0].starts_with("GET /a HTTP/1.1\r\n"),
+        "{requests:?}"
+    );
+    // Counted per agent, in the agent object.
+    let shown = app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(
+        shown["runtime"]["egress_hosts"],
+        json!({"127.0.0.1": 2}),
+        "{shown}"
+    );
+
+    // (b) Hosts not listed are refused by the proxy, with a body naming the rule.
+    let r = probe(&app, &agent, "http http://blocked.example.com/steal").await;
+    assert_eq!(r[0], 403, "{r}");
+    assert!(r[1].as_str().unwrap().contains("not_allowed"), "{r}");
+    let r = probe(&app, &agent, "connect blocked.example.com 443").await;
+    assert_eq!(r[0], 403, "{r}");
+    let r = probe(
+        &app,
+        &agent,
+        &format!("connect 127.0.0.1 {}", not_listed.port),
+    )
+    .await;
+    assert_eq!(r[0], 403, "{r}");
+    assert_eq!(not_listed.connections.load(Ordering::SeqCst), 0);
+    // Each refusal is a `network_denied` event of the agent's, in order.
+    let denied = denials_on_stream(&app, &agent, 3).await;
+    assert_eq!(
+        denied,
+        [
+            json!({"host": "blocked.example.com", "port": 80, "reason": "not_allowed"}),
+            json!({"host": "blocked.example.com", "port": 443, "reason": "not_allowed"}),
+            json!({"host": "127.0.0.1", "port": not_listed.port, "reason": "not_allowed"}),
+        ]
+    );
+
+    // (c) Nothing of the host's loopback is reachable without the proxy: neither the
+    // allowed server nor the agentry server itself (the sandbox's loopback is its own).
+    for p in [port, app.base.rsplit(':').next().unwrap().parse().unwrap()] {
+        let r = probe(&app, &agent, &format!("direct 127.0.0.1 {p}")).await;
+        assert!(
+            r.as_str().unwrap().contains("ConnectionRefused"),
+            "port {p}: {r}"
+        );
+    }
+    assert_eq!(allowed.connections.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn an_agents_endpoint_lives_while_its_process_runs_and_is_gone_after_close_archive_and_stop()
+{
+    let app = spawn_app_with(|s| proxy_mode(s, Vec::new())).await;
+    let repo = git_repo();
+    let agent = exec_agent_in(&app, repo.path()).await;
+    let dir = endpoint_dir(&app, &agent);
+    assert!(dir.join("egress.sock").exists());
+
+    // Closed: its process ends, and so does its endpoint; counts are gone with it.
+    app.post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
+        .await;
+    assert!(!dir.exists(), "the endpoint of a closed agent");
+    let shown = app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(shown["runtime"]["egress_hosts"], Value::Null, "{shown}");
+
+    // The next prompt starts its process again, with a new endpoint and the list as it
+    // is then: the team's owners added a host meanwhile.
+    let team_host = origin("the team's host").await;
+    let team = app.get_ok("/v1/me").await["teams"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    app.put_ok(
+        &format!("/v1/teams/{team}/network"),
+        json!({"allow": [format!("127.0.0.1:{}", team_host.port)]}),
+    )
+    .await;
+    let r = probe(
+        &app,
+        &agent,
+        &format!("http http://127.0.0.1:{}/", team_host.port),
+    )
+    .await;
+    assert_eq!(r, json!([200, "the team's host"]));
+    assert!(dir.join("egress.sock").exists());
+    assert_eq!(
+        app.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["egress_hosts"],
+        json!({"127.0.0.1": 1})
+    );
+
+    // Archived: gone for good.
+    let res = app.delete(&format!("/v1/agents/{agent}")).await;
+    assert!(res.status().is_success(), "{}", res.status());
+    assert!(!dir.exists(), "the endpoint of an archived agent");
+    let endpoints = |root: &std::path::Path| {
+        std::fs::read_dir(root.join("egress"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        endpoints(app.data_dir.path()),
+        Vec::<std::ffi::OsString>::new()
+    );
+
+    // A running agent's endpoint goes when the server stops.
+    let other = git_repo();
+    let running = exec_agent_in(&app, other.path()).await;
+    assert!(endpoint_dir(&app, &running).join("egress.sock").exists());
+    let (_db, data_dir, _token) = app.stop().await;
+    assert_eq!(endpoints(data_dir.path()), Vec::<std::ffi::OsString>::new());
 }

@@ -367,3 +367,131 @@ async fn sandbox_mode_off_refuses_unattended_modes_too() {
     assert_eq!(refused["code"], "sandbox_unavailable", "{refused}");
     assert_eq!(agent_rows(&app).await, 0);
 }
+
+/// Set the team's sandbox requirement with `token`: the status and the body.
+async fn require_sandbox(app: &TestApp, token: &str, team: &str, require: bool) -> (u16, Value) {
+    let res = app
+        .client
+        .put(app.url(&format!("/v1/teams/{team}/sandbox")))
+        .bearer_auth(token)
+        .json(&json!({"require_sandbox": require}))
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    (status, res.json().await.unwrap_or(Value::Null))
+}
+
+/// Prompt `agent`: the status and the body.
+async fn prompt_status(app: &TestApp, agent: &str, text: &str) -> (u16, Value) {
+    let res = app
+        .client
+        .post(app.url(&format!("/v1/agents/{agent}/messages")))
+        .bearer_auth(&app.token)
+        .json(&json!({"text": text}))
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    (status, res.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn a_team_that_requires_the_sandbox_gets_no_unconfined_agent() {
+    let app = spawn_app_with(unsandboxable).await;
+    let team = app.get_ok("/v1/me").await["teams"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let team_uuid: uuid::Uuid = team.strip_prefix("team_").unwrap().parse().unwrap();
+    // An agent made before the team required the sandbox (an asking mode runs
+    // unconfined here), live.
+    let repo = git_repo();
+    let before = create_in_mode(&app, repo.path(), "ask", 201).await;
+    let agent = before["id"].as_str().unwrap().to_owned();
+    app.wait(&agent).await;
+    assert_eq!(
+        app.get_ok(&format!("/v1/teams/{team}")).await["require_sandbox"],
+        false
+    );
+
+    // Owners only: a member is refused and nothing changes.
+    let member = crate::attack_egress::user_in(&app, team_uuid, "member").await;
+    let (status, body) = require_sandbox(&app, &member, &team, true).await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = prompt_status(&app, &agent, "true").await;
+    assert_eq!(status, 202, "{body}");
+    app.wait(&agent).await;
+
+    let (status, body) = require_sandbox(&app, &app.token, &team, true).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["require_sandbox"], true, "{body}");
+    assert_eq!(
+        app.get_ok(&format!("/v1/teams/{team}")).await["require_sandbox"],
+        true
+    );
+    let listed = app.get_ok("/v1/teams").await;
+    assert_eq!(listed["items"][0]["require_sandbox"], true, "{listed}");
+
+    // This server cannot sandbox: no new agent of the team, in any mode.
+    for mode in ["ask", "yolo"] {
+        let refused = app
+            .post_ok(
+                "/v1/agents",
+                json!({"workspace_id": before["workspace_id"], "provider": EXEC, "mode": mode}),
+                409,
+            )
+            .await;
+        assert_eq!(refused["code"], "sandbox_required", "{refused}");
+    }
+    assert_eq!(agent_rows(&app).await, 1, "no agent was made");
+    // The live agent takes no prompt, nor once its process is closed.
+    let (status, body) = prompt_status(&app, &agent, "true").await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("sandbox_required")),
+        "{body}"
+    );
+    app.post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
+        .await;
+    let (status, body) = prompt_status(&app, &agent, "true").await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("sandbox_required")),
+        "{body}"
+    );
+
+    // Audited.
+    let audit = app
+        .get_ok(&format!("/v1/audit?team_id={team}&action=team.sandbox"))
+        .await;
+    let items = audit["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{audit}");
+    assert_eq!(items[0]["details"], json!({"require_sandbox": true}));
+
+    // Lifted: the agent runs again.
+    let (status, body) = require_sandbox(&app, &app.token, &team, false).await;
+    assert_eq!(
+        (status, &body["require_sandbox"]),
+        (200, &json!(false)),
+        "{body}"
+    );
+    let (status, body) = prompt_status(&app, &agent, "true").await;
+    assert_eq!(status, 202, "{body}");
+    app.wait(&agent).await;
+}
+
+#[tokio::test]
+async fn a_team_that_requires_the_sandbox_runs_agents_where_they_are_sandboxed() {
+    let app = spawn_app_with(exec_agent).await;
+    let team = app.get_ok("/v1/me").await["teams"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, body) = require_sandbox(&app, &app.token, &team, true).await;
+    assert_eq!(status, 200, "{body}");
+    let repo = git_repo();
+    let (id, _) = agent(&app, repo.path(), "a").await;
+    let r = run(&app, &id, "true").await;
+    assert_eq!(r.0, 0, "{}", r.1);
+}

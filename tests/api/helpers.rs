@@ -72,6 +72,8 @@ pub fn settings(data_dir: &Path) -> Settings {
         },
     );
     s.database.max_connections = 10;
+    // The server runs inside the test binary: its sandboxes' egress bridge is `agentry`.
+    s.bridge_program = Some(env!("CARGO_BIN_EXE_agentry").into());
     // Stopping does not wait for running turns (tests that drain set it).
     s.cluster.drain_timeout_s = 0;
     s

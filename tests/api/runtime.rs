@@ -350,6 +350,7 @@ async fn harness(plan: Plan, interrupt_grace: Duration) -> Harness {
         mcp_servers: json!({}),
         persistence: None,
         secret_env: Default::default(),
+        egress_allow: None,
     };
     let seen = Arc::new(Mutex::new(Seen::default()));
     let mut registry = ProviderRegistry::new();
