@@ -268,6 +268,7 @@ impl Application {
                     &settings.mcp,
                 )),
                 revalidate: Duration::from_secs(settings.events.revalidate_s),
+                usage: Arc::new(crate::services::usage::UsageBook::new(&settings.usage)),
             },
             settings: settings.clone(),
             http: Default::default(),
@@ -275,6 +276,10 @@ impl Application {
             egress_policy: Arc::new(egress_policy),
         });
 
+        state
+            .services
+            .agents
+            .set_spend(crate::services::usage::Metering::new(state.services.clone()));
         let port = listener.local_addr()?.port();
         cluster::join(&state.services, &fanout).await?;
         let cluster_tasks = vec![

@@ -48,10 +48,11 @@ pub enum Action {
     HookDelete,
     HookFail,
     NetworkSet,
+    BudgetSet,
 }
 
 impl Action {
-    pub const ALL: [Action; 24] = [
+    pub const ALL: [Action; 25] = [
         Action::AgentCreate,
         Action::AgentPrompt,
         Action::AgentInterrupt,
@@ -76,6 +77,7 @@ impl Action {
         Action::HookDelete,
         Action::HookFail,
         Action::NetworkSet,
+        Action::BudgetSet,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -104,6 +106,7 @@ impl Action {
             Action::HookDelete => "hook.delete",
             Action::HookFail => "hook.fail",
             Action::NetworkSet => "network.set",
+            Action::BudgetSet => "budget.set",
         }
     }
 
