@@ -118,7 +118,11 @@ pub struct UsageTotals {
     pub input_tokens: i64,
     pub output_tokens: i64,
     pub cached_input_tokens: i64,
+    /// Reported by the CLIs where they report it, else estimated from the settings'
+    /// `[usage.prices]`.
     pub cost_usd: f64,
+    /// The part of `cost_usd` that is estimated.
+    pub estimated_cost_usd: f64,
     /// Seconds the turns ran.
     pub wall_time_s: f64,
 }
@@ -131,6 +135,7 @@ impl From<Sums> for UsageTotals {
             output_tokens: s.output_tokens,
             cached_input_tokens: s.cached_input_tokens,
             cost_usd: s.cost_usd,
+            estimated_cost_usd: s.estimated_cost_usd,
             wall_time_s: s.wall_ms as f64 / 1000.0,
         }
     }
@@ -149,9 +154,9 @@ pub struct UsageGroup {
 #[schema(example = json!({"team_id": "team_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b",
     "from": "2026-12-01T00:00:00Z", "to": "2026-12-06T12:00:00Z", "group_by": "provider",
     "totals": {"turns": 3, "input_tokens": 3600, "output_tokens": 1020, "cached_input_tokens": 0,
-        "cost_usd": 0.0261, "wall_time_s": 4.2},
+        "cost_usd": 0.0261, "estimated_cost_usd": 0.0, "wall_time_s": 4.2},
     "groups": [{"key": "mock", "turns": 3, "input_tokens": 3600, "output_tokens": 1020,
-        "cached_input_tokens": 0, "cost_usd": 0.0261, "wall_time_s": 4.2}]}))]
+        "cached_input_tokens": 0, "cost_usd": 0.0261, "estimated_cost_usd": 0.0, "wall_time_s": 4.2}]}))]
 pub struct UsageReport {
     pub team_id: TeamId,
     pub from: DateTime<Utc>,

@@ -63,6 +63,8 @@ pub struct Sums {
     pub output_tokens: i64,
     pub cached_input_tokens: i64,
     pub cost_usd: f64,
+    /// The part of `cost_usd` estimated from the price table.
+    pub estimated_cost_usd: f64,
     pub wall_ms: i64,
 }
 
@@ -88,6 +90,8 @@ pub async fn team_totals(
                 coalesce(sum(output_tokens), 0)::bigint AS output_tokens,
                 coalesce(sum(cached_input_tokens), 0)::bigint AS cached_input_tokens,
                 coalesce(sum(cost_usd), 0)::double precision AS cost_usd,
+                coalesce(sum(cost_usd) FILTER (WHERE cost_source = 'estimated'), 0)::double precision
+                    AS estimated_cost_usd,
                 coalesce(sum(wall_ms), 0)::bigint AS wall_ms
            FROM usage_ledger WHERE team_id = $1 AND ended_at >= $2 AND ended_at < $3",
     )
@@ -120,6 +124,8 @@ pub async fn team_groups(
                 coalesce(sum(output_tokens), 0)::bigint AS output_tokens,
                 coalesce(sum(cached_input_tokens), 0)::bigint AS cached_input_tokens,
                 coalesce(sum(cost_usd), 0)::double precision AS cost_usd,
+                coalesce(sum(cost_usd) FILTER (WHERE cost_source = 'estimated'), 0)::double precision
+                    AS estimated_cost_usd,
                 coalesce(sum(wall_ms), 0)::bigint AS wall_ms
            FROM usage_ledger WHERE team_id = $1 AND ended_at >= $2 AND ended_at < $3
           GROUP BY 1 ORDER BY 1",
@@ -140,6 +146,8 @@ pub async fn agent_totals(db: impl PgExecutor<'_>, agent: Uuid) -> Result<Sums, 
                 coalesce(sum(output_tokens), 0)::bigint AS output_tokens,
                 coalesce(sum(cached_input_tokens), 0)::bigint AS cached_input_tokens,
                 coalesce(sum(cost_usd), 0)::double precision AS cost_usd,
+                coalesce(sum(cost_usd) FILTER (WHERE cost_source = 'estimated'), 0)::double precision
+                    AS estimated_cost_usd,
                 coalesce(sum(wall_ms), 0)::bigint AS wall_ms
            FROM usage_ledger WHERE agent_id = $1",
     )
