@@ -279,7 +279,9 @@ impl Application {
         state
             .services
             .agents
-            .set_spend(crate::services::usage::Metering::new(state.services.clone()));
+            .set_spend(crate::services::usage::Metering::new(
+                state.services.clone(),
+            ));
         let port = listener.local_addr()?.port();
         cluster::join(&state.services, &fanout).await?;
         let cluster_tasks = vec![

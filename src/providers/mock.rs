@@ -708,7 +708,10 @@ impl Turn {
     async fn spend(
         &mut self,
         args: &str,
-    ) -> acp::Result<(proto::StopReason, serde_json::Map<String, serde_json::Value>)> {
+    ) -> acp::Result<(
+        proto::StopReason,
+        serde_json::Map<String, serde_json::Value>,
+    )> {
         const USAGE: &str = "/spend needs <input_tokens> <output_tokens> <steps> <pause_ms>";
         let numbers: Vec<u64> = args
             .split_whitespace()

@@ -390,14 +390,9 @@ pub async fn put_budget(
             ));
         }
     }
-    let row = store::usage::put_team_budget(
-        &ctx.pool,
-        team,
-        &body.period,
-        body.max_cost_usd,
-        max_tokens,
-    )
-    .await?;
+    let row =
+        store::usage::put_team_budget(&ctx.pool, team, &body.period, body.max_cost_usd, max_tokens)
+            .await?;
     super::audit::record(
         ctx,
         principal,
@@ -555,7 +550,9 @@ impl Metering {
         let s = &ended.subject;
         let u = &ended.usage;
         let (cost, source) = ctx.usage.cost(&s.provider, s.model.as_deref(), u);
-        let wall_ms = (ended.ended_at - ended.started_at).num_milliseconds().max(0);
+        let wall_ms = (ended.ended_at - ended.started_at)
+            .num_milliseconds()
+            .max(0);
         let written = store::usage::insert_turn(
             &ctx.pool,
             &store::usage::NewTurnUsage {

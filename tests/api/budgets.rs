@@ -51,7 +51,12 @@ async fn a_budget_crossed_mid_turn_interrupts_the_turn_and_refuses_new_work() {
     let agent = app.agent_in_new_workspace(&project, "mock").await;
     let team = default_team(&app).await;
     let set = expect_status(
-        put_budget(&app, &team, json!({"period": "month", "max_cost_usd": 0.01})).await,
+        put_budget(
+            &app,
+            &team,
+            json!({"period": "month", "max_cost_usd": 0.01}),
+        )
+        .await,
         200,
     )
     .await;
@@ -67,7 +72,11 @@ async fn a_budget_crossed_mid_turn_interrupts_the_turn_and_refuses_new_work() {
     assert_eq!(end["data"]["error_code"], "budget_exhausted", "{end}");
     let error = end["data"]["error"].as_str().unwrap();
     assert!(error.contains("team.cost_usd"), "{error}");
-    assert_eq!(usage.len(), 1, "the turn stopped at the first usage event: {usage:?}");
+    assert_eq!(
+        usage.len(),
+        1,
+        "the turn stopped at the first usage event: {usage:?}"
+    );
     let timeline = app.timeline(&agent).await;
     let said = timeline
         .iter()
@@ -101,7 +110,10 @@ async fn a_budget_crossed_mid_turn_interrupts_the_turn_and_refuses_new_work() {
     assert_eq!(refused["code"], "budget_exhausted", "{refused}");
     assert_eq!(refused["budget"]["budget"], "team.cost_usd", "{refused}");
     assert_eq!(refused["budget"]["period"], "month", "{refused}");
-    assert_eq!(refused["budget"]["resets_at"], budget["resets_at"], "{refused}");
+    assert_eq!(
+        refused["budget"]["resets_at"], budget["resets_at"],
+        "{refused}"
+    );
     let resets: chrono::DateTime<chrono::Utc> =
         budget["resets_at"].as_str().unwrap().parse().unwrap();
     let left = (resets - chrono::Utc::now()).num_seconds();
@@ -244,7 +256,12 @@ async fn owners_set_their_budget_within_the_admins_limit_and_admins_any() {
         .await;
     // The admin may go past the owners' limit.
     let admin = expect_status(
-        put_budget(&app, &team, json!({"period": "month", "max_cost_usd": 150.0})).await,
+        put_budget(
+            &app,
+            &team,
+            json!({"period": "month", "max_cost_usd": 150.0}),
+        )
+        .await,
         200,
     )
     .await;
@@ -349,7 +366,12 @@ async fn the_teams_hooks_hear_of_80_and_100_percent_once_each() {
     let agent = app.agent_in_new_workspace(&project, "mock").await;
     let team = default_team(&app).await;
     expect_status(
-        put_budget(&app, &team, json!({"period": "month", "max_cost_usd": 0.05})).await,
+        put_budget(
+            &app,
+            &team,
+            json!({"period": "month", "max_cost_usd": 0.05}),
+        )
+        .await,
         200,
     )
     .await;

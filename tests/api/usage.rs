@@ -113,11 +113,16 @@ async fn each_turn_is_one_ledger_row_grouped_by_day_person_provider_model_and_pr
     // The metrics count what the ledger holds, by team and provider.
     let metrics = app.client.get(app.url("/metrics")).send().await.unwrap();
     let text = metrics.text().await.unwrap();
-    let line = format!("agentry_tokens_total{{team=\"{team}\",provider=\"mock\",kind=\"input\"}} 1300");
+    let line =
+        format!("agentry_tokens_total{{team=\"{team}\",provider=\"mock\",kind=\"input\"}} 1300");
     assert!(text.contains(&line), "{line} in:\n{text}");
     let cost = text
         .lines()
-        .find(|l| l.starts_with(&format!("agentry_cost_usd_total{{team=\"{team}\",provider=\"mock\"}}")))
+        .find(|l| {
+            l.starts_with(&format!(
+                "agentry_cost_usd_total{{team=\"{team}\",provider=\"mock\"}}"
+            ))
+        })
         .unwrap_or_else(|| panic!("a cost line in:\n{text}"));
     let value: f64 = cost.rsplit(' ').next().unwrap().parse().unwrap();
     assert!((value - expected).abs() < 1e-6, "{cost}");
@@ -251,7 +256,10 @@ fn a_malformed_price_table_is_refused_naming_the_setting() {
     .unwrap();
     let s = agentry::config::Settings::load_from(Some(&file), &[]).unwrap();
     assert_eq!(
-        s.usage.price("claude", Some("claude-sonnet")).unwrap().cached_per_mtok,
+        s.usage
+            .price("claude", Some("claude-sonnet"))
+            .unwrap()
+            .cached_per_mtok,
         Some(0.3)
     );
 }
@@ -282,7 +290,12 @@ async fn another_teams_usage_is_missing_and_an_admin_sees_every_team() {
         .await;
     let mine = ana
         .api
-        .ok(reqwest::Method::GET, &format!("/v1/usage?team_id={own}"), None, 200)
+        .ok(
+            reqwest::Method::GET,
+            &format!("/v1/usage?team_id={own}"),
+            None,
+            200,
+        )
         .await;
     assert_eq!(mine["totals"]["turns"], 0);
     let seen = app.get_ok(&format!("/v1/usage?team_id={own}")).await;
