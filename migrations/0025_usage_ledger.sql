@@ -8,8 +8,10 @@ CREATE TABLE usage_ledger (
     agent_id             uuid NOT NULL,
     workspace_id         uuid NOT NULL,
     project_id           uuid NOT NULL,
-    -- The person (or the service token's user) who created the agent.
+    -- The person who created the agent, and the service token it was created with (a
+    -- team's token acts for the team, not for the person who issued it).
     created_by           uuid,
+    service_token_id     uuid,
     provider             text NOT NULL,
     model                text,
     input_tokens         bigint NOT NULL DEFAULT 0,
@@ -33,6 +35,13 @@ CREATE TABLE team_budgets (
     max_cost_usd  double precision CHECK (max_cost_usd IS NULL OR max_cost_usd >= 0),
     max_tokens    bigint CHECK (max_tokens IS NULL OR max_tokens >= 0),
     updated_at    timestamptz NOT NULL DEFAULT now()
+);
+
+-- The service token an agent was created with, when it was one: its usage is the
+-- token's, not its issuer's.
+CREATE TABLE agent_service_tokens (
+    agent_id   uuid PRIMARY KEY REFERENCES agents(id),
+    token_id   uuid NOT NULL
 );
 
 -- Caps an agent was created with: over its whole life.

@@ -523,6 +523,10 @@ pub async fn create(
         if let Some(caps) = &caps {
             store::usage::set_agent_caps(&mut *tx, id.uuid(), caps).await?;
         }
+        // A team's service token acts for the team: usage is attributed to it.
+        if principal.service_team.is_some() {
+            store::usage::set_agent_service_token(&mut *tx, id.uuid(), principal.token_id).await?;
+        }
         let created = store::agents::get(&mut *tx, id.uuid(), None)
             .await?
             .ok_or(ServiceError::NotFound("agent"))?;

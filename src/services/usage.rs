@@ -18,7 +18,7 @@ use super::hooks::{self, Subject};
 use super::{ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{Operation, Principal};
 use crate::config::{Price, UsageSettings};
-use crate::domain::{HookEvent, ProjectId, TeamId, UserId};
+use crate::domain::{HookEvent, ProjectId, TeamId, TokenId, UserId};
 use crate::metrics::{Counter, Family};
 use crate::providers::Usage;
 use crate::runtime::{EndedTurn, Exhausted, Spend, TurnMeter, TurnSubject};
@@ -143,8 +143,9 @@ impl From<Sums> for UsageTotals {
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct UsageGroup {
-    /// The day (`YYYY-MM-DD`), person (`usr_…`), provider, model or project (`prj_…`);
-    /// empty when the turns have none (a model the CLI did not name).
+    /// The day (`YYYY-MM-DD`), person (`usr_…`; a team's service token: `tok_…`),
+    /// provider, model or project (`prj_…`); empty when the turns have none (a model the
+    /// CLI did not name).
     pub key: String,
     #[serde(flatten)]
     pub totals: UsageTotals,
@@ -251,8 +252,16 @@ pub async fn report(
     })
 }
 
-/// A group's key as the API shows it: people and projects by their typed ids.
+/// A group's key as the API shows it: people, service tokens and projects by their typed
+/// ids.
 fn shown_key(group: &str, key: String) -> String {
+    if group == "person"
+        && let Some(token) = key
+            .strip_prefix("tok:")
+            .and_then(|t| Uuid::parse_str(t).ok())
+    {
+        return TokenId::from(token).to_string();
+    }
     let parsed = Uuid::parse_str(&key);
     match (group, parsed) {
         ("person", Ok(u)) => UserId::from(u).to_string(),

@@ -30,11 +30,12 @@ pub async fn insert_turn(
 ) -> Result<Option<Uuid>, sqlx::Error> {
     sqlx::query_scalar(
         "INSERT INTO usage_ledger (turn_id, team_id, agent_id, workspace_id, project_id, created_by,
-                                   provider, model, input_tokens, output_tokens, cached_input_tokens,
+                                   service_token_id, provider, model, input_tokens, output_tokens, cached_input_tokens,
                                    cost_usd, cost_source, wall_ms, started_at, ended_at)
-         SELECT $1, a.team_id, a.id, a.workspace_id, w.project_id, a.created_by,
+         SELECT $1, a.team_id, a.id, a.workspace_id, w.project_id, a.created_by, st.token_id,
                 $3, $4, $5, $6, $7, $8, $9, $10, $11, $12
            FROM agents a JOIN workspaces w ON w.id = a.workspace_id
+           LEFT JOIN agent_service_tokens st ON st.agent_id = a.id
           WHERE a.id = $2
          ON CONFLICT (turn_id) DO NOTHING
          RETURNING team_id",
@@ -68,8 +69,8 @@ pub struct Sums {
     pub wall_ms: i64,
 }
 
-/// Sums of one group (`key`: a day `YYYY-MM-DD`, a person's, project's uuid, a provider or
-/// a model name; empty for rows without one).
+/// Sums of one group (`key`: a day `YYYY-MM-DD`, a person's or project's uuid, `tok:` and
+/// a service token's uuid, a provider or a model name; empty for rows without one).
 #[derive(Debug, Clone, FromRow)]
 pub struct GroupSums {
     pub key: String,
@@ -114,7 +115,7 @@ pub async fn team_groups(
     sqlx::query_as(
         "SELECT coalesce(CASE $4
                     WHEN 'day' THEN to_char(ended_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')
-                    WHEN 'person' THEN created_by::text
+                    WHEN 'person' THEN coalesce('tok:' || service_token_id::text, created_by::text)
                     WHEN 'provider' THEN provider
                     WHEN 'model' THEN model
                     WHEN 'project' THEN project_id::text
@@ -199,6 +200,23 @@ pub async fn put_team_budget(
     .bind(max_tokens)
     .fetch_one(db)
     .await
+}
+
+/// Remember that `agent` was created with the service token `token`.
+pub async fn set_agent_service_token(
+    db: impl PgExecutor<'_>,
+    agent: Uuid,
+    token: Uuid,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO agent_service_tokens (agent_id, token_id) VALUES ($1, $2)
+         ON CONFLICT (agent_id) DO NOTHING",
+    )
+    .bind(agent)
+    .bind(token)
+    .execute(db)
+    .await?;
+    Ok(())
 }
 
 #[derive(Debug, Clone, Default, FromRow)]

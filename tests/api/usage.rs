@@ -2,7 +2,7 @@
 //! mock's `/usage <input> <output>` turn; the usage ledger (one row per turn) and
 //! `GET /v1/usage`, reconciled against the timeline.
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::helpers::*;
 
@@ -300,4 +300,62 @@ async fn another_teams_usage_is_missing_and_an_admin_sees_every_team() {
     assert_eq!(mine["totals"]["turns"], 0);
     let seen = app.get_ok(&format!("/v1/usage?team_id={own}")).await;
     assert_eq!(seen["team_id"], own.as_str());
+}
+
+#[tokio::test]
+async fn a_service_tokens_turns_are_the_tokens_not_its_issuers() {
+    let app = spawn_app().await;
+    let team = default_team(&app).await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let svc = app
+        .post_ok(
+            "/v1/tokens",
+            json!({"name": "ci", "team_id": team, "role": "member"}),
+            201,
+        )
+        .await;
+    let bot = crate::people::Caller::new(&app, svc["token"].as_str().unwrap());
+    let ws = bot
+        .ok(
+            reqwest::Method::POST,
+            "/v1/workspaces",
+            Some(json!({"project_id": project["id"]})),
+            201,
+        )
+        .await;
+    let agent = bot
+        .ok(
+            reqwest::Method::POST,
+            "/v1/agents",
+            Some(json!({"workspace_id": ws["id"], "provider": "mock"})),
+            201,
+        )
+        .await;
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    app.wait(&agent).await;
+    app.prompt(&agent, "/usage 10 1").await;
+    app.wait(&agent).await;
+    let mine = app.agent_in_new_workspace(&project, "mock").await;
+    app.prompt(&mine, "/usage 20 2").await;
+    app.wait(&mine).await;
+
+    let me = app.get_ok("/v1/me").await;
+    let report = app
+        .get_ok(&format!("/v1/usage?team_id={team}&group_by=person"))
+        .await;
+    let groups: Vec<(Value, Value)> = report["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| (g["key"].clone(), g["input_tokens"].clone()))
+        .collect();
+    let mut want = vec![
+        (svc["id"].clone(), json!(10)),
+        (me["id"].clone(), json!(20)),
+    ];
+    want.sort_by_key(|(k, _)| k.as_str().unwrap().to_owned());
+    let mut got = groups.clone();
+    got.sort_by_key(|(k, _)| k.as_str().unwrap().to_owned());
+    assert_eq!(got, want, "{report}");
 }
