@@ -54,7 +54,7 @@ pub struct ApiError {
     pub detail: String,
     pub errors: Vec<FieldError>,
     /// The budget a `budget_exhausted` refusal names.
-    pub budget: Option<crate::runtime::Exhausted>,
+    pub budget: Option<Box<crate::runtime::Exhausted>>,
 }
 
 impl std::fmt::Display for ApiError {
@@ -82,7 +82,7 @@ impl ApiError {
 
     /// 429 `budget_exhausted`: the problem names the budget, its period and when it
     /// resets (also as `Retry-After`).
-    pub fn budget_exhausted(x: crate::runtime::Exhausted) -> Self {
+    pub fn budget_exhausted(x: Box<crate::runtime::Exhausted>) -> Self {
         let mut e = Self::new(
             StatusCode::TOO_MANY_REQUESTS,
             "budget_exhausted",
@@ -163,7 +163,7 @@ impl ApiError {
             errors: self.errors.clone(),
             request_id: None,
             trace_id: None,
-            budget: self.budget.clone(),
+            budget: self.budget.as_deref().cloned(),
         }
     }
 }

@@ -516,7 +516,7 @@ impl Actor {
                 spend
                     .open_turn(&self.turn_subject())
                     .await
-                    .map_err(RuntimeError::BudgetExhausted)?,
+                    .map_err(|x| RuntimeError::BudgetExhausted(Box::new(x)))?,
             ),
             None => None,
         };

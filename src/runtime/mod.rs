@@ -79,7 +79,7 @@ pub enum RuntimeError {
     ActorGone,
     /// A budget of the agent or its team ran out: no new turn starts.
     #[error("{0}")]
-    BudgetExhausted(Exhausted),
+    BudgetExhausted(Box<Exhausted>),
     #[error(transparent)]
     Store(#[from] sqlx::Error),
     #[error("the event store failed: {0}")]

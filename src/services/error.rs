@@ -92,7 +92,7 @@ pub enum ServiceError {
     NotReady,
     /// A budget of the team (or the agent) is out: no new work until it resets.
     #[error("{0}")]
-    BudgetExhausted(crate::runtime::Exhausted),
+    BudgetExhausted(Box<crate::runtime::Exhausted>),
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
     #[error(transparent)]

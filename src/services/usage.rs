@@ -448,7 +448,7 @@ pub async fn admit_team(ctx: &ServiceContext, team: Uuid) -> ServiceResult<()> {
     let (start, next) = month_of(Utc::now());
     let used = store::usage::team_totals(&ctx.pool, team, start, next).await?;
     match team_exhausted(&budget, &used, next) {
-        Some(x) => Err(ServiceError::BudgetExhausted(x)),
+        Some(x) => Err(ServiceError::BudgetExhausted(Box::new(x))),
         None => Ok(()),
     }
 }

@@ -14,8 +14,7 @@ use tokio::net::TcpListener;
 use crate::helpers::*;
 use crate::usage::default_team;
 
-#[path = "../support/http.rs"]
-mod http;
+use crate::hooks::http;
 
 async fn put_budget(app: &TestApp, team: &str, body: Value) -> reqwest::Response {
     app.client
