@@ -403,3 +403,34 @@ async fn the_teams_hooks_hear_of_80_and_100_percent_once_each() {
         assert_eq!(b["payload"]["period"], "month", "{b}");
     }
 }
+
+#[tokio::test]
+async fn a_token_budget_counts_input_and_output_and_refuses_the_next_prompt() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let (agent, _) = app.mock_agent(repo.path()).await;
+    app.wait(&agent).await;
+    let team = default_team(&app).await;
+    expect_status(
+        put_budget(&app, &team, json!({"period": "month", "max_tokens": 1000})).await,
+        200,
+    )
+    .await;
+    // 900 tokens: under the budget.
+    app.prompt(&agent, "/tokens 800 100").await;
+    assert_eq!(app.wait(&agent).await["last_turn"]["outcome"], "completed");
+    app.prompt(&agent, "/tokens 100 50").await;
+    assert_eq!(app.wait(&agent).await["last_turn"]["outcome"], "completed");
+    let budget = app.get_ok(&format!("/v1/teams/{team}/budget")).await;
+    assert_eq!(budget["used_tokens"], 1050, "{budget}");
+    let refused = app
+        .post_ok(
+            &format!("/v1/agents/{agent}/messages"),
+            json!({"text": "more"}),
+            429,
+        )
+        .await;
+    assert_eq!(refused["budget"]["budget"], "team.tokens", "{refused}");
+    assert_eq!(refused["budget"]["limit"], 1000.0, "{refused}");
+    assert_eq!(refused["budget"]["used"], 1050.0, "{refused}");
+}
