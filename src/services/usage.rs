@@ -734,3 +734,65 @@ impl TurnMeter for Meter {
         self.wall.clone()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn months_are_calendar_months_in_utc_and_december_rolls_over() {
+        let at = Utc.with_ymd_and_hms(2026, 12, 31, 23, 59, 59).unwrap();
+        let (start, next) = month_of(at);
+        assert_eq!(start, Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0).unwrap());
+        assert_eq!(next, Utc.with_ymd_and_hms(2027, 1, 1, 0, 0, 0).unwrap());
+        let (start, next) = month_of(Utc.with_ymd_and_hms(2027, 2, 1, 0, 0, 0).unwrap());
+        assert_eq!(start, Utc.with_ymd_and_hms(2027, 2, 1, 0, 0, 0).unwrap());
+        assert_eq!(next, Utc.with_ymd_and_hms(2027, 3, 1, 0, 0, 0).unwrap());
+    }
+
+    #[test]
+    fn an_estimate_prices_cached_input_apart_and_a_reported_cost_wins() {
+        let mut settings = UsageSettings::default();
+        let mut models = std::collections::BTreeMap::new();
+        models.insert(
+            "gpt-5".to_owned(),
+            Price {
+                input_per_mtok: 1.0,
+                output_per_mtok: 10.0,
+                cached_per_mtok: Some(0.1),
+            },
+        );
+        models.insert(
+            "*".to_owned(),
+            Price {
+                input_per_mtok: 2.0,
+                output_per_mtok: 20.0,
+                cached_per_mtok: None,
+            },
+        );
+        settings.prices.insert("codex".into(), models);
+        let book = UsageBook::new(&settings);
+        let usage = Usage {
+            input_tokens: 1_000_000,
+            cached_input_tokens: 400_000,
+            output_tokens: 100_000,
+            ..Usage::default()
+        };
+        let (cost, source) = book.cost("codex", Some("gpt-5"), &usage);
+        assert_eq!(source, "estimated");
+        assert!((cost - (0.6 + 0.04 + 1.0)).abs() < 1e-9, "{cost}");
+        // Another model of the provider: its `*` table, cached input at the input price.
+        let (cost, _) = book.cost("codex", Some("o4"), &usage);
+        assert!((cost - (2.0 + 2.0)).abs() < 1e-9, "{cost}");
+        let (cost, source) = book.cost("claude", None, &usage);
+        assert_eq!((cost, source), (0.0, "unknown"));
+        let reported = Usage {
+            cost_usd: Some(0.25),
+            ..usage
+        };
+        assert_eq!(
+            book.cost("codex", Some("gpt-5"), &reported),
+            (0.25, "reported")
+        );
+    }
+}
