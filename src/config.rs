@@ -76,6 +76,8 @@ pub struct Settings {
     pub egress: EgressSettings,
     /// `[sandbox]`: how agent processes are confined.
     pub sandbox: SandboxSettings,
+    /// `[usage]`: the price table of estimated costs and the limits of team budgets.
+    pub usage: UsageSettings,
     /// The settings file this was read from (not a setting): kept out of every sandbox.
     #[serde(skip)]
     pub config_file: Option<PathBuf>,
@@ -85,6 +87,73 @@ pub struct Settings {
     /// integration tests) names the `agentry` binary here.
     #[serde(skip)]
     pub bridge_program: Option<PathBuf>,
+}
+
+/// `[usage]`: what a turn costs when its CLI does not say, and how far team owners may
+/// set their team's budget.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UsageSettings {
+    /// The most a team owner may set as the team's monthly cost budget, in USD (admins
+    /// may set any; default: no maximum).
+    pub max_team_cost_usd: Option<f64>,
+    /// The most a team owner may set as the team's monthly token budget.
+    pub max_team_tokens: Option<u64>,
+    /// `[usage.prices.<provider>.<model>]`: USD per million tokens; the model `*` prices
+    /// every model of the provider without a table of its own.
+    pub prices: BTreeMap<String, BTreeMap<String, Price>>,
+}
+
+/// A model's prices, in USD per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    pub input_per_mtok: f64,
+    pub output_per_mtok: f64,
+    /// Cached input tokens (a part of the input); default: the input price.
+    pub cached_per_mtok: Option<f64>,
+}
+
+impl UsageSettings {
+    fn validate(&self) -> Result<(), SettingsError> {
+        if let Some(v) = self.max_team_cost_usd
+            && !(v.is_finite() && v >= 0.0)
+        {
+            return Err(invalid(
+                "usage.max_team_cost_usd",
+                "must be a number of USD, 0 or more",
+            ));
+        }
+        for (provider, models) in &self.prices {
+            for (model, price) in models {
+                let fields = [
+                    ("input_per_mtok", Some(price.input_per_mtok)),
+                    ("output_per_mtok", Some(price.output_per_mtok)),
+                    ("cached_per_mtok", price.cached_per_mtok),
+                ];
+                for (field, value) in fields {
+                    if let Some(v) = value
+                        && !(v.is_finite() && v >= 0.0)
+                    {
+                        return Err(invalid(
+                            &format!("usage.prices.{provider}.{model}.{field}"),
+                            "must be a price in USD per million tokens, 0 or more",
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The price of `model` of `provider`: its own table, else the provider's `*`.
+    pub fn price(&self, provider: &str, model: Option<&str>) -> Option<Price> {
+        let models = self.prices.get(provider)?;
+        model
+            .and_then(|m| models.get(m))
+            .or_else(|| models.get("*"))
+            .copied()
+    }
 }
 
 /// `[egress]`: the allow lists of the egress proxy (each entry `host`, `*.suffix`, `*` or
@@ -811,6 +880,7 @@ impl Default for Settings {
             projects: ProjectSettings::default(),
             egress: EgressSettings::default(),
             sandbox: SandboxSettings::default(),
+            usage: UsageSettings::default(),
             config_file: None,
             bridge_program: None,
         }
@@ -1173,6 +1243,7 @@ impl Settings {
             return Err(invalid("agents.nice", "must be between 0 and 19"));
         }
         self.agents.limits.validate()?;
+        self.usage.validate()?;
         if self.database.statement_deadline_ms == 0 {
             return Err(invalid(
                 "database.statement_deadline_ms",
@@ -1694,6 +1765,8 @@ fn typed_setting(path: &[String]) -> bool {
                 "enabled" | "command" | "args" | "modes" | "team_secrets"
             ]
             | ["secrets", "previous_keys"]
+            | ["usage", "max_team_cost_usd" | "max_team_tokens"]
+            | ["usage", "prices", _, _, _]
             | [
                 "hooks",
                 "timeout_s" | "allow_private_networks" | "allowed_hosts"

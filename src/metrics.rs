@@ -212,6 +212,26 @@ impl Page {
         }
     }
 
+    /// A counter family kept in integer units of `1 / per` (cost in millionths of a USD),
+    /// shown in whole units.
+    pub fn counter_family_scaled(
+        &mut self,
+        name: &str,
+        help: &str,
+        family: &Family<Counter>,
+        per: f64,
+    ) {
+        self.header(name, "counter", help);
+        for (values, c) in family.snapshot() {
+            let _ = writeln!(
+                self.text,
+                "{name}{} {}",
+                label_set(family.labels, &values, None),
+                number(c.get() as f64 / per)
+            );
+        }
+    }
+
     pub fn histogram(&mut self, name: &str, help: &str, h: &Histogram) {
         self.header(name, "histogram", help);
         self.histogram_samples(name, &[], &[], h);

@@ -276,6 +276,7 @@ impl Application {
                 )),
                 revalidate: Duration::from_secs(settings.events.revalidate_s),
                 egress_policy: Arc::new(egress_policy),
+                usage: Arc::new(crate::services::usage::UsageBook::new(&settings.usage)),
             },
             settings: settings.clone(),
             http: Default::default(),
@@ -283,6 +284,12 @@ impl Application {
             egress,
         });
 
+        state
+            .services
+            .agents
+            .set_spend(crate::services::usage::Metering::new(
+                state.services.clone(),
+            ));
         let port = listener.local_addr()?.port();
         cluster::join(&state.services, &fanout).await?;
         let cluster_tasks = vec![

@@ -41,6 +41,10 @@ pub struct Problem {
     /// exports traces (`log.otlp_endpoint`): look the request up in the trace viewer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
+    /// With `budget_exhausted`: the budget that is out, its period, limit, use and when
+    /// it resets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<crate::runtime::Exhausted>,
 }
 
 #[derive(Debug, Clone)]
@@ -49,6 +53,8 @@ pub struct ApiError {
     pub code: &'static str,
     pub detail: String,
     pub errors: Vec<FieldError>,
+    /// The budget a `budget_exhausted` refusal names.
+    pub budget: Option<Box<crate::runtime::Exhausted>>,
 }
 
 impl std::fmt::Display for ApiError {
@@ -70,7 +76,20 @@ impl ApiError {
             code,
             detail: detail.into(),
             errors: Vec::new(),
+            budget: None,
         }
+    }
+
+    /// 429 `budget_exhausted`: the problem names the budget, its period and when it
+    /// resets (also as `Retry-After`).
+    pub fn budget_exhausted(x: Box<crate::runtime::Exhausted>) -> Self {
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "budget_exhausted",
+            x.to_string(),
+        );
+        e.budget = Some(x);
+        e
     }
 
     pub fn not_found(what: &str) -> Self {
@@ -91,6 +110,7 @@ impl ApiError {
                 field: field.into(),
                 message,
             }],
+            budget: None,
         }
     }
 
@@ -143,6 +163,7 @@ impl ApiError {
             errors: self.errors.clone(),
             request_id: None,
             trace_id: None,
+            budget: self.budget.as_deref().cloned(),
         }
     }
 }
@@ -175,6 +196,7 @@ impl From<ServiceError> for ApiError {
                 };
             }
             E::Invalid { field, message } => return ApiError::validation(field, message.clone()),
+            E::BudgetExhausted(x) => return ApiError::budget_exhausted(x.clone()),
             E::InvalidAt { field, message } => {
                 return ApiError::validation(field, message.clone());
             }
@@ -275,6 +297,7 @@ fn runtime_error(e: RuntimeError) -> ApiError {
             "agent_closed",
             "the agent closed while handling the request; retry",
         ),
+        E::BudgetExhausted(x) => ApiError::budget_exhausted(x),
         E::Store(s) => store_error(s),
         E::Events(w) => write_error(w),
     }
@@ -345,6 +368,10 @@ impl ResponseError for ApiError {
                 header::RETRY_AFTER,
                 HeaderValue::from(crate::store::health::RETRY_AFTER_S),
             ));
+        }
+        if let Some(at) = self.budget.as_ref().and_then(|b| b.resets_at) {
+            let s = (at - chrono::Utc::now()).num_seconds().max(1);
+            res.insert_header((header::RETRY_AFTER, HeaderValue::from(s)));
         }
         if self.status == StatusCode::UNAUTHORIZED {
             let v = format!(

@@ -207,6 +207,19 @@ async fn metrics_page(
             (vec!["in_use".into()], f64::from(pool.size()) - idle),
         ],
     );
+    // Team ids as labels: one series per team (and provider, kind), bounded by the
+    // number of teams, which the server's admins create; never per agent or person.
+    page.counter_family(
+        "agentry_tokens_total",
+        "Tokens of the turns this server recorded in the usage ledger, by team, provider and kind (input, output, cached_input; cached input is part of input).",
+        &s.usage.tokens,
+    );
+    page.counter_family_scaled(
+        "agentry_cost_usd_total",
+        "Cost in USD of the turns this server recorded in the usage ledger (reported by the CLI or estimated from [usage.prices]), by team and provider.",
+        &s.usage.cost_micro_usd,
+        crate::services::usage::MICRO_USD,
+    );
     page.counter_family(
         "agentry_hook_deliveries_total",
         "Hook calls and notification attempts, by outcome (delivered, retry, failed).",

@@ -32,6 +32,7 @@ pub mod sessions;
 pub mod sse;
 pub mod teams;
 pub mod ui;
+pub mod usage;
 pub mod users;
 pub mod workspaces;
 
@@ -79,6 +80,7 @@ pub fn configure(cfg: &mut ServiceConfig, max_body_bytes: usize) {
             .configure(providers::configure)
             .configure(secrets::configure)
             .configure(network::configure)
+            .configure(usage::configure)
             .configure(hooks::configure)
             .configure(cluster::configure),
     );

@@ -35,10 +35,13 @@ pub enum HookEvent {
     AgentPermissionBefore,
     #[serde(rename = "agent.permission.after")]
     AgentPermissionAfter,
+    /// A team's budget reached 80 % or 100 % of its limit (a notification).
+    #[serde(rename = "budget.threshold")]
+    BudgetThreshold,
 }
 
 impl HookEvent {
-    pub const ALL: [HookEvent; 14] = [
+    pub const ALL: [HookEvent; 15] = [
         HookEvent::WorkspaceCreateBefore,
         HookEvent::WorkspaceCreateAfter,
         HookEvent::WorkspaceArchiveAfter,
@@ -53,6 +56,7 @@ impl HookEvent {
         HookEvent::AgentTurnAfter,
         HookEvent::AgentPermissionBefore,
         HookEvent::AgentPermissionAfter,
+        HookEvent::BudgetThreshold,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -71,6 +75,7 @@ impl HookEvent {
             HookEvent::AgentTurnAfter => "agent.turn.after",
             HookEvent::AgentPermissionBefore => "agent.permission.before",
             HookEvent::AgentPermissionAfter => "agent.permission.after",
+            HookEvent::BudgetThreshold => "budget.threshold",
         }
     }
 

@@ -644,6 +644,14 @@ impl Turn {
                 let usage = self.usage(rest)?;
                 return Ok(proto::PromptResponse::new(proto::StopReason::EndTurn).meta(usage));
             }
+            "/tokens" => {
+                let usage = self.tokens(rest)?;
+                return Ok(proto::PromptResponse::new(proto::StopReason::EndTurn).meta(usage));
+            }
+            "/spend" => {
+                let (stop, usage) = self.spend(rest).await?;
+                return Ok(proto::PromptResponse::new(stop).meta(usage));
+            }
             _ => self.reply(&format!("You said: {text}")).map(Ok),
         };
         match outcome? {
@@ -673,6 +681,76 @@ impl Turn {
         let meta =
             json!({"quota": {"token_count": {"input_tokens": input, "output_tokens": output}}});
         Ok(meta.as_object().cloned().unwrap_or_default())
+    }
+
+    /// `/tokens <input> <output>`: replies and ends the turn with that many tokens and no
+    /// cost (a CLI that reports none: the server's price table estimates it).
+    fn tokens(&self, args: &str) -> acp::Result<serde_json::Map<String, serde_json::Value>> {
+        const USAGE: &str = "/tokens needs <input_tokens> <output_tokens>";
+        let numbers: Vec<u64> = args
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .map_err(|_| invalid(USAGE))?;
+        let [input, output] = numbers[..] else {
+            return Err(invalid(USAGE));
+        };
+        self.reply(&format!("Used {input} input and {output} output tokens."))?;
+        let meta =
+            json!({"quota": {"token_count": {"input_tokens": input, "output_tokens": output}}});
+        Ok(meta.as_object().cloned().unwrap_or_default())
+    }
+
+    /// `/spend <input> <output> <steps> <pause_ms>`: a turn of `steps` model calls, each of
+    /// `input` and `output` tokens, with a `usage` update after each (the turn's cost so
+    /// far) and a pause between them; a cancel ends it after the call in progress. The
+    /// answer's meta holds the tokens of the calls made.
+    async fn spend(
+        &mut self,
+        args: &str,
+    ) -> acp::Result<(
+        proto::StopReason,
+        serde_json::Map<String, serde_json::Value>,
+    )> {
+        const USAGE: &str = "/spend needs <input_tokens> <output_tokens> <steps> <pause_ms>";
+        let numbers: Vec<u64> = args
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .map_err(|_| invalid(USAGE))?;
+        let [input, output, steps, pause] = numbers[..] else {
+            return Err(invalid(USAGE));
+        };
+        if steps == 0 || steps > 1000 || pause > 60_000 {
+            return Err(invalid("/spend takes 1 to 1000 steps of at most 60000 ms"));
+        }
+        let mut made = 0;
+        let mut stop = proto::StopReason::EndTurn;
+        for step in 1..=steps {
+            made = step;
+            let cost = (step * input) as f64 * 3.0 / 1_000_000.0
+                + (step * output) as f64 * 15.0 / 1_000_000.0;
+            self.update(proto::SessionUpdate::UsageUpdate(
+                proto::UsageUpdate::new(step * (input + output), 200_000)
+                    .cost(proto::Cost::new(cost, "USD")),
+            ))?;
+            if step == steps {
+                break;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(pause)) => {}
+                () = self.cancelled() => {
+                    stop = proto::StopReason::Cancelled;
+                    break;
+                }
+            }
+        }
+        if stop == proto::StopReason::EndTurn {
+            self.reply(&format!("Spent {made} calls."))?;
+        }
+        let meta = json!({"quota": {"token_count": {
+            "input_tokens": made * input, "output_tokens": made * output}}});
+        Ok((stop, meta.as_object().cloned().unwrap_or_default()))
     }
 
     fn is_cancelled(&self) -> bool {

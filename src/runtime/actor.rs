@@ -11,8 +11,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use super::{
-    AgentContext, AgentLauncher, Command, Moment, PermissionAnswer, RunningTurn, RuntimeError,
-    Shared, Snapshot,
+    AgentContext, AgentLauncher, Command, EndedTurn, Exhausted, Moment, PermissionAnswer,
+    RunningTurn, RuntimeError, Shared, Snapshot, TurnMeter, TurnSubject,
 };
 use crate::domain::{
     AgentId, AgentStatus, Behavior, EventKind, MessageId, NewEvent, PermissionId, PermissionOption,
@@ -48,6 +48,15 @@ struct Turn {
     span: tracing::Span,
     /// Counts the turn as running for a draining server, until the turn is dropped.
     _running: RunningTurn,
+    /// Watches the turn's usage against the budgets (none when nothing meters turns).
+    meter: Option<Box<dyn TurnMeter>>,
+    /// The turn's latest reported usage (a `usage` event's figures are the turn's so far).
+    seen: Usage,
+    started_at: chrono::DateTime<chrono::Utc>,
+    /// When a wall-time cap ends the turn, and that cap.
+    wall_cap: Option<(Instant, Exhausted)>,
+    /// Why a budget stopped the turn, once one did: the turn's error.
+    budget_stop: Option<String>,
 }
 
 struct PendingPermission {
@@ -92,6 +101,8 @@ pub(crate) struct Actor {
     /// The stable code of the open turn's failure, when it has one (`resource_limit`),
     /// given with its `turn_completed`.
     turn_error_code: Option<&'static str>,
+    /// A budget the open turn exhausted, acted on once the current batch is written.
+    budget_hit: Option<Exhausted>,
 }
 
 impl Actor {
@@ -124,6 +135,7 @@ impl Actor {
             unpublished: false,
             fence,
             turn_error_code: None,
+            budget_hit: None,
         }
     }
 
@@ -148,6 +160,11 @@ impl Actor {
         loop {
             let deadline = self.turn.as_ref().and_then(|t| t.interrupt_deadline);
             let idle_deadline = self.idle_deadline();
+            let wall_cap = self
+                .turn
+                .as_ref()
+                .filter(|t| t.budget_stop.is_none())
+                .and_then(|t| t.wall_cap.as_ref().map(|(at, _)| *at));
             let writer = self.shared.writer.clone();
             tokio::select! {
                 cmd = commands.recv() => {
@@ -166,6 +183,9 @@ impl Actor {
                 }
                 _ = sleep_until(deadline) => self.interrupt_timed_out().await,
                 _ = sleep_until(idle_deadline) => self.close(IDLE_REASON).await,
+                _ = sleep_until(wall_cap) => {
+                    self.budget_hit = self.turn.as_ref().and_then(|t| t.wall_cap.as_ref()).map(|(_, x)| x.clone());
+                }
                 landed = landed(&writer), if self.unpublished => self.publish_landed(landed),
                 _ = deposed(self.fence.as_ref()) => self.deposed().await,
             }
@@ -179,6 +199,11 @@ impl Actor {
                 taken += 1;
             }
             self.flush().await;
+            // A budget ran out in this batch: the turn is interrupted now, not at its end.
+            if let Some(hit) = self.budget_hit.take() {
+                self.stop_for_budget(hit).await;
+                self.flush().await;
+            }
             if self.stop {
                 break;
             }
@@ -526,6 +551,19 @@ impl Actor {
         if self.shared.is_shutting_down() {
             return Err(RuntimeError::ShuttingDown);
         }
+        let meter = match self.shared.spend.get() {
+            Some(spend) => Some(
+                spend
+                    .open_turn(&self.turn_subject())
+                    .await
+                    .map_err(|x| RuntimeError::BudgetExhausted(Box::new(x)))?,
+            ),
+            None => None,
+        };
+        let wall_cap = meter
+            .as_ref()
+            .and_then(|m| m.wall_time())
+            .map(|(left, cap)| (Instant::now() + left, cap));
         let turn_id = TurnId::new();
         self.status = AgentStatus::Running;
         self.turn = Some(Turn {
@@ -539,6 +577,11 @@ impl Actor {
                 turn_id = %turn_id, provider = %self.ctx.provider,
                 outcome = tracing::field::Empty, otel.status_code = tracing::field::Empty),
             _running: running,
+            meter,
+            seen: Usage::default(),
+            started_at: chrono::Utc::now(),
+            wall_cap,
+            budget_stop: None,
         });
         let mut user = json!({"message_id": MessageId::new(), "text": text});
         if let Some(c) = &client_message_id {
@@ -640,6 +683,36 @@ impl Actor {
         for ev in held {
             self.handle_provider_event(Some(ev)).await;
         }
+    }
+
+    fn turn_subject(&self) -> TurnSubject {
+        TurnSubject {
+            agent: self.id(),
+            team: self.ctx.team_id,
+            provider: self.ctx.provider.clone(),
+            model: self.ctx.model.clone(),
+        }
+    }
+
+    /// A budget ran out while the turn ran: say so on the timeline and interrupt the turn,
+    /// which ends `canceled` with error code `budget_exhausted`.
+    async fn stop_for_budget(&mut self, hit: Exhausted) {
+        let Some(turn) = self.turn.as_mut() else {
+            return;
+        };
+        if turn.budget_stop.is_some() {
+            return;
+        }
+        let why = hit.to_string();
+        turn.budget_stop = Some(why.clone());
+        tracing::info!(agent_id = %self.ctx.id, budget = %hit.budget, "a budget ran out; interrupting the turn");
+        self.emit(
+            EventKind::Error,
+            json!({"message": why, "code": "budget_exhausted", "budget": hit}),
+        )
+        .await;
+        self.turn_error_code = Some("budget_exhausted");
+        self.interrupt().await;
     }
 
     /// The provider did not end the turn after an interrupt: stop it the hard way.
@@ -771,7 +844,18 @@ impl Actor {
                 self.emit(EventKind::Plan, json!({"entries": entries}))
                     .await
             }
-            ProviderEvent::Usage(u) => self.emit(EventKind::Usage, json!(u)).await,
+            ProviderEvent::Usage(u) => {
+                if let Some(turn) = self.turn.as_mut() {
+                    turn.seen = merged(&turn.seen, &u);
+                    if turn.budget_stop.is_none()
+                        && self.budget_hit.is_none()
+                        && let Some(meter) = turn.meter.as_mut()
+                    {
+                        self.budget_hit = meter.observe(&turn.seen);
+                    }
+                }
+                self.emit(EventKind::Usage, json!(u)).await
+            }
             ProviderEvent::ModeChanged { mode } => {
                 self.ctx.mode = Some(mode.clone());
                 if let Err(e) =
@@ -829,6 +913,12 @@ impl Actor {
                             .await;
                         return;
                     }
+                    // A turn a budget stopped says which budget, whatever the agent says.
+                    let error = self
+                        .turn
+                        .as_ref()
+                        .and_then(|t| t.budget_stop.clone())
+                        .or(error);
                     self.finish_turn(outcome, error, usage).await;
                 }
             }
@@ -1125,6 +1215,19 @@ impl Actor {
         self.close_message(false).await;
         let Some(turn) = self.turn.take() else { return };
         turn.span.record("outcome", outcome.as_str());
+        // The ledger's row, before the turn's end is visible: whoever sees the agent idle
+        // finds the turn in the ledger.
+        if let Some(spend) = self.shared.spend.get() {
+            spend
+                .record(EndedTurn {
+                    subject: self.turn_subject(),
+                    turn: turn.id,
+                    usage: merged(&turn.seen, usage.as_ref().unwrap_or(&Usage::default())),
+                    started_at: turn.started_at,
+                    ended_at: chrono::Utc::now(),
+                })
+                .await;
+        }
         if outcome == TurnOutcome::Failed {
             turn.span.record("otel.status_code", "ERROR");
         }
@@ -1516,6 +1619,24 @@ async fn next_event(rx: &mut Option<mpsc::Receiver<ProviderEvent>>) -> Option<Pr
     match rx {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
+    }
+}
+
+/// The turn's usage so far from two reports of it: each figure the larger (both count the
+/// turn so far), a cost or window where either has one (the later's first).
+fn merged(before: &Usage, now: &Usage) -> Usage {
+    Usage {
+        input_tokens: before.input_tokens.max(now.input_tokens),
+        output_tokens: before.output_tokens.max(now.output_tokens),
+        cached_input_tokens: before.cached_input_tokens.max(now.cached_input_tokens),
+        cache_write_tokens: before.cache_write_tokens.max(now.cache_write_tokens),
+        reasoning_tokens: before.reasoning_tokens.max(now.reasoning_tokens),
+        context_window_max: now.context_window_max.or(before.context_window_max),
+        context_window_used: now.context_window_used.or(before.context_window_used),
+        cost_usd: match (before.cost_usd, now.cost_usd) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => b.or(a),
+        },
     }
 }
 

@@ -5,6 +5,7 @@
 mod actor;
 mod reconcile;
 mod replica_lock;
+mod spend;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -22,6 +23,7 @@ use uuid::Uuid;
 
 pub use reconcile::{Abandoned, BootReport, abandon_agent, reconcile_at_boot};
 pub use replica_lock::{ReplicaLock, ReplicaLockError};
+pub use spend::{EndedTurn, Exhausted, Spend, TurnMeter, TurnSubject};
 
 use crate::config::SandboxNetwork;
 use crate::domain::{
@@ -77,6 +79,9 @@ pub enum RuntimeError {
     OwnedElsewhere(String),
     #[error("the agent stopped while handling the request")]
     ActorGone,
+    /// A budget of the agent or its team ran out: no new turn starts.
+    #[error("{0}")]
+    BudgetExhausted(Box<Exhausted>),
     #[error(transparent)]
     Store(#[from] sqlx::Error),
     #[error("the event store failed: {0}")]
@@ -270,6 +275,9 @@ pub(crate) struct Shared {
     shutting_down: AtomicBool,
     /// Turns running now (see `RunningTurn`).
     turns_running: AtomicUsize,
+    /// The usage service: budgets before and during a turn, the ledger after it (none in
+    /// unit tests: nothing is metered).
+    spend: std::sync::OnceLock<Arc<dyn Spend>>,
     rt: Handle,
 }
 
@@ -318,9 +326,16 @@ impl AgentManager {
                 generation: AtomicU64::new(1),
                 shutting_down: AtomicBool::new(false),
                 turns_running: AtomicUsize::new(0),
+                spend: std::sync::OnceLock::new(),
                 rt,
             }),
         }
+    }
+
+    /// Meter turns with `spend` (once, when the server is wired together; later calls
+    /// change nothing).
+    pub fn set_spend(&self, spend: Arc<dyn Spend>) {
+        let _ = self.shared.spend.set(spend);
     }
 
     /// How long an interrupted turn may take to end before its process is stopped

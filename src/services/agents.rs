@@ -54,6 +54,10 @@ pub struct CreateAgent {
     #[serde(default = "empty_object")]
     #[schema(value_type = Object)]
     pub mcp_servers: Value,
+    /// Caps over the agent's life (cost, turns, wall time): a turn that crosses one is
+    /// interrupted, and the agent takes no more prompts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<super::usage::AgentCaps>,
 }
 
 fn empty_object() -> Value {
@@ -495,6 +499,12 @@ pub async fn create(
         ctx.limits.max_agents_per_team,
         "limits.max_agents_per_team",
     )?;
+    let caps = body
+        .budget
+        .as_ref()
+        .map(super::usage::AgentCaps::checked)
+        .transpose()?;
+    super::usage::admit_team(ctx, team).await?;
     // Remote MCP servers' header values are credentials: stored sealed, never in the clear.
     let stored_mcp = super::mcp::seal(&ctx.secrets, team, &body.mcp_servers);
     let id = AgentId::new();
@@ -555,6 +565,13 @@ pub async fn create(
             },
         )
         .await?;
+        if let Some(caps) = &caps {
+            store::usage::set_agent_caps(&mut *tx, id.uuid(), caps).await?;
+        }
+        // A team's service token acts for the team: usage is attributed to it.
+        if principal.service_team.is_some() {
+            store::usage::set_agent_service_token(&mut *tx, id.uuid(), principal.token_id).await?;
+        }
         let created = store::agents::get(&mut *tx, id.uuid(), None)
             .await?
             .ok_or(ServiceError::NotFound("agent"))?;

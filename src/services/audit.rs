@@ -49,10 +49,11 @@ pub enum Action {
     HookFail,
     NetworkSet,
     TeamSandbox,
+    BudgetSet,
 }
 
 impl Action {
-    pub const ALL: [Action; 25] = [
+    pub const ALL: [Action; 26] = [
         Action::AgentCreate,
         Action::AgentPrompt,
         Action::AgentInterrupt,
@@ -78,6 +79,7 @@ impl Action {
         Action::HookFail,
         Action::NetworkSet,
         Action::TeamSandbox,
+        Action::BudgetSet,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -107,6 +109,7 @@ impl Action {
             Action::HookFail => "hook.fail",
             Action::NetworkSet => "network.set",
             Action::TeamSandbox => "team.sandbox",
+            Action::BudgetSet => "budget.set",
         }
     }
 

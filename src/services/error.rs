@@ -95,6 +95,9 @@ pub enum ServiceError {
     /// The store is reachable but its schema is behind this server.
     #[error("database migrations are not applied")]
     NotReady,
+    /// A budget of the team (or the agent) is out: no new work until it resets.
+    #[error("{0}")]
+    BudgetExhausted(Box<crate::runtime::Exhausted>),
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
     #[error(transparent)]
@@ -162,6 +165,7 @@ impl ServiceError {
             ServiceError::HookReadOnly => "hook_read_only",
             ServiceError::StoreUnavailable | ServiceError::StoreDown(_) => "store_unavailable",
             ServiceError::NotReady => "not_ready",
+            ServiceError::BudgetExhausted(_) => "budget_exhausted",
             ServiceError::Runtime(_) => "runtime",
             ServiceError::Store(_) => "store",
             ServiceError::Events(_) => "events",

@@ -1,4 +1,4 @@
-//! Lifecycle hooks: webhooks a team (or the server) registers for the 14 points of
+//! Lifecycle hooks: webhooks a team (or the server) registers for the 15 points of
 //! `HookEvent`. Team owners manage their team's hooks, server admins the server-wide
 //! ones (some of which come from the settings file and are read-only here). Waiting
 //! hooks are called synchronously by the operation they guard (`call_waiting`) and may

@@ -24,6 +24,7 @@ pub mod sessions;
 pub mod setup;
 pub mod streams;
 pub mod teams;
+pub mod usage;
 pub mod users;
 pub mod workspaces;
 
@@ -71,6 +72,8 @@ pub struct ServiceContext {
     pub tokens: Arc<crate::auth::TokenCache>,
     /// Per-principal and per-team bounds, and the MCP servers of the settings.
     pub bounds: Arc<bounds::Bounds>,
+    /// The usage price table, owners' budget limits and usage metrics.
+    pub usage: Arc<usage::UsageBook>,
     /// How often an open stream or wait checks its caller again at least
     /// (`events.revalidate_s`).
     pub revalidate: std::time::Duration,

@@ -36,6 +36,7 @@ pub mod replicas;
 pub mod secrets;
 pub mod team_network;
 pub mod teams;
+pub mod usage;
 pub mod workspaces;
 
 pub use deadline::DeadlinePool;

@@ -19,7 +19,7 @@ use crate::helpers::*;
 use crate::people::*;
 
 #[path = "../support/http.rs"]
-mod http;
+pub(crate) mod http;
 
 const SECRET: &str = "whsec_test_0123456789";
 

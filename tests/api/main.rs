@@ -11,6 +11,7 @@ mod attack_limits;
 mod attack_projects;
 mod attack_sandbox;
 mod attack_tokens;
+mod budgets;
 mod ci_docs;
 mod cli;
 mod cluster;

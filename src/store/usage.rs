@@ -1,0 +1,280 @@
+//! The usage ledger (one row per ended turn), team budgets, agent caps and the budget
+//! thresholds a team was told of.
+
+use chrono::{DateTime, Utc};
+use sqlx::{FromRow, PgExecutor};
+use uuid::Uuid;
+
+/// One ended turn, as the ledger stores it; who it is attributed to comes from its agent.
+pub struct NewTurnUsage<'a> {
+    pub turn_id: Uuid,
+    pub agent_id: Uuid,
+    pub provider: &'a str,
+    pub model: Option<&'a str>,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cached_input_tokens: i64,
+    pub cost_usd: f64,
+    pub cost_source: &'a str,
+    pub wall_ms: i64,
+    pub started_at: DateTime<Utc>,
+    pub ended_at: DateTime<Utc>,
+}
+
+/// Store a turn's usage once: a turn already in the ledger is left as it is. Returns the
+/// team the row was written for, or `None` when it was already there (or the agent is
+/// unknown).
+pub async fn insert_turn(
+    db: impl PgExecutor<'_>,
+    u: &NewTurnUsage<'_>,
+) -> Result<Option<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "INSERT INTO usage_ledger (turn_id, team_id, agent_id, workspace_id, project_id, created_by,
+                                   service_token_id, provider, model, input_tokens, output_tokens, cached_input_tokens,
+                                   cost_usd, cost_source, wall_ms, started_at, ended_at)
+         SELECT $1, a.team_id, a.id, a.workspace_id, w.project_id, a.created_by, st.token_id,
+                $3, $4, $5, $6, $7, $8, $9, $10, $11, $12
+           FROM agents a JOIN workspaces w ON w.id = a.workspace_id
+           LEFT JOIN agent_service_tokens st ON st.agent_id = a.id
+          WHERE a.id = $2
+         ON CONFLICT (turn_id) DO NOTHING
+         RETURNING team_id",
+    )
+    .bind(u.turn_id)
+    .bind(u.agent_id)
+    .bind(u.provider)
+    .bind(u.model)
+    .bind(u.input_tokens)
+    .bind(u.output_tokens)
+    .bind(u.cached_input_tokens)
+    .bind(u.cost_usd)
+    .bind(u.cost_source)
+    .bind(u.wall_ms)
+    .bind(u.started_at)
+    .bind(u.ended_at)
+    .fetch_optional(db)
+    .await
+}
+
+/// Sums over a set of ledger rows.
+#[derive(Debug, Clone, Default, FromRow)]
+pub struct Sums {
+    pub turns: i64,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cached_input_tokens: i64,
+    pub cost_usd: f64,
+    /// The part of `cost_usd` estimated from the price table.
+    pub estimated_cost_usd: f64,
+    pub wall_ms: i64,
+}
+
+/// Sums of one group (`key`: a day `YYYY-MM-DD`, a person's or project's uuid, `tok:` and
+/// a service token's uuid, a provider or a model name; empty for rows without one).
+#[derive(Debug, Clone, FromRow)]
+pub struct GroupSums {
+    pub key: String,
+    #[sqlx(flatten)]
+    pub sums: Sums,
+}
+
+/// A team's totals over `[from, to)`.
+pub async fn team_totals(
+    db: impl PgExecutor<'_>,
+    team: Uuid,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> Result<Sums, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT count(*)::bigint AS turns,
+                coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
+                coalesce(sum(output_tokens), 0)::bigint AS output_tokens,
+                coalesce(sum(cached_input_tokens), 0)::bigint AS cached_input_tokens,
+                coalesce(sum(cost_usd), 0)::double precision AS cost_usd,
+                coalesce(sum(cost_usd) FILTER (WHERE cost_source = 'estimated'), 0)::double precision
+                    AS estimated_cost_usd,
+                coalesce(sum(wall_ms), 0)::bigint AS wall_ms
+           FROM usage_ledger WHERE team_id = $1 AND ended_at >= $2 AND ended_at < $3",
+    )
+    .bind(team)
+    .bind(from)
+    .bind(to)
+    .fetch_one(db)
+    .await
+}
+
+/// A team's sums over `[from, to)` grouped by `group` (`day`, `person`, `provider`,
+/// `model` or `project`), in key order.
+pub async fn team_groups(
+    db: impl PgExecutor<'_>,
+    team: Uuid,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+    group: &str,
+) -> Result<Vec<GroupSums>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT coalesce(CASE $4
+                    WHEN 'day' THEN to_char(ended_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')
+                    WHEN 'person' THEN coalesce('tok:' || service_token_id::text, created_by::text)
+                    WHEN 'provider' THEN provider
+                    WHEN 'model' THEN model
+                    WHEN 'project' THEN project_id::text
+                END, '') AS key,
+                count(*)::bigint AS turns,
+                coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
+                coalesce(sum(output_tokens), 0)::bigint AS output_tokens,
+                coalesce(sum(cached_input_tokens), 0)::bigint AS cached_input_tokens,
+                coalesce(sum(cost_usd), 0)::double precision AS cost_usd,
+                coalesce(sum(cost_usd) FILTER (WHERE cost_source = 'estimated'), 0)::double precision
+                    AS estimated_cost_usd,
+                coalesce(sum(wall_ms), 0)::bigint AS wall_ms
+           FROM usage_ledger WHERE team_id = $1 AND ended_at >= $2 AND ended_at < $3
+          GROUP BY 1 ORDER BY 1",
+    )
+    .bind(team)
+    .bind(from)
+    .bind(to)
+    .bind(group)
+    .fetch_all(db)
+    .await
+}
+
+/// Everything an agent spent, over its whole life.
+pub async fn agent_totals(db: impl PgExecutor<'_>, agent: Uuid) -> Result<Sums, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT count(*)::bigint AS turns,
+                coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
+                coalesce(sum(output_tokens), 0)::bigint AS output_tokens,
+                coalesce(sum(cached_input_tokens), 0)::bigint AS cached_input_tokens,
+                coalesce(sum(cost_usd), 0)::double precision AS cost_usd,
+                coalesce(sum(cost_usd) FILTER (WHERE cost_source = 'estimated'), 0)::double precision
+                    AS estimated_cost_usd,
+                coalesce(sum(wall_ms), 0)::bigint AS wall_ms
+           FROM usage_ledger WHERE agent_id = $1",
+    )
+    .bind(agent)
+    .fetch_one(db)
+    .await
+}
+
+#[derive(Debug, Clone, FromRow)]
+pub struct BudgetRow {
+    pub team_id: Uuid,
+    pub period: String,
+    pub max_cost_usd: Option<f64>,
+    pub max_tokens: Option<i64>,
+    pub updated_at: DateTime<Utc>,
+}
+
+pub async fn team_budget(
+    db: impl PgExecutor<'_>,
+    team: Uuid,
+) -> Result<Option<BudgetRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT team_id, period, max_cost_usd, max_tokens, updated_at
+           FROM team_budgets WHERE team_id = $1",
+    )
+    .bind(team)
+    .fetch_optional(db)
+    .await
+}
+
+pub async fn put_team_budget(
+    db: impl PgExecutor<'_>,
+    team: Uuid,
+    period: &str,
+    max_cost_usd: Option<f64>,
+    max_tokens: Option<i64>,
+) -> Result<BudgetRow, sqlx::Error> {
+    sqlx::query_as(
+        "INSERT INTO team_budgets (team_id, period, max_cost_usd, max_tokens, updated_at)
+         VALUES ($1, $2, $3, $4, now())
+         ON CONFLICT (team_id) DO UPDATE
+            SET period = EXCLUDED.period, max_cost_usd = EXCLUDED.max_cost_usd,
+                max_tokens = EXCLUDED.max_tokens, updated_at = now()
+         RETURNING team_id, period, max_cost_usd, max_tokens, updated_at",
+    )
+    .bind(team)
+    .bind(period)
+    .bind(max_cost_usd)
+    .bind(max_tokens)
+    .fetch_one(db)
+    .await
+}
+
+/// Remember that `agent` was created with the service token `token`.
+pub async fn set_agent_service_token(
+    db: impl PgExecutor<'_>,
+    agent: Uuid,
+    token: Uuid,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO agent_service_tokens (agent_id, token_id) VALUES ($1, $2)
+         ON CONFLICT (agent_id) DO NOTHING",
+    )
+    .bind(agent)
+    .bind(token)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+#[derive(Debug, Clone, Default, FromRow)]
+pub struct CapsRow {
+    pub max_cost_usd: Option<f64>,
+    pub max_turns: Option<i64>,
+    pub max_wall_s: Option<i64>,
+}
+
+pub async fn set_agent_caps(
+    db: impl PgExecutor<'_>,
+    agent: Uuid,
+    caps: &CapsRow,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO agent_caps (agent_id, max_cost_usd, max_turns, max_wall_s)
+         VALUES ($1, $2, $3, $4)
+         ON CONFLICT (agent_id) DO UPDATE
+            SET max_cost_usd = EXCLUDED.max_cost_usd, max_turns = EXCLUDED.max_turns,
+                max_wall_s = EXCLUDED.max_wall_s",
+    )
+    .bind(agent)
+    .bind(caps.max_cost_usd)
+    .bind(caps.max_turns)
+    .bind(caps.max_wall_s)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+pub async fn agent_caps(
+    db: impl PgExecutor<'_>,
+    agent: Uuid,
+) -> Result<Option<CapsRow>, sqlx::Error> {
+    sqlx::query_as("SELECT max_cost_usd, max_turns, max_wall_s FROM agent_caps WHERE agent_id = $1")
+        .bind(agent)
+        .fetch_optional(db)
+        .await
+}
+
+/// Record that `team` was told of `budget` reaching `percent` in the period starting at
+/// `period_start`: true the first time only.
+pub async fn first_notice(
+    db: impl PgExecutor<'_>,
+    team: Uuid,
+    period_start: DateTime<Utc>,
+    budget: &str,
+    percent: i32,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "INSERT INTO budget_notices (team_id, period_start, budget, percent)
+         VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+    )
+    .bind(team)
+    .bind(period_start)
+    .bind(budget)
+    .bind(percent)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
