@@ -287,9 +287,7 @@ impl Application {
         state
             .services
             .agents
-            .set_spend(crate::services::usage::Metering::new(
-                state.services.clone(),
-            ));
+            .set_spend(crate::services::usage::Metering::new(&state.services));
         let port = listener.local_addr()?.port();
         cluster::join(&state.services, &fanout).await?;
         let cluster_tasks = vec![

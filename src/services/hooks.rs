@@ -63,6 +63,11 @@ impl Hooks {
     fn settings(&self) -> &HookSettings {
         self.caller.settings()
     }
+
+    /// Rows were queued in the outbox: wake the delivery worker.
+    pub(crate) fn queued(&self) {
+        self.wake.notify_one();
+    }
 }
 
 // ---- API types -----------------------------------------------------------------------
@@ -767,7 +772,7 @@ pub(crate) async fn queue(
 
 /// Wake the delivery worker: notifications were queued and committed.
 pub(crate) fn queued(ctx: &ServiceContext) {
-    ctx.hooks.wake.notify_one();
+    ctx.hooks.queued();
 }
 
 /// How often stored moments are looked for without a wake-up from the writer (moments

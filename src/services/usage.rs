@@ -22,7 +22,7 @@ use crate::domain::{HookEvent, ProjectId, TeamId, TokenId, UserId};
 use crate::metrics::{Counter, Family};
 use crate::providers::Usage;
 use crate::runtime::{EndedTurn, Exhausted, Spend, TurnMeter, TurnSubject};
-use crate::store;
+use crate::store::{self, DeadlinePool};
 use crate::store::usage::{BudgetRow, CapsRow, Sums};
 
 /// The percentages of a team budget its hooks hear of (`budget.threshold`), once each per
@@ -493,13 +493,29 @@ impl AgentCaps {
 // ---- metering turns --------------------------------------------------------------------
 
 /// The runtime's view of budgets (`runtime::Spend`), over the services.
+///
+/// It holds only what it uses, never the whole `ServiceContext`: the context owns the
+/// agent manager that owns this, and a cycle would keep the pool (and its connections)
+/// alive after the server is gone.
 pub struct Metering {
-    ctx: ServiceContext,
+    ctx: MeteringContext,
+}
+
+struct MeteringContext {
+    pool: DeadlinePool,
+    usage: Arc<UsageBook>,
+    hooks: Arc<hooks::Hooks>,
 }
 
 impl Metering {
-    pub fn new(ctx: ServiceContext) -> Arc<Self> {
-        Arc::new(Self { ctx })
+    pub fn new(ctx: &ServiceContext) -> Arc<Self> {
+        Arc::new(Self {
+            ctx: MeteringContext {
+                pool: ctx.pool.clone(),
+                usage: ctx.usage.clone(),
+                hooks: ctx.hooks.clone(),
+            },
+        })
     }
 
     async fn open(&self, s: &TurnSubject) -> ServiceResult<Result<Meter, Exhausted>> {
@@ -652,7 +668,7 @@ impl Metering {
             }
         }
         if queued > 0 {
-            hooks::queued(ctx);
+            ctx.hooks.queued();
         }
         Ok(())
     }
