@@ -98,6 +98,16 @@ async fn a_configured_acp_agent_is_listed_and_runs_a_text_turn() {
     assert_eq!(listed["available"], true, "{listed}");
     assert_eq!(listed["protocol"], "acp");
     assert_eq!(listed["label"], "Codex over ACP");
+    // No models in its settings: those codex-acp announces in `session/new`.
+    let models = rig.app.get_ok("/v1/providers/codex-acp/models").await;
+    let default: Vec<&str> = models["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["is_default"] == true)
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(default, [MODEL], "{models}");
 
     rig.fake.script([Reply::text("Hello over ACP.")]);
     let (agent, _) = rig.agent("full-access").await;
@@ -170,6 +180,36 @@ async fn a_closed_agent_resumes_its_conversation() {
         !pid_alive(pid)
     })
     .await;
+
+    let second = rig
+        .turn(&agent, "which colour?", Some(last_seq(&first)))
+        .await;
+    let k = kinds(&second);
+    assert_eq!(outcome(&second)["outcome"], "completed", "{k:?}");
+    let started = of_kind(&second, "session_started");
+    assert_eq!(started.last().unwrap()["resumed"], true, "{k:?}");
+    assert_eq!(assistant_text(&second), "It was blue.");
+    let history = input_text(rig.fake.requests().last().unwrap());
+    assert!(
+        history.contains("my colour is blue") && history.contains("Noted: blue."),
+        "{history}"
+    );
+}
+
+#[tokio::test]
+async fn after_a_server_restart_the_agent_resumes_its_conversation() {
+    let Some(rig) = World::new().await else {
+        return;
+    };
+    rig.fake
+        .script([Reply::text("Noted: blue."), Reply::text("It was blue.")]);
+    let (agent, _) = rig.agent("full-access").await;
+    let first = rig.turn(&agent, "my colour is blue", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+    let pid = rig.pid(&agent).await;
+    let rig = rig
+        .restart(|_| assert!(!pid_alive(pid), "the server's stop ended the agent"))
+        .await;
 
     let second = rig
         .turn(&agent, "which colour?", Some(last_seq(&first)))

@@ -153,10 +153,61 @@ impl Announced {
     }
 }
 
-/// `modes.availableModes` of a session answer (`[{id, name, description}]`), as agentry
-/// modes. None is taken as unattended: the agent does not say, and the settings can.
+/// The select config option of `category` (`mode`, `model`) in a session answer, as
+/// (value, name, description) of each choice (groups flattened), and its current value.
+fn option_choices(answer: &Value, category: &str) -> Option<(Vec<Value>, Option<String>)> {
+    let option = answer.get("configOptions")?.as_array()?.iter().find(|o| {
+        match o.get("category").and_then(Value::as_str) {
+            Some(c) => c == category,
+            None => o.get("id").and_then(Value::as_str) == Some(category),
+        }
+    })?;
+    let mut choices = Vec::new();
+    for choice in option.get("options")?.as_array()? {
+        match choice.get("options").and_then(Value::as_array) {
+            Some(group) => choices.extend(group.iter().cloned()),
+            None => choices.push(choice.clone()),
+        }
+    }
+    let current = option
+        .get("currentValue")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    Some((choices, current))
+}
+
+/// `modes.availableModes` of a session answer (`[{id, name, description}]`), else the
+/// choices of its mode config option, as agentry modes. None is taken as unattended:
+/// the agent does not say, and the settings can.
 fn announced_modes(answer: &Value) -> Option<Vec<ModeInfo>> {
-    let list = answer.get("modes")?.get("availableModes")?.as_array()?;
+    let Some(list) = answer
+        .get("modes")
+        .and_then(|m| m.get("availableModes"))
+        .and_then(Value::as_array)
+    else {
+        let (choices, _) = option_choices(answer, "mode")?;
+        return Some(
+            choices
+                .iter()
+                .filter_map(|c| {
+                    let id = c.get("value")?.as_str()?;
+                    Some(ModeInfo {
+                        id: id.to_owned(),
+                        label: c
+                            .get("name")
+                            .and_then(Value::as_str)
+                            .unwrap_or(id)
+                            .to_owned(),
+                        description: c
+                            .get("description")
+                            .and_then(Value::as_str)
+                            .map(str::to_owned),
+                        unattended: false,
+                    })
+                })
+                .collect(),
+        );
+    };
     Some(
         list.iter()
             .filter_map(|m| {
@@ -179,10 +230,31 @@ fn announced_modes(answer: &Value) -> Option<Vec<ModeInfo>> {
     )
 }
 
-/// `models.availableModels` of a session answer (`[{modelId, name, description}]`); the
-/// one named by `models.currentModelId` is the default.
+/// `models.availableModels` of a session answer (`[{modelId, name, description}]`), the
+/// one named by `models.currentModelId` the default; else the choices of its model
+/// config option, the current one the default.
 fn announced_models(answer: &Value) -> Option<Vec<ModelInfo>> {
-    let models = answer.get("models")?;
+    let Some(models) = answer.get("models") else {
+        let (choices, current) = option_choices(answer, "model")?;
+        return Some(
+            choices
+                .iter()
+                .filter_map(|c| {
+                    let id = c.get("value")?.as_str()?;
+                    Some(ModelInfo {
+                        id: id.to_owned(),
+                        label: c
+                            .get("name")
+                            .and_then(Value::as_str)
+                            .unwrap_or(id)
+                            .to_owned(),
+                        is_default: current.as_deref() == Some(id),
+                        context_window: None,
+                    })
+                })
+                .collect(),
+        );
+    };
     let current = models.get("currentModelId").and_then(Value::as_str);
     let list = models.get("availableModels")?.as_array()?;
     Some(
@@ -2273,6 +2345,56 @@ mod tests {
             Value::Object(map) => map,
             _ => unreachable!(),
         }
+    }
+
+    #[test]
+    fn announced_modes_and_models_are_read_from_either_shape() {
+        let ids = |a: &Announced| {
+            (
+                a.modes.iter().map(|m| m.id.clone()).collect::<Vec<_>>(),
+                a.models
+                    .iter()
+                    .map(|m| (m.id.clone(), m.is_default))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let mut a = Announced::default();
+        a.absorb(&json!({
+            "modes": {"currentModeId": "ask", "availableModes": [{"id": "ask", "name": "Ask"}, {"id": "code"}]},
+            "models": {"currentModelId": "b", "availableModels": [{"modelId": "a", "name": "A"}, {"modelId": "b"}]}
+        }));
+        assert_eq!(
+            ids(&a),
+            (
+                vec!["ask".to_owned(), "code".to_owned()],
+                vec![("a".to_owned(), false), ("b".to_owned(), true)]
+            )
+        );
+        assert_eq!(a.modes[1].label, "code");
+        // Config options (codex-acp), a grouped select among them; what an answer leaves
+        // out is kept.
+        a.absorb(&json!({"configOptions": [
+            {"id": "effort", "category": "thought_level", "type": "select", "currentValue": "low",
+             "options": [{"value": "low", "name": "Low"}]},
+            {"id": "model", "category": "model", "type": "select", "currentValue": "y",
+             "options": [{"group": "g", "name": "G", "options": [{"value": "x", "name": "X"}, {"value": "y", "name": "Y"}]}]}
+        ]}));
+        assert_eq!(
+            ids(&a),
+            (
+                vec!["ask".to_owned(), "code".to_owned()],
+                vec![("x".to_owned(), false), ("y".to_owned(), true)]
+            )
+        );
+        a.absorb(
+            &json!({"configOptions": [{"id": "mode", "type": "select", "currentValue": "r",
+            "options": [{"value": "r", "name": "Read", "description": "reads"}]}]}),
+        );
+        assert_eq!(a.modes.len(), 1);
+        assert_eq!(
+            (a.modes[0].id.as_str(), a.modes[0].description.as_deref()),
+            ("r", Some("reads"))
+        );
     }
 
     #[test]
