@@ -96,6 +96,16 @@ async fn a_configured_acp_agent_is_listed_and_runs_a_text_turn() {
     assert_eq!(listed["available"], true, "{listed}");
     assert_eq!(listed["protocol"], "acp");
     assert_eq!(listed["label"], "Codex over ACP");
+    // No models in its settings: those codex-acp announces in `session/new`.
+    let models = rig.app.get_ok("/v1/providers/codex-acp/models").await;
+    let default: Vec<&str> = models["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["is_default"] == true)
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(default, [MODEL], "{models}");
 
     rig.fake.script([Reply::text("Hello over ACP.")]);
     let (agent, _) = rig.agent("full-access").await;
@@ -164,6 +174,36 @@ async fn a_closed_agent_resumes_its_conversation() {
         !pid_alive(pid)
     })
     .await;
+
+    let second = rig
+        .turn(&agent, "which colour?", Some(last_seq(&first)))
+        .await;
+    let k = kinds(&second);
+    assert_eq!(outcome(&second)["outcome"], "completed", "{k:?}");
+    let started = of_kind(&second, "session_started");
+    assert_eq!(started.last().unwrap()["resumed"], true, "{k:?}");
+    assert_eq!(assistant_text(&second), "It was blue.");
+    let history = input_text(rig.fake.requests().last().unwrap());
+    assert!(
+        history.contains("my colour is blue") && history.contains("Noted: blue."),
+        "{history}"
+    );
+}
+
+#[tokio::test]
+async fn after_a_server_restart_the_agent_resumes_its_conversation() {
+    let Some(rig) = World::new().await else {
+        return;
+    };
+    rig.fake
+        .script([Reply::text("Noted: blue."), Reply::text("It was blue.")]);
+    let (agent, _) = rig.agent("full-access").await;
+    let first = rig.turn(&agent, "my colour is blue", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+    let pid = rig.pid(&agent).await;
+    let rig = rig
+        .restart(|_| assert!(!pid_alive(pid), "the server's stop ended the agent"))
+        .await;
 
     let second = rig
         .turn(&agent, "which colour?", Some(last_seq(&first)))
@@ -345,5 +385,116 @@ async fn no_agent_process_is_left_after_archive_or_server_shutdown() {
         ledger_rows(&pool).await,
         0,
         "the ledger is empty after shutdown"
+    );
+}
+
+/// An ACP agent from the settings that names no modes or models there: those it announces
+/// in `session/new` are its provider's modes and models, its agent's mode and model, and
+/// `session/set_mode` and `session/set_model` change them. The agent is the scripted
+/// `exec_agent.py --announce`, which runs each prompt as a command with the session's
+/// mode and model in its environment.
+#[tokio::test]
+async fn a_configured_agent_lists_and_sets_the_modes_and_models_it_announces() {
+    let support = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support");
+    let script = support.join("exec_agent.py");
+    let app = spawn_app_with(move |s| {
+        s.providers.insert(
+            "announcer".into(),
+            ProviderSettings {
+                extends: Some("acp".into()),
+                command: Some(vec![
+                    "python3".into(),
+                    script.display().to_string(),
+                    "--announce".into(),
+                ]),
+                ..Default::default()
+            },
+        );
+        s.sandbox.extra_read_only.push(support);
+    })
+    .await;
+
+    // The catalog is asked of the agent.
+    let models = app.get_ok("/v1/providers/announcer/models").await;
+    let listed: Vec<(&str, &str, bool)> = models["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["id"].as_str().unwrap(),
+                m["label"].as_str().unwrap(),
+                m["is_default"] == true,
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        [("small", "Small", true), ("large", "Large", false)],
+        "{models}"
+    );
+    let provider = app.provider("announcer").await;
+    let modes: Vec<(&str, &str)> = provider["modes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["id"].as_str().unwrap(), m["label"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        modes,
+        [("ask", "Ask"), ("code", "Code"), ("plan", "Plan")],
+        "{provider}"
+    );
+    assert_eq!(
+        provider["modes"][0]["description"], "Asks before it changes anything",
+        "{provider}"
+    );
+
+    let repo = git_repo();
+    let (agent, _) =
+        cli_world::new_agent(&app, repo.path(), json!({"provider": "announcer"})).await;
+    let ask = "echo \"$EXEC_AGENT_MODE/$EXEC_AGENT_MODEL\"";
+    let mut stream = app.events(&agent, None).await;
+    app.prompt(&agent, ask).await;
+    let first = stream.until("turn_completed", LONG).await;
+    assert_eq!(assistant_text(&first), "exit=0\nask/small\n");
+    let a = app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(
+        (&a["mode"], &a["model"]),
+        (&json!("ask"), &json!("small")),
+        "{a}"
+    );
+
+    let changed = app
+        .put_ok(&format!("/v1/agents/{agent}/mode"), json!({"mode": "plan"}))
+        .await;
+    assert_eq!(changed["mode"], "plan", "{changed}");
+    let changed = app
+        .put_ok(
+            &format!("/v1/agents/{agent}/model"),
+            json!({"model": "large"}),
+        )
+        .await;
+    assert_eq!(changed["model"], "large", "{changed}");
+    // A mode the agent did not announce is refused.
+    let refused = app
+        .client
+        .put(app.url(&format!("/v1/agents/{agent}/mode")))
+        .bearer_auth(&app.token)
+        .json(&json!({"mode": "yolo"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 422);
+
+    app.prompt(&agent, ask).await;
+    let second = stream.until("turn_completed", LONG).await;
+    let k = kinds(&second);
+    assert_eq!(assistant_text(&second), "exit=0\nplan/large\n", "{k:?}");
+    assert_eq!(of_kind(&second, "mode_changed")[0]["mode"], "plan", "{k:?}");
+    assert_eq!(
+        of_kind(&second, "model_changed")[0]["model"],
+        "large",
+        "{k:?}"
     );
 }

@@ -325,6 +325,100 @@ async fn a_closed_agent_resumes_its_conversation() {
     assert!(history.contains("what was the word?"));
 }
 
+/// Gemini configured with no HOME of its own: each agent's CLI lives in the private home
+/// the sandbox gives it (`<data_dir>/agent-homes/<agent>`), as in a default install.
+struct GeminiOwnHome;
+
+impl Provider for GeminiOwnHome {
+    const ID: &'static str = "gemini";
+    const TURN: Duration = LONG;
+    const SLOTS: Option<usize> = Some(3);
+    const MODEL: Option<&'static str> = Some(MODEL);
+    type Fake = FakeGemini;
+
+    fn settings(cli: &Path, fake_url: &str, _home: &Path) -> ProviderSettings {
+        let env = BTreeMap::from([
+            ("GOOGLE_GEMINI_BASE_URL".to_owned(), fake_url.to_owned()),
+            ("GEMINI_API_KEY".to_owned(), "test-key".to_owned()),
+        ]);
+        cli_settings(cli, env)
+    }
+}
+
+/// A server restart ends the CLI; the agent's next prompt reopens the same Gemini session
+/// and the model hears the whole conversation.
+#[tokio::test]
+async fn after_a_server_restart_the_agent_resumes_with_its_history() {
+    let Some(w) = World::new().await else { return };
+    after_a_restart_the_history_is_heard(w).await;
+}
+
+/// The same, with the CLI in the agent's private home.
+#[tokio::test]
+async fn after_a_server_restart_an_agent_in_its_own_home_resumes_with_its_history() {
+    let Some(w) = CliWorld::<GeminiOwnHome>::new().await else {
+        return;
+    };
+    after_a_restart_the_history_is_heard(w).await;
+}
+
+async fn after_a_restart_the_history_is_heard<P: Provider<Fake = FakeGemini>>(w: CliWorld<P>) {
+    let (agent, _) = w.agent("default").await;
+    w.fake.push(Reply::text("Noted: mango."));
+    let first = w.turn(&agent, "remember mango", None).await;
+    assert_eq!(outcome(&first)["outcome"], "completed");
+    let id = w.session_id(&agent).await;
+    let mut w = w;
+    let mut after = last_seq(&first);
+    // Twice: a session reopened once must reopen again with everything.
+    let rounds = [
+        ("and remember kiwi", "Noted: kiwi."),
+        ("which fruits?", "Mango and kiwi."),
+    ];
+    for (prompt, answer) in rounds {
+        let pid = w.pid(&agent).await;
+        w = w
+            .restart(|_| assert!(!pid_alive(pid), "the server's stop ended the CLI"))
+            .await;
+        w.fake.push(Reply::text(answer));
+        // As in `a_closed_agent_resumes_its_conversation`: the reopening may wait for the
+        // minute of creation to pass, so the stream is opened after the prompt is
+        // answered.
+        w.app
+            .prompt_within(&agent, prompt, Duration::from_secs(180))
+            .await;
+        let mut stream = w.app.events(&agent, Some(after)).await;
+        let turn = stream
+            .until("turn_completed", Duration::from_secs(150))
+            .await;
+        let k = kinds(&turn);
+        assert_eq!(outcome(&turn)["outcome"], "completed", "{k:?}");
+        assert!(
+            of_kind(&turn, "error").is_empty(),
+            "{:?}",
+            of_kind(&turn, "error")
+        );
+        let started = of_kind(&turn, "session_started");
+        assert_eq!(started.len(), 1, "{k:?}");
+        assert_eq!(started[0]["resumed"], true);
+        assert_eq!(started[0]["provider_session_id"], id.as_str());
+        // The history Gemini replays on load is not reported again.
+        assert_eq!(of_kind(&turn, "user_message").len(), 1, "{k:?}");
+        assert_eq!(assistant_text(&turn), answer);
+        after = last_seq(&turn);
+    }
+    let history = conversation_text(&w.fake.requests().pop().unwrap());
+    for said in [
+        "remember mango",
+        "Noted: mango.",
+        "and remember kiwi",
+        "Noted: kiwi.",
+        "which fruits?",
+    ] {
+        assert!(history.contains(said), "{said}: {history}");
+    }
+}
+
 #[tokio::test]
 async fn without_credentials_gemini_is_unavailable_and_creation_is_refused() {
     let cli = clis::cli("gemini");

@@ -129,6 +129,151 @@ impl AcpProviderConfig {
 pub struct AcpProvider {
     cfg: AcpProviderConfig,
     presets: Arc<[ModePreset]>,
+    /// What its agent announced when it last opened a session.
+    announced: Arc<Mutex<Announced>>,
+}
+
+/// The modes and models an agent announces in its `session/new` (or `session/load`)
+/// answer: what an agent whose settings name none offers.
+#[derive(Debug, Clone, Default)]
+struct Announced {
+    modes: Vec<ModeInfo>,
+    models: Vec<ModelInfo>,
+}
+
+impl Announced {
+    /// Take in what an answer announces; what it leaves out is kept from before.
+    fn absorb(&mut self, answer: &Value) {
+        if let Some(modes) = announced_modes(answer) {
+            self.modes = modes;
+        }
+        if let Some(models) = announced_models(answer) {
+            self.models = models;
+        }
+    }
+}
+
+/// The select config option of `category` (`mode`, `model`) in a session answer, as
+/// (value, name, description) of each choice (groups flattened), and its current value.
+fn option_choices(answer: &Value, category: &str) -> Option<(Vec<Value>, Option<String>)> {
+    let option = answer.get("configOptions")?.as_array()?.iter().find(|o| {
+        match o.get("category").and_then(Value::as_str) {
+            Some(c) => c == category,
+            None => o.get("id").and_then(Value::as_str) == Some(category),
+        }
+    })?;
+    let mut choices = Vec::new();
+    for choice in option.get("options")?.as_array()? {
+        match choice.get("options").and_then(Value::as_array) {
+            Some(group) => choices.extend(group.iter().cloned()),
+            None => choices.push(choice.clone()),
+        }
+    }
+    let current = option
+        .get("currentValue")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    Some((choices, current))
+}
+
+/// `modes.availableModes` of a session answer (`[{id, name, description}]`), else the
+/// choices of its mode config option, as agentry modes. None is taken as unattended:
+/// the agent does not say, and the settings can.
+fn announced_modes(answer: &Value) -> Option<Vec<ModeInfo>> {
+    let Some(list) = answer
+        .get("modes")
+        .and_then(|m| m.get("availableModes"))
+        .and_then(Value::as_array)
+    else {
+        let (choices, _) = option_choices(answer, "mode")?;
+        return Some(
+            choices
+                .iter()
+                .filter_map(|c| {
+                    let id = c.get("value")?.as_str()?;
+                    Some(ModeInfo {
+                        id: id.to_owned(),
+                        label: c
+                            .get("name")
+                            .and_then(Value::as_str)
+                            .unwrap_or(id)
+                            .to_owned(),
+                        description: c
+                            .get("description")
+                            .and_then(Value::as_str)
+                            .map(str::to_owned),
+                        unattended: false,
+                    })
+                })
+                .collect(),
+        );
+    };
+    Some(
+        list.iter()
+            .filter_map(|m| {
+                let id = m.get("id")?.as_str()?;
+                Some(ModeInfo {
+                    id: id.to_owned(),
+                    label: m
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or(id)
+                        .to_owned(),
+                    description: m
+                        .get("description")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned),
+                    unattended: false,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// `models.availableModels` of a session answer (`[{modelId, name, description}]`), the
+/// one named by `models.currentModelId` the default; else the choices of its model
+/// config option, the current one the default.
+fn announced_models(answer: &Value) -> Option<Vec<ModelInfo>> {
+    let Some(models) = answer.get("models") else {
+        let (choices, current) = option_choices(answer, "model")?;
+        return Some(
+            choices
+                .iter()
+                .filter_map(|c| {
+                    let id = c.get("value")?.as_str()?;
+                    Some(ModelInfo {
+                        id: id.to_owned(),
+                        label: c
+                            .get("name")
+                            .and_then(Value::as_str)
+                            .unwrap_or(id)
+                            .to_owned(),
+                        is_default: current.as_deref() == Some(id),
+                        context_window: None,
+                    })
+                })
+                .collect(),
+        );
+    };
+    let current = models.get("currentModelId").and_then(Value::as_str);
+    let list = models.get("availableModels")?.as_array()?;
+    Some(
+        list.iter()
+            .filter_map(|m| {
+                let id = m.get("modelId")?.as_str()?;
+                Some(ModelInfo {
+                    id: id.to_owned(),
+                    label: m
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or(id)
+                        .to_owned(),
+                    is_default: current == Some(id),
+                    context_window: None,
+                })
+            })
+            .collect(),
+    )
 }
 
 impl AcpProvider {
@@ -136,6 +281,7 @@ impl AcpProvider {
         Self {
             cfg,
             presets: Arc::from(Vec::new()),
+            announced: Arc::default(),
         }
     }
 
@@ -153,8 +299,45 @@ impl AcpProvider {
 
 #[async_trait]
 impl Provider for AcpProvider {
-    async fn models(&self, _probe: &super::Probe) -> Result<Vec<ModelInfo>, ProviderError> {
-        Ok(self.cfg.models.clone())
+    /// The configured models; else those the agent announces, asked of it by opening a
+    /// session in the probe's directory when none was opened since the server started.
+    async fn models(&self, probe: &super::Probe) -> Result<Vec<ModelInfo>, ProviderError> {
+        if !self.cfg.models.is_empty() {
+            return Ok(self.cfg.models.clone());
+        }
+        let known = lock(&self.announced).models.clone();
+        if !known.is_empty() {
+            return Ok(known);
+        }
+        let (events, mut drain) = tokio::sync::mpsc::channel(64);
+        // Nobody reads the probe session's events: they are drained and dropped.
+        let drained = tokio::spawn(async move { while drain.recv().await.is_some() {} });
+        let spec = SessionSpec {
+            cwd: probe.cwd.clone(),
+            model: None,
+            mode: None,
+            system_prompt: None,
+            mcp_servers: BTreeMap::new(),
+            resume: None,
+        };
+        let started = start_session(
+            &self.cfg,
+            self.presets.clone(),
+            self.announced.clone(),
+            spec,
+            probe.launcher.clone(),
+            events,
+        )
+        .await;
+        let result = match started {
+            Ok((session, _)) => {
+                session.close().await;
+                Ok(lock(&self.announced).models.clone())
+            }
+            Err(e) => Err(e),
+        };
+        drained.abort();
+        result
     }
 
     fn info(&self) -> ProviderInfo {
@@ -169,7 +352,12 @@ impl Provider for AcpProvider {
                 permissions: true,
                 mcp_servers: true,
             },
-            modes: self.cfg.modes.clone(),
+            // The settings' modes; else those the agent announced.
+            modes: if self.cfg.modes.is_empty() {
+                lock(&self.announced).modes.clone()
+            } else {
+                self.cfg.modes.clone()
+            },
             default_mode: self.cfg.default_mode.clone(),
         }
     }
@@ -190,7 +378,15 @@ impl Provider for AcpProvider {
         launcher: Arc<dyn ProcessLauncher>,
         events: EventSink,
     ) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
-        start_session(&self.cfg, self.presets.clone(), spec, launcher, events).await
+        start_session(
+            &self.cfg,
+            self.presets.clone(),
+            self.announced.clone(),
+            spec,
+            launcher,
+            events,
+        )
+        .await
     }
 }
 
@@ -1090,6 +1286,11 @@ async fn write_text_file(
 struct Handshake {
     serve_reads: bool,
     auth_method: Option<String>,
+    /// Where the modes and models the agent announces are kept.
+    announced: Arc<Mutex<Announced>>,
+    /// The session's model is given on the command line (`model_flag`): the model an
+    /// answer calls current is not taken as the session's.
+    model_flagged: bool,
 }
 
 /// What the handshake established.
@@ -1264,13 +1465,29 @@ async fn establish(
     )> = None;
     if let Some(id) = resume_id {
         let attempt = if caps.load_session {
-            let mut loaded =
-                load_session(connection, shared, &id, spec, &servers, &system_prompt).await;
+            let mut loaded = load_session(
+                connection,
+                shared,
+                handshake,
+                &id,
+                spec,
+                &servers,
+                &system_prompt,
+            )
+            .await;
             if matches!(&loaded, Err(e) if e.code == acp::ErrorCode::AUTH_REQUIRED)
                 && authenticate(connection, handshake).await
             {
-                loaded =
-                    load_session(connection, shared, &id, spec, &servers, &system_prompt).await;
+                loaded = load_session(
+                    connection,
+                    shared,
+                    handshake,
+                    &id,
+                    spec,
+                    &servers,
+                    &system_prompt,
+                )
+                .await;
             }
             loaded.map_err(|e| e.message)
         } else if caps.session_capabilities.resume.is_some() {
@@ -1312,13 +1529,21 @@ async fn establish(
             let request = proto::NewSessionRequest::new(spec.cwd.clone())
                 .mcp_servers(servers)
                 .system_prompt(system_prompt);
+            // Sent untyped: the answer's `models` is not in the typed schema.
+            let request = UntypedMessage::new("session/new", &request)
+                .map_err(|e| ProviderError::Protocol(e.message))?;
             let mut created = connection.send_request(request.clone()).block_task().await;
             if matches!(&created, Err(e) if e.code == acp::ErrorCode::AUTH_REQUIRED)
                 && authenticate(connection, handshake).await
             {
                 created = connection.send_request(request).block_task().await;
             }
-            let response = created.map_err(|e| request_error("session/new failed", &e))?;
+            let answer = created.map_err(|e| request_error("session/new failed", &e))?;
+            let response: proto::NewSessionResponse = serde_json::from_value(answer.clone())
+                .map_err(|e| {
+                    ProviderError::Protocol(format!("session/new answered unreadably: {e}"))
+                })?;
+            announce(shared, handshake, &answer);
             (
                 response.session_id.to_string(),
                 response.modes,
@@ -1375,10 +1600,29 @@ type Reopened = (
     Option<Vec<proto::SessionConfigOption>>,
 );
 
+/// Keep what a session answer announces; its current model is the session's when the
+/// model is not given on the command line nor a config option.
+fn announce(shared: &Shared, handshake: &Handshake, answer: &Value) {
+    lock(&handshake.announced).absorb(answer);
+    if handshake.model_flagged {
+        return;
+    }
+    if let Some(current) = answer
+        .pointer("/models/currentModelId")
+        .and_then(Value::as_str)
+    {
+        let mut config = lock(&shared.config);
+        if config.current_model.is_none() && config.model_option.is_none() {
+            config.current_model = Some(current.to_owned());
+        }
+    }
+}
+
 /// `session/load`, dropping the history the agent replays before it answers.
 async fn load_session(
     connection: &acp::v1::ConnectionTo<acp::Agent>,
     shared: &Arc<Shared>,
+    handshake: &Handshake,
     id: &str,
     spec: &SessionSpec,
     servers: &[proto::McpServer],
@@ -1387,6 +1631,8 @@ async fn load_session(
     let request = proto::LoadSessionRequest::new(id.to_owned(), spec.cwd.clone())
         .mcp_servers(servers.to_vec())
         .system_prompt(system_prompt.clone());
+    // Sent untyped: the answer's `models` is not in the typed schema.
+    let request = UntypedMessage::new("session/load", &request)?;
     let (answered, answer) = oneshot::channel();
     shared.replaying.store(true, Ordering::Release);
     let sent = connection
@@ -1418,7 +1664,10 @@ async fn load_session(
     }
     shared.replaying.store(false, Ordering::Release);
     lock(&shared.tools).calls.clear();
-    result.map(|r| (r.modes, r.config_options))
+    let answer = result?;
+    announce(shared, handshake, &answer);
+    let response: proto::LoadSessionResponse = serde_json::from_value(answer)?;
+    Ok((response.modes, response.config_options))
 }
 
 /// `authenticate` with the configured method, if there is one; whether it succeeded.
@@ -1617,6 +1866,7 @@ async fn set_model_request(
 async fn start_session(
     cfg: &AcpProviderConfig,
     presets: Arc<[ModePreset]>,
+    announced: Arc<Mutex<Announced>>,
     spec: SessionSpec,
     launcher: Arc<dyn ProcessLauncher>,
     events: EventSink,
@@ -1691,6 +1941,8 @@ async fn start_session(
     let handshake = Handshake {
         serve_reads: cfg.serve_reads,
         auth_method: cfg.auth_method.clone(),
+        announced,
+        model_flagged: cfg.model_flag.is_some(),
     };
     let read_root = shared.clone();
     let write_root = shared.clone();
@@ -2093,6 +2345,56 @@ mod tests {
             Value::Object(map) => map,
             _ => unreachable!(),
         }
+    }
+
+    #[test]
+    fn announced_modes_and_models_are_read_from_either_shape() {
+        let ids = |a: &Announced| {
+            (
+                a.modes.iter().map(|m| m.id.clone()).collect::<Vec<_>>(),
+                a.models
+                    .iter()
+                    .map(|m| (m.id.clone(), m.is_default))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let mut a = Announced::default();
+        a.absorb(&json!({
+            "modes": {"currentModeId": "ask", "availableModes": [{"id": "ask", "name": "Ask"}, {"id": "code"}]},
+            "models": {"currentModelId": "b", "availableModels": [{"modelId": "a", "name": "A"}, {"modelId": "b"}]}
+        }));
+        assert_eq!(
+            ids(&a),
+            (
+                vec!["ask".to_owned(), "code".to_owned()],
+                vec![("a".to_owned(), false), ("b".to_owned(), true)]
+            )
+        );
+        assert_eq!(a.modes[1].label, "code");
+        // Config options (codex-acp), a grouped select among them; what an answer leaves
+        // out is kept.
+        a.absorb(&json!({"configOptions": [
+            {"id": "effort", "category": "thought_level", "type": "select", "currentValue": "low",
+             "options": [{"value": "low", "name": "Low"}]},
+            {"id": "model", "category": "model", "type": "select", "currentValue": "y",
+             "options": [{"group": "g", "name": "G", "options": [{"value": "x", "name": "X"}, {"value": "y", "name": "Y"}]}]}
+        ]}));
+        assert_eq!(
+            ids(&a),
+            (
+                vec!["ask".to_owned(), "code".to_owned()],
+                vec![("x".to_owned(), false), ("y".to_owned(), true)]
+            )
+        );
+        a.absorb(
+            &json!({"configOptions": [{"id": "mode", "type": "select", "currentValue": "r",
+            "options": [{"value": "r", "name": "Read", "description": "reads"}]}]}),
+        );
+        assert_eq!(a.modes.len(), 1);
+        assert_eq!(
+            (a.modes[0].id.as_str(), a.modes[0].description.as_deref()),
+            ("r", Some("reads"))
+        );
     }
 
     #[test]

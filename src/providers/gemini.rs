@@ -1,7 +1,10 @@
 //! Gemini CLI, driven over ACP (`gemini --acp`) through the shared ACP adapter. What is
 //! Gemini's own: its modes, its credentials, the flag that picks the model, a quiet
-//! environment, and one quirk of its session store (see `resume_wait`).
+//! environment, and two quirks of its session store: the session cleanup it runs at
+//! every start, turned off (see `SYSTEM_SETTINGS_VAR`), and the minute of creation (see
+//! `resume_wait`).
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -21,6 +24,24 @@ const CREDENTIALS: [&str; 4] = [
     "GOOGLE_APPLICATION_CREDENTIALS",
     "GOOGLE_GENAI_USE_VERTEXAI",
 ];
+
+/// The variable naming Gemini CLI's system settings file, whose settings override the
+/// user's and the workspace's.
+///
+/// Gemini CLI cleans up its session store at every start (`general.sessionRetention`, on
+/// by default): it deletes each session file with no conversation in it together with
+/// every other file of the same session. Reopening a session leaves such a file behind
+/// (named after the minute of the reopening), so the start after a reopening deleted the
+/// conversation itself, and conversations untouched for 30 days went too. agentry owns
+/// when a conversation ends: it points this variable at a file of its own,
+/// `<data_dir>/providers/<id>.system-settings.json`, that turns the cleanup off (and
+/// otherwise holds the
+/// system settings of `/etc/gemini-cli/settings.json`). An admin who sets the variable in
+/// the provider's `env` keeps their file, and should turn the cleanup off in it.
+pub const SYSTEM_SETTINGS_VAR: &str = "GEMINI_CLI_SYSTEM_SETTINGS_PATH";
+
+/// Gemini CLI's own system settings file on Linux.
+const HOST_SYSTEM_SETTINGS: &str = "/etc/gemini-cli/settings.json";
 
 /// The built-in descriptor of `gemini`.
 pub fn builtin() -> Builtin {
@@ -108,6 +129,9 @@ fn models() -> Vec<ModelInfo> {
 pub struct GeminiProvider {
     cfg: CliConfig,
     acp: AcpProvider,
+    /// The system settings file agentry writes for the CLI (see `SYSTEM_SETTINGS_VAR`);
+    /// `None` when the settings name one.
+    system_settings: Option<PathBuf>,
 }
 
 impl GeminiProvider {
@@ -124,11 +148,82 @@ impl GeminiProvider {
         // new sessions on the key it finds but refuses to reopen one until told which
         // credential to use.
         acp.auth_method = auth_method(&cfg).map(str::to_owned);
+        // Beside the provider's state directory, not in it: that directory is mounted
+        // read-write into every agent's sandbox, this file only read-only (see
+        // `sandbox::SETTINGS_FILE_VARS`).
+        let system_settings = (!cfg.var_is_set(SYSTEM_SETTINGS_VAR)).then(|| {
+            cfg.state_dir
+                .clone()
+                .unwrap_or_else(|| std::env::temp_dir().join("agentry-gemini").join(&cfg.id))
+                .with_file_name(format!("{}.system-settings.json", cfg.id))
+        });
+        if let Some(file) = &system_settings {
+            acp.env
+                .insert(SYSTEM_SETTINGS_VAR.to_owned(), file.display().to_string());
+        }
         Self {
             cfg,
             acp: AcpProvider::new(acp),
+            system_settings,
         }
     }
+}
+
+/// `base` (the host's system settings, when any) with Gemini's session cleanup off.
+pub fn system_settings(base: Option<Value>) -> Value {
+    let mut settings = match base {
+        Some(Value::Object(map)) => Value::Object(map),
+        _ => Value::Object(Default::default()),
+    };
+    let general = settings
+        .as_object_mut()
+        .expect("an object")
+        .entry("general")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if !general.is_object() {
+        *general = Value::Object(Default::default());
+    }
+    let retention = general
+        .as_object_mut()
+        .expect("an object")
+        .entry("sessionRetention")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if !retention.is_object() {
+        *retention = Value::Object(Default::default());
+    }
+    retention
+        .as_object_mut()
+        .expect("an object")
+        .insert("enabled".to_owned(), Value::Bool(false));
+    settings
+}
+
+/// Write the system settings file at `path` (when it does not hold them already).
+fn write_system_settings(path: &Path) -> Result<(), ProviderError> {
+    let base = match std::fs::read_to_string(HOST_SYSTEM_SETTINGS) {
+        Ok(text) => match serde_json::from_str::<Value>(&text) {
+            Ok(value) => Some(value),
+            Err(e) => {
+                tracing::warn!(file = HOST_SYSTEM_SETTINGS, error = %e, "Gemini's system settings are not plain JSON; the CLI runs without them");
+                None
+            }
+        },
+        Err(_) => None,
+    };
+    let text = serde_json::to_string_pretty(&system_settings(base)).expect("JSON");
+    if std::fs::read_to_string(path).ok().as_deref() == Some(text.as_str()) {
+        return Ok(());
+    }
+    let failed = |e: std::io::Error| {
+        ProviderError::Unavailable(format!("cannot write {}: {e}", path.display()))
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(failed)?;
+    }
+    // Whole or not at all: a CLI starting meanwhile reads the old file or the new one.
+    let tmp = path.with_extension(format!("tmp{}", uuid::Uuid::now_v7().simple()));
+    std::fs::write(&tmp, text).map_err(failed)?;
+    std::fs::rename(&tmp, path).map_err(failed)
 }
 
 #[async_trait]
@@ -174,6 +269,9 @@ impl Provider for GeminiProvider {
                 "waiting for the minute the Gemini session was created in to pass"
             );
             tokio::time::sleep(wait).await;
+        }
+        if let Some(file) = &self.system_settings {
+            write_system_settings(file)?;
         }
         let (session, mut info) = self.acp.start(spec, launcher, events).await?;
         // Keep when the conversation was created (a resume keeps the first time).
@@ -232,6 +330,30 @@ mod tests {
         assert_eq!(resume_wait(120, 179), Some(Duration::from_secs(2)));
         assert_eq!(resume_wait(119, 120), None);
         assert_eq!(resume_wait(120, 300), None);
+    }
+
+    #[test]
+    fn the_system_settings_turn_the_session_cleanup_off_and_keep_the_rest() {
+        let fresh = system_settings(None);
+        assert_eq!(
+            fresh,
+            serde_json::json!({"general": {"sessionRetention": {"enabled": false}}})
+        );
+        let kept = system_settings(Some(serde_json::json!({
+            "general": {"sessionRetention": {"enabled": true, "maxAge": "7d"}, "vimMode": true},
+            "privacy": {"usageStatisticsEnabled": false}
+        })));
+        assert_eq!(
+            kept,
+            serde_json::json!({
+                "general": {"sessionRetention": {"enabled": false, "maxAge": "7d"}, "vimMode": true},
+                "privacy": {"usageStatisticsEnabled": false}
+            })
+        );
+        assert_eq!(
+            system_settings(Some(serde_json::json!({"general": 3}))),
+            fresh
+        );
     }
 
     #[test]

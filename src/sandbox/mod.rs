@@ -39,6 +39,10 @@ const STATE_VARS: &[&str] = &[
     "XDG_CACHE_HOME",
 ];
 
+/// Variables that name a settings file a CLI reads: the file is shown read-only (one
+/// agentry writes lies under `<data_dir>/providers/`, which is otherwise hidden).
+pub const SETTINGS_FILE_VARS: &[&str] = &["GEMINI_CLI_SYSTEM_SETTINGS_PATH"];
+
 /// How the sandbox reaches the network: produced for `host` and `none` here, and by the
 /// egress proxy for `proxy`. Binds are read-write binds (host path, in-sandbox path);
 /// `read_only` are shown read-only at their own path (the bridge's executable); `env` is
@@ -314,6 +318,20 @@ impl Sandbox {
             }
             make_private_dir(&dir)?;
             a.pair("--bind", &dir, &dir);
+        }
+        for var in SETTINGS_FILE_VARS {
+            let Some(file) = spec.env.get(*var).map(PathBuf::from) else {
+                continue;
+            };
+            let ours = file.starts_with(self.data_dir.join("providers"));
+            if !file.is_absolute()
+                || !file.is_file()
+                || self.is_system(&file)
+                || (self.touches_private(&file) && !ours)
+            {
+                continue;
+            }
+            a.pair("--ro-bind", &file, &file);
         }
         if let Some(id) = &view.provider
             && !id.is_empty()

@@ -6,6 +6,11 @@ it). It needs no model: the tests say exactly what to run, as an injected prompt
 
 Configured as `[providers.<id>] extends = "acp"`, `command = ["python3", "<this file>"]`.
 `session/cancel` ends the running command's whole process group.
+
+With `--announce` it also announces modes and models in its `session/new` and
+`session/load` answers, as codex-acp does, takes `session/set_mode` and
+`session/set_model` for those only, and runs each command with the session's mode and
+model in `EXEC_AGENT_MODE` and `EXEC_AGENT_MODEL`.
 """
 
 import json
@@ -17,6 +22,25 @@ import threading
 
 out_lock = threading.Lock()
 running = {}  # session id -> Popen
+ANNOUNCE = "--announce" in sys.argv[1:]
+MODES = [
+    {"id": "ask", "name": "Ask", "description": "Asks before it changes anything"},
+    {"id": "code", "name": "Code", "description": "Changes files without asking"},
+    {"id": "plan", "name": "Plan"},
+]
+MODELS = [
+    {"modelId": "small", "name": "Small", "description": "Quick"},
+    {"modelId": "large", "name": "Large"},
+]
+state = {}  # session id -> {"mode": ..., "model": ...}
+
+
+def announced(session):
+    current = state.setdefault(session, {"mode": "ask", "model": "small"})
+    return {
+        "modes": {"currentModeId": current["mode"], "availableModes": MODES},
+        "models": {"currentModelId": current["model"], "availableModels": MODELS},
+    }
 
 
 def send(msg):
@@ -35,9 +59,16 @@ def error(req_id, code, message):
 
 
 def run_prompt(req_id, session, text):
+    env = None
+    if ANNOUNCE:
+        current = state.get(session, {})
+        env = dict(os.environ)
+        env["EXEC_AGENT_MODE"] = current.get("mode", "")
+        env["EXEC_AGENT_MODEL"] = current.get("model", "")
     try:
         proc = subprocess.Popen(
             ["sh", "-c", text],
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -93,14 +124,36 @@ def main():
                 req_id,
                 {
                     "protocolVersion": 1,
-                    "agentCapabilities": {"loadSession": False},
+                    "agentCapabilities": {"loadSession": ANNOUNCE},
                     "agentInfo": {"name": "exec-agent", "version": "1"},
                     "authMethods": [],
                 },
             )
         elif method == "session/new":
             sessions += 1
-            reply(req_id, {"sessionId": f"exec-{os.getpid()}-{sessions}"})
+            session = f"exec-{os.getpid()}-{sessions}"
+            answer = {"sessionId": session}
+            if ANNOUNCE:
+                answer.update(announced(session))
+            reply(req_id, answer)
+        elif method == "session/load" and ANNOUNCE:
+            reply(req_id, announced(params.get("sessionId")))
+        elif method == "session/set_mode" and ANNOUNCE:
+            mode = params.get("modeId")
+            if any(m["id"] == mode for m in MODES):
+                state.setdefault(params.get("sessionId"), {"mode": "ask", "model": "small"})
+                state[params.get("sessionId")]["mode"] = mode
+                reply(req_id, {})
+            else:
+                error(req_id, -32602, f"no mode {mode}")
+        elif method == "session/set_model" and ANNOUNCE:
+            model = params.get("modelId")
+            if any(m["modelId"] == model for m in MODELS):
+                state.setdefault(params.get("sessionId"), {"mode": "ask", "model": "small"})
+                state[params.get("sessionId")]["model"] = model
+                reply(req_id, {})
+            else:
+                error(req_id, -32602, f"no model {model}")
         elif method == "session/set_mode" or method == "session/set_model":
             reply(req_id, {})
         elif method == "session/prompt":
