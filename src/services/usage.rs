@@ -22,8 +22,8 @@ use crate::domain::{HookEvent, ProjectId, TeamId, TokenId, UserId};
 use crate::metrics::{Counter, Family};
 use crate::providers::Usage;
 use crate::runtime::{EndedTurn, Exhausted, Spend, TurnMeter, TurnSubject};
-use crate::store::{self, DeadlinePool};
 use crate::store::usage::{BudgetRow, CapsRow, Sums};
+use crate::store::{self, DeadlinePool};
 
 /// The percentages of a team budget its hooks hear of (`budget.threshold`), once each per
 /// period.

@@ -5,7 +5,7 @@ agent and archives its own; then makes a workspace, has a second agent write a f
 it, reads the diff, prompts it again and interrupts it. Prints one JSON object with what each step answered; the Rust
 test (tests/api/mcp.rs) makes the assertions.
 
-Environment: AGENTRY_MCP_URL, AGENTRY_MCP_TOKEN, PROJECT_ID, WORKSPACE_ID,
+Environment: MCP_CLIENT_URL, MCP_CLIENT_TOKEN, PROJECT_ID, WORKSPACE_ID,
 FOREIGN_AGENT_ID.
 """
 
@@ -28,8 +28,8 @@ def result(r):
 
 
 async def main():
-    url = os.environ["AGENTRY_MCP_URL"]
-    token = os.environ["AGENTRY_MCP_TOKEN"]
+    url = os.environ["MCP_CLIENT_URL"]
+    token = os.environ["MCP_CLIENT_TOKEN"]
     out = {}
     http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
     async with http:
