@@ -1222,6 +1222,12 @@ impl Settings {
                 ));
             }
         }
+        if self.sandbox.mode == SandboxMode::Off && self.sandbox.network != SandboxNetwork::Host {
+            return Err(invalid(
+                "sandbox.network",
+                "takes effect only in the sandbox: with sandbox.mode = \"off\" agents use the host's network; set it to \"host\" or turn the sandbox on",
+            ));
+        }
         if self.database.max_connections == 0 {
             return Err(invalid("database.max_connections", "must be at least 1"));
         }
@@ -2099,6 +2105,14 @@ mod tests {
         }
         let e = refused("[sandbox]\nnetwork = \"vpn\"\n", &[]);
         assert!(e.to_string().contains("vpn"), "{e}");
+        // Without the sandbox a network mode other than the host's could not be kept.
+        for name in ["none", "proxy"] {
+            let e = refused(
+                &format!("[sandbox]\nmode = \"off\"\nnetwork = \"{name}\"\n"),
+                &[],
+            );
+            assert!(e.to_string().contains("sandbox.network"), "{e}");
+        }
         // Not a setting: a file cannot name the bridge's program.
         let e = refused("bridge_program = \"/bin/sh\"\n", &[]);
         assert!(e.to_string().contains("bridge_program"), "{e}");
