@@ -543,6 +543,71 @@ mod tests {
         );
     }
 
+    /// The server stops an agent with TERM to its process group, then KILL after a grace:
+    /// through the sandbox's launcher (bwrap ignores TERM) the TERM must reach the program
+    /// itself, so a CLI can save its session before it exits.
+    #[tokio::test]
+    async fn term_reaches_the_program_inside_the_sandbox() {
+        use tokio::io::AsyncReadExt;
+
+        let data = tempfile::tempdir().unwrap();
+        let worktree = tempfile::tempdir().unwrap();
+        let sandbox = Sandbox::probe(&SandboxSettings::default(), data.path(), None);
+        assert!(
+            sandbox.status().confines(),
+            "this host must be able to sandbox (bwrap installed, user namespaces): {:?}",
+            sandbox.status().reason
+        );
+        let marker = worktree.path().join("termed");
+        let script = format!(
+            "import signal, sys, time\n\
+             def on_term(*_):\n    open({marker:?}, 'w').write('term')\n    sys.exit(0)\n\
+             signal.signal(signal.SIGTERM, on_term)\n\
+             print('ready', flush=True)\n\
+             time.sleep(60)\n",
+            marker = marker.display().to_string()
+        );
+        let spec = CommandSpec {
+            program: "python3".into(),
+            args: vec!["-c".into(), script],
+            cwd: worktree.path().to_owned(),
+            env: BTreeMap::new(),
+            pass_env: Vec::new(),
+            secret_env: Default::default(),
+            wraps: None,
+        };
+        let view = AgentView {
+            agent: None,
+            worktree: worktree.path().to_owned(),
+            provider: None,
+            network: None,
+        };
+        let wrapped = sandbox.wrap(spec, &view).unwrap();
+        assert_eq!(
+            wrapped.program, "env",
+            "the program runs through the sandbox"
+        );
+        assert_eq!(wrapped.wraps.as_deref(), Some("python3"));
+        let mut child = crate::process::spawn(&wrapped).unwrap();
+        let mut stdout = child.take_stdout().unwrap();
+        let mut ready = [0u8; 6];
+        stdout.read_exact(&mut ready).await.unwrap();
+        assert_eq!(&ready, b"ready\n");
+        let status = child
+            .terminate(std::time::Duration::from_secs(10))
+            .await
+            .expect("an exit status");
+        assert_eq!(
+            std::fs::read_to_string(&marker).ok().as_deref(),
+            Some("term"),
+            "the program heard TERM (exit: {status:?})"
+        );
+        assert!(
+            status.success(),
+            "it exited by itself, not by KILL: {status:?}"
+        );
+    }
+
     #[test]
     fn network_plans() {
         assert!(!NetworkPlan::for_mode(SandboxNetwork::Host).unshare_net);
