@@ -175,19 +175,7 @@ async fn a_closed_agent_resumes_its_conversation() {
     })
     .await;
 
-    let second = rig
-        .turn(&agent, "which colour?", Some(last_seq(&first)))
-        .await;
-    let k = kinds(&second);
-    assert_eq!(outcome(&second)["outcome"], "completed", "{k:?}");
-    let started = of_kind(&second, "session_started");
-    assert_eq!(started.last().unwrap()["resumed"], true, "{k:?}");
-    assert_eq!(assistant_text(&second), "It was blue.");
-    let history = input_text(rig.fake.requests().last().unwrap());
-    assert!(
-        history.contains("my colour is blue") && history.contains("Noted: blue."),
-        "{history}"
-    );
+    the_next_turn_resumes_with_its_history(&rig, &agent, &first).await;
 }
 
 #[tokio::test]
@@ -203,19 +191,7 @@ async fn after_a_server_restart_the_agent_resumes_its_conversation() {
         .restart(|_| assert!(!pid_alive(pid), "the server's stop ended the agent"))
         .await;
 
-    let second = rig
-        .turn(&agent, "which colour?", Some(last_seq(&first)))
-        .await;
-    let k = kinds(&second);
-    assert_eq!(outcome(&second)["outcome"], "completed", "{k:?}");
-    let started = of_kind(&second, "session_started");
-    assert_eq!(started.last().unwrap()["resumed"], true, "{k:?}");
-    assert_eq!(assistant_text(&second), "It was blue.");
-    let history = input_text(rig.fake.requests().last().unwrap());
-    assert!(
-        history.contains("my colour is blue") && history.contains("Noted: blue."),
-        "{history}"
-    );
+    the_next_turn_resumes_with_its_history(&rig, &agent, &first).await;
 }
 
 #[tokio::test]
@@ -494,5 +470,23 @@ async fn a_configured_agent_lists_and_sets_the_modes_and_models_it_announces() {
         of_kind(&second, "model_changed")[0]["model"],
         "large",
         "{k:?}"
+    );
+}
+
+/// The turn after a close or a restart reopens the session (`resumed`) and the model hears
+/// the earlier turn.
+async fn the_next_turn_resumes_with_its_history(rig: &World, agent: &str, first: &[SseEvent]) {
+    let second = rig
+        .turn(agent, "which colour?", Some(last_seq(first)))
+        .await;
+    let k = kinds(&second);
+    assert_eq!(outcome(&second)["outcome"], "completed", "{k:?}");
+    let started = of_kind(&second, "session_started");
+    assert_eq!(started.last().unwrap()["resumed"], true, "{k:?}");
+    assert_eq!(assistant_text(&second), "It was blue.");
+    let history = input_text(rig.fake.requests().last().unwrap());
+    assert!(
+        history.contains("my colour is blue") && history.contains("Noted: blue."),
+        "{history}"
     );
 }

@@ -176,55 +176,38 @@ fn option_choices(answer: &Value, category: &str) -> Option<(Vec<Value>, Option<
     Some((choices, current))
 }
 
+/// An announced choice as `(id, label, description)`, its id under `id_key`; the label is
+/// its `name`, else its id.
+fn announced_choice<'a>(
+    entry: &'a Value,
+    id_key: &str,
+) -> Option<(&'a str, &'a str, Option<&'a str>)> {
+    let id = entry.get(id_key)?.as_str()?;
+    let label = entry.get("name").and_then(Value::as_str).unwrap_or(id);
+    Some((id, label, entry.get("description").and_then(Value::as_str)))
+}
+
 /// `modes.availableModes` of a session answer (`[{id, name, description}]`), else the
 /// choices of its mode config option, as agentry modes. None is taken as unattended:
 /// the agent does not say, and the settings can.
 fn announced_modes(answer: &Value) -> Option<Vec<ModeInfo>> {
-    let Some(list) = answer
+    let listed = answer
         .get("modes")
         .and_then(|m| m.get("availableModes"))
-        .and_then(Value::as_array)
-    else {
-        let (choices, _) = option_choices(answer, "mode")?;
-        return Some(
-            choices
-                .iter()
-                .filter_map(|c| {
-                    let id = c.get("value")?.as_str()?;
-                    Some(ModeInfo {
-                        id: id.to_owned(),
-                        label: c
-                            .get("name")
-                            .and_then(Value::as_str)
-                            .unwrap_or(id)
-                            .to_owned(),
-                        description: c
-                            .get("description")
-                            .and_then(Value::as_str)
-                            .map(str::to_owned),
-                        unattended: false,
-                    })
-                })
-                .collect(),
-        );
+        .and_then(Value::as_array);
+    let (entries, id_key) = match listed {
+        Some(list) => (list.clone(), "id"),
+        None => (option_choices(answer, "mode")?.0, "value"),
     };
     Some(
-        list.iter()
-            .filter_map(|m| {
-                let id = m.get("id")?.as_str()?;
-                Some(ModeInfo {
-                    id: id.to_owned(),
-                    label: m
-                        .get("name")
-                        .and_then(Value::as_str)
-                        .unwrap_or(id)
-                        .to_owned(),
-                    description: m
-                        .get("description")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned),
-                    unattended: false,
-                })
+        entries
+            .iter()
+            .filter_map(|e| announced_choice(e, id_key))
+            .map(|(id, label, description)| ModeInfo {
+                id: id.to_owned(),
+                label: label.to_owned(),
+                description: description.map(str::to_owned),
+                unattended: false,
             })
             .collect(),
     )
@@ -234,43 +217,29 @@ fn announced_modes(answer: &Value) -> Option<Vec<ModeInfo>> {
 /// one named by `models.currentModelId` the default; else the choices of its model
 /// config option, the current one the default.
 fn announced_models(answer: &Value) -> Option<Vec<ModelInfo>> {
-    let Some(models) = answer.get("models") else {
-        let (choices, current) = option_choices(answer, "model")?;
-        return Some(
-            choices
-                .iter()
-                .filter_map(|c| {
-                    let id = c.get("value")?.as_str()?;
-                    Some(ModelInfo {
-                        id: id.to_owned(),
-                        label: c
-                            .get("name")
-                            .and_then(Value::as_str)
-                            .unwrap_or(id)
-                            .to_owned(),
-                        is_default: current.as_deref() == Some(id),
-                        context_window: None,
-                    })
-                })
-                .collect(),
-        );
+    let (entries, current, id_key) = match answer.get("models") {
+        Some(models) => (
+            models.get("availableModels")?.as_array()?.clone(),
+            models
+                .get("currentModelId")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            "modelId",
+        ),
+        None => {
+            let (choices, current) = option_choices(answer, "model")?;
+            (choices, current, "value")
+        }
     };
-    let current = models.get("currentModelId").and_then(Value::as_str);
-    let list = models.get("availableModels")?.as_array()?;
     Some(
-        list.iter()
-            .filter_map(|m| {
-                let id = m.get("modelId")?.as_str()?;
-                Some(ModelInfo {
-                    id: id.to_owned(),
-                    label: m
-                        .get("name")
-                        .and_then(Value::as_str)
-                        .unwrap_or(id)
-                        .to_owned(),
-                    is_default: current == Some(id),
-                    context_window: None,
-                })
+        entries
+            .iter()
+            .filter_map(|e| announced_choice(e, id_key))
+            .map(|(id, label, _)| ModelInfo {
+                id: id.to_owned(),
+                label: label.to_owned(),
+                is_default: current.as_deref() == Some(id),
+                context_window: None,
             })
             .collect(),
     )

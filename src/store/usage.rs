@@ -78,15 +78,11 @@ pub struct GroupSums {
     pub sums: Sums,
 }
 
-/// A team's totals over `[from, to)`.
-pub async fn team_totals(
-    db: impl PgExecutor<'_>,
-    team: Uuid,
-    from: DateTime<Utc>,
-    to: DateTime<Utc>,
-) -> Result<Sums, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT count(*)::bigint AS turns,
+/// The columns of `Sums` over the ledger rows a `WHERE` that follows selects (a literal,
+/// for `concat!`: the statements stay static SQL).
+macro_rules! sums {
+    () => {
+        "count(*)::bigint AS turns,
                 coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
                 coalesce(sum(output_tokens), 0)::bigint AS output_tokens,
                 coalesce(sum(cached_input_tokens), 0)::bigint AS cached_input_tokens,
@@ -94,8 +90,22 @@ pub async fn team_totals(
                 coalesce(sum(cost_usd) FILTER (WHERE cost_source = 'estimated'), 0)::double precision
                     AS estimated_cost_usd,
                 coalesce(sum(wall_ms), 0)::bigint AS wall_ms
-           FROM usage_ledger WHERE team_id = $1 AND ended_at >= $2 AND ended_at < $3",
-    )
+           FROM usage_ledger"
+    };
+}
+
+/// A team's totals over `[from, to)`.
+pub async fn team_totals(
+    db: impl PgExecutor<'_>,
+    team: Uuid,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> Result<Sums, sqlx::Error> {
+    sqlx::query_as(concat!(
+        "SELECT ",
+        sums!(),
+        " WHERE team_id = $1 AND ended_at >= $2 AND ended_at < $3"
+    ))
     .bind(team)
     .bind(from)
     .bind(to)
@@ -112,7 +122,7 @@ pub async fn team_groups(
     to: DateTime<Utc>,
     group: &str,
 ) -> Result<Vec<GroupSums>, sqlx::Error> {
-    sqlx::query_as(
+    sqlx::query_as(concat!(
         "SELECT coalesce(CASE $4
                     WHEN 'day' THEN to_char(ended_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')
                     WHEN 'person' THEN coalesce('tok:' || service_token_id::text, created_by::text)
@@ -120,17 +130,11 @@ pub async fn team_groups(
                     WHEN 'model' THEN model
                     WHEN 'project' THEN project_id::text
                 END, '') AS key,
-                count(*)::bigint AS turns,
-                coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
-                coalesce(sum(output_tokens), 0)::bigint AS output_tokens,
-                coalesce(sum(cached_input_tokens), 0)::bigint AS cached_input_tokens,
-                coalesce(sum(cost_usd), 0)::double precision AS cost_usd,
-                coalesce(sum(cost_usd) FILTER (WHERE cost_source = 'estimated'), 0)::double precision
-                    AS estimated_cost_usd,
-                coalesce(sum(wall_ms), 0)::bigint AS wall_ms
-           FROM usage_ledger WHERE team_id = $1 AND ended_at >= $2 AND ended_at < $3
-          GROUP BY 1 ORDER BY 1",
-    )
+                ",
+        sums!(),
+        " WHERE team_id = $1 AND ended_at >= $2 AND ended_at < $3
+          GROUP BY 1 ORDER BY 1"
+    ))
     .bind(team)
     .bind(from)
     .bind(to)
@@ -141,20 +145,10 @@ pub async fn team_groups(
 
 /// Everything an agent spent, over its whole life.
 pub async fn agent_totals(db: impl PgExecutor<'_>, agent: Uuid) -> Result<Sums, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT count(*)::bigint AS turns,
-                coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
-                coalesce(sum(output_tokens), 0)::bigint AS output_tokens,
-                coalesce(sum(cached_input_tokens), 0)::bigint AS cached_input_tokens,
-                coalesce(sum(cost_usd), 0)::double precision AS cost_usd,
-                coalesce(sum(cost_usd) FILTER (WHERE cost_source = 'estimated'), 0)::double precision
-                    AS estimated_cost_usd,
-                coalesce(sum(wall_ms), 0)::bigint AS wall_ms
-           FROM usage_ledger WHERE agent_id = $1",
-    )
-    .bind(agent)
-    .fetch_one(db)
-    .await
+    sqlx::query_as(concat!("SELECT ", sums!(), " WHERE agent_id = $1"))
+        .bind(agent)
+        .fetch_one(db)
+        .await
 }
 
 #[derive(Debug, Clone, FromRow)]

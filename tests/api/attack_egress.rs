@@ -544,30 +544,6 @@ fn proxy_mode(s: &mut agentry::config::Settings, allow: Vec<String>) {
     s.egress.allow = allow;
 }
 
-/// A worktree workspace of `repo` and an exec agent in it, started.
-async fn exec_agent_in(app: &TestApp, repo: &std::path::Path) -> String {
-    let project = app
-        .post_ok(
-            "/v1/projects",
-            json!({"name": format!("p-{}", Uuid::now_v7().simple()), "repo_path": repo}),
-            201,
-        )
-        .await;
-    let ws = app
-        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-        .await;
-    let agent = app
-        .post_ok(
-            "/v1/agents",
-            json!({"workspace_id": ws["id"], "provider": EXEC_PROVIDER}),
-            201,
-        )
-        .await;
-    let id = agent["id"].as_str().unwrap().to_owned();
-    app.wait(&id).await;
-    id
-}
-
 /// Run `tests/support/net_probe.py <args>` as the agent's next prompt (inside its
 /// sandbox): what the probe printed.
 async fn probe(app: &TestApp, agent: &str, args: &str) -> Value {
@@ -610,7 +586,9 @@ async fn under_the_proxy_mode_an_agent_reaches_only_what_is_allowed_and_its_refu
     assert_eq!(providers["sandbox"]["network"], "proxy", "{providers}");
     assert_eq!(providers["sandbox"]["available"], true, "{providers}");
     let repo = git_repo();
-    let agent = exec_agent_in(&app, repo.path()).await;
+    let agent = exec_agent_in(&app, repo.path(), &format!("p-{}", Uuid::now_v7().simple()))
+        .await
+        .0;
     assert!(endpoint_dir(&app, &agent).join("egress.sock").exists());
 
     // (a) The allowed server, through the proxy: absolute-form HTTP, then a tunnel.
@@ -674,7 +652,9 @@ async fn an_agents_endpoint_lives_while_its_process_runs_and_is_gone_after_close
 {
     let app = spawn_app_with(|s| proxy_mode(s, Vec::new())).await;
     let repo = git_repo();
-    let agent = exec_agent_in(&app, repo.path()).await;
+    let agent = exec_agent_in(&app, repo.path(), &format!("p-{}", Uuid::now_v7().simple()))
+        .await
+        .0;
     let dir = endpoint_dir(&app, &agent);
     assert!(dir.join("egress.sock").exists());
 
@@ -727,7 +707,13 @@ async fn an_agents_endpoint_lives_while_its_process_runs_and_is_gone_after_close
 
     // A running agent's endpoint goes when the server stops.
     let other = git_repo();
-    let running = exec_agent_in(&app, other.path()).await;
+    let running = exec_agent_in(
+        &app,
+        other.path(),
+        &format!("p-{}", Uuid::now_v7().simple()),
+    )
+    .await
+    .0;
     assert!(endpoint_dir(&app, &running).join("egress.sock").exists());
     let (_db, data_dir, _token) = app.stop().await;
     assert_eq!(endpoints(data_dir.path()), Vec::<std::ffi::OsString>::new());

@@ -2,42 +2,15 @@
 //! shell command (as an injected prompt would make a real CLI do), and each attempt must
 //! fail from inside while nothing happens outside; the legitimate actions still work.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use agentry::config::{SandboxNetwork, Settings};
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    EXEC_PROVIDER as EXEC, TestApp, git_repo, spawn_app_with, with_exec_agent as exec_agent,
+    EXEC_PROVIDER as EXEC, TestApp, exec_agent_in as agent, git_repo, spawn_app_with,
+    with_exec_agent as exec_agent,
 };
-
-/// A project of `repo` named `name`, a worktree workspace and an exec agent in it:
-/// `(agent id, worktree path)`.
-async fn agent(app: &TestApp, repo: &Path, name: &str) -> (String, PathBuf) {
-    let project = app
-        .post_ok(
-            "/v1/projects",
-            json!({"name": name, "repo_path": repo}),
-            201,
-        )
-        .await;
-    let ws = app
-        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
-        .await;
-    let agent = app
-        .post_ok(
-            "/v1/agents",
-            json!({"workspace_id": ws["id"], "provider": EXEC}),
-            201,
-        )
-        .await;
-    let id = agent["id"].as_str().unwrap().to_owned();
-    app.wait(&id).await;
-    let ws = app
-        .get_ok(&format!("/v1/workspaces/{}", ws["id"].as_str().unwrap()))
-        .await;
-    (id, PathBuf::from(ws["path"].as_str().unwrap()))
-}
 
 /// Run `cmd` in the agent: its exit code and output.
 async fn run(app: &TestApp, agent: &str, cmd: &str) -> (i64, String) {

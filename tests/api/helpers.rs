@@ -719,6 +719,34 @@ pub async fn until_a_statement_waits_on_a_lock(pool: &PgPool, query_prefix: &str
 /// as a shell command in the agent's worktree, as an injected prompt would have it).
 pub const EXEC_PROVIDER: &str = "exec";
 
+/// A project of `repo` named `name`, a worktree workspace and an exec agent in it:
+/// `(agent id, worktree path)`.
+pub async fn exec_agent_in(app: &TestApp, repo: &Path, name: &str) -> (String, PathBuf) {
+    let project = app
+        .post_ok(
+            "/v1/projects",
+            json!({"name": name, "repo_path": repo}),
+            201,
+        )
+        .await;
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let agent = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": EXEC_PROVIDER}),
+            201,
+        )
+        .await;
+    let id = agent["id"].as_str().unwrap().to_owned();
+    app.wait(&id).await;
+    let ws = app
+        .get_ok(&format!("/v1/workspaces/{}", ws["id"].as_str().unwrap()))
+        .await;
+    (id, PathBuf::from(ws["path"].as_str().unwrap()))
+}
+
 /// Settings with the scripted exec agent as a custom ACP provider; its script's
 /// directory is shown read-only inside agent sandboxes.
 pub fn with_exec_agent(s: &mut Settings) {
