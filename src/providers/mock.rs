@@ -665,11 +665,7 @@ impl Turn {
     /// (in the answer's `_meta`, where Gemini reports a turn's tokens); the answer's meta.
     fn usage(&self, args: &str) -> acp::Result<serde_json::Map<String, serde_json::Value>> {
         const USAGE: &str = "/usage needs <input_tokens> <output_tokens>";
-        let numbers: Vec<u64> = args
-            .split_whitespace()
-            .map(str::parse)
-            .collect::<Result<_, _>>()
-            .map_err(|_| invalid(USAGE))?;
+        let numbers = numbers(args, USAGE)?;
         let [input, output] = numbers[..] else {
             return Err(invalid(USAGE));
         };
@@ -678,27 +674,19 @@ impl Turn {
             proto::UsageUpdate::new(input + output, 200_000).cost(proto::Cost::new(cost, "USD")),
         ))?;
         self.reply(&format!("Used {input} input and {output} output tokens."))?;
-        let meta =
-            json!({"quota": {"token_count": {"input_tokens": input, "output_tokens": output}}});
-        Ok(meta.as_object().cloned().unwrap_or_default())
+        Ok(token_meta(input, output))
     }
 
     /// `/tokens <input> <output>`: replies and ends the turn with that many tokens and no
     /// cost (a CLI that reports none: the server's price table estimates it).
     fn tokens(&self, args: &str) -> acp::Result<serde_json::Map<String, serde_json::Value>> {
         const USAGE: &str = "/tokens needs <input_tokens> <output_tokens>";
-        let numbers: Vec<u64> = args
-            .split_whitespace()
-            .map(str::parse)
-            .collect::<Result<_, _>>()
-            .map_err(|_| invalid(USAGE))?;
+        let numbers = numbers(args, USAGE)?;
         let [input, output] = numbers[..] else {
             return Err(invalid(USAGE));
         };
         self.reply(&format!("Used {input} input and {output} output tokens."))?;
-        let meta =
-            json!({"quota": {"token_count": {"input_tokens": input, "output_tokens": output}}});
-        Ok(meta.as_object().cloned().unwrap_or_default())
+        Ok(token_meta(input, output))
     }
 
     /// `/spend <input> <output> <steps> <pause_ms>`: a turn of `steps` model calls, each of
@@ -713,11 +701,7 @@ impl Turn {
         serde_json::Map<String, serde_json::Value>,
     )> {
         const USAGE: &str = "/spend needs <input_tokens> <output_tokens> <steps> <pause_ms>";
-        let numbers: Vec<u64> = args
-            .split_whitespace()
-            .map(str::parse)
-            .collect::<Result<_, _>>()
-            .map_err(|_| invalid(USAGE))?;
+        let numbers = numbers(args, USAGE)?;
         let [input, output, steps, pause] = numbers[..] else {
             return Err(invalid(USAGE));
         };
@@ -748,9 +732,7 @@ impl Turn {
         if stop == proto::StopReason::EndTurn {
             self.reply(&format!("Spent {made} calls."))?;
         }
-        let meta = json!({"quota": {"token_count": {
-            "input_tokens": made * input, "output_tokens": made * output}}});
-        Ok((stop, meta.as_object().cloned().unwrap_or_default()))
+        Ok((stop, token_meta(made * input, made * output)))
     }
 
     fn is_cancelled(&self) -> bool {
@@ -1251,6 +1233,20 @@ async fn write_inside(cwd: &Path, relative: &Path, content: &str) -> Result<(), 
     super::workspace_files::write(cwd, relative, content.as_bytes().to_vec())
         .await
         .map_err(|e| e.to_string())
+}
+
+/// The whitespace-separated numbers of a command's arguments (`usage` when one is not).
+fn numbers(args: &str, usage: &str) -> acp::Result<Vec<u64>> {
+    args.split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .map_err(|_| invalid(usage))
+}
+
+/// An answer's meta with a turn's tokens, where Gemini reports them.
+fn token_meta(input: u64, output: u64) -> serde_json::Map<String, serde_json::Value> {
+    let meta = json!({"quota": {"token_count": {"input_tokens": input, "output_tokens": output}}});
+    meta.as_object().cloned().unwrap_or_default()
 }
 
 #[cfg(test)]
