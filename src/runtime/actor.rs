@@ -264,7 +264,7 @@ impl Actor {
     // ---- session lifecycle -------------------------------------------------------------
 
     async fn open_session(&mut self) -> Result<(), RuntimeError> {
-        self.set_status(AgentStatus::Starting, None).await?;
+        kept(self.set_status(AgentStatus::Starting, None).await)?;
         let mcp_servers = match &self.ctx.mcp_servers {
             Value::Object(m) => m.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             _ => BTreeMap::new(),
@@ -319,24 +319,29 @@ impl Actor {
                 if info.persistence.is_some() {
                     self.ctx.persistence = info.persistence.clone();
                 }
-                store::agents::set_session(
-                    &self.shared.pool,
-                    self.id().uuid(),
-                    info.provider_session_id.as_deref(),
-                    info.persistence.as_ref(),
-                )
+                let (pool, id) = (&self.shared.pool, self.id().uuid());
+                self.until_stored(|| {
+                    store::agents::set_session(
+                        pool,
+                        id,
+                        info.provider_session_id.as_deref(),
+                        info.persistence.as_ref(),
+                    )
+                })
                 .await?;
                 if let Some(mode) = &info.current_mode
                     && self.ctx.mode.as_ref() != Some(mode)
                 {
+                    self.until_stored(|| store::agents::set_mode(pool, id, mode))
+                        .await?;
                     self.ctx.mode = Some(mode.clone());
-                    store::agents::set_mode(&self.shared.pool, self.id().uuid(), mode).await?;
                 }
                 if let Some(model) = &info.current_model
                     && self.ctx.model.as_ref() != Some(model)
                 {
+                    self.until_stored(|| store::agents::set_model(pool, id, model))
+                        .await?;
                     self.ctx.model = Some(model.clone());
-                    store::agents::set_model(&self.shared.pool, self.id().uuid(), model).await?;
                 }
                 self.snapshot.send_modify(|s| {
                     s.pid = info.pid;
@@ -347,7 +352,7 @@ impl Actor {
                     json!({"provider_session_id": info.provider_session_id, "resumed": info.resumed, "pid": info.pid}),
                 )
                 .await;
-                self.set_status(AgentStatus::Idle, None).await?;
+                kept(self.set_status(AgentStatus::Idle, None).await)?;
                 Ok(())
             }
             Err(e) => {
@@ -359,6 +364,32 @@ impl Actor {
                 .await;
                 self.set_status(AgentStatus::Error, Some(&message)).await?;
                 Err(RuntimeError::StartFailed(message))
+            }
+        }
+    }
+
+    /// A write of the agent's own row while its session opens, tried again while the
+    /// database is unavailable (a pool wait under load, a restart): a session that started
+    /// is not given up for a write that can succeed a moment later. Ends early only when
+    /// the server stops.
+    async fn until_stored<F, Fut, T>(&self, mut write: F) -> Result<T, RuntimeError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+    {
+        let mut pause = std::time::Duration::from_millis(100);
+        loop {
+            match write().await {
+                Ok(v) => return Ok(v),
+                Err(e)
+                    if crate::events::classify(&e) == crate::events::Fault::Unavailable
+                        && !self.shared.is_shutting_down() =>
+                {
+                    tracing::warn!(agent_id = %self.id(), error = %e, "the database did not take the agent's session; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_secs(2));
+                }
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -1588,6 +1619,15 @@ impl Actor {
         self.publish_status(&committed);
         committed?;
         Ok(())
+    }
+}
+
+/// A status the store did not confirm in time is still queued, and commits in order (the
+/// actor publishes it once it has: `unpublished`): not a reason to give up what it reports.
+fn kept(r: Result<(), RuntimeError>) -> Result<(), RuntimeError> {
+    match r {
+        Err(RuntimeError::Events(crate::events::WriteError::Unavailable)) => Ok(()),
+        r => r,
     }
 }
 

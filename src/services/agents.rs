@@ -623,9 +623,16 @@ pub async fn create(
     agent_ctx.mcp_servers = launch.mcp_servers;
     agent_ctx.egress_allow = egress_allow(ctx, &row).await?;
     // Start the session (and the first prompt, queued behind it). A provider that fails to
-    // start leaves the agent in `error` with the reason in its timeline; it is still created.
+    // start leaves the agent in `error` with the reason in its timeline; a first turn the
+    // store was too slow to confirm ends failed in the timeline. Either way the agent is
+    // created, and answering otherwise would invite a duplicate.
     match ctx.agents.start(&agent_ctx, body.prompt.clone()).await {
-        Ok(_) | Err(RuntimeError::StartFailed(_) | RuntimeError::ActorGone) => {}
+        Ok(_)
+        | Err(
+            RuntimeError::StartFailed(_)
+            | RuntimeError::ActorGone
+            | RuntimeError::Events(crate::events::WriteError::Unavailable),
+        ) => {}
         Err(e) => return Err(e.into()),
     }
     reload(ctx, id).await

@@ -101,8 +101,13 @@ pub(crate) async fn within_deadline<T>(
         .map_err(|_| ServiceError::StoreUnavailable)?
 }
 
-/// Put an event on the team activity stream (committed before this returns).
+/// Put an event on the team activity stream: committed before this returns, or, when the
+/// store is slow to confirm, queued to commit in order.
 pub(crate) async fn announce(ctx: &ServiceContext, event: NewTeamEvent) -> ServiceResult<()> {
-    ctx.writer.append_committed(Vec::new(), vec![event]).await?;
-    Ok(())
+    match ctx.writer.append_committed(Vec::new(), vec![event]).await {
+        // Not confirmed in time, but queued: it commits in order once the store answers,
+        // and what it announces is already done (a 503 now would invite a duplicate).
+        Ok(_) | Err(crate::events::WriteError::Unavailable) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }

@@ -824,3 +824,59 @@ async fn a_batch_lingers_for_company_unless_it_is_full() {
     assert_eq!(seqs.windows(2).filter(|w| w[1] != w[0] + 1).count(), 0);
     app.stop().await;
 }
+
+/// An agent created with a prompt while the store is slow to confirm commits (team
+/// events held on a lock past the writer's commit wait): the creation is answered 201, the
+/// session opens once and stays, and the first prompt is not lost: its turn is in the
+/// timeline (run, or failed with the reason), and the next prompt runs in the same session.
+#[tokio::test]
+async fn an_agent_created_while_the_store_is_slow_keeps_its_session_and_first_prompt() {
+    let app = spawn_app_with(|s| s.events.commit_wait_ms = 300).await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let ws = app
+        .post_ok(
+            "/v1/workspaces",
+            json!({"project_id": project["id"], "kind": "worktree"}),
+            201,
+        )
+        .await;
+
+    let mut lock = app.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE team_events IN SHARE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let created = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "mock", "prompt": "hello"}),
+            201,
+        )
+        .await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    // Held past the commit wait, while the session opens and the prompt arrives.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    lock.rollback().await.unwrap();
+
+    let first = app.wait(&id).await;
+    assert!(
+        first["last_turn"]["turn_id"].is_string(),
+        "the first prompt has a turn: {first}"
+    );
+    app.prompt(&id, "again").await;
+    let done = app.wait(&id).await;
+    assert_eq!(done["last_turn"]["outcome"], "completed", "{done}");
+    let timeline = app.timeline(&id).await;
+    let count = |kind: &str| timeline.iter().filter(|e| e["kind"] == kind).count();
+    assert_eq!(
+        count("session_started"),
+        1,
+        "one session served both prompts"
+    );
+    assert_eq!(
+        count("turn_completed"),
+        2,
+        "both prompts are in the timeline"
+    );
+}
