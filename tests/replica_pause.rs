@@ -120,6 +120,20 @@ command = ["{EXE}"]
     }
 }
 
+impl Drop for Replica {
+    /// A test that fails leaves no server behind.
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            // SAFETY: signals to the child this test started, by its pid.
+            unsafe {
+                libc::kill(self.child.id() as i32, libc::SIGCONT);
+                libc::kill(self.child.id() as i32, libc::SIGKILL);
+            }
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// A client of one replica.
 struct Client {
     base: String,
@@ -263,6 +277,7 @@ fn stream_matches(seen: &[SseEvent], timeline: &BTreeMap<i64, (String, Value)>, 
 
 #[tokio::test]
 async fn a_paused_owner_resumed_after_a_takeover_writes_nothing_and_stops_its_agents() {
+    agentry::telemetry::install_crypto_provider();
     let db = fresh_database().await;
     let pool = PgPool::connect_with(db.clone()).await.unwrap();
     let url = database_url(&db);
@@ -379,7 +394,8 @@ async fn a_paused_owner_resumed_after_a_takeover_writes_nothing_and_stops_its_ag
         .get(&format!("/v1/agents/{}/wait?timeout_s=30", agents[0]))
         .await;
     assert_eq!(waited["last_turn"]["outcome"], "completed", "{waited}");
-    assert_eq!(waited["runtime"]["replica"], "b", "{waited}");
+    let agent = cb.get(&format!("/v1/agents/{}", agents[0])).await;
+    assert_eq!(agent["runtime"]["replica"], "b", "{agent}");
     let mut before_resume = Vec::new();
     for id in &agents {
         before_resume.push(stored(&pool, id).await);
@@ -408,7 +424,7 @@ async fn a_paused_owner_resumed_after_a_takeover_writes_nothing_and_stops_its_ag
 
     // Replica `a` wrote nothing after the takeover, and everything seen is still there.
     let last = *before_resume[0].keys().last().unwrap();
-    until(
+    let streamed = until(
         "both streams reach the last event",
         Duration::from_secs(30),
         || async {
@@ -418,6 +434,7 @@ async fn a_paused_owner_resumed_after_a_takeover_writes_nothing_and_stops_its_ag
         },
     )
     .await;
+    eprintln!("both streams delivered the last event {streamed:?} after that");
     for (i, id) in agents.iter().enumerate() {
         let now = stored(&pool, id).await;
         assert_eq!(
