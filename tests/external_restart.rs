@@ -275,7 +275,7 @@ async fn an_outage_longer_than_a_lease_leaves_each_agent_owned_once() {
     let cluster = EmbeddedPostgres::start_in(&cluster_dir, true)
         .await
         .unwrap();
-    let back_in = until_ready(&a, down).await;
+    let back_in = until_ready(&a, down).await.max(until_ready(&b, down).await);
     let restarted = Instant::now();
 
     let mut taken = 0;
