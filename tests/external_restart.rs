@@ -202,3 +202,174 @@ async fn an_external_restart_and_terminated_connections_are_survived() {
     cluster.stop().await.unwrap();
     assert!(!Path::new(&cluster_dir).join("data/postmaster.pid").exists());
 }
+
+/// The database is down for longer than a lease, under load, with two replicas: when it
+/// is back, every lease has run out at once. Whichever replica acts first — the owner
+/// renewing, or the other taking its agents over — each agent ends up run by exactly one
+/// of them: its turn ends once (completed by its owner, or failed `owner_lost` by the
+/// replica that took it over, and then the owner has stopped its process), its timeline
+/// is dense, no agent stays `running`, and a stream open on the other replica through it
+/// all delivers each event once at the seq the timeline holds it at.
+#[tokio::test]
+async fn an_outage_longer_than_a_lease_leaves_each_agent_owned_once() {
+    const TTL: u64 = 3;
+    let dir = tempfile::Builder::new()
+        .prefix("agentry-lease-out-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cluster_dir = dir.path().join("cluster");
+    let cluster = EmbeddedPostgres::start_in(&cluster_dir, true)
+        .await
+        .unwrap();
+    cluster.ensure_database(DATABASE).await.unwrap();
+    let options = cluster.connect_options(DATABASE);
+    let a = spawn_on_with(options.clone(), tempfile::tempdir().unwrap(), None, |s| {
+        s.cluster.replica_id = Some("a".into());
+        s.cluster.lease_ttl_s = TTL;
+    })
+    .await;
+    let b = spawn_on_with(
+        options,
+        tempfile::tempdir().unwrap(),
+        Some(a.token.clone()),
+        |s| {
+            s.cluster.replica_id = Some("b".into());
+            s.cluster.lease_ttl_s = TTL;
+        },
+    )
+    .await;
+    let repo = git_repo();
+    let project = a.project(repo.path()).await;
+    let mut agents = Vec::new();
+    for _ in 0..AGENTS {
+        let ws = a
+            .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+            .await;
+        let agent = a
+            .post_ok(
+                "/v1/agents",
+                json!({"workspace_id": ws["id"], "provider": "mock",
+                       "labels": {"agentry.replica": "a"}}),
+                201,
+            )
+            .await;
+        let id = agent["id"].as_str().unwrap().to_owned();
+        a.wait(&id).await;
+        agents.push(id);
+    }
+    let mut stream = b.events(&agents[0], Some(0)).await;
+    start_turns(&a, &agents, "/load 3000 3").await;
+    let mut pids = Vec::new();
+    for id in &agents {
+        let agent = a.get_ok(&format!("/v1/agents/{id}")).await;
+        pids.push(agent["runtime"]["pid"].as_i64().expect("a live process") as i32);
+    }
+    let mut seen = read(&mut stream, 20).await;
+
+    // Down for twice the lease (held: nothing to wait for but time itself).
+    cluster.stop().await.unwrap();
+    drop(cluster);
+    let down = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2 * TTL)).await;
+    let cluster = EmbeddedPostgres::start_in(&cluster_dir, true)
+        .await
+        .unwrap();
+    let back_in = until_ready(&a, down).await.max(until_ready(&b, down).await);
+    let restarted = Instant::now();
+
+    let mut taken = 0;
+    for (i, id) in agents.iter().enumerate() {
+        // A `wait` that meets the takeover may answer before the turn has ended (it is
+        // answered for an actor that stopped): ask again, within the same bound.
+        let asked = Instant::now();
+        loop {
+            let w = b
+                .get_ok(&format!("/v1/agents/{id}/wait?timeout_s=45"))
+                .await;
+            assert_eq!(w["timed_out"], false, "{id}: {w}");
+            if !w["last_turn"]["outcome"].is_null() {
+                break;
+            }
+            eprintln!("{id}: wait answered before the turn ended: {w}");
+            assert!(asked.elapsed() < Duration::from_secs(45), "{id}: {w}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let events = b.timeline(id).await;
+        let seqs: Vec<i64> = events.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+        assert_eq!(seqs, (1..=events.len() as i64).collect::<Vec<_>>(), "{id}");
+        let ends: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["kind"] == "turn_completed")
+            .collect();
+        assert_eq!(
+            ends.len(),
+            1,
+            "{id}: the turn ended once: {ends:?}; last events: {:?}",
+            &events[events.len().saturating_sub(4)..]
+        );
+        match ends[0]["data"]["outcome"].as_str() {
+            Some("completed") => {}
+            Some("failed") => {
+                let error = ends[0]["data"]["error"].as_str().unwrap_or("");
+                assert!(error.contains("owner_lost"), "{id}: {error}");
+                taken += 1;
+                eventually(
+                    "the deposed owner stops the process",
+                    Duration::from_secs(10),
+                    || !pid_alive(pids[i]),
+                )
+                .await;
+            }
+            other => panic!("{id}: outcome {other:?}"),
+        }
+        let status: String = sqlx::query_scalar("SELECT status FROM agents WHERE id = $1::uuid")
+            .bind(id.trim_start_matches("agt_"))
+            .fetch_one(&a.pool)
+            .await
+            .unwrap();
+        assert_ne!(status, "running", "{id}");
+    }
+    let settled_in = restarted.elapsed();
+    eprintln!(
+        "database down {:?} (lease {TTL} s): /readyz 200 after {back_in:?}, every turn ended {settled_in:?} later; {taken} of {AGENTS} agents taken over",
+        Duration::from_secs(2 * TTL)
+    );
+    let takeovers = |page: &str| {
+        page.lines()
+            .find_map(|l| {
+                l.strip_prefix("agentry_lease_takeovers_total ")?
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or(0.0)
+    };
+    let mut counted = 0.0;
+    for app in [&a, &b] {
+        let page = app.get("/metrics").await.text().await.unwrap();
+        counted += takeovers(&page);
+    }
+    assert_eq!(counted, taken as f64, "each takeover counted once");
+
+    // The stream on the other replica delivered each event once, as stored.
+    let last = b.timeline(&agents[0]).await.len() as i64;
+    while seen.last().map(|e| e.id) < Some(last) {
+        seen.push(
+            stream
+                .next(Duration::from_secs(30))
+                .await
+                .expect("the stream delivers up to the last event"),
+        );
+    }
+    assert_eq!(seen[0].id, 1);
+    stream_matches_timeline(&b, &agents[0], &seen).await;
+
+    // Every agent runs again, on one replica.
+    for id in &agents {
+        a.prompt(id, "/load 10 0").await;
+        assert_eq!(a.wait(id).await["last_turn"]["outcome"], "completed");
+    }
+    b.stop().await;
+    a.stop().await;
+    cluster.stop().await.unwrap();
+}

@@ -242,10 +242,10 @@ async fn deliver(pool: &PgPool, bus: &Bus, notice: Notice, max_team_id: &mut i64
     }
 }
 
-/// After notices may have been missed: publish each streamed agent's latest event (a
-/// stream behind it sees the gap and reads the rest from the database) and the team
-/// events since the last one seen.
-async fn resync(pool: &PgPool, bus: &Bus, max_team_id: &mut i64) {
+/// Other replicas may have stopped sending this one notices (they took it for dead while
+/// it was paused or cut off): publish each streamed agent's latest event, so that a stream
+/// behind it reads what it missed from the database.
+pub async fn resync_streams(pool: &PgPool, bus: &Bus) {
     for id in bus.subscribed_agents() {
         if let Ok(rows) = store::events::page_before(pool, id.uuid(), i64::MAX, 1).await {
             bus.publish(
@@ -254,6 +254,13 @@ async fn resync(pool: &PgPool, bus: &Bus, max_team_id: &mut i64) {
             );
         }
     }
+}
+
+/// After notices may have been missed: publish each streamed agent's latest event (a
+/// stream behind it sees the gap and reads the rest from the database) and the team
+/// events since the last one seen.
+async fn resync(pool: &PgPool, bus: &Bus, max_team_id: &mut i64) {
+    resync_streams(pool, bus).await;
     if let Ok(rows) = store::events::team_events_after(pool, None, *max_team_id, 1000).await {
         for r in rows {
             *max_team_id = (*max_team_id).max(r.id);

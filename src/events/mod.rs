@@ -9,7 +9,7 @@ mod scrub;
 mod writer;
 
 pub use bus::{Bus, Published, TeamActivity};
-pub use fanout::{Fanout, Notice, listen as listen_to_replicas};
+pub use fanout::{Fanout, Notice, listen as listen_to_replicas, resync_streams};
 pub use fault::{Fault, classify, is_unavailable};
 pub use scrub::{REPLACEMENT, scrub};
 pub use writer::{

@@ -201,6 +201,10 @@ pub enum StateChange {
     },
     /// A permission request expired (it stays as it is if it is no longer pending).
     PermissionExpired(PermissionId),
+    /// The agent's mode (what its `mode_changed` event says).
+    Mode { agent: AgentId, mode: String },
+    /// The agent's model (what its `model_changed` event says).
+    Model { agent: AgentId, model: String },
 }
 
 impl StateChange {
@@ -209,6 +213,9 @@ impl StateChange {
         match self {
             StateChange::TurnEnded { error, .. } => error.as_mut().map_or(0, scrub_text),
             StateChange::Status { reason, .. } => reason.as_mut().map_or(0, scrub_text),
+            StateChange::Mode { mode: text, .. } | StateChange::Model { model: text, .. } => {
+                scrub_text(text)
+            }
             StateChange::TurnStarted { .. } | StateChange::PermissionExpired(_) => 0,
         }
     }
@@ -588,6 +595,14 @@ impl EventWriter {
         self.shared.moments_stored.notified().await;
     }
 
+    /// A write of `fence`'s actor made outside the writer (its session handle) found the
+    /// agent in another epoch: count it with the refused batches and depose the fence, so
+    /// that its actor stops as it would after a refused batch.
+    pub fn fenced_off(&self, fence: &Fence) {
+        self.shared.fenced_batches.fetch_add(1, Ordering::Relaxed);
+        fence.depose();
+    }
+
     pub async fn forget(&self, agent: AgentId) {
         let _ = self.tx.send(WriteOp::Forget(agent));
     }
@@ -799,7 +814,9 @@ impl StateChange {
         match self {
             StateChange::TurnStarted { agent, .. }
             | StateChange::TurnEnded { agent, .. }
-            | StateChange::Status { agent, .. } => Some(*agent),
+            | StateChange::Status { agent, .. }
+            | StateChange::Mode { agent, .. }
+            | StateChange::Model { agent, .. } => Some(*agent),
             StateChange::PermissionExpired(_) => None,
         }
     }
@@ -1680,6 +1697,8 @@ fn fold(changes: &[StateChange]) -> StateRows<'_> {
                 status,
                 reason,
             } => row(&mut agents, agent).status = Some((status.as_str(), reason.as_deref())),
+            StateChange::Mode { agent, mode } => row(&mut agents, agent).mode = Some(mode),
+            StateChange::Model { agent, model } => row(&mut agents, agent).model = Some(model),
             StateChange::PermissionExpired(id) => expired_permissions.push(id.uuid()),
         }
     }

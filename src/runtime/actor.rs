@@ -87,6 +87,9 @@ pub(crate) struct Actor {
     outbox: Vec<NewEvent>,
     /// Moments attached to events of `outbox` (indexed in it).
     outbox_moments: Vec<NewMoment>,
+    /// The agent's row changes the queued events announce (a mode, a model): written with
+    /// them, under this actor's fence.
+    outbox_changes: Vec<StateChange>,
     stop: bool,
     /// When the agent last did anything (a command, a provider event).
     last_activity: Instant,
@@ -129,6 +132,7 @@ impl Actor {
             pending: HashMap::new(),
             outbox: Vec::new(),
             outbox_moments: Vec::new(),
+            outbox_changes: Vec::new(),
             stop: false,
             last_activity: Instant::now(),
             redactor,
@@ -320,28 +324,39 @@ impl Actor {
                     self.ctx.persistence = info.persistence.clone();
                 }
                 let (pool, id) = (&self.shared.pool, self.id().uuid());
-                self.until_stored(|| {
-                    store::agents::set_session(
-                        pool,
-                        id,
-                        info.provider_session_id.as_deref(),
-                        info.persistence.as_ref(),
-                    )
-                })
-                .await?;
+                let epoch = self.fence.as_ref().map(Fence::epoch);
+                let stored = self
+                    .until_stored(|| {
+                        store::agents::set_session(
+                            pool,
+                            id,
+                            info.provider_session_id.as_deref(),
+                            info.persistence.as_ref(),
+                            epoch,
+                        )
+                    })
+                    .await?;
+                if !stored && self.fence.is_some() {
+                    self.fenced_off();
+                    return Err(crate::events::WriteError::Fenced.into());
+                }
                 if let Some(mode) = &info.current_mode
                     && self.ctx.mode.as_ref() != Some(mode)
                 {
-                    self.until_stored(|| store::agents::set_mode(pool, id, mode))
-                        .await?;
                     self.ctx.mode = Some(mode.clone());
+                    self.outbox_changes.push(StateChange::Mode {
+                        agent: self.id(),
+                        mode: mode.clone(),
+                    });
                 }
                 if let Some(model) = &info.current_model
                     && self.ctx.model.as_ref() != Some(model)
                 {
-                    self.until_stored(|| store::agents::set_model(pool, id, model))
-                        .await?;
                     self.ctx.model = Some(model.clone());
+                    self.outbox_changes.push(StateChange::Model {
+                        agent: self.id(),
+                        model: model.clone(),
+                    });
                 }
                 self.snapshot.send_modify(|s| {
                     s.pid = info.pid;
@@ -889,23 +904,21 @@ impl Actor {
             }
             ProviderEvent::ModeChanged { mode } => {
                 self.ctx.mode = Some(mode.clone());
-                if let Err(e) =
-                    store::agents::set_mode(&self.shared.pool, self.id().uuid(), &mode).await
-                {
-                    tracing::warn!(error = %e, "could not store the mode");
-                }
                 self.emit(EventKind::ModeChanged, json!({"mode": mode}))
                     .await;
+                self.outbox_changes.push(StateChange::Mode {
+                    agent: self.id(),
+                    mode,
+                });
             }
             ProviderEvent::ModelChanged { model } => {
                 self.ctx.model = Some(model.clone());
-                if let Err(e) =
-                    store::agents::set_model(&self.shared.pool, self.id().uuid(), &model).await
-                {
-                    tracing::warn!(error = %e, "could not store the model");
-                }
                 self.emit(EventKind::ModelChanged, json!({"model": model}))
                     .await;
+                self.outbox_changes.push(StateChange::Model {
+                    agent: self.id(),
+                    model,
+                });
             }
             ProviderEvent::SessionUpdated {
                 provider_session_id,
@@ -1153,15 +1166,23 @@ impl Actor {
         if provider_session_id.is_none() && persistence.is_none() {
             return;
         }
-        if let Err(e) = store::agents::set_session(
+        match store::agents::set_session(
             &self.shared.pool,
             self.id().uuid(),
             provider_session_id.as_deref(),
             persistence.as_ref(),
+            self.fence.as_ref().map(Fence::epoch),
         )
         .await
         {
-            tracing::warn!(agent_id = %self.id(), error = %e, "could not store the session handle");
+            Ok(false) if self.fence.is_some() => {
+                self.fenced_off();
+                return;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(agent_id = %self.id(), error = %e, "could not store the session handle");
+            }
         }
         if persistence.is_some() {
             self.ctx.persistence = persistence;
@@ -1432,6 +1453,14 @@ impl Actor {
         });
     }
 
+    /// A write of this actor outside the writer found the agent in another epoch: count
+    /// it and depose the fence (the actor then stops, as after a refused batch).
+    fn fenced_off(&self) {
+        if let Some(fence) = &self.fence {
+            self.shared.writer.fenced_off(fence);
+        }
+    }
+
     fn is_deposed(&self) -> bool {
         self.fence.as_ref().is_some_and(Fence::is_deposed)
     }
@@ -1447,6 +1476,7 @@ impl Actor {
         self.provider_events = None;
         self.outbox.clear();
         self.outbox_moments.clear();
+        self.outbox_changes.clear();
         for (_, p) in self.pending.drain() {
             drop(p);
         }
@@ -1464,6 +1494,7 @@ impl Actor {
         if self.is_deposed() {
             self.outbox.clear();
             self.outbox_moments.clear();
+            self.outbox_changes.clear();
             return;
         }
         if self.outbox.is_empty() {
@@ -1472,6 +1503,7 @@ impl Actor {
         let mut events = std::mem::take(&mut self.outbox);
         let mut attached = Attached {
             moments: std::mem::take(&mut self.outbox_moments),
+            changes: std::mem::take(&mut self.outbox_changes),
             fence: self.fence.clone(),
             ..Attached::default()
         };
@@ -1508,6 +1540,9 @@ impl Actor {
     ) -> Result<Vec<crate::domain::AgentEvent>, crate::events::WriteError> {
         let mut all = std::mem::take(&mut self.outbox);
         let mut all_moments = std::mem::take(&mut self.outbox_moments);
+        let mut changes = std::mem::take(&mut self.outbox_changes);
+        changes.append(&mut attached.changes);
+        attached.changes = changes;
         let offset = all.len();
         all_moments.extend(attached.moments.drain(..).map(|mut m| {
             m.event += offset;
@@ -1544,7 +1579,10 @@ impl Actor {
             let text = match c {
                 StateChange::TurnEnded { error, .. } => error,
                 StateChange::Status { reason, .. } => reason,
-                StateChange::TurnStarted { .. } | StateChange::PermissionExpired(_) => continue,
+                StateChange::TurnStarted { .. }
+                | StateChange::PermissionExpired(_)
+                | StateChange::Mode { .. }
+                | StateChange::Model { .. } => continue,
             };
             if let Some(t) = text
                 && let std::borrow::Cow::Owned(masked) = self.redactor.text(t)

@@ -532,23 +532,34 @@ impl AgentManager {
     /// when another replica took it first.
     pub async fn take_over(&self, id: AgentId, owner: &str) -> Result<bool, RuntimeError> {
         let s = &self.shared;
-        if !store::replicas::take_over(&s.pool, id.uuid(), owner, &s.replica, s.lease_ttl_s).await?
-        {
+        let Some(epoch) =
+            store::replicas::take_over(&s.pool, id.uuid(), owner, &s.replica, s.lease_ttl_s)
+                .await?
+        else {
             return Ok(false);
-        }
+        };
         // The lease is ours: that is the takeover, counted before its effects are written
         // so that nobody who sees them reads a count without it.
         s.takeovers.inc();
         tracing::warn!(agent_id = %id, owner, "taking over an agent whose replica stopped renewing its lease");
-        if let Some(agent) = store::agents::open_agent(&s.pool, id.uuid()).await? {
-            abandon_agent(
+        if let Some(mut agent) = store::agents::open_agent(&s.pool, id.uuid()).await? {
+            // Written as the takeover's ownership: if yet another replica took the agent
+            // since (this one stalled), nothing is written and the agent is that one's.
+            agent.lease_epoch = epoch;
+            match abandon_agent(
                 &s.pool,
                 &s.writer,
                 &agent,
                 &format!("owner_lost: replica `{owner}`, which ran this agent, stopped answering"),
                 "owner_lost",
             )
-            .await?;
+            .await
+            {
+                Err(RuntimeError::Events(crate::events::WriteError::Fenced)) => return Ok(false),
+                other => {
+                    other?;
+                }
+            }
         }
         store::replicas::release(&s.pool, id.uuid(), &s.replica).await?;
         Ok(true)

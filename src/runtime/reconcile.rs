@@ -8,7 +8,9 @@ use sqlx::PgPool;
 use crate::domain::{
     AgentId, AgentStatus, Behavior, EventKind, NewEvent, PermissionId, TurnId, TurnOutcome,
 };
-use crate::events::{Attached, EventWriter, NewMoment, NewTeamEvent, StateChange};
+use crate::events::{
+    Attached, EventWriter, Fence, NewMoment, NewTeamEvent, StateChange, WriteError,
+};
 use crate::process::Ledger;
 use crate::store;
 
@@ -62,14 +64,23 @@ pub async fn reconcile_at_boot(
         );
     }
     for agent in store::agents::open_agents(pool, lock.replica()).await? {
-        let done = abandon_agent(
+        let done = match abandon_agent(
             pool,
             writer,
             &agent,
             "the server stopped during this turn",
             "the server restarted",
         )
-        .await?;
+        .await
+        {
+            Ok(done) => done,
+            // Another replica claimed it since it was read: it is that replica's to run.
+            Err(RuntimeError::Events(WriteError::Fenced)) => {
+                tracing::info!(agent_id = %agent.id, "another replica took this agent while the server started; left to it");
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         report.turns_failed += usize::from(done.turn_failed);
         report.agents_closed += usize::from(done.closed);
         store::replicas::release(pool, agent.id, lock.replica()).await?;
@@ -91,6 +102,11 @@ pub struct Abandoned {
 /// with outcome `failed`, `agent.close.after`) — and committed in one statement with what
 /// the agent's row and its requests then say, so a crash can only repeat the whole step,
 /// never keep half of it. An agent already closed with no open turn is left as it is.
+///
+/// All of it is written under the fence of `agent.lease_epoch` (the epoch of the ownership
+/// that closes it: the takeover's, or the one read at boot): should yet another replica
+/// have taken the agent since, nothing is written (`WriteError::Fenced`, counted in
+/// `agentry_fenced_batches_total`) and the timeline stays that replica's.
 pub async fn abandon_agent(
     pool: &PgPool,
     writer: &EventWriter,
@@ -184,7 +200,7 @@ pub async fn abandon_agent(
             team,
             moments,
             changes,
-            fence: None,
+            fence: Some(Fence::new(id, agent.lease_epoch)),
         };
         writer.append_committed_with(events, attached).await?;
     }

@@ -19,7 +19,7 @@ use crate::domain::{
     AgentEvent, AgentId, AgentStatus, Behavior, EventKind, HookEvent, NewEvent, PermissionId,
     ProjectId, SecretEnv, TurnId, UserId, WorkspaceId,
 };
-use crate::events::NewTeamEvent;
+use crate::events::{Attached, Fence, NewTeamEvent, StateChange};
 use crate::providers::Availability;
 use crate::runtime::{AgentContext, PermissionAnswer, RuntimeError};
 use crate::store;
@@ -973,8 +973,9 @@ pub async fn set_mode(
         check_confinement(ctx, p.as_ref(), Some(&mode))?;
     }
     if !ctx.agents.set_mode(id, mode.clone()).await? {
-        store::agents::set_mode(&ctx.pool, row.id, &mode).await?;
-        record(ctx, id, EventKind::ModeChanged, json!({"mode": mode})).await?;
+        let data = json!({"mode": &mode});
+        let change = StateChange::Mode { agent: id, mode };
+        record(ctx, id, EventKind::ModeChanged, data, change).await?;
     }
     reload(ctx, id).await
 }
@@ -992,30 +993,48 @@ pub async fn set_model(
             "must be 1 to 200 characters",
         ));
     }
-    let row = load_to_drive(ctx, principal, id).await?;
+    load_to_drive(ctx, principal, id).await?;
     if !ctx.agents.set_model(id, model.clone()).await? {
-        store::agents::set_model(&ctx.pool, row.id, &model).await?;
-        record(ctx, id, EventKind::ModelChanged, json!({"model": model})).await?;
+        let data = json!({"model": &model});
+        let change = StateChange::Model { agent: id, model };
+        record(ctx, id, EventKind::ModelChanged, data, change).await?;
     }
     reload(ctx, id).await
 }
 
+/// Write a change of an agent that no actor runs here: its event and the row it changes,
+/// in one statement. Only the agent's owner writes its timeline, so this writes under a
+/// fence of its own: the lease epoch read while nobody else holds the agent. Should another
+/// replica claim it before the statement runs, the epoch has moved on and nothing is
+/// written (`agent_moved`, counted as a fenced batch); one that holds it now is named.
 async fn record(
     ctx: &ServiceContext,
     id: AgentId,
     kind: EventKind,
     data: Value,
+    change: StateChange,
 ) -> ServiceResult<()> {
+    let me = ctx.agents.replica();
+    let epoch = match store::replicas::lease_of(&ctx.pool, id.uuid()).await? {
+        None => return Err(ServiceError::NotFound("agent")),
+        Some((Some(owner), _)) if owner != me => {
+            return Err(RuntimeError::OwnedElsewhere(owner).into());
+        }
+        Some((_, epoch)) => epoch,
+    };
+    let attached = Attached {
+        changes: vec![change],
+        fence: Some(Fence::new(id, epoch)),
+        ..Attached::default()
+    };
+    let event = NewEvent {
+        agent_id: id,
+        turn_id: None,
+        kind,
+        data,
+    };
     ctx.writer
-        .append_committed(
-            vec![NewEvent {
-                agent_id: id,
-                turn_id: None,
-                kind,
-                data,
-            }],
-            Vec::new(),
-        )
+        .append_committed_with(vec![event], attached)
         .await?;
     Ok(())
 }

@@ -134,9 +134,32 @@ pub async fn leave(ctx: &ServiceContext) {
 /// shutdown: leases of turns still running must stay renewed until then).
 pub async fn run(ctx: ServiceContext, fanout: std::sync::Arc<Fanout>, advertise_url: String) {
     let period = Duration::from_millis((ctx.agents.lease_ttl_s() as u64 * 1000 / 3).max(500));
+    let ttl = Duration::from_secs(ctx.agents.lease_ttl_s() as u64);
+    let mut last_ok = tokio::time::Instant::now();
+    let mut resync_until = None;
     loop {
-        if let Err(e) = tick(&ctx, &fanout, &advertise_url).await {
-            tracing::warn!(error = %e, "the cluster heartbeat failed; retrying");
+        match tick(&ctx, &fanout, &advertise_url).await {
+            Ok(()) => {
+                // Silent past its lease (paused, cut off from the database): the others took
+                // this replica for dead and stopped sending it notices, until their next
+                // heartbeat sees it again. Its open streams read what they missed from the
+                // database, now and at each heartbeat for one more lease time.
+                let now = tokio::time::Instant::now();
+                if now.duration_since(last_ok) > ttl {
+                    tracing::warn!(
+                        silent_s = now.duration_since(last_ok).as_secs_f64(),
+                        "this replica was silent past its lease; resyncing its streams"
+                    );
+                    resync_until = Some(now + ttl);
+                }
+                if resync_until.is_some_and(|until| now <= until) {
+                    crate::events::resync_streams(ctx.pool.pool(), &ctx.bus).await;
+                } else {
+                    resync_until = None;
+                }
+                last_ok = now;
+            }
+            Err(e) => tracing::warn!(error = %e, "the cluster heartbeat failed; retrying"),
         }
         tokio::time::sleep(period).await;
     }

@@ -155,40 +155,28 @@ pub async fn ids_in_workspace(
         .await
 }
 
+/// Store the provider's session id and persistence handle. With `epoch` (the fence of the
+/// actor that writes them) only while the agent's lease is still in that epoch: false when
+/// another replica took the agent over meanwhile and nothing was written.
 pub async fn set_session(
     db: impl PgExecutor<'_>,
     id: Uuid,
     provider_session_id: Option<&str>,
     persistence: Option<&Value>,
-) -> Result<(), sqlx::Error> {
+    epoch: Option<i64>,
+) -> Result<bool, sqlx::Error> {
     sqlx::query(
         "UPDATE agents SET provider_session_id = COALESCE($2, provider_session_id),
-                           persistence = COALESCE($3, persistence) WHERE id = $1",
+                           persistence = COALESCE($3, persistence)
+          WHERE id = $1 AND ($4::int8 IS NULL OR lease_epoch = $4)",
     )
     .bind(id)
     .bind(provider_session_id)
     .bind(persistence)
+    .bind(epoch)
     .execute(db)
     .await
-    .map(|_| ())
-}
-
-pub async fn set_mode(db: impl PgExecutor<'_>, id: Uuid, mode: &str) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE agents SET mode = $2 WHERE id = $1")
-        .bind(id)
-        .bind(mode)
-        .execute(db)
-        .await
-        .map(|_| ())
-}
-
-pub async fn set_model(db: impl PgExecutor<'_>, id: Uuid, model: &str) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE agents SET model = $2 WHERE id = $1")
-        .bind(id)
-        .bind(model)
-        .execute(db)
-        .await
-        .map(|_| ())
+    .map(|r| r.rows_affected() > 0)
 }
 
 pub async fn mark_archived(db: impl PgExecutor<'_>, id: Uuid) -> Result<(), sqlx::Error> {
@@ -208,6 +196,9 @@ pub struct OpenAgent {
     pub status: String,
     pub last_turn_id: Option<Uuid>,
     pub last_turn_outcome: Option<String>,
+    /// The lease epoch read with it: what closing it is written under (see
+    /// `runtime::abandon_agent`).
+    pub lease_epoch: i64,
 }
 
 /// Open agents that `replica` holds, or that nobody holds.
@@ -216,7 +207,8 @@ pub async fn open_agents(
     replica: &str,
 ) -> Result<Vec<OpenAgent>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT id, team_id, workspace_id, status, last_turn_id, last_turn_outcome FROM agents
+        "SELECT id, team_id, workspace_id, status, last_turn_id, last_turn_outcome, lease_epoch
+           FROM agents
          WHERE (status <> 'closed' OR (last_turn_id IS NOT NULL AND last_turn_outcome IS NULL))
            AND (owner_replica IS NULL OR owner_replica = $1)",
     )
@@ -231,7 +223,8 @@ pub async fn open_agent(
     id: Uuid,
 ) -> Result<Option<OpenAgent>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT id, team_id, workspace_id, status, last_turn_id, last_turn_outcome FROM agents
+        "SELECT id, team_id, workspace_id, status, last_turn_id, last_turn_outcome, lease_epoch
+           FROM agents
          WHERE id = $1",
     )
     .bind(id)

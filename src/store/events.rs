@@ -369,6 +369,10 @@ pub struct AgentRowUpdate<'a> {
     pub ended_turn: Option<(Uuid, &'a str, Option<&'a str>)>,
     /// The agent's status and why.
     pub status: Option<(&'a str, Option<&'a str>)>,
+    /// The agent's mode.
+    pub mode: Option<&'a str>,
+    /// The agent's model.
+    pub model: Option<&'a str>,
 }
 
 /// Events, moments, team events and the state they announce, in one statement (see
@@ -402,9 +406,12 @@ const INSERT_BATCH_WITH: &str = concat!(
                                      WHEN u.started IS NOT NULL THEN NULL
                                      ELSE a.last_turn_error END,
               status = COALESCE(u.status, a.status),
-              status_reason = CASE WHEN u.status IS NULL THEN a.status_reason ELSE u.reason END
-            FROM UNNEST($17::uuid[], $18::uuid[], $19::uuid[], $20::text[], $21::text[], $22::text[], $23::text[])
-                 AS u(id, started, ended, outcome, error, status, reason)
+              status_reason = CASE WHEN u.status IS NULL THEN a.status_reason ELSE u.reason END,
+              mode = COALESCE(u.mode, a.mode),
+              model = COALESCE(u.model, a.model)
+            FROM UNNEST($17::uuid[], $18::uuid[], $19::uuid[], $20::text[], $21::text[], $22::text[], $23::text[],
+                        $27::text[], $28::text[])
+                 AS u(id, started, ended, outcome, error, status, reason, mode, model)
             WHERE a.id = u.id AND a.id IN (SELECT id FROM locked)
               AND NOT EXISTS (SELECT 1 FROM deposed)
          ), expired AS (
@@ -486,6 +493,8 @@ pub async fn insert_batch_with(
             .bind(&state.expired_permissions)
             .bind(fences.iter().map(|f| f.0).collect::<Vec<_>>())
             .bind(fences.iter().map(|f| f.1).collect::<Vec<_>>())
+            .bind(a.iter().map(|r| r.mode).collect::<Vec<_>>())
+            .bind(a.iter().map(|r| r.model).collect::<Vec<_>>())
             .fetch_one(db)
             .await?;
     if !ids.is_empty() {

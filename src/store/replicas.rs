@@ -225,7 +225,8 @@ pub async fn claim(
     })
 }
 
-/// Take agent `id` over from `owner`, whose lease expired: true when `me` holds it now.
+/// Take agent `id` over from `owner`, whose lease expired: the new epoch when `me` holds
+/// it now.
 /// The agent's epoch grows: from this commit on, the event writer refuses every batch
 /// `owner` sends for it (see `events::writer`), however late it arrives.
 ///
@@ -239,23 +240,23 @@ pub async fn take_over(
     owner: &str,
     me: &str,
     ttl_s: i64,
-) -> Result<bool, sqlx::Error> {
-    sqlx::query(
+) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar(
         "WITH holder AS MATERIALIZED (
             SELECT lease_expires_at FROM replicas WHERE id = $2 FOR SHARE
          )
          UPDATE agents SET owner_replica = $3, lease_expires_at = now() + make_interval(secs => $4),
                            lease_epoch = lease_epoch + 1
           WHERE id = $1 AND owner_replica = $2 AND coalesce(lease_expires_at < now(), true)
-            AND NOT EXISTS (SELECT 1 FROM holder WHERE lease_expires_at > now())",
+            AND NOT EXISTS (SELECT 1 FROM holder WHERE lease_expires_at > now())
+          RETURNING lease_epoch",
     )
     .bind(id)
     .bind(owner)
     .bind(me)
     .bind(ttl_s as f64)
-    .execute(db)
+    .fetch_optional(db)
     .await
-    .map(|r| r.rows_affected() > 0)
 }
 
 /// How `renew` treats an agent row another transaction has locked (the event writer's,
@@ -323,6 +324,18 @@ pub async fn held(
     .bind(ids)
     .fetch_all(db)
     .await
+}
+
+/// Who holds agent `id`'s lease (whether or not it ran out) and its epoch; None when there
+/// is no such agent.
+pub async fn lease_of(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+) -> Result<Option<(Option<String>, i64)>, sqlx::Error> {
+    sqlx::query_as("SELECT owner_replica, lease_epoch FROM agents WHERE id = $1")
+        .bind(id)
+        .fetch_optional(db)
+        .await
 }
 
 /// Give up `me`'s lease on `id` (no-op when another replica holds it).

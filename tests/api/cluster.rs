@@ -886,3 +886,244 @@ async fn a_deposed_owner_cannot_write_and_stops_its_agent_at_once() {
     b.stop().await;
     a.stop().await;
 }
+
+/// Wait until nobody holds the agent's lease (its closed actor gave it up).
+async fn until_released(app: &TestApp, row: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let owner: Option<String> =
+            sqlx::query_scalar("SELECT owner_replica FROM agents WHERE id = $1::uuid")
+                .bind(row)
+                .fetch_one(&app.pool)
+                .await
+                .unwrap();
+        if owner.is_none() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lease was never given up"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The agent's lease epoch, as the database holds it.
+async fn epoch_of(app: &TestApp, row: &str) -> i64 {
+    sqlx::query_scalar("SELECT lease_epoch FROM agents WHERE id = $1::uuid")
+        .bind(row)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+}
+
+/// A mode change of an agent no actor runs (the service writes it, not an actor) is an
+/// owner's write too: when another replica claims the agent between the service reading
+/// its lease and the writer storing the change, nothing is written — neither the event
+/// nor the row's mode — and the refusal is counted like a deposed actor's batch.
+#[tokio::test]
+async fn a_mode_change_raced_by_another_replicas_claim_writes_nothing() {
+    let app = spawn_app_with(short_lease).await;
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    let row = id.trim_start_matches("agt_").to_owned();
+    app.wait(&id).await;
+    app.post_ok(&format!("/v1/agents/{id}/close"), json!({}), 200)
+        .await;
+    until_released(&app, &row).await;
+    let before = app.timeline(&id).await;
+    let fenced_before = app.writer.stats().fenced_batches;
+
+    // Another replica's claim, held open: the writer's statement waits for the row.
+    let mut claim = app.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM agents WHERE id = $1::uuid FOR UPDATE")
+        .bind(&row)
+        .execute(&mut *claim)
+        .await
+        .unwrap();
+    let request = {
+        let req = app
+            .client
+            .put(app.url(&format!("/v1/agents/{id}/mode")))
+            .bearer_auth(&app.token)
+            .json(&json!({"mode": "unattended"}));
+        tokio::spawn(req.send())
+    };
+    until_a_statement_waits_on_a_lock(
+        &app.pool,
+        "WITH locked AS MATERIALIZED",
+        "the mode change never reached the writer's statement",
+    )
+    .await;
+    sqlx::query(
+        "UPDATE agents SET owner_replica = 'elsewhere', lease_epoch = lease_epoch + 1,
+                           lease_expires_at = now() + interval '1 hour'
+          WHERE id = $1::uuid",
+    )
+    .bind(&row)
+    .execute(&mut *claim)
+    .await
+    .unwrap();
+    claim.commit().await.unwrap();
+
+    let res = request.await.unwrap().unwrap();
+    let problem = expect_status(res, 503).await;
+    assert_eq!(problem["code"], "agent_moved", "{problem}");
+    assert_eq!(app.writer.stats().fenced_batches, fenced_before + 1);
+    let mode: Option<String> = sqlx::query_scalar("SELECT mode FROM agents WHERE id = $1::uuid")
+        .bind(&row)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_ne!(mode.as_deref(), Some("unattended"));
+    assert_eq!(app.timeline(&id).await, before, "nothing was written");
+
+    // Once the agent is nobody's again, the same change is written, event and row at once.
+    sqlx::query(
+        "UPDATE agents SET owner_replica = NULL, lease_expires_at = NULL WHERE id = $1::uuid",
+    )
+    .bind(&row)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let agent = app
+        .put_ok(
+            &format!("/v1/agents/{id}/mode"),
+            json!({"mode": "unattended"}),
+        )
+        .await;
+    assert_eq!(agent["mode"], "unattended", "{agent}");
+    let after = app.timeline(&id).await;
+    assert_eq!(after.len(), before.len() + 1);
+    assert_eq!(after.last().unwrap()["kind"], "mode_changed");
+    assert_eq!(app.writer.stats().fenced_batches, fenced_before + 1);
+    app.stop().await;
+}
+
+/// A mode change of an agent another replica holds is not written here at all.
+#[tokio::test]
+async fn a_mode_change_of_an_agent_held_elsewhere_is_not_written_here() {
+    let app = spawn_app_with(short_lease).await;
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    let row = id.trim_start_matches("agt_").to_owned();
+    app.wait(&id).await;
+    app.post_ok(&format!("/v1/agents/{id}/close"), json!({}), 200)
+        .await;
+    until_released(&app, &row).await;
+    let before = app.timeline(&id).await;
+    // Held by a replica this one cannot hand the request to (it has no address).
+    sqlx::query(
+        "UPDATE agents SET owner_replica = 'unlisted', lease_expires_at = now() + interval '1 hour'
+          WHERE id = $1::uuid",
+    )
+    .bind(&row)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let res = app
+        .client
+        .put(app.url(&format!("/v1/agents/{id}/mode")))
+        .bearer_auth(&app.token)
+        .json(&json!({"mode": "unattended"}))
+        .send()
+        .await
+        .unwrap();
+    let problem = expect_status(res, 503).await;
+    assert_eq!(problem["code"], "agent_moved", "{problem}");
+    assert_eq!(app.timeline(&id).await, before);
+    app.stop().await;
+}
+
+/// Closing an abandoned agent (what a takeover and the boot reconciler write) is written
+/// under the epoch it was read in: if yet another replica took the agent since, nothing of
+/// it is stored — no failed turn, no `closed` status in that replica's timeline — and it
+/// is counted as a fenced batch.
+#[tokio::test]
+async fn an_abandon_written_after_another_takeover_is_refused_and_counted() {
+    let app = spawn_app_with(short_lease).await;
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    let row = id.trim_start_matches("agt_").to_owned();
+    app.wait(&id).await;
+    app.prompt(&id, "/load 3 0").await;
+    app.wait(&id).await;
+    app.post_ok(&format!("/v1/agents/{id}/close"), json!({}), 200)
+        .await;
+    until_released(&app, &row).await;
+    // An open turn and a running status, as a replica that died mid-turn leaves them.
+    sqlx::query(
+        "UPDATE agents SET status = 'running', last_turn_outcome = NULL WHERE id = $1::uuid",
+    )
+    .bind(&row)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let uuid: uuid::Uuid = row.parse().unwrap();
+    let read = agentry::store::agents::open_agent(&app.pool, uuid)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(read.lease_epoch, epoch_of(&app, &row).await);
+    // Yet another replica takes it (a new epoch) before the close is written.
+    sqlx::query(
+        "UPDATE agents SET owner_replica = 'third', lease_epoch = lease_epoch + 1,
+                           lease_expires_at = now() + interval '1 hour'
+          WHERE id = $1::uuid",
+    )
+    .bind(&row)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let before = app.timeline(&id).await;
+    let fenced_before = app.writer.stats().fenced_batches;
+
+    let refused = agentry::runtime::abandon_agent(
+        &app.pool,
+        &app.writer,
+        &read,
+        "owner_lost: test",
+        "owner_lost",
+    )
+    .await;
+    assert!(
+        matches!(
+            refused,
+            Err(agentry::runtime::RuntimeError::Events(
+                agentry::events::WriteError::Fenced
+            ))
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(app.writer.stats().fenced_batches, fenced_before + 1);
+    assert_eq!(app.timeline(&id).await, before, "nothing was written");
+    let status: String = sqlx::query_scalar("SELECT status FROM agents WHERE id = $1::uuid")
+        .bind(&row)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "running", "the row is the new owner's");
+
+    // Read again in the current epoch, the same close is written.
+    let read = agentry::store::agents::open_agent(&app.pool, uuid)
+        .await
+        .unwrap()
+        .unwrap();
+    let done = agentry::runtime::abandon_agent(
+        &app.pool,
+        &app.writer,
+        &read,
+        "owner_lost: test",
+        "owner_lost",
+    )
+    .await
+    .unwrap();
+    assert!(done.turn_failed && done.closed, "{done:?}");
+    let after = app.timeline(&id).await;
+    let kinds: Vec<&str> = after[before.len()..]
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["turn_completed", "status"]);
+    app.stop().await;
+}
