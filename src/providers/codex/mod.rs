@@ -24,6 +24,7 @@ use tokio::task::JoinHandle;
 
 pub use mapping::{Ask, Mapped, Mapper, decision_reply};
 
+use super::broker::{BrokerSpec, Credential, KeyHeader, KeyVar};
 use super::emitter::{Emitter, StopSignals, Stopper, report_exit};
 use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
@@ -59,6 +60,32 @@ pub fn builtin() -> Builtin {
         program: "codex",
         pass_env: PASS_ENV,
         env: &[],
+        credential: Credential::Brokerable(BrokerSpec {
+            prefix: "openai",
+            base_url_var: "OPENAI_BASE_URL",
+            default_upstream: Some("https://api.openai.com/v1"),
+            keys: &[
+                KeyVar {
+                    var: "OPENAI_API_KEY",
+                    header: KeyHeader::Bearer,
+                },
+                KeyVar {
+                    var: "CODEX_API_KEY",
+                    header: KeyHeader::Bearer,
+                },
+            ],
+            not_with: &[],
+            only_when: None,
+            args_check: Some(|args| {
+                custom_model_provider(args).map(|p| {
+                    format!(
+                        "the model provider `{}` is defined in `args` (its base URL is not \
+                         OPENAI_BASE_URL)",
+                        p.name
+                    )
+                })
+            }),
+        }),
         modes,
         default_mode: "auto",
         build: |cfg| Arc::new(CodexProvider::new(cfg)),
