@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 
 pub use mapping::{Ask, Mapped, Mapper, decision_reply};
 
-use super::broker::{BrokerSpec, Credential, KeyHeader, KeyVar};
+use super::broker::Credential;
 use super::emitter::{Emitter, StopSignals, Stopper, report_exit};
 use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
@@ -60,32 +60,11 @@ pub fn builtin() -> Builtin {
         program: "codex",
         pass_env: PASS_ENV,
         env: &[],
-        credential: Credential::Brokerable(BrokerSpec {
-            prefix: "openai",
-            base_url_var: "OPENAI_BASE_URL",
-            default_upstream: Some("https://api.openai.com/v1"),
-            keys: &[
-                KeyVar {
-                    var: "OPENAI_API_KEY",
-                    header: KeyHeader::Bearer,
-                },
-                KeyVar {
-                    var: "CODEX_API_KEY",
-                    header: KeyHeader::Bearer,
-                },
-            ],
-            not_with: &[],
-            only_when: None,
-            args_check: Some(|args| {
-                custom_model_provider(args).map(|p| {
-                    format!(
-                        "the model provider `{}` is defined in `args` (its base URL is not \
-                         OPENAI_BASE_URL)",
-                        p.name
-                    )
-                })
-            }),
-        }),
+        credential: Credential::Inside(
+            "Codex takes its OpenAI provider's base URL from its configuration \
+             (`openai_base_url`, or a model provider's `base_url`), not from a variable; \
+             agentry does not set it yet",
+        ),
         modes,
         default_mode: "auto",
         build: |cfg| Arc::new(CodexProvider::new(cfg)),
