@@ -57,9 +57,6 @@ pub struct BrokerSpec {
     /// A variable that must be unset or hold one of these values (the kind of API a
     /// configurable CLI talks to, which decides the key's header).
     pub only_when: Option<(&'static str, &'static [&'static str])>,
-    /// Why `args` make the CLI talk to another API than the one of `base_url_var`, if
-    /// they do.
-    pub args_check: Option<fn(&[String]) -> Option<String>>,
 }
 
 /// One launch's brokering: what the proxy adds and what the CLI is given instead.
@@ -74,13 +71,11 @@ pub struct Brokering {
 
 impl BrokerSpec {
     /// The brokering of a launch where `var` gives each variable's value as the CLI
-    /// would see it, with `args` after its protocol flags; `Err`: why the credential
-    /// stays inside.
+    /// would see it; `Err`: why the credential stays inside.
     pub fn resolve(
         &self,
         provider: &str,
         var: impl Fn(&str) -> Option<String>,
-        args: &[String],
     ) -> Result<Brokering, String> {
         let set = |name: &str| var(name).filter(|v| !v.is_empty());
         for (name, why) in self.not_with {
@@ -96,9 +91,6 @@ impl BrokerSpec {
                 "{name} is `{v}`: only {} is brokered",
                 values.join(", ")
             ));
-        }
-        if let Some(why) = self.args_check.and_then(|check| check(args)) {
-            return Err(why);
         }
         let Some((key_var, key)) = self.keys.iter().find_map(|k| set(k.var).map(|v| (k, v))) else {
             let names: Vec<&str> = self.keys.iter().map(|k| k.var).collect();
@@ -162,7 +154,6 @@ mod tests {
         ],
         not_with: &[("USE_CLOUD", "the cloud's own credentials are used")],
         only_when: Some(("KIND", &["openai"])),
-        args_check: None,
     };
 
     fn vars<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
@@ -180,7 +171,6 @@ mod tests {
             .resolve(
                 "claude",
                 vars(&[("TOKEN", "tok"), ("BASE", "http://127.0.0.1:9/v1")]),
-                &[],
             )
             .unwrap();
         assert_eq!(b.brokered.upstream_base.as_str(), "http://127.0.0.1:9/v1");
@@ -192,7 +182,7 @@ mod tests {
         assert!(!b.env.contains_key("API_KEY"));
 
         let b = SPEC
-            .resolve("claude", vars(&[("API_KEY", "k"), ("TOKEN", "t")]), &[])
+            .resolve("claude", vars(&[("API_KEY", "k"), ("TOKEN", "t")]))
             .unwrap();
         assert_eq!(
             b.brokered.upstream_base.as_str(),
@@ -204,22 +194,22 @@ mod tests {
 
     #[test]
     fn other_credentials_stay_inside_with_the_reason() {
-        let why = SPEC.resolve("c", vars(&[]), &[]).unwrap_err();
+        let why = SPEC.resolve("c", vars(&[])).unwrap_err();
         assert!(why.contains("API_KEY, TOKEN"), "{why}");
         let why = SPEC
-            .resolve("c", vars(&[("API_KEY", "k"), ("USE_CLOUD", "1")]), &[])
+            .resolve("c", vars(&[("API_KEY", "k"), ("USE_CLOUD", "1")]))
             .unwrap_err();
         assert!(why.starts_with("USE_CLOUD is set"), "{why}");
         let why = SPEC
-            .resolve("c", vars(&[("API_KEY", "k"), ("KIND", "azure")]), &[])
+            .resolve("c", vars(&[("API_KEY", "k"), ("KIND", "azure")]))
             .unwrap_err();
         assert!(why.contains("`azure`"), "{why}");
         assert!(
-            SPEC.resolve("c", vars(&[("API_KEY", "k"), ("KIND", "openai")]), &[])
+            SPEC.resolve("c", vars(&[("API_KEY", "k"), ("KIND", "openai")]))
                 .is_ok()
         );
         let why = SPEC
-            .resolve("c", vars(&[("API_KEY", "k"), ("BASE", "file:///x")]), &[])
+            .resolve("c", vars(&[("API_KEY", "k"), ("BASE", "file:///x")]))
             .unwrap_err();
         assert!(why.contains("BASE"), "{why}");
     }

@@ -86,7 +86,6 @@ pub fn builtin() -> Builtin {
             ],
             not_with: &[],
             only_when: Some(("COPILOT_PROVIDER_TYPE", &["openai"])),
-            args_check: None,
         }),
         modes,
         default_mode: "agent",

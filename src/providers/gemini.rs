@@ -88,7 +88,6 @@ pub fn builtin() -> Builtin {
                 "Vertex AI uses the Google Cloud credentials, inside",
             )],
             only_when: None,
-            args_check: None,
         }),
         modes,
         default_mode: "default",

@@ -66,7 +66,6 @@ struct CredentialSource {
     credential: Credential,
     env: BTreeMap<String, String>,
     pass_env: Vec<String>,
-    args: Vec<String>,
 }
 
 impl CredentialSource {
@@ -75,7 +74,6 @@ impl CredentialSource {
             credential: b.credential,
             env: cfg.env.clone(),
             pass_env: cfg.pass_env.clone(),
-            args: cfg.args.clone(),
         }
     }
 }
@@ -203,7 +201,7 @@ impl ProviderRegistry {
                         .flatten()
                 })
         };
-        spec.resolve(id, var, &src.args)
+        spec.resolve(id, var)
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<dyn Provider>> {

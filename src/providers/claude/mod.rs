@@ -102,7 +102,6 @@ pub fn builtin() -> Builtin {
                 ),
             ],
             only_when: None,
-            args_check: None,
         }),
         modes,
         default_mode: "default",
