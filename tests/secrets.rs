@@ -411,6 +411,179 @@ async fn claude_sends_each_teams_own_key_and_no_value_reaches_a_log_or_the_datab
     }
 }
 
+// ---- brokered keys ------------------------------------------------------------------------
+
+/// The pids of `root` and of every process under it.
+fn process_tree(root: i32) -> Vec<i32> {
+    let mut parents: Vec<(i32, i32)> = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid …`: the name may hold spaces and parentheses.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let ppid = after.split(' ').nth(1).unwrap().parse::<i32>().unwrap();
+        parents.push((pid, ppid));
+    }
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    tree
+}
+
+/// `NAME=value` entries of a process's environment.
+fn environ(pid: i32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .map(|b| {
+            b.split(|c| *c == 0)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Every regular file under `dir` (symbolic links not followed) whose bytes hold `needle`.
+fn files_holding(dir: &Path, needle: &str, out: &mut Vec<PathBuf>, seen: &mut usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
+        let path = entry.path();
+        if kind.is_dir() {
+            files_holding(&path, needle, out, seen);
+        } else if kind.is_file() {
+            *seen += 1;
+            if let Ok(bytes) = std::fs::read(&path)
+                && bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
+            {
+                out.push(path);
+            }
+        }
+    }
+}
+
+/// Under `network = "proxy"` the team's key never enters the sandbox: the real Claude
+/// Code is given the agent's brokered base URL and a placeholder key, and the egress
+/// proxy adds the key on the way to the model API. The fake model server receives the
+/// key; the CLI's environment (and that of every process of its sandbox) does not hold
+/// it, nor does any file the server wrote or the sandbox can write.
+#[tokio::test]
+async fn under_the_proxy_network_the_team_key_is_added_outside_the_sandbox() {
+    let cli = clis::cli("claude");
+    let fake = FakeAnthropic::start().await;
+    let url = fake.url.clone();
+    let app = spawn_app_with(move |s: &mut Settings| {
+        s.sandbox.network = agentry::config::SandboxNetwork::Proxy;
+        let env = BTreeMap::from([("ANTHROPIC_BASE_URL".to_owned(), url)]);
+        s.providers.insert(
+            "claude".into(),
+            ProviderSettings {
+                command: Some(vec![cli.display().to_string()]),
+                env,
+                team_secrets: vec!["ANTHROPIC_API_KEY".into()],
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let repo = git_repo();
+    let team = default_team(&app).await;
+    let key = format!("sk-ant-brokered-{}", Uuid::now_v7().simple());
+    set_secret(&app, &app.token, &team, "ANTHROPIC_API_KEY", &key).await;
+
+    let claude = provider(&app, &app.token, "claude").await;
+    assert_eq!(claude["available"], true, "{claude}");
+    assert_eq!(claude["credential"], "brokered", "{claude}");
+    assert_eq!(claude["credential_reason"], Value::Null, "{claude}");
+    let mock = provider(&app, &app.token, "mock").await;
+    assert_eq!(mock["credential"], "inside", "{mock}");
+    assert!(mock["credential_reason"].is_string(), "{mock}");
+
+    let ws = workspace(&app, &app.token, &team, repo.path()).await;
+    let (s, agent) = call(
+        &app,
+        &app.token,
+        Method::POST,
+        "/v1/agents",
+        Some(json!({"workspace_id": ws, "provider": "claude", "mode": "default"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{agent}");
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    fake.push(Reply::text("Hello through the broker."));
+    let waited = turn(&app, &app.token, &agent, "say hello").await;
+    assert_eq!(waited["last_turn"]["outcome"], "completed", "{waited}");
+    let keys = fake.api_keys();
+    assert!(!keys.is_empty(), "the CLI called the model");
+    assert!(keys.iter().all(|k| *k == key), "{keys:?}");
+
+    // The CLI runs (still) with the placeholder and the agent's endpoint, not the key.
+    let (_, a) = call(
+        &app,
+        &app.token,
+        Method::GET,
+        &format!("/v1/agents/{agent}"),
+        None,
+    )
+    .await;
+    let pid = a["runtime"]["pid"].as_i64().expect("a running CLI") as i32;
+    let tree = process_tree(pid);
+    // The deepest such process: the bridge that starts the CLI has its argv and
+    // environment too.
+    let cli_pid = *tree
+        .iter()
+        .rev()
+        .find(|p| {
+            environ(**p)
+                .iter()
+                .any(|v| v == "ANTHROPIC_BASE_URL=http://127.0.0.1:3128/anthropic")
+                && std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains("claude"))
+        })
+        .unwrap_or_else(|| panic!("the CLI is in the sandbox's tree {tree:?}"));
+    let cli_env = environ(cli_pid);
+    assert!(
+        cli_env
+            .iter()
+            .any(|v| v == "ANTHROPIC_API_KEY=agentry-brokered-key"),
+        "{cli_env:?}"
+    );
+    for p in &tree {
+        let env = environ(*p);
+        assert!(
+            !env.iter().any(|v| v.contains(&key)),
+            "the key is in the environment of {p}"
+        );
+    }
+
+    // No file of the server's data dir (the agent's home, its worktree, its endpoint)
+    // nor of the repository the sandbox commits to holds the key.
+    let mut found = Vec::new();
+    let mut seen = 0;
+    files_holding(app.data_dir.path(), &key, &mut found, &mut seen);
+    files_holding(repo.path(), &key, &mut found, &mut seen);
+    assert!(seen > 10, "the files were read ({seen})");
+    assert!(
+        app.data_dir.path().join("agent-homes").is_dir(),
+        "the agent's home was searched"
+    );
+    assert!(found.is_empty(), "the key is in {found:?}");
+}
+
 #[tokio::test]
 async fn no_value_reaches_the_log_or_the_database_dump_whatever_happens_to_it() {
     capture_logs();

@@ -29,6 +29,9 @@ pub enum Scenario {
     Growth,
     /// What a `/mcp` tool call adds over the same `/v1` request.
     Mcp,
+    /// What the sandbox adds to an agent's start: the same mock agents started one by one
+    /// on a server with the sandbox off, then on one with it on.
+    Sandbox,
     /// Every scenario above, each on its own fresh server.
     All,
 }
@@ -123,6 +126,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::Fanout,
             Scenario::Growth,
             Scenario::Mcp,
+            Scenario::Sandbox,
         ],
         one => vec![one],
     };
@@ -145,6 +149,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::Fanout => scenarios::fanout(&args).await,
             Scenario::Growth => scenarios::growth(&args).await,
             Scenario::Mcp => scenarios::mcp(&args).await,
+            Scenario::Sandbox => scenarios::sandbox(&args).await,
             Scenario::All => unreachable!("expanded above"),
         }?;
         println!("({s:?} took {:.0} s)\n", started.elapsed().as_secs_f64());

@@ -762,6 +762,90 @@ pub async fn create(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     ])
 }
 
+/// The sandbox's added start latency: `n` mock agents created one after another (no
+/// prompt, so nothing else runs meanwhile), each timed from its `POST /v1/agents` to its
+/// session started (its status leaving `starting` on the team stream), on a server with
+/// `sandbox.mode = "off"` and then on one with `"enforce"`, in the same run.
+pub async fn sandbox(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
+    const S: &str = "sandbox";
+    let n = args.agents.unwrap_or(50);
+    println!("== sandbox: {n} mock agents started one by one, sandbox off then on");
+    let mut figures = Vec::new();
+    let mut p50s = Vec::new();
+    let mut p99s = Vec::new();
+    for (label, mode) in [("off", "off"), ("on", "enforce")] {
+        let server =
+            ServerProcess::start_with(args.keep, &[("AGENTRY_SANDBOX__MODE", mode)]).await?;
+        let api = Api::new(&server.base, &server.token);
+        let providers = api.get_ok("/v1/providers").await?;
+        let confined =
+            providers["sandbox"]["mode"] == "enforce" && providers["sandbox"]["available"] == true;
+        anyhow::ensure!(
+            confined == (mode == "enforce"),
+            "the server's sandbox is not {label}: {}",
+            providers["sandbox"]
+        );
+        let ws = api.workspace(&server.repo).await?;
+        let mut team = api
+            .stream(&format!("/v1/events?workspace_id={ws}"), None)
+            .await?;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let watcher = tokio::spawn(async move {
+            while let Some(frames) = team.next_chunk(Duration::from_secs(60)).await? {
+                let at = Instant::now();
+                for f in frames {
+                    let v: Value = serde_json::from_slice(&f)?;
+                    if v["kind"] == "agent_status"
+                        && v["data"]["status"] != "starting"
+                        && let Some(a) = v["data"]["agent_id"].as_str()
+                        && tx.send((a.to_owned(), at)).is_err()
+                    {
+                        return anyhow::Ok(());
+                    }
+                }
+            }
+            anyhow::Ok(())
+        });
+        let body = json!({"workspace_id": ws, "provider": "mock"});
+        let mut samples_us = Vec::with_capacity(n);
+        let mut seen: HashMap<String, Instant> = HashMap::new();
+        for _ in 0..n {
+            let t0 = Instant::now();
+            let (status, v) = api.post("/v1/agents", &body).await?;
+            anyhow::ensure!(status == 201, "POST /v1/agents answered {status}: {v}");
+            let id = v["id"].as_str().context("agent id")?.to_owned();
+            let at = loop {
+                if let Some(at) = seen.get(&id) {
+                    break *at;
+                }
+                let (agent, at) = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+                    .await
+                    .context("no session started within 30 s")?
+                    .context("the team stream ended")?;
+                seen.entry(agent).or_insert(at);
+            };
+            samples_us.push((at - t0).as_micros().min(u32::MAX as u128) as u32);
+        }
+        watcher.abort();
+        server.stop().await?;
+        let p = Percentiles::of(samples_us).context("no sample")?;
+        println!("  sandbox {label}: start {}", p.line());
+        p50s.push(p.p50);
+        p99s.push(p.p99);
+        figures.push(Figure::info(
+            S,
+            format!("agent start, sandbox {label} (p50 / p99)"),
+            format!("{:.1} / {:.1} ms", p.p50, p.p99),
+        ));
+    }
+    figures.push(Figure::info(
+        S,
+        "added by the sandbox (p50 / p99)",
+        format!("{:+.1} / {:+.1} ms", p50s[1] - p50s[0], p99s[1] - p99s[0]),
+    ));
+    Ok(figures)
+}
+
 pub async fn growth(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     const S: &str = "growth";
     const TURN: u64 = 10_000;

@@ -49,6 +49,11 @@ impl ServerProcess {
     /// Start `agentry serve` (this executable) on a fresh data dir and wait until it is
     /// ready. `keep` leaves the directory and the server log behind.
     pub async fn start(keep: bool) -> anyhow::Result<Self> {
+        Self::start_with(keep, &[]).await
+    }
+
+    /// `start`, with `env` set for the server (settings as `AGENTRY_*` variables).
+    pub async fn start_with(keep: bool, env: &[(&str, &str)]) -> anyhow::Result<Self> {
         let dir =
             std::env::temp_dir().join(format!("agentry-bench-{}", uuid::Uuid::now_v7().simple()));
         std::fs::create_dir_all(&dir)?;
@@ -73,6 +78,7 @@ impl ServerProcess {
                 serve.env(var, value);
             }
         }
+        serve.envs(env.iter().copied());
         let child = serve
             .arg("serve")
             .arg("--data-dir")

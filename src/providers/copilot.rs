@@ -20,6 +20,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::acp::{AcpProvider, AcpProviderConfig, ModePreset};
+use super::broker::{BrokerSpec, Credential, KeyHeader, KeyVar};
 use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, Probe, ProcessLauncher,
     Provider, ProviderError, ProviderInfo, ProviderSession, SessionInfo, SessionSpec, mode,
@@ -67,6 +68,25 @@ pub fn builtin() -> Builtin {
         // stops every other outside call but also GitHub sign-in, so it is left to the
         // settings: a BYOK setup sets it.)
         env: &[("COPILOT_AUTO_UPDATE", "false")],
+        // Only a model provider of one's own (BYOK) of the OpenAI kind: GitHub's own
+        // models are reached with the GitHub token, which the CLI itself exchanges.
+        credential: Credential::Brokerable(BrokerSpec {
+            prefix: "copilot-provider",
+            base_url_var: BYOK_VAR,
+            default_upstream: None,
+            keys: &[
+                KeyVar {
+                    var: "COPILOT_PROVIDER_API_KEY",
+                    header: KeyHeader::Bearer,
+                },
+                KeyVar {
+                    var: "COPILOT_PROVIDER_BEARER_TOKEN",
+                    header: KeyHeader::Bearer,
+                },
+            ],
+            not_with: &[],
+            only_when: Some(("COPILOT_PROVIDER_TYPE", &["openai"])),
+        }),
         modes,
         default_mode: "agent",
         build: |cfg| Arc::new(CopilotProvider::new(cfg)),

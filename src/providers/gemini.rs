@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use super::acp::{AcpProvider, AcpProviderConfig};
+use super::broker::{BrokerSpec, Credential, KeyHeader, KeyVar};
 use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, Probe, ProcessLauncher,
     Provider, ProviderError, ProviderInfo, ProviderSession, SessionInfo, SessionSpec, mode,
@@ -66,6 +67,28 @@ pub fn builtin() -> Builtin {
             ("GEMINI_CLI_NO_RELAUNCH", "true"),
             ("GEMINI_CLI_TRUST_WORKSPACE", "true"),
         ],
+        credential: Credential::Brokerable(BrokerSpec {
+            prefix: "gemini",
+            base_url_var: "GOOGLE_GEMINI_BASE_URL",
+            default_upstream: Some("https://generativelanguage.googleapis.com"),
+            // Both name a Gemini API key (the second wins in the CLI's SDK when both are
+            // set): both are withheld.
+            keys: &[
+                KeyVar {
+                    var: "GOOGLE_API_KEY",
+                    header: KeyHeader::Named("x-goog-api-key"),
+                },
+                KeyVar {
+                    var: "GEMINI_API_KEY",
+                    header: KeyHeader::Named("x-goog-api-key"),
+                },
+            ],
+            not_with: &[(
+                "GOOGLE_GENAI_USE_VERTEXAI",
+                "Vertex AI uses the Google Cloud credentials, inside",
+            )],
+            only_when: None,
+        }),
         modes,
         default_mode: "default",
         build: |cfg| Arc::new(GeminiProvider::new(cfg)),

@@ -11,6 +11,7 @@
 //! - the process can die at any time: the adapter reports `ProviderEvent::Exited`.
 
 pub mod acp;
+pub mod broker;
 pub mod claude;
 pub mod codex;
 pub mod copilot;
@@ -500,6 +501,8 @@ pub struct Builtin {
     /// Environment every child of the provider gets unless the settings' `env` says
     /// otherwise (a server's CLIs neither update themselves nor phone home).
     pub env: &'static [(&'static str, &'static str)],
+    /// Whether its model API key can stay outside the sandbox, and how (see `broker`).
+    pub credential: broker::Credential,
     pub modes: fn() -> Vec<ModeInfo>,
     pub default_mode: &'static str,
     pub build: fn(CliConfig) -> Arc<dyn Provider>,

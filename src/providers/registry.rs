@@ -15,8 +15,10 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::OnceCell;
 
 use crate::config::{BuiltInCli, ProviderSettings};
+use crate::domain::SecretEnv;
 
 use super::acp::{AcpProvider, AcpProviderConfig};
+use super::broker::{Brokering, Credential};
 use super::mock::mock_provider;
 use super::{Builtin, CatalogScope, CliConfig, ModeInfo, ModelInfo, Probe, Provider};
 
@@ -54,6 +56,26 @@ pub struct ProviderRegistry {
     catalogs: Arc<Mutex<HashMap<(String, CatalogScope), Slot>>>,
     /// The `team_secrets` of each provider that takes any.
     team_secrets: BTreeMap<String, Vec<String>>,
+    /// What decides where each built-in CLI's credential is (see `brokering`).
+    credentials: BTreeMap<String, CredentialSource>,
+}
+
+/// A built-in's credential description with the configuration its CLI runs with.
+#[derive(Clone)]
+struct CredentialSource {
+    credential: Credential,
+    env: BTreeMap<String, String>,
+    pass_env: Vec<String>,
+}
+
+impl CredentialSource {
+    fn of(b: &Builtin, cfg: &CliConfig) -> Self {
+        Self {
+            credential: b.credential,
+            env: cfg.env.clone(),
+            pass_env: cfg.pass_env.clone(),
+        }
+    }
 }
 
 impl ProviderRegistry {
@@ -96,6 +118,9 @@ impl ProviderRegistry {
             }
             let mut cfg = builtin_config(b, b.id, own);
             cfg.state_dir = state_dir(b.id);
+            registry
+                .credentials
+                .insert(b.id.to_owned(), CredentialSource::of(b, &cfg));
             registry.register((b.build)(cfg));
             registry.set_team_secrets(b.id, own);
         }
@@ -112,6 +137,9 @@ impl ProviderRegistry {
                     if let Some(b) = builtins.iter().find(|b| b.id == base) {
                         let mut cfg = builtin_config(b, id, Some(p));
                         cfg.state_dir = state_dir(id);
+                        registry
+                            .credentials
+                            .insert(id.to_owned(), CredentialSource::of(b, &cfg));
                         registry.register((b.build)(cfg));
                         registry.set_team_secrets(id, Some(p));
                     }
@@ -141,6 +169,39 @@ impl ProviderRegistry {
     /// The variables provider `id` takes from each team's secrets (none for most).
     pub fn team_secrets(&self, id: &str) -> &[String] {
         self.team_secrets.get(id).map_or(&[], Vec::as_slice)
+    }
+
+    /// Whether the model API key of provider `id` can be added by the egress proxy for a
+    /// launch whose team secrets (and launch-only variables) are `secrets`: the
+    /// brokering, or why the key stays inside the sandbox. Values are looked up as the
+    /// CLI would see them: `secrets`, then the provider's `env`, then the server's
+    /// environment for the variables it passes on.
+    pub fn brokering(&self, id: &str, secrets: &SecretEnv) -> Result<Brokering, String> {
+        let Some(src) = self.credentials.get(id) else {
+            return Err(if id == "mock" {
+                "the mock provider calls no model API".to_owned()
+            } else {
+                "an ACP agent of the settings talks to a model API agentry does not know".to_owned()
+            });
+        };
+        let spec = match src.credential {
+            Credential::Inside(why) => return Err(why.to_owned()),
+            Credential::Brokerable(spec) => spec,
+        };
+        let var = |name: &str| {
+            secrets
+                .get(name)
+                .map(|v| v.expose().to_owned())
+                .or_else(|| src.env.get(name).cloned())
+                .or_else(|| {
+                    src.pass_env
+                        .iter()
+                        .any(|p| p == name)
+                        .then(|| std::env::var(name).ok())
+                        .flatten()
+                })
+        };
+        spec.resolve(id, var)
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<dyn Provider>> {

@@ -11,8 +11,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use super::{
-    AgentContext, AgentLauncher, Command, EndedTurn, Exhausted, Moment, PermissionAnswer,
-    RunningTurn, RuntimeError, Shared, Snapshot, TurnMeter, TurnSubject,
+    AgentContext, AgentLauncher, BrokeredEnv, Command, EndedTurn, Exhausted, Moment,
+    PermissionAnswer, RunningTurn, RuntimeError, Shared, Snapshot, TurnMeter, TurnSubject,
 };
 use crate::domain::{
     AgentId, AgentStatus, Behavior, EventKind, MessageId, NewEvent, PermissionId, PermissionOption,
@@ -281,8 +281,9 @@ impl Actor {
             mcp_servers,
             resume: self.ctx.persistence.clone(),
         };
-        let network = match self.open_egress() {
-            Ok(n) => n,
+        let (network, brokered) = match self.open_egress() {
+            Ok(Some((n, b))) => (Some(n), b),
+            Ok(None) => (None, None),
             Err(e) => {
                 let message = format!("could not open the agent's egress endpoint: {e}");
                 self.emit(
@@ -299,6 +300,7 @@ impl Actor {
             agent: self.id(),
             secret_env: self.ctx.secret_env.clone(),
             nice: self.shared.agent_nice,
+            brokered,
             sandbox: self.shared.sandbox.clone().map(|s| {
                 let view = crate::sandbox::AgentView {
                     agent: Some(self.id().uuid()),
@@ -410,8 +412,12 @@ impl Actor {
     }
 
     /// In the `proxy` network mode, the agent's egress endpoint, opened (again) with its
-    /// allow list; what its sandbox needs to use it. `None` in the other modes.
-    fn open_egress(&self) -> std::io::Result<Option<crate::sandbox::NetworkPlan>> {
+    /// allow list and, when its provider's key can be added there, that key; what its
+    /// sandbox needs to use it, and what its processes get in place of the key. `None`
+    /// in the other modes.
+    fn open_egress(
+        &self,
+    ) -> std::io::Result<Option<(crate::sandbox::NetworkPlan, Option<BrokeredEnv>)>> {
         if !self.shared.uses_egress() {
             return Ok(None);
         }
@@ -420,8 +426,25 @@ impl Actor {
         };
         // An agent started without a list (none was read for it) reaches nothing.
         let allow = self.ctx.egress_allow.clone().unwrap_or_default();
-        let net = egress.open(self.id(), allow, Vec::new())?;
-        Ok(Some(net.into()))
+        let brokering = self
+            .shared
+            .registry
+            .brokering(&self.ctx.provider, &self.ctx.secret_env);
+        let (brokered, env) = match brokering {
+            Ok(b) => (
+                vec![b.brokered],
+                Some(BrokeredEnv {
+                    withhold: b.withhold,
+                    env: b.env,
+                }),
+            ),
+            Err(why) => {
+                tracing::debug!(agent_id = %self.id(), provider = %self.ctx.provider, why, "the provider's credential is not brokered");
+                (Vec::new(), None)
+            }
+        };
+        let net = egress.open(self.id(), allow, brokered)?;
+        Ok(Some((net.into(), env)))
     }
 
     /// Close the agent's egress endpoint (its connections end, its directory goes):

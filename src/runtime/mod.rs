@@ -989,6 +989,29 @@ pub(crate) struct AgentLauncher {
     pub nice: i32,
     /// The sandbox the agent's processes run in, and what the agent sees there.
     pub sandbox: Option<(Arc<Sandbox>, AgentView)>,
+    /// The provider's key is added by the egress proxy: what its processes get instead.
+    pub brokered: Option<BrokeredEnv>,
+}
+
+/// What an agent's processes get in place of a brokered key.
+#[derive(Debug, Clone)]
+pub(crate) struct BrokeredEnv {
+    /// Variables they get from nowhere: no team secret, no setting, not the server's.
+    pub withhold: Vec<String>,
+    /// Set for them: the brokered base URL and a placeholder key.
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+impl BrokeredEnv {
+    fn apply(&self, spec: &mut CommandSpec) {
+        for name in &self.withhold {
+            spec.secret_env.remove(name);
+            spec.env.remove(name);
+            spec.pass_env.retain(|p| p != name);
+        }
+        spec.env
+            .extend(self.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
 }
 
 #[async_trait]
@@ -996,6 +1019,9 @@ impl ProcessLauncher for AgentLauncher {
     async fn launch(&self, mut spec: CommandSpec) -> Result<ManagedChild, ProcessError> {
         spec.secret_env
             .extend(self.secret_env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        if let Some(brokered) = &self.brokered {
+            brokered.apply(&mut spec);
+        }
         if let Some((sandbox, view)) = &self.sandbox {
             spec = sandbox.wrap(spec, view).map_err(|e| ProcessError::Spawn {
                 program: "bwrap".to_owned(),

@@ -7,6 +7,7 @@ use utoipa::ToSchema;
 
 use super::{ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{Operation, Principal};
+use crate::config::SandboxNetwork;
 use crate::domain::{TeamId, WorkspaceId};
 use crate::providers::{Availability, CatalogScope, ModeInfo, ModelInfo, ProviderCapabilities};
 
@@ -16,7 +17,8 @@ use crate::providers::{Availability, CatalogScope, ModeInfo, ModelInfo, Provider
     "permissions": true, "mcp_servers": true},
     "modes": [{"id": "default", "label": "Default", "description": null, "unattended": false},
               {"id": "unattended", "label": "Unattended", "description": null, "unattended": true}],
-    "default_mode": "default", "team_secrets": []}))]
+    "default_mode": "default", "team_secrets": [], "credential": "inside",
+    "credential_reason": "the mock provider calls no model API"}))]
 pub struct ProviderView {
     pub id: String,
     pub label: String,
@@ -29,6 +31,22 @@ pub struct ProviderView {
     /// The team secrets this provider takes (names only); it is available to a team
     /// only once the team has set each of them.
     pub team_secrets: Vec<String>,
+    /// Where the provider's model API key is for the caller's team: `brokered` (the
+    /// egress proxy adds it on the way out; the CLI inside the sandbox has a placeholder)
+    /// or `inside` (the CLI has it, in its environment or its files).
+    pub credential: CredentialPlace,
+    /// Why the key is `inside` (null when brokered).
+    pub credential_reason: Option<String>,
+}
+
+/// Where a provider's model API key is while its agents run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CredentialPlace {
+    /// Outside the sandbox: the egress proxy adds it to each model API request.
+    Brokered,
+    /// Inside the sandbox, with the CLI.
+    Inside,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -70,10 +88,30 @@ pub async fn list(
         Some(team) => super::secrets::open_many(ctx, team, &wanted).await?,
         None => Default::default(),
     };
+    // Keys are added outside only where the egress proxy stands between agents and the
+    // network.
+    let not_brokered = (!ctx.agents.uses_egress()).then(|| match ctx.agents.sandbox() {
+        Some(s) if s.status().confines() => format!(
+            "the sandbox's network is `{}`: only `proxy` puts agentry's egress proxy, which \
+             adds keys, between the CLI and its model API",
+            network_name(s.status().network)
+        ),
+        _ => "agents are not sandboxed here, so nothing stands between the CLI and its \
+              model API"
+            .to_owned(),
+    });
     let mut items = Vec::new();
     for p in registry.all() {
         let info = p.info();
         let team_secrets = registry.team_secrets(&info.id).to_vec();
+        let secret_env = super::secrets::env_of(&team_secrets, &opened).unwrap_or_default();
+        let (credential, credential_reason) = match &not_brokered {
+            Some(why) => (CredentialPlace::Inside, Some(why.clone())),
+            None => match registry.brokering(&info.id, &secret_env) {
+                Ok(_) => (CredentialPlace::Brokered, None),
+                Err(why) => (CredentialPlace::Inside, Some(why)),
+            },
+        };
         let availability = match p.availability().await {
             Availability::Available => match super::secrets::env_of(&team_secrets, &opened) {
                 Ok(_) => Availability::Available,
@@ -95,12 +133,22 @@ pub async fn list(
             modes: info.modes,
             default_mode: info.default_mode,
             team_secrets,
+            credential,
+            credential_reason,
         });
     }
     Ok(ProviderList {
         items,
         sandbox: ctx.agents.sandbox().map(|s| s.status().clone()),
     })
+}
+
+fn network_name(n: SandboxNetwork) -> &'static str {
+    match n {
+        SandboxNetwork::Host => "host",
+        SandboxNetwork::None => "none",
+        SandboxNetwork::Proxy => "proxy",
+    }
 }
 
 pub async fn models(

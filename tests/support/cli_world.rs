@@ -53,6 +53,22 @@ pub trait ModelFake {
     fn endpoint(&self) -> String;
 }
 
+/// `AGENTRY_TEST_SANDBOX_NETWORK` (`host`, `none` or `proxy`), when set, is the sandbox's
+/// network mode of a suite's servers: `proxy` runs the CLIs behind the egress proxy, with
+/// their keys brokered to the fake model servers.
+pub fn network_from_env(s: &mut Settings) {
+    use agentry::config::SandboxNetwork;
+    let Ok(mode) = std::env::var("AGENTRY_TEST_SANDBOX_NETWORK") else {
+        return;
+    };
+    s.sandbox.network = match mode.as_str() {
+        "host" => SandboxNetwork::Host,
+        "none" => SandboxNetwork::None,
+        "proxy" => SandboxNetwork::Proxy,
+        other => panic!("AGENTRY_TEST_SANDBOX_NETWORK={other}: expected host, none or proxy"),
+    };
+}
+
 /// A provider table that runs `cli` with `env`.
 pub fn cli_settings(cli: &Path, env: BTreeMap<String, String>) -> ProviderSettings {
     ProviderSettings {
@@ -95,6 +111,7 @@ impl<P: Provider> CliWorld<P> {
         let table = P::settings(&cli, &fake.endpoint(), home.path());
         let app = spawn_app_with(move |s| {
             s.providers.insert(P::ID.into(), table);
+            network_from_env(s);
             tweak(s);
         })
         .await;
@@ -116,6 +133,7 @@ impl<P: Provider> CliWorld<P> {
         let table = P::settings(&self.cli, &self.fake.endpoint(), self.home.path());
         let app = spawn_on_with(db, data_dir, Some(token), |s| {
             s.providers.insert(P::ID.into(), table);
+            network_from_env(s);
         })
         .await;
         Self { app, ..self }

@@ -23,6 +23,7 @@ use tokio::io::AsyncRead;
 use tokio::sync::oneshot;
 
 use self::mapping::{Action, Mapper, ToolPermission};
+use super::broker::{BrokerSpec, Credential, KeyHeader, KeyVar};
 use super::emitter::{Emitter, StopSignals, Stopper, report_exit};
 use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
@@ -76,6 +77,32 @@ pub fn builtin() -> Builtin {
         // The only connection the CLI then makes is to the model API: no telemetry, no
         // error reports, no self-update of a pinned CLI.
         env: &[("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")],
+        credential: Credential::Brokerable(BrokerSpec {
+            prefix: "anthropic",
+            base_url_var: "ANTHROPIC_BASE_URL",
+            default_upstream: Some("https://api.anthropic.com"),
+            keys: &[
+                KeyVar {
+                    var: "ANTHROPIC_API_KEY",
+                    header: KeyHeader::Named("x-api-key"),
+                },
+                KeyVar {
+                    var: "ANTHROPIC_AUTH_TOKEN",
+                    header: KeyHeader::Bearer,
+                },
+            ],
+            not_with: &[
+                (
+                    "CLAUDE_CODE_USE_BEDROCK",
+                    "Bedrock signs each request with the AWS credentials, inside",
+                ),
+                (
+                    "CLAUDE_CODE_USE_VERTEX",
+                    "Vertex AI uses the Google Cloud credentials, inside",
+                ),
+            ],
+            only_when: None,
+        }),
         modes,
         default_mode: "default",
         build: |cfg| Arc::new(ClaudeProvider::new(cfg)),

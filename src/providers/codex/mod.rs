@@ -24,6 +24,7 @@ use tokio::task::JoinHandle;
 
 pub use mapping::{Ask, Mapped, Mapper, decision_reply};
 
+use super::broker::Credential;
 use super::emitter::{Emitter, StopSignals, Stopper, report_exit};
 use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
@@ -59,6 +60,11 @@ pub fn builtin() -> Builtin {
         program: "codex",
         pass_env: PASS_ENV,
         env: &[],
+        credential: Credential::Inside(
+            "Codex takes its OpenAI provider's base URL from its configuration \
+             (`openai_base_url`, or a model provider's `base_url`), not from a variable; \
+             agentry does not set it yet",
+        ),
         modes,
         default_mode: "auto",
         build: |cfg| Arc::new(CodexProvider::new(cfg)),

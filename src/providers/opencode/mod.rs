@@ -29,6 +29,7 @@ use tokio::task::JoinHandle;
 
 pub use mapping::{Ask, Mapped, Mapper, reply_word, tool_kind};
 
+use super::broker::Credential;
 use super::emitter::{Emitter, StopSignals, Stopper, report_exit};
 use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
@@ -83,6 +84,11 @@ pub fn builtin() -> Builtin {
             ("OPENCODE_DISABLE_LSP_DOWNLOAD", "1"),
             ("OPENCODE_DISABLE_PROJECT_CONFIG", "1"),
         ],
+        credential: Credential::Inside(
+            "OpenCode takes each model provider's base URL and key from its JSON \
+             configuration (`OPENCODE_CONFIG_CONTENT`, its config files), not from one \
+             variable; agentry does not rewrite that configuration",
+        ),
         modes,
         default_mode: "build",
         build: |cfg| Arc::new(OpenCodeProvider::new(cfg)),

@@ -34,6 +34,7 @@ use tokio::io::AsyncRead;
 use tokio::sync::oneshot;
 
 use self::mapping::{Action, Dialog, DialogMethod, Mapper};
+use super::broker::Credential;
 use super::emitter::{Emitter, StopSignals, Stopper, report_exit};
 use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
@@ -97,6 +98,11 @@ pub fn builtin() -> Builtin {
         ],
         // No update checks, package checks or install telemetry from a server's CLI.
         env: &[("PI_OFFLINE", "1"), ("PI_SKIP_VERSION_CHECK", "1")],
+        credential: Credential::Inside(
+            "Pi takes custom base URLs from `models.json` in its agent directory and reads \
+             its built-in providers' keys from many variables; agentry does not rewrite \
+             that file",
+        ),
         modes,
         default_mode: ASK,
         build: |cfg| Arc::new(PiProvider::new(cfg)),
