@@ -331,7 +331,11 @@ async fn read(pool: &DeadlinePool, hash: &TokenHash) -> Result<Entry, AuthError>
             .find(|(t, _)| **t == team)
             .and_then(|(_, r)| Role::parse(r))
     };
-    let token_role = match (agent, token.team_id, token.role.as_deref().and_then(Role::parse)) {
+    let token_role = match (
+        agent,
+        token.team_id,
+        token.role.as_deref().and_then(Role::parse),
+    ) {
         (Some(_), Some(team), Some(role)) => match creator_role(team) {
             Some(now) => Some(role.min(now)),
             None if is_admin => Some(role),

@@ -1497,6 +1497,9 @@ mod token_mask_tests {
         let masked = super::mask_api_tokens(&arg);
         assert!(!masked.contains("ab12ab12"), "{masked}");
         assert!(masked.contains("agt_pat_[redacted]"), "{masked}");
-        assert_eq!(super::mask_api_tokens("--model agt_pat_"), "--model agt_pat_");
+        assert_eq!(
+            super::mask_api_tokens("--model agt_pat_"),
+            "--model agt_pat_"
+        );
     }
 }

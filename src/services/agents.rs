@@ -706,7 +706,9 @@ pub async fn create(
                 parent_agent_id,
                 depth,
                 agentry_mcp: body.agentry_mcp != Some(false),
-                creator_role: principal.role_in(workspace.team_id).map(crate::auth::Role::as_str),
+                creator_role: principal
+                    .role_in(workspace.team_id)
+                    .map(crate::auth::Role::as_str),
             },
         )
         .await?;

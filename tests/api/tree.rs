@@ -202,12 +202,7 @@ async fn an_agent_token_acts_in_its_project_below_its_creator_and_dies_with_its_
             200,
         )
         .await;
-    let ids: Vec<&str> = listed["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(id)
-        .collect();
+    let ids: Vec<&str> = listed["items"].as_array().unwrap().iter().map(id).collect();
     assert_eq!(ids, [child.as_str()]);
 
     // The child's creation is audited with the parent agent as actor and bob behind it.
@@ -216,7 +211,10 @@ async fn an_agent_token_acts_in_its_project_below_its_creator_and_dies_with_its_
         .api
         .ok(
             Method::GET,
-            &format!("/v1/audit?team_id={}&action=agent.create&actor_id={parent}", w.team),
+            &format!(
+                "/v1/audit?team_id={}&action=agent.create&actor_id={parent}",
+                w.team
+            ),
             None,
             200,
         )
@@ -224,7 +222,11 @@ async fn an_agent_token_acts_in_its_project_below_its_creator_and_dies_with_its_
     let entry = &audit["items"][0];
     assert_eq!(entry["actor"]["kind"], "agent", "{audit}");
     assert_eq!(entry["target"]["id"], child.as_str());
-    assert_eq!(entry["details"]["on_behalf_of"], w.bob.id.as_str(), "{entry}");
+    assert_eq!(
+        entry["details"]["on_behalf_of"],
+        w.bob.id.as_str(),
+        "{entry}"
+    );
 
     // Never more than its creator: bob made a viewer, his agent's token drives nothing.
     w.ana
@@ -342,7 +344,9 @@ async fn depth_and_children_limits_answer_their_codes_and_kept_children_outlive_
     .await;
 
     // `?children=keep` leaves the children; the default archives the whole subtree.
-    let res = app.delete(&format!("/v1/agents/{other}?children=keep")).await;
+    let res = app
+        .delete(&format!("/v1/agents/{other}?children=keep"))
+        .await;
     assert_eq!(res.status(), 204);
     let kept = app.get_ok(&format!("/v1/agents/{}", id(&kept))).await;
     assert!(kept["archived_at"].is_null(), "{kept}");
@@ -353,7 +357,9 @@ async fn depth_and_children_limits_answer_their_codes_and_kept_children_outlive_
     assert!(!child_now["archived_at"].is_null(), "{child_now}");
     it.refused(Method::GET, "/v1/agents", None, 401, "token_revoked")
         .await;
-    let res = app.delete(&format!("/v1/agents/{parent}?children=some")).await;
+    let res = app
+        .delete(&format!("/v1/agents/{parent}?children=some"))
+        .await;
     assert_eq!(res.status(), 400);
 }
 
@@ -400,8 +406,10 @@ async fn the_agentry_server_is_reachable_from_the_sandbox_and_opted_out_per_agen
         .refused(
             Method::POST,
             "/v1/agents",
-            Some(json!({"workspace_id": w.workspace, "provider": EXEC_PROVIDER,
-                "mcp_servers": {"agentry": {"type": "http", "url": "http://127.0.0.1:9/mcp"}}})),
+            Some(
+                json!({"workspace_id": w.workspace, "provider": EXEC_PROVIDER,
+                "mcp_servers": {"agentry": {"type": "http", "url": "http://127.0.0.1:9/mcp"}}}),
+            ),
             422,
             "validation_failed",
         )
