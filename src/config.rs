@@ -799,6 +799,15 @@ pub struct Limits {
     /// Model catalog refreshes (`GET /v1/providers/{id}/models?refresh=true`) one team
     /// may start per minute on one server; past it the cached catalog is answered.
     pub catalog_refreshes_per_minute: u32,
+    /// How deep a tree of agents may grow: an agent created with an agent's token is one
+    /// level below it (an agent a person or a bot created is at depth 0); creating one
+    /// deeper than this is refused (409 `agent_depth_exceeded`).
+    pub max_agent_depth: i32,
+    /// Children one agent may have that are not archived (429 `agent_children_exceeded`).
+    pub max_children_per_agent: i64,
+    /// Agents of one team created by other agents that are not archived (429
+    /// `team_children_exceeded`).
+    pub max_child_agents_per_team: i64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -919,6 +928,9 @@ impl Default for Limits {
             max_workspaces_per_team: 1000,
             max_projects_per_team: 200,
             catalog_refreshes_per_minute: 6,
+            max_agent_depth: 3,
+            max_children_per_agent: 10,
+            max_child_agents_per_team: 100,
         }
     }
 }
@@ -937,6 +949,11 @@ pub struct AgentSettings {
     pub nice: i32,
     /// `[agents.limits]`: what each agent's process tree may use.
     pub limits: AgentLimitsSettings,
+    /// The address of this server's `/mcp` endpoint as an agent's process reaches it
+    /// (the `agentry` MCP server each agent is given): by default `http://127.0.0.1:<port>/mcp`
+    /// when the server listens on a loopback or unspecified address, else
+    /// `http://<listen address>/mcp`.
+    pub agentry_mcp_url: Option<String>,
 }
 
 impl Default for AgentSettings {
@@ -945,6 +962,7 @@ impl Default for AgentSettings {
             idle_timeout_s: 900,
             nice: 10,
             limits: AgentLimitsSettings::default(),
+            agentry_mcp_url: None,
         }
     }
 }
@@ -1316,10 +1334,32 @@ impl Settings {
                 "limits.max_projects_per_team",
                 self.limits.max_projects_per_team,
             ),
+            (
+                "limits.max_children_per_agent",
+                self.limits.max_children_per_agent,
+            ),
+            (
+                "limits.max_child_agents_per_team",
+                self.limits.max_child_agents_per_team,
+            ),
         ] {
             if value < 1 {
                 return Err(invalid(setting, "must be at least 1"));
             }
+        }
+        if !(0..=100).contains(&self.limits.max_agent_depth) {
+            return Err(invalid(
+                "limits.max_agent_depth",
+                "must be between 0 and 100",
+            ));
+        }
+        if let Some(url) = &self.agents.agentry_mcp_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Err(invalid(
+                "agents.agentry_mcp_url",
+                "must be an http:// or https:// URL",
+            ));
         }
         for (name, server) in &self.mcp.servers {
             let setting = format!("mcp.servers.{name}");

@@ -277,6 +277,7 @@ impl Application {
                 revalidate: Duration::from_secs(settings.events.revalidate_s),
                 egress_policy: Arc::new(egress_policy),
                 usage: Arc::new(crate::services::usage::UsageBook::new(&settings.usage)),
+                agentry_mcp_url: Some(agentry_mcp_url(&settings, &listener)?),
             },
             settings: settings.clone(),
             http: Default::default(),
@@ -457,6 +458,28 @@ fn agent_limits(
         cpu_weight: Some(s.cpu_weight),
         open_files: (s.open_files > 0).then_some(s.open_files),
     })
+}
+
+/// Where an agent's process reaches this server's `/mcp`: `agents.agentry_mcp_url`, else
+/// the loopback address on the port it listens on when it listens on a loopback or
+/// unspecified address (agents share the host's network by default), else that address.
+fn agentry_mcp_url(settings: &Settings, listener: &TcpListener) -> anyhow::Result<String> {
+    if let Some(url) = &settings.agents.agentry_mcp_url {
+        return Ok(url.clone());
+    }
+    let addr = listener.local_addr()?;
+    let host = match addr.ip() {
+        ip if ip.is_unspecified() || ip.is_loopback() => {
+            if ip.is_ipv6() && !ip.is_unspecified() {
+                "[::1]".to_owned()
+            } else {
+                "127.0.0.1".to_owned()
+            }
+        }
+        ip if ip.is_ipv6() => format!("[{ip}]"),
+        ip => ip.to_string(),
+    };
+    Ok(format!("http://{host}:{}/mcp", addr.port()))
 }
 
 fn advertise_url(settings: &Settings, listener: &TcpListener) -> anyhow::Result<String> {

@@ -77,6 +77,8 @@ pub const ROUTES: &[(&str, &str, Operation)] = {
         ("GET", "/v1/teams/{id}/network", ReadTeam),
         ("PUT", "/v1/teams/{id}/network", ManageTeam),
         ("PUT", "/v1/teams/{id}/sandbox", ManageTeam),
+        ("GET", "/v1/teams/{id}/agentry-mcp", ReadTeam),
+        ("PUT", "/v1/teams/{id}/agentry-mcp", ManageTeam),
         ("GET", "/v1/teams/{id}/budget", ReadTeam),
         ("PUT", "/v1/teams/{id}/budget", ManageTeam),
         ("GET", "/v1/usage", ReadTeam),

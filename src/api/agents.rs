@@ -65,6 +65,8 @@ pub struct AgentFilter {
     /// `key:value`; only agents with that label.
     pub label: Option<String>,
     pub include_archived: Option<bool>,
+    /// Only the agents this agent created (its children).
+    pub parent_agent_id: Option<String>,
 }
 
 #[utoipa::path(tag = "agents", security(("bearer" = [])), params(AgentFilter, PageQuery),
@@ -96,12 +98,18 @@ async fn list_agents(
             Some((k.to_owned(), v.to_owned()))
         }
     };
+    let parent: Option<AgentId> = filter
+        .parent_agent_id
+        .as_deref()
+        .map(|a| parse_id(a, "agent"))
+        .transpose()?;
     let after: Option<AgentId> = page.after()?;
     let filter = Filter {
         workspace_id: workspace,
         status,
         label,
         include_archived: filter.include_archived.unwrap_or(false),
+        parent_agent_id: parent,
     };
     let items = agents::list(
         &state.services,
@@ -208,17 +216,38 @@ async fn close_agent(
     ))
 }
 
-/// Archive: close the agent and hide it from default lists; the timeline is kept.
-#[utoipa::path(tag = "agents", security(("bearer" = [])), params(("id" = String, Path)),
-    responses((status = 204, description = "Archived"), (status = 404, body = Problem)))]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ArchiveQuery {
+    /// `archive` (the default): the agents it created, and theirs, are archived with it;
+    /// `keep`: they are left as they are.
+    pub children: Option<String>,
+}
+
+/// Archive: close the agent and hide it from default lists; the timeline is kept. Its
+/// children (the agents it created, down the tree) are archived with it unless
+/// `?children=keep`. An archived agent's own token stops working.
+#[utoipa::path(tag = "agents", security(("bearer" = [])), params(("id" = String, Path), ArchiveQuery),
+    responses((status = 204, description = "Archived"), (status = 400, body = Problem), (status = 404, body = Problem)))]
 #[delete("/agents/{id}")]
 async fn archive_agent(
     state: web::Data<AppState>,
     principal: Principal,
     id: web::Path<String>,
+    query: web::Query<ArchiveQuery>,
 ) -> ApiResult<HttpResponse> {
     let id: AgentId = parse_id(&id, "agent")?;
-    agents::archive(&state.services, &principal, id).await?;
+    let keep = match query.children.as_deref() {
+        None | Some("archive") => false,
+        Some("keep") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                "invalid_query",
+                format!("children must be `archive` or `keep`, not `{other}`"),
+            ));
+        }
+    };
+    agents::archive(&state.services, &principal, id, keep).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 

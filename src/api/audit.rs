@@ -24,7 +24,8 @@ pub struct AuditQuery {
     pub team_id: Option<String>,
     /// Only this action, e.g. `agent.create`, `member.role`, `token.revoke`.
     pub action: Option<String>,
-    /// Only what this person (`usr_…`) or service token (`tok_…`) did.
+    /// Only what this person (`usr_…`), service token (`tok_…`) or agent (`agt_…`,
+    /// through its own token) did.
     pub actor_id: Option<String>,
 }
 
@@ -51,10 +52,11 @@ async fn list_audit(
             a.parse::<UserId>()
                 .map(|u| u.uuid())
                 .or_else(|_| a.parse::<TokenId>().map(|t| t.uuid()))
+                .or_else(|_| a.parse::<crate::domain::AgentId>().map(|t| t.uuid()))
                 .map_err(|_| {
                     ApiError::bad_request(
                         "invalid_query",
-                        "actor_id is a user id (usr_…) or a token id (tok_…)",
+                        "actor_id is a user id (usr_…), a token id (tok_…) or an agent id (agt_…)",
                     )
                 })?,
         ),

@@ -200,7 +200,10 @@ impl From<ServiceError> for ApiError {
             E::InvalidAt { field, message } => {
                 return ApiError::validation(field, message.clone());
             }
-            E::LimitReached { .. } => StatusCode::TOO_MANY_REQUESTS,
+            E::LimitReached { .. }
+            | E::AgentChildrenExceeded { .. }
+            | E::TeamChildrenExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            E::OutsideAgentProject => StatusCode::FORBIDDEN,
             E::NotFound(_) => StatusCode::NOT_FOUND,
             E::PromptTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             E::UnknownProvider(_) | E::ProviderUnavailable { .. } | E::HookFailed(_) => {
@@ -214,6 +217,7 @@ impl From<ServiceError> for ApiError {
             | E::SandboxUnavailable { .. }
             | E::SandboxRequired { .. }
             | E::AgentArchived
+            | E::AgentDepthExceeded { .. }
             | E::ProjectNameTaken
             | E::ProjectHasWorkspaces
             | E::RepoInUse

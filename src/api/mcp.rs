@@ -791,7 +791,7 @@ async fn call(
                     let path = fill(tool.path, &id.to_string(), None);
                     forward(ctx, req, &owner, tool, &path, None).await?;
                 }
-                None => agents::archive(ctx, principal, id).await?,
+                None => agents::archive(ctx, principal, id, false).await?,
             }
             Ok(ToolOutput::json(json!({"agent_id": id, "archived": true}))?)
         }

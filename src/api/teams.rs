@@ -11,7 +11,8 @@ use crate::auth::Principal;
 use crate::domain::{TeamId, UserId};
 use crate::server::AppState;
 use crate::services::teams::{
-    self, CreateTeam, Member, MemberChange, MemberRole, Team, TeamDetail, TeamSandbox,
+    self, CreateTeam, Member, MemberChange, MemberRole, Team, TeamAgentryMcp, TeamDetail,
+    TeamSandbox,
 };
 
 pub fn configure(cfg: &mut ServiceConfig) {
@@ -21,7 +22,45 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(list_members)
         .service(set_member)
         .service(remove_member)
-        .service(set_sandbox);
+        .service(set_sandbox)
+        .service(get_agentry_mcp)
+        .service(set_agentry_mcp);
+}
+
+/// Whether the team's agents are given agentry's own MCP server (`agentry`, with a token
+/// of each agent's own) at launch.
+#[utoipa::path(tag = "teams", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The team")),
+    responses((status = 200, body = TeamAgentryMcp), (status = 404, body = Problem)))]
+#[get("/teams/{id}/agentry-mcp")]
+async fn get_agentry_mcp(
+    state: web::Data<AppState>,
+    principal: Principal,
+    id: web::Path<String>,
+) -> ApiResult<web::Json<TeamAgentryMcp>> {
+    let id: TeamId = parse_id(&id, "team")?;
+    Ok(web::Json(
+        teams::agentry_mcp(&state.services, &principal, id).await?,
+    ))
+}
+
+/// Give (or stop giving) the team's agents agentry's own MCP server, from their next
+/// launch on (owners; audited as `team.agentry_mcp`).
+#[utoipa::path(tag = "teams", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The team")), request_body = TeamAgentryMcp,
+    responses((status = 200, body = TeamAgentryMcp), (status = 403, body = Problem),
+        (status = 404, body = Problem), (status = 422, body = Problem)))]
+#[put("/teams/{id}/agentry-mcp")]
+async fn set_agentry_mcp(
+    state: web::Data<AppState>,
+    principal: Principal,
+    id: web::Path<String>,
+    body: web::Json<TeamAgentryMcp>,
+) -> ApiResult<web::Json<TeamAgentryMcp>> {
+    let id: TeamId = parse_id(&id, "team")?;
+    Ok(web::Json(
+        teams::set_agentry_mcp(&state.services, &principal, id, &body).await?,
+    ))
 }
 
 /// Require (or stop requiring) that the team's agents run sandboxed (owners; audited as

@@ -194,6 +194,7 @@ mod tests {
                 teams: vec![],
                 scopes: vec![],
                 request_id: None,
+                agent: None,
             },
             expires_at: None,
             used_at: None,

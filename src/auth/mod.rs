@@ -18,7 +18,7 @@ pub use cache::TokenCache;
 pub use error::AuthError;
 pub use policy::Operation;
 pub use principal::authenticate as authenticate_api_token;
-pub use principal::{Access, ActorKind, Membership, Principal, Role, Scope};
+pub use principal::{Access, ActorKind, AgentCaller, Membership, Principal, Role, Scope};
 
 use std::sync::Arc;
 

@@ -144,6 +144,7 @@ mod tests {
             }],
             scopes: scopes.iter().map(|s| s.to_string()).collect(),
             request_id: None,
+            agent: None,
         };
         (p, team)
     }

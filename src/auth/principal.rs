@@ -122,6 +122,17 @@ pub struct Principal {
     pub scopes: Vec<String>,
     /// The id of the request being served (`X-Request-Id`), recorded in audit entries.
     pub request_id: Option<String>,
+    /// Set for an agent's own token (kind `agent`): the agent that calls. Such a token
+    /// acts in its agent's team (`service_team`) with at most its creator's role and the
+    /// `agents` scope, and creates workspaces and agents only in its agent's project.
+    pub agent: Option<AgentCaller>,
+}
+
+/// The agent behind an agent token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AgentCaller {
+    pub agent_id: Uuid,
+    pub project_id: Uuid,
 }
 
 /// Who acted, as the audit log records it.
@@ -130,6 +141,8 @@ pub enum ActorKind {
     User,
     ServiceToken,
     Admin,
+    /// An agent, through its own token; the person behind it is named in the entry.
+    Agent,
 }
 
 impl ActorKind {
@@ -138,6 +151,7 @@ impl ActorKind {
             ActorKind::User => "user",
             ActorKind::ServiceToken => "service_token",
             ActorKind::Admin => "admin",
+            ActorKind::Agent => "agent",
         }
     }
 }
@@ -205,7 +219,9 @@ impl Principal {
     /// How the audit log names this caller: a service token by its token id, a person
     /// (or the server admin) by their user id.
     pub fn actor(&self) -> (ActorKind, Uuid) {
-        if self.service_team.is_some() {
+        if let Some(agent) = self.agent {
+            (ActorKind::Agent, agent.agent_id)
+        } else if self.service_team.is_some() {
             (ActorKind::ServiceToken, self.token_id)
         } else if self.is_admin {
             (ActorKind::Admin, self.user_id)
@@ -281,6 +297,9 @@ async fn read(pool: &DeadlinePool, hash: &TokenHash) -> Result<Entry, AuthError>
         member_team_ids,
         member_team_names,
         member_roles,
+        agent_id,
+        agent_project_id,
+        agent_archived,
     } = store::identity::bearer_by_hash(pool, hash)
         .await?
         .ok_or(AuthError::TokenUnknown)?;
@@ -290,7 +309,45 @@ async fn read(pool: &DeadlinePool, hash: &TokenHash) -> Result<Entry, AuthError>
     let (Some(email), Some(name), Some(is_admin)) = (email, user_name, is_admin) else {
         return Err(AuthError::TokenRevoked("the token's user no longer exists"));
     };
-    let teams = match (token.team_id, token.role.as_deref().and_then(Role::parse)) {
+    // An agent's token acts with at most the role its creator has in the team now: one
+    // who left the team (and is no server admin) leaves the agent's token powerless.
+    let agent = match (agent_id, agent_project_id) {
+        (Some(agent_id), Some(project_id)) => {
+            if agent_archived.unwrap_or(true) {
+                return Err(AuthError::TokenRevoked("the token's agent is archived"));
+            }
+            Some(AgentCaller {
+                agent_id,
+                project_id,
+            })
+        }
+        (Some(_), None) => return Err(AuthError::TokenRevoked("the token's agent is gone")),
+        _ => None,
+    };
+    let creator_role = |team: Uuid| {
+        member_team_ids
+            .iter()
+            .zip(&member_roles)
+            .find(|(t, _)| **t == team)
+            .and_then(|(_, r)| Role::parse(r))
+    };
+    let token_role = match (
+        agent,
+        token.team_id,
+        token.role.as_deref().and_then(Role::parse),
+    ) {
+        (Some(_), Some(team), Some(role)) => match creator_role(team) {
+            Some(now) => Some(role.min(now)),
+            None if is_admin => Some(role),
+            None => {
+                return Err(AuthError::TokenRevoked(
+                    "the agent's creator is no longer in its team",
+                ));
+            }
+        },
+        (_, _, role) => role,
+    };
+    let teams = match (token.team_id, token_role) {
         (Some(team_id), Some(role)) => vec![Membership {
             team_id,
             team_name: service_team_name.unwrap_or_default(),
@@ -320,6 +377,7 @@ async fn read(pool: &DeadlinePool, hash: &TokenHash) -> Result<Entry, AuthError>
             teams,
             scopes: token.scopes,
             request_id: None,
+            agent,
         },
         expires_at: token.expires_at,
         used_at: token.last_used_at,
@@ -342,6 +400,7 @@ mod tests {
             teams: Vec::new(),
             scopes: scopes.iter().map(|s| s.to_string()).collect(),
             request_id: None,
+            agent: None,
         }
     }
 

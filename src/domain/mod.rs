@@ -10,4 +10,4 @@ pub mod secret;
 pub use event::*;
 pub use hook::HookEvent;
 pub use ids::*;
-pub use secret::{Redactor, SecretEnv, SecretValue};
+pub use secret::{REDACTED, Redactor, SecretEnv, SecretValue};

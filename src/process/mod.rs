@@ -702,8 +702,10 @@ impl Ledger {
                 }
             }));
         }
+        let redactor = Redactor::new(&spec.secret_env);
         let command: Vec<String> = std::iter::once(spec.program.clone())
             .chain(spec.args.iter().cloned())
+            .map(|a| mask_api_tokens(&redactor.text(&a)))
             .collect();
         let row = store::NewLedgerRow {
             id,
@@ -1464,5 +1466,40 @@ mod tests {
         end_leftover(id.pid, id.pgid, id.start_ticks).await;
         assert!(wait_dead(id.pid).await);
         child.terminate(Duration::from_secs(1)).await.unwrap();
+    }
+}
+
+/// `arg` with every agentry API token in it masked (an agent's MCP configuration may be
+/// an argument, bearing the agent's token): the ledger records commands, never tokens.
+fn mask_api_tokens(arg: &str) -> String {
+    const PREFIX: &str = "agt_pat_";
+    let mut out = String::with_capacity(arg.len());
+    let mut rest = arg;
+    while let Some(i) = rest.find(PREFIX) {
+        out.push_str(&rest[..i + PREFIX.len()]);
+        rest = &rest[i + PREFIX.len()..];
+        let secret = rest.bytes().take_while(u8::is_ascii_hexdigit).count();
+        if secret > 0 {
+            out.push_str(crate::domain::REDACTED);
+            rest = &rest[secret..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod token_mask_tests {
+    #[test]
+    fn recorded_commands_hold_no_api_token() {
+        let token = format!("agt_pat_{}", "ab12".repeat(16));
+        let arg = format!(r#"{{"headers":{{"Authorization":"Bearer {token}"}}}}"#);
+        let masked = super::mask_api_tokens(&arg);
+        assert!(!masked.contains("ab12ab12"), "{masked}");
+        assert!(masked.contains("agt_pat_[redacted]"), "{masked}");
+        assert_eq!(
+            super::mask_api_tokens("--model agt_pat_"),
+            "--model agt_pat_"
+        );
     }
 }

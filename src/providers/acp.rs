@@ -131,6 +131,8 @@ pub struct AcpProvider {
     presets: Arc<[ModePreset]>,
     /// What its agent announced when it last opened a session.
     announced: Arc<Mutex<Announced>>,
+    /// Whether its agent is said to take MCP servers (`capabilities.mcp_servers`).
+    takes_mcp: bool,
 }
 
 /// The modes and models an agent announces in its `session/new` (or `session/load`)
@@ -251,7 +253,15 @@ impl AcpProvider {
             cfg,
             presets: Arc::from(Vec::new()),
             announced: Arc::default(),
+            takes_mcp: true,
         }
+    }
+
+    /// For an agent that has no MCP client (the mock): it is said not to take MCP
+    /// servers, so none of agentry's own is made for it.
+    pub fn without_mcp(mut self) -> Self {
+        self.takes_mcp = false;
+        self
     }
 
     /// Modes that are combinations of the agent's config options (see `presets`). A mode
@@ -319,7 +329,7 @@ impl Provider for AcpProvider {
                 set_mode: true,
                 set_model: true,
                 permissions: true,
-                mcp_servers: true,
+                mcp_servers: self.takes_mcp,
             },
             // The settings' modes; else those the agent announced.
             modes: if self.cfg.modes.is_empty() {

@@ -84,6 +84,8 @@ pub fn mock_provider(agentry_exe: PathBuf) -> AcpProvider {
         serve_reads: true,
         auth_method: None,
     })
+    // The mock has no MCP client: it is not given agentry's MCP server.
+    .without_mcp()
 }
 
 /// Run the mock ACP agent on stdin/stdout until stdin closes.

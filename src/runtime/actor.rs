@@ -117,7 +117,14 @@ impl Actor {
         generation: u64,
         epoch: Option<i64>,
     ) -> Self {
-        let redactor = Redactor::new(&ctx.secret_env);
+        let redactor = match &ctx.agentry_token {
+            Some(token) => {
+                let mut values = ctx.secret_env.clone();
+                values.insert(" agentry token".to_owned(), token.clone());
+                Redactor::new(&values)
+            }
+            None => Redactor::new(&ctx.secret_env),
+        };
         let fence = epoch.map(|e| Fence::new(ctx.id, e));
         Self {
             shared,

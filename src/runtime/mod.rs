@@ -126,6 +126,9 @@ pub struct AgentContext {
     /// What the agent may reach through the egress proxy (its provider's, the server's
     /// and its team's entries), when its sandbox uses the proxy; read at each launch.
     pub egress_allow: Option<AllowList>,
+    /// The agent's own API token when this launch gives it agentry's MCP server (it is
+    /// in `mcp_servers`): never in the environment, redacted from its events.
+    pub agentry_token: Option<crate::domain::SecretValue>,
 }
 
 pub(crate) enum Command {

@@ -58,6 +58,11 @@ pub struct CreateAgent {
     /// interrupted, and the agent takes no more prompts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<super::usage::AgentCaps>,
+    /// Give the agent agentry's own MCP server (`agentry`, with a token of the agent's
+    /// own) at each launch: true unless set to false here, or turned off for the team
+    /// (`PUT /v1/teams/{id}/agentry-mcp`). Providers without MCP support never get it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agentry_mcp: Option<bool>,
 }
 
 fn empty_object() -> Value {
@@ -101,6 +106,25 @@ pub struct Agent {
     pub archived_at: Option<DateTime<Utc>>,
     pub pending_permissions: i64,
     pub runtime: AgentRuntime,
+    /// The agent whose token created this one (through the API or agentry's MCP server);
+    /// null for an agent a person or a bot created.
+    pub parent_agent_id: Option<AgentId>,
+    /// How far below a root agent it is: 0 for a root, its parent's depth plus one.
+    pub depth: i32,
+    /// The agents it created.
+    pub children: ChildCounts,
+    /// It is given agentry's MCP server at launch (unless its team turned that off or its
+    /// provider has no MCP support).
+    pub agentry_mcp: bool,
+}
+
+/// How many agents an agent created.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ChildCounts {
+    /// Those not archived.
+    pub live: i64,
+    /// All of them, archived or not.
+    pub total: i64,
 }
 
 #[derive(Debug, Deserialize, Serialize, ToSchema)]
@@ -222,6 +246,8 @@ fn context(row: &AgentRow, secret_env: SecretEnv) -> AgentContext {
         secret_env,
         // Filled in by a launch when the sandbox uses the egress proxy.
         egress_allow: None,
+        // Filled in by a launch that gives the agent agentry's MCP server.
+        agentry_token: None,
     }
 }
 
@@ -278,6 +304,13 @@ pub(crate) fn to_agent(ctx: &ServiceContext, row: AgentRow) -> Agent {
         created_at: row.created_at,
         archived_at: row.archived_at,
         pending_permissions: row.pending_permissions,
+        parent_agent_id: row.parent_agent_id.map(AgentId::from),
+        depth: row.depth,
+        children: ChildCounts {
+            live: row.live_children,
+            total: row.children,
+        },
+        agentry_mcp: row.agentry_mcp,
         runtime: AgentRuntime {
             pid: snap.as_ref().and_then(|s| s.pid),
             replica: match &snap {
@@ -383,6 +416,12 @@ async fn check_create(
         ));
     }
     super::mcp::check(&ctx.bounds.mcp, &body.mcp_servers)?;
+    if body.agentry_mcp != Some(false) && body.mcp_servers.get(AGENTRY_MCP).is_some() {
+        return Err(ServiceError::invalid(
+            "mcp_servers",
+            "`agentry` is the name of agentry's own MCP server; choose another name, or create the agent with `\"agentry_mcp\": false`",
+        ));
+    }
     if let Some(mode) = &body.mode {
         let info = provider.info();
         if !info.modes.is_empty() && !info.modes.iter().any(|m| &m.id == mode) {
@@ -446,6 +485,107 @@ async fn check_team_sandbox(ctx: &ServiceContext, team: uuid::Uuid) -> ServiceRe
     Ok(())
 }
 
+/// The name of agentry's own MCP server among an agent's MCP servers.
+pub const AGENTRY_MCP: &str = "agentry";
+
+/// When an agent's token creates an agent: the new agent goes in the caller's own
+/// project, within the tree's bounds. Returns the parent and the new agent's depth
+/// (`(None, 0)` for a caller that is not an agent).
+async fn check_parent(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    team: uuid::Uuid,
+    project: uuid::Uuid,
+) -> ServiceResult<(Option<uuid::Uuid>, i32)> {
+    let Some(caller) = principal.agent else {
+        return Ok((None, 0));
+    };
+    if caller.project_id != project {
+        return Err(ServiceError::OutsideAgentProject);
+    }
+    let parent = store::agents::get(&ctx.pool, caller.agent_id, Some(&[team]))
+        .await?
+        .ok_or(ServiceError::NotFound("agent"))?;
+    if parent.archived_at.is_some() {
+        return Err(ServiceError::AgentArchived);
+    }
+    let max_depth = ctx.limits.max_agent_depth;
+    if parent.depth >= max_depth {
+        return Err(ServiceError::AgentDepthExceeded { max: max_depth });
+    }
+    let max = ctx.limits.max_children_per_agent;
+    if store::agents::live_children(&ctx.pool, parent.id).await? >= max {
+        return Err(ServiceError::AgentChildrenExceeded { max });
+    }
+    let max = ctx.limits.max_child_agents_per_team;
+    if store::agents::live_team_children(&ctx.pool, team).await? >= max {
+        return Err(ServiceError::TeamChildrenExceeded { max });
+    }
+    Ok((Some(parent.id), parent.depth + 1))
+}
+
+/// Give the agent of `row` agentry's own MCP server for this launch, when it should have
+/// it: a fresh token of kind `agent` (its earlier one revoked) in the server's
+/// `Authorization` header, added to `mcp_servers` as `agentry`. The token is stored only
+/// as its hash; it is returned so that the agent's events never show it.
+async fn give_agentry_mcp(
+    ctx: &ServiceContext,
+    row: &AgentRow,
+    mcp_servers: &mut Value,
+) -> ServiceResult<Option<crate::domain::SecretValue>> {
+    let (Some(url), Some(creator)) = (&ctx.agentry_mcp_url, row.created_by) else {
+        return Ok(None);
+    };
+    if !row.agentry_mcp || !provider_takes_mcp(ctx, &row.provider) {
+        return Ok(None);
+    }
+    if !store::teams::agentry_mcp(&ctx.pool, row.team_id).await? {
+        return Ok(None);
+    }
+    let role = row
+        .creator_role
+        .as_deref()
+        .and_then(crate::auth::Role::parse)
+        .unwrap_or(crate::auth::Role::Member);
+    let token = crate::auth::tokens::generate();
+    let agent = AgentId::from(row.id);
+    super::within_deadline(ctx, async {
+        let mut tx = ctx.pool.pool().begin().await?;
+        store::identity::issue_agent_token(
+            &mut tx,
+            crate::domain::TokenId::new().uuid(),
+            row.id,
+            creator,
+            row.team_id,
+            role.as_str(),
+            &format!("agent {agent}"),
+            &crate::auth::tokens::shown_prefix(&token),
+            &crate::auth::tokens::hash(&token),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    })
+    .await?;
+    if !mcp_servers.is_object() {
+        *mcp_servers = json!({});
+    }
+    mcp_servers[AGENTRY_MCP] = json!({
+        "type": "http",
+        "url": url,
+        "headers": {"Authorization": format!("Bearer {token}")},
+    });
+    Ok(Some(crate::domain::SecretValue::new(token)))
+}
+
+/// Whether agents of `provider` can be given MCP servers.
+fn provider_takes_mcp(ctx: &ServiceContext, provider: &str) -> bool {
+    ctx.agents
+        .registry()
+        .get(provider)
+        .is_some_and(|p| p.info().capabilities.mcp_servers)
+}
+
 pub async fn create(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -484,6 +624,7 @@ pub async fn create(
         }
     };
     principal.authorize_in(team, Operation::DriveAgents, "workspace")?;
+    let (parent_agent_id, depth) = check_parent(ctx, principal, team, project).await?;
     check_team_sandbox(ctx, team).await?;
     // `agent.create.before` may change the saved configuration (not where the agent
     // works) and add launch environment; the result is checked like the caller's own.
@@ -562,6 +703,12 @@ pub async fn create(
                 mcp_servers: &stored_mcp,
                 created_by: principal.user_id,
                 owner: (ctx.agents.replica(), ctx.agents.lease_ttl_s()),
+                parent_agent_id,
+                depth,
+                agentry_mcp: body.agentry_mcp != Some(false),
+                creator_role: principal
+                    .role_in(workspace.team_id)
+                    .map(crate::auth::Role::as_str),
             },
         )
         .await?;
@@ -614,6 +761,7 @@ pub async fn create(
             "mode": body.mode,
             "labels": body.labels,
             "with_prompt": body.prompt.is_some(),
+            "parent_agent_id": parent_agent_id.map(AgentId::from),
         })),
     )
     .await?;
@@ -621,6 +769,7 @@ pub async fn create(
     secret_env.extend(launch.env);
     let mut agent_ctx = context(&row, secret_env);
     agent_ctx.mcp_servers = launch.mcp_servers;
+    agent_ctx.agentry_token = give_agentry_mcp(ctx, &row, &mut agent_ctx.mcp_servers).await?;
     agent_ctx.egress_allow = egress_allow(ctx, &row).await?;
     // Start the session (and the first prompt, queued behind it). A provider that fails to
     // start leaves the agent in `error` with the reason in its timeline; a first turn the
@@ -795,6 +944,8 @@ pub struct AgentFilter {
     /// Only agents with this label `(key, value)`.
     pub label: Option<(String, String)>,
     pub include_archived: bool,
+    /// Only the children of this agent.
+    pub parent_agent_id: Option<AgentId>,
 }
 
 /// A page of the agents of the caller's teams, after `after`.
@@ -820,6 +971,7 @@ pub async fn list(
             status: filter.status.map(AgentStatus::as_str),
             labels: labels.as_ref(),
             include_archived: filter.include_archived,
+            parent_agent_id: filter.parent_agent_id.map(|a| a.uuid()),
             after: after.map(|a| a.uuid()),
             limit,
         },
@@ -897,6 +1049,7 @@ pub async fn prompt(
         secret_env.extend(launch.env);
         let mut c = context(&row, secret_env);
         c.mcp_servers = launch.mcp_servers;
+        c.agentry_token = give_agentry_mcp(ctx, &row, &mut c.mcp_servers).await?;
         c
     } else {
         context(&row, secret_env)
@@ -1060,18 +1213,37 @@ pub async fn close(
     reload(ctx, id).await
 }
 
+/// Archive the agent and, unless `keep_children`, every descendant that is not archived
+/// yet (deepest first). Each archived agent's token stops working at once.
 pub async fn archive(
     ctx: &ServiceContext,
     principal: &Principal,
     id: AgentId,
+    keep_children: bool,
 ) -> ServiceResult<()> {
     let row = load_to_drive(ctx, principal, id).await?;
+    if !keep_children {
+        for child in store::agents::live_descendants(&ctx.pool, row.id).await? {
+            let child = reload_row(ctx, child.into()).await?;
+            archive_one(ctx, principal, child).await?;
+        }
+    }
+    archive_one(ctx, principal, row).await
+}
+
+async fn archive_one(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    row: AgentRow,
+) -> ServiceResult<()> {
+    let id = AgentId::from(row.id);
     ctx.agents.close(id, "archived").await;
     if row.archived_at.is_none() {
         // `agent.archive.after` is queued in the archive's own transaction.
-        let queued = super::within_deadline(ctx, async {
+        let (queued, revoked) = super::within_deadline(ctx, async {
             let mut tx = ctx.pool.pool().begin().await?;
             store::agents::mark_archived(&mut *tx, row.id).await?;
+            let revoked = store::identity::revoke_agent_tokens(&mut tx, &[row.id]).await?;
             let archived = store::agents::get(&mut *tx, row.id, None)
                 .await?
                 .ok_or(ServiceError::NotFound("agent"))?;
@@ -1088,9 +1260,13 @@ pub async fn archive(
             )
             .await?;
             tx.commit().await?;
-            Ok(queued)
+            Ok((queued, revoked))
         })
         .await?;
+        if revoked > 0 {
+            // This replica forgets the principals it holds now, not at the notification.
+            ctx.tokens.forget_all();
+        }
         if queued > 0 {
             hooks::queued(ctx);
         }
@@ -1108,8 +1284,10 @@ pub async fn archive(
         audit::record(
             ctx,
             principal,
-            Entry::new(Action::AgentArchive, Some(row.team_id), "agent", id)
-                .details(json!({"workspace_id": WorkspaceId::from(row.workspace_id)})),
+            Entry::new(Action::AgentArchive, Some(row.team_id), "agent", id).details(json!({
+                "workspace_id": WorkspaceId::from(row.workspace_id),
+                "parent_agent_id": row.parent_agent_id.map(AgentId::from),
+            })),
         )
         .await?;
     }

@@ -49,11 +49,12 @@ pub enum Action {
     HookFail,
     NetworkSet,
     TeamSandbox,
+    TeamAgentryMcp,
     BudgetSet,
 }
 
 impl Action {
-    pub const ALL: [Action; 26] = [
+    pub const ALL: [Action; 27] = [
         Action::AgentCreate,
         Action::AgentPrompt,
         Action::AgentInterrupt,
@@ -79,6 +80,7 @@ impl Action {
         Action::HookFail,
         Action::NetworkSet,
         Action::TeamSandbox,
+        Action::TeamAgentryMcp,
         Action::BudgetSet,
     ];
 
@@ -109,6 +111,7 @@ impl Action {
             Action::HookFail => "hook.fail",
             Action::NetworkSet => "network.set",
             Action::TeamSandbox => "team.sandbox",
+            Action::TeamAgentryMcp => "team.agentry_mcp",
             Action::BudgetSet => "budget.set",
         }
     }
@@ -156,6 +159,9 @@ pub struct Actor<'a> {
     pub kind: ActorKind,
     pub id: Uuid,
     pub request_id: Option<&'a str>,
+    /// For an agent acting through its token: the person behind it (its creator), named
+    /// in the entry's details as `on_behalf_of`.
+    pub on_behalf_of: Option<Uuid>,
 }
 
 impl<'a> From<&'a Principal> for Actor<'a> {
@@ -165,6 +171,7 @@ impl<'a> From<&'a Principal> for Actor<'a> {
             kind,
             id,
             request_id: p.request_id.as_deref(),
+            on_behalf_of: p.agent.map(|_| p.user_id),
         }
     }
 }
@@ -211,6 +218,17 @@ struct OwnedEntry {
 impl OwnedEntry {
     /// `entry` by `actor`, under a new id.
     fn new(actor: &Actor<'_>, entry: &Entry) -> Self {
+        let mut details = entry.details.clone();
+        if let Some(person) = actor.on_behalf_of {
+            match &mut details {
+                Value::Object(m) => {
+                    m.insert("on_behalf_of".into(), json!(UserId::from(person)));
+                }
+                other => {
+                    *other = json!({"on_behalf_of": UserId::from(person)});
+                }
+            }
+        }
         Self {
             id: AuditId::new().uuid(),
             actor_kind: actor.kind.as_str(),
@@ -219,7 +237,7 @@ impl OwnedEntry {
             action: entry.action.as_str(),
             target_kind: entry.target.0,
             target_id: entry.target.1.clone(),
-            details: entry.details.clone(),
+            details,
             request_id: actor.request_id.map(str::to_owned),
         }
     }
@@ -348,6 +366,7 @@ pub async fn record_sign_in(
             kind: ActorKind::User,
             id: user,
             request_id,
+            on_behalf_of: None,
         },
         Entry::new(Action::AuthSignIn, None, "user", UserId::from(user)).details(details),
     )
@@ -357,7 +376,8 @@ pub async fn record_sign_in(
 /// Who did it.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AuditActor {
-    /// `user`, `service_token` or `admin`.
+    /// `user`, `service_token`, `admin` or `agent` (an agent through its own token; the
+    /// entry's `details.on_behalf_of` names the person behind it).
     pub kind: String,
     /// A `usr_…` id, or a `tok_…` id for a service token.
     pub id: Option<String>,
@@ -395,6 +415,8 @@ impl From<store::audit::EntryRow> for AuditEntry {
         let actor_id = r.actor_id.map(|id| {
             if r.actor_kind == ActorKind::ServiceToken.as_str() {
                 TokenId::from(id).to_string()
+            } else if r.actor_kind == ActorKind::Agent.as_str() {
+                crate::domain::AgentId::from(id).to_string()
             } else {
                 UserId::from(id).to_string()
             }

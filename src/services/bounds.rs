@@ -175,6 +175,7 @@ mod tests {
             teams: Vec::new(),
             scopes: Vec::new(),
             request_id: None,
+            agent: None,
         };
         assert_eq!(
             principal_key(&p),

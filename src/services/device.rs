@@ -293,6 +293,7 @@ pub async fn collect(
                         kind,
                         id: user,
                         request_id,
+                        on_behalf_of: None,
                     },
                     &Entry::new(Action::TokenCreate, None, "token", id).details(json!({
                         "name": row.client_name,

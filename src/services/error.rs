@@ -50,6 +50,20 @@ pub enum ServiceError {
     WorkspaceArchived(&'static str),
     #[error("the agent is archived")]
     AgentArchived,
+    /// An agent's token creates agents only as deep as `limits.max_agent_depth`.
+    #[error("an agent at depth {max} (limits.max_agent_depth) cannot create agents")]
+    AgentDepthExceeded { max: i32 },
+    /// The calling agent has `limits.max_children_per_agent` live children.
+    #[error("this agent has {max} children that are not archived (limits.max_children_per_agent)")]
+    AgentChildrenExceeded { max: i64 },
+    /// The team has `limits.max_child_agents_per_team` live agents created by agents.
+    #[error(
+        "the team has {max} agents created by agents that are not archived (limits.max_child_agents_per_team)"
+    )]
+    TeamChildrenExceeded { max: i64 },
+    /// An agent's token works only in its agent's project.
+    #[error("an agent's token creates workspaces and agents only in its own project")]
+    OutsideAgentProject,
     #[error("the team already has a project with this name")]
     ProjectNameTaken,
     /// The repository is already another team's live project.
@@ -147,6 +161,10 @@ impl ServiceError {
             ServiceError::SandboxRequired { .. } => "sandbox_required",
             ServiceError::WorkspaceArchived(_) => "workspace_archived",
             ServiceError::AgentArchived => "agent_archived",
+            ServiceError::AgentDepthExceeded { .. } => "agent_depth_exceeded",
+            ServiceError::AgentChildrenExceeded { .. } => "agent_children_exceeded",
+            ServiceError::TeamChildrenExceeded { .. } => "team_children_exceeded",
+            ServiceError::OutsideAgentProject => "outside_agent_project",
             ServiceError::ProjectNameTaken => "project_name_taken",
             ServiceError::ProjectHasWorkspaces => "project_has_workspaces",
             ServiceError::RepoInUse => "repo_in_use",

@@ -80,6 +80,9 @@ pub struct ServiceContext {
     /// The server's part of agents' egress allow lists (`[egress]` over the built-in
     /// lists), for agents whose sandbox uses the egress proxy.
     pub egress_policy: Arc<network::EgressPolicy>,
+    /// This server's `/mcp` as agents reach it (`agents.agentry_mcp_url`, or derived from
+    /// the address it listens on): the URL of the `agentry` MCP server agents are given.
+    pub agentry_mcp_url: Option<String>,
 }
 
 impl ServiceContext {

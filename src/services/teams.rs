@@ -245,6 +245,57 @@ pub async fn set_sandbox(
     Ok(team(principal, row))
 }
 
+/// Whether the team's agents are given agentry's own MCP server.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"agentry_mcp": false}))]
+pub struct TeamAgentryMcp {
+    /// True (the default): every agent of the team gets the `agentry` MCP server (with a
+    /// token of its own) unless created with `"agentry_mcp": false`. False: none does,
+    /// from its next launch on.
+    pub agentry_mcp: bool,
+}
+
+/// Give (or stop giving) the team's agents agentry's own MCP server: owners only,
+/// audited as `team.agentry_mcp`.
+pub async fn set_agentry_mcp(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: TeamId,
+    body: &TeamAgentryMcp,
+) -> ServiceResult<TeamAgentryMcp> {
+    find(ctx, principal, id, Operation::ManageTeam).await?;
+    let on = within_deadline(ctx, async {
+        let mut tx = ctx.pool.pool().begin().await?;
+        let on = store::teams::set_agentry_mcp(&mut *tx, id.uuid(), body.agentry_mcp)
+            .await?
+            .ok_or(ServiceError::NotFound("team"))?;
+        audit::record_in(
+            &mut *tx,
+            principal,
+            &Entry::new(Action::TeamAgentryMcp, Some(id.uuid()), "team", id)
+                .details(json!({"agentry_mcp": on})),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(on)
+    })
+    .await?;
+    Ok(TeamAgentryMcp { agentry_mcp: on })
+}
+
+/// Whether the team's agents are given agentry's own MCP server (any member).
+pub async fn agentry_mcp(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: TeamId,
+) -> ServiceResult<TeamAgentryMcp> {
+    find(ctx, principal, id, Operation::ReadTeam).await?;
+    Ok(TeamAgentryMcp {
+        agentry_mcp: store::teams::agentry_mcp(&ctx.pool, id.uuid()).await?,
+    })
+}
+
 /// A page of the team's members, by user id.
 pub async fn members(
     ctx: &ServiceContext,

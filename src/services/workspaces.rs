@@ -125,6 +125,10 @@ pub async fn create(
     principal.authorize(Operation::DriveAgents)?;
     let project = super::projects::find(ctx, principal, body.project_id).await?;
     principal.authorize_in(project.team_id, Operation::DriveAgents, "project")?;
+    // An agent's token makes workspaces only in its agent's project.
+    if principal.agent.is_some_and(|a| a.project_id != project.id) {
+        return Err(ServiceError::OutsideAgentProject);
+    }
     // `workspace.create.before` may replace the whole request; the replacement is
     // checked like the caller's own.
     let check = |_: &serde_json::Value, new: &serde_json::Value| {

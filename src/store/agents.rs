@@ -36,6 +36,16 @@ pub struct AgentRow {
     pub pending_permissions: i64,
     /// The replica running it: the holder of a lease that has not run out.
     pub owner_replica: Option<String>,
+    /// The agent whose token created it.
+    pub parent_agent_id: Option<Uuid>,
+    /// How far below a root agent it is (0: a person or a bot created it).
+    pub depth: i32,
+    /// Its children that are not archived, and all of them.
+    pub live_children: i64,
+    pub children: i64,
+    /// It is given agentry's own MCP server at launch (unless its team turned it off).
+    pub agentry_mcp: bool,
+    pub creator_role: Option<String>,
 }
 
 macro_rules! select_agents {
@@ -49,6 +59,10 @@ macro_rules! select_agents {
                     a.created_by, a.created_at, a.archived_at,
                     (SELECT count(*) FROM permission_requests p WHERE p.agent_id = a.id AND p.status = 'pending')
                         AS pending_permissions,
+                    a.parent_agent_id, a.depth, a.agentry_mcp, a.creator_role,
+                    (SELECT count(*) FROM agents c WHERE c.parent_agent_id = a.id AND c.archived_at IS NULL)
+                        AS live_children,
+                    (SELECT count(*) FROM agents c WHERE c.parent_agent_id = a.id) AS children,
                     CASE WHEN ",
             lease_live!("a"),
             " THEN a.owner_replica END AS owner_replica
@@ -72,14 +86,19 @@ pub struct NewAgent<'a> {
     pub created_by: Uuid,
     /// The replica that runs it, and for how many seconds the agent's own lease lasts.
     pub owner: (&'a str, i64),
+    pub parent_agent_id: Option<Uuid>,
+    pub depth: i32,
+    pub agentry_mcp: bool,
+    pub creator_role: Option<&'a str>,
 }
 
 pub async fn insert(db: impl PgExecutor<'_>, a: NewAgent<'_>) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO agents (id, workspace_id, team_id, provider, model, mode, title, labels, system_prompt,
-                             mcp_servers, status, created_by, owner_replica, lease_expires_at)
+                             mcp_servers, status, created_by, owner_replica, lease_expires_at,
+                             parent_agent_id, depth, agentry_mcp, creator_role)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'starting', $11, $12,
-                 now() + make_interval(secs => $13))",
+                 now() + make_interval(secs => $13), $14, $15, $16, $17)",
     )
     .bind(a.id)
     .bind(a.workspace_id)
@@ -94,6 +113,10 @@ pub async fn insert(db: impl PgExecutor<'_>, a: NewAgent<'_>) -> Result<(), sqlx
     .bind(a.created_by)
     .bind(a.owner.0)
     .bind(a.owner.1 as f64)
+    .bind(a.parent_agent_id)
+    .bind(a.depth)
+    .bind(a.agentry_mcp)
+    .bind(a.creator_role)
     .execute(db)
     .await
     .map(|_| ())
@@ -120,6 +143,8 @@ pub struct AgentFilter<'a> {
     /// `{"key": "value"}` containment on labels.
     pub labels: Option<&'a Value>,
     pub include_archived: bool,
+    /// Only the children of this agent.
+    pub parent_agent_id: Option<Uuid>,
     pub after: Option<Uuid>,
     pub limit: i64,
 }
@@ -132,6 +157,7 @@ pub async fn list(
         "WHERE ($1::uuid[] IS NULL OR a.team_id = ANY($1)) AND ($2::uuid IS NULL OR a.workspace_id = $2)
            AND ($3::text IS NULL OR a.status = $3) AND ($4::jsonb IS NULL OR a.labels @> $4)
            AND ($5 OR a.archived_at IS NULL) AND ($6::uuid IS NULL OR a.id > $6)
+           AND ($8::uuid IS NULL OR a.parent_agent_id = $8)
          ORDER BY a.id LIMIT $7"
     ))
     .bind(f.teams)
@@ -141,6 +167,7 @@ pub async fn list(
     .bind(f.include_archived)
     .bind(f.after)
     .bind(f.limit)
+    .bind(f.parent_agent_id)
     .fetch_all(db)
     .await
 }
@@ -185,6 +212,44 @@ pub async fn mark_archived(db: impl PgExecutor<'_>, id: Uuid) -> Result<(), sqlx
         .execute(db)
         .await
         .map(|_| ())
+}
+
+/// The descendants of `id` that are not archived, deepest first (so each is archived
+/// before its parent).
+pub async fn live_descendants(db: impl PgExecutor<'_>, id: Uuid) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "WITH RECURSIVE tree (id, depth) AS (
+             SELECT id, 1 FROM agents WHERE parent_agent_id = $1 AND archived_at IS NULL
+             UNION ALL
+             SELECT a.id, t.depth + 1 FROM agents a JOIN tree t ON a.parent_agent_id = t.id
+             WHERE a.archived_at IS NULL AND t.depth < 1000
+         )
+         SELECT id FROM tree ORDER BY depth DESC, id",
+    )
+    .bind(id)
+    .fetch_all(db)
+    .await
+}
+
+/// Children of `parent` that are not archived.
+pub async fn live_children(db: impl PgExecutor<'_>, parent: Uuid) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM agents WHERE parent_agent_id = $1 AND archived_at IS NULL",
+    )
+    .bind(parent)
+    .fetch_one(db)
+    .await
+}
+
+/// Agents of `team` created by other agents that are not archived.
+pub async fn live_team_children(db: impl PgExecutor<'_>, team: Uuid) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM agents
+         WHERE team_id = $1 AND parent_agent_id IS NOT NULL AND archived_at IS NULL",
+    )
+    .bind(team)
+    .fetch_one(db)
+    .await
 }
 
 /// Agents a previous run of this server left open (not closed), for the boot reconciler.

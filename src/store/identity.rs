@@ -176,6 +176,10 @@ pub struct BearerRow {
     pub member_team_ids: Vec<Uuid>,
     pub member_team_names: Vec<String>,
     pub member_roles: Vec<String>,
+    /// For an agent's token: its agent, the agent's project and whether it is archived.
+    pub agent_id: Option<Uuid>,
+    pub agent_project_id: Option<Uuid>,
+    pub agent_archived: Option<bool>,
 }
 
 pub async fn bearer_by_hash(
@@ -186,9 +190,13 @@ pub async fn bearer_by_hash(
         "SELECT t.id, t.user_id, t.team_id, t.role, t.name, t.prefix, t.scopes, t.created_at,
                 t.expires_at, t.last_used_at, t.revoked_at, u.email, u.name AS user_name, u.is_admin,
                 (SELECT name FROM teams WHERE id = t.team_id) AS service_team_name,
-                ms.member_team_ids, ms.member_team_names, ms.member_roles
+                ms.member_team_ids, ms.member_team_names, ms.member_roles,
+                t.agent_id, aw.project_id AS agent_project_id,
+                ag.archived_at IS NOT NULL AS agent_archived
          FROM api_tokens t
          LEFT JOIN users u ON u.id = t.user_id
+         LEFT JOIN agents ag ON ag.id = t.agent_id
+         LEFT JOIN workspaces aw ON aw.id = ag.workspace_id
          CROSS JOIN LATERAL (
              SELECT coalesce(array_agg(m.team_id ORDER BY m.later, m.created_at, m.team_id), '{}')
                         AS member_team_ids,
@@ -232,7 +240,8 @@ pub async fn list_tokens(
 ) -> Result<Vec<TokenRow>, sqlx::Error> {
     sqlx::query_as(
         "SELECT id, user_id, team_id, role, name, prefix, scopes, created_at, expires_at, last_used_at, revoked_at
-         FROM api_tokens WHERE user_id = $1 AND revoked_at IS NULL AND ($2::uuid IS NULL OR id > $2)
+         FROM api_tokens WHERE user_id = $1 AND revoked_at IS NULL AND agent_id IS NULL
+           AND ($2::uuid IS NULL OR id > $2)
            AND ($4::uuid IS NULL OR team_id = $4)
          ORDER BY id LIMIT $3",
     )
@@ -253,7 +262,8 @@ pub async fn list_team_tokens(
 ) -> Result<Vec<TokenRow>, sqlx::Error> {
     sqlx::query_as(
         "SELECT id, user_id, team_id, role, name, prefix, scopes, created_at, expires_at, last_used_at, revoked_at
-         FROM api_tokens WHERE team_id = $1 AND revoked_at IS NULL AND ($2::uuid IS NULL OR id > $2)
+         FROM api_tokens WHERE team_id = $1 AND revoked_at IS NULL AND agent_id IS NULL
+           AND ($2::uuid IS NULL OR id > $2)
          ORDER BY id LIMIT $3",
     )
     .bind(team)
@@ -314,4 +324,61 @@ pub async fn is_idp_user(db: impl PgExecutor<'_>, user: Uuid) -> Result<bool, sq
         .fetch_optional(db)
         .await
         .map(|v| v.unwrap_or(false))
+}
+
+/// A fresh token for `agent` (kind `agent`: it acts in `team` with `role` and the `agents`
+/// scope); the agent's earlier tokens are revoked in the same statement's transaction, so
+/// an agent holds one live token, that of its latest launch.
+#[allow(clippy::too_many_arguments)]
+pub async fn issue_agent_token(
+    tx: &mut sqlx::PgConnection,
+    id: Uuid,
+    agent: Uuid,
+    user_id: Uuid,
+    team: Uuid,
+    role: &str,
+    name: &str,
+    prefix: &str,
+    hash: &[u8],
+) -> Result<(), sqlx::Error> {
+    revoke_agent_tokens(&mut *tx, &[agent]).await?;
+    sqlx::query(
+        "INSERT INTO api_tokens (id, user_id, team_id, role, name, prefix, token_hash, scopes, agent_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, '{agents}', $8)",
+    )
+    .bind(id)
+    .bind(user_id)
+    .bind(team)
+    .bind(role)
+    .bind(name)
+    .bind(prefix)
+    .bind(hash)
+    .bind(agent)
+    .execute(&mut *tx)
+    .await
+    .map(|_| ())
+}
+
+/// Revoke every live token of these agents; how many there were. Nothing is written (and
+/// no change announced to the replicas' token caches) when none is live.
+pub async fn revoke_agent_tokens(
+    db: &mut sqlx::PgConnection,
+    agents: &[Uuid],
+) -> Result<u64, sqlx::Error> {
+    let live: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM api_tokens WHERE agent_id = ANY($1) AND revoked_at IS NULL)",
+    )
+    .bind(agents)
+    .fetch_one(&mut *db)
+    .await?;
+    if !live {
+        return Ok(0);
+    }
+    sqlx::query(
+        "UPDATE api_tokens SET revoked_at = now() WHERE agent_id = ANY($1) AND revoked_at IS NULL",
+    )
+    .bind(agents)
+    .execute(&mut *db)
+    .await
+    .map(|r| r.rows_affected())
 }

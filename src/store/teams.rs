@@ -65,6 +65,29 @@ pub async fn requires_sandbox(db: impl PgExecutor<'_>, id: Uuid) -> Result<bool,
     Ok(found.unwrap_or(false))
 }
 
+/// Whether the team's agents are given agentry's own MCP server (true for a team that
+/// does not exist).
+pub async fn agentry_mcp(db: impl PgExecutor<'_>, id: Uuid) -> Result<bool, sqlx::Error> {
+    let found: Option<bool> = sqlx::query_scalar("SELECT agentry_mcp FROM teams WHERE id = $1")
+        .bind(id)
+        .fetch_optional(db)
+        .await?;
+    Ok(found.unwrap_or(true))
+}
+
+/// Set whether the team's agents are given agentry's own MCP server; `None`: no team.
+pub async fn set_agentry_mcp(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    on: bool,
+) -> Result<Option<bool>, sqlx::Error> {
+    sqlx::query_scalar("UPDATE teams SET agentry_mcp = $2 WHERE id = $1 RETURNING agentry_mcp")
+        .bind(id)
+        .bind(on)
+        .fetch_optional(db)
+        .await
+}
+
 /// Set whether the team's agents must run sandboxed; its row after (`None`: no team).
 pub async fn set_require_sandbox(
     db: impl PgExecutor<'_>,

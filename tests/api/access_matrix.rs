@@ -102,7 +102,7 @@ fn id_value(a: &TeamA, name: &str) -> Option<String> {
     Some(match name {
         "project_id" => a.project.clone(),
         "workspace_id" => a.workspace.clone(),
-        "agent_id" => a.agent.clone(),
+        "agent_id" | "parent_agent_id" => a.agent.clone(),
         "team_id" => a.team.clone(),
         "actor_id" => a.owner_id.clone(),
         _ => return None,

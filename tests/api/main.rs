@@ -33,6 +33,7 @@ mod story;
 mod streams;
 mod teams;
 mod token_cache;
+mod tree;
 mod usage;
 mod workspaces;
 mod writer;

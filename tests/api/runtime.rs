@@ -351,6 +351,7 @@ async fn harness(plan: Plan, interrupt_grace: Duration) -> Harness {
         persistence: None,
         secret_env: Default::default(),
         egress_allow: None,
+        agentry_token: None,
     };
     let seen = Arc::new(Mutex::new(Seen::default()));
     let mut registry = ProviderRegistry::new();

@@ -7,6 +7,10 @@ it). It needs no model: the tests say exactly what to run, as an injected prompt
 Configured as `[providers.<id>] extends = "acp"`, `command = ["python3", "<this file>"]`.
 `session/cancel` ends the running command's whole process group.
 
+It takes HTTP MCP servers; the URL and bearer token of the one named `agentry` (the
+server's own, given to every agent) reach each command as `EXEC_AGENT_MCP_URL` and
+`EXEC_AGENT_MCP_TOKEN`, as an agent's MCP client would use them.
+
 With `--announce` it also announces modes and models in its `session/new` and
 `session/load` answers, as codex-acp does, takes `session/set_mode` and
 `session/set_model` for those only, and runs each command with the session's mode and
@@ -33,6 +37,18 @@ MODELS = [
     {"modelId": "large", "name": "Large"},
 ]
 state = {}  # session id -> {"mode": ..., "model": ...}
+agentry = {}  # session id -> {"url": ..., "token": ...}
+
+
+def remember_agentry(session, servers):
+    for server in servers or []:
+        if server.get("name") != "agentry" or server.get("type") != "http":
+            continue
+        token = ""
+        for header in server.get("headers") or []:
+            if header.get("name", "").lower() == "authorization":
+                token = header.get("value", "").removeprefix("Bearer ")
+        agentry[session] = {"url": server.get("url", ""), "token": token}
 
 
 def announced(session):
@@ -60,9 +76,13 @@ def error(req_id, code, message):
 
 def run_prompt(req_id, session, text):
     env = None
+    if session in agentry:
+        env = dict(os.environ)
+        env["EXEC_AGENT_MCP_URL"] = agentry[session]["url"]
+        env["EXEC_AGENT_MCP_TOKEN"] = agentry[session]["token"]
     if ANNOUNCE:
         current = state.get(session, {})
-        env = dict(os.environ)
+        env = env or dict(os.environ)
         env["EXEC_AGENT_MODE"] = current.get("mode", "")
         env["EXEC_AGENT_MODEL"] = current.get("model", "")
     try:
@@ -124,7 +144,7 @@ def main():
                 req_id,
                 {
                     "protocolVersion": 1,
-                    "agentCapabilities": {"loadSession": ANNOUNCE},
+                    "agentCapabilities": {"loadSession": ANNOUNCE, "mcpCapabilities": {"http": True}},
                     "agentInfo": {"name": "exec-agent", "version": "1"},
                     "authMethods": [],
                 },
@@ -133,10 +153,12 @@ def main():
             sessions += 1
             session = f"exec-{os.getpid()}-{sessions}"
             answer = {"sessionId": session}
+            remember_agentry(session, params.get("mcpServers"))
             if ANNOUNCE:
                 answer.update(announced(session))
             reply(req_id, answer)
         elif method == "session/load" and ANNOUNCE:
+            remember_agentry(params.get("sessionId"), params.get("mcpServers"))
             reply(req_id, announced(params.get("sessionId")))
         elif method == "session/set_mode" and ANNOUNCE:
             mode = params.get("modeId")

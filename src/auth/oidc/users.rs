@@ -146,6 +146,7 @@ pub(super) async fn principal_of(
         teams,
         scopes: Vec::new(),
         request_id: None,
+        agent: None,
     })
 }
 
