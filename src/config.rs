@@ -799,6 +799,11 @@ pub struct Limits {
     /// Model catalog refreshes (`GET /v1/providers/{id}/models?refresh=true`) one team
     /// may start per minute on one server; past it the cached catalog is answered.
     pub catalog_refreshes_per_minute: u32,
+    /// Turns running at once on the whole deployment (every replica); a prompt past it
+    /// waits in the fair queue (`GET /v1/queue`). 0: no limit.
+    pub max_running_turns: i64,
+    /// Turns of one team running at once; 0: no limit.
+    pub max_running_turns_per_team: i64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -919,6 +924,8 @@ impl Default for Limits {
             max_workspaces_per_team: 1000,
             max_projects_per_team: 200,
             catalog_refreshes_per_minute: 6,
+            max_running_turns: 0,
+            max_running_turns_per_team: 0,
         }
     }
 }
@@ -1319,6 +1326,17 @@ impl Settings {
         ] {
             if value < 1 {
                 return Err(invalid(setting, "must be at least 1"));
+            }
+        }
+        for (setting, value) in [
+            ("limits.max_running_turns", self.limits.max_running_turns),
+            (
+                "limits.max_running_turns_per_team",
+                self.limits.max_running_turns_per_team,
+            ),
+        ] {
+            if value < 0 {
+                return Err(invalid(setting, "must be 0 (no limit) or more"));
             }
         }
         for (name, server) in &self.mcp.servers {

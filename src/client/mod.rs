@@ -636,6 +636,22 @@ async fn send(api: &Api, agent: &str, prompt: &str, wait: bool, json: bool) -> C
             &json!({"text": prompt}),
         )
         .await?;
+    if sent["queued"] == true {
+        let mid = sent["message_id"].as_str().unwrap_or_default().to_owned();
+        if json {
+            println!("{sent}");
+        } else {
+            println!(
+                "{mid} queued (position {}, waiting for {}); cancel it with DELETE /v1/agents/{agent}/messages/{mid}",
+                sent["position"],
+                sent["reason"].as_str().unwrap_or("its turn")
+            );
+        }
+        if !wait {
+            return Ok(0);
+        }
+        return follow_queued(api, agent, before, &mid, json).await;
+    }
     let turn = sent["turn_id"].as_str().unwrap_or_default().to_owned();
     if !wait {
         if json {
@@ -646,6 +662,45 @@ async fn send(api: &Api, agent: &str, prompt: &str, wait: bool, json: bool) -> C
         return Ok(0);
     }
     follow_turn(api, agent, before, Some(turn), OnPermission::Wait, json).await
+}
+
+/// Wait for queued message `mid` to leave the queue, then follow the turn it started.
+async fn follow_queued(
+    api: &Api,
+    agent: &str,
+    before: i64,
+    mid: &str,
+    json: bool,
+) -> ClientResult<i32> {
+    let mut starts: Vec<(String, i64)> = Vec::new();
+    let mut started: Option<(String, i64)> = None;
+    let mut left = String::new();
+    api.follow(agent, before, async |event: Value| {
+        match event["kind"].as_str() {
+            Some("turn_started") => {
+                let turn = event["data"]["turn_id"].as_str().unwrap_or_default();
+                starts.push((turn.to_owned(), event["seq"].as_i64().unwrap_or(0)));
+            }
+            Some("message_dequeued") if event["data"]["message_id"] == mid => {
+                left = event["data"]["state"].as_str().unwrap_or("").to_owned();
+                let turn = event["data"]["turn_id"].as_str().unwrap_or_default();
+                started = starts.iter().find(|(t, _)| t == turn).cloned();
+                return Ok(false);
+            }
+            _ => {}
+        }
+        Ok(true)
+    })
+    .await?;
+    match started {
+        Some((turn, seq)) => {
+            follow_turn(api, agent, seq - 1, Some(turn), OnPermission::Wait, json).await
+        }
+        None => {
+            eprintln!("agentry: {mid} did not run ({left})");
+            Ok(1)
+        }
+    }
 }
 
 async fn answer(
