@@ -349,3 +349,64 @@ async fn thirty_prompts_of_three_teams_run_in_fair_order_at_a_limit_of_two_acros
     let queue = app.get_ok("/v1/queue").await;
     assert_eq!(queue["items"], json!([]), "{queue}");
 }
+
+#[tokio::test]
+async fn a_replica_queues_and_cancels_for_an_agent_another_replica_runs() {
+    let tweak = |s: &mut agentry::config::Settings| s.cluster.lease_ttl_s = 3;
+    let a = spawn_app_with(tweak).await;
+    let b = spawn_on_with(
+        a.db.clone(),
+        tempfile::tempdir().unwrap(),
+        Some(a.token.clone()),
+        tweak,
+    )
+    .await;
+    let repo = git_repo();
+    let (id, _) = a.mock_agent(repo.path()).await;
+    a.wait(&id).await;
+    let owner = a.get_ok(&format!("/v1/agents/{id}")).await["runtime"]["replica"].clone();
+    a.prompt(&id, "/ask hold on?").await;
+    assert_eq!(a.wait(&id).await["status"], "waiting_permission");
+    let request = a.wait(&id).await["pending_permissions"][0]["request_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // Through the replica that does not run the agent: two follow-ups, one canceled.
+    let kept = send(&b, &id, json!({"text": "kept"})).await;
+    let dropped = send(&b, &id, json!({"text": "dropped"})).await;
+    assert_eq!(kept["queued"], true, "{kept}");
+    assert_eq!(dropped["position"], 2, "{dropped}");
+    let listed = b
+        .get_ok(&format!("/v1/agents/{id}/messages?state=queued"))
+        .await;
+    assert_eq!(listed["items"].as_array().unwrap().len(), 2, "{listed}");
+    let cancel = b
+        .delete(&format!(
+            "/v1/agents/{id}/messages/{}",
+            dropped["message_id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(cancel.status(), 204);
+    b.post_ok(
+        &format!("/v1/agents/{id}/permissions/{request}"),
+        json!({"behavior": "allow"}),
+        200,
+    )
+    .await;
+    let events = until_turns(&b, &id, 2).await;
+    assert_eq!(user_texts(&events), ["/ask hold on?", "kept"]);
+    let agent = b.get_ok(&format!("/v1/agents/{id}")).await;
+    assert_eq!(
+        agent["runtime"]["replica"], owner,
+        "the follow-up ran where the agent runs"
+    );
+    let all = b.get_ok(&format!("/v1/agents/{id}/messages")).await;
+    let states: Vec<&str> = all["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["started", "canceled"]);
+}
