@@ -776,3 +776,38 @@ async fn send_to_a_busy_agent_says_the_message_was_queued_and_waits_for_its_turn
     assert_eq!(texts, ["queued two"], "only its own turn is shown");
     assert_eq!(lines.last().unwrap()["kind"], "turn_completed", "{lines:?}");
 }
+
+#[tokio::test]
+async fn usage_prints_the_teams_totals_and_groups() {
+    let app = spawn_app().await;
+    let home = tempfile::tempdir().unwrap();
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    app.wait(&id).await;
+    app.prompt(&id, "hello").await;
+    app.wait(&id).await;
+    let api = app.get_ok("/v1/usage?group_by=provider").await;
+    let out = agentry(
+        &app,
+        home.path(),
+        &["usage", "--group-by", "provider", "--json"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let printed: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(printed["totals"], api["totals"]);
+    assert_eq!(printed["totals"]["turns"], 1, "{printed}");
+    assert_eq!(printed["groups"][0]["key"], "mock", "{printed}");
+    let text = agentry(
+        &app,
+        home.path(),
+        &["usage", "--group-by", "provider", "--from", "2020-01-01"],
+    )
+    .await;
+    assert_eq!(text.status.code(), Some(0), "{}", stderr(&text));
+    let lines = stdout(&text);
+    assert!(lines.lines().any(|l| l.starts_with("mock ")), "{lines}");
+    assert!(lines.lines().any(|l| l.starts_with("total ")), "{lines}");
+    let bad = agentry(&app, home.path(), &["usage", "--group-by", "weather"]).await;
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+}
