@@ -808,6 +808,11 @@ pub struct Limits {
     /// Agents of one team created by other agents that are not archived (429
     /// `team_children_exceeded`).
     pub max_child_agents_per_team: i64,
+    /// Turns running at once on the whole deployment (every replica); a prompt past it
+    /// waits in the fair queue (`GET /v1/queue`). 0: no limit.
+    pub max_running_turns: i64,
+    /// Turns of one team running at once; 0: no limit.
+    pub max_running_turns_per_team: i64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -931,6 +936,8 @@ impl Default for Limits {
             max_agent_depth: 3,
             max_children_per_agent: 10,
             max_child_agents_per_team: 100,
+            max_running_turns: 0,
+            max_running_turns_per_team: 0,
         }
     }
 }
@@ -1360,6 +1367,17 @@ impl Settings {
                 "agents.agentry_mcp_url",
                 "must be an http:// or https:// URL",
             ));
+        }
+        for (setting, value) in [
+            ("limits.max_running_turns", self.limits.max_running_turns),
+            (
+                "limits.max_running_turns_per_team",
+                self.limits.max_running_turns_per_team,
+            ),
+        ] {
+            if value < 0 {
+                return Err(invalid(setting, "must be 0 (no limit) or more"));
+            }
         }
         for (name, server) in &self.mcp.servers {
             let setting = format!("mcp.servers.{name}");

@@ -278,6 +278,7 @@ impl Application {
                 egress_policy: Arc::new(egress_policy),
                 usage: Arc::new(crate::services::usage::UsageBook::new(&settings.usage)),
                 agentry_mcp_url: Some(agentry_mcp_url(&settings, &listener)?),
+                queue: Default::default(),
             },
             settings: settings.clone(),
             http: Default::default(),
@@ -314,6 +315,11 @@ impl Application {
         // worker sends them.
         let moments_task = tokio::spawn(hooks::run_moments(state.services.clone()));
         let delivery_task = tokio::spawn(hooks::run_worker(state.services.clone()));
+        // Queued prompts: started when their agent or a running-turn slot is free.
+        let mut cluster_tasks = cluster_tasks;
+        cluster_tasks.push(tokio::spawn(crate::services::queue::run(
+            state.services.clone(),
+        )));
 
         let data = state.clone();
         let max_body = settings.limits.max_body_bytes;

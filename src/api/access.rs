@@ -55,6 +55,13 @@ pub const ROUTES: &[(&str, &str, Operation)] = {
         ("GET", "/v1/agents/{id}", ReadTeam),
         ("DELETE", "/v1/agents/{id}", DriveAgents),
         ("POST", "/v1/agents/{id}/messages", DriveAgents),
+        ("GET", "/v1/agents/{id}/messages", ReadTeam),
+        (
+            "DELETE",
+            "/v1/agents/{id}/messages/{message_id}",
+            DriveAgents,
+        ),
+        ("GET", "/v1/queue", ReadTeam),
         ("POST", "/v1/agents/{id}/interrupt", DriveAgents),
         ("PUT", "/v1/agents/{id}/mode", DriveAgents),
         ("PUT", "/v1/agents/{id}/model", DriveAgents),

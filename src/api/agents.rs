@@ -11,13 +11,14 @@ use utoipa_actix_web::service_config::ServiceConfig;
 use super::error::{ApiError, ApiResult, Problem};
 use super::{Page, PageQuery, idempotency, parse_id};
 use crate::auth::Principal;
-use crate::domain::{AgentEvent, AgentId, AgentStatus, PermissionId, WorkspaceId};
+use crate::domain::{AgentEvent, AgentId, AgentStatus, MessageId, PermissionId, WorkspaceId};
 use crate::server::AppState;
 use crate::services::agents::{
     self, Agent, AgentFilter as Filter, CreateAgent, ModeBody, ModelBody, PermissionAnswerBody,
     PermissionList, PermissionStatus, PermissionView, PromptBody, TimelineFrom, TurnAccepted,
     WaitResult,
 };
+use crate::services::queue::{self, MessageState, QueueView, QueuedMessageList};
 use crate::services::streams::Guard;
 
 pub fn configure(cfg: &mut ServiceConfig) {
@@ -25,6 +26,9 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(list_agents)
         .service(get_agent)
         .service(send_message)
+        .service(list_messages)
+        .service(cancel_message)
+        .service(show_queue)
         .service(interrupt_agent)
         .service(set_mode)
         .service(set_model)
@@ -140,10 +144,18 @@ async fn get_agent(
     ))
 }
 
-/// Send a prompt; a closed agent is reopened first. 409 `agent_busy` while a turn runs.
+/// Send a prompt; a closed agent is reopened first. While a turn runs, or while the
+/// running-turn limits are reached, the message is queued (202 with `queued: true` and a
+/// `message_id`) and starts on its own; with `"queue": false` it is refused instead (409
+/// `agent_busy`, 429 `limit_reached`). `"interrupt": true` interrupts the running turn and
+/// sends this message next.
 #[utoipa::path(tag = "agents", security(("bearer" = [])), params(("id" = String, Path)), request_body = PromptBody,
-    responses((status = 202, body = TurnAccepted), (status = 404, body = Problem), (status = 409, body = Problem),
-        (status = 413, body = Problem)))]
+    responses((status = 202, body = TurnAccepted, examples(
+            ("started" = (value = json!({"turn_id": "trn_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "queued": false}))),
+            ("queued" = (value = json!({"queued": true, "message_id": "msg_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b",
+                "position": 1, "reason": "agent_busy"}))))),
+        (status = 404, body = Problem), (status = 409, body = Problem),
+        (status = 413, body = Problem), (status = 429, body = Problem)))]
 #[post("/agents/{id}/messages")]
 async fn send_message(
     state: web::Data<AppState>,
@@ -155,6 +167,69 @@ async fn send_message(
     let accepted: TurnAccepted =
         agents::prompt(&state.services, &principal, id, body.into_inner()).await?;
     Ok(HttpResponse::Accepted().json(accepted))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct MessageFilter {
+    /// `queued`, `started`, `canceled` or `failed`; all when absent.
+    pub state: Option<String>,
+}
+
+/// The agent's queued messages (and those that left the queue), waiting ones first in the
+/// order they run.
+#[utoipa::path(tag = "agents", security(("bearer" = [])), params(("id" = String, Path), MessageFilter),
+    responses((status = 200, body = QueuedMessageList), (status = 400, body = Problem), (status = 404, body = Problem)))]
+#[get("/agents/{id}/messages")]
+async fn list_messages(
+    state: web::Data<AppState>,
+    principal: Principal,
+    id: web::Path<String>,
+    q: web::Query<MessageFilter>,
+) -> ApiResult<web::Json<QueuedMessageList>> {
+    let id: AgentId = parse_id(&id, "agent")?;
+    let filter = match &q.state {
+        None => None,
+        Some(s) => Some(MessageState::parse(s).ok_or_else(|| {
+            ApiError::bad_request(
+                "invalid_query",
+                "state is queued, started, canceled or failed",
+            )
+        })?),
+    };
+    Ok(web::Json(
+        queue::list(&state.services, &principal, id, filter).await?,
+    ))
+}
+
+/// Cancel a queued message. One that already started (or was canceled): 409
+/// `message_not_queued`.
+#[utoipa::path(tag = "agents", security(("bearer" = [])),
+    params(("id" = String, Path), ("message_id" = String, Path)),
+    responses((status = 204, description = "Canceled"), (status = 404, body = Problem), (status = 409, body = Problem)))]
+#[delete("/agents/{id}/messages/{message_id}")]
+async fn cancel_message(
+    state: web::Data<AppState>,
+    principal: Principal,
+    path: web::Path<(String, String)>,
+) -> ApiResult<HttpResponse> {
+    let (id, mid) = path.into_inner();
+    let id: AgentId = parse_id(&id, "agent")?;
+    let mid: MessageId = parse_id(&mid, "message")?;
+    queue::cancel(&state.services, &principal, id, mid).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+/// What waits for a running-turn slot or for its agent, in the order it is served, and
+/// why; with the turns running per team (the caller's teams; a server admin sees all).
+#[utoipa::path(tag = "agents", security(("bearer" = [])),
+    responses((status = 200, body = QueueView)))]
+#[get("/queue")]
+async fn show_queue(
+    state: web::Data<AppState>,
+    principal: Principal,
+) -> ApiResult<web::Json<QueueView>> {
+    Ok(web::Json(queue::show(&state.services, &principal).await?))
 }
 
 /// Interrupt the running turn; it ends with outcome `canceled`.

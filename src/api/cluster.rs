@@ -82,6 +82,7 @@ fn commanded_agent(method: &Method, path: &str) -> Option<AgentId> {
         ["mode" | "model"] => *method == Method::PUT,
         ["wait"] => *method == Method::GET,
         ["permissions", _] => *method == Method::POST,
+        ["messages", _] => *method == Method::DELETE,
         _ => false,
     };
     if !commands {

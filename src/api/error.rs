@@ -229,6 +229,7 @@ impl From<ServiceError> for ApiError {
             | E::BranchExists(_)
             | E::RepositoryUnavailable(_)
             | E::PermissionExpired
+            | E::MessageNotQueued(_)
             | E::IdempotencyKeyReused
             | E::IdempotencyKeyInProgress(_)
             | E::HookReadOnly => StatusCode::CONFLICT,

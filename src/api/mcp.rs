@@ -380,7 +380,9 @@ pub const TOOLS: &[ToolSpec] = &[
         path: "/v1/agents/{id}/messages",
         path_args: &[("id", "agent_id")],
         description: "Send a prompt to an agent (a closed one is reopened first); answers the \
-            new turn's id. An agent whose turn runs answers agent_busy.",
+            new turn's id. While the agent's turn runs the message is queued (queued: true, \
+            message_id) and runs after it; queue: false answers agent_busy instead; \
+            interrupt: true stops the running turn and sends this message next.",
     },
     ToolSpec {
         name: "wait_for_agent",

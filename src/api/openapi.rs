@@ -161,7 +161,11 @@ fn example(status: u16, op_id: &str) -> Value {
     let (code, detail) = match (status, op_id) {
         (409, "send_message") => (
             "agent_busy",
-            "a turn is running; wait for it or interrupt it",
+            "a turn is running; wait for it or interrupt it (sent with \"queue\": false)",
+        ),
+        (409, "cancel_message") => (
+            "message_not_queued",
+            "the message is no longer queued (it is started)",
         ),
         (409, "answer_permission") => (
             "permission_already_resolved",

@@ -143,6 +143,23 @@ pub enum ClientCommand {
     },
     /// Archive an agent (its timeline is kept).
     Archive { agent: String },
+    /// Tokens and cost of a team's turns over a period (`GET /v1/usage`).
+    Usage {
+        /// The team (`team_…`); default: your default team.
+        #[arg(long)]
+        team: Option<String>,
+        /// From this day (`YYYY-MM-DD`) or instant (RFC 3339); default: this month's start.
+        #[arg(long)]
+        from: Option<String>,
+        /// Until this day or instant (exclusive); default: now.
+        #[arg(long)]
+        to: Option<String>,
+        /// One line per `day`, `person`, `provider`, `model` or `project`.
+        #[arg(long)]
+        group_by: Option<String>,
+        #[command(flatten)]
+        json: Json,
+    },
     /// List the providers and whether each can run.
     Providers {
         #[command(flatten)]
@@ -273,6 +290,21 @@ async fn dispatch(conn: Connection, cmd: ClientCommand) -> ClientResult<i32> {
         ClientCommand::Archive { agent } => {
             api.delete(&format!("/v1/agents/{}", id(&agent)?)).await?;
             Ok(0)
+        }
+        ClientCommand::Usage {
+            team,
+            from,
+            to,
+            group_by,
+            json,
+        } => {
+            let query = [
+                ("team_id", team),
+                ("from", from),
+                ("to", to),
+                ("group_by", group_by),
+            ];
+            usage(&api, &query, json.json).await
         }
         ClientCommand::Providers { json } => providers(&api, json.json).await,
         ClientCommand::Models { provider, json } => models(&api, &provider, json.json).await,
@@ -636,6 +668,22 @@ async fn send(api: &Api, agent: &str, prompt: &str, wait: bool, json: bool) -> C
             &json!({"text": prompt}),
         )
         .await?;
+    if sent["queued"] == true {
+        let mid = sent["message_id"].as_str().unwrap_or_default().to_owned();
+        if json {
+            println!("{sent}");
+        } else {
+            println!(
+                "{mid} queued (position {}, waiting for {}); cancel it with DELETE /v1/agents/{agent}/messages/{mid}",
+                sent["position"],
+                sent["reason"].as_str().unwrap_or("its turn")
+            );
+        }
+        if !wait {
+            return Ok(0);
+        }
+        return follow_queued(api, agent, before, &mid, json).await;
+    }
     let turn = sent["turn_id"].as_str().unwrap_or_default().to_owned();
     if !wait {
         if json {
@@ -646,6 +694,45 @@ async fn send(api: &Api, agent: &str, prompt: &str, wait: bool, json: bool) -> C
         return Ok(0);
     }
     follow_turn(api, agent, before, Some(turn), OnPermission::Wait, json).await
+}
+
+/// Wait for queued message `mid` to leave the queue, then follow the turn it started.
+async fn follow_queued(
+    api: &Api,
+    agent: &str,
+    before: i64,
+    mid: &str,
+    json: bool,
+) -> ClientResult<i32> {
+    let mut starts: Vec<(String, i64)> = Vec::new();
+    let mut started: Option<(String, i64)> = None;
+    let mut left = String::new();
+    api.follow(agent, before, async |event: Value| {
+        match event["kind"].as_str() {
+            Some("turn_started") => {
+                let turn = event["data"]["turn_id"].as_str().unwrap_or_default();
+                starts.push((turn.to_owned(), event["seq"].as_i64().unwrap_or(0)));
+            }
+            Some("message_dequeued") if event["data"]["message_id"] == mid => {
+                left = event["data"]["state"].as_str().unwrap_or("").to_owned();
+                let turn = event["data"]["turn_id"].as_str().unwrap_or_default();
+                started = starts.iter().find(|(t, _)| t == turn).cloned();
+                return Ok(false);
+            }
+            _ => {}
+        }
+        Ok(true)
+    })
+    .await?;
+    match started {
+        Some((turn, seq)) => {
+            follow_turn(api, agent, seq - 1, Some(turn), OnPermission::Wait, json).await
+        }
+        None => {
+            eprintln!("agentry: {mid} did not run ({left})");
+            Ok(1)
+        }
+    }
 }
 
 async fn answer(
@@ -715,6 +802,64 @@ async fn diff(api: &Api, target: &str, json: bool) -> ClientResult<i32> {
     } else {
         print!("{}", diff["patch"].as_str().unwrap_or(""));
     }
+    Ok(0)
+}
+
+/// `value` for a query string: every byte but the unreserved ones percent-encoded.
+fn query_value(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+async fn usage(api: &Api, query: &[(&str, Option<String>)], json: bool) -> ClientResult<i32> {
+    let params: Vec<String> = query
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", query_value(v))))
+        .collect();
+    let mut path = "/v1/usage".to_owned();
+    if !params.is_empty() {
+        path = format!("{path}?{}", params.join("&"));
+    }
+    let report = api.get(&path).await?;
+    if json {
+        println!("{report}");
+        return Ok(0);
+    }
+    let line = |label: &str, t: &Value| {
+        let estimated = t["estimated_cost_usd"].as_f64().unwrap_or(0.0);
+        println!(
+            "{:<36} {:>6} turns {:>12} in {:>12} out {:>12} cached  ${:.4}{}",
+            label,
+            t["turns"].as_i64().unwrap_or(0),
+            t["input_tokens"].as_i64().unwrap_or(0),
+            t["output_tokens"].as_i64().unwrap_or(0),
+            t["cached_input_tokens"].as_i64().unwrap_or(0),
+            t["cost_usd"].as_f64().unwrap_or(0.0),
+            if estimated > 0.0 {
+                format!(" (${estimated:.4} estimated)")
+            } else {
+                String::new()
+            }
+        );
+    };
+    println!(
+        "{} from {} to {}",
+        report["team_id"].as_str().unwrap_or(""),
+        report["from"].as_str().unwrap_or(""),
+        report["to"].as_str().unwrap_or("")
+    );
+    for g in report["groups"].as_array().into_iter().flatten() {
+        let key = g["key"].as_str().unwrap_or("");
+        line(if key.is_empty() { "(none)" } else { key }, g);
+    }
+    line("total", &report["totals"]);
     Ok(0)
 }
 

@@ -31,10 +31,16 @@ pub enum EventKind {
     TurnCompleted,
     /// The egress proxy refused a connection the agent tried: `host`, `port`, `reason`.
     NetworkDenied,
+    /// A prompt waits (its agent runs a turn, or the running-turn limits are reached):
+    /// `message_id`, `text`, `client_message_id`?, `interrupt`, `reason`.
+    MessageQueued,
+    /// A waiting prompt left the queue: `message_id`, `state` (`started` with `turn_id`,
+    /// `canceled`, or `failed` with `error`).
+    MessageDequeued,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 18] = [
+    pub const ALL: [EventKind; 20] = [
         EventKind::SessionStarted,
         EventKind::TurnStarted,
         EventKind::UserMessage,
@@ -53,6 +59,8 @@ impl EventKind {
         EventKind::Error,
         EventKind::TurnCompleted,
         EventKind::NetworkDenied,
+        EventKind::MessageQueued,
+        EventKind::MessageDequeued,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -75,6 +83,8 @@ impl EventKind {
             EventKind::Error => "error",
             EventKind::TurnCompleted => "turn_completed",
             EventKind::NetworkDenied => "network_denied",
+            EventKind::MessageQueued => "message_queued",
+            EventKind::MessageDequeued => "message_dequeued",
         }
     }
 
@@ -116,6 +126,9 @@ pub enum AgentStatus {
     WaitingPermission,
     Error,
     Closed,
+    /// Not running: its next prompt waits for a running-turn slot (`[limits]`). Only
+    /// ever shown, never stored: the agent's own status is underneath.
+    Queued,
 }
 
 impl AgentStatus {
@@ -127,6 +140,7 @@ impl AgentStatus {
             AgentStatus::WaitingPermission => "waiting_permission",
             AgentStatus::Error => "error",
             AgentStatus::Closed => "closed",
+            AgentStatus::Queued => "queued",
         }
     }
 
@@ -138,6 +152,7 @@ impl AgentStatus {
             AgentStatus::WaitingPermission,
             AgentStatus::Error,
             AgentStatus::Closed,
+            AgentStatus::Queued,
         ]
         .into_iter()
         .find(|k| k.as_str() == s)

@@ -1421,6 +1421,8 @@ impl Actor {
             self.status = status;
             self.publish_status(&committed);
         }
+        // Whoever starts waiting prompts hears that this agent may take one.
+        self.shared.turns_ended.notify_one();
     }
 
     /// After a commit that changed the status: publish it when it is committed; when the

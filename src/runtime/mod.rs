@@ -281,6 +281,8 @@ pub(crate) struct Shared {
     /// The usage service: budgets before and during a turn, the ledger after it (none in
     /// unit tests: nothing is metered).
     spend: std::sync::OnceLock<Arc<dyn Spend>>,
+    /// Rung when a turn ends (one wake-up is kept for the one who waits).
+    turns_ended: tokio::sync::Notify,
     rt: Handle,
 }
 
@@ -330,9 +332,21 @@ impl AgentManager {
                 shutting_down: AtomicBool::new(false),
                 turns_running: AtomicUsize::new(0),
                 spend: std::sync::OnceLock::new(),
+                turns_ended: tokio::sync::Notify::new(),
                 rt,
             }),
         }
+    }
+
+    /// Resolves when a turn of an agent of this replica ends after this call (or ended
+    /// since the last call: one wake-up is kept). For one waiter: the queue dispatcher.
+    pub async fn turn_ended(&self) {
+        self.shared.turns_ended.notified().await;
+    }
+
+    /// Whether the server is stopping (no new turn starts).
+    pub fn is_shutting_down(&self) -> bool {
+        self.shared.shutting_down.load(Ordering::SeqCst)
     }
 
     /// Meter turns with `spend` (once, when the server is wired together; later calls

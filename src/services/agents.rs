@@ -116,6 +116,11 @@ pub struct Agent {
     /// It is given agentry's MCP server at launch (unless its team turned that off or its
     /// provider has no MCP support).
     pub agentry_mcp: bool,
+    /// Its messages that wait, when any does (filled in for a single agent, not in
+    /// lists). While its next message waits for a running-turn slot, `status` is
+    /// `queued`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<super::queue::AgentQueue>,
 }
 
 /// How many agents an agent created.
@@ -133,11 +138,35 @@ pub struct ChildCounts {
 pub struct PromptBody {
     pub text: String,
     pub client_message_id: Option<String>,
+    /// While a turn runs (or the running-turn limits are reached), queue the message
+    /// (default) or refuse it: `false` answers 409 `agent_busy` (429 `limit_reached`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<bool>,
+    /// Steer: interrupt the running turn and send this message next, before the other
+    /// queued ones.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interrupt: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"turn_id": "trn_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "queued": false}))]
 pub struct TurnAccepted {
-    pub turn_id: TurnId,
+    /// The turn the message started; absent when it was queued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<TurnId>,
+    /// The message waits (its agent runs a turn, or the running-turn limits are
+    /// reached); it starts on its own (`GET /v1/agents/{id}/messages?state=queued`).
+    #[serde(default)]
+    pub queued: bool,
+    /// The queued message's id (to cancel it: `DELETE /v1/agents/{id}/messages/{message_id}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<crate::domain::MessageId>,
+    /// The queued message's place among its agent's waiting messages (1 runs next).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<i64>,
+    /// Why it waits: `agent_busy` or `capacity`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -324,6 +353,7 @@ pub(crate) fn to_agent(ctx: &ServiceContext, row: AgentRow) -> Agent {
                 .or(row.provider_session_id),
             egress_hosts: ctx.agents.egress_counts(row.id.into()),
         },
+        queue: None,
     }
 }
 
@@ -982,17 +1012,121 @@ pub async fn list(
 
 pub async fn get(ctx: &ServiceContext, principal: &Principal, id: AgentId) -> ServiceResult<Agent> {
     let row = load(ctx, principal, id, Operation::ReadTeam).await?;
-    Ok(to_agent(ctx, row))
+    let mut agent = to_agent(ctx, row);
+    agent.queue = super::queue::agent_queue(ctx, id).await?;
+    if agent
+        .queue
+        .as_ref()
+        .is_some_and(|q| q.waiting_for == "capacity")
+        && !agent.status.is_busy()
+    {
+        agent.status = AgentStatus::Queued;
+    }
+    Ok(agent)
 }
 
+/// The caller may drive the agent (a member of its team): the agent's team.
+pub(crate) async fn authorize_drive(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: AgentId,
+) -> ServiceResult<uuid::Uuid> {
+    principal.authorize(Operation::DriveAgents)?;
+    if let Some(team) = ctx.agents.live_team(id) {
+        if principal
+            .visible_teams()
+            .is_some_and(|teams| !teams.contains(&team))
+        {
+            return Err(ServiceError::NotFound("agent"));
+        }
+        principal.authorize_in(team, Operation::DriveAgents, "agent")?;
+        return Ok(team);
+    }
+    Ok(load_to_drive(ctx, principal, id).await?.team_id)
+}
+
+/// Send a prompt: start a turn now, or queue the message while the agent runs a turn (or
+/// the running-turn limits are reached), unless `queue` is false.
 pub async fn prompt(
     ctx: &ServiceContext,
     principal: &Principal,
     id: AgentId,
     body: PromptBody,
 ) -> ServiceResult<TurnAccepted> {
+    use super::queue::{self, Admission, WaitReason};
     principal.authorize(Operation::DriveAgents)?;
     check_prompt(ctx, "text", &body.text)?;
+    let may_queue = body.queue.unwrap_or(true);
+    if body.interrupt && !may_queue {
+        return Err(ServiceError::invalid(
+            "interrupt",
+            "a steering message is queued behind the interrupted turn; it cannot be sent with `queue: false`",
+        ));
+    }
+    check_client_message_id(&body)?;
+    let team = authorize_drive(ctx, principal, id).await?;
+    let cmid = body.client_message_id.as_deref();
+    let b = &body;
+    let queued = |reason: WaitReason| async move {
+        let (mid, position) = queue::enqueue(
+            ctx,
+            principal,
+            (id, team),
+            &b.text,
+            cmid,
+            b.interrupt,
+            reason,
+        )
+        .await?;
+        if b.interrupt {
+            ctx.agents.interrupt(id).await;
+        }
+        audit::record(
+            ctx,
+            principal,
+            Entry::new(Action::AgentPrompt, Some(team), "agent", id).details(
+                json!({"message_id": mid, "queued": true, "reason": reason.as_str(),
+                    "client_message_id": cmid}),
+            ),
+        )
+        .await?;
+        Ok::<_, ServiceError>(TurnAccepted {
+            turn_id: None,
+            queued: true,
+            message_id: Some(mid),
+            position: Some(position),
+            reason: Some(reason.as_str().to_owned()),
+        })
+    };
+    // Messages already wait: this one goes behind them (a steering one goes first, once
+    // the running turn is interrupted).
+    if may_queue && !body.interrupt && queue::waiting(ctx, id).await? > 0 {
+        return queued(WaitReason::AgentBusy).await;
+    }
+    match queue::admit(ctx, team, start_now(ctx, principal, id, &body)).await {
+        Ok(Admission::Started((team, turn_id))) => {
+            audit_prompt(ctx, principal, team, id, turn_id, cmid).await?;
+            Ok(TurnAccepted {
+                turn_id: Some(turn_id),
+                queued: false,
+                message_id: None,
+                position: None,
+                reason: None,
+            })
+        }
+        Ok(Admission::Full { .. }) if may_queue => queued(WaitReason::Capacity).await,
+        Ok(Admission::Full { limit, value }) => Err(ServiceError::LimitReached {
+            limit,
+            value: value.max(0) as u64,
+        }),
+        Err(ServiceError::Runtime(RuntimeError::Busy)) if may_queue => {
+            queued(WaitReason::AgentBusy).await
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn check_client_message_id(body: &PromptBody) -> ServiceResult<()> {
     if body
         .client_message_id
         .as_ref()
@@ -1003,6 +1137,19 @@ pub async fn prompt(
             "must be 1 to 200 characters",
         ));
     }
+    Ok(())
+}
+
+/// Start a turn with `body` now (reopening a closed agent): the agent's team and the turn.
+pub(crate) async fn start_now(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: AgentId,
+    body: &PromptBody,
+) -> ServiceResult<(uuid::Uuid, TurnId)> {
+    principal.authorize(Operation::DriveAgents)?;
+    check_prompt(ctx, "text", &body.text)?;
+    check_client_message_id(body)?;
     // An agent running here takes the prompt without its row being read: its team is
     // known, and an archive closes the agent before it marks it.
     if let Some(team) = ctx.agents.live_team(id) {
@@ -1016,7 +1163,7 @@ pub async fn prompt(
         check_team_sandbox(ctx, team).await?;
         let cmid = body.client_message_id.as_deref();
         if let Some(turn_id) = ctx.agents.prompt_live(id, &body.text, cmid).await? {
-            return accepted(ctx, principal, team, id, turn_id, cmid).await;
+            return Ok((team, turn_id));
         }
     }
     let row = load_to_drive(ctx, principal, id).await?;
@@ -1059,36 +1206,31 @@ pub async fn prompt(
     agent_ctx.egress_allow = egress_allow(ctx, &row).await?;
     let turn_id = ctx
         .agents
-        .prompt(&agent_ctx, body.text, body.client_message_id.clone())
+        .prompt(
+            &agent_ctx,
+            body.text.clone(),
+            body.client_message_id.clone(),
+        )
         .await?;
-    accepted(
-        ctx,
-        principal,
-        row.team_id,
-        id,
-        turn_id,
-        body.client_message_id.as_deref(),
-    )
-    .await
+    Ok((row.team_id, turn_id))
 }
 
-/// A prompt was accepted: audit it and answer with its turn.
-async fn accepted(
+/// A prompt started a turn: audit it.
+pub(crate) async fn audit_prompt(
     ctx: &ServiceContext,
     principal: &Principal,
     team: uuid::Uuid,
     id: AgentId,
     turn_id: TurnId,
     client_message_id: Option<&str>,
-) -> ServiceResult<TurnAccepted> {
+) -> ServiceResult<()> {
     audit::record(
         ctx,
         principal,
         Entry::new(Action::AgentPrompt, Some(team), "agent", id)
             .details(json!({"turn_id": turn_id, "client_message_id": client_message_id})),
     )
-    .await?;
-    Ok(TurnAccepted { turn_id })
+    .await
 }
 
 pub async fn interrupt(
@@ -1238,6 +1380,7 @@ async fn archive_one(
 ) -> ServiceResult<()> {
     let id = AgentId::from(row.id);
     ctx.agents.close(id, "archived").await;
+    super::queue::cancel_all(ctx, id).await?;
     if row.archived_at.is_none() {
         // `agent.archive.after` is queued in the archive's own transaction.
         let (queued, revoked) = super::within_deadline(ctx, async {

@@ -91,6 +91,9 @@ pub enum ServiceError {
     RepositoryUnavailable(String),
     #[error("the agent is closed; this request expired before it was answered")]
     PermissionExpired,
+    /// A queued message that already left the queue (started, canceled or failed).
+    #[error("the message is no longer queued (it is {0})")]
+    MessageNotQueued(String),
     #[error("this Idempotency-Key was used with a different request body")]
     IdempotencyKeyReused,
     #[error("{0}")]
@@ -177,6 +180,7 @@ impl ServiceError {
             ServiceError::BranchExists(_) => "branch_exists",
             ServiceError::RepositoryUnavailable(_) => "repository_unavailable",
             ServiceError::PermissionExpired => "permission_expired",
+            ServiceError::MessageNotQueued(_) => "message_not_queued",
             ServiceError::IdempotencyKeyReused => "idempotency_key_reused",
             ServiceError::IdempotencyKeyInProgress(_) => "idempotency_key_in_progress",
             ServiceError::HookFailed(_) => "hook_failed",

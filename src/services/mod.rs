@@ -19,6 +19,7 @@ pub mod mcp;
 pub mod network;
 pub mod projects;
 pub mod providers;
+pub mod queue;
 pub mod secrets;
 pub mod sessions;
 pub mod setup;
@@ -74,6 +75,8 @@ pub struct ServiceContext {
     pub bounds: Arc<bounds::Bounds>,
     /// The usage price table, owners' budget limits and usage metrics.
     pub usage: Arc<usage::UsageBook>,
+    /// The dispatcher's wake-up for queued prompts.
+    pub queue: Arc<queue::Queue>,
     /// How often an open stream or wait checks its caller again at least
     /// (`events.revalidate_s`).
     pub revalidate: std::time::Duration,

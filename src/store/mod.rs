@@ -31,6 +31,7 @@ pub mod oidc;
 pub mod permissions;
 pub mod processes;
 pub mod projects;
+pub mod queue;
 pub mod replica_lock;
 pub mod replicas;
 pub mod secrets;

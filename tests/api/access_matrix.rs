@@ -29,6 +29,8 @@ struct TeamA {
     workspace: String,
     agent: String,
     permission: String,
+    /// A follow-up queued behind the agent's turn.
+    message: String,
     service_token: String,
     service_token_secret: String,
     team: String,
@@ -86,6 +88,7 @@ fn path_value(a: &TeamA, path: &str, name: &str) -> Option<(String, bool)> {
         ("id", "users") => (a.owner_id.clone(), false),
         ("id", "providers") => ("mock".to_owned(), false),
         ("request_id", "agents") => (a.permission.clone(), true),
+        ("message_id", "agents") => (a.message.clone(), true),
         ("user_id", "teams") => (a.owner_id.clone(), false),
         ("name", "teams") => (MATRIX_SECRET.to_owned(), true),
         ("id", "hooks") => (a.hook.clone(), true),
@@ -298,6 +301,15 @@ async fn no_route_lets_another_team_or_a_lower_role_or_a_narrower_token_through(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let queued = ana
+        .api
+        .ok(
+            Method::POST,
+            &format!("/v1/agents/{agent_id}/messages"),
+            Some(json!({"text": "after the answer"})),
+            202,
+        )
+        .await;
     let svc = ana
         .api
         .ok(
@@ -320,6 +332,7 @@ async fn no_route_lets_another_team_or_a_lower_role_or_a_narrower_token_through(
         workspace: ws["id"].as_str().unwrap().to_owned(),
         agent: agent_id.clone(),
         permission: permission.expect("the agent asked"),
+        message: queued["message_id"].as_str().unwrap().to_owned(),
         service_token: svc["id"].as_str().unwrap().to_owned(),
         service_token_secret: svc["token"].as_str().unwrap().to_owned(),
         team: team_a.clone(),

@@ -70,11 +70,11 @@ async fn permission_answers_busy_and_expiry() {
         .unwrap()
         .to_owned();
 
-    // A prompt during the turn is refused.
+    // A prompt during the turn that may not be queued is refused.
     let busy = app
         .post(
             &format!("/v1/agents/{id}/messages"),
-            json!({"text": "again"}),
+            json!({"text": "again", "queue": false}),
         )
         .await;
     assert_eq!(expect_status(busy, 409).await["code"], "agent_busy");

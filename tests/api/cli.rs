@@ -717,3 +717,97 @@ async fn a_terminal_sees_a_spinner_and_no_colour_with_no_color() {
     assert!(!has_colour(&plain), "NO_COLOR: no colour at all: {plain:?}");
     assert!(plain.contains("— turn completed"), "{plain:?}");
 }
+
+#[tokio::test]
+async fn send_to_a_busy_agent_says_the_message_was_queued_and_waits_for_its_turn() {
+    let app = spawn_app().await;
+    let home = tempfile::tempdir().unwrap();
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    app.wait(&id).await;
+    app.prompt(&id, "/ask go on?").await;
+    let w = app.wait(&id).await;
+    assert_eq!(w["status"], "waiting_permission");
+    let request = w["pending_permissions"][0]["request_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let sent = agentry(&app, home.path(), &["send", &id, "queued one"]).await;
+    assert_eq!(sent.status.code(), Some(0), "{}", stderr(&sent));
+    assert!(
+        stdout(&sent).contains("queued (position 1"),
+        "{}",
+        stdout(&sent)
+    );
+    // `--wait` follows the turn the queued message starts, once the running one ends.
+    let waiter = tokio::spawn(agentry(
+        &app,
+        home.path(),
+        &["send", &id, "queued two", "--wait", "--json"],
+    ));
+    let mut queued = false;
+    for _ in 0..200 {
+        let q = app
+            .get_ok(&format!("/v1/agents/{id}/messages?state=queued"))
+            .await;
+        if q["items"].as_array().unwrap().len() == 2 {
+            queued = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(queued, "the second message waits");
+    app.post_ok(
+        &format!("/v1/agents/{id}/permissions/{request}"),
+        json!({"behavior": "allow"}),
+        200,
+    )
+    .await;
+    let out = waiter.await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let lines = json_lines(&out);
+    assert_eq!(lines[0]["queued"], true, "{lines:?}");
+    let texts: Vec<&Value> = lines
+        .iter()
+        .filter(|e| e["kind"] == "user_message")
+        .map(|e| &e["data"]["text"])
+        .collect();
+    assert_eq!(texts, ["queued two"], "only its own turn is shown");
+    assert_eq!(lines.last().unwrap()["kind"], "turn_completed", "{lines:?}");
+}
+
+#[tokio::test]
+async fn usage_prints_the_teams_totals_and_groups() {
+    let app = spawn_app().await;
+    let home = tempfile::tempdir().unwrap();
+    let repo = git_repo();
+    let (id, _) = app.mock_agent(repo.path()).await;
+    app.wait(&id).await;
+    app.prompt(&id, "hello").await;
+    app.wait(&id).await;
+    let api = app.get_ok("/v1/usage?group_by=provider").await;
+    let out = agentry(
+        &app,
+        home.path(),
+        &["usage", "--group-by", "provider", "--json"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let printed: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(printed["totals"], api["totals"]);
+    assert_eq!(printed["totals"]["turns"], 1, "{printed}");
+    assert_eq!(printed["groups"][0]["key"], "mock", "{printed}");
+    let text = agentry(
+        &app,
+        home.path(),
+        &["usage", "--group-by", "provider", "--from", "2020-01-01"],
+    )
+    .await;
+    assert_eq!(text.status.code(), Some(0), "{}", stderr(&text));
+    let lines = stdout(&text);
+    assert!(lines.lines().any(|l| l.starts_with("mock ")), "{lines}");
+    assert!(lines.lines().any(|l| l.starts_with("total ")), "{lines}");
+    let bad = agentry(&app, home.path(), &["usage", "--group-by", "weather"]).await;
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+}

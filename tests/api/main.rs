@@ -24,6 +24,7 @@ mod mcp;
 mod metrics;
 mod people;
 mod platform;
+mod queue;
 mod runtime;
 mod scopes;
 mod secrets;
