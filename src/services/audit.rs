@@ -50,10 +50,12 @@ pub enum Action {
     NetworkSet,
     TeamSandbox,
     BudgetSet,
+    WorkspacePush,
+    WorkspacePullRequest,
 }
 
 impl Action {
-    pub const ALL: [Action; 26] = [
+    pub const ALL: [Action; 28] = [
         Action::AgentCreate,
         Action::AgentPrompt,
         Action::AgentInterrupt,
@@ -80,6 +82,8 @@ impl Action {
         Action::NetworkSet,
         Action::TeamSandbox,
         Action::BudgetSet,
+        Action::WorkspacePush,
+        Action::WorkspacePullRequest,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -110,6 +114,8 @@ impl Action {
             Action::NetworkSet => "network.set",
             Action::TeamSandbox => "team.sandbox",
             Action::BudgetSet => "budget.set",
+            Action::WorkspacePush => "workspace.push",
+            Action::WorkspacePullRequest => "workspace.pull_request",
         }
     }
 
