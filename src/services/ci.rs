@@ -145,7 +145,7 @@ pub async fn push(
             }
             other => ServiceError::Git(other),
         })?;
-    if ctx.projects.protected_branches.iter().any(|p| *p == target) {
+    if ctx.projects.protected_branches.contains(&target) {
         return Err(ServiceError::BranchProtected(target));
     }
     if let Some(m) = &body.message {

@@ -13,6 +13,8 @@ use crate::people::*;
 
 #[path = "../support/fake_forge.rs"]
 mod fake_forge;
+// attack_projects loads the same remote; two copies of it are harmless.
+#[allow(clippy::duplicate_mod)]
 #[path = "../support/git_http.rs"]
 mod git_http;
 
