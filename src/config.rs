@@ -2194,6 +2194,13 @@ mod tests {
         );
         assert!(s.projects.allow_private_remotes);
         assert_eq!(s.projects.local_roots[0].teams, ["web"]);
+        assert_eq!(s.projects.protected_branches, ["main", "master"]);
+        let s = Settings::load_from(
+            None,
+            &env(&[("AGENTRY_PROJECTS__PROTECTED_BRANCHES", "[\"release\"]")]),
+        )
+        .unwrap();
+        assert_eq!(s.projects.protected_branches, ["release"]);
         assert_eq!(
             Settings::default().projects.storage(Path::new("/d")),
             PathBuf::from("/d/repos")
@@ -2226,6 +2233,10 @@ mod tests {
             (
                 "[projects]\nallow_file_remotes = true\n",
                 "projects.allow_file_remotes",
+            ),
+            (
+                "[projects]\nprotected_branches = [\"main\", \"\"]\n",
+                "projects.protected_branches",
             ),
         ] {
             let (_dir, path) = file(text);

@@ -513,3 +513,77 @@ async fn a_pull_request_is_opened_then_updated_and_followed_on_github_and_gitlab
     );
     assert_no_credential("forge failure", &problem.to_string());
 }
+
+#[tokio::test]
+async fn agentry_run_starts_from_a_pull_request_then_pushes_and_opens_one() {
+    let (remote, app, ana, team_a) = world().await;
+    let contributed = remote.commit_on("web", "contrib", "contrib.txt", "x\n", "pr work");
+    remote.set_ref("web", "refs/pull/5/head", &contributed);
+    let forge = FakeForge::start(Flavor::GitHub, PASSWORD).await;
+    let project = project(
+        &ana,
+        &team_a,
+        &remote,
+        json!({"forge": "github", "forge_api_url": forge.api_url(), "forge_repo": "acme/web"}),
+    )
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"));
+        cmd.args(["run", "--project", id(&project), "--provider", "mock"])
+            .args(extra)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", home.path())
+            .env("AGENTRY_URL", &app.base)
+            .env("AGENTRY_TOKEN", &ana.api.token)
+            .kill_on_drop(true);
+        async move {
+            tokio::time::timeout(std::time::Duration::from_secs(60), cmd.output())
+                .await
+                .expect("the command ends")
+                .unwrap()
+        }
+    };
+    let out = run(&["--pr", "5", "--open-pr", "/write fix.txt fixed"]).await;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stderr.contains("pushed agentry/pr-5 at "), "{stderr}");
+    assert_eq!(
+        stdout.lines().last(),
+        Some("https://github.example/acme/web/pull/7"),
+        "{stdout}"
+    );
+    let pushed = remote
+        .rev("web", "refs/heads/agentry/pr-5")
+        .expect("the branch is pushed");
+    let log = remote.show("web", &pushed, "%P%n%B");
+    assert!(
+        log.starts_with(&contributed),
+        "the pull request's head is the parent: {log}"
+    );
+    assert!(log.contains("Agentry-Agent: agt_"), "{log}");
+    let create = forge
+        .calls()
+        .into_iter()
+        .find(|c| c.method == "POST")
+        .unwrap();
+    assert_eq!(create.body["head"], "agentry/pr-5");
+    assert_eq!(create.body["title"], "/write fix.txt fixed");
+
+    // A turn that fails pushes nothing.
+    let out = run(&["--branch", "contrib", "--push", "/fail on purpose"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("pushed"));
+    // --push and --detach do not go together.
+    let out = run(&["--push", "--detach", "hello"]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
