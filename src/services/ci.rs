@@ -291,6 +291,17 @@ async fn forge_access(
             "the project has no forge (register it with `forge`) to open pull requests on",
         ));
     };
+    let allow_private = ctx.projects.allow_private_remotes;
+    // Names are checked as they are resolved (`PublicOnly`); address literals here.
+    if !allow_private
+        && url::Url::parse(&api).map_or(true, |u| super::projects::internal_literal(&u))
+    {
+        return Err(ServiceError::ForgeFailed(
+            "the forge's API is at a loopback, private or link-local address; such hosts \
+             need `projects.allow_private_remotes`"
+                .into(),
+        ));
+    }
     let Some(name) = &project.credential_secret else {
         return Err(ServiceError::NoRemote(
             "the project has no credential_secret to call its forge with",
@@ -307,7 +318,7 @@ async fn forge_access(
         api,
         repo,
         token,
-        allow_private: ctx.projects.allow_private_remotes,
+        allow_private,
     })
 }
 

@@ -187,7 +187,7 @@ pub async fn create(
         }
         (None, Some(url)) => {
             let url = check_git_url(url)?;
-            let forge = check_forge(body, &url)?;
+            let forge = check_forge(body, &url, ctx.projects.allow_private_remotes)?;
             if let Some(name) = &body.credential_secret
                 && !crate::config::valid_env_name(name)
             {
@@ -381,6 +381,7 @@ fn lexical(path: &Path) -> PathBuf {
 fn check_forge(
     body: &CreateProject,
     git_url: &url::Url,
+    allow_private: bool,
 ) -> ServiceResult<Option<(ForgeKind, String, String)>> {
     let Some(name) = &body.forge else {
         for (field, given) in [
@@ -414,6 +415,13 @@ fn check_forge(
                         "must be an http:// or https:// URL without user info, query or fragment",
                     )
                 })?;
+            if !allow_private && internal_literal(&url) {
+                return Err(ServiceError::invalid(
+                    "forge_api_url",
+                    "is a loopback, private or link-local address; such hosts need \
+                     `projects.allow_private_remotes`",
+                ));
+            }
             url.as_str().trim_end_matches('/').to_owned()
         }
         None => match kind {
@@ -455,6 +463,16 @@ fn check_forge(
         ));
     }
     Ok(Some((kind, api, repo)))
+}
+
+/// Whether `url` names its host by an internal address literal (a name is checked when
+/// it is resolved).
+pub(crate) fn internal_literal(url: &url::Url) -> bool {
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => super::hooks::is_internal(ip.into()),
+        Some(url::Host::Ipv6(ip)) => super::hooks::is_internal(ip.into()),
+        _ => false,
+    }
 }
 
 /// A remote the server may clone: http or https, a host, no user info.

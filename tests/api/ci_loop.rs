@@ -587,3 +587,51 @@ async fn agentry_run_starts_from_a_pull_request_then_pushes_and_opens_one() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[tokio::test]
+async fn a_forge_api_at_an_internal_address_is_refused_unless_allowed() {
+    let app = spawn_app().await;
+    let ana = person(&app, "ana").await;
+    let team_a = team(&ana, "alpha").await;
+    for (api, field) in [
+        ("http://169.254.169.254/api/v4", "forge_api_url"),
+        ("http://[::1]:8080", "forge_api_url"),
+        ("ftp://forge.example.com", "forge_api_url"),
+    ] {
+        let (status, problem) = ana
+            .api
+            .call(
+                Method::POST,
+                "/v1/projects",
+                Some(json!({"name": "web", "team_id": team_a,
+                    "git_url": "https://git.example.com/group/web.git",
+                    "forge": "gitlab", "forge_api_url": api})),
+            )
+            .await;
+        assert_eq!(
+            (status, problem["errors"][0]["field"].as_str()),
+            (422, Some(field)),
+            "{api}: {problem}"
+        );
+    }
+    // A forge field without `forge`, or on a local project, is refused too.
+    let (status, problem) = ana
+        .api
+        .call(
+            Method::POST,
+            "/v1/projects",
+            Some(json!({"name": "web", "team_id": team_a,
+                "git_url": "https://git.example.com/group/web.git", "forge_repo": "group/web"})),
+        )
+        .await;
+    assert_eq!(
+        (status, problem["errors"][0]["field"].as_str()),
+        (422, Some("forge_repo")),
+        "{problem}"
+    );
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM projects")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
+}
