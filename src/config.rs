@@ -358,6 +358,8 @@ pub struct ProjectSettings {
     /// Directories under which the named teams may register local repositories
     /// (`[[projects.local_roots]]`); elsewhere only server admins may.
     pub local_roots: Vec<LocalRoot>,
+    /// Remote branches a workspace is never pushed to (default `main`, `master`).
+    pub protected_branches: Vec<String>,
 }
 
 impl Default for ProjectSettings {
@@ -368,6 +370,7 @@ impl Default for ProjectSettings {
             fetch_timeout_s: 120,
             allow_private_remotes: false,
             local_roots: Vec::new(),
+            protected_branches: vec!["main".into(), "master".into()],
         }
     }
 }
@@ -403,6 +406,16 @@ impl ProjectSettings {
             return Err(invalid(
                 "projects.fetch_timeout_s",
                 "must be between 1 and 86400 seconds",
+            ));
+        }
+        if self
+            .protected_branches
+            .iter()
+            .any(|b| b.trim().is_empty() || b.chars().any(|c| c.is_control() || c.is_whitespace()))
+        {
+            return Err(invalid(
+                "projects.protected_branches",
+                "must be branch names (no spaces or control characters)",
             ));
         }
         for root in &self.local_roots {
@@ -1821,7 +1834,11 @@ fn typed_setting(path: &[String]) -> bool {
             | ["workspaces", "setup_timeout_s" | "teardown_timeout_s"]
             | [
                 "projects",
-                "clone_timeout_s" | "fetch_timeout_s" | "allow_private_remotes" | "local_roots"
+                "clone_timeout_s"
+                    | "fetch_timeout_s"
+                    | "allow_private_remotes"
+                    | "local_roots"
+                    | "protected_branches"
             ]
             | [
                 "providers",
@@ -2235,6 +2252,13 @@ mod tests {
         );
         assert!(s.projects.allow_private_remotes);
         assert_eq!(s.projects.local_roots[0].teams, ["web"]);
+        assert_eq!(s.projects.protected_branches, ["main", "master"]);
+        let s = Settings::load_from(
+            None,
+            &env(&[("AGENTRY_PROJECTS__PROTECTED_BRANCHES", "[\"release\"]")]),
+        )
+        .unwrap();
+        assert_eq!(s.projects.protected_branches, ["release"]);
         assert_eq!(
             Settings::default().projects.storage(Path::new("/d")),
             PathBuf::from("/d/repos")
@@ -2267,6 +2291,10 @@ mod tests {
             (
                 "[projects]\nallow_file_remotes = true\n",
                 "projects.allow_file_remotes",
+            ),
+            (
+                "[projects]\nprotected_branches = [\"main\", \"\"]\n",
+                "projects.protected_branches",
             ),
         ] {
             let (_dir, path) = file(text);

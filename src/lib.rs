@@ -11,6 +11,7 @@ pub mod egress;
 pub mod embedded_pg;
 pub mod event_stream;
 pub mod events;
+pub mod forge;
 pub mod git;
 pub mod metrics;
 pub mod process;

@@ -17,7 +17,7 @@ const LAYERS: &[&[&str]] = &[
     &["services"],
     &["auth", "runtime"],
     &["providers", "embedded_pg"],
-    &["process", "git", "egress", "sandbox"],
+    &["process", "git", "egress", "sandbox", "forge"],
     &["events"],
     &["store"],
     &["domain"],

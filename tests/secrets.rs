@@ -18,6 +18,9 @@ mod cli_world;
 #[path = "support/git_http.rs"]
 mod git_http;
 
+#[path = "support/fake_forge.rs"]
+mod fake_forge;
+
 #[path = "support/fake_anthropic.rs"]
 #[allow(dead_code)]
 mod fake_anthropic;
@@ -752,6 +755,124 @@ async fn a_remote_credential_reaches_neither_the_log_nor_the_database() {
     let dump = pg_dump(&db);
     let log = captured_log();
     assert!(log.contains("ls-remote"), "the failed clone was logged");
+    use base64::Engine;
+    for value in [&password, &wrong] {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(format!("git:{value}"));
+        for (what, text) in [
+            ("API answers", &shown),
+            ("server log", &log),
+            ("database dump", &dump),
+        ] {
+            assert_absent(what, text, value);
+            assert!(!text.contains(&encoded), "the header is in the {what}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn pushes_and_pull_requests_keep_the_remote_credential_out_of_the_log() {
+    capture_logs();
+    let password = format!("push-{}", Uuid::now_v7().simple());
+    let wrong = format!("wrong-{}", Uuid::now_v7().simple());
+    let remote = git_http::GitHttp::start("git", &password).await;
+    remote.create_repo("web");
+    let forge = fake_forge::FakeForge::start(fake_forge::Flavor::GitHub, &password).await;
+    let app = spawn_app_with(|s: &mut Settings| s.projects.allow_private_remotes = true).await;
+    let team = default_team(&app).await;
+    set_secret(
+        &app,
+        &app.token,
+        &team,
+        "WEB_GIT",
+        &format!("git:{password}"),
+    )
+    .await;
+    let mut shown = String::new();
+    let mut ok = |status: u16, expected: u16, body: Value| {
+        assert_eq!(status, expected, "{body}");
+        shown.push_str(&body.to_string());
+        body
+    };
+    let (s, project) = call(
+        &app,
+        &app.token,
+        Method::POST,
+        "/v1/projects",
+        Some(
+            json!({"name": "web", "git_url": remote.url("web"), "credential_secret": "WEB_GIT",
+            "forge": "github", "forge_api_url": forge.api_url(), "forge_repo": "acme/web"}),
+        ),
+    )
+    .await;
+    let project = ok(s, 201, project);
+    let (s, ws) = call(
+        &app,
+        &app.token,
+        Method::POST,
+        "/v1/workspaces",
+        Some(json!({"project_id": project["id"], "title": "leak check"})),
+    )
+    .await;
+    let ws = ok(s, 201, ws);
+    let ws_id = ws["id"].as_str().unwrap().to_owned();
+    let branch = ws["branch"].as_str().unwrap().to_owned();
+    std::fs::write(path_of(&ws["path"]).join("a.txt"), "a\n").unwrap();
+    let push = |body: Value| {
+        let (app, ws_id) = (&app, ws_id.clone());
+        async move {
+            call(
+                app,
+                &app.token,
+                Method::POST,
+                &format!("/v1/workspaces/{ws_id}/push"),
+                Some(body),
+            )
+            .await
+        }
+    };
+    let (s, b) = push(json!({})).await;
+    ok(s, 200, b);
+    // Refused (diverged), forced, and failed (the secret no longer opens the remote).
+    remote.commit_on("web", &branch, "theirs.txt", "theirs\n", "theirs");
+    std::fs::write(path_of(&ws["path"]).join("b.txt"), "b\n").unwrap();
+    let (s, b) = push(json!({})).await;
+    ok(s, 409, b);
+    let (s, b) = push(json!({"force": true})).await;
+    ok(s, 200, b);
+    let (s, b) = call(
+        &app,
+        &app.token,
+        Method::POST,
+        &format!("/v1/workspaces/{ws_id}/pull-request"),
+        Some(json!({"title": "leak check"})),
+    )
+    .await;
+    ok(s, 201, b);
+    set_secret(&app, &app.token, &team, "WEB_GIT", &format!("git:{wrong}")).await;
+    std::fs::write(path_of(&ws["path"]).join("c.txt"), "c\n").unwrap();
+    let (s, b) = push(json!({})).await;
+    ok(s, 502, b);
+    let (s, b) = call(
+        &app,
+        &app.token,
+        Method::GET,
+        &format!("/v1/workspaces/{ws_id}"),
+        None,
+    )
+    .await;
+    ok(s, 200, b);
+    let db = app.db.clone();
+    app.stop().await;
+    let dump = pg_dump(&db);
+    let log = captured_log();
+    assert!(
+        log.contains("git push failed"),
+        "the failed push was logged"
+    );
+    assert!(
+        log.contains("pull request's state cannot be refreshed"),
+        "the refused refresh was logged"
+    );
     use base64::Engine;
     for value in [&password, &wrong] {
         let encoded = base64::engine::general_purpose::STANDARD.encode(format!("git:{value}"));

@@ -49,6 +49,8 @@ pub const ROUTES: &[(&str, &str, Operation)] = {
         ("GET", "/v1/workspaces/{id}", ReadTeam),
         ("GET", "/v1/workspaces/{id}/diff", ReadTeam),
         ("POST", "/v1/workspaces/{id}/archive", DriveAgents),
+        ("POST", "/v1/workspaces/{id}/push", DriveAgents),
+        ("POST", "/v1/workspaces/{id}/pull-request", DriveAgents),
         ("GET", "/v1/cluster", ReadSelf),
         ("GET", "/v1/agents", ReadTeam),
         ("POST", "/v1/agents", DriveAgents),

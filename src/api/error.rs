@@ -209,7 +209,7 @@ impl From<ServiceError> for ApiError {
             E::UnknownProvider(_) | E::ProviderUnavailable { .. } | E::HookFailed(_) => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
-            E::RemoteUnavailable(_) => StatusCode::BAD_GATEWAY,
+            E::RemoteUnavailable(_) | E::ForgeFailed(_) => StatusCode::BAD_GATEWAY,
             E::ProviderUnreachable(_) | E::StoreUnavailable | E::StoreDown(_) | E::NotReady => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -228,6 +228,10 @@ impl From<ServiceError> for ApiError {
             | E::WorkspacePathTaken(_)
             | E::BranchExists(_)
             | E::RepositoryUnavailable(_)
+            | E::NoRemote(_)
+            | E::BranchProtected(_)
+            | E::PushRejected(_)
+            | E::NotPushed
             | E::PermissionExpired
             | E::MessageNotQueued(_)
             | E::IdempotencyKeyReused

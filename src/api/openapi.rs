@@ -152,6 +152,7 @@ fn description(status: u16) -> &'static str {
         415 => "The body is not JSON",
         422 => "A value is not valid",
         500 => "An unexpected failure (details are in the server log)",
+        502 => "The project's git remote or forge failed or refused",
         503 => "The database is unavailable or the server is stopping; retry later",
         _ => "An error",
     }
@@ -207,6 +208,23 @@ fn example(status: u16, op_id: &str) -> Value {
         (403, "list_users") => (
             "forbidden",
             "team owners look users up by exact email: pass `email`",
+        ),
+        (409, "push_workspace") => (
+            "push_rejected",
+            "the remote refused the push: non-fast-forward: the remote branch has commits the \
+             workspace lacks; push with \"force\": true to replace them",
+        ),
+        (409, "workspace_pull_request") => (
+            "not_pushed",
+            "push the workspace before opening a pull request",
+        ),
+        (502, "push_workspace") => (
+            "remote_unavailable",
+            "the push did not reach the remote: git push: no answer within 120 s",
+        ),
+        (502, "workspace_pull_request") => (
+            "forge_failed",
+            "the forge refused the request (401): Bad credentials",
         ),
         (409, "workspace_diff" | "list_models") => (
             "workspace_archived",

@@ -11,6 +11,7 @@ use crate::auth::Principal;
 use crate::domain::{ProjectId, WorkspaceId};
 use crate::git::Diff;
 use crate::server::AppState;
+use crate::services::ci::{self, OpenPullRequest, PushResult, PushWorkspace};
 use crate::services::workspaces::{self, CreateWorkspace, Workspace};
 
 pub fn configure(cfg: &mut ServiceConfig) {
@@ -18,7 +19,9 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(list_workspaces)
         .service(get_workspace)
         .service(workspace_diff)
-        .service(archive_workspace);
+        .service(archive_workspace)
+        .service(push_workspace)
+        .service(workspace_pull_request);
 }
 
 /// Create a workspace: by default a new worktree on a new branch off the default branch.
@@ -137,4 +140,49 @@ async fn archive_workspace(
     Ok(web::Json(
         workspaces::archive(&state.services, &principal, id).await?,
     ))
+}
+
+/// Commit what is pending in the workspace (with a trailer naming the agent) and push
+/// its branch to the project's remote, from the server, with the project's credential.
+/// Never a force-push unless `force`; never to a protected branch.
+#[utoipa::path(tag = "workspaces", security(("bearer" = [])), params(("id" = String, Path)),
+    request_body = PushWorkspace,
+    responses((status = 200, body = PushResult), (status = 404, body = Problem),
+        (status = 409, body = Problem), (status = 422, body = Problem), (status = 502, body = Problem)))]
+#[post("/workspaces/{id}/push")]
+async fn push_workspace(
+    state: web::Data<AppState>,
+    principal: Principal,
+    id: web::Path<String>,
+    body: web::Json<PushWorkspace>,
+) -> ApiResult<web::Json<PushResult>> {
+    let id: WorkspaceId = parse_id(&id, "workspace")?;
+    let body = body.into_inner();
+    Ok(web::Json(
+        ci::push(&state.services, &principal, id, &body).await?,
+    ))
+}
+
+/// Open a pull request (GitHub) or merge request (GitLab) for the workspace's pushed
+/// branch, or update the open one (201 when opened, 200 when updated).
+#[utoipa::path(tag = "workspaces", security(("bearer" = [])), params(("id" = String, Path)),
+    request_body = OpenPullRequest,
+    responses((status = 201, body = Workspace), (status = 200, description = "Updated", body = Workspace),
+        (status = 404, body = Problem), (status = 409, body = Problem), (status = 422, body = Problem),
+        (status = 502, body = Problem)))]
+#[post("/workspaces/{id}/pull-request")]
+async fn workspace_pull_request(
+    state: web::Data<AppState>,
+    principal: Principal,
+    id: web::Path<String>,
+    body: web::Json<OpenPullRequest>,
+) -> ApiResult<HttpResponse> {
+    let id: WorkspaceId = parse_id(&id, "workspace")?;
+    let body = body.into_inner();
+    let (ws, created) = ci::pull_request(&state.services, &principal, id, &body).await?;
+    Ok(if created {
+        HttpResponse::Created().json(ws)
+    } else {
+        HttpResponse::Ok().json(ws)
+    })
 }

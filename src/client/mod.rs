@@ -59,8 +59,23 @@ pub struct RunArgs {
     #[arg(long)]
     pub workspace: Option<String>,
     /// Start the new worktree from this branch, tag or commit.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["branch", "pr"])]
     pub base: Option<String>,
+    /// Start the new worktree from this branch of the project's remote.
+    #[arg(long, conflicts_with_all = ["workspace", "pr"])]
+    pub branch: Option<String>,
+    /// Start the new worktree from this pull request (GitHub) or merge request (GitLab)
+    /// of the project's forge.
+    #[arg(long, value_name = "N", conflicts_with = "workspace")]
+    pub pr: Option<u32>,
+    /// When the turn completes, commit what is pending and push the workspace's branch
+    /// (from the server, with the project's credential).
+    #[arg(long, conflicts_with = "detach")]
+    pub push: bool,
+    /// When the turn completes, push and open (or update) a pull request for the
+    /// workspace's branch; its title is the prompt's first line.
+    #[arg(long, conflicts_with = "detach")]
+    pub open_pr: bool,
     #[arg(long)]
     pub provider: Option<String>,
     #[arg(long)]
@@ -493,8 +508,11 @@ async fn run(api: &Api, args: RunArgs) -> ClientResult<i32> {
         Some(w) => id(w)?.to_owned(),
         None => {
             let mut body = json!({"project_id": project});
-            if let Some(base) = &args.base {
+            if let Some(base) = args.base.as_ref().or(args.branch.as_ref()) {
                 body["base_ref"] = json!(base);
+            }
+            if let Some(n) = args.pr {
+                body["pull_request"] = json!(n);
             }
             let ws = api.post("/v1/workspaces", &body).await?;
             if !args.json.json && !args.detach {
@@ -534,7 +552,54 @@ async fn run(api: &Api, args: RunArgs) -> ClientResult<i32> {
             agent["provider"].as_str().unwrap_or("")
         );
     }
-    follow_turn(api, &agent_id, 0, None, args.on_permission, args.json.json).await
+    let status = follow_turn(api, &agent_id, 0, None, args.on_permission, args.json.json).await?;
+    if status != 0 || !(args.push || args.open_pr) {
+        return Ok(status);
+    }
+    deliver(api, &workspace, &agent_id, &args).await?;
+    Ok(status)
+}
+
+/// After a completed turn: push the workspace (`--push`, `--open-pr`) and open or
+/// update its pull request (`--open-pr`).
+async fn deliver(api: &Api, workspace: &str, agent: &str, args: &RunArgs) -> ClientResult<()> {
+    let pushed = api
+        .post(
+            &format!("/v1/workspaces/{workspace}/push"),
+            &json!({"agent_id": agent}),
+        )
+        .await?;
+    if args.json.json {
+        println!("{}", json!({"pushed": pushed}));
+    } else {
+        eprintln!(
+            "pushed {} at {}",
+            pushed["branch"].as_str().unwrap_or("?"),
+            pushed["commit"].as_str().unwrap_or("?")
+        );
+    }
+    if !args.open_pr {
+        return Ok(());
+    }
+    let first_line = args.prompt.lines().next().unwrap_or("").trim();
+    let title: String = if first_line.is_empty() {
+        "Changes from agentry".to_owned()
+    } else {
+        first_line.chars().take(120).collect()
+    };
+    let ws = api
+        .post(
+            &format!("/v1/workspaces/{workspace}/pull-request"),
+            &json!({"title": title, "body": args.prompt}),
+        )
+        .await?;
+    let pr = &ws["opened_pull_request"];
+    if args.json.json {
+        println!("{}", json!({"pull_request": pr}));
+    } else {
+        println!("{}", pr["url"].as_str().unwrap_or(""));
+    }
+    Ok(())
 }
 
 /// Print the agent's events after `after` until the turn `turn` (or the first turn to

@@ -18,6 +18,7 @@
 //! Other modules that start git (clones and fetches of remotes) start from
 //! [`command`] too and add their own restrictions on top.
 
+mod commit;
 mod diff;
 mod remote;
 mod view;
@@ -32,8 +33,12 @@ use serde::Serialize;
 use tokio::process::Command;
 use utoipa::ToSchema;
 
+pub use commit::{Author, commit_pending};
 pub use diff::PATCH_LIMIT;
-pub use remote::{REMOTE_BRANCHES, Remote, clone_bare, fetch, resolve_in_clone};
+pub use remote::{
+    FETCHED_REFS, PushOutcome, REMOTE_BRANCHES, Remote, clone_bare, fetch, fetch_ref, push,
+    resolve_in_clone,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GitError {

@@ -240,6 +240,105 @@ async fn fetch_into(remote: &Remote<'_>, repo: &Path) -> Result<(), GitError> {
     remote.run_ok(cmd, "fetch").await.map(|_| ())
 }
 
+/// Where a pull/merge request's head fetched by [`fetch_ref`] is kept: outside
+/// `refs/remotes/origin/`, which every fetch prunes.
+pub const FETCHED_REFS: &str = "refs/agentry/fetched/";
+
+/// Fetches the remote's ref `source` (e.g. `refs/pull/12/head`) into the clone at `repo`
+/// as `refs/agentry/fetched/<source without refs/>` and returns its commit.
+pub async fn fetch_ref(remote: &Remote<'_>, repo: &Path, source: &str) -> Result<String, GitError> {
+    let Some(rest) = source.strip_prefix("refs/") else {
+        return Err(GitError::UnknownRevision(source.to_owned()));
+    };
+    if rest.is_empty()
+        || rest.contains("..")
+        || rest.contains(['*', ':', '^', '~', '?', '[', '\\', '@'])
+        || rest.chars().any(|c| c.is_control() || c.is_whitespace())
+    {
+        return Err(GitError::UnknownRevision(source.to_owned()));
+    }
+    let local = format!("{FETCHED_REFS}{rest}");
+    let _guard = super::lock_repo(repo).await;
+    let mut cmd = remote.command(repo);
+    cmd.args([
+        "fetch",
+        "--quiet",
+        "--no-write-fetch-head",
+        "--no-recurse-submodules",
+        "--end-of-options",
+    ])
+    .arg(remote.url)
+    .arg(format!("+{source}:{local}"));
+    match remote.run_ok(cmd, "fetch").await {
+        Ok(_) => {}
+        Err(GitError::Failed(m)) if m.contains("couldn't find remote ref") => {
+            return Err(GitError::UnknownRevision(source.to_owned()));
+        }
+        Err(e) => return Err(e),
+    }
+    super::resolve_commit(repo, &local).await
+}
+
+/// How a push ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PushOutcome {
+    /// The remote's branch now points at the commit pushed.
+    Pushed,
+    /// The remote refused: its branch has commits the pushed one lacks (without force),
+    /// or a rule of the remote refused it; git's reason.
+    Rejected(String),
+}
+
+/// Pushes local branch `branch` of the clone at `repo` to `refs/heads/<target>` of the
+/// remote; `force` allows a push that is not a fast-forward. Runs no hook.
+pub async fn push(
+    remote: &Remote<'_>,
+    repo: &Path,
+    branch: &str,
+    target: &str,
+    force: bool,
+) -> Result<PushOutcome, GitError> {
+    let mut cmd = remote.command(repo);
+    cmd.args([
+        "push",
+        "--porcelain",
+        "--no-verify",
+        "--no-recurse-submodules",
+        "--end-of-options",
+    ])
+    .arg(remote.url)
+    .arg(format!(
+        "{}refs/heads/{branch}:refs/heads/{target}",
+        if force { "+" } else { "" }
+    ));
+    let out = match tokio::time::timeout(remote.timeout, run(cmd)).await {
+        Ok(out) => out?,
+        Err(_) => {
+            return Err(GitError::Failed(format!(
+                "git push: no answer within {} s",
+                remote.timeout.as_secs()
+            )));
+        }
+    };
+    // `--porcelain` prints one line per ref: `<flag>\t<from>:<to>\t<summary>`; `!` is
+    // a refusal.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for line in stdout.lines() {
+        let mut parts = line.split('\t');
+        if parts.next() == Some("!") {
+            let _ = parts.next();
+            let why = parts.next().unwrap_or("rejected").trim().to_owned();
+            return Ok(PushOutcome::Rejected(remote.scrub(&why)));
+        }
+    }
+    if out.status.success() {
+        return Ok(PushOutcome::Pushed);
+    }
+    let stderr = remote.scrub(String::from_utf8_lossy(&out.stderr).trim());
+    tracing::debug!(status = %out.status, stderr, "git push failed");
+    Err(GitError::Failed(format!("git push: {stderr}")))
+}
+
 /// Resolves `rev` in a clone: the remote's branch of that name first, else whatever
 /// `rev` names (a tag, a commit).
 pub async fn resolve_in_clone(repo: &Path, rev: &str) -> Result<String, GitError> {

@@ -703,6 +703,7 @@ pub async fn create(
                 base_ref: spec.base_ref.clone(),
                 branch: spec.branch.clone(),
                 title: body.title.clone(),
+                pull_request: None,
             };
             let ws = super::workspaces::create(ctx, principal, &create).await?;
             super::workspaces::find(ctx, principal, ws.id).await?

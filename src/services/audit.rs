@@ -51,10 +51,12 @@ pub enum Action {
     TeamSandbox,
     TeamAgentryMcp,
     BudgetSet,
+    WorkspacePush,
+    WorkspacePullRequest,
 }
 
 impl Action {
-    pub const ALL: [Action; 27] = [
+    pub const ALL: [Action; 29] = [
         Action::AgentCreate,
         Action::AgentPrompt,
         Action::AgentInterrupt,
@@ -82,6 +84,8 @@ impl Action {
         Action::TeamSandbox,
         Action::TeamAgentryMcp,
         Action::BudgetSet,
+        Action::WorkspacePush,
+        Action::WorkspacePullRequest,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -113,6 +117,8 @@ impl Action {
             Action::TeamSandbox => "team.sandbox",
             Action::TeamAgentryMcp => "team.agentry_mcp",
             Action::BudgetSet => "budget.set",
+            Action::WorkspacePush => "workspace.push",
+            Action::WorkspacePullRequest => "workspace.pull_request",
         }
     }
 

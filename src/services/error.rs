@@ -89,6 +89,22 @@ pub enum ServiceError {
     BranchExists(String),
     #[error("the project's repository cannot be used: {0}")]
     RepositoryUnavailable(String),
+    /// The project has no remote (or no forge) for what was asked.
+    #[error("{0}")]
+    NoRemote(&'static str),
+    /// The remote branch is protected by `[projects] protected_branches`.
+    #[error("branch `{0}` is protected (`projects.protected_branches`); push to another branch")]
+    BranchProtected(String),
+    /// The remote refused the push (without force: its branch has commits the workspace's
+    /// lacks).
+    #[error("the remote refused the push: {0}")]
+    PushRejected(String),
+    /// A pull request needs the workspace's branch on the remote first.
+    #[error("push the workspace before opening a pull request")]
+    NotPushed,
+    /// The forge's REST API failed or refused.
+    #[error("{0}")]
+    ForgeFailed(String),
     #[error("the agent is closed; this request expired before it was answered")]
     PermissionExpired,
     /// A queued message that already left the queue (started, canceled or failed).
@@ -179,6 +195,11 @@ impl ServiceError {
             ServiceError::WorkspacePathTaken(_) => "workspace_path_taken",
             ServiceError::BranchExists(_) => "branch_exists",
             ServiceError::RepositoryUnavailable(_) => "repository_unavailable",
+            ServiceError::NoRemote(_) => "no_remote",
+            ServiceError::BranchProtected(_) => "branch_protected",
+            ServiceError::PushRejected(_) => "push_rejected",
+            ServiceError::NotPushed => "not_pushed",
+            ServiceError::ForgeFailed(_) => "forge_failed",
             ServiceError::PermissionExpired => "permission_expired",
             ServiceError::MessageNotQueued(_) => "message_not_queued",
             ServiceError::IdempotencyKeyReused => "idempotency_key_reused",

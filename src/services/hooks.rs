@@ -8,6 +8,7 @@
 
 mod delivery;
 
+pub(crate) use delivery::PublicOnly;
 pub use delivery::{Caller, check_url, is_internal, signature};
 
 use std::time::Duration;

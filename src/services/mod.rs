@@ -8,6 +8,7 @@
 pub mod agents;
 pub mod audit;
 pub mod bounds;
+pub mod ci;
 pub mod cluster;
 pub mod device;
 pub mod error;

@@ -17,6 +17,7 @@ use super::audit::{self, Action, Entry};
 use super::{ServiceContext, ServiceError, ServiceResult, within_deadline};
 use crate::auth::{AuthError, Operation, Principal};
 use crate::domain::{ProjectId, SecretValue, TeamId};
+use crate::forge::ForgeKind;
 use crate::git::{self, GitError};
 use crate::store;
 
@@ -41,6 +42,16 @@ pub struct CreateProject {
     /// Name of a secret of the project's team holding the remote's credential:
     /// `user:password` is sent as HTTP Basic, any other value as a Bearer token.
     pub credential_secret: Option<String>,
+    /// `github` or `gitlab`: the forge a `git_url` project lives on, for workspaces
+    /// from pull/merge requests and for opening them. The credential is then also the
+    /// forge's API token (the part after `:` of a `user:password` value).
+    pub forge: Option<String>,
+    /// The forge's REST API base (default `https://api.github.com` for GitHub,
+    /// `<scheme>://<host>/api/v4` of `git_url` for GitLab).
+    pub forge_api_url: Option<String>,
+    /// The repository on the forge: `owner/name` on GitHub, the project's path on GitLab
+    /// (default: the path of `git_url` without `.git`).
+    pub forge_repo: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -59,6 +70,13 @@ pub struct Project {
     pub git_url: Option<String>,
     /// The team secret that authenticates to `git_url` (its name, never its value).
     pub credential_secret: Option<String>,
+    /// `github` or `gitlab`, or null.
+    #[serde(default)]
+    pub forge: Option<String>,
+    #[serde(default)]
+    pub forge_api_url: Option<String>,
+    #[serde(default)]
+    pub forge_repo: Option<String>,
     pub default_branch: String,
     pub created_at: DateTime<Utc>,
 }
@@ -72,6 +90,9 @@ impl From<store::projects::ProjectRow> for Project {
             repo_path: r.repo_path,
             git_url: r.git_url,
             credential_secret: r.credential_secret,
+            forge: r.forge,
+            forge_api_url: r.forge_api_url,
+            forge_repo: r.forge_repo,
             default_branch: r.default_branch,
             created_at: r.created_at,
         }
@@ -128,6 +149,18 @@ pub async fn create(
                     "only a git_url project takes a credential",
                 ));
             }
+            for (field, given) in [
+                ("forge", body.forge.is_some()),
+                ("forge_api_url", body.forge_api_url.is_some()),
+                ("forge_repo", body.forge_repo.is_some()),
+            ] {
+                if given {
+                    return Err(ServiceError::invalid(
+                        field,
+                        "only a git_url project lives on a forge",
+                    ));
+                }
+            }
             let repo = local_repo(ctx, principal, team, &team_name, path).await?;
             if store::projects::name_taken(&ctx.pool, team, body.name.trim()).await? {
                 return Err(ServiceError::ProjectNameTaken);
@@ -144,6 +177,9 @@ pub async fn create(
                     created_by: principal.user_id,
                     git_url: None,
                     credential_secret: None,
+                    forge: None,
+                    forge_api_url: None,
+                    forge_repo: None,
                 },
             )
             .await?;
@@ -151,6 +187,7 @@ pub async fn create(
         }
         (None, Some(url)) => {
             let url = check_git_url(url)?;
+            let forge = check_forge(body, &url, ctx.projects.allow_private_remotes)?;
             if let Some(name) = &body.credential_secret
                 && !crate::config::valid_env_name(name)
             {
@@ -195,6 +232,9 @@ pub async fn create(
                     created_by: principal.user_id,
                     git_url: Some(url.as_str()),
                     credential_secret: body.credential_secret.as_deref(),
+                    forge: forge.as_ref().map(|f| f.0.as_str()),
+                    forge_api_url: forge.as_ref().map(|f| f.1.as_str()),
+                    forge_repo: forge.as_ref().map(|f| f.2.as_str()),
                 },
             )
             .await;
@@ -337,6 +377,104 @@ fn lexical(path: &Path) -> PathBuf {
     out
 }
 
+/// The forge, its API base URL and the repository on it, when the request names a forge.
+fn check_forge(
+    body: &CreateProject,
+    git_url: &url::Url,
+    allow_private: bool,
+) -> ServiceResult<Option<(ForgeKind, String, String)>> {
+    let Some(name) = &body.forge else {
+        for (field, given) in [
+            ("forge_api_url", body.forge_api_url.is_some()),
+            ("forge_repo", body.forge_repo.is_some()),
+        ] {
+            if given {
+                return Err(ServiceError::invalid(field, "name the `forge` too"));
+            }
+        }
+        return Ok(None);
+    };
+    let kind = ForgeKind::parse(name)
+        .ok_or_else(|| ServiceError::invalid("forge", "must be `github` or `gitlab`"))?;
+    let api = match &body.forge_api_url {
+        Some(raw) => {
+            let url = url::Url::parse(raw)
+                .ok()
+                .filter(|u| {
+                    matches!(u.scheme(), "http" | "https")
+                        && u.host().is_some()
+                        && u.username().is_empty()
+                        && u.password().is_none()
+                        && u.query().is_none()
+                        && u.fragment().is_none()
+                        && raw.len() <= 2048
+                })
+                .ok_or_else(|| {
+                    ServiceError::invalid(
+                        "forge_api_url",
+                        "must be an http:// or https:// URL without user info, query or fragment",
+                    )
+                })?;
+            if !allow_private && internal_literal(&url) {
+                return Err(ServiceError::invalid(
+                    "forge_api_url",
+                    "is a loopback, private or link-local address; such hosts need \
+                     `projects.allow_private_remotes`",
+                ));
+            }
+            url.as_str().trim_end_matches('/').to_owned()
+        }
+        None => match kind {
+            ForgeKind::GitHub => "https://api.github.com".to_owned(),
+            ForgeKind::GitLab => {
+                let mut base = format!(
+                    "{}://{}",
+                    git_url.scheme(),
+                    git_url.host_str().unwrap_or("")
+                );
+                if let Some(port) = git_url.port() {
+                    base.push_str(&format!(":{port}"));
+                }
+                format!("{base}/api/v4")
+            }
+        },
+    };
+    let repo = match &body.forge_repo {
+        Some(r) => r.trim_matches('/').to_owned(),
+        None => git_url
+            .path()
+            .trim_matches('/')
+            .trim_end_matches(".git")
+            .to_owned(),
+    };
+    let repo_ok = !repo.is_empty()
+        && repo.len() <= 500
+        && !repo
+            .split('/')
+            .any(|p| p.is_empty() || p == "." || p == "..")
+        && repo
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+        && (kind == ForgeKind::GitLab || repo.split('/').count() == 2);
+    if !repo_ok {
+        return Err(ServiceError::invalid(
+            "forge_repo",
+            "must be the repository's path on the forge (`owner/name` on GitHub)",
+        ));
+    }
+    Ok(Some((kind, api, repo)))
+}
+
+/// Whether `url` names its host by an internal address literal (a name is checked when
+/// it is resolved).
+pub(crate) fn internal_literal(url: &url::Url) -> bool {
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => super::hooks::is_internal(ip.into()),
+        Some(url::Host::Ipv6(ip)) => super::hooks::is_internal(ip.into()),
+        _ => false,
+    }
+}
+
 /// A remote the server may clone: http or https, a host, no user info.
 fn check_git_url(raw: &str) -> ServiceResult<url::Url> {
     let invalid = |m: &str| ServiceError::invalid("git_url", m.to_owned());
@@ -365,11 +503,11 @@ fn check_git_url(raw: &str) -> ServiceResult<url::Url> {
     Ok(url)
 }
 
-type Pin = Option<(String, u16, Vec<SocketAddr>)>;
+pub(crate) type Pin = Option<(String, u16, Vec<SocketAddr>)>;
 
 /// The addresses `url`'s host resolves to, refused when any is internal (unless
 /// `projects.allow_private_remotes`); pinned for git so a later answer cannot differ.
-async fn pin_host(ctx: &ServiceContext, url: &url::Url) -> Result<Pin, String> {
+pub(crate) async fn pin_host(ctx: &ServiceContext, url: &url::Url) -> Result<Pin, String> {
     let allow = ctx.projects.allow_private_remotes;
     let port = url.port_or_known_default().unwrap_or(443);
     let refused = || {
@@ -403,7 +541,7 @@ async fn pin_host(ctx: &ServiceContext, url: &url::Url) -> Result<Pin, String> {
 }
 
 /// The value of the team's secret `name`; `Err` with why it cannot be used.
-async fn credential(
+pub(crate) async fn credential(
     ctx: &ServiceContext,
     team: uuid::Uuid,
     name: &str,
@@ -423,7 +561,7 @@ fn clone_path(ctx: &ServiceContext, id: ProjectId) -> PathBuf {
         .join(format!("{id}.git"))
 }
 
-fn git_message(e: GitError) -> String {
+pub(crate) fn git_message(e: GitError) -> String {
     match e {
         GitError::Failed(m) => m,
         GitError::Io(e) => format!("could not run git: {e}"),
@@ -431,17 +569,36 @@ fn git_message(e: GitError) -> String {
     }
 }
 
-/// Brings a cloned project's clone up to date with its remote (a local project has
-/// nothing to fetch). Fails with `remote_unavailable`.
-pub(crate) async fn refresh(
+/// How the server reaches a cloned project's remote: its URL, the addresses pinned for
+/// its host and the credential (the value of the project's team secret).
+pub(crate) struct RemoteAccess {
+    pub url: url::Url,
+    pub pinned: Pin,
+    pub credential: Option<SecretValue>,
+}
+
+impl RemoteAccess {
+    pub fn remote(&self, timeout: Duration) -> git::Remote<'_> {
+        git::Remote {
+            url: self.url.as_str(),
+            pinned: self.pinned.clone(),
+            credential: self.credential.as_ref(),
+            timeout,
+        }
+    }
+}
+
+/// The way to a cloned project's remote (`None` for a local project). Fails with
+/// `remote_unavailable`.
+pub(crate) async fn remote_access(
     ctx: &ServiceContext,
     project: &store::projects::ProjectRow,
-) -> ServiceResult<()> {
+) -> ServiceResult<Option<RemoteAccess>> {
     let Some(raw) = &project.git_url else {
-        return Ok(());
+        return Ok(None);
     };
     let unavailable = |m: String| {
-        ServiceError::RemoteUnavailable(format!("the project's remote cannot be fetched: {m}"))
+        ServiceError::RemoteUnavailable(format!("the project's remote cannot be reached: {m}"))
     };
     let url = url::Url::parse(raw).map_err(|e| unavailable(e.to_string()))?;
     let pinned = pin_host(ctx, &url).await.map_err(unavailable)?;
@@ -453,15 +610,31 @@ pub(crate) async fn refresh(
         ),
         None => None,
     };
-    let remote = git::Remote {
-        url: url.as_str(),
+    Ok(Some(RemoteAccess {
+        url,
         pinned,
-        credential: credential.as_ref(),
-        timeout: Duration::from_secs(ctx.projects.fetch_timeout_s),
+        credential,
+    }))
+}
+
+/// Brings a cloned project's clone up to date with its remote (a local project has
+/// nothing to fetch). Fails with `remote_unavailable`.
+pub(crate) async fn refresh(
+    ctx: &ServiceContext,
+    project: &store::projects::ProjectRow,
+) -> ServiceResult<()> {
+    let Some(access) = remote_access(ctx, project).await? else {
+        return Ok(());
     };
+    let remote = access.remote(Duration::from_secs(ctx.projects.fetch_timeout_s));
     git::fetch(&remote, Path::new(&project.repo_path))
         .await
-        .map_err(|e| unavailable(git_message(e)))
+        .map_err(|e| {
+            ServiceError::RemoteUnavailable(format!(
+                "the project's remote cannot be fetched: {}",
+                git_message(e)
+            ))
+        })
 }
 
 /// A page of the projects of the caller's teams, after `after`.

@@ -25,15 +25,21 @@ pub enum WorkspaceKind {
     Directory,
 }
 
-#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"project_id": "prj_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b", "title": "fix login"}))]
 pub struct CreateWorkspace {
     pub project_id: ProjectId,
     /// `worktree` (default) or `directory` (the project's own checkout).
     pub kind: Option<WorkspaceKind>,
-    /// Branch, tag or commit to start from (default: the project's default branch).
+    /// Branch, tag or commit to start from (default: the project's default branch). For
+    /// a project cloned from `git_url`, the remote's branch of that name as fetched now.
     pub base_ref: Option<String>,
+    /// Start from this pull request (GitHub: `refs/pull/<n>/head`) or merge request
+    /// (GitLab: `refs/merge-requests/<n>/head`) of a `git_url` project with a `forge`,
+    /// fetched with the project's credential. Not with `base_ref`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_request: Option<u32>,
     /// New branch name (default: `agentry/<slug of title>`, made unique).
     pub branch: Option<String>,
     pub title: Option<String>,
@@ -63,6 +69,71 @@ pub struct Workspace {
     pub setup_status: Option<String>,
     /// What the setup commands printed (the last 64 KiB).
     pub setup_output: Option<String>,
+    /// The pull/merge request the workspace was made from.
+    #[serde(default)]
+    pub pull_request: Option<i64>,
+    /// The last push of the workspace's branch to the project's remote.
+    #[serde(default)]
+    pub pushed: Option<PushRecord>,
+    /// The pull/merge request opened for the workspace's branch, as last seen.
+    #[serde(default)]
+    pub opened_pull_request: Option<OpenedPullRequest>,
+}
+
+/// A push of the workspace's branch.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PushRecord {
+    /// The remote branch pushed to.
+    pub branch: String,
+    pub commit: String,
+    pub forced: bool,
+    pub at: DateTime<Utc>,
+}
+
+/// A pull request (GitHub) or merge request (GitLab) of the workspace's branch.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct OpenedPullRequest {
+    pub number: i64,
+    pub url: String,
+    /// `open`, `merged` or `closed`.
+    pub state: String,
+    /// The head's checks: `none`, `pending`, `passing` or `failing`.
+    pub checks: String,
+    /// When the state was last read from the forge.
+    pub refreshed_at: Option<DateTime<Utc>>,
+}
+
+impl Workspace {
+    /// Adds what the workspace exchanged with the remote.
+    pub(crate) fn with_remote(
+        mut self,
+        r: Option<store::workspace_remotes::WorkspaceRemoteRow>,
+    ) -> Self {
+        let Some(r) = r else {
+            return self;
+        };
+        self.pull_request = r.source_pull_request;
+        self.pushed = match (r.pushed_branch, r.pushed_commit, r.pushed_at) {
+            (Some(branch), Some(commit), Some(at)) => Some(PushRecord {
+                branch,
+                commit,
+                forced: r.pushed_forced.unwrap_or(false),
+                at,
+            }),
+            _ => None,
+        };
+        self.opened_pull_request = match (r.pr_number, r.pr_url, r.pr_state) {
+            (Some(number), Some(url), Some(state)) => Some(OpenedPullRequest {
+                number,
+                url,
+                state,
+                checks: r.pr_checks.unwrap_or_else(|| "none".into()),
+                refreshed_at: r.pr_refreshed_at,
+            }),
+            _ => None,
+        };
+        self
+    }
 }
 
 impl From<store::workspaces::WorkspaceRow> for Workspace {
@@ -85,6 +156,9 @@ impl From<store::workspaces::WorkspaceRow> for Workspace {
             archived_at: r.archived_at,
             setup_status: r.setup_status,
             setup_output: r.setup_output,
+            pull_request: None,
+            pushed: None,
+            opened_pull_request: None,
         }
     }
 }
@@ -174,19 +248,73 @@ pub async fn create(
         ));
     }
     let repo = PathBuf::from(&project.repo_path);
-    let base_ref = body
-        .base_ref
-        .clone()
-        .unwrap_or_else(|| project.default_branch.clone());
+    let source = match body.pull_request {
+        None => None,
+        Some(_) if body.base_ref.is_some() => {
+            return Err(ServiceError::invalid(
+                "pull_request",
+                "give base_ref or pull_request, not both",
+            ));
+        }
+        Some(0) => {
+            return Err(ServiceError::invalid(
+                "pull_request",
+                "must be a pull/merge request number",
+            ));
+        }
+        Some(n) => {
+            let forge = project
+                .forge
+                .as_deref()
+                .and_then(crate::forge::ForgeKind::parse)
+                .filter(|_| cloned)
+                .ok_or_else(|| {
+                    ServiceError::invalid(
+                        "pull_request",
+                        "the project needs a git_url and a forge to start from a pull request",
+                    )
+                })?;
+            Some((n, forge.pull_ref(u64::from(n))))
+        }
+    };
+    let base_ref = match &source {
+        Some((_, pull_ref)) => pull_ref.clone(),
+        None => body
+            .base_ref
+            .clone()
+            .unwrap_or_else(|| project.default_branch.clone()),
+    };
     validate_ref("base_ref", &base_ref)?;
     // A cloned project starts from its remote's refs as they are now.
     super::projects::refresh(ctx, &project).await?;
-    let base_commit = if cloned {
-        git::resolve_in_clone(&repo, &base_ref).await
-    } else {
-        git::resolve_commit(&repo, &base_ref).await
+    let base_commit = match &source {
+        Some((n, pull_ref)) => {
+            let access = super::projects::remote_access(ctx, &project)
+                .await?
+                .ok_or(ServiceError::NoRemote("the project has no remote"))?;
+            let remote =
+                access.remote(std::time::Duration::from_secs(ctx.projects.fetch_timeout_s));
+            match git::fetch_ref(&remote, &repo, pull_ref).await {
+                Ok(commit) => Ok(commit),
+                Err(GitError::UnknownRevision(_)) => {
+                    return Err(ServiceError::invalid(
+                        "pull_request",
+                        format!("the remote has no pull/merge request {n} ({pull_ref})"),
+                    ));
+                }
+                Err(e) => {
+                    return Err(ServiceError::RemoteUnavailable(format!(
+                        "the project's remote cannot be fetched: {}",
+                        super::projects::git_message(e)
+                    )));
+                }
+            }
+        }
+        None if cloned => git::resolve_in_clone(&repo, &base_ref).await,
+        None => git::resolve_commit(&repo, &base_ref).await,
     }
     .map_err(|e| git_error("base_ref", e))?;
+    let source_row = source.as_ref().map(|(n, r)| (i64::from(*n), r.as_str()));
     let id = WorkspaceId::new();
     let mut scripts = setup::RepoScripts::None;
     let row = match body.kind.unwrap_or(WorkspaceKind::Worktree) {
@@ -213,16 +341,22 @@ pub async fn create(
                     setup_replica: None,
                 },
                 true,
+                source_row,
             )
             .await?
         }
         WorkspaceKind::Worktree => {
+            // A workspace from a pull request is named after it unless told otherwise.
+            let mut naming = body.clone();
+            if let (None, Some(n)) = (&naming.title, body.pull_request) {
+                naming.title = Some(format!("pr-{n}"));
+            }
             let made = add_worktree(
                 ctx,
                 principal,
                 &repo,
                 &project,
-                body,
+                &naming,
                 &base_ref,
                 &base_commit,
             )
@@ -274,6 +408,7 @@ pub async fn create(
                     setup_replica: runs_setup.then_some(ctx.agents.ledger().replica.as_str()),
                 },
                 !runs_setup,
+                source_row,
             )
             .await;
             match inserted {
@@ -293,7 +428,8 @@ pub async fn create(
         branch: row.branch.clone(),
         base_commit: row.base_commit.clone(),
     };
-    let mut ws = Workspace::from(row);
+    let remote_row = store::workspace_remotes::get(&ctx.pool, id.uuid()).await?;
+    let mut ws = Workspace::from(row).with_remote(remote_row.clone());
     super::announce(
         ctx,
         NewTeamEvent {
@@ -324,7 +460,7 @@ pub async fn create(
             ServiceError::Unexpected(anyhow::anyhow!("the setup task failed: {e}"))
         })??;
         if let Some(row) = finished {
-            ws = Workspace::from(row);
+            ws = Workspace::from(row).with_remote(remote_row);
         }
     }
     Ok(ws)
@@ -336,10 +472,14 @@ async fn insert(
     ctx: &ServiceContext,
     new: store::workspaces::NewWorkspace<'_>,
     complete: bool,
+    source: Option<(i64, &str)>,
 ) -> ServiceResult<store::workspaces::WorkspaceRow> {
     let (row, queued) = super::within_deadline(ctx, async {
         let mut tx = ctx.pool.pool().begin().await?;
         let row = store::workspaces::insert(&mut *tx, new).await?;
+        if let Some((number, source_ref)) = source {
+            store::workspace_remotes::insert_source(&mut *tx, row.id, number, source_ref).await?;
+        }
         let queued = if complete {
             queue_created(&mut tx, &row).await?
         } else {
@@ -628,15 +768,32 @@ pub async fn list(
         limit,
     )
     .await?;
-    Ok(rows.into_iter().map(Workspace::from).collect())
+    let ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.id).collect();
+    let mut remotes: std::collections::HashMap<uuid::Uuid, _> =
+        store::workspace_remotes::get_many(&ctx.pool, &ids)
+            .await?
+            .into_iter()
+            .map(|r| (r.workspace_id, r))
+            .collect();
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let remote = remotes.remove(&r.id);
+            Workspace::from(r).with_remote(remote)
+        })
+        .collect())
 }
 
+/// The workspace, with the state of the pull request opened for it read again from the
+/// forge while it is open (see `ci::refresh_pull_request`).
 pub async fn get(
     ctx: &ServiceContext,
     principal: &Principal,
     id: WorkspaceId,
 ) -> ServiceResult<Workspace> {
-    Ok(find(ctx, principal, id).await?.into())
+    let row = find(ctx, principal, id).await?;
+    let remote = super::ci::refresh_pull_request(ctx, &row).await?;
+    Ok(Workspace::from(row).with_remote(remote))
 }
 
 /// The workspace's row, when the caller may see it.

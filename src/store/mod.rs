@@ -38,6 +38,7 @@ pub mod secrets;
 pub mod team_network;
 pub mod teams;
 pub mod usage;
+pub mod workspace_remotes;
 pub mod workspaces;
 
 pub use deadline::DeadlinePool;

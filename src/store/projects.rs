@@ -16,6 +16,12 @@ pub struct ProjectRow {
     pub git_url: Option<String>,
     /// The team secret that authenticates to `git_url`.
     pub credential_secret: Option<String>,
+    /// `github` or `gitlab`: where pull requests of a cloned project are opened.
+    pub forge: Option<String>,
+    /// The forge's REST API base URL.
+    pub forge_api_url: Option<String>,
+    /// The repository on the forge (`owner/name`, or a GitLab project path).
+    pub forge_repo: Option<String>,
 }
 
 /// A project to insert.
@@ -29,10 +35,13 @@ pub struct NewProject<'a> {
     pub created_by: Uuid,
     pub git_url: Option<&'a str>,
     pub credential_secret: Option<&'a str>,
+    pub forge: Option<&'a str>,
+    pub forge_api_url: Option<&'a str>,
+    pub forge_repo: Option<&'a str>,
 }
 
-const COLUMNS: &str =
-    "id, team_id, name, repo_path, default_branch, created_at, git_url, credential_secret";
+const COLUMNS: &str = "id, team_id, name, repo_path, default_branch, created_at, git_url, \
+     credential_secret, forge, forge_api_url, forge_repo";
 
 pub async fn insert(
     db: impl PgExecutor<'_>,
@@ -40,8 +49,8 @@ pub async fn insert(
 ) -> Result<ProjectRow, sqlx::Error> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "INSERT INTO projects (id, team_id, name, repo_path, default_branch, created_by,
-             git_url, credential_secret)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+             git_url, credential_secret, forge, forge_api_url, forge_repo)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
          RETURNING {COLUMNS}"
     )))
     .bind(new.id)
@@ -52,6 +61,9 @@ pub async fn insert(
     .bind(new.created_by)
     .bind(new.git_url)
     .bind(new.credential_secret)
+    .bind(new.forge)
+    .bind(new.forge_api_url)
+    .bind(new.forge_repo)
     .fetch_one(db)
     .await
 }

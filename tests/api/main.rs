@@ -13,6 +13,7 @@ mod attack_sandbox;
 mod attack_tokens;
 mod budgets;
 mod ci_docs;
+mod ci_loop;
 mod cli;
 mod cluster;
 mod device;

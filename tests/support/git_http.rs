@@ -129,6 +129,85 @@ impl GitHttp {
         git(&work, &["rev-parse", "HEAD"]).trim().to_owned()
     }
 
+    /// Commits `file` with `content` on `branch` of repository `name` (made from `main`
+    /// when it does not exist yet); returns the new commit id.
+    pub fn commit_on(
+        &self,
+        name: &str,
+        branch: &str,
+        file: &str,
+        content: &str,
+        message: &str,
+    ) -> String {
+        let bare = self.path(name);
+        let scratch = tempfile::tempdir().unwrap();
+        let work = scratch.path().join("w");
+        git(
+            scratch.path(),
+            &[
+                "clone",
+                "-q",
+                bare.to_str().unwrap(),
+                work.to_str().unwrap(),
+            ],
+        );
+        let exists = !git(
+            &work,
+            &["ls-remote", "origin", &format!("refs/heads/{branch}")],
+        )
+        .trim()
+        .is_empty();
+        if exists {
+            git(
+                &work,
+                &["checkout", "-q", "-B", branch, &format!("origin/{branch}")],
+            );
+        } else {
+            git(&work, &["checkout", "-q", "-b", branch]);
+        }
+        if let Some(parent) = Path::new(file).parent() {
+            std::fs::create_dir_all(work.join(parent)).unwrap();
+        }
+        std::fs::write(work.join(file), content).unwrap();
+        git(&work, &["add", "--", file]);
+        git(&work, &["commit", "-q", "-m", message]);
+        git(&work, &["push", "-q", "origin", branch]);
+        git(&work, &["rev-parse", "HEAD"]).trim().to_owned()
+    }
+
+    /// Points `refname` (e.g. `refs/pull/12/head`) of repository `name` at `commit`.
+    pub fn set_ref(&self, name: &str, refname: &str, commit: &str) {
+        git(&self.path(name), &["update-ref", refname, commit]);
+    }
+
+    /// The commit `rev` names in repository `name`, if any.
+    pub fn rev(&self, name: &str, rev: &str) -> Option<String> {
+        let out = std::process::Command::new("git")
+            .args([
+                "-c",
+                "safe.directory=*",
+                "rev-parse",
+                "--verify",
+                "--quiet",
+                rev,
+            ])
+            .current_dir(self.path(name))
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .output()
+            .unwrap();
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+
+    /// `git log -1 --format=<format> <rev>` in repository `name`.
+    pub fn show(&self, name: &str, rev: &str, format: &str) -> String {
+        git(
+            &self.path(name),
+            &["log", "-1", &format!("--format={format}"), rev],
+        )
+    }
+
     /// The requests answered so far.
     pub fn served(&self) -> Vec<Served> {
         self.served.lock().unwrap().clone()

@@ -79,7 +79,7 @@ pub fn check_url(raw: &str, team_hook: bool, settings: &HookSettings) -> Result<
 }
 
 /// Resolves like the system does, and refuses a name with any internal address.
-struct PublicOnly;
+pub(crate) struct PublicOnly;
 
 impl Resolve for PublicOnly {
     fn resolve(&self, name: Name) -> Resolving {
