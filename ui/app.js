@@ -367,7 +367,7 @@ async function homePage(signal) {
   const touch = (id) => {
     dirty.add(id);
     if (!flushing) {
-      flushing = new Promise((r) => setTimeout(r, 150)).then(flush).finally(() => { flushing = null; if (dirty.size) touch([...dirty][0]); });
+      flushing = new Promise((r) => setTimeout(r, 150)).then(flush).catch(() => { /* the next change fetches again */ }).finally(() => { flushing = null; if (dirty.size) touch([...dirty][0]); });
     }
   };
   follow("/v1/events", 0, (_id, ev) => {
@@ -509,8 +509,9 @@ async function newAgentPage(wsId) {
   } },
     f.project.node, f.branch.node, f.provider.node,
     unavailable.length
-      ? el("ul", { class: "muted unavailable", "aria-label": "Providers not available" },
-          unavailable.map((p) => el("li", {}, `${p.label || p.id}: ${p.unavailable_reason || "not available"}`)))
+      ? el("div", { class: "muted unavailable" }, el("span", {}, "Not available here:"),
+          el("ul", { "aria-label": "Providers not available" },
+            unavailable.map((p) => el("li", {}, `${p.label || p.id}: ${p.unavailable_reason || "not available"}`))))
       : null,
     f.mode.node, f.model.node, f.title.node, f.prompt.node,
     el("div", { class: "row" }, start, el("span", { class: "muted" }, ws ? `In workspace ${ws.title || ws.branch}` : "A new worktree workspace is made from the branch.")),
@@ -1134,10 +1135,13 @@ const AUDIT_ACTIONS = [
 // A section that can reload itself: `render()` answers its nodes.
 function section(title, render) {
   const box = el("section", { class: "card team-section", "aria-label": title });
+  let latest = 0;
   const load = async () => {
-    try { box.replaceChildren(el("h2", {}, title), ...(await render(load)).filter(Boolean)); } catch (e) {
-      box.replaceChildren(el("h2", {}, title), failure(e));
-    }
+    // Only the newest of overlapping loads is shown.
+    const mine = ++latest;
+    let nodes;
+    try { nodes = (await render(load)).filter(Boolean); } catch (e) { nodes = [failure(e)]; }
+    if (mine === latest) box.replaceChildren(el("h2", {}, title), ...nodes);
   };
   return { box, load };
 }

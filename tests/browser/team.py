@@ -172,7 +172,7 @@ def run(p, hooks, pages):
     expect(first).to_contain_text("From the form")
     expect(first).to_contain_text("needs you")
     expect(page.get_by_label("Needs you first")).to_be_checked()
-    page.screenshot(path=f"{SHOTS}/agents-attention.png", full_page=True)
+    page.screenshot(path=f"{SHOTS}/agents-attention.png")
     page.goto(agent_url)
     page.get_by_role("region", name="Permission: ship it?").get_by_role("button", name="Allow").click()
     expect(page).to_have_title("agentry")
@@ -257,11 +257,11 @@ def run(p, hooks, pages):
     members.get_by_label("Member role").select_option("viewer")
     members.get_by_role("button", name="Add member").click()
     expect(members.get_by_label(f"Role of {PERSON}")).to_have_value("viewer")
-    members.get_by_label(f"Role of {PERSON}").select_option("member")
-    expect(members.get_by_label(f"Role of {PERSON}")).to_have_value("member")
     members.get_by_label("Member email").fill("nobody@example.com")
     members.get_by_role("button", name="Add member").click()
     expect(members.get_by_role("alert").filter(has_text="Nobody")).to_be_visible()
+    members.get_by_label(f"Role of {PERSON}").select_option("member")
+    expect(members.get_by_label(f"Role of {PERSON}")).to_have_value("member")
     page.screenshot(path=f"{SHOTS}/team.png", full_page=True)
     members.get_by_role("button", name=f"Remove {PERSON}").click()
     expect(members.get_by_label(f"Role of {PERSON}")).to_have_count(0)
@@ -343,11 +343,15 @@ def run(p, hooks, pages):
         ("home-phone", "/", "Agents"),
         ("new-agent-phone", "/?view=new", "New agent"),
         ("workspaces-phone", "/?view=workspaces&archived=1", "Workspaces"),
-        ("team-phone", "/?view=team", "Team default"),
+        ("team-phone", "/?view=team", "Audit log"),
     ]:
         small = signed_in(phone, path)
         expect(small.get_by_role("heading", name=ready, exact=True)).to_be_visible()
-        small.screenshot(path=f"{SHOTS}/{name}.png", full_page=True)
+        if name == "team-phone":
+            for part in ["Members", "Service tokens", "Secrets", "Hooks"]:
+                expect(small.get_by_role("heading", name=part, exact=True)).to_be_visible()
+        expect(small.locator("td.changed", has_text="…")).to_have_count(0)
+        small.screenshot(path=f"{SHOTS}/{name}.png", full_page=name != "home-phone")
         small.close()
 
     assert not errors, f"script errors: {errors}"
