@@ -82,12 +82,7 @@ async fn the_dashboard_works_in_a_real_browser() {
         app.wait(&long).await;
     }
 
-    let shots = std::env::var_os("AGENTRY_SCREENSHOTS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("../dashboard-screenshots")
-        });
-    std::fs::create_dir_all(&shots).unwrap();
+    let shots = screenshots();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/dashboard.py");
     let out = tokio::process::Command::new(python)
         .arg(script)
@@ -123,6 +118,144 @@ async fn the_dashboard_works_in_a_real_browser() {
         assert!(shots.join(format!("{page}.png")).is_file(), "{page}.png");
     }
     eprintln!("screenshots in {}", shots.display());
+}
+
+/// Running a team from the browser (tests/browser/team.py): an agent started from the
+/// form (and one refused by a hook, with the hook's words on the form), a workspace
+/// archived from the list, a member added and removed, service tokens created and revoked,
+/// a secret set, a hook's delivery redelivered and all of it in the audit log. The
+/// service token the page showed once then lists agents; the revoked one is refused.
+#[tokio::test]
+async fn a_team_runs_from_the_browser() {
+    let python = playwright_python();
+    let app = spawn_app_with(|s| {
+        s.hooks.allow_private_networks = true;
+        s.limits.max_agents_per_team = 2000;
+    })
+    .await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let old = app
+        .post_ok(
+            "/v1/workspaces",
+            json!({"project_id": project["id"], "title": "old experiment"}),
+            201,
+        )
+        .await;
+    // A thousand agents more (closed, a day old), written straight into the store: the
+    // list must stay fast with them.
+    let bulk = app
+        .post_ok(
+            "/v1/workspaces",
+            json!({"project_id": project["id"], "title": "bulk"}),
+            201,
+        )
+        .await;
+    let bulk = bulk["id"].as_str().unwrap().to_owned();
+    sqlx::query(
+        "INSERT INTO agents (id, workspace_id, team_id, provider, title, status, labels, created_at)
+         SELECT gen_random_uuid(), w.id, w.team_id, 'mock', 'seeded ' || i, 'closed',
+                '{\"bulk\": \"yes\"}', now() - interval '1 day' - i * interval '1 second'
+         FROM workspaces w, generate_series(1, 1000) i WHERE w.id = $1::uuid",
+    )
+    .bind(bulk.strip_prefix("wsp_").unwrap())
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let person = "ana@example.com";
+    app.post_ok("/v1/users", json!({"email": person, "name": "Ana"}), 201)
+        .await;
+
+    let shots = screenshots();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/team.py");
+    let out = tokio::process::Command::new(python)
+        .arg(script)
+        .args([
+            &app.base,
+            &app.token,
+            &shots.display().to_string(),
+            person,
+            old["id"].as_str().unwrap(),
+            "old experiment",
+            &bulk,
+        ])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the browser run failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("dashboard team: ok"), "{stdout}");
+    let printed = |key: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} in {stdout}"))
+            .trim()
+            .to_owned()
+    };
+
+    // The secret the page showed once works, as a CI job would use it.
+    let agents = app
+        .client
+        .get(app.url("/v1/agents?status=idle"))
+        .bearer_auth(printed("service-token:"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(agents.status(), 200);
+    let agents: serde_json::Value = agents.json().await.unwrap();
+    let titles: Vec<&str> = agents["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a["title"].as_str())
+        .collect();
+    assert_eq!(titles, ["From the form"], "{agents}");
+    let revoked = app
+        .client
+        .get(app.url("/v1/agents"))
+        .bearer_auth(printed("revoked-token:"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(revoked.status(), 401);
+    // Nothing of the refused agent was made; the archived workspace is archived.
+    let old = app
+        .get_ok(&format!("/v1/workspaces/{}", old["id"].as_str().unwrap()))
+        .await;
+    assert!(old["archived_at"].is_string(), "{old}");
+    let all = app.get_ok("/v1/workspaces?include_archived=true").await;
+    assert_eq!(all["items"].as_array().unwrap().len(), 3, "{all}");
+    for page in [
+        "new-agent",
+        "new-agent-refused",
+        "agents-attention",
+        "workspaces",
+        "team",
+        "team-token",
+        "audit",
+        "home-phone",
+        "new-agent-phone",
+        "workspaces-phone",
+        "team-phone",
+    ] {
+        assert!(shots.join(format!("{page}.png")).is_file(), "{page}.png");
+    }
+    eprintln!("{stdout}screenshots in {}", shots.display());
+}
+
+fn screenshots() -> PathBuf {
+    let shots = std::env::var_os("AGENTRY_SCREENSHOTS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("../dashboard-screenshots")
+        });
+    std::fs::create_dir_all(&shots).unwrap();
+    shots
 }
 
 /// The page and its assets come with a policy that allows nothing but this server's own

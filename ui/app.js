@@ -30,6 +30,7 @@ class ApiError extends Error {
     super((problem && (problem.detail || problem.title)) || `HTTP ${status}`);
     this.status = status;
     this.code = problem && problem.code;
+    this.errors = (problem && problem.errors) || [];
   }
 }
 
@@ -137,6 +138,10 @@ function failure(e) {
 function signedOut(rejected = token) {
   if (localStorage.getItem(TOKEN_KEY) === rejected) localStorage.removeItem(TOKEN_KEY);
   token = "";
+  if (attention.abort) attention.abort.abort();
+  attention.waiting.clear();
+  titleCount();
+  document.getElementById("pages").replaceChildren();
   signInPage();
 }
 
@@ -186,24 +191,113 @@ async function whoAmI() {
     if (!token) { try { await api("POST", "/auth/logout"); } catch (_) { /* gone */ } }
     signedOut();
   } }, "Sign out");
-  document.getElementById("who").replaceChildren(el("span", {}, me.email || me.name || me.id), out);
+  const pages = document.getElementById("pages");
+  if (!pages.childElementCount) {
+    const to = (view, path, text) => { const a = link(path, text); a.dataset.view = view; return a; };
+    pages.append(to("agents", "/", "Agents"), to("workspaces", "/?view=workspaces", "Workspaces"), to("team", "/?view=team", "Team"));
+  }
+  document.getElementById("who").replaceChildren(notifyToggle(), el("span", { class: "me" }, me.email || me.name || me.id), out);
   return me;
+}
+
+// ---------------------------------------------------------------------------------------
+// Attention: the tab title counts the agents waiting for an answer; with the person's
+// consent, a notification when one of their agents asks or fails while the tab is hidden.
+// ---------------------------------------------------------------------------------------
+
+const NOTIFY_KEY = "agentry.notify";
+const attention = { waiting: new Set(), me: null, abort: null };
+
+function titleCount() {
+  const n = attention.waiting.size;
+  document.title = n ? `(${n}) agentry` : "agentry";
+}
+
+function notifyToggle() {
+  if (!("Notification" in window)) return null;
+  const on = () => localStorage.getItem(NOTIFY_KEY) === "on" && Notification.permission === "granted";
+  const b = el("button", { type: "button", "aria-pressed": on() ? "true" : "false" }, on() ? "Notifications on" : "Notify me");
+  b.addEventListener("click", async () => {
+    if (on()) localStorage.setItem(NOTIFY_KEY, "off");
+    else if ((await Notification.requestPermission()) === "granted") localStorage.setItem(NOTIFY_KEY, "on");
+    b.textContent = on() ? "Notifications on" : "Notify me";
+    b.setAttribute("aria-pressed", on() ? "true" : "false");
+  });
+  return b;
+}
+
+function notify(agent, text) {
+  if (!document.hidden || !("Notification" in window)) return;
+  if (localStorage.getItem(NOTIFY_KEY) !== "on" || Notification.permission !== "granted") return;
+  if (attention.me && agent.created_by && agent.created_by !== attention.me.id) return;
+  const n = new Notification(`${agent.title || agent.id}: ${text}`, { tag: `agentry-${agent.id}`, body: "agentry" });
+  n.onclick = () => { window.focus(); navigate(`/agents/${agent.id}`); };
+}
+
+async function watchAttention(me) {
+  attention.me = me;
+  if (attention.abort && !attention.abort.signal.aborted) return;
+  attention.abort = new AbortController();
+  const signal = attention.abort.signal;
+  // The stream replays its history first: what happened before the page opened (by the
+  // server's clock, give or take a minute) counts, but is not announced.
+  const since = Date.now() - 60_000;
+  try {
+    for (const a of await all("/v1/agents?status=waiting_permission", 1000)) attention.waiting.add(a.id);
+  } catch (_) { /* counted from the stream on */ }
+  titleCount();
+  follow("/v1/events", 0, (_id, ev) => {
+    const d = ev.data || {};
+    if (!d.agent_id) return;
+    const fresh = Date.parse(ev.at) >= since;
+    if (ev.kind === "permission_requested") {
+      attention.waiting.add(d.agent_id);
+      if (fresh) tellAbout(d.agent_id, "asks for permission");
+    } else if (ev.kind === "agent_status") {
+      if (d.status === "waiting_permission") attention.waiting.add(d.agent_id);
+      else attention.waiting.delete(d.agent_id);
+      if (fresh && d.status === "error") tellAbout(d.agent_id, "failed");
+    } else if (ev.kind === "agent_archived") {
+      attention.waiting.delete(d.agent_id);
+    } else return;
+    titleCount();
+  }, () => {}, signal);
+}
+
+async function tellAbout(agentId, text) {
+  if (!document.hidden || localStorage.getItem(NOTIFY_KEY) !== "on") return;
+  const a = await api("GET", `/v1/agents/${agentId}`).catch(() => null);
+  if (a) notify(a, text);
 }
 
 // ---------------------------------------------------------------------------------------
 // Home: projects, workspaces and agents with live status
 // ---------------------------------------------------------------------------------------
 
+// Every page of a list (the API gives at most 200 a page), up to `cap` items.
+async function all(path, cap = 5000) {
+  const sep = path.includes("?") ? "&" : "?";
+  let page = await api("GET", `${path}${sep}limit=200`);
+  const items = page.items.slice();
+  while (page.next_cursor && items.length < cap) {
+    page = await api("GET", `${path}${sep}limit=200&cursor=${encodeURIComponent(page.next_cursor)}`);
+    items.push(...page.items);
+  }
+  return items;
+}
+
+const needsYou = (a) => a.status === "waiting_permission" || a.pending_permissions > 0;
+const NEEDS_FIRST_KEY = "agentry.needs-first";
+
 async function homePage(signal) {
-  const [projects, agents] = await Promise.all([
-    api("GET", "/v1/projects?limit=200"),
-    api("GET", "/v1/agents?limit=200"),
-  ]);
+  const started = performance.now();
+  const [projects, agents] = await Promise.all([all("/v1/projects"), all("/v1/agents")]);
   const filter = el("input", { id: "filter", type: "search", placeholder: "status, provider or label" });
+  const needsFirst = el("input", { id: "needs-first", type: "checkbox", checked: localStorage.getItem(NEEDS_FIRST_KEY) !== "off" });
   const rows = new Map();
   const tbody = el("tbody");
   const row = (a) => {
-    const attention = a.status === "waiting_permission" || a.pending_permissions > 0
+    const attention = needsYou(a)
       ? el("span", { class: "badge waiting_permission" }, "needs you")
       : a.status === "error" ? el("span", { class: "badge error" }, "failed") : null;
     const tr = el("tr", { "data-agent": a.id },
@@ -212,39 +306,222 @@ async function homePage(signal) {
       el("td", {}, a.provider),
       el("td", { class: "muted" }, new Date(a.created_at).toLocaleString()),
     );
-    tr.dataset.search = `${a.status} ${a.provider} ${a.title || ""} ${Object.entries(a.labels || {}).map(([k, v]) => `${k}=${v}`).join(" ")}`.toLowerCase();
+    tr.dataset.search = `${a.status} ${a.provider} ${a.title || ""} ${needsYou(a) ? "needs you" : ""} ${Object.entries(a.labels || {}).map(([k, v]) => `${k}=${v}`).join(" ")}`.toLowerCase();
+    tr.dataset.needs = needsYou(a) ? "1" : "";
+    tr.dataset.created = a.created_at;
     return tr;
   };
-  for (const a of agents.items) { const r = row(a); rows.set(a.id, r); tbody.append(r); }
+  const frag = document.createDocumentFragment();
+  for (const a of agents) { const r = row(a); rows.set(a.id, r); frag.append(r); }
+  tbody.append(frag);
+  // Newest first, and with "needs you first" the agents waiting for an answer above all.
+  const order = () => {
+    const list = [...rows.values()].sort((x, y) =>
+      (needsFirst.checked ? (y.dataset.needs ? 1 : 0) - (x.dataset.needs ? 1 : 0) : 0)
+      || (x.dataset.created < y.dataset.created ? 1 : x.dataset.created > y.dataset.created ? -1 : 0));
+    const f = document.createDocumentFragment();
+    f.append(...list);
+    tbody.append(f);
+  };
   const applyFilter = () => {
     const q = filter.value.trim().toLowerCase();
     for (const r of rows.values()) r.hidden = q !== "" && !r.dataset.search.includes(q);
   };
   filter.addEventListener("input", applyFilter);
+  needsFirst.addEventListener("change", () => { localStorage.setItem(NEEDS_FIRST_KEY, needsFirst.checked ? "on" : "off"); order(); });
+  order();
 
-  const projectList = el("ul", {}, projects.items.map((p) => el("li", {}, el("strong", {}, p.name), " ", el("span", { class: "muted" }, p.repo_path))));
+  const projectList = el("ul", {}, projects.map((p) => el("li", {}, el("strong", {}, p.name), " ", el("span", { class: "muted" }, p.repo_path || p.git_url))));
   show(
-    el("h1", {}, "Agents"),
-    el("div", { class: "row" }, el("label", { for: "filter" }, "Filter"), filter),
-    el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "Agent"), el("th", {}, "Status"), el("th", {}, "Provider"), el("th", {}, "Created"))), tbody),
-    agents.items.length ? null : el("p", { class: "muted" }, "No agents yet. Start one with the API or `agentry run`."),
+    el("div", { class: "row" }, el("h1", { class: "grow" }, "Agents"),
+      el("button", { type: "button", class: "primary", onclick: () => navigate("/?view=new") }, "New agent")),
+    el("div", { class: "row" }, el("label", { for: "filter" }, "Filter"), filter,
+      el("span", { class: "row" }, needsFirst, el("label", { for: "needs-first" }, "Needs you first"))),
+    el("table", { class: "agents", "aria-label": "Agents" }, el("thead", {}, el("tr", {}, el("th", {}, "Agent"), el("th", {}, "Status"), el("th", {}, "Provider"), el("th", {}, "Created"))), tbody),
+    agents.length ? null : el("p", { class: "muted" }, "No agents yet. Start one with New agent, the API or `agentry run`."),
     el("h2", {}, "Projects"),
-    projects.items.length ? projectList : el("p", { class: "muted" }, "No projects yet."),
+    projects.length ? projectList : el("p", { class: "muted" }, "No projects yet."),
   );
-  // Live: the team stream, from now on.
-  follow("/v1/events", 0, async (_id, ev) => {
-    const d = ev.data || {};
-    if (ev.kind === "agent_status" && rows.has(d.agent_id)) {
-      const a = await api("GET", `/v1/agents/${d.agent_id}`);
-      const r = row(a); rows.get(d.agent_id).replaceWith(r); rows.set(a.id, r); applyFilter();
-    } else if (ev.kind === "agent_created" && !rows.has(d.agent_id)) {
-      const a = await api("GET", `/v1/agents/${d.agent_id}`);
-      const r = row(a); rows.set(a.id, r); tbody.prepend(r); applyFilter();
-    } else if ((ev.kind === "permission_requested" || ev.kind === "permission_resolved") && rows.has(d.agent_id)) {
-      const a = await api("GET", `/v1/agents/${d.agent_id}`);
-      const r = row(a); rows.get(d.agent_id).replaceWith(r); rows.set(a.id, r); applyFilter();
+  main().dataset.renderMs = String(Math.round(performance.now() - started));
+  // Live: the team stream (which replays its history first). Changed agents are fetched
+  // in batches: a few one by one, many as one new list.
+  const dirty = new Set();
+  let flushing = null;
+  const put = (a) => {
+    const r = row(a);
+    if (rows.has(a.id)) rows.get(a.id).replaceWith(r); else tbody.append(r);
+    rows.set(a.id, r);
+  };
+  const flush = async () => {
+    const ids = [...dirty];
+    dirty.clear();
+    if (ids.length > 20) {
+      for (const a of await all("/v1/agents")) put(a);
+    } else {
+      const got = await Promise.all(ids.map((id) => api("GET", `/v1/agents/${id}`).catch(() => null)));
+      for (const a of got) if (a && !a.archived_at) put(a);
     }
+    order();
+    applyFilter();
+  };
+  const touch = (id) => {
+    dirty.add(id);
+    if (!flushing) {
+      flushing = new Promise((r) => setTimeout(r, 150)).then(flush).catch(() => { /* the next change fetches again */ }).finally(() => { flushing = null; if (dirty.size) touch([...dirty][0]); });
+    }
+  };
+  follow("/v1/events", 0, (_id, ev) => {
+    const d = ev.data || {};
+    if (ev.kind === "agent_created" && !rows.has(d.agent_id)) touch(d.agent_id);
+    else if ((ev.kind === "agent_status" || ev.kind === "permission_requested" || ev.kind === "permission_resolved") && rows.has(d.agent_id)) touch(d.agent_id);
   }, () => {}, signal);
+}
+
+// ---------------------------------------------------------------------------------------
+// Forms: a labelled control with its own error line, in the server's words
+// ---------------------------------------------------------------------------------------
+
+function field(id, label, control, ...extra) {
+  const error = el("p", { class: "field-error", id: `${id}-error`, role: "alert" });
+  control.id = id;
+  control.setAttribute("aria-describedby", `${id}-error`);
+  return { node: el("div", { class: "field" }, el("label", { for: id }, label), el("div", { class: "row" }, control, ...extra), error), control, error };
+}
+
+function option(value, text, selected) {
+  return el("option", { value, selected: !!selected }, text);
+}
+
+// ---------------------------------------------------------------------------------------
+// New agent: a worktree workspace (or the given one) and the agent, then its page
+// ---------------------------------------------------------------------------------------
+
+// Which field of the form a problem concerns: by the field it names, else by its code.
+const AGENT_FIELDS = {
+  project_id: "project", workspace_id: "project", base_ref: "branch", branch: "branch",
+  provider: "provider", mode: "mode", model: "model", title: "title", prompt: "prompt",
+};
+const AGENT_CODES = {
+  unknown_provider: "provider", provider_unavailable: "provider", sandbox_required: "provider",
+  sandbox_unavailable: "mode", prompt_too_large: "prompt", branch_exists: "branch",
+  remote_unavailable: "branch", workspace_archived: "project", repository_unavailable: "project",
+};
+
+async function newAgentPage(wsId) {
+  const [projects, providers, ws] = await Promise.all([
+    all("/v1/projects"),
+    api("GET", "/v1/providers"),
+    wsId ? api("GET", `/v1/workspaces/${wsId}`) : null,
+  ]);
+  const available = providers.items.filter((p) => p.available);
+  const unavailable = providers.items.filter((p) => !p.available);
+  const f = {};
+  f.project = field("project", "Project", el("select", { required: true, disabled: !!ws },
+    projects.map((p) => option(p.id, p.name, ws && ws.project_id === p.id))));
+  f.branch = field("branch", "Branch", el("input", { autocomplete: "off", spellcheck: "false", disabled: !!ws }));
+  f.provider = field("provider", "Provider", el("select", { required: true }, available.map((p) => option(p.id, p.label || p.id))));
+  f.mode = field("mode", "Mode", el("select", {}));
+  const refresh = el("button", { type: "button", "aria-label": "Refresh models" }, "Refresh");
+  f.model = field("model", "Model", el("select", {}), refresh);
+  f.title = field("title", "Title", el("input", { autocomplete: "off" }));
+  f.prompt = field("prompt", "Prompt", el("textarea", { rows: 5, placeholder: "What should the agent do? (Ctrl+Enter starts it)" }));
+  const start = el("button", { type: "submit", class: "primary" }, "Start");
+  const startError = el("p", { class: "field-error", id: "start-error", role: "alert" });
+
+  let branchEdited = false;
+  f.branch.control.addEventListener("input", () => { branchEdited = true; });
+  const projectChanged = () => {
+    if (ws) { f.branch.control.value = ws.branch || ""; return; }
+    const p = projects.find((x) => x.id === f.project.control.value);
+    if (p && !branchEdited) f.branch.control.value = p.default_branch || "";
+  };
+  const loadModels = async (again) => {
+    const id = f.provider.control.value;
+    f.model.error.textContent = "";
+    if (!id) { f.model.control.replaceChildren(); return; }
+    refresh.disabled = true;
+    try {
+      const q = new URLSearchParams();
+      if (again) q.set("refresh", "true");
+      if (ws) q.set("workspace_id", ws.id);
+      const models = await api("GET", `/v1/providers/${id}/models?${q}`);
+      const kept = f.model.control.value;
+      f.model.control.replaceChildren(option("", "Provider default"),
+        ...models.items.map((m) => option(m.id, m.label || m.id, kept ? m.id === kept : m.is_default)));
+    } catch (e) {
+      f.model.error.textContent = e.message;
+    } finally { refresh.disabled = false; }
+  };
+  const providerChanged = () => {
+    const p = available.find((x) => x.id === f.provider.control.value);
+    const modes = (p && p.modes) || [];
+    f.mode.control.replaceChildren(...(modes.length ? modes : [{ id: "", label: "Provider default" }])
+      .map((m) => option(m.id, `${m.label || m.id}${m.unattended ? " (runs without asking)" : ""}`, m.id === (p && p.default_mode))));
+    f.mode.control.disabled = !modes.length;
+    f.model.control.replaceChildren();
+    loadModels(false);
+  };
+  f.project.control.addEventListener("change", projectChanged);
+  f.provider.control.addEventListener("change", providerChanged);
+  refresh.addEventListener("click", () => loadModels(true));
+  projectChanged();
+  providerChanged();
+
+  const clear = () => { for (const x of Object.values(f)) x.error.textContent = ""; startError.textContent = ""; };
+  const place = (e) => {
+    let placed = false;
+    for (const fe of e.errors || []) {
+      const key = AGENT_FIELDS[fe.field] || AGENT_FIELDS[String(fe.field).split(".").pop()];
+      const target = key ? f[key].error : startError;
+      target.textContent = target.textContent ? `${target.textContent} ${fe.message}` : fe.message;
+      placed = true;
+    }
+    if (placed) return;
+    const key = AGENT_CODES[e.code];
+    (key ? f[key].error : startError).textContent = e.message;
+  };
+  const form = el("form", { class: "card new-agent", "aria-label": "New agent", onsubmit: async (ev) => {
+    ev.preventDefault();
+    clear();
+    if (!f.project.control.value && !ws) { f.project.error.textContent = "Register a project first (POST /v1/projects)."; return; }
+    if (!f.provider.control.value) { f.provider.error.textContent = "No provider is available on this server."; return; }
+    const body = { provider: f.provider.control.value };
+    if (ws) body.workspace_id = ws.id;
+    else {
+      body.workspace = { project_id: f.project.control.value };
+      const branch = f.branch.control.value.trim();
+      if (branch) body.workspace.base_ref = branch;
+    }
+    if (f.mode.control.value) body.mode = f.mode.control.value;
+    if (f.model.control.value) body.model = f.model.control.value;
+    const title = f.title.control.value.trim();
+    if (title) body.title = title;
+    const prompt = f.prompt.control.value.trim();
+    if (prompt) body.prompt = prompt;
+    start.disabled = true;
+    try {
+      const agent = await api("POST", "/v1/agents", body);
+      navigate(`/agents/${agent.id}`);
+    } catch (e) {
+      place(e);
+      start.disabled = false;
+    }
+  } },
+    f.project.node, f.branch.node, f.provider.node,
+    unavailable.length
+      ? el("div", { class: "muted unavailable" }, el("span", {}, "Not available here:"),
+          el("ul", { "aria-label": "Providers not available" },
+            unavailable.map((p) => el("li", {}, `${p.label || p.id}: ${p.unavailable_reason || "not available"}`))))
+      : null,
+    f.mode.node, f.model.node, f.title.node, f.prompt.node,
+    el("div", { class: "row" }, start, el("span", { class: "muted" }, ws ? `In workspace ${ws.title || ws.branch}` : "A new worktree workspace is made from the branch.")),
+    startError,
+  );
+  f.prompt.control.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && (e.metaKey || e.ctrlKey)) { e.preventDefault(); form.requestSubmit(); }
+  });
+  show(el("h1", {}, ws ? "New agent here" : "New agent"), form);
+  (ws ? f.provider.control : f.project.control).focus();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -720,15 +997,31 @@ async function agentPage(id, signal) {
 // Workspace page: branch, files changed, the diff, archive
 // ---------------------------------------------------------------------------------------
 
+async function archiveWorkspace(ws) {
+  if (!confirm(`Archive ${ws.title || ws.branch || ws.id}? Its agents are closed and the worktree removed; the branch stays.`)) return false;
+  await api("POST", `/v1/workspaces/${ws.id}/archive`, {});
+  return true;
+}
+
 async function workspacePage(id) {
-  const ws = await api("GET", `/v1/workspaces/${id}`);
+  const [ws, agents] = await Promise.all([
+    api("GET", `/v1/workspaces/${id}`),
+    all(`/v1/agents?workspace_id=${id}&include_archived=true`),
+  ]);
   const parts = [
-    el("h1", {}, ws.title || ws.branch || ws.id),
+    el("div", { class: "row" }, el("h1", { class: "grow" }, ws.title || ws.branch || ws.id),
+      ws.archived_at ? null : el("button", { type: "button", class: "primary", onclick: () => navigate(`/?view=new&workspace=${id}`) }, "New agent here")),
     el("div", { class: "row" }, statusBadge(ws.status), el("span", {}, `Branch ${ws.branch || "—"}`), el("span", { class: "muted" }, ws.path)),
   ];
   if (ws.setup_status) {
     parts.push(el("details", { class: "card" }, el("summary", {}, `Setup ${ws.setup_status}`), el("pre", {}, ws.setup_output || "")));
   }
+  parts.push(
+    el("h2", {}, "Agents"),
+    agents.length
+      ? el("ul", { "aria-label": "Agents of this workspace" }, agents.map((a) => el("li", {}, link(`/agents/${a.id}`, a.title || a.id), " ", statusBadge(a.status), needsYou(a) ? el("span", { class: "badge waiting_permission" }, "needs you") : null, " ", el("span", { class: "muted" }, a.provider))))
+      : el("p", { class: "muted" }, "No agents in this workspace yet."),
+  );
   if (ws.archived_at) {
     parts.push(el("p", { class: "muted" }, "Archived: its files are gone, the branch is kept."));
   } else {
@@ -740,13 +1033,366 @@ async function workspacePage(id) {
         : el("p", { class: "muted" }, "No changes yet."),
       diff.patch ? diffBlock(diff.patch) : null,
       el("p", {}, el("button", { type: "button", class: "danger", onclick: async (e) => {
-        if (!confirm("Archive this workspace? Its agents are closed and the worktree removed; the branch stays.")) return;
         e.target.disabled = true;
-        try { await api("POST", `/v1/workspaces/${id}/archive`, {}); route(); } catch (err) { e.target.after(failure(err)); e.target.disabled = false; }
+        try { if (await archiveWorkspace(ws)) { route(); return; } } catch (err) { e.target.after(failure(err)); }
+        e.target.disabled = false;
       } }, "Archive")),
     );
   }
   show(...parts);
+}
+
+// The workspaces of every team the person is in: project, branch, setup, agents and how
+// many files changed (asked a few at a time, after the list is shown).
+async function workspacesPage(signal) {
+  const archived = new URLSearchParams(location.search).get("archived") === "1";
+  const [workspaces, projects, agents] = await Promise.all([
+    all(`/v1/workspaces${archived ? "?include_archived=true" : ""}`, 1000),
+    all("/v1/projects"),
+    all("/v1/agents"),
+  ]);
+  const projectName = new Map(projects.map((p) => [p.id, p.name]));
+  const agentsOf = new Map();
+  for (const a of agents) {
+    if (!agentsOf.has(a.workspace_id)) agentsOf.set(a.workspace_id, []);
+    agentsOf.get(a.workspace_id).push(a);
+  }
+  const counts = [];
+  const row = (ws) => {
+    const name = ws.title || ws.branch || ws.id;
+    const mine = agentsOf.get(ws.id) || [];
+    const waiting = mine.filter(needsYou).length;
+    const changed = el("td", { class: "changed" }, ws.archived_at ? "—" : "…");
+    if (!ws.archived_at) counts.push([ws.id, changed]);
+    const action = el("td", {});
+    const tr = el("tr", { "data-workspace": ws.id },
+      el("td", {}, link(`/workspaces/${ws.id}`, name)),
+      el("td", {}, projectName.get(ws.project_id) || ws.project_id),
+      el("td", {}, ws.branch || "—"),
+      el("td", {}, ws.archived_at ? statusBadge("archived") : ws.setup_status ? statusBadge(ws.setup_status) : el("span", { class: "muted" }, "none")),
+      el("td", {}, String(mine.length), waiting ? el("span", { class: "badge waiting_permission" }, `${waiting} need${waiting === 1 ? "s" : ""} you`) : null),
+      changed,
+      action,
+    );
+    if (!ws.archived_at) {
+      action.append(el("button", { type: "button", class: "danger", "aria-label": `Archive ${name}`, onclick: async (e) => {
+        e.target.disabled = true;
+        try {
+          if (await archiveWorkspace(ws)) {
+            const now = await api("GET", `/v1/workspaces/${ws.id}`);
+            tr.replaceWith(row(now));
+            return;
+          }
+        } catch (err) { action.append(failure(err)); }
+        e.target.disabled = false;
+      } }, "Archive"));
+    }
+    return tr;
+  };
+  const tbody = el("tbody", {}, workspaces.map(row));
+  const showArchived = el("input", { id: "show-archived", type: "checkbox", checked: archived, onchange: () => navigate(showArchived.checked ? "/?view=workspaces&archived=1" : "/?view=workspaces") });
+  show(
+    el("h1", {}, "Workspaces"),
+    el("div", { class: "row" }, showArchived, el("label", { for: "show-archived" }, "Show archived")),
+    el("table", { "aria-label": "Workspaces" },
+      el("thead", {}, el("tr", {}, ["Workspace", "Project", "Branch", "Setup", "Agents", "Changed files", ""].map((h) => el("th", {}, h)))),
+      tbody),
+    workspaces.length ? null : el("p", { class: "muted" }, "No workspaces yet. New agent makes one."),
+  );
+  // Changed-file counts, four at a time.
+  const next = async () => {
+    while (counts.length && !signal.aborted) {
+      const [id, cell] = counts.shift();
+      try {
+        const diff = await api("GET", `/v1/workspaces/${id}/diff`);
+        cell.textContent = String(diff.files.length);
+      } catch (_) { cell.textContent = "?"; }
+    }
+  };
+  await Promise.all([next(), next(), next(), next()]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Team page: members, service tokens, secrets, hooks and the audit log of one team
+// ---------------------------------------------------------------------------------------
+
+const TEAM_KEY = "agentry.team";
+const ROLES = ["viewer", "member", "owner"];
+const HOOK_POINTS = [
+  "workspace.create.before", "worktree.create.before", "worktree.create.after",
+  "agent.create.before", "agent.open.before", "workspace.create.after", "workspace.archive.after",
+  "agent.create.after", "agent.close.after", "agent.archive.after", "agent.turn.before",
+  "agent.turn.after", "agent.permission.before", "agent.permission.after", "budget.threshold",
+];
+const AUDIT_ACTIONS = [
+  "agent.create", "agent.prompt", "agent.interrupt", "agent.archive", "permission.answer",
+  "workspace.create", "workspace.archive", "project.create", "project.delete", "team.create",
+  "member.add", "member.remove", "member.role", "token.create", "token.revoke", "user.create",
+  "secret.set", "secret.delete", "auth.sign_in", "network.set", "team.sandbox", "budget.set",
+  "hook.create", "hook.update", "hook.delete", "hook.fail",
+];
+
+// A section that can reload itself: `render()` answers its nodes.
+function section(title, render) {
+  const box = el("section", { class: "card team-section", "aria-label": title });
+  let latest = 0;
+  const load = async () => {
+    // Only the newest of overlapping loads is shown.
+    const mine = ++latest;
+    let nodes;
+    try { nodes = (await render(load)).filter(Boolean); } catch (e) { nodes = [failure(e)]; }
+    if (mine === latest) box.replaceChildren(el("h2", {}, title), ...nodes);
+  };
+  return { box, load };
+}
+
+function when(t) {
+  return t ? new Date(t).toLocaleString() : "—";
+}
+
+async function teamPage(me) {
+  const teams = me.teams || [];
+  if (!teams.length) { show(el("h1", {}, "Team"), el("p", { class: "muted" }, "You are in no team.")); return; }
+  const asked = new URLSearchParams(location.search).get("team") || localStorage.getItem(TEAM_KEY);
+  const team = teams.find((t) => t.id === asked) || teams.find((t) => t.id === me.default_team_id) || teams[0];
+  localStorage.setItem(TEAM_KEY, team.id);
+  const owner = team.role === "owner" || me.is_admin;
+  const switcher = teams.length > 1
+    ? el("div", { class: "row" }, el("label", { for: "team-switch" }, "Team"),
+        el("select", { id: "team-switch", onchange: (e) => navigate(`/?view=team&team=${e.target.value}`) },
+          teams.map((t) => option(t.id, `${t.name} (${t.role})`, t.id === team.id))))
+    : null;
+  const onlyOwners = el("p", { class: "muted" }, "Only the team's owners manage this.");
+
+  // Members
+  const members = section("Members", async (reload) => {
+    const list = await all(`/v1/teams/${team.id}/members`, 1000);
+    const owners = list.filter((m) => m.role === "owner").length;
+    const rows = list.map((m) => {
+      const who = m.email || m.name || m.user_id;
+      const err = el("span", { class: "error-text", role: "alert" });
+      const role = owner
+        ? el("select", { "aria-label": `Role of ${who}`, onchange: async (e) => {
+            err.textContent = "";
+            try { await api("PUT", `/v1/teams/${team.id}/members/${m.user_id}`, { role: e.target.value }); reload(); } catch (x) { err.textContent = x.message; e.target.value = m.role; }
+          } }, ROLES.map((r) => option(r, r, r === m.role)))
+        : m.role;
+      const last = m.role === "owner" && owners === 1;
+      const remove = owner || m.user_id === me.id
+        ? el("button", { type: "button", class: "danger", "aria-label": m.user_id === me.id ? "Leave the team" : `Remove ${who}`, disabled: last,
+            title: last ? "The last owner cannot be removed: make someone else an owner first." : null,
+            onclick: async () => {
+              err.textContent = "";
+              try { await api("DELETE", `/v1/teams/${team.id}/members/${m.user_id}`); reload(); } catch (x) { err.textContent = x.message; }
+            } }, m.user_id === me.id ? "Leave" : "Remove")
+        : null;
+      return el("tr", { "data-member": m.user_id }, el("td", {}, m.name || ""), el("td", {}, m.email || ""), el("td", {}, role), el("td", {}, remove, " ", err));
+    });
+    const email = el("input", { id: "member-email", type: "email", autocomplete: "off", required: true });
+    const newRole = el("select", { id: "member-role" }, ROLES.map((r) => option(r, r, r === "member")));
+    const msg = el("p", { class: "field-error", role: "alert" });
+    const add = owner ? el("form", { class: "row", onsubmit: async (e) => {
+      e.preventDefault();
+      msg.textContent = "";
+      try {
+        const found = await api("GET", `/v1/users?email=${encodeURIComponent(email.value.trim())}`);
+        if (!found.items.length) { msg.textContent = "Nobody with this email has an account on this server."; return; }
+        await api("PUT", `/v1/teams/${team.id}/members/${found.items[0].id}`, { role: newRole.value });
+        reload();
+      } catch (x) { msg.textContent = x.message; }
+    } }, el("label", { for: "member-email" }, "Member email"), email, el("label", { for: "member-role" }, "Member role"), newRole,
+      el("button", { type: "submit" }, "Add member")) : null;
+    return [
+      el("table", { "aria-label": "Members" }, el("thead", {}, el("tr", {}, ["Name", "Email", "Role", ""].map((h) => el("th", {}, h)))), el("tbody", {}, rows)),
+      owners === 1 ? el("p", { class: "muted" }, "A team keeps at least one owner: the last one can be neither removed nor demoted.") : null,
+      add, msg,
+    ];
+  });
+
+  // Service tokens: the secret once, then only its prefix.
+  const fresh = el("div", { "aria-live": "polite" });
+  const tokens = section("Service tokens", async (reload) => {
+    const list = await all(`/v1/tokens?team_id=${team.id}`);
+    const rows = list.map((t) => el("tr", { "data-token": t.id },
+      el("td", {}, t.name), el("td", {}, el("code", {}, `${t.prefix}…`)), el("td", {}, t.role || ""),
+      el("td", {}, (t.scopes || []).join(", ") || "all"), el("td", { class: "muted" }, when(t.last_used_at)),
+      el("td", {}, owner ? el("button", { type: "button", class: "danger", "aria-label": `Revoke ${t.name}`, onclick: async (e) => {
+        e.target.disabled = true;
+        try { await api("DELETE", `/v1/tokens/${t.id}`); reload(); } catch (x) { e.target.after(failure(x)); e.target.disabled = false; }
+      } }, "Revoke") : null)));
+    const name = el("input", { id: "token-name", autocomplete: "off", required: true });
+    const role = el("select", { id: "token-role" }, ROLES.map((r) => option(r, r, r === "member")));
+    const msg = el("p", { class: "field-error", role: "alert" });
+    const create = owner ? el("form", { class: "row", onsubmit: async (e) => {
+      e.preventDefault();
+      msg.textContent = "";
+      try {
+        const t = await api("POST", "/v1/tokens", { name: name.value.trim(), team_id: team.id, role: role.value });
+        name.value = "";
+        const secret = el("input", { id: "token-secret", readonly: true, value: t.token, spellcheck: "false", size: 40 });
+        const copied = el("span", { class: "ok-text", "aria-live": "polite" });
+        fresh.replaceChildren(el("div", { class: "card secret-once", role: "region", "aria-label": "New token" },
+          el("p", {}, el("strong", {}, `Token ${t.name} created.`), " Copy its secret now: it is shown this once and never again."),
+          el("div", { class: "row" }, el("label", { for: "token-secret" }, "Token secret"), secret,
+            el("button", { type: "button", onclick: async () => {
+              try { await navigator.clipboard.writeText(t.token); } catch (_) { secret.select(); document.execCommand("copy"); }
+              copied.textContent = "Copied";
+            } }, "Copy"),
+            el("button", { type: "button", onclick: () => fresh.replaceChildren() }, "Done"), copied)));
+        reload();
+      } catch (x) { msg.textContent = x.message; }
+    } }, el("label", { for: "token-name" }, "Token name"), name, el("label", { for: "token-role" }, "Token role"), role,
+      el("button", { type: "submit" }, "Create token")) : null;
+    return [
+      el("p", { class: "muted" }, "Tokens for CI and bots, acting in this team with their role."),
+      list.length
+        ? el("table", { "aria-label": "Service tokens" }, el("thead", {}, el("tr", {}, ["Name", "Prefix", "Role", "Scopes", "Last used", ""].map((h) => el("th", {}, h)))), el("tbody", {}, rows))
+        : el("p", { class: "muted" }, "No service tokens."),
+      fresh, create, msg,
+    ];
+  });
+
+  // Team secrets: names only.
+  const secrets = section("Secrets", async (reload) => {
+    const list = await all(`/v1/teams/${team.id}/secrets`);
+    const rows = list.map((x) => el("tr", { "data-secret": x.name },
+      el("td", {}, el("code", {}, x.name)), el("td", { class: "muted" }, when(x.updated_at)),
+      el("td", {}, owner ? el("button", { type: "button", class: "danger", "aria-label": `Delete secret ${x.name}`, onclick: async (e) => {
+        e.target.disabled = true;
+        try { await api("DELETE", `/v1/teams/${team.id}/secrets/${encodeURIComponent(x.name)}`); reload(); } catch (err) { e.target.after(failure(err)); e.target.disabled = false; }
+      } }, "Delete") : null)));
+    const name = el("input", { id: "secret-name", autocomplete: "off", spellcheck: "false", required: true, placeholder: "ANTHROPIC_API_KEY" });
+    const value = el("input", { id: "secret-value", type: "password", autocomplete: "new-password", required: true });
+    const msg = el("p", { class: "field-error", role: "alert" });
+    const set = owner ? el("form", { class: "row", onsubmit: async (e) => {
+      e.preventDefault();
+      msg.textContent = "";
+      try {
+        await api("PUT", `/v1/teams/${team.id}/secrets/${encodeURIComponent(name.value.trim())}`, { value: value.value });
+        value.value = "";
+        reload();
+      } catch (x) { msg.textContent = x.message; }
+    } }, el("label", { for: "secret-name" }, "Secret name"), name, el("label", { for: "secret-value" }, "Secret value"), value,
+      el("button", { type: "submit" }, "Set secret")) : null;
+    return [
+      el("p", { class: "muted" }, "Values are write-only: nobody can read them back."),
+      list.length
+        ? el("table", { "aria-label": "Secrets" }, el("thead", {}, el("tr", {}, ["Name", "Updated", ""].map((h) => el("th", {}, h)))), el("tbody", {}, rows))
+        : el("p", { class: "muted" }, "No secrets."),
+      set, msg,
+    ];
+  });
+
+  // Hooks, with their deliveries.
+  const hooks = section("Hooks", async (reload) => {
+    if (!owner) return [onlyOwners];
+    const list = (await all("/v1/hooks")).filter((h) => h.team_id === team.id);
+    const shown = el("div", {});
+    const deliveries = async (h) => {
+      const items = (await api("GET", `/v1/hooks/${h.id}/deliveries?limit=50`)).items;
+      const again = () => deliveries(h).catch((x) => shown.replaceChildren(failure(x)));
+      // While a delivery is on its way, look again shortly.
+      if (items.some((d) => d.status === "pending")) {
+        setTimeout(() => { if (box.isConnected) again(); }, 1500);
+      }
+      const box = el("section", { class: "card", "aria-label": `Deliveries of ${h.name}` },
+        el("div", { class: "row" }, el("h3", { class: "grow" }, `Deliveries of ${h.name}`), el("button", { type: "button", onclick: again }, "Refresh deliveries")),
+        items.length
+          ? el("table", {}, el("thead", {}, el("tr", {}, ["When", "Event", "Status", "Attempts", "Answer", ""].map((x) => el("th", {}, x)))),
+              el("tbody", {}, items.map((d) => el("tr", { "data-delivery": d.id },
+                el("td", { class: "muted" }, when(d.created_at)), el("td", {}, d.hook), el("td", {}, statusBadge(d.status)),
+                el("td", {}, String(d.attempts)),
+                el("td", {}, d.response_status ? `HTTP ${d.response_status}` : "", d.error ? el("span", { class: "error-text" }, ` ${d.error}`) : null,
+                  d.duration_ms !== null && d.duration_ms !== undefined ? el("span", { class: "muted" }, ` ${d.duration_ms} ms`) : null),
+                el("td", {}, el("button", { type: "button", onclick: async (e) => {
+                  e.target.disabled = true;
+                  try { await api("POST", `/v1/hooks/${h.id}/deliveries/${d.id}/redeliver`, {}); await again(); } catch (x) { e.target.after(failure(x)); e.target.disabled = false; }
+                } }, "Redeliver"))))))
+          : el("p", { class: "muted" }, "No deliveries yet."));
+      shown.replaceChildren(box);
+    };
+    const rows = list.map((h) => {
+      const enabled = el("input", { type: "checkbox", checked: h.enabled, disabled: h.source === "settings", "aria-label": `Enabled ${h.name}`, onchange: async (e) => {
+        try { await api("PATCH", `/v1/hooks/${h.id}`, { enabled: e.target.checked }); } catch (x) { e.target.checked = !e.target.checked; e.target.after(failure(x)); }
+      } });
+      return el("tr", { "data-hook": h.id },
+        el("td", {}, h.name, h.source === "settings" ? el("span", { class: "muted" }, " (settings file)") : null),
+        el("td", {}, el("code", {}, h.url)), el("td", {}, h.events.join(", ")), el("td", {}, enabled),
+        el("td", {}, el("button", { type: "button", onclick: () => deliveries(h).catch((x) => shown.replaceChildren(failure(x))) }, `Deliveries of ${h.name}`)));
+    });
+    const name = el("input", { id: "hook-name", autocomplete: "off", required: true });
+    const url = el("input", { id: "hook-url", type: "url", autocomplete: "off", required: true, placeholder: "https://bots.example.com/agentry" });
+    const secret = el("input", { id: "hook-secret", type: "password", autocomplete: "new-password", required: true });
+    const boxes = HOOK_POINTS.map((p) => el("label", { class: "check" }, el("input", { type: "checkbox", value: p }), ` ${p}`));
+    const msg = el("p", { class: "field-error", role: "alert" });
+    const create = el("form", { class: "hook-form", onsubmit: async (e) => {
+      e.preventDefault();
+      msg.textContent = "";
+      const events = boxes.map((b) => b.querySelector("input")).filter((i) => i.checked).map((i) => i.value);
+      try {
+        await api("POST", "/v1/hooks", { name: name.value.trim(), url: url.value.trim(), secret: secret.value, events, team_id: team.id });
+        reload();
+      } catch (x) { msg.textContent = (x.errors || []).map((fe) => `${fe.field}: ${fe.message}`).join(" ") || x.message; }
+    } },
+      el("div", { class: "row" }, el("label", { for: "hook-name" }, "Hook name"), name, el("label", { for: "hook-url" }, "URL"), url, el("label", { for: "hook-secret" }, "Signing secret"), secret),
+      el("fieldset", {}, el("legend", {}, "Events"), el("div", { class: "checks" }, boxes)),
+      el("button", { type: "submit" }, "Create hook"), msg);
+    return [
+      list.length
+        ? el("table", { "aria-label": "Hooks" }, el("thead", {}, el("tr", {}, ["Name", "URL", "Events", "Enabled", ""].map((x) => el("th", {}, x)))), el("tbody", {}, rows))
+        : el("p", { class: "muted" }, "No hooks."),
+      shown, create,
+    ];
+  });
+
+  // The audit log: newest first, filtered by action and person, a page at a time.
+  const audit = section("Audit log", async () => {
+    if (!owner) return [onlyOwners];
+    const people = await all(`/v1/teams/${team.id}/members`, 1000).catch(() => []);
+    const bots = await all(`/v1/tokens?team_id=${team.id}`).catch(() => []);
+    const action = el("select", { id: "audit-action" }, option("", "Any action"), AUDIT_ACTIONS.map((a) => option(a, a)));
+    const person = el("select", { id: "audit-person" }, option("", "Anyone"),
+      people.map((m) => option(m.user_id, m.email || m.name || m.user_id)), bots.map((t) => option(t.id, `${t.name} (service token)`)));
+    const body = el("tbody");
+    const older = el("button", { type: "button" }, "Older");
+    const newer = el("button", { type: "button" }, "Newer");
+    const cursors = [null];
+    let next = null;
+    const load = async () => {
+      const q = new URLSearchParams({ team_id: team.id, limit: "50" });
+      if (action.value) q.set("action", action.value);
+      if (person.value) q.set("actor_id", person.value);
+      const cursor = cursors[cursors.length - 1];
+      if (cursor) q.set("cursor", cursor);
+      const page = await api("GET", `/v1/audit?${q}`);
+      next = page.next_cursor;
+      body.replaceChildren(...page.items.map((a) => el("tr", { "data-audit": a.id },
+        el("td", { class: "muted" }, when(a.at)),
+        el("td", {}, (a.actor && (a.actor.email || a.actor.id)) || ""),
+        el("td", {}, a.action),
+        el("td", {}, a.target ? `${a.target.kind} ${a.target.id || ""}` : ""),
+        el("td", {}, el("code", { class: "details" }, a.details ? JSON.stringify(a.details) : "")))));
+      if (!page.items.length) body.append(el("tr", {}, el("td", { colspan: 5, class: "muted" }, "No entries.")));
+      older.disabled = !next;
+      newer.disabled = cursors.length < 2;
+    };
+    const restart = () => { cursors.length = 1; load().catch((x) => body.replaceChildren(el("tr", {}, el("td", { colspan: 5 }, failure(x))))); };
+    action.addEventListener("change", restart);
+    person.addEventListener("change", restart);
+    older.addEventListener("click", () => { if (next) { cursors.push(next); load(); } });
+    newer.addEventListener("click", () => { if (cursors.length > 1) { cursors.pop(); load(); } });
+    await load();
+    return [
+      el("div", { class: "row" }, el("label", { for: "audit-action" }, "Action"), action, el("label", { for: "audit-person" }, "Person"), person,
+        el("button", { type: "button", onclick: restart }, "Refresh audit log")),
+      el("table", { "aria-label": "Audit log" }, el("thead", {}, el("tr", {}, ["When", "Who", "Action", "Target", "Details"].map((x) => el("th", {}, x)))), body),
+      el("div", { class: "row" }, newer, older),
+    ];
+  });
+
+  show(el("h1", {}, `Team ${team.name}`), switcher, el("p", { class: "muted" }, `Your role: ${team.role || (me.is_admin ? "server admin" : "—")}`),
+    members.box, tokens.box, secrets.box, hooks.box, audit.box);
+  await Promise.all([members.load(), tokens.load(), secrets.load(), hooks.load(), audit.load()]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -823,18 +1469,31 @@ async function route() {
     if (e.status !== 401) show(failure(e));
     return;
   }
+  watchAttention(me);
   const path = location.pathname;
+  const params = new URLSearchParams(location.search);
+  const view = path === "/" ? params.get("view") || "agents" : null;
+  for (const a of document.querySelectorAll("#pages a")) {
+    if (a.dataset.view === view) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
+  }
   let m;
   try {
     if ((m = path.match(/^\/agents\/([A-Za-z0-9_]+)$/))) await agentPage(m[1], signal);
     else if ((m = path.match(/^\/workspaces\/([A-Za-z0-9_]+)$/))) await workspacePage(m[1], signal);
     else if (path === "/device") await devicePage(me);
+    else if (view === "new") await newAgentPage(params.get("workspace"));
+    else if (view === "workspaces") await workspacesPage(signal);
+    else if (view === "team") await teamPage(me);
     else await homePage(signal);
   } catch (e) {
     if (e.status === 401) return;
     show(el("h1", {}, e.status === 404 ? "Not found" : "Something went wrong"), failure(e), el("p", {}, link("/", "Back to agents")));
   }
-  document.getElementById("main").focus({ preventScroll: true });
+  if (!main().contains(document.activeElement) || document.activeElement === document.body) main().focus({ preventScroll: true });
+}
+
+function main() {
+  return document.getElementById("main");
 }
 
 window.addEventListener("popstate", route);
