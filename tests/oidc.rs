@@ -221,6 +221,21 @@ async fn the_attack_suite_is_refused_with_precise_codes() {
         &n,
     )
     .await;
+    // A time claim of the wrong type is refused, not skipped.
+    refused(
+        &app,
+        &signed(json!({"nbf": (now() + 3600).to_string()})).await,
+        "token_malformed",
+        &n,
+    )
+    .await;
+    refused(
+        &app,
+        &signed(json!({"iat": now() + 3600})).await,
+        "token_not_yet_valid",
+        &n,
+    )
+    .await;
     refused(
         &app,
         &signed(json!({"iss": "http://127.0.0.1:1"})).await,
