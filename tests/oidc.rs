@@ -221,6 +221,21 @@ async fn the_attack_suite_is_refused_with_precise_codes() {
         &n,
     )
     .await;
+    // A time claim of the wrong type is refused, not skipped.
+    refused(
+        &app,
+        &signed(json!({"nbf": (now() + 3600).to_string()})).await,
+        "token_malformed",
+        &n,
+    )
+    .await;
+    refused(
+        &app,
+        &signed(json!({"iat": now() + 3600})).await,
+        "token_not_yet_valid",
+        &n,
+    )
+    .await;
     refused(
         &app,
         &signed(json!({"iss": "http://127.0.0.1:1"})).await,
@@ -271,6 +286,68 @@ async fn the_attack_suite_is_refused_with_precise_codes() {
 
     // A JWT-shaped string that is not one.
     refused(&app, "eyJub3QganNvbg.e30.c2ln", "token_malformed", &n).await;
+}
+
+/// A field of the provider's current public key, to check that no answer shows it.
+async fn published(idp: &Idp, field: &str) -> String {
+    let jwks: Value = reqwest::get(format!("{}/jwks", idp.issuer))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    jwks["keys"][0][field].as_str().unwrap().to_owned()
+}
+
+fn header_of(token: &str) -> Value {
+    serde_json::from_slice(
+        &URL_SAFE_NO_PAD
+            .decode(token.split('.').next().unwrap())
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn every_algorithm_allowed_by_default_verifies_a_provider_signature() {
+    let idp = Idp::start().await;
+    let app = app_for(&idp, |o| o.jwks_refetch_min_interval_s = 0).await;
+    let defaults = OidcSettings::new(idp.issuer.clone(), vec!["agentry".into()]).allowed_algs;
+    for alg in ["RS256", "PS256", "ES256", "EdDSA"] {
+        assert!(defaults.iter().any(|a| a == alg), "{alg} in {defaults:?}");
+    }
+    for alg in &defaults {
+        // The provider's own token endpoint signs with a key of this algorithm.
+        let kid = idp.rotate_to(alg).await;
+        let token = idp.client_credentials("ci-bot").await;
+        let header = header_of(&token);
+        assert_eq!(header["alg"], alg.as_str(), "{header}");
+        assert_eq!(header["kid"], kid.as_str(), "{header}");
+        let me = expect_status(get_as(&app, &token, "/v1/me").await, 200).await;
+        assert_eq!(me["name"], "ci-bot", "{alg}: {me}");
+    }
+
+    // A valid signature with an algorithm the settings do not allow (supported, and
+    // not a default).
+    assert!(!defaults.iter().any(|a| a == "ES384"), "{defaults:?}");
+    idp.rotate_to("ES384").await;
+    let token = idp.client_credentials("ci-bot").await;
+    assert_eq!(header_of(&token)["alg"], "ES384");
+    let x = published(&idp, "x").await;
+    refused(&app, &token, "token_algorithm_not_allowed", &x).await;
+
+    // An allowed algorithm on the right key material, but not the one its JWK names:
+    // RS256 with the RSA key published for PS256.
+    idp.rotate_to("PS256").await;
+    let claims = json!({"iss": idp.issuer, "aud": "agentry", "sub": "mallory",
+        "iat": now(), "exp": now() + 600});
+    let n = published(&idp, "n").await;
+    let control = idp.sign("current", json!({}), claims.clone()).await;
+    assert_eq!(header_of(&control)["alg"], "PS256");
+    expect_status(get_as(&app, &control, "/v1/me").await, 200).await;
+    let mismatched = idp.sign_as("RS256", claims).await;
+    assert_eq!(header_of(&mismatched)["alg"], "RS256");
+    refused(&app, &mismatched, "token_algorithm_not_allowed", &n).await;
 }
 
 #[tokio::test]

@@ -7,9 +7,12 @@
 //   each issuance, so a test changes a user's groups by rewriting it;
 // - access tokens are for the audience IDP_AUDIENCE; ID tokens for the client.
 // Test controls, under /_test/ (nothing else of the server is changed by them):
-// - POST /_test/rotate {kid?}: a new signing key replaces the whole key set;
-// - POST /_test/sign {header?, claims, key?}: signs exactly these claims — with the
-//   current key (key "current"), with a fresh key that is not published ("foreign"), or
+// - POST /_test/rotate {kid?, alg?}: a new signing key for `alg` (RS256 unless given:
+//   PS256, ES256, ES384, EdDSA, ...) replaces the whole key set; the JWKS publishes it
+//   with that `alg`, and the token endpoint signs with it from then on;
+// - POST /_test/sign {header?, claims, key?, alg?}: signs exactly these claims — with the
+//   current key (key "current"; with `alg`, that algorithm on the same key material
+//   instead of the key's own), with a fresh key that is not published ("foreign"), or
 //   HS256 with the current public key's PEM as the HMAC secret ("hs256-public-pem").
 // Env: IDP_MODULES (node_modules holding the package), IDP_PORT (0: any), IDP_KID (the
 // first key's kid), IDP_USER, IDP_AUDIENCE. Prints one JSON line {"port", "issuer"} when
@@ -34,10 +37,10 @@ function user() {
   return JSON.parse(readFileSync(userFile, 'utf8'));
 }
 
-async function build(kid) {
+async function build(kid, alg) {
   const issuer = new OAuth2Issuer();
   issuer.url = issuerUrl;
-  await issuer.keys.generate('RS256', { kid: kid || randomUUID() });
+  await issuer.keys.generate(alg || 'RS256', { kid: kid || randomUUID() });
   const svc = new OAuth2Service(issuer);
   svc.on('beforeTokenSigning', (token, req) => {
     const body = req.body || {};
@@ -76,9 +79,11 @@ async function sign(body) {
   const claims = body.claims || {};
   switch (body.key || 'current') {
     case 'current': {
-      const priv = await jose.importJWK(key, key.alg);
+      const alg = body.alg || key.alg;
+      const { alg: _pinned, ...material } = key;
+      const priv = await jose.importJWK(material, alg);
       return new jose.SignJWT(claims)
-        .setProtectedHeader({ alg: key.alg, kid: key.kid, ...header })
+        .setProtectedHeader({ alg, kid: key.kid, ...header })
         .sign(priv);
     }
     case 'foreign': {
@@ -106,7 +111,7 @@ async function control(req, res) {
     const body = await readBody(req);
     let answer;
     if (req.url === '/_test/rotate') {
-      service = await build(body.kid);
+      service = await build(body.kid, body.alg);
       answer = { kid: service.issuer.keys.get().kid };
     } else if (req.url === '/_test/sign') {
       answer = { token: await sign(body) };

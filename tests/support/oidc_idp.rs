@@ -125,9 +125,28 @@ impl Idp {
         res.json().await.unwrap()
     }
 
-    /// Replace the provider's whole key set by one new key; returns its kid.
+    /// Replace the provider's whole key set by one new RS256 key; returns its kid.
     pub async fn rotate(&self) -> String {
-        self.control("rotate", json!({})).await["kid"]
+        self.rotate_to("RS256").await
+    }
+
+    /// Replace the provider's whole key set by one new key for `alg` (published with
+    /// that `alg`; the token endpoint signs with it); returns its kid.
+    pub async fn rotate_to(&self, alg: &str) -> String {
+        self.control("rotate", json!({"alg": alg})).await["kid"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// Sign `claims` with the current key's material under another `alg` than the one
+    /// the key is published for.
+    pub async fn sign_as(&self, alg: &str, claims: Value) -> String {
+        self.control(
+            "sign",
+            json!({"key": "current", "alg": alg, "claims": claims}),
+        )
+        .await["token"]
             .as_str()
             .unwrap()
             .to_owned()

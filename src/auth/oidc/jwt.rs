@@ -1,8 +1,12 @@
-//! Compact JWS parsing and the claim checks of RFC 8725: the header is read only to learn
-//! the algorithm and the key id; the payload is trusted only after its signature verified.
+//! The checks around `jsonwebtoken` that it does not make itself (RFC 8725): the size
+//! cap, `crit`, reading `alg` and `kid` to choose a key, `iat` in the future, time claims
+//! of the wrong type; and the stable codes its errors answer. The signature and the
+//! claims `exp`, `nbf`, `iss`, `aud` (with leeway) are `jsonwebtoken`'s.
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{DecodingKey, Validation};
 use serde_json::{Map, Value};
 
 use crate::auth::AuthError;
@@ -10,14 +14,10 @@ use crate::auth::AuthError;
 /// Tokens larger than this are refused before any parsing.
 pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
 
-/// The parts of a compact JWS, split and decoded but not verified.
-pub struct Unverified<'a> {
-    /// `<header>.<payload>` as sent: the bytes the signature covers.
-    pub signing_input: &'a str,
+/// What the header says, read before any key is chosen.
+pub struct Header {
     pub alg: String,
     pub kid: Option<String>,
-    payload_b64: &'a str,
-    pub signature: Vec<u8>,
 }
 
 /// Whether `token` has the shape of a JWT (three base64url parts, a JSON header), so it
@@ -32,17 +32,16 @@ pub fn looks_like_jwt(token: &str) -> bool {
         })
 }
 
-pub fn split(token: &str) -> Result<Unverified<'_>, AuthError> {
+/// The size cap, three parts, a JSON header without `crit`, a string `alg` and `kid`.
+pub fn header(token: &str) -> Result<Header, AuthError> {
     if token.len() > MAX_TOKEN_BYTES {
         return Err(AuthError::TokenTooLarge);
     }
     let malformed = AuthError::TokenMalformed;
-    let mut parts = token.split('.');
-    let (Some(h), Some(p), Some(s), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
+    if token.split('.').count() != 3 {
         return Err(malformed("a JWT has three dot-separated parts"));
-    };
+    }
+    let h = token.split('.').next().unwrap_or_default();
     let header: Map<String, Value> = URL_SAFE_NO_PAD
         .decode(h)
         .ok()
@@ -63,145 +62,168 @@ pub fn split(token: &str) -> Result<Unverified<'_>, AuthError> {
         Some(Value::String(k)) => Some(k.clone()),
         Some(_) => return Err(malformed("the JWT header's `kid` is not a string")),
     };
-    let signature = URL_SAFE_NO_PAD
-        .decode(s)
-        .map_err(|_| malformed("the JWT signature is not base64url"))?;
-    Ok(Unverified {
-        signing_input: &token[..h.len() + 1 + p.len()],
-        alg,
-        kid,
-        payload_b64: p,
-        signature,
-    })
+    Ok(Header { alg, kid })
 }
 
-impl Unverified<'_> {
-    /// The claims; call only after the signature verified.
-    pub fn claims(&self) -> Result<Map<String, Value>, AuthError> {
-        URL_SAFE_NO_PAD
-            .decode(self.payload_b64)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .ok_or(AuthError::TokenMalformed(
-                "the JWT payload is not base64url-encoded JSON",
-            ))
-    }
-}
-
-/// What the claims of a verified token must satisfy.
+/// What the claims of a token must satisfy.
 pub struct Expected<'a> {
+    pub alg: jsonwebtoken::Algorithm,
     pub issuer: &'a str,
     /// The token's `aud` must contain at least one of these.
     pub audiences: &'a [String],
-    pub leeway_s: i64,
-    /// Seconds since the epoch.
-    pub now: i64,
+    pub leeway_s: u64,
 }
 
-/// `iss` exact, `aud` one of ours, `exp` required and not past, `nbf` and `iat` not in
-/// the future (all with leeway).
-pub fn check_claims(claims: &Map<String, Value>, exp: &Expected<'_>) -> Result<(), AuthError> {
-    if claims.get("iss").and_then(Value::as_str) != Some(exp.issuer) {
-        return Err(AuthError::TokenInvalidIssuer);
-    }
-    let aud_ok = match claims.get("aud") {
-        Some(Value::String(a)) => exp.audiences.iter().any(|x| x == a),
-        Some(Value::Array(list)) => list
-            .iter()
-            .filter_map(Value::as_str)
-            .any(|a| exp.audiences.iter().any(|x| x == a)),
-        _ => false,
-    };
-    if !aud_ok {
-        return Err(AuthError::TokenInvalidAudience);
-    }
-    let time = |name: &'static str| -> Result<Option<i64>, AuthError> {
-        match claims.get(name) {
-            None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .filter(|f| f.is_finite())
-                .map(|f| Some(f as i64))
-                .ok_or(AuthError::TokenMalformed("a time claim is not a number")),
-        }
-    };
-    let expires = time("exp")?.ok_or(AuthError::TokenMalformed(
-        "the token has no `exp`; tokens without an expiry are refused",
-    ))?;
-    if exp.now > expires.saturating_add(exp.leeway_s) {
-        return Err(AuthError::TokenExpired);
-    }
+/// Verify the signature with `key` and check the claims: `iss` exact, `aud` one of
+/// ours, `exp` required and not past, `nbf` and `iat` not in the future (with leeway).
+pub fn verify(
+    token: &str,
+    key: &DecodingKey,
+    exp: &Expected<'_>,
+) -> Result<Map<String, Value>, AuthError> {
+    let mut v = Validation::new(exp.alg);
+    v.leeway = exp.leeway_s;
+    v.validate_nbf = true;
+    v.set_issuer(&[exp.issuer]);
+    v.set_audience(exp.audiences);
+    v.set_required_spec_claims(&["exp", "iss", "aud"]);
+    let claims = jsonwebtoken::decode::<Map<String, Value>>(token, key, &v)
+        .map_err(|e| code(e.kind()))?
+        .claims;
+    let now = jsonwebtoken::get_current_timestamp();
     for name in ["nbf", "iat"] {
-        if let Some(t) = time(name)?
-            && t > exp.now.saturating_add(exp.leeway_s)
-        {
-            return Err(AuthError::TokenNotYetValid);
+        match claims.get(name) {
+            None => {}
+            // jsonwebtoken 9 passes an `nbf` it cannot read; `iat` it does not check.
+            Some(t) => match t.as_f64().filter(|f| f.is_finite()) {
+                None => return Err(AuthError::TokenMalformed("a time claim is not a number")),
+                Some(t) if t > now.saturating_add(exp.leeway_s) as f64 => {
+                    return Err(AuthError::TokenNotYetValid);
+                }
+                Some(_) => {}
+            },
         }
     }
-    Ok(())
+    Ok(claims)
+}
+
+/// The stable code of a `jsonwebtoken` refusal.
+fn code(kind: &ErrorKind) -> AuthError {
+    match kind {
+        ErrorKind::ExpiredSignature => AuthError::TokenExpired,
+        ErrorKind::ImmatureSignature => AuthError::TokenNotYetValid,
+        ErrorKind::InvalidIssuer => AuthError::TokenInvalidIssuer,
+        ErrorKind::InvalidAudience => AuthError::TokenInvalidAudience,
+        ErrorKind::MissingRequiredClaim(c) if c == "iss" => AuthError::TokenInvalidIssuer,
+        ErrorKind::MissingRequiredClaim(c) if c == "aud" => AuthError::TokenInvalidAudience,
+        ErrorKind::MissingRequiredClaim(_) => AuthError::TokenMalformed(
+            "the token has no numeric `exp`; tokens without an expiry are refused",
+        ),
+        ErrorKind::InvalidAlgorithm | ErrorKind::MissingAlgorithm => {
+            AuthError::TokenAlgorithmNotAllowed(
+                "the key the token names does not sign with its `alg`".into(),
+            )
+        }
+        ErrorKind::InvalidSignature
+        | ErrorKind::InvalidEcdsaKey
+        | ErrorKind::InvalidRsaKey(_)
+        | ErrorKind::InvalidKeyFormat => AuthError::TokenInvalidSignature,
+        _ => AuthError::TokenMalformed("the JWT is not base64url-encoded JSON"),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use jsonwebtoken::{Algorithm, EncodingKey};
+    use ring::signature::{Ed25519KeyPair, KeyPair};
     use serde_json::json;
 
-    fn claims(v: Value) -> Map<String, Value> {
-        v.as_object().unwrap().clone()
+    /// Sign `claims` with a fresh Ed25519 key; the token and the key that verifies it.
+    fn signed(claims: Value) -> (String, DecodingKey) {
+        let pkcs8 = Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new()).unwrap();
+        let pair = Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap();
+        let token = jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(Algorithm::EdDSA),
+            &claims,
+            &EncodingKey::from_ed_der(pkcs8.as_ref()),
+        )
+        .unwrap();
+        (token, DecodingKey::from_ed_der(pair.public_key().as_ref()))
     }
 
     #[test]
-    fn claims_are_checked_with_leeway() {
+    fn claims_are_checked_with_leeway_and_answer_their_codes() {
         let aud = vec!["agentry".to_owned()];
         let e = Expected {
+            alg: Algorithm::EdDSA,
             issuer: "https://idp",
             audiences: &aud,
             leeway_s: 60,
-            now: 1_000_000,
         };
-        let ok = json!({"iss": "https://idp", "aud": ["x", "agentry"], "exp": 1_000_030, "nbf": 1_000_030});
-        check_claims(&claims(ok), &e).unwrap();
-        let code = |v: Value| check_claims(&claims(v), &e).unwrap_err().code();
+        let now = jsonwebtoken::get_current_timestamp() as i64;
+        let check = |v: Value| {
+            let (t, k) = signed(v);
+            verify(&t, &k, &e)
+        };
+        let ok = json!({"iss": "https://idp", "aud": ["x", "agentry"], "exp": now + 30, "nbf": now + 30, "iat": now + 30});
+        check(ok).unwrap();
+        let code = |v: Value| check(v).unwrap_err().code();
+        let base = |over: Value| {
+            let mut c = json!({"iss": "https://idp", "aud": "agentry", "exp": now + 100});
+            for (k, v) in over.as_object().unwrap() {
+                c[k] = v.clone();
+            }
+            c
+        };
         assert_eq!(
-            code(json!({"iss": "https://idp/", "aud": "agentry", "exp": 1_000_100})),
+            code(base(json!({"iss": "https://idp/"}))),
             "token_invalid_issuer"
         );
+        assert_eq!(code(base(json!({"iss": 7}))), "token_invalid_issuer");
         assert_eq!(
-            code(json!({"iss": "https://idp", "aud": "other", "exp": 1_000_100})),
+            code(base(json!({"aud": "other"}))),
+            "token_invalid_audience"
+        );
+        assert_eq!(
+            code(json!({"iss": "https://idp", "exp": now + 100})),
             "token_invalid_audience"
         );
         assert_eq!(
             code(json!({"iss": "https://idp", "aud": "agentry"})),
             "token_malformed"
         );
+        assert_eq!(code(base(json!({"exp": "never"}))), "token_malformed");
+        assert_eq!(code(base(json!({"exp": now - 100}))), "token_expired");
+        assert_eq!(code(base(json!({"nbf": now + 100}))), "token_not_yet_valid");
+        assert_eq!(code(base(json!({"iat": now + 100}))), "token_not_yet_valid");
+        // A time claim of the wrong type is not skipped (CVE-2026-25537 in 9.x).
+        assert_eq!(code(base(json!({"nbf": "99999999999"}))), "token_malformed");
+        assert_eq!(code(base(json!({"iat": "soon"}))), "token_malformed");
+
+        let (t, _) = signed(base(json!({})));
+        let (_, other) = signed(base(json!({})));
         assert_eq!(
-            code(json!({"iss": "https://idp", "aud": "agentry", "exp": 999_900})),
-            "token_expired"
-        );
-        assert_eq!(
-            code(
-                json!({"iss": "https://idp", "aud": "agentry", "exp": 1_000_900, "nbf": 1_000_100})
-            ),
-            "token_not_yet_valid"
-        );
-        assert_eq!(
-            code(
-                json!({"iss": "https://idp", "aud": "agentry", "exp": 1_000_900, "iat": 1_000_100})
-            ),
-            "token_not_yet_valid"
+            verify(&t, &other, &e).unwrap_err().code(),
+            "token_invalid_signature"
         );
     }
 
     #[test]
-    fn only_three_part_tokens_with_a_json_header_split() {
+    fn only_three_part_tokens_with_a_json_header_are_read() {
         assert!(looks_like_jwt("eyJhbGciOiJub25lIn0.e30.x"));
         assert!(!looks_like_jwt("agt_pat_0123"));
         assert!(!looks_like_jwt("eyJ.a.b.c.d"));
-        let u = split("eyJhbGciOiJub25lIn0.e30.").unwrap();
-        assert_eq!(u.alg, "none");
-        assert!(u.signature.is_empty());
-        assert_eq!(split("eyJ9.e30.").err().unwrap().code(), "token_malformed");
+        let h = header("eyJhbGciOiJub25lIn0.e30.").unwrap();
+        assert_eq!(h.alg, "none");
+        assert!(h.kid.is_none());
+        assert_eq!(header("eyJ9.e30.").err().unwrap().code(), "token_malformed");
+        let crit = format!(
+            "{}.e30.",
+            URL_SAFE_NO_PAD.encode(r#"{"alg":"RS256","crit":["exp"]}"#)
+        );
+        assert_eq!(header(&crit).err().unwrap().code(), "token_malformed");
         let big = format!("eyJhbGciOiJub25lIn0.{}.x", "a".repeat(MAX_TOKEN_BYTES));
-        assert_eq!(split(&big).err().unwrap().code(), "token_too_large");
+        assert_eq!(header(&big).err().unwrap().code(), "token_too_large");
     }
 }

@@ -1,10 +1,10 @@
-//! The identity provider's public keys (a JWKS) and signature verification with them.
-//! A key verifies only the algorithms of its own family — an RSA key never verifies an
-//! EC or HMAC signature — so a token cannot choose how its signature is checked.
+//! The identity provider's public keys (a JWKS) as `jsonwebtoken` decoding keys, and the
+//! choice of a key for a token. A key fits only the algorithms of its own type and curve
+//! (an RSA key never an EC or HMAC one) and the `alg` its JWK pins, so a token cannot
+//! choose how its signature is checked.
 
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use ring::signature::{self, RsaPublicKeyComponents, UnparsedPublicKey};
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, PublicKeyUse};
+use jsonwebtoken::{Algorithm, DecodingKey};
 use serde::Deserialize;
 
 /// One usable signing key from the JWKS.
@@ -13,40 +13,21 @@ pub struct SigningKey {
     pub kid: Option<String>,
     /// The `alg` the JWK pins, when it names one.
     pub alg: Option<String>,
-    material: Material,
+    kind: Kind,
+    pub key: DecodingKey,
 }
 
-#[derive(Clone)]
-enum Material {
-    Rsa {
-        n: Vec<u8>,
-        e: Vec<u8>,
-    },
-    /// An uncompressed point (0x04 || x || y) on `crv`.
-    Ec {
-        crv: &'static str,
-        point: Vec<u8>,
-    },
-    Ed25519(Vec<u8>),
+#[derive(Clone, Copy)]
+enum Kind {
+    Rsa,
+    P256,
+    P384,
+    Ed25519,
 }
 
 #[derive(Deserialize)]
 struct RawJwks {
     keys: Vec<serde_json::Value>,
-}
-
-#[derive(Deserialize)]
-struct RawJwk {
-    kty: String,
-    kid: Option<String>,
-    alg: Option<String>,
-    #[serde(rename = "use")]
-    use_: Option<String>,
-    n: Option<String>,
-    e: Option<String>,
-    crv: Option<String>,
-    x: Option<String>,
-    y: Option<String>,
 }
 
 /// Parse a JWKS document, keeping the signature keys this validator can use. Symmetric
@@ -57,96 +38,54 @@ pub fn parse_jwks(body: &[u8]) -> Result<Vec<SigningKey>, String> {
     Ok(raw
         .keys
         .into_iter()
-        .filter_map(|v| serde_json::from_value::<RawJwk>(v).ok())
-        .filter(|k| k.use_.as_deref().is_none_or(|u| u == "sig"))
-        .filter_map(|k| {
-            let b64 =
-                |v: &Option<String>| v.as_deref().and_then(|s| URL_SAFE_NO_PAD.decode(s).ok());
-            let material = match k.kty.as_str() {
-                "RSA" => Material::Rsa {
-                    n: b64(&k.n)?,
-                    e: b64(&k.e)?,
+        .filter_map(|v| {
+            let alg = v.get("alg").and_then(|a| a.as_str()).map(str::to_owned);
+            let jwk: Jwk = serde_json::from_value(v).ok()?;
+            if !matches!(
+                jwk.common.public_key_use,
+                None | Some(PublicKeyUse::Signature)
+            ) {
+                return None;
+            }
+            let kind = match &jwk.algorithm {
+                AlgorithmParameters::RSA(_) => Kind::Rsa,
+                AlgorithmParameters::EllipticCurve(p) => match p.curve {
+                    EllipticCurve::P256 => Kind::P256,
+                    EllipticCurve::P384 => Kind::P384,
+                    _ => return None,
                 },
-                "EC" => {
-                    let (crv, len) = match k.crv.as_deref()? {
-                        "P-256" => ("P-256", 32),
-                        "P-384" => ("P-384", 48),
-                        _ => return None,
-                    };
-                    let (x, y) = (b64(&k.x)?, b64(&k.y)?);
-                    if x.len() != len || y.len() != len {
-                        return None;
-                    }
-                    let mut point = Vec::with_capacity(1 + 2 * len);
-                    point.push(0x04);
-                    point.extend_from_slice(&x);
-                    point.extend_from_slice(&y);
-                    Material::Ec { crv, point }
+                AlgorithmParameters::OctetKeyPair(p) if p.curve == EllipticCurve::Ed25519 => {
+                    Kind::Ed25519
                 }
-                "OKP" if k.crv.as_deref() == Some("Ed25519") => Material::Ed25519(b64(&k.x)?),
                 _ => return None,
             };
             Some(SigningKey {
-                kid: k.kid,
-                alg: k.alg,
-                material,
+                kid: jwk.common.key_id.clone(),
+                alg,
+                kind,
+                key: DecodingKey::from_jwk(&jwk).ok()?,
             })
         })
         .collect())
 }
 
 impl SigningKey {
-    /// This key can verify `alg` (its family matches, and the JWK does not pin another).
-    pub fn fits(&self, alg: &str) -> bool {
-        if self.alg.as_deref().is_some_and(|a| a != alg) {
+    /// This key can verify `alg` (its type and curve match, and the JWK does not pin
+    /// another).
+    pub fn fits(&self, alg: Algorithm) -> bool {
+        use Algorithm::*;
+        if self
+            .alg
+            .as_deref()
+            .is_some_and(|a| a.parse::<Algorithm>().ok() != Some(alg))
+        {
             return false;
         }
-        match &self.material {
-            Material::Rsa { .. } => matches!(
-                alg,
-                "RS256" | "RS384" | "RS512" | "PS256" | "PS384" | "PS512"
-            ),
-            Material::Ec { crv, .. } => {
-                (alg == "ES256" && *crv == "P-256") || (alg == "ES384" && *crv == "P-384")
-            }
-            Material::Ed25519(_) => alg == "EdDSA",
-        }
-    }
-
-    /// Verify `sig` over `message` with `alg`; false for any algorithm this key does not
-    /// fit.
-    pub fn verify(&self, alg: &str, message: &[u8], sig: &[u8]) -> bool {
-        if !self.fits(alg) {
-            return false;
-        }
-        match &self.material {
-            Material::Rsa { n, e } => {
-                let params: &signature::RsaParameters = match alg {
-                    "RS256" => &signature::RSA_PKCS1_2048_8192_SHA256,
-                    "RS384" => &signature::RSA_PKCS1_2048_8192_SHA384,
-                    "RS512" => &signature::RSA_PKCS1_2048_8192_SHA512,
-                    "PS256" => &signature::RSA_PSS_2048_8192_SHA256,
-                    "PS384" => &signature::RSA_PSS_2048_8192_SHA384,
-                    "PS512" => &signature::RSA_PSS_2048_8192_SHA512,
-                    _ => return false,
-                };
-                RsaPublicKeyComponents { n, e }
-                    .verify(params, message, sig)
-                    .is_ok()
-            }
-            Material::Ec { point, .. } => {
-                let algorithm: &dyn signature::VerificationAlgorithm = match alg {
-                    "ES256" => &signature::ECDSA_P256_SHA256_FIXED,
-                    "ES384" => &signature::ECDSA_P384_SHA384_FIXED,
-                    _ => return false,
-                };
-                UnparsedPublicKey::new(algorithm, point)
-                    .verify(message, sig)
-                    .is_ok()
-            }
-            Material::Ed25519(x) => UnparsedPublicKey::new(&signature::ED25519, x)
-                .verify(message, sig)
-                .is_ok(),
+        match self.kind {
+            Kind::Rsa => matches!(alg, RS256 | RS384 | RS512 | PS256 | PS384 | PS512),
+            Kind::P256 => alg == ES256,
+            Kind::P384 => alg == ES384,
+            Kind::Ed25519 => alg == EdDSA,
         }
     }
 }
@@ -161,15 +100,20 @@ mod tests {
             {"kty": "oct", "kid": "h", "k": "c2VjcmV0"},
             {"kty": "RSA", "kid": "enc", "use": "enc", "n": "AQAB", "e": "AQAB"},
             {"kty": "RSA", "kid": "r", "n": "AQAB", "e": "AQAB"},
-            {"kty": "EC", "kid": "bad-len", "crv": "P-256", "x": "AQAB", "y": "AQAB"},
+            {"kty": "EC", "kid": "p", "crv": "P-256", "alg": "ES256", "x": "AQAB", "y": "AQAB"},
             {"kty": "OKP", "kid": "x", "crv": "X25519", "x": "AQAB"}
         ]}"#;
         let keys = parse_jwks(jwks).unwrap();
-        assert_eq!(keys.len(), 1);
-        let k = &keys[0];
-        assert_eq!(k.kid.as_deref(), Some("r"));
-        assert!(k.fits("RS256") && k.fits("PS512"));
-        assert!(!k.fits("HS256") && !k.fits("ES256") && !k.fits("none"));
-        assert!(!k.verify("HS256", b"m", b"s"));
+        let kids: Vec<_> = keys.iter().map(|k| k.kid.as_deref().unwrap()).collect();
+        assert_eq!(kids, ["r", "p"]);
+        let (r, p) = (&keys[0], &keys[1]);
+        assert!(r.fits(Algorithm::RS256) && r.fits(Algorithm::PS512));
+        assert!(!r.fits(Algorithm::HS256) && !r.fits(Algorithm::ES256));
+        assert!(p.fits(Algorithm::ES256) && !p.fits(Algorithm::ES384));
+        let pinned = SigningKey {
+            alg: Some("PS256".into()),
+            ..r.clone()
+        };
+        assert!(pinned.fits(Algorithm::PS256) && !pinned.fits(Algorithm::RS256));
     }
 }
