@@ -1678,7 +1678,7 @@ fn valid_provider_id(id: &str) -> bool {
 
 /// Variables that start with `AGENTRY_` but are not server settings: the settings file,
 /// the command-line client's server and token, and what the test suite and the CI scripts
-/// read (the seed of randomized tests, where the pinned agent CLIs, test peers, Playwright
+/// read (the seed of randomized tests, the real-CLI suites' sandbox network, where the pinned agent CLIs, test peers, Playwright
 /// and deploy tools are cached, the dashboard test's Chromium and screenshots, rewriting
 /// the committed OpenAPI document). A developer exports these in the shell that also
 /// runs `agentry serve`, so they must not stop it. `AGENTRY_REQUIRE_CLIS` is retired (a
@@ -1689,6 +1689,7 @@ const NOT_SETTINGS: &[&str] = &[
     "AGENTRY_URL",
     "AGENTRY_TOKEN",
     "AGENTRY_TEST_SEED",
+    "AGENTRY_TEST_SANDBOX_NETWORK",
     "AGENTRY_CLI_CACHE",
     "AGENTRY_REQUIRE_CLIS",
     "AGENTRY_TEST_PEERS_CACHE",

@@ -1129,7 +1129,8 @@ const AUDIT_ACTIONS = [
   "workspace.create", "workspace.archive", "project.create", "project.delete", "team.create",
   "member.add", "member.remove", "member.role", "token.create", "token.revoke", "user.create",
   "secret.set", "secret.delete", "auth.sign_in", "network.set", "team.sandbox", "budget.set",
-  "hook.create", "hook.update", "hook.delete", "hook.fail",
+  "hook.create", "hook.update", "hook.delete", "hook.fail", "team.agentry_mcp",
+  "workspace.push", "workspace.pull_request",
 ];
 
 // A section that can reload itself: `render()` answers its nodes.

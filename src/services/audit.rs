@@ -522,4 +522,19 @@ mod tests {
         }
         assert_eq!(Action::parse("agent.delete"), None);
     }
+
+    /// The dashboard's audit filter offers every action the server records.
+    #[test]
+    fn the_dashboard_filters_by_every_action() {
+        let ui = include_str!("../../ui/app.js");
+        let list = &ui[ui.find("const AUDIT_ACTIONS = [").expect("the list")..];
+        let list = &list[..list.find("];").expect("its end")];
+        for a in Action::ALL {
+            assert!(
+                list.contains(&format!("\"{}\"", a.as_str())),
+                "ui/app.js AUDIT_ACTIONS lacks {}",
+                a.as_str()
+            );
+        }
+    }
 }
