@@ -1526,6 +1526,9 @@ pub async fn answer_permission(
         .ok_or(ServiceError::NotFound("permission request"))
 }
 
+/// How often a `wait` for an agent no actor of this replica runs reads its row again.
+const WAIT_POLL: Duration = Duration::from_millis(250);
+
 /// Wait until the agent is neither `running` nor `starting`, for at most `timeout`
 /// (capped by `limits.max_wait_s`), or until the server stops.
 pub async fn wait(
@@ -1538,22 +1541,45 @@ pub async fn wait(
     let _slot = ctx.bounds.wait(super::bounds::principal_key(principal))?;
     let timeout = timeout.min(Duration::from_secs(ctx.limits.max_wait_s));
     let settled = |s: AgentStatus| !matches!(s, AgentStatus::Running | AgentStatus::Starting);
+    let deadline = tokio::time::Instant::now() + timeout;
     let mut timed_out = false;
-    if let Some(mut rx) = ctx.agents.watch(id) {
-        let done = async {
-            loop {
-                if settled(rx.borrow_and_update().status) {
-                    return;
+    loop {
+        if let Some(mut rx) = ctx.agents.watch(id) {
+            // An actor runs the agent here: its snapshot says when it settles. The watch
+            // also ends when the actor stops (closed, or its lease taken over): the row
+            // then says whether the agent settled or runs on elsewhere.
+            let done = async {
+                loop {
+                    if settled(rx.borrow_and_update().status) {
+                        return;
+                    }
+                    if rx.changed().await.is_err() {
+                        return;
+                    }
                 }
-                if rx.changed().await.is_err() {
-                    return;
-                }
+            };
+            tokio::select! {
+                _ = done => {}
+                _ = tokio::time::sleep_until(deadline) => timed_out = true,
+                _ = ctx.stopping() => break,
             }
-        };
+        }
+        if timed_out {
+            break;
+        }
+        // No actor here (another replica runs the agent, or it is between owners): the
+        // stored row is the truth, read again until it settles.
+        if settled(to_agent(ctx, reload_row(ctx, id).await?).status) {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            timed_out = true;
+            break;
+        }
         tokio::select! {
-            _ = done => {}
-            _ = tokio::time::sleep(timeout) => timed_out = true,
-            _ = ctx.stopping() => {}
+            _ = tokio::time::sleep(WAIT_POLL) => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = ctx.stopping() => break,
         }
     }
     let row = reload_row(ctx, id).await?;
