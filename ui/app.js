@@ -1359,13 +1359,18 @@ async function teamPage(me) {
     const newer = el("button", { type: "button" }, "Newer");
     const cursors = [null];
     let next = null;
+    // Filters changed quickly start loads that may answer out of order: only the last
+    // one started is shown.
+    let latest = 0;
     const load = async () => {
+      const mine = ++latest;
       const q = new URLSearchParams({ team_id: team.id, limit: "50" });
       if (action.value) q.set("action", action.value);
       if (person.value) q.set("actor_id", person.value);
       const cursor = cursors[cursors.length - 1];
       if (cursor) q.set("cursor", cursor);
       const page = await api("GET", `/v1/audit?${q}`);
+      if (mine !== latest) return;
       next = page.next_cursor;
       body.replaceChildren(...page.items.map((a) => el("tr", { "data-audit": a.id },
         el("td", { class: "muted" }, when(a.at)),
