@@ -14,7 +14,7 @@ use tokio::runtime::Handle;
 use tokio::sync::watch;
 use utoipa_actix_web::AppExt;
 
-use crate::api;
+use crate::api::{self, AppState};
 use crate::auth::tokens;
 use crate::config::Settings;
 use crate::egress::{Egress, EgressLimits};
@@ -26,19 +26,6 @@ use crate::runtime::{AgentManager, ReplicaLock, reconcile_at_boot};
 use crate::services::network::EgressPolicy;
 use crate::services::{ServiceContext, cluster, hooks, secrets};
 use crate::store;
-
-/// Shared by every request handler: the services' context, plus what only the HTTP layer
-/// reads (the settings of streams and bodies).
-pub struct AppState {
-    pub services: ServiceContext,
-    pub settings: Settings,
-    /// Requests counted for `GET /metrics`.
-    pub http: api::metrics::HttpMetrics,
-    /// The MCP sessions opened on this replica (`/mcp`).
-    pub mcp: api::mcp::Sessions,
-    /// The egress proxy: one endpoint per agent that runs in the proxy network mode.
-    pub egress: Egress,
-}
 
 pub struct Application {
     port: u16,

@@ -209,6 +209,9 @@ fn remove_cluster(cluster: Option<PathBuf>) {
 struct SpanSeen {
     name: String,
     trace_id: String,
+    span_id: String,
+    /// Empty for a trace's root.
+    parent_span_id: String,
     attrs: HashMap<String, String>,
     status_code: i32,
 }
@@ -365,6 +368,8 @@ fn spans_of_requests_turns_processes_and_commits_reach_an_otlp_receiver() {
                     spans.push(SpanSeen {
                         name: s.name,
                         trace_id: hex(&s.trace_id),
+                        span_id: hex(&s.span_id),
+                        parent_span_id: hex(&s.parent_span_id),
                         attrs: s
                             .attributes
                             .iter()
@@ -393,7 +398,10 @@ fn spans_of_requests_turns_processes_and_commits_reach_an_otlp_receiver() {
     // the trace the problem body names.
     let me = find("GET /v1/me", &|s| s.name == "GET /v1/me");
     assert_eq!(attr(me, "status"), "200");
-    let nf = find("not found request", &|s| s.trace_id == not_found_trace);
+    // The request's span is its trace's root; the service steps within share the trace.
+    let nf = find("not found request", &|s| {
+        s.trace_id == not_found_trace && s.parent_span_id.is_empty()
+    });
     assert_eq!(nf.name, "GET /v1/agents/{id}");
     assert_eq!(attr(nf, "route"), "/v1/agents/{id}");
     assert_eq!(attr(nf, "path"), format!("/v1/agents/{missing}"));
@@ -403,13 +411,59 @@ fn spans_of_requests_turns_processes_and_commits_reach_an_otlp_receiver() {
         not_found["request_id"].as_str().unwrap()
     );
     assert_eq!(attr(nf, "trace_id"), not_found_trace);
-    let rf = find("refused request", &|s| s.trace_id == refused_trace);
+    let rf = find("refused request", &|s| {
+        s.trace_id == refused_trace && s.parent_span_id.is_empty()
+    });
     assert_eq!(rf.name, "POST /v1/agents");
     assert_eq!(attr(rf, "status"), "422");
     assert_ne!(
         rf.status_code, 2,
         "a client's mistake is not a server error"
     );
+
+    // The service steps of a request are spans inside the request's span.
+    let within = |inner: &SpanSeen, outer: &SpanSeen| -> bool {
+        let mut at = inner;
+        while !at.parent_span_id.is_empty() {
+            if at.parent_span_id == outer.span_id {
+                return true;
+            }
+            match spans
+                .iter()
+                .find(|s| s.span_id == at.parent_span_id && s.trace_id == at.trace_id)
+            {
+                Some(parent) => at = parent,
+                None => return false,
+            }
+        }
+        false
+    };
+    let get = find("services::agents::get", &|s| {
+        s.name == "services::agents::get" && s.trace_id == not_found_trace
+    });
+    assert_eq!(attr(get, "agent_id"), missing);
+    assert!(within(get, nf), "{get:?} is not inside {nf:?}");
+    let created = find("services::agents::create", &|s| {
+        s.name == "services::agents::create" && attr(s, "agent_id") == agent_id
+    });
+    let create_request = find("the request that created the agent", &|s| {
+        s.name == "POST /v1/agents" && s.trace_id == created.trace_id
+    });
+    assert_eq!(attr(create_request, "status"), "201");
+    assert!(
+        within(created, create_request),
+        "{created:?} is not inside {create_request:?}"
+    );
+    assert!(
+        !created.attrs.keys().any(|k| k == "body" || k == "prompt"),
+        "{:?}",
+        created.attrs
+    );
+    // A service a service calls is a step inside it.
+    let project_lookup = find("services::projects::find", &|s| {
+        s.name == "services::projects::find" && s.trace_id == created.trace_id
+    });
+    assert!(within(project_lookup, created), "{project_lookup:?}");
 
     // The turn, from its start to its recorded outcome.
     let turn = find("turn", &|s| {

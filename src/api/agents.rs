@@ -10,9 +10,9 @@ use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::error::{ApiError, ApiResult, Problem};
 use super::{Page, PageQuery, idempotency, parse_id};
+use crate::api::AppState;
 use crate::auth::Principal;
 use crate::domain::{AgentEvent, AgentId, AgentStatus, MessageId, PermissionId, WorkspaceId};
-use crate::server::AppState;
 use crate::services::agents::{
     self, Agent, AgentFilter as Filter, CreateAgent, ModeBody, ModelBody, PermissionAnswerBody,
     PermissionList, PermissionStatus, PermissionView, PromptBody, TimelineFrom, TurnAccepted,

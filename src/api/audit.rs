@@ -8,9 +8,9 @@ use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::error::{ApiError, ApiResult, Problem};
 use super::{Page, PageQuery, parse_id};
+use crate::api::AppState;
 use crate::auth::Principal;
 use crate::domain::{AuditId, TeamId, TokenId, UserId};
-use crate::server::AppState;
 use crate::services::audit::{self, AuditEntry, AuditFilter};
 
 pub fn configure(cfg: &mut ServiceConfig) {

@@ -13,8 +13,8 @@ use actix_web::{FromRequest, HttpMessage, HttpRequest, dev::Payload, http::heade
 use super::error::ApiError;
 use super::middleware::RequestId;
 use super::sessions;
+use crate::api::AppState;
 use crate::auth::{self, AuthError, Principal};
-use crate::server::AppState;
 
 const MAX_TOKEN_BYTES: usize = 16 * 1024;
 

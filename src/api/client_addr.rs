@@ -10,8 +10,8 @@ use std::net::{IpAddr, SocketAddr};
 
 use actix_web::{HttpRequest, web};
 
+use crate::api::AppState;
 use crate::config::IpBlock;
-use crate::server::AppState;
 
 /// The address of the client that sent `req`; `None` when the server cannot tell (a
 /// request on a Unix socket).

@@ -22,9 +22,9 @@ use futures::StreamExt;
 use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::error::{ApiError, ApiResult, Problem};
+use crate::api::AppState;
 use crate::auth::Principal;
 use crate::domain::{AgentId, WorkspaceId};
-use crate::server::AppState;
 use crate::services::cluster::{self, ReplicaList};
 
 /// Set on a request one replica hands to another.

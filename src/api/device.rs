@@ -13,8 +13,8 @@ use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::error::{ApiError, ApiResult, Problem};
 use super::middleware::RequestId;
+use crate::api::AppState;
 use crate::auth::Principal;
-use crate::server::AppState;
 use crate::services::device::{
     self, AnswerDevice, DeviceAuthorization, DeviceError, DeviceRequest, DeviceToken,
     DeviceTokenRequest, StartDevice,

@@ -6,7 +6,7 @@ use serde_json::json;
 use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::error::ApiError;
-use crate::server::AppState;
+use crate::api::AppState;
 use crate::services::health;
 
 pub fn configure(cfg: &mut ServiceConfig) {

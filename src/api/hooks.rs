@@ -8,9 +8,9 @@ use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::error::{ApiResult, Problem};
 use super::{Page, PageQuery, idempotency, parse_id};
+use crate::api::AppState;
 use crate::auth::Principal;
 use crate::domain::{DeliveryId, HookId};
-use crate::server::AppState;
 use crate::services::hooks::{self, CreateHook, Delivery, Hook, PatchHook};
 
 pub fn configure(cfg: &mut ServiceConfig) {

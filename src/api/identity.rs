@@ -7,9 +7,9 @@ use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::error::{ApiResult, Problem};
 use super::{Page, PageQuery, idempotency, parse_id};
+use crate::api::AppState;
 use crate::auth::Principal;
 use crate::domain::{TeamId, TokenId};
-use crate::server::AppState;
 use crate::services::identity::{self, CreateToken, CreatedToken, DefaultTeam, Me, TokenInfo};
 
 pub fn configure(cfg: &mut ServiceConfig) {

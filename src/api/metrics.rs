@@ -12,8 +12,8 @@ use actix_web::{HttpRequest, HttpResponse, get, web};
 use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::error::ApiError;
+use crate::api::AppState;
 use crate::metrics::{self, Counter, Family, Histogram, Page};
-use crate::server::AppState;
 use crate::services::health;
 
 pub fn configure(cfg: &mut ServiceConfig) {

@@ -30,11 +30,14 @@ pub mod providers;
 pub mod secrets;
 pub mod sessions;
 pub mod sse;
+mod state;
 pub mod teams;
 pub mod ui;
 pub mod usage;
 pub mod users;
 pub mod workspaces;
+
+pub use state::AppState;
 
 use actix_web::error::{JsonPayloadError, PathError, QueryPayloadError};
 use actix_web::http::StatusCode;

@@ -6,9 +6,9 @@ use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::error::{ApiResult, Problem};
 use super::{Page, PageQuery, idempotency, parse_id};
+use crate::api::AppState;
 use crate::auth::Principal;
 use crate::domain::ProjectId;
-use crate::server::AppState;
 use crate::services::projects::{self, CreateProject, Project};
 
 pub fn configure(cfg: &mut ServiceConfig) {

@@ -8,9 +8,9 @@ use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::error::{ApiResult, Problem};
 use super::parse_id;
+use crate::api::AppState;
 use crate::auth::Principal;
 use crate::domain::{TeamId, WorkspaceId};
-use crate::server::AppState;
 use crate::services::providers::{self, ModelList, ProviderList};
 
 pub fn configure(cfg: &mut ServiceConfig) {

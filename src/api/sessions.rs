@@ -13,9 +13,9 @@ use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::error::{ApiError, ApiResult, Problem};
 use super::middleware::RequestId;
+use crate::api::AppState;
 use crate::auth::AuthError;
 use crate::auth::oidc::browser::{LOGIN_COOKIE, SESSION_COOKIE, SignInError};
-use crate::server::AppState;
 use crate::services::sessions;
 
 pub fn configure(cfg: &mut ServiceConfig) {

@@ -20,10 +20,10 @@ use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::error::{ApiError, ApiResult, Problem};
 use super::parse_id;
+use crate::api::AppState;
 use crate::auth::Principal;
 use crate::domain::{AgentId, ProjectId, WorkspaceId};
 use crate::events::TeamActivity;
-use crate::server::AppState;
 use crate::services::streams::{self, AgentStream, Ending, Guard, Recheck, TeamStream, Verdict};
 
 pub fn configure(cfg: &mut ServiceConfig) {

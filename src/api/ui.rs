@@ -8,7 +8,7 @@ use actix_web::http::header;
 use actix_web::{HttpResponse, web};
 use serde_json::json;
 
-use crate::server::AppState;
+use crate::api::AppState;
 
 const INDEX: &str = include_str!("../../ui/index.html");
 const SCRIPT: &str = include_str!("../../ui/app.js");

@@ -7,10 +7,10 @@ use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::error::{ApiResult, Problem};
 use super::{Page, PageQuery, idempotency, parse_id};
+use crate::api::AppState;
 use crate::auth::Principal;
 use crate::domain::{ProjectId, WorkspaceId};
 use crate::git::Diff;
-use crate::server::AppState;
 use crate::services::ci::{self, OpenPullRequest, PushResult, PushWorkspace};
 use crate::services::workspaces::{self, CreateWorkspace, Workspace};
 

@@ -3,20 +3,21 @@
 //! idle → running ⇄ waiting_permission → idle, with every accepted prompt producing one
 //! `turn_started`, one `user_message` and exactly one `turn_completed`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use super::permissions::{self, Permissions, permission_state_error};
 use super::{
     AgentContext, AgentLauncher, BrokeredEnv, Command, EndedTurn, Exhausted, Moment,
     PermissionAnswer, RunningTurn, RuntimeError, Shared, Snapshot, TurnMeter, TurnSubject,
 };
 use crate::domain::{
-    AgentId, AgentStatus, Behavior, EventKind, MessageId, NewEvent, PermissionId, PermissionOption,
-    Redactor, ToolStatus, TurnId, TurnOutcome,
+    AgentId, AgentStatus, Behavior, EventKind, MessageId, NewEvent, PermissionId, Redactor,
+    ToolStatus, TurnId, TurnOutcome,
 };
 use crate::events::{Attached, Fence, NewMoment, NewTeamEvent, StateChange};
 use crate::providers::{
@@ -59,11 +60,6 @@ struct Turn {
     budget_stop: Option<String>,
 }
 
-struct PendingPermission {
-    reply: oneshot::Sender<PermissionDecision>,
-    options: Vec<PermissionOption>,
-}
-
 /// The status an agent whose session is gone stops in, why, and the moments hooks hear
 /// of with it.
 struct Settled {
@@ -82,7 +78,7 @@ pub(crate) struct Actor {
     provider_events: Option<mpsc::Receiver<ProviderEvent>>,
     status: AgentStatus,
     turn: Option<Turn>,
-    pending: HashMap<PermissionId, PendingPermission>,
+    permissions: Permissions,
     /// Events emitted but not yet handed to the writer.
     outbox: Vec<NewEvent>,
     /// Moments attached to events of `outbox` (indexed in it).
@@ -136,7 +132,7 @@ impl Actor {
             provider_events: None,
             status: AgentStatus::Closed,
             turn: None,
-            pending: HashMap::new(),
+            permissions: Permissions::default(),
             outbox: Vec::new(),
             outbox_moments: Vec::new(),
             outbox_changes: Vec::new(),
@@ -237,7 +233,7 @@ impl Actor {
     /// When an idle agent's process is stopped: only with no turn, no pending request.
     fn idle_deadline(&self) -> Option<Instant> {
         let idle = self.shared.idle_timeout?;
-        (self.turn.is_none() && self.pending.is_empty() && self.session.is_some())
+        (self.turn.is_none() && self.permissions.is_empty() && self.session.is_some())
             .then(|| self.last_activity + idle)
     }
 
@@ -812,21 +808,11 @@ impl Actor {
         id: PermissionId,
         answer: PermissionAnswer,
     ) -> Result<(), RuntimeError> {
-        let Some(pending) = self.pending.get(&id) else {
+        let Some(option) = self.permissions.choose(id, &answer) else {
             return Err(permission_state_error(&self.shared, self.id(), id).await);
         };
-        let option = pick_option(
-            &pending.options,
-            answer.behavior,
-            answer.option_id.as_deref(),
-        )?;
-        let mut resolution = json!({"behavior": answer.behavior, "option_id": option.id});
-        if let Some(m) = &answer.message {
-            resolution["message"] = json!(m);
-        }
-        if let Some(u) = &answer.updated_input {
-            resolution["updated_input"] = u.clone();
-        }
+        let option = option?;
+        let resolution = permissions::resolution(&option, &answer);
         if !store::permissions::resolve(
             &self.shared.pool,
             id.uuid(),
@@ -835,10 +821,10 @@ impl Actor {
         )
         .await?
         {
-            self.pending.remove(&id);
+            self.permissions.forget(id);
             return Err(RuntimeError::PermissionAlreadyResolved);
         }
-        let pending = self.pending.remove(&id).expect("checked above");
+        let pending = self.permissions.answer(id).expect("checked above");
         let mut data = json!({
             "request_id": id, "behavior": answer.behavior, "option_id": option.id,
             "resolved_by": crate::domain::UserId::from(answer.resolved_by),
@@ -864,13 +850,8 @@ impl Actor {
             },
         )
         .await?;
-        let _ = pending.reply.send(PermissionDecision::Selected {
-            option_id: option.id,
-            behavior: answer.behavior,
-            message: answer.message,
-            updated_input: answer.updated_input,
-        });
-        if self.pending.is_empty() && self.turn.is_some() {
+        pending.selected(option, answer);
+        if self.permissions.is_empty() && self.turn.is_some() {
             self.set_status(AgentStatus::Running, None).await?;
         }
         Ok(())
@@ -1175,13 +1156,7 @@ impl Actor {
         {
             tracing::error!(error = %e, "could not record a permission request");
         }
-        self.pending.insert(
-            id,
-            PendingPermission {
-                reply: req.reply,
-                options: req.options,
-            },
-        );
+        self.permissions.open(id, req.reply, req.options);
         if self.turn.is_some() {
             let _ = self.set_status(AgentStatus::WaitingPermission, None).await;
         }
@@ -1239,7 +1214,7 @@ impl Actor {
                 return;
             }
         };
-        self.pending.remove(&expired);
+        self.permissions.forget(expired);
         self.emit(
             EventKind::PermissionResolved,
             json!({"request_id": expired, "behavior": Behavior::Deny, "expired": true,
@@ -1248,9 +1223,9 @@ impl Actor {
         .await;
         self.attach(Moment::PermissionResolved {
             request_id: expired,
-            resolution: json!({"behavior": Behavior::Deny, "expired": true}),
+            resolution: permissions::expired_resolution(),
         });
-        if self.pending.is_empty() && self.turn.is_some() {
+        if self.permissions.is_empty() && self.turn.is_some() {
             let _ = self.set_status(AgentStatus::Running, None).await;
         }
     }
@@ -1328,12 +1303,9 @@ impl Actor {
                 .await;
         }
         // Requests nobody answered expire with the turn (in the commit of its end); the
-        // provider hears "cancelled". Every request stored as pending is in `pending`
+        // provider hears "cancelled". Every request stored as pending is in `permissions`
         // until it is answered or withdrawn.
-        let expired: Vec<PermissionId> = self.pending.keys().copied().collect();
-        for (_, p) in self.pending.drain() {
-            let _ = p.reply.send(PermissionDecision::Cancelled);
-        }
+        let expired = self.permissions.expire_all();
         let mut data = json!({"turn_id": turn.id, "outcome": outcome});
         if let Some(e) = &error {
             data["error"] = json!(e);
@@ -1356,7 +1328,7 @@ impl Actor {
             .map(|&request_id| {
                 Moment::PermissionResolved {
                     request_id,
-                    resolution: json!({"behavior": Behavior::Deny, "expired": true}),
+                    resolution: permissions::expired_resolution(),
                 }
                 .at(0)
             })
@@ -1509,9 +1481,7 @@ impl Actor {
         self.outbox.clear();
         self.outbox_moments.clear();
         self.outbox_changes.clear();
-        for (_, p) in self.pending.drain() {
-            drop(p);
-        }
+        self.permissions.abandon();
         self.turn = None;
         self.status = AgentStatus::Closed;
         self.snapshot.send_modify(|s| {
@@ -1787,52 +1757,6 @@ pub(crate) fn tool_json(t: &ToolCallUpdate) -> Value {
         v["parent_call_id"] = json!(p);
     }
     v
-}
-
-/// The option an answer selects: the named one (whose behavior must match), or the first
-/// option of the requested behavior.
-pub(crate) fn pick_option(
-    options: &[PermissionOption],
-    behavior: Behavior,
-    option_id: Option<&str>,
-) -> Result<PermissionOption, RuntimeError> {
-    match option_id {
-        Some(id) => {
-            let o = options
-                .iter()
-                .find(|o| o.id == id)
-                .ok_or_else(|| RuntimeError::UnknownOption(id.to_owned()))?;
-            if o.behavior != behavior {
-                return Err(RuntimeError::BehaviorMismatch {
-                    option: id.to_owned(),
-                    actual: o.behavior.as_str(),
-                    requested: behavior.as_str(),
-                });
-            }
-            Ok(o.clone())
-        }
-        None => options
-            .iter()
-            .find(|o| o.behavior == behavior)
-            .cloned()
-            .ok_or(RuntimeError::NoOptionForBehavior(behavior.as_str())),
-    }
-}
-
-/// Why a request that is not pending in the actor cannot be answered.
-pub(crate) async fn permission_state_error(
-    shared: &Shared,
-    agent: AgentId,
-    id: PermissionId,
-) -> RuntimeError {
-    match store::permissions::get(&shared.pool, agent.uuid(), id.uuid()).await {
-        Ok(Some(row)) if row.status == "resolved" => RuntimeError::PermissionAlreadyResolved,
-        Ok(Some(_)) => {
-            RuntimeError::PermissionExpired("its turn ended before it was answered".into())
-        }
-        Ok(None) => RuntimeError::PermissionNotFound,
-        Err(e) => RuntimeError::Store(e),
-    }
 }
 
 /// Drive a call to the provider to its end while still reading the provider's events

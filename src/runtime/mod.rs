@@ -3,6 +3,7 @@
 //! an agent through `AgentManager`, which sends the actor commands on its mailbox.
 
 mod actor;
+mod permissions;
 mod reconcile;
 mod replica_lock;
 mod spend;

@@ -383,6 +383,7 @@ async fn load_to_drive(
 }
 
 /// The caller may read the agent (for its streams and pages).
+#[tracing::instrument(name = "services::agents::authorize_read", skip_all, fields(agent_id = %id))]
 pub async fn authorize_read(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -616,6 +617,7 @@ fn provider_takes_mcp(ctx: &ServiceContext, provider: &str) -> bool {
         .is_some_and(|p| p.info().capabilities.mcp_servers)
 }
 
+#[tracing::instrument(name = "services::agents::create", skip_all, fields(team_id, agent_id))]
 pub async fn create(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -679,6 +681,9 @@ pub async fn create(
     // Remote MCP servers' header values are credentials: stored sealed, never in the clear.
     let stored_mcp = super::mcp::seal(&ctx.secrets, team, &body.mcp_servers);
     let id = AgentId::new();
+    tracing::Span::current()
+        .record("team_id", tracing::field::display(team))
+        .record("agent_id", tracing::field::display(id));
     // `agent.open.before`: launch-only environment and MCP servers, for this start.
     let launch = open_hooks(
         ctx,
@@ -980,6 +985,7 @@ pub struct AgentFilter {
 }
 
 /// A page of the agents of the caller's teams, after `after`.
+#[tracing::instrument(name = "services::agents::list", skip_all)]
 pub async fn list(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -1011,6 +1017,7 @@ pub async fn list(
     Ok(rows.into_iter().map(|r| to_agent(ctx, r)).collect())
 }
 
+#[tracing::instrument(name = "services::agents::get", skip_all, fields(agent_id = %id))]
 pub async fn get(ctx: &ServiceContext, principal: &Principal, id: AgentId) -> ServiceResult<Agent> {
     let row = load(ctx, principal, id, Operation::ReadTeam).await?;
     let mut agent = to_agent(ctx, row);
@@ -1027,6 +1034,7 @@ pub async fn get(ctx: &ServiceContext, principal: &Principal, id: AgentId) -> Se
 }
 
 /// The caller may drive the agent (a member of its team): the agent's team.
+#[tracing::instrument(name = "services::agents::authorize_drive", skip_all, fields(agent_id = %id))]
 pub(crate) async fn authorize_drive(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -1048,6 +1056,7 @@ pub(crate) async fn authorize_drive(
 
 /// Send a prompt: start a turn now, or queue the message while the agent runs a turn (or
 /// the running-turn limits are reached), unless `queue` is false.
+#[tracing::instrument(name = "services::agents::prompt", skip_all, fields(agent_id = %id))]
 pub async fn prompt(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -1142,6 +1151,7 @@ fn check_client_message_id(body: &PromptBody) -> ServiceResult<()> {
 }
 
 /// Start a turn with `body` now (reopening a closed agent): the agent's team and the turn.
+#[tracing::instrument(name = "services::agents::start_now", skip_all, fields(agent_id = %id))]
 pub(crate) async fn start_now(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -1217,6 +1227,7 @@ pub(crate) async fn start_now(
 }
 
 /// A prompt started a turn: audit it.
+#[tracing::instrument(name = "services::agents::audit_prompt", skip_all, fields(team_id = %team, agent_id = %id, turn_id = %turn_id))]
 pub(crate) async fn audit_prompt(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -1234,6 +1245,7 @@ pub(crate) async fn audit_prompt(
     .await
 }
 
+#[tracing::instrument(name = "services::agents::interrupt", skip_all, fields(agent_id = %id))]
 pub async fn interrupt(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -1249,6 +1261,7 @@ pub async fn interrupt(
     .await
 }
 
+#[tracing::instrument(name = "services::agents::set_mode", skip_all, fields(agent_id = %id))]
 pub async fn set_mode(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -1276,6 +1289,7 @@ pub async fn set_mode(
     reload(ctx, id).await
 }
 
+#[tracing::instrument(name = "services::agents::set_model", skip_all, fields(agent_id = %id))]
 pub async fn set_model(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -1346,6 +1360,7 @@ async fn reload(ctx: &ServiceContext, id: AgentId) -> ServiceResult<Agent> {
     Ok(to_agent(ctx, row))
 }
 
+#[tracing::instrument(name = "services::agents::close", skip_all, fields(agent_id = %id))]
 pub async fn close(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -1358,6 +1373,7 @@ pub async fn close(
 
 /// Archive the agent and, unless `keep_children`, every descendant that is not archived
 /// yet (deepest first). Each archived agent's token stops working at once.
+#[tracing::instrument(name = "services::agents::archive", skip_all, fields(agent_id = %id))]
 pub async fn archive(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -1465,6 +1481,7 @@ impl PermissionStatus {
     }
 }
 
+#[tracing::instrument(name = "services::agents::list_permissions", skip_all, fields(agent_id = %id))]
 pub async fn list_permissions(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -1479,6 +1496,7 @@ pub async fn list_permissions(
     })
 }
 
+#[tracing::instrument(name = "services::agents::answer_permission", skip_all, fields(agent_id = %id, request_id = %request))]
 pub async fn answer_permission(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -1531,6 +1549,7 @@ const WAIT_POLL: Duration = Duration::from_millis(250);
 
 /// Wait until the agent is neither `running` nor `starting`, for at most `timeout`
 /// (capped by `limits.max_wait_s`), or until the server stops.
+#[tracing::instrument(name = "services::agents::wait", skip_all, fields(agent_id = %id))]
 pub async fn wait(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -1616,6 +1635,7 @@ pub struct TimelinePage {
 const TIMELINE_PAGE_BYTES: usize = 4 * 1024 * 1024;
 
 /// A page of the agent's durable timeline: at most `limit` events.
+#[tracing::instrument(name = "services::agents::timeline", skip_all, fields(agent_id = %id))]
 pub async fn timeline(
     ctx: &ServiceContext,
     principal: &Principal,

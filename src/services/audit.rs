@@ -183,6 +183,7 @@ impl<'a> From<&'a Principal> for Actor<'a> {
 }
 
 /// Record `entry` in the transaction (or on the connection) of the action itself.
+#[tracing::instrument(name = "services::audit::record_in", skip_all)]
 pub async fn record_in<'a>(
     db: impl PgExecutor<'_>,
     actor: impl Into<Actor<'a>>,
@@ -337,6 +338,7 @@ impl AuditLog {
 
 /// Record `entry` after its action succeeded. A failure is logged with what was not
 /// recorded, and returned: an action that cannot be audited is not reported as done.
+#[tracing::instrument(name = "services::audit::record", skip_all)]
 pub async fn record<'a>(
     ctx: &ServiceContext,
     actor: impl Into<Actor<'a>>,
@@ -360,6 +362,7 @@ pub async fn record<'a>(
 
 /// Record that `user` signed in (`auth.sign_in`), whichever way they did: one call for
 /// every sign-in path. `details` says how (e.g. `{"method": "oidc"}`); never a token.
+#[tracing::instrument(name = "services::audit::record_sign_in", skip_all, fields(user_id = %user))]
 pub async fn record_sign_in(
     ctx: &ServiceContext,
     user: Uuid,
@@ -456,6 +459,7 @@ pub struct AuditFilter {
 }
 
 /// A page of the audit log, newest first: owners read their teams' entries, admins all.
+#[tracing::instrument(name = "services::audit::list", skip_all)]
 pub async fn list(
     ctx: &ServiceContext,
     principal: &Principal,

@@ -118,6 +118,7 @@ async fn workspace_and_project(
     Ok((ws, project))
 }
 
+#[tracing::instrument(name = "services::ci::push", skip_all, fields(agent_id = %id))]
 pub async fn push(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -368,6 +369,7 @@ async fn status_of(
 
 /// Opens a pull request for the workspace's pushed branch, or updates the open one.
 /// Returns the workspace and whether the pull request is new.
+#[tracing::instrument(name = "services::ci::pull_request", skip_all, fields(agent_id = %id))]
 pub async fn pull_request(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -450,6 +452,7 @@ pub async fn pull_request(
 /// What the workspace exchanged with the remote, with the state of its pull request read
 /// again from the forge while it is open. A forge that fails leaves the last state
 /// known (its `refreshed_at` says when).
+#[tracing::instrument(name = "services::ci::refresh_pull_request", skip_all)]
 pub(crate) async fn refresh_pull_request(
     ctx: &ServiceContext,
     ws: &store::workspaces::WorkspaceRow,

@@ -37,6 +37,7 @@ pub struct ReplicaList {
 }
 
 /// `GET /v1/cluster`: the replicas of this deployment (server admins).
+#[tracing::instrument(name = "services::cluster::list", skip_all)]
 pub async fn list(ctx: &ServiceContext, principal: &Principal) -> ServiceResult<ReplicaList> {
     // A read: a server admin's `read` token may see the cluster.
     principal.authorize(Operation::ReadSelf)?;
@@ -60,6 +61,7 @@ pub async fn list(ctx: &ServiceContext, principal: &Principal) -> ServiceResult<
 
 /// Where to send a command for agent `id`: the URL of the replica that runs it, when that
 /// is not this one. (No authorization here: the owner authorizes the command itself.)
+#[tracing::instrument(name = "services::cluster::route", skip_all, fields(replica_id = %id))]
 pub async fn route(ctx: &ServiceContext, id: AgentId) -> ServiceResult<Option<String>> {
     let owner = store::replicas::remote_owner(&ctx.pool, id.uuid(), ctx.agents.replica()).await?;
     Ok(owner.map(|(_, url)| url))
@@ -71,6 +73,7 @@ pub const PIN_LABEL: &str = "agentry.replica";
 /// Where a new agent with `labels` should run: `None` for here, else the URL of the
 /// replica it is pinned to (by `PIN_LABEL`) or of the replica running the fewest agents,
 /// when that runs fewer than this one. A pin to a replica that is not alive is refused.
+#[tracing::instrument(name = "services::cluster::place", skip_all)]
 pub async fn place(
     ctx: &ServiceContext,
     labels: Option<&serde_json::Value>,
@@ -104,6 +107,7 @@ pub async fn place(
 
 /// The agents of workspace `ws` that other replicas run, with where to reach each (an
 /// archive closes them there first).
+#[tracing::instrument(name = "services::cluster::remote_agents_in_workspace", skip_all, fields(workspace_id = %ws))]
 pub async fn remote_agents_in_workspace(
     ctx: &ServiceContext,
     ws: WorkspaceId,
@@ -115,6 +119,7 @@ pub async fn remote_agents_in_workspace(
 }
 
 /// Tell the other replicas this one is here (it registered at boot), before serving.
+#[tracing::instrument(name = "services::cluster::join", skip_all)]
 pub async fn join(ctx: &ServiceContext, fanout: &Fanout) -> ServiceResult<()> {
     let me = ctx.agents.replica();
     fanout.join();
@@ -123,6 +128,7 @@ pub async fn join(ctx: &ServiceContext, fanout: &Fanout) -> ServiceResult<()> {
 }
 
 /// Leave: forget this replica (its leases were given up when its agents closed).
+#[tracing::instrument(name = "services::cluster::leave", skip_all)]
 pub async fn leave(ctx: &ServiceContext) {
     if let Err(e) = store::replicas::unregister(&ctx.pool, ctx.agents.replica()).await {
         tracing::warn!(error = %e, "could not unregister this replica");

@@ -185,6 +185,7 @@ fn device_code_hash(code: &str) -> Vec<u8> {
 
 /// Start a sign-in for a client at `client_ip`; `verification_uri` is the dashboard's
 /// device page as the client reached this server.
+#[tracing::instrument(name = "services::device::start", skip_all)]
 pub async fn start(
     ctx: &ServiceContext,
     body: &StartDevice,
@@ -238,6 +239,7 @@ pub async fn start(
 }
 
 /// The client's poll: the token once approved (and never again), else why not yet.
+#[tracing::instrument(name = "services::device::collect", skip_all)]
 pub async fn collect(
     ctx: &ServiceContext,
     body: &DeviceTokenRequest,
@@ -352,6 +354,7 @@ async fn open_request(
 }
 
 /// What the person about to approve sees: the client's description and the code's state.
+#[tracing::instrument(name = "services::device::describe", skip_all)]
 pub async fn describe(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -369,6 +372,7 @@ pub async fn describe(
 }
 
 /// Approve (minting a personal token of the approver for the client) or deny.
+#[tracing::instrument(name = "services::device::answer", skip_all)]
 pub async fn answer(
     ctx: &ServiceContext,
     principal: &Principal,

@@ -4,6 +4,7 @@
 use super::{ServiceContext, ServiceError, ServiceResult};
 use crate::store;
 
+#[tracing::instrument(name = "services::health::ready", skip_all)]
 pub async fn ready(ctx: &ServiceContext) -> ServiceResult<()> {
     // Known down: say why at once, without waiting for a connection.
     if let Some(reason) = ctx.pool.health().reason() {
@@ -27,6 +28,7 @@ pub async fn ready(ctx: &ServiceContext) -> ServiceResult<()> {
 }
 
 /// What `GET /metrics` reads from the store: agents (not archived) by provider and status.
+#[tracing::instrument(name = "services::health::agent_counts", skip_all)]
 pub async fn agent_counts(ctx: &ServiceContext) -> ServiceResult<Vec<(String, String, i64)>> {
     Ok(store::agents::count_by_provider_and_status(&ctx.pool).await?)
 }

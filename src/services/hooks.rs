@@ -342,6 +342,7 @@ fn target_team(principal: &Principal, body: &CreateHook) -> ServiceResult<Option
     }
 }
 
+#[tracing::instrument(name = "services::hooks::create", skip_all)]
 pub async fn create(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -415,6 +416,7 @@ async fn load(
     Ok(row)
 }
 
+#[tracing::instrument(name = "services::hooks::get", skip_all, fields(hook_id = %id))]
 pub async fn get(ctx: &ServiceContext, principal: &Principal, id: HookId) -> ServiceResult<Hook> {
     Ok(load(ctx, principal, id, Operation::ReadAsOwner)
         .await?
@@ -423,6 +425,7 @@ pub async fn get(ctx: &ServiceContext, principal: &Principal, id: HookId) -> Ser
 
 /// The hooks the caller manages: its teams' (where it is an owner), and for a server
 /// admin every hook.
+#[tracing::instrument(name = "services::hooks::list", skip_all)]
 pub async fn list(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -459,6 +462,7 @@ fn read_only(row: &HookRow) -> ServiceResult<()> {
     Ok(())
 }
 
+#[tracing::instrument(name = "services::hooks::update", skip_all, fields(hook_id = %id))]
 pub async fn update(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -536,6 +540,7 @@ pub async fn update(
     Ok(hook)
 }
 
+#[tracing::instrument(name = "services::hooks::delete", skip_all, fields(hook_id = %id))]
 pub async fn delete(ctx: &ServiceContext, principal: &Principal, id: HookId) -> ServiceResult<()> {
     let row = load(ctx, principal, id, Operation::ManageTeam).await?;
     read_only(&row)?;
@@ -550,6 +555,7 @@ pub async fn delete(ctx: &ServiceContext, principal: &Principal, id: HookId) -> 
     .await
 }
 
+#[tracing::instrument(name = "services::hooks::deliveries", skip_all, fields(hook_id = %id))]
 pub async fn deliveries(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -562,6 +568,7 @@ pub async fn deliveries(
     Ok(rows.into_iter().map(Delivery::from).collect())
 }
 
+#[tracing::instrument(name = "services::hooks::redeliver", skip_all, fields(hook_id = %id, delivery_id = %delivery))]
 pub async fn redeliver(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -588,6 +595,7 @@ pub async fn redeliver(
 /// Re-encrypt the hook secrets that are not under the current key (`agentry secrets
 /// rotate`). Returns how many were re-encrypted, and the hooks whose secret cannot be
 /// opened with any key the server has.
+#[tracing::instrument(name = "services::hooks::rotate", skip_all)]
 pub async fn rotate(
     pool: &sqlx::PgPool,
     keys: &super::secrets::Keyring,
@@ -635,6 +643,7 @@ pub fn settings_hook_id(name: &str) -> Uuid {
 
 /// Make the server-wide hooks of the settings file what the database holds: insert or
 /// update each (its secret sealed anew), delete the ones the file no longer lists.
+#[tracing::instrument(name = "services::hooks::sync_settings_hooks", skip_all)]
 pub async fn sync_settings_hooks(ctx: &ServiceContext, hooks: &[FileHook]) -> anyhow::Result<()> {
     let mut keep = Vec::new();
     for (i, h) in hooks.iter().enumerate() {
@@ -740,6 +749,7 @@ fn body_of(id: Uuid, event: HookEvent, team: Uuid, payload: Value) -> String {
 /// `conn`: inside the transaction of the operation it tells of, so the notification
 /// exists exactly when the operation's result does (a crash cannot keep one without the
 /// other). Call `queued` once that transaction commits, to wake the worker.
+#[tracing::instrument(name = "services::hooks::queue", skip_all)]
 pub(crate) async fn queue(
     conn: &mut sqlx::PgConnection,
     event: HookEvent,
@@ -800,6 +810,7 @@ pub async fn run_moments(ctx: ServiceContext) {
 
 /// Turn every stored moment no other replica holds into the outbox rows of the hooks it
 /// concerns, deleting it in the same transaction. Returns how many moments were handled.
+#[tracing::instrument(name = "services::hooks::outbox_moments", skip_all)]
 pub async fn outbox_moments(ctx: &ServiceContext) -> ServiceResult<usize> {
     // Without a hook that listens, the writer stores no moment but still rings after
     // each turn's start and end: one read then, not a transaction of three statements.
@@ -1055,6 +1066,7 @@ pub(crate) enum Answering<'a> {
 /// creation), each seeing the previous one's result, and return the final request. The
 /// payload is `{payload_key: request}`. A failing hook fails the whole call with
 /// `hook_failed` naming it.
+#[tracing::instrument(name = "services::hooks::call_waiting", skip_all)]
 pub(crate) async fn call_waiting(
     ctx: &ServiceContext,
     by: &Principal,

@@ -62,6 +62,7 @@ pub enum Creation {
 }
 
 /// Run `create` at most once per key, scoped to the principal and `operation`.
+#[tracing::instrument(name = "services::idempotency::create_once", skip_all)]
 pub async fn create_once<T, F, Fut>(
     ctx: &ServiceContext,
     principal: &Principal,

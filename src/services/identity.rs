@@ -108,6 +108,7 @@ pub fn me(principal: &Principal) -> ServiceResult<Me> {
 /// Choose the team new resources go to when a request names none; it must be one of
 /// your teams (a team you are not in is a missing resource). Being added to a team never
 /// changes it.
+#[tracing::instrument(name = "services::identity::set_default_team", skip_all)]
 pub async fn set_default_team(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -141,6 +142,7 @@ pub async fn set_default_team(
     })
 }
 
+#[tracing::instrument(name = "services::identity::create_token", skip_all)]
 pub async fn create_token(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -179,6 +181,7 @@ pub async fn create_token(
 
 /// A personal token for another user, issued by a server admin (in local mode, this is
 /// how the people of a team get their first token).
+#[tracing::instrument(name = "services::identity::create_user_token", skip_all, fields(user_id = %user))]
 pub async fn create_user_token(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -307,6 +310,7 @@ async fn issue_token(
 
 /// A page of the caller's own tokens (never their secrets); for a team service token,
 /// only the tokens of its team made by the same person.
+#[tracing::instrument(name = "services::identity::list_tokens", skip_all, fields(team_id = ?team))]
 pub async fn list_tokens(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -352,6 +356,7 @@ pub async fn list_tokens(
 
 /// Revoke a token: your own, one of a team you own (a service token), or — a server
 /// admin — anyone's. It fails from the next request on.
+#[tracing::instrument(name = "services::identity::revoke_token", skip_all, fields(token_id = %id))]
 pub async fn revoke_token(
     ctx: &ServiceContext,
     principal: &Principal,

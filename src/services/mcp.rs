@@ -134,6 +134,7 @@ pub fn check(settings: &McpSettings, servers: &Value) -> ServiceResult<()> {
 /// `mcp.allow_private_networks`): the provider CLI resolves the name itself, so a name
 /// that points inside (`/etc/hosts`, a DNS record) is refused like a literal address.
 /// A name that does not resolve is left to the CLI, which cannot reach it either.
+#[tracing::instrument(name = "services::mcp::check_addresses", skip_all)]
 pub async fn check_addresses(settings: &McpSettings, servers: &Value) -> ServiceResult<()> {
     if settings.allow_private_networks {
         return Ok(());
@@ -260,6 +261,7 @@ pub fn seal(keyring: &Keyring, team: Uuid, servers: &Value) -> Value {
 /// Seal the header values agents stored in the clear before they were sealed on write
 /// (run once at start; values already sealed are left as they are). Returns how many
 /// agents changed.
+#[tracing::instrument(name = "services::mcp::seal_stored", skip_all)]
 pub async fn seal_stored(ctx: &super::ServiceContext) -> ServiceResult<usize> {
     let rows = crate::store::bounds::agents_with_mcp_headers(&ctx.pool).await?;
     let mut changed = 0;

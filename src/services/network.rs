@@ -124,6 +124,7 @@ impl EgressPolicy {
 }
 
 /// The allow list of an agent of `team` running `provider`, for its egress endpoint.
+#[tracing::instrument(name = "services::network::agent_allow_list", skip_all, fields(team_id = %team))]
 pub async fn agent_allow_list(
     ctx: &ServiceContext,
     policy: &EgressPolicy,
@@ -196,6 +197,7 @@ async fn team_for(
 }
 
 /// The team's entries (any member of the team, viewers too).
+#[tracing::instrument(name = "services::network::get", skip_all, fields(team_id = %team))]
 pub async fn get(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -229,6 +231,7 @@ pub fn check_entries(raw: &[String]) -> ServiceResult<Vec<String>> {
 }
 
 /// Replace the team's entries (owners), audited in the same transaction.
+#[tracing::instrument(name = "services::network::put", skip_all, fields(team_id = %team))]
 pub async fn put(
     ctx: &ServiceContext,
     principal: &Principal,

@@ -109,6 +109,7 @@ pub fn validate_name(field: &'static str, name: &str) -> ServiceResult<()> {
     Ok(())
 }
 
+#[tracing::instrument(name = "services::projects::create", skip_all)]
 pub async fn create(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -507,6 +508,7 @@ pub(crate) type Pin = Option<(String, u16, Vec<SocketAddr>)>;
 
 /// The addresses `url`'s host resolves to, refused when any is internal (unless
 /// `projects.allow_private_remotes`); pinned for git so a later answer cannot differ.
+#[tracing::instrument(name = "services::projects::pin_host", skip_all)]
 pub(crate) async fn pin_host(ctx: &ServiceContext, url: &url::Url) -> Result<Pin, String> {
     let allow = ctx.projects.allow_private_remotes;
     let port = url.port_or_known_default().unwrap_or(443);
@@ -541,6 +543,7 @@ pub(crate) async fn pin_host(ctx: &ServiceContext, url: &url::Url) -> Result<Pin
 }
 
 /// The value of the team's secret `name`; `Err` with why it cannot be used.
+#[tracing::instrument(name = "services::projects::credential", skip_all, fields(team_id = %team))]
 pub(crate) async fn credential(
     ctx: &ServiceContext,
     team: uuid::Uuid,
@@ -590,6 +593,7 @@ impl RemoteAccess {
 
 /// The way to a cloned project's remote (`None` for a local project). Fails with
 /// `remote_unavailable`.
+#[tracing::instrument(name = "services::projects::remote_access", skip_all)]
 pub(crate) async fn remote_access(
     ctx: &ServiceContext,
     project: &store::projects::ProjectRow,
@@ -619,6 +623,7 @@ pub(crate) async fn remote_access(
 
 /// Brings a cloned project's clone up to date with its remote (a local project has
 /// nothing to fetch). Fails with `remote_unavailable`.
+#[tracing::instrument(name = "services::projects::refresh", skip_all)]
 pub(crate) async fn refresh(
     ctx: &ServiceContext,
     project: &store::projects::ProjectRow,
@@ -638,6 +643,7 @@ pub(crate) async fn refresh(
 }
 
 /// A page of the projects of the caller's teams, after `after`.
+#[tracing::instrument(name = "services::projects::list", skip_all)]
 pub async fn list(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -651,6 +657,7 @@ pub async fn list(
     Ok(rows.into_iter().map(Project::from).collect())
 }
 
+#[tracing::instrument(name = "services::projects::get", skip_all, fields(project_id = %id))]
 pub async fn get(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -660,6 +667,7 @@ pub async fn get(
 }
 
 /// The project's row, when the caller may see it.
+#[tracing::instrument(name = "services::projects::find", skip_all, fields(project_id = %id))]
 pub(crate) async fn find(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -672,6 +680,7 @@ pub(crate) async fn find(
         .ok_or(ServiceError::NotFound("project"))
 }
 
+#[tracing::instrument(name = "services::projects::delete", skip_all, fields(project_id = %id))]
 pub async fn delete(
     ctx: &ServiceContext,
     principal: &Principal,

@@ -63,6 +63,7 @@ pub struct ModelList {
 }
 
 /// The providers, with their availability for `team` (default: the caller's team).
+#[tracing::instrument(name = "services::providers::list", skip_all, fields(team_id = ?team))]
 pub async fn list(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -151,6 +152,7 @@ fn network_name(n: SandboxNetwork) -> &'static str {
     }
 }
 
+#[tracing::instrument(name = "services::providers::models", skip_all, fields(workspace_id = ?workspace))]
 pub async fn models(
     ctx: &ServiceContext,
     principal: &Principal,

@@ -93,6 +93,7 @@ fn check_name(name: &str) -> ServiceResult<()> {
 }
 
 /// Set a secret (owners). `true` in the answer when it did not exist before.
+#[tracing::instrument(name = "services::secrets::put", skip_all, fields(team_id = %team))]
 pub async fn put(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -138,6 +139,7 @@ pub async fn put(
 }
 
 /// The names of the team's secrets and when they changed (every member of the team).
+#[tracing::instrument(name = "services::secrets::list", skip_all, fields(team_id = %team))]
 pub async fn list(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -151,6 +153,7 @@ pub async fn list(
 }
 
 /// Delete a secret (owners). A name that is not set is a missing secret.
+#[tracing::instrument(name = "services::secrets::delete", skip_all, fields(team_id = %team))]
 pub async fn delete(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -172,6 +175,7 @@ pub async fn delete(
 }
 
 /// The team's secrets among `names`, each opened or with the reason it cannot be used.
+#[tracing::instrument(name = "services::secrets::open_many", skip_all, fields(team_id = %team))]
 pub(crate) async fn open_many(
     ctx: &ServiceContext,
     team: Uuid,
@@ -218,6 +222,7 @@ pub(crate) fn env_of(
 
 /// The team secrets provider `provider` takes, opened for an agent of `team`; `Err` with
 /// the reason the provider is unavailable to the team. No query when it takes none.
+#[tracing::instrument(name = "services::secrets::launch_env", skip_all, fields(team_id = %team))]
 pub(crate) async fn launch_env(
     ctx: &ServiceContext,
     provider: &str,
@@ -255,6 +260,7 @@ pub struct RotateReport {
 
 /// Re-encrypt every value that is not under the current key (`agentry secrets rotate`).
 /// Safe beside a running server: a value written meanwhile is left as written.
+#[tracing::instrument(name = "services::secrets::rotate", skip_all)]
 pub async fn rotate(pool: &PgPool, keys: &Keyring) -> Result<RotateReport, sqlx::Error> {
     let mut report = RotateReport::default();
     let mut after: Option<(Uuid, String)> = None;
@@ -296,6 +302,7 @@ pub async fn rotate(pool: &PgPool, keys: &Keyring) -> Result<RotateReport, sqlx:
 
 /// At start: say where the key comes from (a generated key once, loudly) and how many
 /// stored values wait for `agentry secrets rotate`.
+#[tracing::instrument(name = "services::secrets::announce_key", skip_all)]
 pub async fn announce_key(pool: &PgPool, keys: &Keyring, source: &KeySource, shared_db: bool) {
     match source {
         KeySource::Generated(path) => {

@@ -15,6 +15,7 @@ fn provider(ctx: &ServiceContext) -> Result<&crate::auth::oidc::Oidc, SignInErro
 
 /// Start a sign-in for a browser at `client_addr`: where to send it, and the pre-login
 /// cookie that binds the sign-in to it; `return_to` is a path on this server.
+#[tracing::instrument(name = "services::sessions::login_url", skip_all)]
 pub async fn login_url(
     ctx: &ServiceContext,
     return_to: Option<&str>,
@@ -27,6 +28,7 @@ pub async fn login_url(
 /// `browser`, opening a session. The sign-in is in the
 /// audit log before the session is handed out; when it cannot be recorded, the session is
 /// revoked again and the sign-in fails.
+#[tracing::instrument(name = "services::sessions::finish_sign_in", skip_all)]
 pub async fn finish_sign_in(
     ctx: &ServiceContext,
     code: &str,
@@ -55,11 +57,13 @@ pub async fn finish_sign_in(
 }
 
 /// Revoke the session of this cookie value.
+#[tracing::instrument(name = "services::sessions::sign_out", skip_all)]
 pub async fn sign_out(ctx: &ServiceContext, cookie: &str) -> Result<(), AuthError> {
     browser::sign_out(&ctx.pool, cookie).await.map(|_| ())
 }
 
 /// The caller of a session cookie (`session_expired` when there is no live session).
+#[tracing::instrument(name = "services::sessions::session_principal", skip_all)]
 pub async fn session_principal(ctx: &ServiceContext, cookie: &str) -> Result<Principal, AuthError> {
     match &ctx.oidc {
         Some(idp) => browser::authenticate_session(idp, &ctx.pool, cookie).await,

@@ -144,6 +144,7 @@ pub fn parse(text: &[u8]) -> Result<Scripts, String> {
 }
 
 /// Read `.agentry.toml` from `commit` of `repo`.
+#[tracing::instrument(name = "services::setup::read", skip_all)]
 pub async fn read(repo: &Path, commit: &str) -> RepoScripts {
     match git::read_committed_file(repo, commit, FILE, MAX_FILE_BYTES).await {
         Ok(None) => RepoScripts::None,
@@ -176,6 +177,7 @@ pub struct Outcome {
 
 /// Run the setup of a new worktree to its end, record the outcome on the workspace and
 /// announce it. `scripts` is what [`read`] found.
+#[tracing::instrument(name = "services::setup::run_setup", skip_all)]
 pub async fn run_setup(
     ctx: &ServiceContext,
     target: &Target,
@@ -227,6 +229,7 @@ pub async fn run_setup(
 }
 
 /// Run the teardown commands, if the file has any; the archive goes on whatever they do.
+#[tracing::instrument(name = "services::setup::run_teardown", skip_all)]
 pub async fn run_teardown(ctx: &ServiceContext, target: &Target, repo: &Path) {
     let Some(commit) = &target.base_commit else {
         return;
@@ -251,6 +254,7 @@ pub async fn run_teardown(ctx: &ServiceContext, target: &Target, repo: &Path) {
 }
 
 /// Fail the setups this replica left running when it stopped, and say so.
+#[tracing::instrument(name = "services::setup::fail_interrupted", skip_all)]
 pub async fn fail_interrupted(ctx: &ServiceContext, replica: &str) -> ServiceResult<()> {
     let note = "\n[agentry] the server stopped while setup was running\n";
     // These workspaces are complete now (setup failed): `workspace.create.after` is queued

@@ -36,6 +36,7 @@ pub struct AgentStream {
     _slot: Slot,
 }
 
+#[tracing::instrument(name = "services::streams::open_agent", skip_all, fields(agent_id = %id))]
 pub async fn open_agent(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -93,6 +94,7 @@ pub struct TeamStream {
     _slot: Slot,
 }
 
+#[tracing::instrument(name = "services::streams::open_team", skip_all, fields(project_id = ?project, workspace_id = ?workspace))]
 pub async fn open_team(
     ctx: &ServiceContext,
     principal: &Principal,

@@ -118,6 +118,7 @@ fn team(principal: &Principal, r: store::teams::TeamRow) -> Team {
 
 /// A new team with the caller as its owner. The names `[auth.oidc.groups]` gives its
 /// teams are reserved (409 `team_name_reserved`).
+#[tracing::instrument(name = "services::teams::create", skip_all)]
 pub async fn create(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -166,6 +167,7 @@ pub async fn create(
 }
 
 /// A page of the caller's teams (a server admin: every team), with the caller's role.
+#[tracing::instrument(name = "services::teams::list", skip_all)]
 pub async fn list(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -195,6 +197,7 @@ async fn find(
     Ok(row)
 }
 
+#[tracing::instrument(name = "services::teams::get", skip_all, fields(team_id = %id))]
 pub async fn get(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -218,6 +221,7 @@ pub async fn get(
 
 /// Require (or stop requiring) that the team's agents run sandboxed: owners only,
 /// audited as `team.sandbox` in the same transaction. The answer is the team.
+#[tracing::instrument(name = "services::teams::set_sandbox", skip_all, fields(team_id = %id))]
 pub async fn set_sandbox(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -258,6 +262,7 @@ pub struct TeamAgentryMcp {
 
 /// Give (or stop giving) the team's agents agentry's own MCP server: owners only,
 /// audited as `team.agentry_mcp`.
+#[tracing::instrument(name = "services::teams::set_agentry_mcp", skip_all, fields(team_id = %id))]
 pub async fn set_agentry_mcp(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -285,6 +290,7 @@ pub async fn set_agentry_mcp(
 }
 
 /// Whether the team's agents are given agentry's own MCP server (any member).
+#[tracing::instrument(name = "services::teams::agentry_mcp", skip_all, fields(team_id = %id))]
 pub async fn agentry_mcp(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -297,6 +303,7 @@ pub async fn agentry_mcp(
 }
 
 /// A page of the team's members, by user id.
+#[tracing::instrument(name = "services::teams::members", skip_all, fields(team_id = %id))]
 pub async fn members(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -311,6 +318,7 @@ pub async fn members(
 
 /// Add `user` to the team with `role`, or change their role (owners only). Demoting the
 /// last owner is refused.
+#[tracing::instrument(name = "services::teams::set_member", skip_all, fields(team_id = %id, user_id = %user))]
 pub async fn set_member(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -367,6 +375,7 @@ pub async fn set_member(
 
 /// Remove `user` from the team: owners remove anyone, anyone may leave. The last owner
 /// stays.
+#[tracing::instrument(name = "services::teams::remove_member", skip_all, fields(team_id = %id, user_id = %user))]
 pub async fn remove_member(
     ctx: &ServiceContext,
     principal: &Principal,

@@ -203,6 +203,7 @@ async fn visible_team(
     Ok(team)
 }
 
+#[tracing::instrument(name = "services::usage::report", skip_all)]
 pub async fn report(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -332,6 +333,7 @@ async fn budget_view(
     })
 }
 
+#[tracing::instrument(name = "services::usage::get_budget", skip_all, fields(team_id = %team))]
 pub async fn get_budget(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -343,6 +345,7 @@ pub async fn get_budget(
 }
 
 /// Set a team's budget: its owners within the settings' limits, admins any.
+#[tracing::instrument(name = "services::usage::put_budget", skip_all, fields(team_id = %team))]
 pub async fn put_budget(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -441,6 +444,7 @@ fn team_exhausted(budget: &BudgetRow, used: &Sums, resets_at: DateTime<Utc>) -> 
 }
 
 /// Refuse new work for a team whose budget is out (429 `budget_exhausted`).
+#[tracing::instrument(name = "services::usage::admit_team", skip_all, fields(team_id = %team))]
 pub async fn admit_team(ctx: &ServiceContext, team: Uuid) -> ServiceResult<()> {
     let Some(budget) = store::usage::team_budget(&ctx.pool, team).await? else {
         return Ok(());

@@ -60,6 +60,7 @@ fn check_email(email: &str) -> ServiceResult<()> {
 }
 
 /// A new local user (server admins only). The email is unique.
+#[tracing::instrument(name = "services::users::create", skip_all)]
 pub async fn create(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -90,6 +91,7 @@ pub async fn create(
 
 /// Users: a server admin lists them all (optionally the one with `email`); a team owner
 /// finds one by exact email, to add them.
+#[tracing::instrument(name = "services::users::list", skip_all)]
 pub async fn list(
     ctx: &ServiceContext,
     principal: &Principal,

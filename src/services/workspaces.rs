@@ -191,6 +191,7 @@ fn validate_ref(field: &'static str, r: &str) -> ServiceResult<()> {
     Ok(())
 }
 
+#[tracing::instrument(name = "services::workspaces::create", skip_all)]
 pub async fn create(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -497,6 +498,7 @@ async fn insert(
 
 /// Queue `workspace.create.after` for `row`, on `conn`: the transaction that completes
 /// the workspace (its insert, or the record of its setup's outcome).
+#[tracing::instrument(name = "services::workspaces::queue_created", skip_all)]
 pub(crate) async fn queue_created(
     conn: &mut sqlx::PgConnection,
     row: &store::workspaces::WorkspaceRow,
@@ -745,6 +747,7 @@ async fn add_worktree(
 }
 
 /// A page of the workspaces of the caller's teams (optionally of one project).
+#[tracing::instrument(name = "services::workspaces::list", skip_all, fields(project_id = ?project))]
 pub async fn list(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -786,6 +789,7 @@ pub async fn list(
 
 /// The workspace, with the state of the pull request opened for it read again from the
 /// forge while it is open (see `ci::refresh_pull_request`).
+#[tracing::instrument(name = "services::workspaces::get", skip_all, fields(workspace_id = %id))]
 pub async fn get(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -797,6 +801,7 @@ pub async fn get(
 }
 
 /// The workspace's row, when the caller may see it.
+#[tracing::instrument(name = "services::workspaces::find", skip_all, fields(workspace_id = %id))]
 pub(crate) async fn find(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -809,6 +814,7 @@ pub(crate) async fn find(
         .ok_or(ServiceError::NotFound("workspace"))
 }
 
+#[tracing::instrument(name = "services::workspaces::diff", skip_all, fields(workspace_id = %id))]
 pub async fn diff(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -827,6 +833,7 @@ pub async fn diff(
     Ok(git::diff(Path::new(&project.repo_path), Path::new(&ws.path), &base).await?)
 }
 
+#[tracing::instrument(name = "services::workspaces::archive", skip_all, fields(workspace_id = %id))]
 pub async fn archive(
     ctx: &ServiceContext,
     principal: &Principal,

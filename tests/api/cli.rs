@@ -328,20 +328,14 @@ async fn send_logs_diff_interrupt_archive_and_listings() {
     assert_eq!(models["items"][0]["id"], "mock-small");
 
     // Interrupt a sleeping turn: `send --wait` reports it canceled (exit 1).
+    let mut events = app.events(&id, Some(latest_seq(&app, &id).await)).await;
     let waiter = tokio::spawn(agentry(
         &app,
         home.path(),
         &["send", &id, "/sleep 20000", "--wait"],
     ));
-    let mut running = false;
-    for _ in 0..100 {
-        if app.get_ok(&format!("/v1/agents/{id}")).await["status"] == "running" {
-            running = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(running, "the sleeping turn started");
+    // The sleeping turn started.
+    events.until("turn_started", Duration::from_secs(30)).await;
     let interrupted = agentry(&app, home.path(), &["interrupt", &id]).await;
     assert_eq!(
         interrupted.status.code(),
@@ -741,23 +735,23 @@ async fn send_to_a_busy_agent_says_the_message_was_queued_and_waits_for_its_turn
         stdout(&sent)
     );
     // `--wait` follows the turn the queued message starts, once the running one ends.
+    let mut events = app.events(&id, Some(latest_seq(&app, &id).await)).await;
     let waiter = tokio::spawn(agentry(
         &app,
         home.path(),
         &["send", &id, "queued two", "--wait", "--json"],
     ));
-    let mut queued = false;
-    for _ in 0..200 {
-        let q = app
-            .get_ok(&format!("/v1/agents/{id}/messages?state=queued"))
-            .await;
-        if q["items"].as_array().unwrap().len() == 2 {
-            queued = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(queued, "the second message waits");
+    events
+        .until("message_queued", Duration::from_secs(30))
+        .await;
+    let q = app
+        .get_ok(&format!("/v1/agents/{id}/messages?state=queued"))
+        .await;
+    assert_eq!(
+        q["items"].as_array().unwrap().len(),
+        2,
+        "the second message waits: {q}"
+    );
     app.post_ok(
         &format!("/v1/agents/{id}/permissions/{request}"),
         json!({"behavior": "allow"}),
@@ -810,4 +804,13 @@ async fn usage_prints_the_teams_totals_and_groups() {
     assert!(lines.lines().any(|l| l.starts_with("total ")), "{lines}");
     let bad = agentry(&app, home.path(), &["usage", "--group-by", "weather"]).await;
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+}
+
+/// The seq of the agent's latest event: a stream opened after it shows only what follows.
+async fn latest_seq(app: &TestApp, agent: &str) -> i64 {
+    app.timeline(agent)
+        .await
+        .last()
+        .and_then(|e| e["seq"].as_i64())
+        .unwrap_or(0)
 }

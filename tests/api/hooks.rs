@@ -52,6 +52,8 @@ struct Receiver {
     got: Arc<Mutex<Vec<Received>>>,
     bad_signatures: Arc<Mutex<Vec<String>>>,
     script: Arc<Mutex<Script>>,
+    /// Woken each time a request is recorded.
+    arrived: Arc<tokio::sync::Notify>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -95,13 +97,14 @@ impl Receiver {
         let bad = Arc::new(Mutex::new(Vec::new()));
         let script: Arc<Mutex<Script>> =
             Arc::new(Mutex::new(Arc::new(|_: &Received| Reply::Status(204))));
-        let (g, b, s) = (got.clone(), bad.clone(), script.clone());
+        let arrived = Arc::new(tokio::sync::Notify::new());
+        let (g, b, s, n) = (got.clone(), bad.clone(), script.clone(), arrived.clone());
         let task = tokio::spawn(async move {
             loop {
                 let Ok((mut stream, _)) = listener.accept().await else {
                     return;
                 };
-                let (g, b, s) = (g.clone(), b.clone(), s.clone());
+                let (g, b, s, n) = (g.clone(), b.clone(), s.clone(), n.clone());
                 tokio::spawn(async move {
                     let Some((head, body)) = http::read_request(&mut stream).await else {
                         return;
@@ -125,6 +128,7 @@ impl Receiver {
                     let raw = String::from_utf8_lossy(&body).into_owned();
                     let reply = if header("agentry-signature") != expected || !fresh {
                         b.lock().unwrap().push(raw.clone());
+                        n.notify_waiters();
                         Reply::Status(401)
                     } else {
                         let r = Received {
@@ -136,6 +140,7 @@ impl Receiver {
                         let f = s.lock().unwrap().clone();
                         let reply = f(&r);
                         g.lock().unwrap().push(r);
+                        n.notify_waiters();
                         reply
                     };
                     let (status, text) = match reply {
@@ -161,6 +166,7 @@ impl Receiver {
             got,
             bad_signatures: bad,
             script,
+            arrived,
             task,
         }
     }
@@ -189,20 +195,24 @@ impl Receiver {
             .collect()
     }
 
-    /// Wait until `n` requests of `event` arrived; returns them.
+    /// Wait until `n` requests of `event` arrived; returns them. Each recorded request
+    /// wakes the wait, which then counts again.
     async fn wait_for(&self, event: &str, n: usize, within: Duration) -> Vec<Received> {
         let deadline = tokio::time::Instant::now() + within;
         loop {
+            // Listen before counting, so a request recorded in between still wakes us.
+            let arrived = self.arrived.notified();
+            tokio::pin!(arrived);
+            arrived.as_mut().enable();
             let got = self.of(event);
             if got.len() >= n {
                 return got;
             }
             assert!(
-                tokio::time::Instant::now() < deadline,
+                tokio::time::timeout_at(deadline, arrived).await.is_ok(),
                 "waited for {n} `{event}`; got {:?}",
                 self.got().iter().map(|r| &r.event).collect::<Vec<_>>()
             );
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 }
@@ -1100,18 +1110,14 @@ async fn a_chain_of_create_hooks_passes_an_unchanged_config_on_as_it_was() {
     assert!(text.contains("hello"), "{text}");
 }
 
-/// Wait until the agent has a pending permission request; returns it.
+/// Wait until the agent waits for an answer (`wait` returns then); its pending request.
 async fn pending(app: &TestApp, agent: &str) -> Value {
-    for _ in 0..400 {
-        let p = app
-            .get_ok(&format!("/v1/agents/{agent}/permissions?status=pending"))
-            .await;
-        if let Some(r) = p["items"].as_array().unwrap().first() {
-            return r.clone();
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the agent never asked");
+    let w = app.wait(agent).await;
+    assert_eq!(w["status"], "waiting_permission", "{w}");
+    let p = app
+        .get_ok(&format!("/v1/agents/{agent}/permissions?status=pending"))
+        .await;
+    p["items"][0].clone()
 }
 
 #[tokio::test]
