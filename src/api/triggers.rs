@@ -138,6 +138,12 @@ async fn list_trigger_runs(
     )))
 }
 
+/// A forge's webhook event: any JSON object, as the forge documents it.
+#[derive(utoipa::ToSchema)]
+#[schema(value_type = Object)]
+#[allow(dead_code)] // only its schema is used: the body is read as bytes
+pub struct ForgeEvent(serde_json::Value);
+
 fn header<'a>(req: &'a HttpRequest, name: &str) -> Option<&'a str> {
     req.headers().get(name).and_then(|v| v.to_str().ok())
 }
@@ -155,7 +161,7 @@ fn header<'a>(req: &'a HttpRequest, name: &str) -> Option<&'a str> {
         ("X-Gitlab-Event" = Option<String>, Header, description = "GitLab's event name"),
         ("X-Gitlab-Token" = Option<String>, Header, description = "The trigger's secret"),
         ("X-Gitlab-Event-UUID" = Option<String>, Header, description = "GitLab's delivery id")),
-    request_body(content = serde_json::Value, description = "The forge's event, as JSON"),
+    request_body(content = ForgeEvent, description = "The forge's event, as JSON"),
     responses((status = 202, description = "Received now", body = Receipt),
         (status = 200, description = "Received before; nothing was done again", body = Receipt),
         (status = 401, description = "Not signed with the trigger's secret", body = Problem),
