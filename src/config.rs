@@ -78,6 +78,8 @@ pub struct Settings {
     pub sandbox: SandboxSettings,
     /// `[usage]`: the price table of estimated costs and the limits of team budgets.
     pub usage: UsageSettings,
+    /// `[triggers]`: webhook deliveries and schedules that start or continue agents.
+    pub triggers: TriggerSettings,
     /// The settings file this was read from (not a setting): kept out of every sandbox.
     #[serde(skip)]
     pub config_file: Option<PathBuf>,
@@ -87,6 +89,50 @@ pub struct Settings {
     /// integration tests) names the `agentry` binary here.
     #[serde(skip)]
     pub bridge_program: Option<PathBuf>,
+}
+
+/// `[triggers]`: how webhook deliveries are received and schedules are kept.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TriggerSettings {
+    /// The largest webhook delivery accepted, in bytes (default 1 MiB; GitHub sends at
+    /// most 25 MB, but the events triggers act on are far smaller).
+    pub max_body_bytes: usize,
+    /// A schedule slot found more than this many seconds after its time counts as missed
+    /// (every replica was down then): it runs once or is skipped by the trigger's
+    /// `missed` (default 60).
+    pub missed_after_s: u64,
+    /// For tests only: the scheduler's clock stands still at this time and moves only
+    /// when the test moves it. Never set it in a deployment: schedules would stop.
+    pub manual_clock_start: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl Default for TriggerSettings {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 1024 * 1024,
+            missed_after_s: 60,
+            manual_clock_start: None,
+        }
+    }
+}
+
+impl TriggerSettings {
+    fn validate(&self) -> Result<(), SettingsError> {
+        if !(1024..=25 * 1024 * 1024).contains(&self.max_body_bytes) {
+            return Err(invalid(
+                "triggers.max_body_bytes",
+                "must be between 1024 and 26214400 bytes",
+            ));
+        }
+        if !(1..=86_400).contains(&self.missed_after_s) {
+            return Err(invalid(
+                "triggers.missed_after_s",
+                "must be between 1 and 86400 seconds",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// `[usage]`: what a turn costs when its CLI does not say, and how far team owners may
@@ -908,6 +954,7 @@ impl Default for Settings {
             egress: EgressSettings::default(),
             sandbox: SandboxSettings::default(),
             usage: UsageSettings::default(),
+            triggers: TriggerSettings::default(),
             config_file: None,
             bridge_program: None,
         }
@@ -1288,6 +1335,7 @@ impl Settings {
         }
         self.agents.limits.validate()?;
         self.usage.validate()?;
+        self.triggers.validate()?;
         if self.database.statement_deadline_ms == 0 {
             return Err(invalid(
                 "database.statement_deadline_ms",
@@ -1854,6 +1902,7 @@ fn typed_setting(path: &[String]) -> bool {
                 "timeout_s" | "allow_private_networks" | "allowed_hosts"
             ]
             | ["mcp", "allow_private_networks"]
+            | ["triggers", "max_body_bytes" | "missed_after_s"]
             | [
                 "egress",
                 "allow" | "max_connections_per_agent" | "idle_timeout_s"

@@ -241,6 +241,7 @@ async fn rotate_secrets(settings: Settings) -> anyhow::Result<()> {
     agentry::store::migrate(&pool).await?;
     let report = secrets::rotate(&pool, &keys).await;
     let hooks = agentry::services::hooks::rotate(&pool, &keys).await;
+    let triggers = agentry::services::triggers::rotate(&pool, &keys).await;
     pool.close().await;
     if let Some(pg) = pg {
         pg.stop().await?;
@@ -263,6 +264,16 @@ async fn rotate_secrets(settings: Settings) -> anyhow::Result<()> {
     );
     for (hook, why) in &hooks_failed {
         eprintln!("cannot re-encrypt the secret of hook {hook}: {why}; set it again (PATCH)");
+    }
+    let (triggers_rotated, triggers_failed) = triggers?;
+    println!(
+        "trigger secrets: {triggers_rotated} moved to the current key, {} failed",
+        triggers_failed.len()
+    );
+    for (trigger, why) in &triggers_failed {
+        eprintln!(
+            "cannot re-encrypt the secret of trigger {trigger}: {why}; create the trigger again"
+        );
     }
     anyhow::ensure!(
         report.failed.is_empty(),

@@ -266,6 +266,7 @@ impl Application {
                 usage: Arc::new(crate::services::usage::UsageBook::new(&settings.usage)),
                 agentry_mcp_url: Some(agentry_mcp_url(&settings, &listener)?),
                 queue: Default::default(),
+                triggers: Arc::new(crate::services::triggers::Triggers::new(&settings.triggers)),
             },
             settings: settings.clone(),
             http: Default::default(),
@@ -305,6 +306,10 @@ impl Application {
         // Queued prompts: started when their agent or a running-turn slot is free.
         let mut cluster_tasks = cluster_tasks;
         cluster_tasks.push(tokio::spawn(crate::services::queue::run(
+            state.services.clone(),
+        )));
+        // Schedules: each replica claims the due slots of cron triggers.
+        cluster_tasks.push(tokio::spawn(crate::services::triggers::run_scheduler(
             state.services.clone(),
         )));
 

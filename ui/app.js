@@ -1130,7 +1130,8 @@ const AUDIT_ACTIONS = [
   "member.add", "member.remove", "member.role", "token.create", "token.revoke", "user.create",
   "secret.set", "secret.delete", "auth.sign_in", "network.set", "team.sandbox", "budget.set",
   "hook.create", "hook.update", "hook.delete", "hook.fail", "team.agentry_mcp",
-  "workspace.push", "workspace.pull_request",
+  "workspace.push", "workspace.pull_request", "trigger.create", "trigger.update",
+  "trigger.delete", "trigger.run",
 ];
 
 // A section that can reload itself: `render()` answers its nodes.

@@ -102,6 +102,12 @@ pub const ROUTES: &[(&str, &str, Operation)] = {
             "/v1/hooks/{id}/deliveries/{delivery_id}/redeliver",
             ManageTeam,
         ),
+        ("POST", "/v1/triggers", ManageTeam),
+        ("GET", "/v1/triggers", ReadTeam),
+        ("GET", "/v1/triggers/{id}", ReadTeam),
+        ("PATCH", "/v1/triggers/{id}", ManageTeam),
+        ("DELETE", "/v1/triggers/{id}", ManageTeam),
+        ("GET", "/v1/triggers/{id}/runs", ReadTeam),
     ]
 };
 
@@ -119,6 +125,8 @@ pub const PUBLIC: &[(&str, &str)] = &[
     ("POST", "/auth/logout"),
     ("POST", "/auth/device"),
     ("POST", "/auth/device/token"),
+    // Authenticated by the trigger's secret (signature or token), not by a bearer token.
+    ("POST", "/hooks/triggers/{id}"),
 ];
 
 /// The declared route whose template `path` fits, found segment by segment: each

@@ -204,6 +204,7 @@ impl From<ServiceError> for ApiError {
             | E::AgentChildrenExceeded { .. }
             | E::TeamChildrenExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
             E::OutsideAgentProject => StatusCode::FORBIDDEN,
+            E::SignatureInvalid(_) => StatusCode::UNAUTHORIZED,
             E::NotFound(_) => StatusCode::NOT_FOUND,
             E::PromptTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             E::UnknownProvider(_) | E::ProviderUnavailable { .. } | E::HookFailed(_) => {
@@ -382,7 +383,8 @@ impl ResponseError for ApiError {
             let s = (at - chrono::Utc::now()).num_seconds().max(1);
             res.insert_header((header::RETRY_AFTER, HeaderValue::from(s)));
         }
-        if self.status == StatusCode::UNAUTHORIZED {
+        // A webhook's signature is not a bearer token: no challenge for it.
+        if self.status == StatusCode::UNAUTHORIZED && self.code != "signature_invalid" {
             let v = format!(
                 "Bearer error=\"invalid_token\", error_description=\"{}\"",
                 self.code

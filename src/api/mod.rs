@@ -32,6 +32,7 @@ pub mod sessions;
 pub mod sse;
 mod state;
 pub mod teams;
+pub mod triggers;
 pub mod ui;
 pub mod usage;
 pub mod users;
@@ -64,6 +65,7 @@ pub fn configure(cfg: &mut ServiceConfig, max_body_bytes: usize) {
     metrics::configure(cfg);
     sessions::configure(cfg);
     device::configure_public(cfg);
+    triggers::configure_public(cfg);
     cfg.service(
         utoipa_actix_web::scope("/v1")
             .wrap(actix_web::middleware::from_fn(cluster::forward))
@@ -85,6 +87,7 @@ pub fn configure(cfg: &mut ServiceConfig, max_body_bytes: usize) {
             .configure(network::configure)
             .configure(usage::configure)
             .configure(hooks::configure)
+            .configure(triggers::configure)
             .configure(cluster::configure),
     );
 }

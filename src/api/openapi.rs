@@ -214,6 +214,15 @@ fn example(status: u16, op_id: &str) -> Value {
             "the remote refused the push: non-fast-forward: the remote branch has commits the \
              workspace lacks; push with \"force\": true to replace them",
         ),
+        (401, "receive_delivery") => (
+            "signature_invalid",
+            "X-Hub-Signature-256 is missing or is not the HMAC-SHA256 of the body with the \
+             trigger's secret",
+        ),
+        (413, "receive_delivery") => (
+            "payload_too_large",
+            "a delivery is at most 1048576 bytes (triggers.max_body_bytes)",
+        ),
         (409, "workspace_pull_request") => (
             "not_pushed",
             "push the workspace before opening a pull request",

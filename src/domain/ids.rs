@@ -135,6 +135,14 @@ typed_id!(
     HookId, "hook_"
 );
 typed_id!(
+    /// A trigger: a webhook receiver or a schedule that starts or continues agents.
+    TriggerId, "trg_"
+);
+typed_id!(
+    /// One run of a trigger: a delivery it received or a schedule slot.
+    TriggerRunId, "trun_"
+);
+typed_id!(
     /// One delivery of a hook notification (the same id on every retry).
     DeliveryId, "dlv_"
 );

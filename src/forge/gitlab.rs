@@ -16,6 +16,15 @@ impl GitLab<'_> {
             .request(method, format!("{}/projects/{id}{path}", e.api))
             .header("PRIVATE-TOKEN", e.token)
     }
+
+    /// The log (trace) of job `job`, at most `max` bytes of its end.
+    pub async fn job_trace(&self, job: i64, max: usize) -> Result<String, ForgeError> {
+        super::send_text(
+            self.request(reqwest::Method::GET, &format!("/jobs/{job}/trace")),
+            max,
+        )
+        .await
+    }
 }
 
 fn review(v: &Value) -> Result<Review, ForgeError> {

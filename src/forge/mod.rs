@@ -190,6 +190,43 @@ async fn send(req: reqwest::RequestBuilder) -> Result<serde_json::Value, ForgeEr
     Ok(json)
 }
 
+/// Sends `req` and reads a text answer (a job's log), keeping at most its last `max`
+/// bytes; a 4xx is `Refused`.
+async fn send_text(req: reqwest::RequestBuilder, max: usize) -> Result<String, ForgeError> {
+    use futures::StreamExt;
+    let answer = req
+        .timeout(CALL_TIMEOUT)
+        .send()
+        .await
+        .map_err(|e| ForgeError::Unavailable(without_url(&e)))?;
+    let status = answer.status();
+    if status.is_client_error() {
+        return Err(ForgeError::Refused {
+            status: status.as_u16(),
+            message: status.to_string(),
+        });
+    }
+    if !status.is_success() {
+        return Err(ForgeError::Unavailable(format!(
+            "the forge answered {status}"
+        )));
+    }
+    // Logs can be long: keep a window of the end while reading.
+    let mut kept: Vec<u8> = Vec::new();
+    let mut body = answer.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| ForgeError::Unavailable(without_url(&e)))?;
+        kept.extend_from_slice(&chunk);
+        if kept.len() > 2 * max {
+            kept.drain(..kept.len() - max);
+        }
+    }
+    if kept.len() > max {
+        kept.drain(..kept.len() - max);
+    }
+    Ok(String::from_utf8_lossy(&kept).into_owned())
+}
+
 /// A transport error, described briefly.
 fn without_url(e: &reqwest::Error) -> String {
     if e.is_timeout() {

@@ -53,10 +53,14 @@ pub enum Action {
     BudgetSet,
     WorkspacePush,
     WorkspacePullRequest,
+    TriggerCreate,
+    TriggerUpdate,
+    TriggerDelete,
+    TriggerRun,
 }
 
 impl Action {
-    pub const ALL: [Action; 29] = [
+    pub const ALL: [Action; 33] = [
         Action::AgentCreate,
         Action::AgentPrompt,
         Action::AgentInterrupt,
@@ -86,6 +90,10 @@ impl Action {
         Action::BudgetSet,
         Action::WorkspacePush,
         Action::WorkspacePullRequest,
+        Action::TriggerCreate,
+        Action::TriggerUpdate,
+        Action::TriggerDelete,
+        Action::TriggerRun,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -119,6 +127,10 @@ impl Action {
             Action::BudgetSet => "budget.set",
             Action::WorkspacePush => "workspace.push",
             Action::WorkspacePullRequest => "workspace.pull_request",
+            Action::TriggerCreate => "trigger.create",
+            Action::TriggerUpdate => "trigger.update",
+            Action::TriggerDelete => "trigger.delete",
+            Action::TriggerRun => "trigger.run",
         }
     }
 

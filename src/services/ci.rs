@@ -449,6 +449,23 @@ pub async fn pull_request(
     Ok((Workspace::from(ws).with_remote(Some(row)), created))
 }
 
+/// The end (at most 64 KiB) of the log of job `job` of a GitLab project, read with the
+/// project's credential.
+pub(crate) async fn job_log(
+    ctx: &ServiceContext,
+    project: &store::projects::ProjectRow,
+    job: i64,
+) -> ServiceResult<String> {
+    let access = forge_access(ctx, project).await?;
+    if access.kind != ForgeKind::GitLab {
+        return Err(ServiceError::NoRemote("job logs are read from GitLab only"));
+    }
+    GitLab(access.endpoint())
+        .job_trace(job, 64 * 1024)
+        .await
+        .map_err(forge_error)
+}
+
 /// What the workspace exchanged with the remote, with the state of its pull request read
 /// again from the forge while it is open. A forge that fails leaves the last state
 /// known (its `refreshed_at` says when).

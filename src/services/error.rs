@@ -119,6 +119,10 @@ pub enum ServiceError {
     HookFailed(String),
     #[error("this hook comes from the settings file; change it there")]
     HookReadOnly,
+    /// A trigger's webhook delivery is not signed (GitHub) or does not carry the token
+    /// (GitLab) of the trigger's secret.
+    #[error("{0}")]
+    SignatureInvalid(&'static str),
     /// The store cannot be reached (or did not answer in time).
     #[error("the database is unavailable; retry later")]
     StoreUnavailable,
@@ -206,6 +210,7 @@ impl ServiceError {
             ServiceError::IdempotencyKeyInProgress(_) => "idempotency_key_in_progress",
             ServiceError::HookFailed(_) => "hook_failed",
             ServiceError::HookReadOnly => "hook_read_only",
+            ServiceError::SignatureInvalid(_) => "signature_invalid",
             ServiceError::StoreUnavailable | ServiceError::StoreDown(_) => "store_unavailable",
             ServiceError::NotReady => "not_ready",
             ServiceError::BudgetExhausted(_) => "budget_exhausted",

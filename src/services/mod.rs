@@ -26,6 +26,7 @@ pub mod sessions;
 pub mod setup;
 pub mod streams;
 pub mod teams;
+pub mod triggers;
 pub mod usage;
 pub mod users;
 pub mod workspaces;
@@ -78,6 +79,8 @@ pub struct ServiceContext {
     pub usage: Arc<usage::UsageBook>,
     /// The dispatcher's wake-up for queued prompts.
     pub queue: Arc<queue::Queue>,
+    /// Triggers' settings and the scheduler's clock.
+    pub triggers: Arc<triggers::Triggers>,
     /// How often an open stream or wait checks its caller again at least
     /// (`events.revalidate_s`).
     pub revalidate: std::time::Duration,

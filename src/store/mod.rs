@@ -37,6 +37,7 @@ pub mod replicas;
 pub mod secrets;
 pub mod team_network;
 pub mod teams;
+pub mod triggers;
 pub mod usage;
 pub mod workspace_remotes;
 pub mod workspaces;

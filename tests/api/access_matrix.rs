@@ -37,11 +37,12 @@ struct TeamA {
     owner_id: String,
     hook: String,
     delivery: String,
+    trigger: String,
 }
 
 impl TeamA {
     /// Every id of team A's resources (user ids are not a team's resources).
-    fn ids(&self) -> [&str; 8] {
+    fn ids(&self) -> [&str; 9] {
         [
             &self.project,
             &self.workspace,
@@ -51,6 +52,7 @@ impl TeamA {
             &self.team,
             &self.hook,
             &self.delivery,
+            &self.trigger,
         ]
     }
 }
@@ -93,6 +95,7 @@ fn path_value(a: &TeamA, path: &str, name: &str) -> Option<(String, bool)> {
         ("name", "teams") => (MATRIX_SECRET.to_owned(), true),
         ("id", "hooks") => (a.hook.clone(), true),
         ("delivery_id", "hooks") => (a.delivery.clone(), true),
+        ("id", "triggers") => (a.trigger.clone(), true),
         _ => return None,
     })
 }
@@ -248,6 +251,20 @@ async fn no_route_lets_another_team_or_a_lower_role_or_a_narrower_token_through(
         )
         .await;
     let hook = hook["id"].as_str().unwrap().to_owned();
+    // A webhook trigger of team A.
+    let trigger = ana
+        .api
+        .ok(
+            Method::POST,
+            "/v1/triggers",
+            Some(
+                json!({"name": "matrix", "kind": "github", "project_id": project["id"],
+                "provider": "mock"}),
+            ),
+            201,
+        )
+        .await;
+    let trigger = trigger["id"].as_str().unwrap().to_owned();
     let ws = ana
         .api
         .ok(
@@ -339,6 +356,7 @@ async fn no_route_lets_another_team_or_a_lower_role_or_a_narrower_token_through(
         owner_id: ana.id.clone(),
         hook: hook.clone(),
         delivery: delivery.expect("the hook has a delivery"),
+        trigger,
     };
     let read_token = ana
         .api

@@ -26,6 +26,9 @@ pub struct TestApp {
     pub writer: agentry::events::EventWriter,
     /// The app's egress proxy, to open an agent's endpoint directly.
     pub egress: agentry::egress::Egress,
+    /// The app's trigger scheduler clock (moved by hand under
+    /// `triggers.manual_clock_start`).
+    pub triggers: std::sync::Arc<agentry::services::triggers::Triggers>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -178,6 +181,7 @@ async fn launch(
     let base = format!("http://127.0.0.1:{}", app.port());
     let writer = app.state().services.writer.clone();
     let egress = app.state().egress.clone();
+    let triggers = app.state().services.triggers.clone();
     let (stop_tx, stop_rx) = oneshot::channel();
     let task = tokio::spawn(async move {
         app.run_until(async {
@@ -201,6 +205,7 @@ async fn launch(
         db,
         writer,
         egress,
+        triggers,
         stop: Some(stop_tx),
         task: Some(task),
     }

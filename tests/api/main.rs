@@ -36,6 +36,7 @@ mod streams;
 mod teams;
 mod token_cache;
 mod tree;
+mod triggers;
 mod usage;
 mod workspaces;
 mod writer;

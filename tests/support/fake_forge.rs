@@ -1,7 +1,7 @@
 //! Fake GitHub and GitLab REST APIs for tests: a small HTTP/1.1 server on 127.0.0.1 that
 //! checks the token, records every call and answers pull request (GitHub) or merge
-//! request (GitLab) create, update, get and list calls, check runs and head pipelines,
-//! in the shapes the forges document. Tests change a request's state and its checks
+//! request (GitLab) create, update, get and list calls, check runs, head pipelines and
+//! job logs, in the shapes the forges document. Tests change a request's state and its checks
 //! through the helpers below.
 
 #![allow(dead_code)] // each suite uses the part it needs
@@ -47,6 +47,8 @@ struct State {
     check_runs: Vec<Value>,
     /// GitLab: the head pipeline's status, if any.
     pipeline: Option<String>,
+    /// GitLab: job logs by job id (`GET /projects/:id/jobs/:job_id/trace`).
+    traces: BTreeMap<i64, String>,
 }
 
 pub struct FakeForge {
@@ -132,6 +134,15 @@ impl FakeForge {
         self.state.lock().unwrap().check_runs = runs.as_array().unwrap().clone();
     }
 
+    /// GitLab: the log of job `id`.
+    pub fn set_job_trace(&self, id: i64, text: &str) {
+        self.state
+            .lock()
+            .unwrap()
+            .traces
+            .insert(id, text.to_owned());
+    }
+
     /// GitLab: the status of every merge request's head pipeline.
     pub fn set_pipeline(&self, status: &str) {
         self.state.lock().unwrap().pipeline = Some(status.to_owned());
@@ -192,7 +203,11 @@ async fn serve(
         body,
         status,
     });
-    let text = answer.to_string();
+    // A job's log is plain text.
+    let (text, content_type) = match answer {
+        Value::String(log) if path.ends_with("/trace") => (log, "text/plain"),
+        other => (other.to_string(), "application/json"),
+    };
     let reason = match status {
         200 => "OK",
         201 => "Created",
@@ -201,7 +216,7 @@ async fn serve(
         _ => "Unprocessable Entity",
     };
     let response = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
          Connection: close\r\n\r\n{text}",
         text.len()
     );
@@ -347,6 +362,12 @@ fn gitlab(s: &mut State, method: &str, path: &str, query: &str, body: &Value) ->
         ("GET", ["merge_requests", n]) => {
             match n.parse().ok().and_then(|n: i64| s.requests.get(&n)) {
                 Some(mr) => (200, with_pipeline(mr, &s.pipeline)),
+                None => not_found(),
+            }
+        }
+        ("GET", ["jobs", job, "trace"]) => {
+            match job.parse().ok().and_then(|j: i64| s.traces.get(&j)) {
+                Some(log) => (200, Value::String(log.clone())),
                 None => not_found(),
             }
         }

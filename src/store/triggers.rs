@@ -1,0 +1,352 @@
+//! Triggers and their runs, as stored. A webhook trigger's secret is kept sealed (key
+//! id, nonce, ciphertext); nothing here sees it in clear. A run row is unique per
+//! (trigger, delivery id) and per (trigger, slot): whoever inserts it acts, anyone
+//! else finds it.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::{FromRow, PgExecutor};
+use uuid::Uuid;
+
+#[derive(Debug, Clone, FromRow)]
+pub struct TriggerRow {
+    pub id: Uuid,
+    pub team_id: Uuid,
+    pub project_id: Uuid,
+    pub name: String,
+    pub kind: String,
+    pub enabled: bool,
+    pub spec: Value,
+    pub secret_key_id: Option<String>,
+    pub secret_nonce: Option<Vec<u8>>,
+    pub secret_ciphertext: Option<Vec<u8>>,
+    pub last_slot: Option<DateTime<Utc>>,
+    pub created_by: Uuid,
+    pub created_at: DateTime<Utc>,
+}
+
+const COLUMNS: &str = "id, team_id, project_id, name, kind, enabled, spec, secret_key_id, \
+     secret_nonce, secret_ciphertext, last_slot, created_by, created_at";
+
+pub struct NewTrigger<'a> {
+    pub id: Uuid,
+    pub team_id: Uuid,
+    pub project_id: Uuid,
+    pub name: &'a str,
+    pub kind: &'a str,
+    pub enabled: bool,
+    pub spec: &'a Value,
+    /// (key id, nonce, ciphertext)
+    pub sealed: Option<(&'a str, &'a [u8], &'a [u8])>,
+    pub last_slot: Option<DateTime<Utc>>,
+    pub created_by: Uuid,
+}
+
+pub async fn insert(
+    db: impl PgExecutor<'_>,
+    t: &NewTrigger<'_>,
+) -> Result<TriggerRow, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO triggers (id, team_id, project_id, name, kind, enabled, spec,
+                               secret_key_id, secret_nonce, secret_ciphertext, last_slot,
+                               created_by)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+         RETURNING {COLUMNS}"
+    )))
+    .bind(t.id)
+    .bind(t.team_id)
+    .bind(t.project_id)
+    .bind(t.name)
+    .bind(t.kind)
+    .bind(t.enabled)
+    .bind(t.spec)
+    .bind(t.sealed.map(|s| s.0))
+    .bind(t.sealed.map(|s| s.1))
+    .bind(t.sealed.map(|s| s.2))
+    .bind(t.last_slot)
+    .bind(t.created_by)
+    .fetch_one(db)
+    .await
+}
+
+/// Trigger `id`, when it belongs to one of `teams` (`None`: any team).
+pub async fn get(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    teams: Option<&[Uuid]>,
+) -> Result<Option<TriggerRow>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM triggers
+         WHERE id = $1 AND ($2::uuid[] IS NULL OR team_id = ANY($2))"
+    )))
+    .bind(id)
+    .bind(teams)
+    .fetch_optional(db)
+    .await
+}
+
+/// The triggers of `teams` (`None`: every team), by id, after `after`.
+pub async fn list(
+    db: impl PgExecutor<'_>,
+    teams: Option<&[Uuid]>,
+    after: Option<Uuid>,
+    limit: i64,
+) -> Result<Vec<TriggerRow>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM triggers
+         WHERE ($1::uuid[] IS NULL OR team_id = ANY($1)) AND ($2::uuid IS NULL OR id > $2)
+         ORDER BY id LIMIT $3"
+    )))
+    .bind(teams)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// Every enabled cron trigger, for the scheduler.
+pub async fn enabled_schedules(db: impl PgExecutor<'_>) -> Result<Vec<TriggerRow>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM triggers WHERE kind = 'cron' AND enabled ORDER BY id"
+    )))
+    .fetch_all(db)
+    .await
+}
+
+pub struct TriggerChange<'a> {
+    pub name: &'a str,
+    pub enabled: bool,
+    pub spec: &'a Value,
+    /// Set when the schedule changed: slots up to here are not run.
+    pub last_slot: Option<DateTime<Utc>>,
+}
+
+pub async fn update(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    c: &TriggerChange<'_>,
+) -> Result<Option<TriggerRow>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE triggers SET name = $2, enabled = $3, spec = $4,
+                last_slot = COALESCE($5, last_slot)
+         WHERE id = $1 RETURNING {COLUMNS}"
+    )))
+    .bind(id)
+    .bind(c.name)
+    .bind(c.enabled)
+    .bind(c.spec)
+    .bind(c.last_slot)
+    .fetch_optional(db)
+    .await
+}
+
+pub async fn delete(db: impl PgExecutor<'_>, id: Uuid) -> Result<bool, sqlx::Error> {
+    Ok(sqlx::query("DELETE FROM triggers WHERE id = $1")
+        .bind(id)
+        .execute(db)
+        .await?
+        .rows_affected()
+        == 1)
+}
+
+/// Moves a cron trigger's considered slots forward to `slot` (never back).
+pub async fn advance_slot(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    slot: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE triggers SET last_slot = $2
+         WHERE id = $1 AND (last_slot IS NULL OR last_slot < $2)",
+    )
+    .bind(id)
+    .bind(slot)
+    .execute(db)
+    .await
+    .map(|_| ())
+}
+
+#[derive(Debug, Clone, FromRow)]
+pub struct RunRow {
+    pub id: Uuid,
+    pub trigger_id: Uuid,
+    pub delivery_id: Option<String>,
+    pub slot: Option<DateTime<Utc>>,
+    pub event: String,
+    pub outcome: String,
+    pub reason: Option<String>,
+    pub agent_id: Option<Uuid>,
+    pub workspace_id: Option<Uuid>,
+    pub created_at: DateTime<Utc>,
+}
+
+const RUN_COLUMNS: &str = "id, trigger_id, delivery_id, slot, event, outcome, reason, \
+     agent_id, workspace_id, created_at";
+
+pub struct NewRun<'a> {
+    pub id: Uuid,
+    pub trigger_id: Uuid,
+    pub delivery_id: Option<&'a str>,
+    pub slot: Option<DateTime<Utc>>,
+    pub event: &'a str,
+    pub outcome: &'a str,
+    pub reason: Option<&'a str>,
+}
+
+/// Claims a delivery or a slot: the new run, or `None` when another run holds it.
+pub async fn claim(db: impl PgExecutor<'_>, r: &NewRun<'_>) -> Result<Option<RunRow>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO trigger_runs (id, trigger_id, delivery_id, slot, event, outcome, reason)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT DO NOTHING
+         RETURNING {RUN_COLUMNS}"
+    )))
+    .bind(r.id)
+    .bind(r.trigger_id)
+    .bind(r.delivery_id)
+    .bind(r.slot)
+    .bind(r.event)
+    .bind(r.outcome)
+    .bind(r.reason)
+    .fetch_optional(db)
+    .await
+}
+
+/// The run that holds delivery `delivery_id` of trigger `trigger`.
+pub async fn by_delivery(
+    db: impl PgExecutor<'_>,
+    trigger: Uuid,
+    delivery_id: &str,
+) -> Result<Option<RunRow>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {RUN_COLUMNS} FROM trigger_runs WHERE trigger_id = $1 AND delivery_id = $2"
+    )))
+    .bind(trigger)
+    .bind(delivery_id)
+    .fetch_optional(db)
+    .await
+}
+
+/// Records what a run did.
+pub async fn finish(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    outcome: &str,
+    reason: Option<&str>,
+    agent_id: Option<Uuid>,
+    workspace_id: Option<Uuid>,
+) -> Result<RunRow, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE trigger_runs SET outcome = $2, reason = $3, agent_id = $4, workspace_id = $5
+         WHERE id = $1 RETURNING {RUN_COLUMNS}"
+    )))
+    .bind(id)
+    .bind(outcome)
+    .bind(reason)
+    .bind(agent_id)
+    .bind(workspace_id)
+    .fetch_one(db)
+    .await
+}
+
+/// The runs of trigger `trigger`, newest first, before `before`.
+pub async fn runs(
+    db: impl PgExecutor<'_>,
+    trigger: Uuid,
+    before: Option<Uuid>,
+    limit: i64,
+) -> Result<Vec<RunRow>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {RUN_COLUMNS} FROM trigger_runs
+         WHERE trigger_id = $1 AND ($2::uuid IS NULL OR id < $2)
+         ORDER BY id DESC LIMIT $3"
+    )))
+    .bind(trigger)
+    .bind(before)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// The live workspace of project `project` whose opened pull/merge request is `number`,
+/// and its most recent agent that is not archived.
+pub async fn agent_of_pull_request(
+    db: impl PgExecutor<'_>,
+    project: Uuid,
+    number: i64,
+) -> Result<Option<(Uuid, Option<Uuid>)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT w.id,
+                (SELECT a.id FROM agents a
+                  WHERE a.workspace_id = w.id AND a.archived_at IS NULL
+                  ORDER BY a.id DESC LIMIT 1)
+         FROM workspaces w JOIN workspace_remotes r ON r.workspace_id = w.id
+         WHERE w.project_id = $1 AND r.pr_number = $2 AND w.archived_at IS NULL
+         ORDER BY w.id DESC LIMIT 1",
+    )
+    .bind(project)
+    .bind(number)
+    .fetch_optional(db)
+    .await
+}
+
+/// Like `agent_of_pull_request`, for the workspace whose pushed branch is `branch` and
+/// whose pull/merge request is recorded.
+pub async fn agent_of_pushed_branch(
+    db: impl PgExecutor<'_>,
+    project: Uuid,
+    branch: &str,
+) -> Result<Option<(Uuid, Option<Uuid>, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT w.id,
+                (SELECT a.id FROM agents a
+                  WHERE a.workspace_id = w.id AND a.archived_at IS NULL
+                  ORDER BY a.id DESC LIMIT 1),
+                r.pr_number
+         FROM workspaces w JOIN workspace_remotes r ON r.workspace_id = w.id
+         WHERE w.project_id = $1 AND r.pushed_branch = $2 AND r.pr_number IS NOT NULL
+           AND w.archived_at IS NULL
+         ORDER BY w.id DESC LIMIT 1",
+    )
+    .bind(project)
+    .bind(branch)
+    .fetch_optional(db)
+    .await
+}
+
+/// Webhook triggers whose secret is sealed under another key than `key_id`.
+pub async fn sealed_not_under(
+    db: impl PgExecutor<'_>,
+    key_id: &str,
+) -> Result<Vec<TriggerRow>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM triggers WHERE secret_key_id <> $1 ORDER BY id"
+    )))
+    .bind(key_id)
+    .fetch_all(db)
+    .await
+}
+
+/// Replaces a trigger's sealed secret by the same secret sealed anew, unless it changed
+/// meanwhile.
+pub async fn reseal(
+    db: impl PgExecutor<'_>,
+    old: &TriggerRow,
+    key_id: &str,
+    nonce: &[u8],
+    ciphertext: &[u8],
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE triggers SET secret_key_id = $2, secret_nonce = $3, secret_ciphertext = $4
+         WHERE id = $1 AND secret_key_id = $5 AND secret_nonce = $6",
+    )
+    .bind(old.id)
+    .bind(key_id)
+    .bind(nonce)
+    .bind(ciphertext)
+    .bind(&old.secret_key_id)
+    .bind(&old.secret_nonce)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() > 0)
+}
