@@ -501,7 +501,12 @@ async fn a_full_disk_answers_fast_loses_nothing_and_the_store_returns_once_it_is
         let w = c.get(&format!("/v1/agents/{a}/wait?timeout_s=60")).await;
         assert_eq!(w["timed_out"], false, "{a}: {w}");
         assert_ne!(w["status"], "running", "{w}");
-        outcomes.push(w["last_turn"]["outcome"].as_str().unwrap_or_default().to_owned());
+        outcomes.push(
+            w["last_turn"]["outcome"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        );
         match w["last_turn"]["outcome"].as_str().unwrap_or_default() {
             "completed" => {}
             "failed" => assert!(
@@ -564,5 +569,80 @@ async fn a_full_disk_answers_fast_loses_nothing_and_the_store_returns_once_it_is
         201,
     )
     .await;
+    server.stop();
+}
+
+/// The postmaster dies while the disk is full: it cannot start again (not even its lock
+/// file can be written), `/readyz` says the disk is full, and the supervisor keeps
+/// trying with a growing backoff; once the space is freed it starts at once, not at the
+/// end of that backoff.
+#[tokio::test]
+async fn a_cluster_that_cannot_start_on_a_full_disk_starts_as_soon_as_there_is_room() {
+    agentry::telemetry::install_crypto_provider();
+    let server = Server::start();
+    let c = Client::of(&server);
+    let repo = git_repo();
+    let project = c
+        .post(
+            "/v1/projects",
+            json!({"name": "restart", "repo_path": repo.path()}),
+            201,
+        )
+        .await;
+    let filler = server.inside(&format!("{CLUSTERS}/filler"));
+    fill(&filler);
+    let postmasters = server.postmasters();
+    assert_eq!(postmasters.len(), 1);
+    // SAFETY: a signal to the database server of the test's own server, by its pid.
+    assert_eq!(unsafe { libc::kill(postmasters[0], libc::SIGKILL) }, 0);
+    let killed = Instant::now();
+
+    // The supervisor sees the postmaster exit within a tenth of a second.
+    while c.readyz().await.status() == 200 {
+        assert!(killed.elapsed() < Duration::from_secs(5), "still ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Attempts fail until the backoff has grown to 8 s; every answer is fast meanwhile.
+    let mut said = String::new();
+    while !said.contains("next in 8000 ms") {
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "the supervisor kept trying: {said}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let asked = Instant::now();
+        let res = c.readyz().await;
+        let problem = unavailable(res, asked.elapsed(), "/readyz").await;
+        said = problem["reason"].as_str().unwrap_or_default().to_owned();
+        assert!(said.contains("disk is full"), "{said}");
+    }
+    eprintln!("while it could not start, /readyz said: {said}");
+
+    std::fs::remove_file(&filler).unwrap();
+    let freed = Instant::now();
+    loop {
+        let asked = Instant::now();
+        let res = c.readyz().await;
+        let took = asked.elapsed();
+        if res.status() == 200 {
+            break;
+        }
+        unavailable(res, took, "/readyz").await;
+        // Well before the 8 s the backoff would still wait.
+        assert!(
+            freed.elapsed() < Duration::from_secs(5),
+            "not ready {:?} after the space was freed",
+            freed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("space freed: /readyz 200 again after {:?}", freed.elapsed());
+    assert_eq!(server.postmasters().len(), 1);
+    let agent = c.agent(&project).await;
+    c.prompt(&agent, "/load 10 0").await;
+    let w = c
+        .get(&format!("/v1/agents/{agent}/wait?timeout_s=30"))
+        .await;
+    assert_eq!(w["last_turn"]["outcome"], "completed", "{w}");
     server.stop();
 }
