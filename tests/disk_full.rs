@@ -39,8 +39,9 @@ const CLUSTERS: &str = "/var/lib/agentry";
 /// The size of the file system the cluster lives on: room for the cluster and some WAL.
 const FS_SIZE: &str = "256m";
 const AGENTS: usize = 8;
-/// Events of each agent's turn, one every 2 ms: the turns run well past the disk filling.
-const LOAD: &str = "/load 12000 2";
+/// Events of each agent's turn, one every 2 ms (40 s): the turns run well past the disk
+/// filling, even on a busy machine.
+const LOAD: &str = "/load 20000 2";
 /// How long the disk stays full once the server knows it.
 const FULL_FOR: Duration = Duration::from_secs(4);
 /// The longest any answer may take once the full disk is known.
@@ -385,6 +386,7 @@ async fn a_full_disk_answers_fast_loses_nothing_and_the_store_returns_once_it_is
         agents.push(c.agent(&project).await);
     }
     let mut stream = c.events(&agents[0]).await;
+    let prompted = Instant::now();
     for a in &agents {
         c.prompt(a, LOAD).await;
     }
@@ -398,10 +400,14 @@ async fn a_full_disk_answers_fast_loses_nothing_and_the_store_returns_once_it_is
                 .expect("events before the disk fills"),
         );
     }
-    // What every agent's timeline holds now is acknowledged: it must stay as it is.
+    // What a client reads of every agent's timeline now is acknowledged: it must stay
+    // as it is (a page each: the disk fills while the turns run).
     let mut acknowledged = Vec::new();
     for a in &agents {
-        acknowledged.push(c.timeline(a).await);
+        let page = c
+            .get(&format!("/v1/agents/{a}/timeline?after_seq=0&limit=1000"))
+            .await;
+        acknowledged.push(page["items"].as_array().unwrap().clone());
     }
 
     // The turns are still running, so the writer has events to store when the disk fills.
@@ -413,8 +419,9 @@ async fn a_full_disk_answers_fast_loses_nothing_and_the_store_returns_once_it_is
     let filled_bytes = fill(&filler);
     let filled = Instant::now();
     eprintln!(
-        "filled the cluster's file system with {} MiB",
-        filled_bytes >> 20
+        "filled the cluster's file system with {} MiB, {:?} into the turns",
+        filled_bytes >> 20,
+        prompted.elapsed()
     );
 
     // The server finds out from the database's refusals; from then on it answers at once.
