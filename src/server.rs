@@ -230,7 +230,9 @@ impl Application {
         let health = Arc::new(store::StoreHealth::new());
         if let Some(pg) = &embedded {
             pg.supervise(health.clone());
+            health.measure_space_with(pg.space_meter());
         }
+        writer.report_to(health.clone());
         let health_task = tokio::spawn({
             let (health, options) = (health.clone(), (*pool.connect_options()).clone());
             async move { health.watch(options).await }

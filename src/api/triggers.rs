@@ -11,7 +11,7 @@ use super::error::{ApiError, ApiResult, Problem};
 use super::{Page, PageQuery, idempotency, parse_id};
 use crate::auth::Principal;
 use crate::domain::{TriggerId, TriggerRunId};
-use crate::server::AppState;
+use super::AppState;
 use crate::services::triggers::{
     self, CreateTrigger, Delivery, PatchTrigger, Receipt, Trigger, TriggerRun,
 };

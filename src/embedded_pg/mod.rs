@@ -29,6 +29,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgSslMode};
 
 use crate::process;
 use crate::store::StoreHealth;
+use crate::store::health::{FULL_MARGIN, SpaceMeter};
 
 /// Only used in the socket file name (`.s.PGSQL.5432`): the socket directory is private.
 const PORT: u16 = 5432;
@@ -246,6 +247,13 @@ impl EmbeddedPostgres {
                 tracing::error!(error = %e, "could not start the supervisor of the embedded PostgreSQL; it is not restarted should it exit");
             }
         }
+    }
+
+    /// Measures the free space of the file system that holds the cluster (for
+    /// `StoreHealth`: a full disk ends when it has room again).
+    pub fn space_meter(&self) -> SpaceMeter {
+        let dir = self.data_dir.clone();
+        Box::new(move || free_bytes(&dir))
     }
 
     /// The cluster's PGDATA directory.
@@ -658,6 +666,19 @@ fn remove_file_if_exists(path: &Path) -> io::Result<bool> {
 
 // ---------------------------------------------------------------------------------------
 // Processes
+
+/// Free bytes for unprivileged writers (the database server) on the file system of
+/// `path`; `None` when it cannot be measured.
+fn free_bytes(path: &Path) -> Option<u64> {
+    let path = CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `statvfs` is plain data; all-zero is a valid value to be overwritten.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is a NUL-terminated string and `st` is valid for writes.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
 
 /// Whether `pid` is a live process (zombies do not count).
 fn process_alive(pid: i32) -> bool {
@@ -1133,10 +1154,20 @@ fn recover(running: &Running, health: &StoreHealth, status: &str) -> bool {
                     "the embedded PostgreSQL exited ({status}) and did not start again (attempt {attempt}, next in {} ms): {why}",
                     backoff.as_millis()
                 )));
+                // A cluster that could not start on a full disk is tried again as soon
+                // as its file system has room, not at the end of the backoff.
+                let short = |dir: &Path| free_bytes(dir).is_some_and(|f| f < FULL_MARGIN);
+                let was_short = short(&running.layout.data_dir);
                 let until = Instant::now() + backoff;
                 while Instant::now() < until {
                     if running.stopping.load(Ordering::SeqCst) {
                         return false;
+                    }
+                    if was_short && !short(&running.layout.data_dir) {
+                        tracing::info!(
+                            "the disk of the embedded PostgreSQL has room again; starting it now"
+                        );
+                        break;
                     }
                     std::thread::sleep(WATCH_EVERY);
                 }

@@ -347,6 +347,9 @@ struct Shared {
     store_down: AtomicBool,
     /// Rung after a batch with moments commits.
     moments_stored: Notify,
+    /// The store's health as the request path knows it: told when a batch is refused
+    /// because the database's disk is full, or finds it unreachable.
+    health: std::sync::OnceLock<Arc<store::StoreHealth>>,
 }
 
 impl Shared {
@@ -374,6 +377,7 @@ impl Shared {
             commit_seconds: Histogram::new(metrics::SECONDS),
             store_down: AtomicBool::new(false),
             moments_stored: Notify::new(),
+            health: std::sync::OnceLock::new(),
         }
     }
 
@@ -476,6 +480,13 @@ impl EventWriter {
         };
         tokio::spawn(writer.run(rx));
         Self { tx, shared }
+    }
+
+    /// Tell `health` when the database refuses a batch because its disk is full (or a
+    /// commit finds it unreachable), so the request path and `/readyz` know it too. Set
+    /// once; later calls do nothing.
+    pub fn report_to(&self, health: Arc<store::StoreHealth>) {
+        let _ = self.shared.health.set(health);
     }
 
     /// Queue one event; it becomes visible once committed. Waits for budget.
@@ -1457,6 +1468,13 @@ impl Committer {
             };
             match classify(&err) {
                 Fault::Unavailable => {
+                    if let Some(health) = self.shared.health.get() {
+                        if store::health::is_disk_full(&err) {
+                            health.disk_full(&err.to_string());
+                        } else if store::health::is_unreachable(&err) {
+                            health.suspect();
+                        }
+                    }
                     if !self.shared.is_down() {
                         tracing::warn!(error = %err, events = events.len(), "the event store is unavailable; keeping the batch and retrying");
                         self.shared.set_down(true);

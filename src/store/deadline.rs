@@ -21,7 +21,7 @@ use sqlx::postgres::{PgQueryResult, PgRow, PgStatement, PgTypeInfo};
 use sqlx::{Describe, Either, Error, Execute, Executor, PgPool, Postgres, SqlStr};
 use tokio::time::Instant;
 
-use super::health::{StoreHealth, is_unreachable};
+use super::health::{StoreHealth, is_disk_full, is_unreachable};
 
 /// A pool whose every call has a deadline.
 #[derive(Clone)]
@@ -100,12 +100,15 @@ async fn acquire(
     }
 }
 
-/// A call failed as if the store were unreachable (or stalled): have it probed.
+/// A call failed as if the store were unreachable (or stalled): have it probed. One the
+/// database refused for want of disk space marks the store full.
 fn noted<T>(health: &StoreHealth, result: Result<T, Error>) -> Result<T, Error> {
-    if let Err(e) = &result
-        && is_unreachable(e)
-    {
-        health.suspect();
+    if let Err(e) = &result {
+        if is_unreachable(e) {
+            health.suspect();
+        } else if is_disk_full(e) {
+            health.disk_full(&e.to_string());
+        }
     }
     result
 }
@@ -138,10 +141,12 @@ impl<'p> Executor<'p> for &'p DeadlinePool {
                 tokio::time::timeout_at(until, conn.fetch_many(query).collect::<Vec<_>>()).await;
             match items {
                 Ok(items) => {
-                    if let Some(Err(e)) = items.iter().find(|i| i.is_err())
-                        && is_unreachable(e)
-                    {
-                        health.suspect();
+                    if let Some(Err(e)) = items.iter().find(|i| i.is_err()) {
+                        if is_unreachable(e) {
+                            health.suspect();
+                        } else if is_disk_full(e) {
+                            health.disk_full(&e.to_string());
+                        }
                     }
                     Ok(futures::stream::iter(items))
                 }

@@ -6,9 +6,16 @@
 //!
 //! Whoever knows more than a probe can tell (the supervisor of the embedded database: it
 //! saw the postmaster exit) marks it down directly and says why.
+//!
+//! A full disk is a database that answers but cannot write: `SELECT 1` succeeds while
+//! every write that needs space is refused (SQLSTATE 53100). A refused write marks the
+//! store down as full; when the database's file system can be measured (the embedded
+//! cluster), the outage ends only once it has `FULL_MARGIN` free again, so the store does
+//! not come and go with each probe. Without a measure (an external database), the next
+//! probe that answers ends it, and the next refused write marks it full again.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use sqlx::Connection;
@@ -21,6 +28,12 @@ pub const PROBE_EVERY: Duration = Duration::from_millis(500);
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// What clients are told to wait before they retry (`Retry-After`, seconds).
 pub const RETRY_AFTER_S: u64 = 2;
+/// The free space a full file system needs again before the store counts as writable: a
+/// WAL segment (16 MiB) twice over, so the first writes after it do not fill it again.
+pub const FULL_MARGIN: u64 = 32 * 1024 * 1024;
+
+/// Measures the free bytes of the database's file system (`None` when it cannot).
+pub type SpaceMeter = Box<dyn Fn() -> Option<u64> + Send + Sync>;
 
 #[derive(Debug, Default)]
 struct State {
@@ -33,11 +46,24 @@ struct State {
 
 /// The store's health as this process knows it; shared by the request path, the prober
 /// and the embedded database's supervisor.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct StoreHealth {
     down: AtomicBool,
+    /// The store is down because a write was refused for want of space.
+    full: AtomicBool,
     state: Mutex<State>,
     wake: Notify,
+    space: OnceLock<SpaceMeter>,
+}
+
+impl std::fmt::Debug for StoreHealth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreHealth")
+            .field("down", &self.is_down())
+            .field("full", &self.full.load(Ordering::Acquire))
+            .field("reason", &self.reason())
+            .finish()
+    }
 }
 
 impl StoreHealth {
@@ -55,16 +81,28 @@ impl StoreHealth {
         if !self.is_down() {
             return None;
         }
-        let state = self.lock();
-        let since = state
-            .since
-            .map(|s| format!(" (for {} s)", s.elapsed().as_secs()))
-            .unwrap_or_default();
-        match (&state.note, &state.reason) {
-            (Some(note), _) => Some(format!("{note}{since}")),
-            (None, Some(reason)) => Some(format!("{reason}{since}")),
-            (None, None) => Some(format!("the database does not answer{since}")),
-        }
+        let (why, since) = {
+            let state = self.lock();
+            let since = state
+                .since
+                .map(|s| format!(" (for {} s)", s.elapsed().as_secs()))
+                .unwrap_or_default();
+            let why = match (&state.note, &state.reason) {
+                (Some(note), _) => note.clone(),
+                (None, Some(reason)) => reason.clone(),
+                (None, None) => "the database does not answer".to_owned(),
+            };
+            (why, since)
+        };
+        // Down on a file system with no room left (a cluster that stopped, or cannot
+        // start, when it could not write its WAL): the full disk is said first.
+        let why = match self.free_space() {
+            Some(free) if free < FULL_MARGIN && !why.contains(FULL) => {
+                full_reason(&why, Some(free))
+            }
+            _ => why,
+        };
+        Some(format!("{why}{since}"))
     }
 
     /// Mark the store down because of `reason`; the prober then checks it every
@@ -98,6 +136,27 @@ impl StoreHealth {
                 "the database answers again"
             );
         }
+    }
+
+    /// How to measure the free space of the database's file system (the embedded cluster's
+    /// manager knows where it is). Set once; later calls do nothing.
+    pub fn measure_space_with(&self, meter: SpaceMeter) {
+        let _ = self.space.set(meter);
+    }
+
+    /// Free bytes of the database's file system, when it can be measured.
+    pub fn free_space(&self) -> Option<u64> {
+        self.space.get().and_then(|m| m())
+    }
+
+    /// A write was refused because the database's disk is full (`what` is the database's
+    /// message): the store is down until it has room again.
+    pub fn disk_full(&self, what: &str) {
+        let first = !self.full.swap(true, Ordering::AcqRel);
+        if first {
+            tracing::error!(error = %what, "the database refused a write: its disk is full");
+        }
+        self.mark_down(full_reason(what, self.free_space()));
     }
 
     /// What the manager of the database says about it while it is down (`None` clears).
@@ -144,6 +203,16 @@ impl StoreHealth {
                 self.wake.notified().await;
             }
             match probe(&options).await {
+                Ok(()) if self.full.load(Ordering::Acquire) => match self.free_space() {
+                    Some(free) if free < FULL_MARGIN => {
+                        self.mark_down(full_reason("no space left on the device", Some(free)))
+                    }
+                    _ => {
+                        self.full.store(false, Ordering::Release);
+                        self.lock().reason = None;
+                        self.mark_up();
+                    }
+                },
                 Ok(()) => {
                     self.lock().reason = None;
                     self.mark_up();
@@ -158,6 +227,26 @@ impl StoreHealth {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+/// What every reason for a full disk starts with.
+const FULL: &str = "the database's disk is full";
+
+/// Why the store is down when its disk is full, with the free space when it is known.
+fn full_reason(what: &str, free: Option<u64>) -> String {
+    match free {
+        Some(free) => format!(
+            "{FULL} ({} KiB free; it needs {} MiB to write again): {what}",
+            free / 1024,
+            FULL_MARGIN / (1024 * 1024)
+        ),
+        None => format!("{FULL}: {what}"),
+    }
+}
+
+/// Whether the database refused a statement because its disk is full (SQLSTATE 53100).
+pub fn is_disk_full(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db) if db.code().as_deref() == Some("53100"))
 }
 
 /// Connect and run `SELECT 1` on a connection of its own, within `PROBE_TIMEOUT`.
@@ -220,6 +309,49 @@ mod tests {
         h.mark_up();
         assert!(!h.is_down());
         assert_eq!(h.reason(), None);
+    }
+
+    #[test]
+    fn a_full_disk_is_down_and_says_how_much_room_is_left() {
+        let h = StoreHealth::new();
+        h.disk_full("could not extend file \"base/5/16384\": No space left on device");
+        assert!(h.is_down());
+        let reason = h.reason().unwrap();
+        assert!(
+            reason.starts_with("the database's disk is full: could not extend"),
+            "{reason}"
+        );
+        let h = StoreHealth::new();
+        h.measure_space_with(Box::new(|| Some(3 * 1024)));
+        assert_eq!(h.free_space(), Some(3 * 1024));
+        h.disk_full("No space left on device");
+        let reason = h.reason().unwrap();
+        assert!(
+            reason.starts_with(
+                "the database's disk is full (3 KiB free; it needs 32 MiB to write again)"
+            ),
+            "{reason}"
+        );
+        assert!(matches!(h.down_error(), sqlx::Error::Io(_)));
+        // A database that cannot be reached on a full file system: the full disk first.
+        let h = StoreHealth::new();
+        h.measure_space_with(Box::new(|| Some(0)));
+        h.mark_down("the database cannot be reached: connection refused");
+        let reason = h.reason().unwrap();
+        assert!(
+            reason.starts_with("the database's disk is full (0 KiB free")
+                && reason.contains("connection refused"),
+            "{reason}"
+        );
+        // With room, a reason is only its own.
+        let h = StoreHealth::new();
+        h.measure_space_with(Box::new(|| Some(FULL_MARGIN)));
+        h.mark_down("the database cannot be reached: connection refused");
+        assert!(
+            h.reason()
+                .unwrap()
+                .starts_with("the database cannot be reached")
+        );
     }
 
     #[tokio::test]
