@@ -32,6 +32,9 @@ pub enum Scenario {
     /// What the sandbox adds to an agent's start: the same mock agents started one by one
     /// on a server with the sandbox off, then on one with it on.
     Sandbox,
+    /// What the usage ledger adds to event writes: the same turns full of `usage` events
+    /// with `usage.ledger` off, then on (budgets set), in alternating rounds.
+    Ledger,
     /// Every scenario above, each on its own fresh server.
     All,
 }
@@ -127,6 +130,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::Growth,
             Scenario::Mcp,
             Scenario::Sandbox,
+            Scenario::Ledger,
         ],
         one => vec![one],
     };
@@ -150,6 +154,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::Growth => scenarios::growth(&args).await,
             Scenario::Mcp => scenarios::mcp(&args).await,
             Scenario::Sandbox => scenarios::sandbox(&args).await,
+            Scenario::Ledger => scenarios::ledger(&args).await,
             Scenario::All => unreachable!("expanded above"),
         }?;
         println!("({s:?} took {:.0} s)\n", started.elapsed().as_secs_f64());
