@@ -554,11 +554,15 @@ async fn a_workspaces_caps_hold_over_all_its_agents_and_only_owners_set_them() {
     let team = default_team(&app).await;
     let bo = crate::people::person(&app, "bo").await;
     let carl = crate::people::person(&app, "carl").await;
-    app.put_ok(
-        &format!("/v1/teams/{team}/members/{}", bo.id),
-        json!({"role": "member"}),
-    )
-    .await;
+    let added = app
+        .client
+        .put(app.url(&format!("/v1/teams/{team}/members/{}", bo.id)))
+        .bearer_auth(&app.token)
+        .json(&json!({"role": "member"}))
+        .send()
+        .await
+        .unwrap();
+    expect_status(added, 201).await;
     let read = bo.api.ok(Method::GET, &path, None, 200).await;
     assert_eq!(read["max_turns"], 3, "{read}");
     bo.api
@@ -567,4 +571,57 @@ async fn a_workspaces_caps_hold_over_all_its_agents_and_only_owners_set_them() {
     carl.api
         .refused(Method::GET, &path, None, 404, "not_found")
         .await;
+}
+
+#[tokio::test]
+async fn with_the_ledger_off_no_turn_is_recorded_and_no_budget_can_be_set() {
+    let app = spawn_app_with(|s| s.usage.ledger = false).await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let team = default_team(&app).await;
+    let refused = expect_status(
+        put_budget(&app, &team, json!({"period": "month", "max_cost_usd": 1.0})).await,
+        422,
+    )
+    .await;
+    assert!(
+        refused["detail"].as_str().unwrap().contains("usage.ledger"),
+        "{refused}"
+    );
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let refused = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "mock", "budget": {"max_turns": 1}}),
+            422,
+        )
+        .await;
+    assert_eq!(refused["errors"][0]["field"], "budget", "{refused}");
+    let caps = app
+        .client
+        .put(app.url(&format!("/v1/workspaces/{}/budget", ws["id"].as_str().unwrap())))
+        .bearer_auth(&app.token)
+        .json(&json!({"max_turns": 1}))
+        .send()
+        .await
+        .unwrap();
+    expect_status(caps, 422).await;
+    // A turn that reports a cost runs and is in its timeline, not in the ledger.
+    let agent = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "mock"}),
+            201,
+        )
+        .await;
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    app.wait(&agent).await;
+    app.prompt(&agent, "/spend 1000 1000 1 0").await;
+    assert_eq!(app.wait(&agent).await["last_turn"]["outcome"], "completed");
+    let (usage, _) = last_turn(&app, &agent).await;
+    assert_eq!(usage.len(), 1, "{usage:?}");
+    let report = app.get_ok("/v1/usage").await;
+    assert_eq!(report["totals"]["turns"], 0, "{report}");
 }
