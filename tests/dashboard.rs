@@ -327,7 +327,7 @@ async fn the_usage_page_and_queued_messages_show_in_a_real_browser() {
             (second, "canceled")
         ]
     );
-    for page in ["usage", "queued"] {
+    for page in ["usage-page", "queued-prompts"] {
         assert!(shots.join(format!("{page}.png")).is_file(), "{page}.png");
     }
     eprintln!("{stdout}screenshots in {}", shots.display());

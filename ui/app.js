@@ -963,7 +963,7 @@ async function agentPage(id, signal) {
   };
   input.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.metaKey || e.ctrlKey)) { e.preventDefault(); send(); } });
   // Messages sent while a turn runs wait under the composer until they start.
-  const queued = el("ul", { class: "queued", "aria-label": "Queued messages" });
+  const queued = el("ul", { class: "queued", "aria-label": "Queued prompts" });
   let queuedLoad = 0;
   const loadQueued = async () => {
     const mine = ++queuedLoad;
@@ -974,7 +974,7 @@ async function agentPage(id, signal) {
       el("span", { class: "muted" }, `${m.position}.`), " ",
       el("span", { class: "grow" }, m.text),
       m.interrupt ? el("span", { class: "label" }, "next") : null,
-      el("button", { type: "button", "aria-label": `Cancel queued message ${m.position}`, onclick: async () => {
+      el("button", { type: "button", "aria-label": `Cancel queued prompt ${m.position}`, onclick: async () => {
         try { await api("DELETE", `/v1/agents/${id}/messages/${m.id}`); } catch (e) { sendError.textContent = e.message; }
         loadQueued();
       } }, "Cancel"))));
@@ -1486,7 +1486,7 @@ const tokens = (t) => t.input_tokens + t.output_tokens;
 
 function usageTable(name, first, groups, label) {
   const rows = groups.map((g) => el("tr", {},
-    el("th", { scope: "row" }, label(g.key)),
+    el("td", { class: "key" }, label(g.key)),
     el("td", {}, String(g.turns)),
     el("td", {}, compact(tokens(g))),
     el("td", {}, dollars(g.cost_usd), g.estimated_cost_usd > 0 ? el("span", { class: "muted" }, " (estimated in part)") : null)));
