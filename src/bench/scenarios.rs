@@ -999,18 +999,6 @@ pub async fn mcp(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     ])
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_worst_second_is_the_first_with_the_most() {
-        assert_eq!(worst_second(&[0.0, 10.0, 190.0, 40.0, 190.0]), (2, 190.0));
-        assert_eq!(worst_second(&[0.0, 0.0]), (0, 0.0));
-        assert_eq!(worst_second(&[]), (0, 0.0));
-    }
-}
-
 /// One round of the `ledger` scenario: `agents` mock agents, each running `turns` turns of
 /// `/spend 100 100 <steps> 0` (a `usage` event per step) one after another, all agents at
 /// once; with the ledger on, the team has a budget and each agent caps, so every `usage`
@@ -1165,4 +1153,16 @@ pub async fn ledger(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
         format!("{:+.1} %", (on - off) / off * 100.0),
     ));
     Ok(figures)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_worst_second_is_the_first_with_the_most() {
+        assert_eq!(worst_second(&[0.0, 10.0, 190.0, 40.0, 190.0]), (2, 190.0));
+        assert_eq!(worst_second(&[0.0, 0.0]), (0, 0.0));
+        assert_eq!(worst_second(&[]), (0, 0.0));
+    }
 }
