@@ -47,7 +47,8 @@ pub struct BenchArgs {
     /// Mock agents (default: the scenario's own). Not with `all`.
     #[arg(long)]
     pub agents: Option<usize>,
-    /// Events each agent emits; for `growth`, the timeline length to reach. Not with `all`.
+    /// Events each agent emits; for `growth`, the timeline length to reach; for `ledger`,
+    /// the steps (`usage` events) of each turn. Not with `all`.
     #[arg(long)]
     pub events: Option<u64>,
     /// Milliseconds between an agent's events, 0 = as fast as it can. Not with `all`.

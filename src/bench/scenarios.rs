@@ -1006,6 +1006,9 @@ pub async fn mcp(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
 struct LedgerRound {
     events: u64,
     seconds: f64,
+    /// The server process's own CPU time over the load (its writer and handlers; not
+    /// PostgreSQL, not the mock agents), which other load on the machine barely moves.
+    server_cpu: Duration,
     stolen_share: f64,
 }
 
@@ -1059,6 +1062,7 @@ async fn ledger_round(
     };
     let before = last_seqs(&ids).await?;
     let cpu0 = super::server::machine_cpu();
+    let server_cpu0 = super::server::process_cpu(server.pid());
     let started = Instant::now();
     let text = format!("/spend 100 100 {steps} 0");
     let runs: Vec<anyhow::Result<()>> = futures::stream::iter(&ids)
@@ -1084,6 +1088,7 @@ async fn ledger_round(
         .await;
     let seconds = started.elapsed().as_secs_f64();
     let cpu1 = super::server::machine_cpu();
+    let server_cpu = super::server::process_cpu(server.pid()).saturating_sub(server_cpu0);
     for r in runs {
         r?;
     }
@@ -1107,6 +1112,7 @@ async fn ledger_round(
     Ok(LedgerRound {
         events: after - before,
         seconds,
+        server_cpu,
         stolen_share,
     })
 }
@@ -1124,32 +1130,46 @@ pub async fn ledger(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
         "== ledger: {agents} agents × {TURNS} turns of /spend 100 100 {steps} 0, ledger off then on, {ROUNDS} rounds"
     );
     let mut rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut costs: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     let mut figures = Vec::new();
     for round in 1..=ROUNDS {
         for (i, on) in [false, true].into_iter().enumerate() {
             let r = ledger_round(args, on, agents, TURNS, steps).await?;
             let rate = r.events as f64 / r.seconds;
+            let cpu_us = r.server_cpu.as_secs_f64() * 1e6 / r.events.max(1) as f64;
             let label = if on { "on" } else { "off" };
             println!(
-                "  round {round}, ledger {label}: {} events in {:.2} s = {} events/s (stolen {:.1} %)",
+                "  round {round}, ledger {label}: {} events in {:.2} s = {} events/s; server CPU {:.1} µs per event (stolen {:.1} %)",
                 thousands(r.events as f64),
                 r.seconds,
                 thousands(rate),
+                cpu_us,
                 r.stolen_share * 100.0
             );
             figures.push(Figure::info(
                 S,
-                format!("round {round}, ledger {label}: events/s (stolen)"),
-                format!("{} ({:.1} %)", thousands(rate), r.stolen_share * 100.0),
+                format!("round {round}, ledger {label}: server CPU per event; events/s (stolen)"),
+                format!(
+                    "{cpu_us:.1} µs; {} ({:.1} %)",
+                    thousands(rate),
+                    r.stolen_share * 100.0
+                ),
             ));
             rates[i].push(rate);
+            costs[i].push(cpu_us);
         }
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let (off, on) = (mean(&costs[0]), mean(&costs[1]));
+    figures.push(Figure::info(
+        S,
+        "ledger on against off: server CPU per event (mean)",
+        format!("{:+.1} %", (on - off) / off * 100.0),
+    ));
     let (off, on) = (mean(&rates[0]), mean(&rates[1]));
     figures.push(Figure::info(
         S,
-        "ledger on against off (mean events/s)",
+        "ledger on against off: events/s (mean)",
         format!("{:+.1} %", (on - off) / off * 100.0),
     ));
     Ok(figures)
