@@ -1,4 +1,4 @@
-//! Budgets that hold mid-turn: a team's monthly budget and an agent's caps interrupt the
+//! Budgets that hold mid-turn: a team's monthly budget, an agent's and a workspace's caps interrupt the
 //! turn that crosses them, refuse new prompts and agents with 429 `budget_exhausted`, and
 //! tell the team's hooks at 80 % and 100 %.
 
@@ -601,7 +601,10 @@ async fn with_the_ledger_off_no_turn_is_recorded_and_no_budget_can_be_set() {
     assert_eq!(refused["errors"][0]["field"], "budget", "{refused}");
     let caps = app
         .client
-        .put(app.url(&format!("/v1/workspaces/{}/budget", ws["id"].as_str().unwrap())))
+        .put(app.url(&format!(
+            "/v1/workspaces/{}/budget",
+            ws["id"].as_str().unwrap()
+        )))
         .bearer_auth(&app.token)
         .json(&json!({"max_turns": 1}))
         .send()
