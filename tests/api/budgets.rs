@@ -1,6 +1,6 @@
-//! Budgets that hold mid-turn: a team's monthly budget, an agent's and a workspace's caps interrupt the
-//! turn that crosses them, refuse new prompts and agents with 429 `budget_exhausted`, and
-//! tell the team's hooks at 80 % and 100 %.
+//! Budgets that hold mid-turn: a team's monthly budget, an agent's and a workspace's caps
+//! interrupt the turn that crosses them, refuse new prompts and agents with 429
+//! `budget_exhausted`, and tell the team's hooks at 80 % and 100 %.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
