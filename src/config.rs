@@ -137,9 +137,12 @@ impl TriggerSettings {
 
 /// `[usage]`: what a turn costs when its CLI does not say, and how far team owners may
 /// set their team's budget.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct UsageSettings {
+    /// Record each turn's usage in the ledger and hold budgets (default). `false` turns
+    /// both off: no ledger rows, no budget or cap is enforced, and setting one is refused.
+    pub ledger: bool,
     /// The most a team owner may set as the team's monthly cost budget, in USD (admins
     /// may set any; default: no maximum).
     pub max_team_cost_usd: Option<f64>,
@@ -158,6 +161,17 @@ pub struct Price {
     pub output_per_mtok: f64,
     /// Cached input tokens (a part of the input); default: the input price.
     pub cached_per_mtok: Option<f64>,
+}
+
+impl Default for UsageSettings {
+    fn default() -> Self {
+        Self {
+            ledger: true,
+            max_team_cost_usd: None,
+            max_team_tokens: None,
+            prices: BTreeMap::new(),
+        }
+    }
 }
 
 impl UsageSettings {
@@ -868,7 +882,8 @@ pub struct Limits {
     /// `team_children_exceeded`).
     pub max_child_agents_per_team: i64,
     /// Turns running at once on the whole deployment (every replica); a prompt past it
-    /// waits in the fair queue (`GET /v1/queue`). 0: no limit.
+    /// waits in the fair queue (`GET /v1/queue`). 0: no limit. Default: what this host
+    /// stands (`HostCapacity::running_turns`).
     pub max_running_turns: i64,
     /// Turns of one team running at once; 0: no limit.
     pub max_running_turns_per_team: i64,
@@ -996,9 +1011,57 @@ impl Default for Limits {
             max_agent_depth: 3,
             max_children_per_agent: 10,
             max_child_agents_per_team: 100,
-            max_running_turns: 0,
+            max_running_turns: HostCapacity::measure().running_turns(),
             max_running_turns_per_team: 0,
         }
+    }
+}
+
+/// What this host has for agents' turns, read when the settings are made: the CPUs the
+/// process may use (cgroup quota included) and its memory (the cgroup's limit when lower
+/// than the machine's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostCapacity {
+    pub cpus: i64,
+    /// MiB; `None` when it cannot be read.
+    pub memory_mib: Option<i64>,
+}
+
+impl HostCapacity {
+    /// Turns per CPU: a turn's CLI mostly waits on its model, working in bursts (tool
+    /// calls, the builds and tests it runs).
+    pub const TURNS_PER_CPU: i64 = 4;
+    /// MiB per turn: a working CLI was measured at about 300 MB resident (an OpenCode
+    /// session; the Node-based CLIs are alike), plus what its tools start.
+    pub const MIB_PER_TURN: i64 = 512;
+
+    pub fn measure() -> Self {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as i64);
+        let machine = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("MemTotal:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
+            })
+            .map(|kib| kib / 1024);
+        let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+            .ok()
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .map(|bytes| bytes / (1024 * 1024));
+        let memory_mib = match (machine, cgroup) {
+            (Some(m), Some(c)) => Some(m.min(c)),
+            (m, c) => m.or(c),
+        };
+        Self { cpus, memory_mib }
+    }
+
+    /// The default of `limits.max_running_turns`: `TURNS_PER_CPU` per CPU and one per
+    /// `MIB_PER_TURN` of memory, whichever is fewer, and at least 2.
+    pub fn running_turns(self) -> i64 {
+        let by_cpu = self.cpus.max(1) * Self::TURNS_PER_CPU;
+        let by_memory = self.memory_mib.map_or(by_cpu, |m| m / Self::MIB_PER_TURN);
+        by_cpu.min(by_memory).max(2)
     }
 }
 
@@ -1895,7 +1958,7 @@ fn typed_setting(path: &[String]) -> bool {
                 "enabled" | "command" | "args" | "modes" | "team_secrets"
             ]
             | ["secrets", "previous_keys"]
-            | ["usage", "max_team_cost_usd" | "max_team_tokens"]
+            | ["usage", "ledger" | "max_team_cost_usd" | "max_team_tokens"]
             | ["usage", "prices", _, _, _]
             | [
                 "hooks",
@@ -2043,6 +2106,24 @@ fn setting_name_of(e: &toml::de::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_running_turn_default_follows_the_fewer_of_cpus_and_memory() {
+        let host = |cpus, memory_mib| HostCapacity { cpus, memory_mib };
+        // 2 CPUs, 23.5 GiB: bounded by the CPUs.
+        assert_eq!(host(2, Some(24_064)).running_turns(), 8);
+        // 16 CPUs, 8 GiB: bounded by memory.
+        assert_eq!(host(16, Some(8_192)).running_turns(), 16);
+        // A small container still runs two; unreadable memory leaves the CPUs' bound.
+        assert_eq!(host(1, Some(512)).running_turns(), 2);
+        assert_eq!(host(3, None).running_turns(), 12);
+        let measured = HostCapacity::measure();
+        assert!(measured.cpus >= 1, "{measured:?}");
+        assert_eq!(
+            Limits::default().max_running_turns,
+            measured.running_turns()
+        );
+    }
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs

@@ -158,6 +158,15 @@ impl Application {
             bus.clone(),
             fanout.clone(),
         ));
+        let capacity = crate::config::HostCapacity::measure();
+        tracing::info!(
+            cpus = capacity.cpus,
+            memory_mib = capacity.memory_mib,
+            default = capacity.running_turns(),
+            max_running_turns = settings.limits.max_running_turns,
+            max_running_turns_per_team = settings.limits.max_running_turns_per_team,
+            "running-turn limits (0: none)"
+        );
         let limit_host = crate::process::limits::LimitHost::detect(&replica);
         tracing::info!("limits: {}", limit_host.describe());
         let ledger = Ledger::new(pool.clone(), replica.clone())
@@ -276,10 +285,14 @@ impl Application {
             egress,
         });
 
-        state
-            .services
-            .agents
-            .set_spend(crate::services::usage::Metering::new(&state.services));
+        if settings.usage.ledger {
+            state
+                .services
+                .agents
+                .set_spend(crate::services::usage::Metering::new(&state.services));
+        } else {
+            tracing::warn!("usage.ledger is off: turns are not recorded and budgets do not hold");
+        }
         let port = listener.local_addr()?.port();
         cluster::join(&state.services, &fanout).await?;
         let cluster_tasks = vec![

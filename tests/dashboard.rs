@@ -248,6 +248,91 @@ async fn a_team_runs_from_the_browser() {
     eprintln!("{stdout}screenshots in {}", shots.display());
 }
 
+/// The usage page (tests/browser/usage.py): a team's spend this month as a chart, by
+/// person and by provider, and its budget with what is left; and an agent's queued
+/// messages under its composer, canceled from there.
+#[tokio::test]
+async fn the_usage_page_and_queued_messages_show_in_a_real_browser() {
+    let python = playwright_python();
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let me = app.get_ok("/v1/me").await;
+    let team = me["default_team_id"].as_str().unwrap().to_owned();
+    app.put_ok(
+        &format!("/v1/teams/{team}/budget"),
+        json!({"period": "month", "max_cost_usd": 0.1}),
+    )
+    .await;
+    // Two turns of 0.018 USD each.
+    let spender = app.agent_in_new_workspace(&project, "mock").await;
+    for _ in 0..2 {
+        app.prompt(&spender, "/spend 1000 1000 1 0").await;
+        assert_eq!(
+            app.wait(&spender).await["last_turn"]["outcome"],
+            "completed"
+        );
+    }
+    // An agent held on a permission request, with two follow-ups waiting.
+    let held = app.agent_in_new_workspace(&project, "mock").await;
+    app.prompt(&held, "/ask hold on?").await;
+    assert_eq!(app.wait(&held).await["status"], "waiting_permission");
+    let (first, second) = ("first follow-up", "second follow-up");
+    for text in [first, second] {
+        let q = app
+            .post_ok(
+                &format!("/v1/agents/{held}/messages"),
+                json!({"text": text}),
+                202,
+            )
+            .await;
+        assert_eq!(q["queued"], true, "{q}");
+    }
+
+    let shots = screenshots();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/usage.py");
+    let out = tokio::process::Command::new(python)
+        .arg(script)
+        .args([
+            &app.base,
+            &app.token,
+            &shots.display().to_string(),
+            &held,
+            first,
+            second,
+        ])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the browser run failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("dashboard usage: ok"), "{stdout}");
+    // What the page did went through the API: one message canceled, one sent.
+    let listed = app.get_ok(&format!("/v1/agents/{held}/messages")).await;
+    let states: Vec<(&str, &str)> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["text"].as_str().unwrap(), m["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            (first, "queued"),
+            ("third, from the page", "queued"),
+            (second, "canceled")
+        ]
+    );
+    for page in ["usage-page", "queued-prompts"] {
+        assert!(shots.join(format!("{page}.png")).is_file(), "{page}.png");
+    }
+    eprintln!("{stdout}screenshots in {}", shots.display());
+}
+
 fn screenshots() -> PathBuf {
     let shots = std::env::var_os("AGENTRY_SCREENSHOTS")
         .map(PathBuf::from)

@@ -194,7 +194,7 @@ async function whoAmI() {
   const pages = document.getElementById("pages");
   if (!pages.childElementCount) {
     const to = (view, path, text) => { const a = link(path, text); a.dataset.view = view; return a; };
-    pages.append(to("agents", "/", "Agents"), to("workspaces", "/?view=workspaces", "Workspaces"), to("team", "/?view=team", "Team"));
+    pages.append(to("agents", "/", "Agents"), to("workspaces", "/?view=workspaces", "Workspaces"), to("usage", "/?view=usage", "Usage"), to("team", "/?view=team", "Team"));
   }
   document.getElementById("who").replaceChildren(notifyToggle(), el("span", { class: "me" }, me.email || me.name || me.id), out);
   return me;
@@ -962,6 +962,25 @@ async function agentPage(id, signal) {
     } catch (e) { sendError.textContent = e.message; }
   };
   input.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.metaKey || e.ctrlKey)) { e.preventDefault(); send(); } });
+  // Messages sent while a turn runs wait under the composer until they start.
+  const queued = el("ul", { class: "queued", "aria-label": "Queued prompts" });
+  let queuedLoad = 0;
+  const loadQueued = async () => {
+    const mine = ++queuedLoad;
+    let items;
+    try { items = (await api("GET", `/v1/agents/${id}/messages?state=queued`)).items; } catch (_) { return; }
+    if (mine !== queuedLoad) return;
+    queued.replaceChildren(...items.map((m) => el("li", {},
+      el("span", { class: "muted" }, `${m.position}.`), " ",
+      el("span", { class: "grow" }, m.text),
+      m.interrupt ? el("span", { class: "label" }, "next") : null,
+      el("button", { type: "button", "aria-label": `Cancel queued prompt ${m.position}`, onclick: async () => {
+        try { await api("DELETE", `/v1/agents/${id}/messages/${m.id}`); } catch (e) { sendError.textContent = e.message; }
+        loadQueued();
+      } }, "Cancel"))));
+    queued.hidden = !items.length;
+  };
+  queued.hidden = true;
   const composer = el("form", { class: "composer", onsubmit: (e) => { e.preventDefault(); send(); } },
     el("div", { class: "inner" },
       el("label", { for: "message" }, "Message"),
@@ -971,7 +990,9 @@ async function agentPage(id, signal) {
         try { await api("POST", `/v1/agents/${id}/interrupt`, {}); } catch (e) { sendError.textContent = e.message; }
       } }, "Interrupt"),
       sendError,
-    ));
+    ),
+    queued);
+  loadQueued();
 
   show(
     el("div", { class: "agent-head" },
@@ -988,6 +1009,7 @@ async function agentPage(id, signal) {
   window.scrollTo(0, document.body.scrollHeight);
   follow(`/v1/agents/${id}/events`, last, (_seq, ev) => {
     const nearBottom = window.innerHeight + window.scrollY >= document.body.scrollHeight - 120;
+    if (ev.kind === "message_queued" || ev.kind === "message_dequeued") loadQueued();
     tl.append(ev);
     if (nearBottom) window.scrollTo(0, document.body.scrollHeight);
   }, (up) => { conn.textContent = up ? "" : "reconnecting…"; }, signal);
@@ -1462,6 +1484,112 @@ async function devicePage(me) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Usage page: a team's spend over time (an SVG drawn here, no outside script), by person
+// and by provider, and its budget with what is left
+// ---------------------------------------------------------------------------------------
+
+const tokens = (t) => t.input_tokens + t.output_tokens;
+
+function usageTable(name, first, groups, label) {
+  const rows = groups.map((g) => el("tr", {},
+    el("td", { class: "key" }, label(g.key)),
+    el("td", {}, String(g.turns)),
+    el("td", {}, compact(tokens(g))),
+    el("td", {}, dollars(g.cost_usd), g.estimated_cost_usd > 0 ? el("span", { class: "muted" }, " (estimated in part)") : null)));
+  return el("table", { "aria-label": name },
+    el("thead", {}, el("tr", {}, el("th", {}, first), el("th", {}, "Turns"), el("th", {}, "Tokens"), el("th", {}, "Cost"))),
+    el("tbody", {}, rows.length ? rows : el("tr", {}, el("td", { colspan: 4, class: "muted" }, "Nothing yet."))));
+}
+
+// One bar per day of the period, its height the day's cost.
+function spendChart(days, from, to) {
+  const byDay = new Map(days.map((d) => [d.key, d]));
+  const all = [];
+  for (let t = new Date(from); t < to; t = new Date(t.getTime() + 86400000)) all.push(t.toISOString().slice(0, 10));
+  const W = 600, H = 120, pad = 4;
+  const slot = (W - pad * 2) / Math.max(all.length, 1);
+  const bar = Math.max(slot * 0.7, 1);
+  const peak = Math.max(0.0001, ...days.map((d) => d.cost_usd));
+  const total = days.reduce((a, d) => a + d.cost_usd, 0);
+  const bars = all.map((day, i) => {
+    const d = byDay.get(day);
+    const cost = d ? d.cost_usd : 0;
+    const h = (cost / peak) * (H - pad * 2);
+    const x = pad + i * slot + (slot - bar) / 2;
+    return svg("g", { class: "day" },
+      svg("title", {}, `${day}: ${dollars(cost)}${d ? `, ${d.turns} turn${d.turns === 1 ? "" : "s"}` : ""}`),
+      svg("rect", { class: "spend", x: x.toFixed(1), y: (H - pad - h).toFixed(1), width: bar.toFixed(1), height: h.toFixed(1) }));
+  });
+  const titleId = "spend-chart-title";
+  return svg("svg", { class: "spend-chart", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-labelledby": titleId, preserveAspectRatio: "none" },
+    svg("title", { id: titleId }, `Spend over time: ${dollars(total)} from ${all[0] || ""} to ${all[all.length - 1] || ""}`),
+    svg("line", { class: "axis", x1: 0, y1: H - pad, x2: W, y2: H - pad }),
+    bars);
+}
+
+function budgetView(b) {
+  const parts = [];
+  const line = (name, used, max, fmt) => {
+    const left = Math.max(0, max - used);
+    return el("div", { class: "budget-line" },
+      el("meter", { min: 0, max, value: Math.min(used, max), low: max * 0.8, high: max * 0.99, optimum: 0, "aria-label": `${name} used` }),
+      el("span", { "aria-label": `${name} left` }, `${fmt(left)} left of ${fmt(max)}`),
+      el("span", { class: "muted" }, ` (${fmt(used)} used)`));
+  };
+  if (b.max_cost_usd !== null && b.max_cost_usd !== undefined) parts.push(line("Cost budget", b.used_cost_usd, b.max_cost_usd, dollars));
+  if (b.max_tokens !== null && b.max_tokens !== undefined) parts.push(line("Token budget", b.used_tokens, b.max_tokens, (n) => `${compact(n)} tokens`));
+  if (!parts.length) parts.push(el("p", { class: "muted" }, `No budget: ${dollars(b.used_cost_usd)} and ${compact(b.used_tokens)} tokens used this month.`));
+  else parts.push(el("p", { class: "muted" }, `The month resets ${when(b.resets_at)}.`));
+  return parts;
+}
+
+async function usagePage(me) {
+  const teams = me.teams || [];
+  if (!teams.length) { show(el("h1", {}, "Usage"), el("p", { class: "muted" }, "You are in no team.")); return; }
+  const asked = new URLSearchParams(location.search).get("team") || localStorage.getItem(TEAM_KEY);
+  const team = teams.find((t) => t.id === asked) || teams.find((t) => t.id === me.default_team_id) || teams[0];
+  const switcher = teams.length > 1
+    ? el("div", { class: "row" }, el("label", { for: "usage-team" }, "Team"),
+        el("select", { id: "usage-team", onchange: (e) => navigate(`/?view=usage&team=${e.target.value}`) },
+          teams.map((t) => option(t.id, t.name, t.id === team.id))))
+    : null;
+  const now = new Date();
+  const from = new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), 1));
+  const q = `/v1/usage?team_id=${team.id}&from=${from.toISOString().slice(0, 10)}`;
+  const [days, people, providers, budget, members] = await Promise.all([
+    api("GET", `${q}&group_by=day`),
+    api("GET", `${q}&group_by=person`),
+    api("GET", `${q}&group_by=provider`),
+    api("GET", `/v1/teams/${team.id}/budget`),
+    all(`/v1/teams/${team.id}/members`, 1000).catch(() => []),
+  ]);
+  const names = new Map(members.map((m) => [m.user_id, m.email || m.name]));
+  if (me.id && !names.has(me.id)) names.set(me.id, me.email || me.name || me.id);
+  const person = (key) => names.get(key) || (key.startsWith("tok_") ? `${key} (service token)` : key || "—");
+  const t = days.totals;
+  const figure = (name, value) => el("div", { class: "figure", role: "group", "aria-label": name },
+    el("div", { class: "muted" }, name), el("strong", {}, value));
+  show(
+    el("h1", {}, `Usage of ${team.name}`),
+    switcher,
+    el("section", { class: "card", "aria-label": "This month" },
+      el("h2", {}, "This month"),
+      el("div", { class: "figures" },
+        figure("Spend", dollars(t.cost_usd)),
+        figure("Turns", String(t.turns)),
+        figure("Tokens in", compact(t.input_tokens)),
+        figure("Tokens out", compact(t.output_tokens))),
+      t.estimated_cost_usd > 0 ? el("p", { class: "muted" }, `${dollars(t.estimated_cost_usd)} of it estimated from the price table.`) : null),
+    el("section", { class: "card", "aria-label": "Spend over time" },
+      el("h2", {}, "Spend over time"),
+      spendChart(days.groups, from, new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), now.getUTCDate() + 1)))),
+    el("section", { class: "card", "aria-label": "Budget" }, el("h2", {}, "Budget"), ...budgetView(budget)),
+    el("section", { "aria-label": "By person" }, el("h2", {}, "By person"), usageTable("By person", "Person", people.groups, person)),
+    el("section", { "aria-label": "By provider" }, el("h2", {}, "By provider"), usageTable("By provider", "Provider", providers.groups, (k) => k || "—")),
+  );
+}
+
+// ---------------------------------------------------------------------------------------
 // Routing
 // ---------------------------------------------------------------------------------------
 
@@ -1491,6 +1619,7 @@ async function route() {
     else if (view === "new") await newAgentPage(params.get("workspace"));
     else if (view === "workspaces") await workspacesPage(signal);
     else if (view === "team") await teamPage(me);
+    else if (view === "usage") await usagePage(me);
     else await homePage(signal);
   } catch (e) {
     if (e.status === 401) return;

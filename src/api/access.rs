@@ -90,6 +90,8 @@ pub const ROUTES: &[(&str, &str, Operation)] = {
         ("PUT", "/v1/teams/{id}/agentry-mcp", ManageTeam),
         ("GET", "/v1/teams/{id}/budget", ReadTeam),
         ("PUT", "/v1/teams/{id}/budget", ManageTeam),
+        ("GET", "/v1/workspaces/{id}/budget", ReadTeam),
+        ("PUT", "/v1/workspaces/{id}/budget", ManageTeam),
         ("GET", "/v1/usage", ReadTeam),
         ("POST", "/v1/hooks", ManageTeam),
         ("GET", "/v1/hooks", ReadAsOwner),

@@ -1,5 +1,6 @@
 //! Usage and budgets: a team's usage from the ledger (totals and series), and its monthly
-//! budget (read by any member, set by owners within the server's limits, by admins).
+//! budget (read by any member, set by owners within the server's limits, by admins), and a
+//! workspace's caps (set by the team's owners).
 
 use actix_web::{get, put, web};
 use utoipa_actix_web::service_config::ServiceConfig;
@@ -8,13 +9,17 @@ use super::error::{ApiResult, Problem};
 use super::parse_id;
 use crate::api::AppState;
 use crate::auth::Principal;
-use crate::domain::TeamId;
-use crate::services::usage::{self, Budget, PutBudget, UsageQuery, UsageReport};
+use crate::domain::{TeamId, WorkspaceId};
+use crate::services::usage::{
+    self, AgentCaps, Budget, PutBudget, UsageQuery, UsageReport, WorkspaceBudget,
+};
 
 pub fn configure(cfg: &mut ServiceConfig) {
     cfg.service(get_usage)
         .service(get_budget)
-        .service(put_budget);
+        .service(put_budget)
+        .service(get_workspace_budget)
+        .service(put_workspace_budget);
 }
 
 /// A team's usage over `[from, to)` from the ledger (one row per ended turn): totals, and
@@ -69,5 +74,44 @@ async fn put_budget(
     let team: TeamId = parse_id(&id, "team")?;
     Ok(web::Json(
         usage::put_budget(&state.services, &principal, team, &body).await?,
+    ))
+}
+
+/// A workspace's caps (over all its agents' turns together) and what they used so far.
+#[utoipa::path(tag = "usage", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The workspace")),
+    responses((status = 200, body = WorkspaceBudget), (status = 404, body = Problem)))]
+#[get("/workspaces/{id}/budget")]
+async fn get_workspace_budget(
+    state: web::Data<AppState>,
+    principal: Principal,
+    id: web::Path<String>,
+) -> ApiResult<web::Json<WorkspaceBudget>> {
+    let workspace: WorkspaceId = parse_id(&id, "workspace")?;
+    Ok(web::Json(
+        usage::get_workspace_budget(&state.services, &principal, workspace).await?,
+    ))
+}
+
+/// Set a workspace's caps on cost, turns and wall time, over the life of all its agents
+/// together (team owners; audited as `budget.set`); a field left out is no cap. A turn
+/// that reaches one is interrupted (`budget_exhausted`, budget `workspace.cost_usd`,
+/// `workspace.turns` or `workspace.wall_time_s`); new prompts and agents in the workspace
+/// answer 429 `budget_exhausted`.
+#[utoipa::path(tag = "usage", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The workspace")),
+    request_body = AgentCaps,
+    responses((status = 200, body = WorkspaceBudget), (status = 403, body = Problem),
+        (status = 404, body = Problem), (status = 422, body = Problem)))]
+#[put("/workspaces/{id}/budget")]
+async fn put_workspace_budget(
+    state: web::Data<AppState>,
+    principal: Principal,
+    id: web::Path<String>,
+    body: web::Json<AgentCaps>,
+) -> ApiResult<web::Json<WorkspaceBudget>> {
+    let workspace: WorkspaceId = parse_id(&id, "workspace")?;
+    Ok(web::Json(
+        usage::put_workspace_budget(&state.services, &principal, workspace, &body).await?,
     ))
 }

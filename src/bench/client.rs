@@ -52,6 +52,22 @@ impl Api {
         Ok(v)
     }
 
+    /// PUT a JSON body and require a 2xx answer.
+    pub async fn put_ok(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        let res = self
+            .client
+            .put(format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .json(body)
+            .send()
+            .await
+            .with_context(|| format!("PUT {path}"))?;
+        let status = res.status();
+        let v: Value = res.json().await.unwrap_or(Value::Null);
+        anyhow::ensure!(status.is_success(), "PUT {path} answered {status}: {v}");
+        Ok(v)
+    }
+
     pub async fn get_ok(&self, path: &str) -> anyhow::Result<Value> {
         let res = self
             .client

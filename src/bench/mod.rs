@@ -32,6 +32,9 @@ pub enum Scenario {
     /// What the sandbox adds to an agent's start: the same mock agents started one by one
     /// on a server with the sandbox off, then on one with it on.
     Sandbox,
+    /// What the usage ledger adds to event writes: the same turns full of `usage` events
+    /// with `usage.ledger` off, then on (budgets set), in alternating rounds.
+    Ledger,
     /// Every scenario above, each on its own fresh server.
     All,
 }
@@ -44,7 +47,8 @@ pub struct BenchArgs {
     /// Mock agents (default: the scenario's own). Not with `all`.
     #[arg(long)]
     pub agents: Option<usize>,
-    /// Events each agent emits; for `growth`, the timeline length to reach. Not with `all`.
+    /// Events each agent emits; for `growth`, the timeline length to reach; for `ledger`,
+    /// the steps (`usage` events) of each turn. Not with `all`.
     #[arg(long)]
     pub events: Option<u64>,
     /// Milliseconds between an agent's events, 0 = as fast as it can. Not with `all`.
@@ -127,6 +131,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::Growth,
             Scenario::Mcp,
             Scenario::Sandbox,
+            Scenario::Ledger,
         ],
         one => vec![one],
     };
@@ -150,6 +155,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::Growth => scenarios::growth(&args).await,
             Scenario::Mcp => scenarios::mcp(&args).await,
             Scenario::Sandbox => scenarios::sandbox(&args).await,
+            Scenario::Ledger => scenarios::ledger(&args).await,
             Scenario::All => unreachable!("expanded above"),
         }?;
         println!("({s:?} took {:.0} s)\n", started.elapsed().as_secs_f64());

@@ -999,6 +999,182 @@ pub async fn mcp(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     ])
 }
 
+/// One round of the `ledger` scenario: `agents` mock agents, each running `turns` turns of
+/// `/spend 100 100 <steps> 0` (a `usage` event per step) one after another, all agents at
+/// once; with the ledger on, the team has a budget and each agent caps, so every `usage`
+/// event is metered and every turn's end written to the ledger.
+struct LedgerRound {
+    events: u64,
+    seconds: f64,
+    /// The server process's own CPU time over the load (its writer and handlers; not
+    /// PostgreSQL, not the mock agents), which other load on the machine barely moves.
+    server_cpu: Duration,
+    stolen_share: f64,
+}
+
+async fn ledger_round(
+    args: &BenchArgs,
+    on: bool,
+    agents: usize,
+    turns: usize,
+    steps: u64,
+) -> anyhow::Result<LedgerRound> {
+    let ledger = if on { "true" } else { "false" };
+    let server = ServerProcess::start_with(args.keep, &[("AGENTRY_USAGE__LEDGER", ledger)]).await?;
+    let api = Api::new(&server.base, &server.token);
+    let ws = api.workspace(&server.repo).await?;
+    let mut body = json!({"workspace_id": ws, "provider": "mock"});
+    if on {
+        let me = api.get_ok("/v1/me").await?;
+        let team = me["default_team_id"].as_str().context("a default team")?;
+        api.put_ok(
+            &format!("/v1/teams/{team}/budget"),
+            &json!({"period": "month", "max_cost_usd": 1.0e9, "max_tokens": 1_000_000_000_000u64}),
+        )
+        .await?;
+        body["budget"] = json!({"max_cost_usd": 1.0e9, "max_turns": 1_000_000});
+    }
+    let created: Vec<anyhow::Result<String>> = futures::stream::iter(0..agents)
+        .map(|_| async {
+            let a = api.post_ok("/v1/agents", &body).await?;
+            let id = a["id"].as_str().context("agent id")?.to_owned();
+            let w = api
+                .get_ok(&format!("/v1/agents/{id}/wait?timeout_s=120"))
+                .await?;
+            anyhow::ensure!(w["status"] == "idle", "agent {id} did not start: {w}");
+            Ok(id)
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    let ids: Vec<String> = created.into_iter().collect::<anyhow::Result<_>>()?;
+    let last_seqs = |ids: &[String]| {
+        let api = &api;
+        let ids = ids.to_vec();
+        async move {
+            let mut sum = 0u64;
+            for id in &ids {
+                let a = api.get_ok(&format!("/v1/agents/{id}")).await?;
+                sum += a["last_seq"].as_u64().unwrap_or(0);
+            }
+            anyhow::Ok(sum)
+        }
+    };
+    let before = last_seqs(&ids).await?;
+    let cpu0 = super::server::machine_cpu();
+    let server_cpu0 = super::server::process_cpu(server.pid());
+    let started = Instant::now();
+    let text = format!("/spend 100 100 {steps} 0");
+    let runs: Vec<anyhow::Result<()>> = futures::stream::iter(&ids)
+        .map(|id| {
+            let (api, text) = (&api, &text);
+            async move {
+                for _ in 0..turns {
+                    api.post_ok(&format!("/v1/agents/{id}/messages"), &json!({"text": text}))
+                        .await?;
+                    let w = api
+                        .get_ok(&format!("/v1/agents/{id}/wait?timeout_s=300"))
+                        .await?;
+                    anyhow::ensure!(
+                        w["last_turn"]["outcome"] == "completed",
+                        "a turn of {id} did not complete: {w}"
+                    );
+                }
+                Ok(())
+            }
+        })
+        .buffer_unordered(agents.max(1))
+        .collect()
+        .await;
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu1 = super::server::machine_cpu();
+    let server_cpu = super::server::process_cpu(server.pid()).saturating_sub(server_cpu0);
+    for r in runs {
+        r?;
+    }
+    let after = last_seqs(&ids).await?;
+    if on {
+        let usage = api.get_ok("/v1/usage").await?;
+        let recorded = usage["totals"]["turns"].as_u64().unwrap_or(0);
+        anyhow::ensure!(
+            recorded == (agents * turns) as u64,
+            "the ledger holds {recorded} turns, not {}",
+            agents * turns
+        );
+    }
+    server.stop().await?;
+    let total = (cpu1.total - cpu0.total).as_secs_f64();
+    let stolen_share = if total > 0.0 {
+        (cpu1.stolen - cpu0.stolen).as_secs_f64() / total
+    } else {
+        0.0
+    };
+    Ok(LedgerRound {
+        events: after - before,
+        seconds,
+        server_cpu,
+        stolen_share,
+    })
+}
+
+/// What the usage ledger and budgets add to event writes: the same turns, full of `usage`
+/// events, on a server with `usage.ledger` off and on one with it on (and budgets set),
+/// in alternating rounds of one run.
+pub async fn ledger(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
+    const S: &str = "ledger";
+    const ROUNDS: usize = 2;
+    const TURNS: usize = 5;
+    let agents = args.agents.unwrap_or(20);
+    let steps = args.events.unwrap_or(500).max(1);
+    println!(
+        "== ledger: {agents} agents × {TURNS} turns of /spend 100 100 {steps} 0, ledger off then on, {ROUNDS} rounds"
+    );
+    let mut rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut costs: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut figures = Vec::new();
+    for round in 1..=ROUNDS {
+        for (i, on) in [false, true].into_iter().enumerate() {
+            let r = ledger_round(args, on, agents, TURNS, steps).await?;
+            let rate = r.events as f64 / r.seconds;
+            let cpu_us = r.server_cpu.as_secs_f64() * 1e6 / r.events.max(1) as f64;
+            let label = if on { "on" } else { "off" };
+            println!(
+                "  round {round}, ledger {label}: {} events in {:.2} s = {} events/s; server CPU {:.1} µs per event (stolen {:.1} %)",
+                thousands(r.events as f64),
+                r.seconds,
+                thousands(rate),
+                cpu_us,
+                r.stolen_share * 100.0
+            );
+            figures.push(Figure::info(
+                S,
+                format!("round {round}, ledger {label}: server CPU per event; events/s (stolen)"),
+                format!(
+                    "{cpu_us:.1} µs; {} ({:.1} %)",
+                    thousands(rate),
+                    r.stolen_share * 100.0
+                ),
+            ));
+            rates[i].push(rate);
+            costs[i].push(cpu_us);
+        }
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let (off, on) = (mean(&costs[0]), mean(&costs[1]));
+    figures.push(Figure::info(
+        S,
+        "ledger on against off: server CPU per event (mean)",
+        format!("{:+.1} %", (on - off) / off * 100.0),
+    ));
+    let (off, on) = (mean(&rates[0]), mean(&rates[1]));
+    figures.push(Figure::info(
+        S,
+        "ledger on against off: events/s (mean)",
+        format!("{:+.1} %", (on - off) / off * 100.0),
+    ));
+    Ok(figures)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,8 @@ use crate::embedded_pg::EmbeddedPostgres;
 const ROOT_CLUSTER_BASE: &str = "/var/lib/agentry";
 
 /// Settings that bound one caller or one team, lifted for a load.
-const BENCH_LIMITS: [(&str, &str); 5] = [
+const BENCH_LIMITS: [(&str, &str); 6] = [
+    ("AGENTRY_LIMITS__MAX_RUNNING_TURNS", "0"),
     ("AGENTRY_LIMITS__MAX_STREAMS_PER_PRINCIPAL", "1000000"),
     ("AGENTRY_LIMITS__MAX_WAITS_PER_PRINCIPAL", "1000000"),
     ("AGENTRY_LIMITS__MAX_AGENTS_PER_TEAM", "1000000"),

@@ -116,9 +116,9 @@ pub struct Agent {
     /// It is given agentry's MCP server at launch (unless its team turned that off or its
     /// provider has no MCP support).
     pub agentry_mcp: bool,
-    /// Its messages that wait, when any does (filled in for a single agent, not in
-    /// lists). While its next message waits for a running-turn slot, `status` is
-    /// `queued`.
+    /// Its messages that wait, when any does. While its next message waits for a
+    /// running-turn slot, `status` is `queued` and `queue.position` its place in the fair
+    /// order (1 starts next).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<super::queue::AgentQueue>,
 }
@@ -672,6 +672,9 @@ pub async fn create(
         ctx.limits.max_agents_per_team,
         "limits.max_agents_per_team",
     )?;
+    if body.budget.is_some() {
+        super::usage::ledger_on(ctx, "budget")?;
+    }
     let caps = body
         .budget
         .as_ref()
@@ -718,6 +721,7 @@ pub async fn create(
     if workspace.archived_at.is_some() {
         return Err(ServiceError::WorkspaceArchived("the workspace is archived"));
     }
+    super::usage::admit_workspace(ctx, workspace.id).await?;
     // `agent.create.after` is queued in the transaction that creates the agent.
     let queued = super::within_deadline(ctx, async {
         let mut tx = ctx.pool.pool().begin().await?;
@@ -1000,28 +1004,49 @@ pub async fn list(
     }
     let teams = principal.visible_teams();
     let labels = filter.label.as_ref().map(|(k, v)| json!({ k: v }));
+    // `queued` is no stored status: it is an idle agent whose next message waits for a
+    // running-turn slot, so the filter selects those agents (and another status, the others).
+    let places = super::queue::places(ctx).await?;
+    let waiting: Vec<uuid::Uuid> = places
+        .iter()
+        .filter(|(_, q)| q.waiting_for == "capacity")
+        .map(|(id, _)| *id)
+        .collect();
+    let (status, only, except) = match filter.status {
+        Some(AgentStatus::Queued) => (None, Some(waiting.as_slice()), None),
+        Some(s) if !s.is_busy() => (Some(s.as_str()), None, Some(waiting.as_slice())),
+        Some(s) => (Some(s.as_str()), None, None),
+        None => (None, None, None),
+    };
     let rows = store::agents::list(
         &ctx.pool,
         store::agents::AgentFilter {
             teams: teams.as_deref(),
             workspace_id: filter.workspace_id.map(|w| w.uuid()),
-            status: filter.status.map(AgentStatus::as_str),
+            status,
             labels: labels.as_ref(),
             include_archived: filter.include_archived,
             parent_agent_id: filter.parent_agent_id.map(|a| a.uuid()),
+            only,
+            except,
             after: after.map(|a| a.uuid()),
             limit,
         },
     )
     .await?;
-    Ok(rows.into_iter().map(|r| to_agent(ctx, r)).collect())
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let mut agent = to_agent(ctx, r);
+            agent.queue = places.get(&agent.id.uuid()).cloned();
+            show_queued(&mut agent);
+            agent
+        })
+        .collect())
 }
 
-#[tracing::instrument(name = "services::agents::get", skip_all, fields(agent_id = %id))]
-pub async fn get(ctx: &ServiceContext, principal: &Principal, id: AgentId) -> ServiceResult<Agent> {
-    let row = load(ctx, principal, id, Operation::ReadTeam).await?;
-    let mut agent = to_agent(ctx, row);
-    agent.queue = super::queue::agent_queue(ctx, id).await?;
+/// An idle agent whose next message waits for a running-turn slot shows as `queued`.
+fn show_queued(agent: &mut Agent) {
     if agent
         .queue
         .as_ref()
@@ -1030,6 +1055,14 @@ pub async fn get(ctx: &ServiceContext, principal: &Principal, id: AgentId) -> Se
     {
         agent.status = AgentStatus::Queued;
     }
+}
+
+#[tracing::instrument(name = "services::agents::get", skip_all, fields(agent_id = %id))]
+pub async fn get(ctx: &ServiceContext, principal: &Principal, id: AgentId) -> ServiceResult<Agent> {
+    let row = load(ctx, principal, id, Operation::ReadTeam).await?;
+    let mut agent = to_agent(ctx, row);
+    agent.queue = super::queue::agent_queue(ctx, id).await?;
+    show_queued(&mut agent);
     Ok(agent)
 }
 

@@ -17,7 +17,8 @@ use uuid::Uuid;
 
 use super::{ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{Membership, Operation, Principal, Role};
-use crate::domain::{AgentId, EventKind, MessageId, NewEvent, TurnId};
+use crate::domain::{AgentId, AgentStatus, EventKind, MessageId, NewEvent, TurnId};
+use crate::events::NewTeamEvent;
 use crate::runtime::RuntimeError;
 use crate::store;
 use crate::store::queue::{HeadRow, MessageRow};
@@ -230,7 +231,35 @@ pub async fn enqueue(
     if let Some(c) = client_message_id {
         data["client_message_id"] = json!(c);
     }
-    record(ctx, id, EventKind::MessageQueued, data).await?;
+    // An idle agent whose prompt waits for a running-turn slot shows as `queued` on its
+    // team's stream too, with its place in the fair order.
+    let mut team_events = Vec::new();
+    if reason == WaitReason::Capacity
+        && let Some(place) = agent_queue(ctx, id).await?
+        && place.waiting_for == "capacity"
+        && let Some(agent) = store::agents::get(&ctx.pool, id.uuid(), None).await?
+    {
+        data["position"] = json!(place.position);
+        team_events.push(NewTeamEvent {
+            team_id: team,
+            project_id: None,
+            workspace_id: Some(agent.workspace_id),
+            kind: "agent_status",
+            data: json!({"agent_id": id, "status": AgentStatus::Queued,
+                "position": place.position}),
+        });
+    }
+    ctx.writer
+        .append_committed(
+            vec![NewEvent {
+                agent_id: id,
+                turn_id: None,
+                kind: EventKind::MessageQueued,
+                data,
+            }],
+            team_events,
+        )
+        .await?;
     let position = position_of(ctx, id, mid).await?.unwrap_or(1);
     ctx.queue.queued.notify_one();
     Ok((mid, position))
@@ -348,14 +377,24 @@ pub async fn agent_queue(ctx: &ServiceContext, id: AgentId) -> ServiceResult<Opt
     if store::queue::waiting_count(&ctx.pool, id.uuid()).await? == 0 {
         return Ok(None);
     }
+    Ok(places(ctx).await?.remove(&id.uuid()))
+}
+
+/// The place in the queue of every agent whose messages wait (for agent lists: one
+/// reading of the queue for the whole page).
+pub async fn places(
+    ctx: &ServiceContext,
+) -> ServiceResult<std::collections::HashMap<Uuid, AgentQueue>> {
     let heads = store::queue::heads(&ctx.pool).await?;
     let mut position = 0;
+    let mut places = std::collections::HashMap::with_capacity(heads.len());
     for h in heads {
         if !h.agent_busy {
             position += 1;
         }
-        if h.agent_id == id.uuid() {
-            return Ok(Some(AgentQueue {
+        places.insert(
+            h.agent_id,
+            AgentQueue {
                 messages: h.agent_waiting,
                 waiting_for: if h.agent_busy {
                     "agent_busy"
@@ -364,10 +403,10 @@ pub async fn agent_queue(ctx: &ServiceContext, id: AgentId) -> ServiceResult<Opt
                 }
                 .to_owned(),
                 position: (!h.agent_busy).then_some(position),
-            }));
-        }
+            },
+        );
     }
-    Ok(None)
+    Ok(places)
 }
 
 /// One agent whose messages wait, on `GET /v1/queue`.

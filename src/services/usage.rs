@@ -18,7 +18,7 @@ use super::hooks::{self, Subject};
 use super::{ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{Operation, Principal};
 use crate::config::{Price, UsageSettings};
-use crate::domain::{HookEvent, ProjectId, TeamId, TokenId, UserId};
+use crate::domain::{HookEvent, ProjectId, TeamId, TokenId, UserId, WorkspaceId};
 use crate::metrics::{Counter, Family};
 use crate::providers::Usage;
 use crate::runtime::{EndedTurn, Exhausted, Spend, TurnMeter, TurnSubject};
@@ -354,6 +354,7 @@ pub async fn put_budget(
 ) -> ServiceResult<Budget> {
     let team = visible_team(ctx, principal, Some(team)).await?;
     principal.authorize_in(team, Operation::ManageTeam, "team")?;
+    ledger_on(ctx, "period")?;
     if body.period != "month" {
         return Err(ServiceError::invalid("period", "only `month` is supported"));
     }
@@ -471,13 +472,36 @@ pub struct AgentCaps {
     pub max_wall_time_s: Option<u64>,
 }
 
+/// Budgets hold only with the ledger on (`usage.ledger`): with it off, setting one is
+/// refused rather than kept and not enforced.
+pub fn ledger_on(ctx: &ServiceContext, field: &'static str) -> ServiceResult<()> {
+    if ctx.usage.settings.ledger {
+        Ok(())
+    } else {
+        Err(ServiceError::invalid(
+            field,
+            "budgets are off on this server (usage.ledger = false)",
+        ))
+    }
+}
+
 impl AgentCaps {
+    /// The caps of an agent's `budget` field, checked.
     pub fn checked(&self) -> ServiceResult<CapsRow> {
+        self.checked_as([
+            "budget.max_cost_usd",
+            "budget.max_turns",
+            "budget.max_wall_time_s",
+        ])
+    }
+
+    /// The caps, checked, an error naming the field of `fields` (cost, turns, wall time).
+    fn checked_as(&self, fields: [&'static str; 3]) -> ServiceResult<CapsRow> {
         if let Some(c) = self.max_cost_usd
             && !(c.is_finite() && c >= 0.0)
         {
             return Err(ServiceError::invalid(
-                "budget.max_cost_usd",
+                fields[0],
                 "a number of USD, 0 or more",
             ));
         }
@@ -488,9 +512,104 @@ impl AgentCaps {
         };
         Ok(CapsRow {
             max_cost_usd: self.max_cost_usd,
-            max_turns: int("budget.max_turns", self.max_turns)?,
-            max_wall_s: int("budget.max_wall_time_s", self.max_wall_time_s)?,
+            max_turns: int(fields[1], self.max_turns)?,
+            max_wall_s: int(fields[2], self.max_wall_time_s)?,
         })
+    }
+}
+
+/// A workspace's caps (over the life of all its agents together) and what they used.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"workspace_id": "wsp_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b",
+    "max_cost_usd": 20.0, "max_turns": 100, "max_wall_time_s": 7200,
+    "used_cost_usd": 3.25, "used_turns": 14, "used_wall_time_s": 812.4}))]
+pub struct WorkspaceBudget {
+    pub workspace_id: WorkspaceId,
+    pub max_cost_usd: Option<f64>,
+    pub max_turns: Option<i64>,
+    /// Seconds the workspace's turns may run in all.
+    pub max_wall_time_s: Option<i64>,
+    pub used_cost_usd: f64,
+    pub used_turns: i64,
+    pub used_wall_time_s: f64,
+}
+
+async fn workspace_budget_view(
+    ctx: &ServiceContext,
+    workspace: Uuid,
+) -> ServiceResult<WorkspaceBudget> {
+    let caps = store::usage::workspace_caps(&ctx.pool, workspace)
+        .await?
+        .unwrap_or_default();
+    let used = store::usage::workspace_totals(&ctx.pool, workspace).await?;
+    Ok(WorkspaceBudget {
+        workspace_id: workspace.into(),
+        max_cost_usd: caps.max_cost_usd,
+        max_turns: caps.max_turns,
+        max_wall_time_s: caps.max_wall_s,
+        used_cost_usd: used.cost_usd,
+        used_turns: used.turns,
+        used_wall_time_s: used.wall_ms as f64 / 1000.0,
+    })
+}
+
+/// A workspace's caps and use: anyone who sees the workspace.
+pub async fn get_workspace_budget(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: WorkspaceId,
+) -> ServiceResult<WorkspaceBudget> {
+    let ws = super::workspaces::find(ctx, principal, id).await?;
+    workspace_budget_view(ctx, ws.id).await
+}
+
+/// Set (or, with every field left out, lift) a workspace's caps: the team's owners.
+pub async fn put_workspace_budget(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: WorkspaceId,
+    body: &AgentCaps,
+) -> ServiceResult<WorkspaceBudget> {
+    let ws = super::workspaces::find(ctx, principal, id).await?;
+    principal.authorize_in(ws.team_id, Operation::ManageTeam, "workspace")?;
+    ledger_on(ctx, "max_cost_usd")?;
+    let caps = body.checked_as(["max_cost_usd", "max_turns", "max_wall_time_s"])?;
+    store::usage::set_workspace_caps(&ctx.pool, ws.id, &caps).await?;
+    super::audit::record(
+        ctx,
+        principal,
+        super::audit::Entry::new(
+            super::audit::Action::BudgetSet,
+            Some(ws.team_id),
+            "workspace",
+            id,
+        )
+        .details(
+            json!({"max_cost_usd": body.max_cost_usd, "max_turns": body.max_turns,
+            "max_wall_time_s": body.max_wall_time_s}),
+        ),
+    )
+    .await?;
+    workspace_budget_view(ctx, ws.id).await
+}
+
+/// Refuse new agents in a workspace whose caps are out (429 `budget_exhausted`).
+pub async fn admit_workspace(ctx: &ServiceContext, workspace: Uuid) -> ServiceResult<()> {
+    let Some(caps) = store::usage::workspace_caps(&ctx.pool, workspace).await? else {
+        return Ok(());
+    };
+    let used = store::usage::workspace_totals(&ctx.pool, workspace).await?;
+    let mut probe = Meter {
+        book: ctx.usage.clone(),
+        provider: String::new(),
+        model: None,
+        team: None,
+        costs: Vec::new(),
+        wall: None,
+    };
+    match probe.cap(CapScope::Workspace, &caps, &used) {
+        Some(x) => Err(ServiceError::BudgetExhausted(Box::new(x))),
+        None => Ok(()),
     }
 }
 
@@ -529,7 +648,7 @@ impl Metering {
             provider: s.provider.clone(),
             model: s.model.clone(),
             team: None,
-            agent_cost: None,
+            costs: Vec::new(),
             wall: None,
         };
         if let Some(budget) = store::usage::team_budget(&ctx.pool, s.team).await? {
@@ -542,33 +661,16 @@ impl Metering {
         }
         if let Some(caps) = store::usage::agent_caps(&ctx.pool, s.agent.uuid()).await? {
             let used = store::usage::agent_totals(&ctx.pool, s.agent.uuid()).await?;
-            let cap = |name: &str, limit: f64, used: f64| Exhausted {
-                budget: name.into(),
-                period: "agent".into(),
-                limit,
-                used,
-                resets_at: None,
-            };
-            if let Some(max) = caps.max_cost_usd {
-                if used.cost_usd >= max {
-                    return Ok(Err(cap("agent.cost_usd", max, used.cost_usd)));
-                }
-                meter.agent_cost = Some((max, used.cost_usd));
+            if let Some(x) = meter.cap(CapScope::Agent, &caps, &used) {
+                return Ok(Err(x));
             }
-            if let Some(max) = caps.max_turns
-                && used.turns >= max
-            {
-                return Ok(Err(cap("agent.turns", max as f64, used.turns as f64)));
-            }
-            if let Some(max) = caps.max_wall_s {
-                let spent = used.wall_ms as f64 / 1000.0;
-                if spent >= max as f64 {
-                    return Ok(Err(cap("agent.wall_time_s", max as f64, spent)));
-                }
-                meter.wall = Some((
-                    Duration::from_secs_f64(max as f64 - spent),
-                    cap("agent.wall_time_s", max as f64, max as f64),
-                ));
+        }
+        if let Some((workspace, caps)) =
+            store::usage::agent_workspace_caps(&ctx.pool, s.agent.uuid()).await?
+        {
+            let used = store::usage::workspace_totals(&ctx.pool, workspace).await?;
+            if let Some(x) = meter.cap(CapScope::Workspace, &caps, &used) {
+                return Ok(Err(x));
             }
         }
         Ok(Ok(meter))
@@ -697,7 +799,7 @@ impl Spend for Metering {
                     provider: subject.provider.clone(),
                     model: subject.model.clone(),
                     team: None,
-                    agent_cost: None,
+                    costs: Vec::new(),
                     wall: None,
                 }))
             }
@@ -719,9 +821,67 @@ struct Meter {
     model: Option<String>,
     /// The team's budget, what the period used before this turn, and when it resets.
     team: Option<(BudgetRow, Sums, DateTime<Utc>)>,
-    /// The agent's cost cap and what it spent before this turn.
-    agent_cost: Option<(f64, f64)>,
+    /// The cost caps of the agent and its workspace, with what each had spent before this
+    /// turn.
+    costs: Vec<(CapScope, f64, f64)>,
+    /// The nearest wall-time cap: how long this turn may run, and that cap.
     wall: Option<(Duration, Exhausted)>,
+}
+
+/// What a cap is on: one agent, or every agent of a workspace together.
+#[derive(Debug, Clone, Copy)]
+enum CapScope {
+    Agent,
+    Workspace,
+}
+
+impl CapScope {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Agent => "agent",
+            Self::Workspace => "workspace",
+        }
+    }
+
+    /// The cap `measure` (`cost_usd`, `turns`, `wall_time_s`) of this scope, out.
+    fn exhausted(self, measure: &str, limit: f64, used: f64) -> Exhausted {
+        Exhausted {
+            budget: format!("{}.{measure}", self.name()),
+            period: self.name().into(),
+            limit,
+            used,
+            resets_at: None,
+        }
+    }
+}
+
+impl Meter {
+    /// Take the caps of `scope` into this turn's watch, given what was `used` before it:
+    /// the cap that is already out, if any.
+    fn cap(&mut self, scope: CapScope, caps: &CapsRow, used: &Sums) -> Option<Exhausted> {
+        if let Some(max) = caps.max_cost_usd {
+            if used.cost_usd >= max {
+                return Some(scope.exhausted("cost_usd", max, used.cost_usd));
+            }
+            self.costs.push((scope, max, used.cost_usd));
+        }
+        if let Some(max) = caps.max_turns
+            && used.turns >= max
+        {
+            return Some(scope.exhausted("turns", max as f64, used.turns as f64));
+        }
+        if let Some(max) = caps.max_wall_s {
+            let spent = used.wall_ms as f64 / 1000.0;
+            if spent >= max as f64 {
+                return Some(scope.exhausted("wall_time_s", max as f64, spent));
+            }
+            let left = Duration::from_secs_f64(max as f64 - spent);
+            if self.wall.as_ref().is_none_or(|(d, _)| left < *d) {
+                self.wall = Some((left, scope.exhausted("wall_time_s", max as f64, max as f64)));
+            }
+        }
+        None
+    }
 }
 
 impl TurnMeter for Meter {
@@ -736,18 +896,10 @@ impl TurnMeter for Meter {
                 return Some(x);
             }
         }
-        if let Some((max, before)) = self.agent_cost
-            && before + cost >= max
-        {
-            return Some(Exhausted {
-                budget: "agent.cost_usd".into(),
-                period: "agent".into(),
-                limit: max,
-                used: before + cost,
-                resets_at: None,
-            });
-        }
-        None
+        self.costs
+            .iter()
+            .find(|(_, max, before)| before + cost >= *max)
+            .map(|(scope, max, before)| scope.exhausted("cost_usd", *max, before + cost))
     }
 
     fn wall_time(&self) -> Option<(Duration, Exhausted)> {

@@ -145,6 +145,10 @@ pub struct AgentFilter<'a> {
     pub include_archived: bool,
     /// Only the children of this agent.
     pub parent_agent_id: Option<Uuid>,
+    /// Only these agents.
+    pub only: Option<&'a [Uuid]>,
+    /// None of these agents.
+    pub except: Option<&'a [Uuid]>,
     pub after: Option<Uuid>,
     pub limit: i64,
 }
@@ -158,6 +162,7 @@ pub async fn list(
            AND ($3::text IS NULL OR a.status = $3) AND ($4::jsonb IS NULL OR a.labels @> $4)
            AND ($5 OR a.archived_at IS NULL) AND ($6::uuid IS NULL OR a.id > $6)
            AND ($8::uuid IS NULL OR a.parent_agent_id = $8)
+           AND ($9::uuid[] IS NULL OR a.id = ANY($9)) AND ($10::uuid[] IS NULL OR a.id <> ALL($10))
          ORDER BY a.id LIMIT $7"
     ))
     .bind(f.teams)
@@ -168,6 +173,8 @@ pub async fn list(
     .bind(f.after)
     .bind(f.limit)
     .bind(f.parent_agent_id)
+    .bind(f.only)
+    .bind(f.except)
     .fetch_all(db)
     .await
 }

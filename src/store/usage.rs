@@ -1,5 +1,5 @@
-//! The usage ledger (one row per ended turn), team budgets, agent caps and the budget
-//! thresholds a team was told of.
+//! The usage ledger (one row per ended turn), team budgets, agent and workspace caps and
+//! the budget thresholds a team was told of.
 
 use chrono::{DateTime, Utc};
 use sqlx::{FromRow, PgExecutor};
@@ -271,4 +271,70 @@ pub async fn first_notice(
     .execute(db)
     .await?;
     Ok(done.rows_affected() == 1)
+}
+
+/// Everything the agents of a workspace spent, over its whole life.
+pub async fn workspace_totals(
+    db: impl PgExecutor<'_>,
+    workspace: Uuid,
+) -> Result<Sums, sqlx::Error> {
+    sqlx::query_as(concat!("SELECT ", sums!(), " WHERE workspace_id = $1"))
+        .bind(workspace)
+        .fetch_one(db)
+        .await
+}
+
+pub async fn set_workspace_caps(
+    db: impl PgExecutor<'_>,
+    workspace: Uuid,
+    caps: &CapsRow,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO workspace_caps (workspace_id, max_cost_usd, max_turns, max_wall_s, updated_at)
+         VALUES ($1, $2, $3, $4, now())
+         ON CONFLICT (workspace_id) DO UPDATE
+            SET max_cost_usd = EXCLUDED.max_cost_usd, max_turns = EXCLUDED.max_turns,
+                max_wall_s = EXCLUDED.max_wall_s, updated_at = now()",
+    )
+    .bind(workspace)
+    .bind(caps.max_cost_usd)
+    .bind(caps.max_turns)
+    .bind(caps.max_wall_s)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+pub async fn workspace_caps(
+    db: impl PgExecutor<'_>,
+    workspace: Uuid,
+) -> Result<Option<CapsRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT max_cost_usd, max_turns, max_wall_s FROM workspace_caps WHERE workspace_id = $1",
+    )
+    .bind(workspace)
+    .fetch_optional(db)
+    .await
+}
+
+/// The caps of the workspace agent `agent` works in, with that workspace's id.
+pub async fn agent_workspace_caps(
+    db: impl PgExecutor<'_>,
+    agent: Uuid,
+) -> Result<Option<(Uuid, CapsRow)>, sqlx::Error> {
+    #[derive(FromRow)]
+    struct Row {
+        workspace_id: Uuid,
+        #[sqlx(flatten)]
+        caps: CapsRow,
+    }
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT c.workspace_id, c.max_cost_usd, c.max_turns, c.max_wall_s
+           FROM agents a JOIN workspace_caps c ON c.workspace_id = a.workspace_id
+          WHERE a.id = $1",
+    )
+    .bind(agent)
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map(|r| (r.workspace_id, r.caps)))
 }

@@ -1,6 +1,6 @@
-//! Budgets that hold mid-turn: a team's monthly budget and an agent's caps interrupt the
-//! turn that crosses them, refuse new prompts and agents with 429 `budget_exhausted`, and
-//! tell the team's hooks at 80 % and 100 %.
+//! Budgets that hold mid-turn: a team's monthly budget, an agent's and a workspace's caps
+//! interrupt the turn that crosses them, refuse new prompts and agents with 429
+//! `budget_exhausted`, and tell the team's hooks at 80 % and 100 %.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -433,4 +433,198 @@ async fn a_token_budget_counts_input_and_output_and_refuses_the_next_prompt() {
     assert_eq!(refused["budget"]["budget"], "team.tokens", "{refused}");
     assert_eq!(refused["budget"]["limit"], 1000.0, "{refused}");
     assert_eq!(refused["budget"]["used"], 1050.0, "{refused}");
+}
+
+#[tokio::test]
+async fn a_workspaces_caps_hold_over_all_its_agents_and_only_owners_set_them() {
+    let app = spawn_app().await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let ws = ws["id"].as_str().unwrap().to_owned();
+    let path = format!("/v1/workspaces/{ws}/budget");
+    let put = |body: Value| {
+        app.client
+            .put(app.url(&path))
+            .bearer_auth(&app.token)
+            .json(&body)
+            .send()
+    };
+    let unknown = expect_status(put(json!({"max_tokens": 5})).await.unwrap(), 422).await;
+    assert_eq!(unknown["code"], "validation_failed", "{unknown}");
+    let negative = expect_status(put(json!({"max_cost_usd": -1})).await.unwrap(), 422).await;
+    assert_eq!(negative["errors"][0]["field"], "max_cost_usd", "{negative}");
+    let set = expect_status(
+        put(json!({"max_cost_usd": 0.02, "max_turns": 3}))
+            .await
+            .unwrap(),
+        200,
+    )
+    .await;
+    assert_eq!(set["max_cost_usd"], 0.02, "{set}");
+    assert_eq!(set["max_turns"], 3, "{set}");
+    assert_eq!(set["used_turns"], 0, "{set}");
+
+    // Two agents share the workspace's caps: the first spends 0.018 USD in one call.
+    let first = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws, "provider": "mock"}),
+            201,
+        )
+        .await;
+    let first = first["id"].as_str().unwrap().to_owned();
+    app.wait(&first).await;
+    app.prompt(&first, "/spend 1000 1000 1 0").await;
+    assert_eq!(app.wait(&first).await["last_turn"]["outcome"], "completed");
+    // The second's turn would make five such calls, 30 s apart: the first crosses the
+    // workspace's cost cap and the turn is interrupted there.
+    let second = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws, "provider": "mock"}),
+            201,
+        )
+        .await;
+    let second = second["id"].as_str().unwrap().to_owned();
+    app.wait(&second).await;
+    app.prompt(&second, "/spend 1000 1000 5 30000").await;
+    app.wait(&second).await;
+    let (usage, end) = last_turn(&app, &second).await;
+    assert_eq!(end["data"]["outcome"], "canceled", "{end}");
+    assert_eq!(end["data"]["error_code"], "budget_exhausted", "{end}");
+    let error = end["data"]["error"].as_str().unwrap();
+    assert!(error.contains("workspace.cost_usd"), "{error}");
+    assert_eq!(
+        usage.len(),
+        1,
+        "stopped at the first usage event: {usage:?}"
+    );
+    let used = app.get_ok(&path).await;
+    assert_eq!(used["used_turns"], 2, "{used}");
+    assert!(
+        (used["used_cost_usd"].as_f64().unwrap() - 0.036).abs() < 1e-9,
+        "{used}"
+    );
+
+    // New prompts and new agents in the workspace: 429 naming the cap, which never resets.
+    let refused = app
+        .post_ok(
+            &format!("/v1/agents/{first}/messages"),
+            json!({"text": "again"}),
+            429,
+        )
+        .await;
+    assert_eq!(refused["code"], "budget_exhausted", "{refused}");
+    assert_eq!(
+        refused["budget"]["budget"], "workspace.cost_usd",
+        "{refused}"
+    );
+    assert_eq!(refused["budget"]["period"], "workspace", "{refused}");
+    assert!(refused["budget"].get("resets_at").is_none(), "{refused}");
+    let refused = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws, "provider": "mock"}),
+            429,
+        )
+        .await;
+    assert_eq!(
+        refused["budget"]["budget"], "workspace.cost_usd",
+        "{refused}"
+    );
+
+    // Lifting the cost cap leaves the turn cap: two turns used, one more may run.
+    expect_status(put(json!({"max_turns": 3})).await.unwrap(), 200).await;
+    app.prompt(&first, "hello").await;
+    assert_eq!(app.wait(&first).await["last_turn"]["outcome"], "completed");
+    let refused = app
+        .post_ok(
+            &format!("/v1/agents/{second}/messages"),
+            json!({"text": "once more"}),
+            429,
+        )
+        .await;
+    assert_eq!(refused["budget"]["budget"], "workspace.turns", "{refused}");
+    assert_eq!(refused["budget"]["limit"], 3.0, "{refused}");
+
+    // A member reads the caps but may not set them; someone of no team does not see them.
+    let team = default_team(&app).await;
+    let bo = crate::people::person(&app, "bo").await;
+    let carl = crate::people::person(&app, "carl").await;
+    let added = app
+        .client
+        .put(app.url(&format!("/v1/teams/{team}/members/{}", bo.id)))
+        .bearer_auth(&app.token)
+        .json(&json!({"role": "member"}))
+        .send()
+        .await
+        .unwrap();
+    expect_status(added, 201).await;
+    let read = bo.api.ok(Method::GET, &path, None, 200).await;
+    assert_eq!(read["max_turns"], 3, "{read}");
+    bo.api
+        .refused(Method::PUT, &path, Some(json!({})), 403, "forbidden")
+        .await;
+    carl.api
+        .refused(Method::GET, &path, None, 404, "not_found")
+        .await;
+}
+
+#[tokio::test]
+async fn with_the_ledger_off_no_turn_is_recorded_and_no_budget_can_be_set() {
+    let app = spawn_app_with(|s| s.usage.ledger = false).await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let team = default_team(&app).await;
+    let refused = expect_status(
+        put_budget(&app, &team, json!({"period": "month", "max_cost_usd": 1.0})).await,
+        422,
+    )
+    .await;
+    assert!(
+        refused["detail"].as_str().unwrap().contains("usage.ledger"),
+        "{refused}"
+    );
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let refused = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "mock", "budget": {"max_turns": 1}}),
+            422,
+        )
+        .await;
+    assert_eq!(refused["errors"][0]["field"], "budget", "{refused}");
+    let caps = app
+        .client
+        .put(app.url(&format!(
+            "/v1/workspaces/{}/budget",
+            ws["id"].as_str().unwrap()
+        )))
+        .bearer_auth(&app.token)
+        .json(&json!({"max_turns": 1}))
+        .send()
+        .await
+        .unwrap();
+    expect_status(caps, 422).await;
+    // A turn that reports a cost runs and is in its timeline, not in the ledger.
+    let agent = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "mock"}),
+            201,
+        )
+        .await;
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    app.wait(&agent).await;
+    app.prompt(&agent, "/spend 1000 1000 1 0").await;
+    assert_eq!(app.wait(&agent).await["last_turn"]["outcome"], "completed");
+    let (usage, _) = last_turn(&app, &agent).await;
+    assert_eq!(usage.len(), 1, "{usage:?}");
+    let report = app.get_ok("/v1/usage").await;
+    assert_eq!(report["totals"]["turns"], 0, "{report}");
 }

@@ -79,6 +79,10 @@ pub fn settings(data_dir: &Path) -> Settings {
     s.bridge_program = Some(env!("CARGO_BIN_EXE_agentry").into());
     // Stopping does not wait for running turns (tests that drain set it).
     s.cluster.drain_timeout_s = 0;
+    // Tests run many servers side by side, each with its own turns: none waits for a
+    // running-turn slot unless the test sets the limits (the host's default is for one
+    // deployment on the whole machine).
+    s.limits.max_running_turns = 0;
     s
 }
 

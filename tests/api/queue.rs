@@ -267,6 +267,16 @@ async fn thirty_prompts_of_three_teams_run_in_fair_order_at_a_limit_of_two_acros
         assert!(started["turn_id"].is_string(), "{started}");
         assert_eq!(app.wait(b).await["status"], "waiting_permission");
     }
+    // The team stream of the admin (who sees every team) hears each agent become queued.
+    let team_stream = app
+        .client
+        .get(app.url("/v1/events"))
+        .bearer_auth(&app.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(team_stream.status(), 200);
+    let mut team_stream = SseReader::from_response(team_stream);
     // Ten prompts of each team, red's first: they all wait.
     for agent in reds.iter().chain(&greens).chain(&blues) {
         let q = send(&app, agent, json!({"text": "hello"})).await;
@@ -299,6 +309,65 @@ async fn thirty_prompts_of_three_teams_run_in_fair_order_at_a_limit_of_two_acros
     let red_first = app.get_ok(&format!("/v1/agents/{}", reds[0])).await;
     assert_eq!(red_first["status"], "queued", "{red_first}");
     assert_eq!(red_first["queue"]["position"], 3, "{red_first}");
+    // Lists show the queued agents with their places, and filter on `queued`.
+    let listed = app.get_ok("/v1/agents?status=queued&limit=200").await;
+    let mut places: Vec<(i64, String)> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            assert_eq!(a["status"], "queued", "{a}");
+            assert_eq!(a["queue"]["waiting_for"], "capacity", "{a}");
+            (
+                a["queue"]["position"].as_i64().unwrap(),
+                a["id"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    places.sort();
+    let in_order: Vec<(i64, String)> = fair
+        .iter()
+        .enumerate()
+        .map(|(i, (_, a))| (i as i64 + 1, a.clone()))
+        .collect();
+    assert_eq!(places, in_order, "the queued agents, by their places");
+    let idle = app.get_ok("/v1/agents?status=idle&limit=200").await;
+    let idle: Vec<&str> = idle["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap())
+        .collect();
+    assert!(
+        fair.iter().all(|(_, a)| !idle.contains(&a.as_str())),
+        "a queued agent is not listed as idle: {idle:?}"
+    );
+    let all = app.get_ok("/v1/agents?limit=200").await;
+    let red_listed = all["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["id"] == reds[0].as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(red_listed["status"], "queued", "{red_listed}");
+    assert_eq!(red_listed["queue"]["position"], 3, "{red_listed}");
+    let mut heard = std::collections::HashMap::new();
+    while heard.len() < fair.len() {
+        let ev = team_stream
+            .next(Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|| panic!("agent_status queued for every agent; heard {heard:?}"));
+        let data = &ev.data["data"];
+        if ev.event == "agent_status" && data["status"] == "queued" {
+            heard.insert(
+                data["agent_id"].as_str().unwrap().to_owned(),
+                data["position"].as_i64().unwrap(),
+            );
+        }
+    }
+    assert_eq!(heard[&blues[0]], 2, "{heard:?}");
+    drop(team_stream);
     // Over the limit, a client that does not want to wait is refused.
     let refused = app
         .post(
@@ -381,6 +450,17 @@ async fn a_replica_queues_and_cancels_for_an_agent_another_replica_runs() {
         .get_ok(&format!("/v1/agents/{id}/messages?state=queued"))
         .await;
     assert_eq!(listed["items"].as_array().unwrap().len(), 2, "{listed}");
+    // Its queue, as the other replica shows it: the agent waits for its own turn.
+    let queue = b.get_ok("/v1/queue").await;
+    assert_eq!(queue["items"].as_array().unwrap().len(), 1, "{queue}");
+    let entry = &queue["items"][0];
+    assert_eq!(entry["agent_id"], id.as_str(), "{queue}");
+    assert_eq!(entry["waiting_for"], "agent_busy", "{queue}");
+    assert_eq!(entry["messages"], 2, "{queue}");
+    assert_eq!(entry["message_id"], kept["message_id"], "{queue}");
+    let shown = b.get_ok(&format!("/v1/agents/{id}")).await;
+    assert_eq!(shown["status"], "waiting_permission", "{shown}");
+    assert_eq!(shown["queue"]["messages"], 2, "{shown}");
     let cancel = b
         .delete(&format!(
             "/v1/agents/{id}/messages/{}",
