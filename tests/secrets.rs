@@ -806,6 +806,127 @@ async fn under_the_proxy_network_pi_gets_its_key_added_outside_the_sandbox() {
     .await;
 }
 
+/// The same for the real OpenCode: its configured model provider names the key as
+/// `{env:NAME}` of a team secret; the configuration it is given holds the brokered URL
+/// and the placeholder instead, and the server still drives OpenCode's HTTP server, which
+/// runs in the sandbox's own network namespace, through the bridge.
+#[tokio::test]
+async fn under_the_proxy_network_opencode_gets_its_key_added_outside_the_sandbox() {
+    let cli = clis::cli("opencode");
+    let fake = FakeChat::start().await;
+    let home = tempfile::tempdir().unwrap();
+    let config = json!({
+        "model": format!("fake/{}", fake_chat::MODEL),
+        "small_model": format!("fake/{}", fake_chat::MODEL),
+        "provider": {"fake": {
+            "npm": "@ai-sdk/openai-compatible",
+            "options": {"baseURL": fake.base_url(), "apiKey": "{env:FAKE_OPENCODE_KEY}"},
+            "models": {fake_chat::MODEL: {"name": "Fake", "tool_call": true,
+                "limit": {"context": 100000, "output": 4096}}},
+        }},
+    });
+    let h = home.path().to_path_buf();
+    let app = spawn_app_with(move |s: &mut Settings| {
+        s.sandbox.network = agentry::config::SandboxNetwork::Proxy;
+        let dir = |d: &str| h.join(d).display().to_string();
+        let env = BTreeMap::from([
+            ("OPENCODE_CONFIG_CONTENT".to_owned(), config.to_string()),
+            ("HOME".to_owned(), h.display().to_string()),
+            ("XDG_CONFIG_HOME".to_owned(), dir(".config")),
+            ("XDG_DATA_HOME".to_owned(), dir(".local/share")),
+            ("XDG_STATE_HOME".to_owned(), dir(".local/state")),
+            ("XDG_CACHE_HOME".to_owned(), dir(".cache")),
+            (
+                "npm_config_registry".to_owned(),
+                "http://127.0.0.1:9/".to_owned(),
+            ),
+        ]);
+        s.providers.insert(
+            "opencode".into(),
+            ProviderSettings {
+                command: Some(vec![cli.display().to_string()]),
+                env,
+                team_secrets: vec!["FAKE_OPENCODE_KEY".into()],
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let repo = git_repo();
+    let team = default_team(&app).await;
+    let key = format!("sk-opencode-brokered-{}", Uuid::now_v7().simple());
+    set_secret(&app, &app.token, &team, "FAKE_OPENCODE_KEY", &key).await;
+
+    let opencode = provider(&app, &app.token, "opencode").await;
+    assert_eq!(opencode["available"], true, "{opencode}");
+    assert_eq!(opencode["credential"], "brokered", "{opencode}");
+
+    let ws = workspace(&app, &app.token, &team, repo.path()).await;
+    let (s, agent) = call(
+        &app,
+        &app.token,
+        Method::POST,
+        "/v1/agents",
+        Some(json!({"workspace_id": ws, "provider": "opencode", "mode": "build"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{agent}");
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    fake.push(fake_chat::Reply::text("Hello through the broker."));
+    let waited = turn(&app, &app.token, &agent, "say hello").await;
+    assert_eq!(waited["last_turn"]["outcome"], "completed", "{waited}");
+    assert!(
+        agent_texts(&app, &app.token, &agent)
+            .await
+            .contains("Hello through the broker."),
+        "the model's answer reached the timeline"
+    );
+    let completions = fake.completions();
+    assert!(!completions.is_empty(), "the CLI called the model");
+    let bearer = format!("Bearer {key}");
+    for r in &completions {
+        assert_eq!(
+            r.header("authorization"),
+            Some(bearer.as_str()),
+            "{}",
+            r.line
+        );
+    }
+
+    key_stays_outside(
+        &app,
+        &agent,
+        &key,
+        "opencode",
+        "OPENCODE_DISABLE_PROJECT_CONFIG=1",
+        "OPENCODE_DISABLE_PROJECT_CONFIG=1",
+        &[repo.path(), home.path()],
+    )
+    .await;
+    // The configuration the CLI runs with names the brokered URL and the placeholder.
+    let (_, a) = call(
+        &app,
+        &app.token,
+        Method::GET,
+        &format!("/v1/agents/{agent}"),
+        None,
+    )
+    .await;
+    let tree = process_tree(a["runtime"]["pid"].as_i64().unwrap() as i32);
+    let configs: Vec<String> = tree
+        .iter()
+        .flat_map(|p| environ(*p))
+        .filter(|v| v.starts_with("OPENCODE_CONFIG_CONTENT="))
+        .collect();
+    assert!(!configs.is_empty(), "the CLI has its configuration");
+    for c in &configs {
+        assert!(
+            c.contains("http://127.0.0.1:3128/opencode/fake") && c.contains("agentry-brokered-key"),
+            "{c}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn no_value_reaches_the_log_or_the_database_dump_whatever_happens_to_it() {
     capture_logs();
