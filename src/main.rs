@@ -74,6 +74,12 @@ enum Command {
         /// The egress endpoint's Unix socket.
         #[arg(long)]
         socket: PathBuf,
+        /// A Unix socket whose connections go to `--inbound-port` on loopback.
+        #[arg(long, requires = "inbound_port")]
+        inbound: Option<PathBuf>,
+        /// The loopback port `--inbound` leads to.
+        #[arg(long, requires = "inbound")]
+        inbound_port: Option<u16>,
         /// The CLI and its arguments.
         #[arg(last = true, required = true)]
         argv: Vec<String>,
@@ -136,12 +142,15 @@ fn main() -> anyhow::Result<()> {
     if let Command::SandboxBridge {
         listen,
         socket,
+        inbound,
+        inbound_port,
         argv,
     } = cli.command
     {
         return agentry::egress::bridge::run(agentry::egress::bridge::BridgeArgs {
             listen,
             socket,
+            inbound: inbound.zip(inbound_port),
             argv,
         });
     }

@@ -83,6 +83,7 @@ impl Rig {
         let table = codex_settings(&cli, &fake.base_url(), home.path(), model, true);
         let app = spawn_app_with(|s| {
             s.providers.insert("codex".into(), table);
+            cli_world::network_from_env(s);
             tweak(s);
         })
         .await;
@@ -419,6 +420,7 @@ async fn after_a_server_restart_the_next_prompt_resumes_the_thread() {
     let table = codex_settings(&cli, &fake.base_url(), home.path(), &model, true);
     let app = spawn_on_with(db, data_dir, Some(token), |s| {
         s.providers.insert("codex".into(), table);
+        cli_world::network_from_env(s);
     })
     .await;
     let rig = Rig {

@@ -25,6 +25,18 @@ mod fake_forge;
 #[allow(dead_code)]
 mod fake_anthropic;
 
+#[path = "support/fake_openai.rs"]
+#[allow(dead_code)]
+mod fake_openai;
+
+#[path = "support/fake_chat.rs"]
+#[allow(dead_code)]
+mod fake_chat;
+
+#[path = "support/http.rs"]
+#[allow(dead_code)]
+mod http;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
@@ -33,6 +45,8 @@ use agentry::auth::tokens;
 use agentry::config::{ProviderSettings, Settings};
 use agentry::store::identity;
 use fake_anthropic::{FakeAnthropic, Reply};
+use fake_chat::FakeChat;
+use fake_openai::FakeOpenAi;
 use helpers::*;
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -534,9 +548,37 @@ async fn under_the_proxy_network_the_team_key_is_added_outside_the_sandbox() {
     assert!(!keys.is_empty(), "the CLI called the model");
     assert!(keys.iter().all(|k| *k == key), "{keys:?}");
 
-    // The CLI runs (still) with the placeholder and the agent's endpoint, not the key.
-    let (_, a) = call(
+    key_stays_outside(
         &app,
+        &agent,
+        &key,
+        "claude",
+        "ANTHROPIC_BASE_URL=http://127.0.0.1:3128/anthropic",
+        "ANTHROPIC_API_KEY=agentry-brokered-key",
+        &[repo.path()],
+    )
+    .await;
+    assert!(
+        app.data_dir.path().join("agent-homes").is_dir(),
+        "the agent's home was searched"
+    );
+}
+
+/// The running CLI of `agent` (the deepest process of its sandbox whose command line
+/// holds `cli` and whose environment holds `marker`) has `placeholder` in its
+/// environment; no process of the sandbox has `key` in its environment, and no file of
+/// the data dir (the agent's home, worktree, endpoint) nor of `dirs` holds it.
+async fn key_stays_outside(
+    app: &TestApp,
+    agent: &str,
+    key: &str,
+    cli: &str,
+    marker: &str,
+    placeholder: &str,
+    dirs: &[&Path],
+) {
+    let (_, a) = call(
+        app,
         &app.token,
         Method::GET,
         &format!("/v1/agents/{agent}"),
@@ -551,40 +593,338 @@ async fn under_the_proxy_network_the_team_key_is_added_outside_the_sandbox() {
         .iter()
         .rev()
         .find(|p| {
-            environ(**p)
-                .iter()
-                .any(|v| v == "ANTHROPIC_BASE_URL=http://127.0.0.1:3128/anthropic")
+            environ(**p).iter().any(|v| v == marker)
                 && std::fs::read(format!("/proc/{p}/cmdline"))
-                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains("claude"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(cli))
         })
         .unwrap_or_else(|| panic!("the CLI is in the sandbox's tree {tree:?}"));
     let cli_env = environ(cli_pid);
-    assert!(
-        cli_env
-            .iter()
-            .any(|v| v == "ANTHROPIC_API_KEY=agentry-brokered-key"),
-        "{cli_env:?}"
-    );
+    assert!(cli_env.iter().any(|v| v == placeholder), "{cli_env:?}");
     for p in &tree {
         let env = environ(*p);
         assert!(
-            !env.iter().any(|v| v.contains(&key)),
+            !env.iter().any(|v| v.contains(key)),
             "the key is in the environment of {p}"
         );
     }
-
-    // No file of the server's data dir (the agent's home, its worktree, its endpoint)
-    // nor of the repository the sandbox commits to holds the key.
     let mut found = Vec::new();
     let mut seen = 0;
-    files_holding(app.data_dir.path(), &key, &mut found, &mut seen);
-    files_holding(repo.path(), &key, &mut found, &mut seen);
+    files_holding(app.data_dir.path(), key, &mut found, &mut seen);
+    for dir in dirs {
+        files_holding(dir, key, &mut found, &mut seen);
+    }
     assert!(seen > 10, "the files were read ({seen})");
-    assert!(
-        app.data_dir.path().join("agent-homes").is_dir(),
-        "the agent's home was searched"
-    );
     assert!(found.is_empty(), "the key is in {found:?}");
+}
+
+/// The same for the real Codex: its model provider (defined in the provider's `args`
+/// with `env_key`) is given the brokered URL by a configuration override, and its key
+/// variable the placeholder; the fake OpenAI server receives the team's key.
+#[tokio::test]
+async fn under_the_proxy_network_codex_gets_its_key_added_outside_the_sandbox() {
+    let cli = clis::cli("codex");
+    let fake = FakeOpenAi::start().await;
+    let home = tempfile::tempdir().unwrap();
+    let (url, h) = (fake.base_url(), home.path().to_path_buf());
+    let app = spawn_app_with(move |s: &mut Settings| {
+        s.sandbox.network = agentry::config::SandboxNetwork::Proxy;
+        let env = BTreeMap::from([
+            ("CODEX_HOME".to_owned(), h.display().to_string()),
+            ("HOME".to_owned(), h.display().to_string()),
+        ]);
+        s.providers.insert(
+            "codex".into(),
+            ProviderSettings {
+                command: Some(vec![cli.display().to_string()]),
+                args: vec![
+                    "-c".into(),
+                    "model=fake-model".into(),
+                    "-c".into(),
+                    "model_provider=fake".into(),
+                    "-c".into(),
+                    format!(
+                        r#"model_providers.fake={{name="Fake",base_url="{url}",env_key="FAKE_OPENAI_KEY",wire_api="responses"}}"#
+                    ),
+                ],
+                env,
+                team_secrets: vec!["FAKE_OPENAI_KEY".into()],
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let repo = git_repo();
+    let team = default_team(&app).await;
+    let key = format!("sk-openai-brokered-{}", Uuid::now_v7().simple());
+    set_secret(&app, &app.token, &team, "FAKE_OPENAI_KEY", &key).await;
+
+    let codex = provider(&app, &app.token, "codex").await;
+    assert_eq!(codex["available"], true, "{codex}");
+    assert_eq!(codex["credential"], "brokered", "{codex}");
+    assert_eq!(codex["credential_reason"], Value::Null, "{codex}");
+
+    let ws = workspace(&app, &app.token, &team, repo.path()).await;
+    let (s, agent) = call(
+        &app,
+        &app.token,
+        Method::POST,
+        "/v1/agents",
+        Some(json!({"workspace_id": ws, "provider": "codex", "mode": "auto"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{agent}");
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    fake.script([fake_openai::Reply::text("Hello through the broker.")]);
+    let waited = turn(&app, &app.token, &agent, "say hello").await;
+    assert_eq!(waited["last_turn"]["outcome"], "completed", "{waited}");
+    assert!(
+        agent_texts(&app, &app.token, &agent)
+            .await
+            .contains("Hello through the broker."),
+        "the model's answer reached the timeline"
+    );
+    let sent = fake.authorizations();
+    assert!(!sent.is_empty(), "the CLI called the model");
+    let bearer = format!("Bearer {key}");
+    assert!(sent.iter().all(|a| *a == bearer), "{sent:?}");
+
+    key_stays_outside(
+        &app,
+        &agent,
+        &key,
+        "codex",
+        "FAKE_OPENAI_KEY=agentry-brokered-key",
+        "FAKE_OPENAI_KEY=agentry-brokered-key",
+        &[repo.path(), home.path()],
+    )
+    .await;
+    // The override reached the CLI's command line.
+    let (_, a) = call(
+        &app,
+        &app.token,
+        Method::GET,
+        &format!("/v1/agents/{agent}"),
+        None,
+    )
+    .await;
+    let tree = process_tree(a["runtime"]["pid"].as_i64().unwrap() as i32);
+    assert!(
+        tree.iter().any(
+            |p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
+                String::from_utf8_lossy(&c)
+                    .contains(r#"model_providers.fake.base_url="http://127.0.0.1:3128/openai""#)
+            })
+        ),
+        "the brokered base URL is passed as an override"
+    );
+}
+
+/// The same for the real Pi: its agent directory's `models.json` names the key by a
+/// variable the team sets; the sandbox is shown a `models.json` with the brokered URL
+/// and the placeholder in its place, and the fake model server receives the team's key.
+#[tokio::test]
+async fn under_the_proxy_network_pi_gets_its_key_added_outside_the_sandbox() {
+    let cli = clis::cli("pi");
+    let fake = FakeChat::start().await;
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().join("agent");
+    std::fs::create_dir_all(&dir).unwrap();
+    let models = json!({"providers": {"fake": {
+        "baseUrl": fake.base_url(), "api": "openai-completions", "apiKey": "FAKE_PI_KEY",
+        "compat": {"supportsDeveloperRole": false, "supportsReasoningEffort": false},
+        "models": [{"id": fake_chat::MODEL}]}}});
+    std::fs::write(dir.join("models.json"), models.to_string()).unwrap();
+    let settings = json!({"defaultProvider": "fake", "defaultModel": fake_chat::MODEL});
+    std::fs::write(dir.join("settings.json"), settings.to_string()).unwrap();
+    let (d, h) = (dir.clone(), home.path().to_path_buf());
+    let app = spawn_app_with(move |s: &mut Settings| {
+        s.sandbox.network = agentry::config::SandboxNetwork::Proxy;
+        let env = BTreeMap::from([
+            ("PI_CODING_AGENT_DIR".to_owned(), d.display().to_string()),
+            ("HOME".to_owned(), h.display().to_string()),
+        ]);
+        s.providers.insert(
+            "pi".into(),
+            ProviderSettings {
+                command: Some(vec![cli.display().to_string()]),
+                env,
+                team_secrets: vec!["FAKE_PI_KEY".into()],
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let repo = git_repo();
+    let team = default_team(&app).await;
+    let key = format!("sk-pi-brokered-{}", Uuid::now_v7().simple());
+    set_secret(&app, &app.token, &team, "FAKE_PI_KEY", &key).await;
+
+    let pi = provider(&app, &app.token, "pi").await;
+    assert_eq!(pi["available"], true, "{pi}");
+    assert_eq!(pi["credential"], "brokered", "{pi}");
+
+    let ws = workspace(&app, &app.token, &team, repo.path()).await;
+    let (s, agent) = call(
+        &app,
+        &app.token,
+        Method::POST,
+        "/v1/agents",
+        Some(json!({"workspace_id": ws, "provider": "pi", "mode": "ask"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{agent}");
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    fake.push(fake_chat::Reply::text("Hello through the broker."));
+    let waited = turn(&app, &app.token, &agent, "say hello").await;
+    assert_eq!(waited["last_turn"]["outcome"], "completed", "{waited}");
+    let completions = fake.completions();
+    assert!(!completions.is_empty(), "the CLI called the model");
+    let bearer = format!("Bearer {key}");
+    for r in &completions {
+        assert_eq!(
+            r.header("authorization"),
+            Some(bearer.as_str()),
+            "{}",
+            r.line
+        );
+    }
+    // The configured file is untouched: the sandbox saw the rewritten one instead.
+    assert_eq!(
+        std::fs::read_to_string(dir.join("models.json")).unwrap(),
+        models.to_string()
+    );
+
+    key_stays_outside(
+        &app,
+        &agent,
+        &key,
+        "pi",
+        &format!("PI_CODING_AGENT_DIR={}", dir.display()),
+        &format!("PI_CODING_AGENT_DIR={}", dir.display()),
+        &[repo.path(), home.path()],
+    )
+    .await;
+}
+
+/// The same for the real OpenCode: its configured model provider names the key as
+/// `{env:NAME}` of a team secret; the configuration it is given holds the brokered URL
+/// and the placeholder instead, and the server still drives OpenCode's HTTP server, which
+/// runs in the sandbox's own network namespace, through the bridge.
+#[tokio::test]
+async fn under_the_proxy_network_opencode_gets_its_key_added_outside_the_sandbox() {
+    let cli = clis::cli("opencode");
+    let fake = FakeChat::start().await;
+    let home = tempfile::tempdir().unwrap();
+    let config = json!({
+        "model": format!("fake/{}", fake_chat::MODEL),
+        "small_model": format!("fake/{}", fake_chat::MODEL),
+        "provider": {"fake": {
+            "npm": "@ai-sdk/openai-compatible",
+            "options": {"baseURL": fake.base_url(), "apiKey": "{env:FAKE_OPENCODE_KEY}"},
+            "models": {fake_chat::MODEL: {"name": "Fake", "tool_call": true,
+                "limit": {"context": 100000, "output": 4096}}},
+        }},
+    });
+    let h = home.path().to_path_buf();
+    let app = spawn_app_with(move |s: &mut Settings| {
+        s.sandbox.network = agentry::config::SandboxNetwork::Proxy;
+        let dir = |d: &str| h.join(d).display().to_string();
+        let env = BTreeMap::from([
+            ("OPENCODE_CONFIG_CONTENT".to_owned(), config.to_string()),
+            ("HOME".to_owned(), h.display().to_string()),
+            ("XDG_CONFIG_HOME".to_owned(), dir(".config")),
+            ("XDG_DATA_HOME".to_owned(), dir(".local/share")),
+            ("XDG_STATE_HOME".to_owned(), dir(".local/state")),
+            ("XDG_CACHE_HOME".to_owned(), dir(".cache")),
+            (
+                "npm_config_registry".to_owned(),
+                "http://127.0.0.1:9/".to_owned(),
+            ),
+        ]);
+        s.providers.insert(
+            "opencode".into(),
+            ProviderSettings {
+                command: Some(vec![cli.display().to_string()]),
+                env,
+                team_secrets: vec!["FAKE_OPENCODE_KEY".into()],
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let repo = git_repo();
+    let team = default_team(&app).await;
+    let key = format!("sk-opencode-brokered-{}", Uuid::now_v7().simple());
+    set_secret(&app, &app.token, &team, "FAKE_OPENCODE_KEY", &key).await;
+
+    let opencode = provider(&app, &app.token, "opencode").await;
+    assert_eq!(opencode["available"], true, "{opencode}");
+    assert_eq!(opencode["credential"], "brokered", "{opencode}");
+
+    let ws = workspace(&app, &app.token, &team, repo.path()).await;
+    let (s, agent) = call(
+        &app,
+        &app.token,
+        Method::POST,
+        "/v1/agents",
+        Some(json!({"workspace_id": ws, "provider": "opencode", "mode": "build"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{agent}");
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    fake.push(fake_chat::Reply::text("Hello through the broker."));
+    let waited = turn(&app, &app.token, &agent, "say hello").await;
+    assert_eq!(waited["last_turn"]["outcome"], "completed", "{waited}");
+    assert!(
+        agent_texts(&app, &app.token, &agent)
+            .await
+            .contains("Hello through the broker."),
+        "the model's answer reached the timeline"
+    );
+    let completions = fake.completions();
+    assert!(!completions.is_empty(), "the CLI called the model");
+    let bearer = format!("Bearer {key}");
+    for r in &completions {
+        assert_eq!(
+            r.header("authorization"),
+            Some(bearer.as_str()),
+            "{}",
+            r.line
+        );
+    }
+
+    key_stays_outside(
+        &app,
+        &agent,
+        &key,
+        "opencode",
+        "OPENCODE_DISABLE_PROJECT_CONFIG=1",
+        "OPENCODE_DISABLE_PROJECT_CONFIG=1",
+        &[repo.path(), home.path()],
+    )
+    .await;
+    // The configuration the CLI runs with names the brokered URL and the placeholder.
+    let (_, a) = call(
+        &app,
+        &app.token,
+        Method::GET,
+        &format!("/v1/agents/{agent}"),
+        None,
+    )
+    .await;
+    let tree = process_tree(a["runtime"]["pid"].as_i64().unwrap() as i32);
+    let configs: Vec<String> = tree
+        .iter()
+        .flat_map(|p| environ(*p))
+        .filter(|v| v.starts_with("OPENCODE_CONFIG_CONTENT="))
+        .collect();
+    assert!(!configs.is_empty(), "the CLI has its configuration");
+    for c in &configs {
+        assert!(
+            c.contains("http://127.0.0.1:3128/opencode/fake") && c.contains("agentry-brokered-key"),
+            "{c}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -3,14 +3,16 @@
 //! forwards every connection byte for byte to the agent's egress endpoint (a Unix socket
 //! mounted into the sandbox), starts the CLI's argv with its stdio inherited, passes
 //! `TERM` and `INT` on to it, and ends as the CLI ended: with its exit code, or killed by
-//! the same signal.
+//! the same signal. When the CLI serves the server on a loopback port (OpenCode's HTTP
+//! server), the bridge also listens on a Unix socket in the endpoint's directory, which
+//! the server reaches from outside, and forwards each connection to that port.
 
 use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tokio::net::{TcpListener, UnixStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::Semaphore;
 
@@ -22,7 +24,14 @@ const MAX_CONNECTIONS: usize = 256;
 pub struct BridgeArgs {
     pub listen: SocketAddr,
     pub socket: PathBuf,
+    /// A Unix socket to listen on, and the loopback port its connections go to.
+    pub inbound: Option<(PathBuf, u16)>,
     pub argv: Vec<String>,
+}
+
+/// The name of the inbound socket for loopback port `port` in an endpoint's directory.
+pub fn inbound_socket_name(port: u16) -> String {
+    format!("inbound-{port}.sock")
 }
 
 /// Run the bridge; returns only when it could not start (the process otherwise ends
@@ -56,6 +65,13 @@ async fn bridge(args: BridgeArgs) -> anyhow::Result<std::process::ExitStatus> {
     let listener = TcpListener::bind(args.listen)
         .await
         .map_err(|e| anyhow::anyhow!("sandbox-bridge: cannot listen on {}: {e}", args.listen))?;
+    if let Some((path, port)) = &args.inbound {
+        let _ = std::fs::remove_file(path);
+        let inbound = UnixListener::bind(path).map_err(|e| {
+            anyhow::anyhow!("sandbox-bridge: cannot listen on {}: {e}", path.display())
+        })?;
+        tokio::spawn(serve_inbound(inbound, *port));
+    }
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut child = tokio::process::Command::new(program)
@@ -99,5 +115,27 @@ async fn bridge(args: BridgeArgs) -> anyhow::Result<std::process::ExitStatus> {
                 });
             }
         }
+    }
+}
+
+/// Forward each connection to `inbound` to loopback port `port` (the server reaching a
+/// CLI's own server from outside the network namespace).
+async fn serve_inbound(inbound: UnixListener, port: u16) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok((mut unix, _)) = inbound.accept().await else {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            continue;
+        };
+        let slots = slots.clone();
+        tokio::spawn(async move {
+            let Ok(_permit) = slots.acquire_owned().await else {
+                return;
+            };
+            // Refused while the CLI is still starting: the server's caller tries again.
+            if let Ok(mut tcp) = TcpStream::connect(("127.0.0.1", port)).await {
+                let _ = tokio::io::copy_bidirectional(&mut unix, &mut tcp).await;
+            }
+        });
     }
 }

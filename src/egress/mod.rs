@@ -252,6 +252,11 @@ impl Egress {
         &self.inner.root
     }
 
+    /// The directory of `agent`'s endpoint (it exists while the endpoint is open).
+    pub fn endpoint_dir(&self, agent: AgentId) -> PathBuf {
+        self.inner.root.join(agent.uuid().to_string())
+    }
+
     /// Open (or reopen, closing the old one) `agent`'s endpoint with its allow list and
     /// brokered providers; the answer is what its sandbox needs. Needs a Tokio runtime.
     pub fn open(
@@ -265,7 +270,7 @@ impl Egress {
         let root = &self.inner.root;
         std::fs::create_dir_all(root)?;
         std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))?;
-        let dir = root.join(agent.uuid().to_string());
+        let dir = self.endpoint_dir(agent);
         match std::fs::create_dir(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}

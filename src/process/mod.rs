@@ -66,6 +66,10 @@ pub struct CommandSpec {
     /// What the process is called in its span when `program` is only a wrapper around
     /// it (a sandbox's launcher): the wrapped program's name.
     pub wraps: Option<String>,
+    /// A loopback port the process serves the server on (OpenCode's HTTP server). When it
+    /// runs in a network namespace of its own, its launcher makes the port reachable
+    /// (`ProcessLauncher::reach`).
+    pub serves: Option<u16>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -1108,6 +1112,7 @@ mod tests {
             pass_env: Vec::new(),
             secret_env: SecretEnv::new(),
             wraps: None,
+            serves: None,
         }
     }
 

@@ -1873,6 +1873,7 @@ async fn start_session(
             pass_env: cfg.pass_env.clone(),
             secret_env: Default::default(),
             wraps: None,
+            serves: None,
         })
         .await?;
     let pid = child.pid();

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use serde_json::Value;
 use url::Url;
 
 use crate::domain::SecretValue;
@@ -35,8 +36,54 @@ pub struct KeyVar {
 pub enum Credential {
     /// The CLI takes its base URL from `base_url_var`: it can be brokered.
     Brokerable(BrokerSpec),
+    /// The CLI takes its base URL from its own configuration (arguments, a JSON
+    /// variable): the adapter reads that configuration and says how to rewrite it.
+    Configured(fn(&BrokerInput<'_>) -> Result<Brokering, String>),
     /// It cannot: why.
     Inside(&'static str),
+}
+
+/// What a `Credential::Configured` adapter decides from: the CLI's configured arguments
+/// and each variable's value as the CLI would see it.
+pub struct BrokerInput<'a> {
+    pub provider: &'a str,
+    /// The provider's `args` setting.
+    pub args: &'a [String],
+    pub var: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl BrokerInput<'_> {
+    /// A variable's value, when it is set and not empty.
+    pub fn set(&self, name: &str) -> Option<String> {
+        (self.var)(name).filter(|v| !v.is_empty())
+    }
+}
+
+/// A value set inside the JSON object a variable of the CLI holds (OpenCode's
+/// configuration): `path` names nested object keys, made when missing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JsonSet {
+    pub var: String,
+    pub path: Vec<String>,
+    pub value: Value,
+}
+
+/// The header that carries `key` upstream.
+pub fn key_header(header: KeyHeader, key: String) -> (String, SecretValue) {
+    match header {
+        KeyHeader::Named(name) => (name.to_owned(), SecretValue::new(key)),
+        KeyHeader::Bearer => (
+            "Authorization".to_owned(),
+            SecretValue::new(format!("Bearer {key}")),
+        ),
+    }
+}
+
+/// `text` as an http(s) URL with a host, the upstream of a brokered provider.
+pub fn upstream_url(text: &str) -> Option<Url> {
+    Url::parse(text)
+        .ok()
+        .filter(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some())
 }
 
 /// A CLI whose model API base URL is a variable.
@@ -60,13 +107,21 @@ pub struct BrokerSpec {
 }
 
 /// One launch's brokering: what the proxy adds and what the CLI is given instead.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Brokering {
-    pub brokered: Brokered,
+    /// One per upstream the CLI's configuration names (each under its own path).
+    pub brokered: Vec<Brokered>,
     /// Variables the CLI must not get from anywhere (every key variable).
     pub withhold: Vec<String>,
     /// Variables set for the CLI: the brokered base URL and the placeholder key.
     pub env: BTreeMap<String, String>,
+    /// Arguments appended to the CLI's own (configuration overrides).
+    pub args: Vec<String>,
+    /// Values set in the JSON configuration a variable of the CLI holds.
+    pub json_env: Vec<JsonSet>,
+    /// Files shown read-only inside the sandbox at these paths in place of what is there:
+    /// (path, contents). A configuration file rewritten with the brokered URL.
+    pub files: Vec<(std::path::PathBuf, String)>,
 }
 
 impl BrokerSpec {
@@ -106,30 +161,23 @@ impl BrokerSpec {
                 None => return Err(format!("{} is not set", self.base_url_var)),
             },
         };
-        let upstream_base = Url::parse(&upstream)
-            .ok()
-            .filter(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some())
+        let upstream_base = upstream_url(&upstream)
             .ok_or_else(|| format!("{} is not an http(s) URL", self.base_url_var))?;
-        let header = match key_var.header {
-            KeyHeader::Named(name) => (name.to_owned(), SecretValue::new(key)),
-            KeyHeader::Bearer => (
-                "Authorization".to_owned(),
-                SecretValue::new(format!("Bearer {key}")),
-            ),
-        };
+        let header = key_header(key_var.header, key);
         let env = BTreeMap::from([
             (self.base_url_var.to_owned(), brokered_base_url(self.prefix)),
             (key_var.var.to_owned(), PLACEHOLDER_KEY.to_owned()),
         ]);
         Ok(Brokering {
-            brokered: Brokered {
+            brokered: vec![Brokered {
                 provider: provider.to_owned(),
                 path_prefix: self.prefix.to_owned(),
                 upstream_base,
                 headers: vec![header],
-            },
+            }],
             withhold: self.keys.iter().map(|k| k.var.to_owned()).collect(),
             env,
+            ..Brokering::default()
         })
     }
 }
@@ -173,9 +221,12 @@ mod tests {
                 vars(&[("TOKEN", "tok"), ("BASE", "http://127.0.0.1:9/v1")]),
             )
             .unwrap();
-        assert_eq!(b.brokered.upstream_base.as_str(), "http://127.0.0.1:9/v1");
-        assert_eq!(b.brokered.headers[0].0, "Authorization");
-        assert_eq!(b.brokered.headers[0].1.expose(), "Bearer tok");
+        assert_eq!(
+            b.brokered[0].upstream_base.as_str(),
+            "http://127.0.0.1:9/v1"
+        );
+        assert_eq!(b.brokered[0].headers[0].0, "Authorization");
+        assert_eq!(b.brokered[0].headers[0].1.expose(), "Bearer tok");
         assert_eq!(b.withhold, ["API_KEY", "TOKEN"]);
         assert_eq!(b.env["BASE"], "http://127.0.0.1:3128/anthropic");
         assert_eq!(b.env["TOKEN"], PLACEHOLDER_KEY);
@@ -185,11 +236,11 @@ mod tests {
             .resolve("claude", vars(&[("API_KEY", "k"), ("TOKEN", "t")]))
             .unwrap();
         assert_eq!(
-            b.brokered.upstream_base.as_str(),
+            b.brokered[0].upstream_base.as_str(),
             "https://api.example.com/"
         );
-        assert_eq!(b.brokered.headers[0].0, "x-api-key");
-        assert_eq!(b.brokered.headers[0].1.expose(), "k");
+        assert_eq!(b.brokered[0].headers[0].0, "x-api-key");
+        assert_eq!(b.brokered[0].headers[0].1.expose(), "k");
     }
 
     #[test]

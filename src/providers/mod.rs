@@ -111,6 +111,14 @@ pub trait ProcessLauncher: Send + Sync {
     fn confined(&self) -> bool {
         false
     }
+
+    /// How the server reaches loopback port `port` of a process it launches with
+    /// `serves: Some(port)`: `None` when the process shares the server's network (connect
+    /// to `127.0.0.1:port`), else the Unix socket on the host that leads to that port in
+    /// the process's own network namespace.
+    fn reach(&self, _port: u16) -> Option<std::path::PathBuf> {
+        None
+    }
 }
 
 /// Where a catalog is probed: the server-wide default, or one workspace's directory (a

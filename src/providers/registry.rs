@@ -18,7 +18,7 @@ use crate::config::{BuiltInCli, ProviderSettings};
 use crate::domain::SecretEnv;
 
 use super::acp::{AcpProvider, AcpProviderConfig};
-use super::broker::{Brokering, Credential};
+use super::broker::{BrokerInput, Brokering, Credential};
 use super::mock::mock_provider;
 use super::{Builtin, CatalogScope, CliConfig, ModeInfo, ModelInfo, Probe, Provider};
 
@@ -66,6 +66,7 @@ struct CredentialSource {
     credential: Credential,
     env: BTreeMap<String, String>,
     pass_env: Vec<String>,
+    args: Vec<String>,
 }
 
 impl CredentialSource {
@@ -74,6 +75,7 @@ impl CredentialSource {
             credential: b.credential,
             env: cfg.env.clone(),
             pass_env: cfg.pass_env.clone(),
+            args: cfg.args.clone(),
         }
     }
 }
@@ -184,10 +186,6 @@ impl ProviderRegistry {
                 "an ACP agent of the settings talks to a model API agentry does not know".to_owned()
             });
         };
-        let spec = match src.credential {
-            Credential::Inside(why) => return Err(why.to_owned()),
-            Credential::Brokerable(spec) => spec,
-        };
         let var = |name: &str| {
             secrets
                 .get(name)
@@ -201,7 +199,15 @@ impl ProviderRegistry {
                         .flatten()
                 })
         };
-        spec.resolve(id, var)
+        match src.credential {
+            Credential::Inside(why) => Err(why.to_owned()),
+            Credential::Brokerable(spec) => spec.resolve(id, var),
+            Credential::Configured(decide) => decide(&BrokerInput {
+                provider: id,
+                args: &src.args,
+                var: &var,
+            }),
+        }
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<dyn Provider>> {

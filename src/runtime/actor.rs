@@ -433,21 +433,35 @@ impl Actor {
             .shared
             .registry
             .brokering(&self.ctx.provider, &self.ctx.secret_env);
+        let mut files = Vec::new();
         let (brokered, env) = match brokering {
-            Ok(b) => (
-                vec![b.brokered],
-                Some(BrokeredEnv {
-                    withhold: b.withhold,
-                    env: b.env,
-                }),
-            ),
+            Ok(b) => {
+                files = b.files;
+                (
+                    b.brokered,
+                    Some(BrokeredEnv {
+                        withhold: b.withhold,
+                        env: b.env,
+                        args: b.args,
+                        json_env: b.json_env,
+                    }),
+                )
+            }
             Err(why) => {
                 tracing::debug!(agent_id = %self.id(), provider = %self.ctx.provider, why, "the provider's credential is not brokered");
                 (Vec::new(), None)
             }
         };
         let net = egress.open(self.id(), allow, brokered)?;
-        Ok(Some((net.into(), env)))
+        let mut plan = crate::sandbox::NetworkPlan::from(net);
+        // Rewritten configuration files live in the endpoint's directory (removed with
+        // it) and are shown in place of the originals.
+        for (i, (inside, contents)) in files.into_iter().enumerate() {
+            let host = egress.endpoint_dir(self.id()).join(format!("brokered-{i}"));
+            write_private(&host, &contents)?;
+            plan.files.push((host, inside));
+        }
+        Ok(Some((plan, env)))
     }
 
     /// Close the agent's egress endpoint (its connections end, its directory goes):
@@ -1792,4 +1806,17 @@ async fn deposed(fence: Option<&Fence>) {
         Some(f) => f.deposed().await,
         None => std::future::pending().await,
     }
+}
+
+/// Write `contents` to a new file at `path` readable by its owner only.
+fn write_private(path: &std::path::Path, contents: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(contents.as_bytes())
 }

@@ -1018,6 +1018,10 @@ pub(crate) struct BrokeredEnv {
     pub withhold: Vec<String>,
     /// Set for them: the brokered base URL and a placeholder key.
     pub env: std::collections::BTreeMap<String, String>,
+    /// Appended to the CLI's arguments: configuration overrides naming the brokered URL.
+    pub args: Vec<String>,
+    /// Set in the JSON configuration a variable holds (the brokered URL, a placeholder).
+    pub json_env: Vec<crate::providers::broker::JsonSet>,
 }
 
 impl BrokeredEnv {
@@ -1029,6 +1033,24 @@ impl BrokeredEnv {
         }
         spec.env
             .extend(self.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        spec.args.extend(self.args.iter().cloned());
+        for set in &self.json_env {
+            let mut config = spec
+                .env
+                .get(&set.var)
+                .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
+                .filter(serde_json::Value::is_object)
+                .unwrap_or_else(|| serde_json::json!({}));
+            let mut at = &mut config;
+            for key in &set.path {
+                if !at[key.as_str()].is_object() {
+                    at[key.as_str()] = serde_json::json!({});
+                }
+                at = &mut at[key.as_str()];
+            }
+            *at = set.value.clone();
+            spec.env.insert(set.var.clone(), config.to_string());
+        }
     }
 }
 
@@ -1041,6 +1063,17 @@ impl ProcessLauncher for AgentLauncher {
             brokered.apply(&mut spec);
         }
         if let Some((sandbox, view)) = &self.sandbox {
+            let served;
+            let mut view = view;
+            if let (Some(port), Some(plan)) = (spec.serves, view.network.as_ref())
+                && let Some(with_inbound) = plan.serving(port)
+            {
+                served = crate::sandbox::AgentView {
+                    network: Some(with_inbound),
+                    ..view.clone()
+                };
+                view = &served;
+            }
             spec = sandbox.wrap(spec, view).map_err(|e| ProcessError::Spawn {
                 program: "bwrap".to_owned(),
                 source: std::io::Error::other(e.to_string()),
@@ -1058,6 +1091,11 @@ impl ProcessLauncher for AgentLauncher {
 
     fn confined(&self) -> bool {
         self.sandbox.is_some()
+    }
+
+    fn reach(&self, port: u16) -> Option<std::path::PathBuf> {
+        let (_, view) = self.sandbox.as_ref()?;
+        view.network.as_ref()?.inbound_socket(port)
     }
 }
 

@@ -52,6 +52,8 @@ pub struct NetworkPlan {
     pub unshare_net: bool,
     pub binds: Vec<(PathBuf, PathBuf)>,
     pub read_only: Vec<PathBuf>,
+    /// Files shown read-only over what is at a path inside: (host file, path inside).
+    pub files: Vec<(PathBuf, PathBuf)>,
     pub env: BTreeMap<String, String>,
     pub argv_prefix: Vec<String>,
 }
@@ -71,6 +73,7 @@ impl From<AgentNet> for NetworkPlan {
             unshare_net: net.unshare_net,
             binds: net.binds,
             read_only,
+            files: Vec::new(),
             env: net.env,
             argv_prefix: net.argv_prefix,
         }
@@ -83,6 +86,46 @@ impl NetworkPlan {
             unshare_net: mode != SandboxNetwork::Host,
             ..Self::default()
         }
+    }
+
+    /// The egress endpoint's directory on the host, when the plan runs the bridge.
+    fn endpoint_dir(&self) -> Option<&Path> {
+        if !self.unshare_net || self.argv_prefix.is_empty() {
+            return None;
+        }
+        self.binds
+            .iter()
+            .find(|(_, inside)| inside == Path::new(crate::egress::INSIDE_DIR))
+            .map(|(host, _)| host.as_path())
+    }
+
+    /// The Unix socket on the host through which the bridge of this plan forwards to
+    /// loopback port `port` inside (`serving`); `None` without a bridge.
+    pub fn inbound_socket(&self, port: u16) -> Option<PathBuf> {
+        Some(
+            self.endpoint_dir()?
+                .join(crate::egress::bridge::inbound_socket_name(port)),
+        )
+    }
+
+    /// This plan with the bridge also forwarding connections to its inbound socket for
+    /// `port` to that loopback port inside; `None` without a bridge.
+    pub fn serving(&self, port: u16) -> Option<Self> {
+        self.endpoint_dir()?;
+        let split = self.argv_prefix.iter().rposition(|a| a == "--")?;
+        let inside = Path::new(crate::egress::INSIDE_DIR)
+            .join(crate::egress::bridge::inbound_socket_name(port));
+        let mut plan = self.clone();
+        plan.argv_prefix.splice(
+            split..split,
+            [
+                "--inbound".to_owned(),
+                inside.display().to_string(),
+                "--inbound-port".to_owned(),
+                port.to_string(),
+            ],
+        );
+        Some(plan)
     }
 }
 
@@ -346,6 +389,9 @@ impl Sandbox {
         for (host, inside) in &plan.binds {
             a.pair("--bind", host, inside);
         }
+        for (host, inside) in &plan.files {
+            a.pair("--ro-bind", host, inside);
+        }
         env.extend(plan.env.clone());
         // The ledger's private temporary directory (its `TMPDIR`), at its own path.
         env.remove("TMPDIR");
@@ -375,6 +421,7 @@ impl Sandbox {
             env,
             pass_env: spec.pass_env,
             wraps: Some(spec.wraps.unwrap_or(spec.program)),
+            serves: spec.serves,
             secret_env: spec.secret_env,
         })
     }
@@ -575,6 +622,7 @@ mod tests {
             pass_env: Vec::new(),
             secret_env: Default::default(),
             wraps: None,
+            serves: None,
         };
         let view = AgentView {
             agent: None,

@@ -373,6 +373,7 @@ async fn run(
                 pass_env: Vec::new(),
                 secret_env: Default::default(),
                 wraps: None,
+                serves: None,
             };
             // The repository's commands run in the sandbox an agent of the workspace gets.
             let spec = match &sandbox {

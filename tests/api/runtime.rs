@@ -111,6 +111,7 @@ impl Provider for FakeProvider {
                 pass_env: Vec::new(),
                 secret_env: Default::default(),
                 wraps: None,
+                serves: None,
             })
             .await?;
         let pid = child.pid();

@@ -89,6 +89,7 @@ impl Reply {
 struct State {
     replies: VecDeque<Reply>,
     requests: Vec<Value>,
+    authorizations: Vec<String>,
 }
 
 /// The fake server; it stops when dropped.
@@ -141,6 +142,11 @@ impl FakeOpenAi {
         self.state.lock().unwrap().requests.clone()
     }
 
+    /// The `Authorization` header of every request received so far (empty when absent).
+    pub fn authorizations(&self) -> Vec<String> {
+        self.state.lock().unwrap().authorizations.clone()
+    }
+
     /// Wait until `n` requests have arrived.
     pub async fn wait_requests(&self, n: usize, timeout: Duration) -> Vec<Value> {
         let deadline = tokio::time::Instant::now() + timeout;
@@ -184,6 +190,16 @@ async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
     let Some((head, body)) = crate::http::read_request(&mut stream).await else {
         return;
     };
+    let authorization = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case("authorization")
+                .then(|| v.trim().to_owned())
+        })
+        .unwrap_or_default();
+    state.lock().unwrap().authorizations.push(authorization);
     let first = head.lines().next().unwrap_or_default().to_owned();
     if !first.starts_with("POST ") || !first.contains("/responses") {
         let _ = stream

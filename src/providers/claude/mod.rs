@@ -177,6 +177,7 @@ impl ClaudeProvider {
             pass_env: self.cfg.pass_env.clone(),
             secret_env: Default::default(),
             wraps: None,
+            serves: None,
         })
     }
 

@@ -24,7 +24,9 @@ use tokio::task::JoinHandle;
 
 pub use mapping::{Ask, Mapped, Mapper, decision_reply};
 
-use super::broker::Credential;
+use super::broker::{
+    BrokerInput, Brokering, Credential, KeyHeader, PLACEHOLDER_KEY, key_header, upstream_url,
+};
 use super::emitter::{Emitter, StopSignals, Stopper, report_exit};
 use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
@@ -60,11 +62,7 @@ pub fn builtin() -> Builtin {
         program: "codex",
         pass_env: PASS_ENV,
         env: &[],
-        credential: Credential::Inside(
-            "Codex takes its OpenAI provider's base URL from its configuration \
-             (`openai_base_url`, or a model provider's `base_url`), not from a variable; \
-             agentry does not set it yet",
-        ),
+        credential: Credential::Configured(broker),
         modes,
         default_mode: "auto",
         build: |cfg| Arc::new(CodexProvider::new(cfg)),
@@ -176,6 +174,7 @@ impl CodexProvider {
                 pass_env: self.cfg.pass_env.clone(),
                 secret_env: Default::default(),
                 wraps: None,
+                serves: None,
             })
             .await?;
         let Some((stdin, stdout, stderr)) = child.take_stdio().await else {
@@ -470,9 +469,9 @@ struct CustomModelProvider {
     env_key: Option<String>,
 }
 
-/// The model provider chosen by `-c model_provider=<name>` in `args`, when it is one the
-/// same `args` define (`-c model_providers.<name>=…` or `.env_key=…`).
-fn custom_model_provider(args: &[String]) -> Option<CustomModelProvider> {
+/// The `-c key=value` (`--config`) overrides of `args`, in order, values parsed as Codex
+/// parses them (TOML, else a plain string).
+fn config_overrides(args: &[String]) -> Vec<(String, toml::Value)> {
     let mut overrides: Vec<(String, toml::Value)> = Vec::new();
     let mut words = args.iter();
     while let Some(word) = words.next() {
@@ -489,6 +488,123 @@ fn custom_model_provider(args: &[String]) -> Option<CustomModelProvider> {
             .unwrap_or_else(|| toml::Value::String(raw.to_owned()));
         overrides.push((key.trim().to_owned(), value));
     }
+    overrides
+}
+
+/// The value of field `field` of model provider `name` as `overrides` leave it (a later
+/// override wins; setting the whole table drops the fields set before it).
+fn provider_field(overrides: &[(String, toml::Value)], name: &str, field: &str) -> Option<String> {
+    let table_key = format!("model_providers.{name}");
+    let field_key = format!("{table_key}.{field}");
+    overrides.iter().rev().find_map(|(key, value)| {
+        if *key == field_key {
+            Some(value.as_str().map(str::to_owned))
+        } else if *key == table_key {
+            Some(
+                value
+                    .get(field)
+                    .and_then(toml::Value::as_str)
+                    .map(str::to_owned),
+            )
+        } else {
+            None
+        }
+    })?
+}
+
+/// The path of Codex's model API under an agent's egress endpoint.
+const BROKER_PREFIX: &str = "openai";
+
+/// Codex's credential under the egress proxy. With a model provider the `args` define
+/// (`model_provider=<name>` and its `base_url`, `env_key`), that provider's `base_url` is
+/// overridden with the brokered URL and its `env_key` variable holds the placeholder; the
+/// proxy sends on to the configured `base_url` with `Authorization: Bearer <key>`. With
+/// Codex's own OpenAI provider and `OPENAI_API_KEY` (or `CODEX_API_KEY`), `openai_base_url`
+/// is overridden, the upstream being the one `args` or `OPENAI_BASE_URL` name, else
+/// OpenAI's API.
+fn broker(input: &BrokerInput<'_>) -> Result<Brokering, String> {
+    let overrides = config_overrides(input.args);
+    let brokered_url = crate::egress::brokered_base_url(BROKER_PREFIX);
+    let chosen = overrides
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "model_provider")
+        .and_then(|(_, v)| v.as_str())
+        .filter(|name| *name != "openai");
+    let (upstream, key_var, args, mut withhold) = match chosen {
+        Some(name) => {
+            let base = provider_field(&overrides, name, "base_url").ok_or_else(|| {
+                format!(
+                    "the model provider `{name}` has no `base_url` in the provider's args \
+                     (a provider of Codex's own or of its config file is not rewritten)"
+                )
+            })?;
+            if provider_field(&overrides, name, "experimental_bearer_token").is_some() {
+                return Err(format!(
+                    "the model provider `{name}` carries its token in the configuration"
+                ));
+            }
+            let key_var = provider_field(&overrides, name, "env_key").ok_or_else(|| {
+                format!("the model provider `{name}` reads no key variable (`env_key`)")
+            })?;
+            let value = toml::Value::String(brokered_url.clone());
+            let args = vec![
+                "-c".to_owned(),
+                format!("model_providers.{name}.base_url={value}"),
+            ];
+            (base, key_var.clone(), args, vec![key_var])
+        }
+        None => {
+            let key_var = ["OPENAI_API_KEY", "CODEX_API_KEY"]
+                .into_iter()
+                .find(|k| input.set(k).is_some())
+                .ok_or_else(|| {
+                    "none of OPENAI_API_KEY, CODEX_API_KEY is set: the CLI uses its own \
+                     login, kept in its home"
+                        .to_owned()
+                })?;
+            let base = overrides
+                .iter()
+                .rev()
+                .find(|(k, _)| k == "openai_base_url")
+                .and_then(|(_, v)| v.as_str().map(str::to_owned))
+                .or_else(|| input.set("OPENAI_BASE_URL"))
+                .unwrap_or_else(|| "https://api.openai.com/v1".to_owned());
+            let value = toml::Value::String(brokered_url.clone());
+            let args = vec!["-c".to_owned(), format!("openai_base_url={value}")];
+            let withhold = vec!["OPENAI_API_KEY".to_owned(), "CODEX_API_KEY".to_owned()];
+            (base, key_var.to_owned(), args, withhold)
+        }
+    };
+    let key = input
+        .set(&key_var)
+        .ok_or_else(|| format!("{key_var} is not set"))?;
+    let upstream_base = upstream_url(&upstream).ok_or_else(|| {
+        format!("the model provider's base URL `{upstream}` is not an http(s) URL")
+    })?;
+    let mut env = BTreeMap::from([(key_var.clone(), PLACEHOLDER_KEY.to_owned())]);
+    if chosen.is_none() {
+        env.insert("OPENAI_BASE_URL".to_owned(), brokered_url);
+    }
+    withhold.dedup();
+    Ok(Brokering {
+        brokered: vec![crate::egress::Brokered {
+            provider: input.provider.to_owned(),
+            path_prefix: BROKER_PREFIX.to_owned(),
+            upstream_base,
+            headers: vec![key_header(KeyHeader::Bearer, key)],
+        }],
+        withhold,
+        env,
+        args,
+        ..Brokering::default()
+    })
+}
+
+/// The model provider chosen by `-c model_provider=<name>` in `args`, when it is one the
+/// same `args` define (`-c model_providers.<name>=…` or `.env_key=…`).
+fn custom_model_provider(args: &[String]) -> Option<CustomModelProvider> {
+    let overrides = config_overrides(args);
     let name = overrides
         .iter()
         .rev()

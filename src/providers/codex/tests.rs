@@ -621,3 +621,85 @@ async fn an_unknown_mode_is_refused_before_anything_starts() {
     );
     assert!(launcher.0.lock().unwrap().is_empty());
 }
+
+#[test]
+fn the_key_of_the_chosen_model_provider_is_brokered_through_an_override() {
+    let decide = |args: &[&str], vars: &[(&str, &str)]| {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let var = |name: &str| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        };
+        broker(&BrokerInput {
+            provider: "codex",
+            args: &args,
+            var: &var,
+        })
+    };
+    let custom = [
+        "-c",
+        "model_provider=fake",
+        "-c",
+        r#"model_providers.fake={name="Fake",base_url="http://127.0.0.1:9/v1",env_key="FAKE_KEY"}"#,
+    ];
+    let b = decide(&custom, &[("FAKE_KEY", "sk-1")]).unwrap();
+    assert_eq!(
+        b.brokered[0].upstream_base.as_str(),
+        "http://127.0.0.1:9/v1"
+    );
+    assert_eq!(b.brokered[0].headers[0].1.expose(), "Bearer sk-1");
+    assert_eq!(
+        b.args,
+        [
+            "-c",
+            r#"model_providers.fake.base_url="http://127.0.0.1:3128/openai""#
+        ]
+    );
+    assert_eq!(b.env["FAKE_KEY"], PLACEHOLDER_KEY);
+    assert_eq!(b.withhold, ["FAKE_KEY"]);
+    // The brokered override comes after the configured ones, so it is the one that holds.
+    let mut all: Vec<String> = custom.iter().map(|s| s.to_string()).collect();
+    all.extend(b.args.clone());
+    assert_eq!(
+        provider_field(&config_overrides(&all), "fake", "base_url").as_deref(),
+        Some("http://127.0.0.1:3128/openai")
+    );
+    assert!(
+        decide(&custom, &[])
+            .unwrap_err()
+            .contains("FAKE_KEY is not set")
+    );
+    let keyless = [
+        "-c",
+        "model_provider=local",
+        "-c",
+        r#"model_providers.local.base_url="http://x""#,
+    ];
+    assert!(decide(&keyless, &[]).unwrap_err().contains("env_key"));
+    let elsewhere = ["-c", "model_provider=oss"];
+    assert!(decide(&elsewhere, &[]).unwrap_err().contains("base_url"));
+
+    // Codex's own OpenAI provider with a key variable.
+    let b = decide(&[], &[("OPENAI_API_KEY", "sk-2")]).unwrap();
+    assert_eq!(
+        b.brokered[0].upstream_base.as_str(),
+        "https://api.openai.com/v1"
+    );
+    assert_eq!(
+        b.args,
+        ["-c", r#"openai_base_url="http://127.0.0.1:3128/openai""#]
+    );
+    assert_eq!(b.withhold, ["OPENAI_API_KEY", "CODEX_API_KEY"]);
+    let b = decide(
+        &["-c", r#"openai_base_url="https://gw.example/v1""#],
+        &[("CODEX_API_KEY", "sk-3")],
+    )
+    .unwrap();
+    assert_eq!(
+        b.brokered[0].upstream_base.as_str(),
+        "https://gw.example/v1"
+    );
+    assert_eq!(b.env["CODEX_API_KEY"], PLACEHOLDER_KEY);
+    assert!(decide(&[], &[]).unwrap_err().contains("login"));
+}

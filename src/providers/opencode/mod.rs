@@ -29,7 +29,10 @@ use tokio::task::JoinHandle;
 
 pub use mapping::{Ask, Mapped, Mapper, reply_word, tool_kind};
 
-use super::broker::Credential;
+use super::broker::{
+    BrokerInput, Brokering, Credential, JsonSet, KeyHeader, PLACEHOLDER_KEY, key_header,
+    upstream_url,
+};
 use super::emitter::{Emitter, StopSignals, Stopper, report_exit};
 use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
@@ -84,11 +87,7 @@ pub fn builtin() -> Builtin {
             ("OPENCODE_DISABLE_LSP_DOWNLOAD", "1"),
             ("OPENCODE_DISABLE_PROJECT_CONFIG", "1"),
         ],
-        credential: Credential::Inside(
-            "OpenCode takes each model provider's base URL and key from its JSON \
-             configuration (`OPENCODE_CONFIG_CONTENT`, its config files), not from one \
-             variable; agentry does not rewrite that configuration",
-        ),
+        credential: Credential::Configured(broker),
         modes,
         default_mode: "build",
         build: |cfg| Arc::new(OpenCodeProvider::new(cfg)),
@@ -240,6 +239,7 @@ impl OpenCodeProvider {
                     SecretValue::new(password.clone()),
                 )]),
                 wraps: None,
+                serves: Some(port),
             })
             .await?;
         let Some((stdin, stdout, stderr)) = child.take_stdio().await else {
@@ -256,11 +256,152 @@ impl OpenCodeProvider {
             StderrTail::capture_masked(stdout, "agentry::providers::opencode::stdout", redactor);
         Ok(Server {
             child,
-            api: Api::new(port, password)?,
+            api: Api::new(port, password, launcher.reach(port))?,
             stderr,
             readers: vec![stderr_task, stdout_task],
         })
     }
+}
+
+/// OpenCode's built-in model providers agentry can broker: (provider id, the key variable
+/// OpenCode reads, the API's base URL as OpenCode's SDK for it takes it, the key's header).
+const BUILT_IN_APIS: &[(&str, &str, &str, KeyHeader)] = &[
+    (
+        "anthropic",
+        "ANTHROPIC_API_KEY",
+        "https://api.anthropic.com/v1",
+        KeyHeader::Named("x-api-key"),
+    ),
+    (
+        "openai",
+        "OPENAI_API_KEY",
+        "https://api.openai.com/v1",
+        KeyHeader::Bearer,
+    ),
+    (
+        "openrouter",
+        "OPENROUTER_API_KEY",
+        "https://openrouter.ai/api/v1",
+        KeyHeader::Bearer,
+    ),
+    (
+        "google",
+        "GOOGLE_GENERATIVE_AI_API_KEY",
+        "https://generativelanguage.googleapis.com/v1beta",
+        KeyHeader::Named("x-goog-api-key"),
+    ),
+];
+
+/// OpenCode's credentials under the egress proxy. Every model provider with a key — one
+/// of `OPENCODE_CONFIG_CONTENT`'s `provider` entries with `options.apiKey` (a literal or
+/// `{env:NAME}`), or a built-in one whose key variable is set — is given the brokered URL
+/// `…/opencode/<provider id>` as its `options.baseURL` and the placeholder as its
+/// `options.apiKey`; the proxy sends on to the configured `baseURL` (the vendor's API for
+/// a built-in one) with the key in that API's header. A key it cannot place (OpenCode's
+/// own service, a provider without a base URL agentry knows) keeps every key inside.
+fn broker(input: &BrokerInput<'_>) -> Result<Brokering, String> {
+    const VAR: &str = "OPENCODE_CONFIG_CONTENT";
+    let config = match input.set(VAR) {
+        Some(text) => serde_json::from_str::<Value>(&text)
+            .ok()
+            .filter(Value::is_object)
+            .ok_or_else(|| format!("{VAR} is not a JSON object"))?,
+        None => json!({}),
+    };
+    if input.set("OPENCODE_API_KEY").is_some() {
+        return Err("OPENCODE_API_KEY is set: OpenCode's own service is not brokered".to_owned());
+    }
+    let empty = serde_json::Map::new();
+    let providers = config["provider"].as_object().unwrap_or(&empty);
+    let mut out = Brokering::default();
+    let mut ids: Vec<&str> = providers.keys().map(String::as_str).collect();
+    for (id, var, _, _) in BUILT_IN_APIS {
+        if input.set(var).is_some() && !ids.contains(id) {
+            ids.push(id);
+        }
+    }
+    for id in ids {
+        let entry = providers.get(id).unwrap_or(&Value::Null);
+        let built_in = BUILT_IN_APIS.iter().find(|b| b.0 == id);
+        let options = &entry["options"];
+        let key = match options.get("apiKey") {
+            Some(Value::String(text)) => {
+                match text.strip_prefix("{env:").and_then(|t| t.strip_suffix('}')) {
+                    Some(name) => {
+                        out.withhold.push(name.to_owned());
+                        input.set(name)
+                    }
+                    None => Some(text.clone()),
+                }
+            }
+            Some(_) => return Err(format!("provider `{id}`'s apiKey is not a string")),
+            None => built_in.and_then(|b| {
+                out.withhold.push(b.1.to_owned());
+                input.set(b.1)
+            }),
+        };
+        let Some(key) = key.filter(|k| !k.is_empty()) else {
+            // A provider without a key (a local model server) needs nothing added.
+            continue;
+        };
+        if let Some(b) = built_in {
+            out.withhold.push(b.1.to_owned());
+        }
+        if id.is_empty()
+            || !id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        {
+            return Err(format!(
+                "the provider id `{id}` cannot name a brokered path (use letters, digits, `-`, `_`, `.`)"
+            ));
+        }
+        let upstream = match options.get("baseURL").and_then(Value::as_str) {
+            Some(url) => url.to_owned(),
+            None => match built_in {
+                Some(b) => b.2.to_owned(),
+                None => {
+                    return Err(format!(
+                        "provider `{id}` has a key but no options.baseURL agentry could send it on to"
+                    ));
+                }
+            },
+        };
+        let upstream_base = upstream_url(&upstream)
+            .ok_or_else(|| format!("provider `{id}`'s baseURL is not an http(s) URL"))?;
+        let header = match (entry["npm"].as_str(), built_in) {
+            (Some("@ai-sdk/anthropic"), _) => KeyHeader::Named("x-api-key"),
+            (Some("@ai-sdk/google"), _) => KeyHeader::Named("x-goog-api-key"),
+            (Some(_), _) | (None, None) => KeyHeader::Bearer,
+            (None, Some(b)) => b.3,
+        };
+        let prefix = format!("opencode/{id}");
+        for (field, value) in [
+            ("baseURL", crate::egress::brokered_base_url(&prefix)),
+            ("apiKey", PLACEHOLDER_KEY.to_owned()),
+        ] {
+            out.json_env.push(JsonSet {
+                var: VAR.to_owned(),
+                path: vec!["provider".into(), id.into(), "options".into(), field.into()],
+                value: json!(value),
+            });
+        }
+        out.brokered.push(crate::egress::Brokered {
+            provider: input.provider.to_owned(),
+            path_prefix: prefix,
+            upstream_base,
+            headers: vec![key_header(header, key)],
+        });
+    }
+    if out.brokered.is_empty() {
+        return Err(format!(
+            "no model provider of {VAR} has a key, and none of the key variables is set: \
+             the CLI uses its own login, kept in its home"
+        ));
+    }
+    out.withhold.sort();
+    out.withhold.dedup();
+    Ok(out)
 }
 
 fn unknown_mode(mode: &str) -> ProviderError {
@@ -325,11 +466,16 @@ struct Api {
 }
 
 impl Api {
-    fn new(port: u16, password: String) -> Result<Self, ProviderError> {
+    /// The server on loopback `port`, reached through the Unix socket `via` when it runs
+    /// in a network namespace of its own.
+    fn new(port: u16, password: String, via: Option<PathBuf>) -> Result<Self, ProviderError> {
         // reqwest needs a TLS provider even for plain http; the process's is ring.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
-            .no_proxy()
+        let mut builder = reqwest::Client::builder().no_proxy();
+        if let Some(socket) = via {
+            builder = builder.unix_socket(socket);
+        }
+        let http = builder
             .build()
             .map_err(|e| ProviderError::Protocol(format!("no HTTP client: {e}")))?;
         Ok(Self {

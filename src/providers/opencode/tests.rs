@@ -512,3 +512,78 @@ async fn a_server_that_never_gets_healthy_is_stopped_at_the_start_timeout() {
     let pid = launcher.0.lock().unwrap()[0];
     assert!(gone(pid), "the process group is stopped");
 }
+
+#[test]
+fn each_keyed_model_provider_is_brokered_under_its_own_path() {
+    let decide = |config: Value, vars: &[(&str, &str)]| {
+        let text = config.to_string();
+        let var = |name: &str| {
+            if name == "OPENCODE_CONFIG_CONTENT" {
+                return Some(text.clone());
+            }
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        };
+        broker(&BrokerInput {
+            provider: "opencode",
+            args: &[],
+            var: &var,
+        })
+    };
+    let config = json!({"provider": {
+        "fake": {"npm": "@ai-sdk/openai-compatible",
+                 "options": {"baseURL": "http://127.0.0.1:9/v1", "apiKey": "{env:FAKE_KEY}"}},
+        "local": {"options": {"baseURL": "http://127.0.0.1:8/v1"}},
+    }});
+    let b = decide(
+        config.clone(),
+        &[("FAKE_KEY", "sk-1"), ("ANTHROPIC_API_KEY", "sk-a")],
+    )
+    .unwrap();
+    let prefixes: Vec<&str> = b.brokered.iter().map(|x| x.path_prefix.as_str()).collect();
+    assert_eq!(prefixes, ["opencode/fake", "opencode/anthropic"]);
+    assert_eq!(
+        b.brokered[0].upstream_base.as_str(),
+        "http://127.0.0.1:9/v1"
+    );
+    assert_eq!(b.brokered[0].headers[0].1.expose(), "Bearer sk-1");
+    assert_eq!(
+        b.brokered[1].upstream_base.as_str(),
+        "https://api.anthropic.com/v1"
+    );
+    assert_eq!(b.brokered[1].headers[0].0, "x-api-key");
+    assert_eq!(b.withhold, ["ANTHROPIC_API_KEY", "FAKE_KEY"]);
+    assert!(b.json_env.contains(&JsonSet {
+        var: "OPENCODE_CONFIG_CONTENT".into(),
+        path: vec![
+            "provider".into(),
+            "fake".into(),
+            "options".into(),
+            "baseURL".into()
+        ],
+        value: json!("http://127.0.0.1:3128/opencode/fake"),
+    }));
+    assert!(b.json_env.contains(&JsonSet {
+        var: "OPENCODE_CONFIG_CONTENT".into(),
+        path: vec![
+            "provider".into(),
+            "anthropic".into(),
+            "options".into(),
+            "apiKey".into()
+        ],
+        value: json!(PLACEHOLDER_KEY),
+    }));
+    // The keyless local server is left as it is.
+    assert!(!b.json_env.iter().any(|s| s.path[1] == "local"));
+
+    let literal =
+        json!({"provider": {"fake": {"options": {"baseURL": "http://x/v1", "apiKey": "sk-lit"}}}});
+    let b = decide(literal, &[]).unwrap();
+    assert_eq!(b.brokered[0].headers[0].1.expose(), "Bearer sk-lit");
+
+    let no_url = json!({"provider": {"other": {"options": {"apiKey": "k"}}}});
+    assert!(decide(no_url, &[]).unwrap_err().contains("baseURL"));
+    assert!(decide(json!({}), &[]).unwrap_err().contains("login"));
+    assert!(decide(json!({}), &[("OPENCODE_API_KEY", "k")]).is_err());
+}

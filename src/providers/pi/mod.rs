@@ -34,7 +34,9 @@ use tokio::io::AsyncRead;
 use tokio::sync::oneshot;
 
 use self::mapping::{Action, Dialog, DialogMethod, Mapper};
-use super::broker::Credential;
+use super::broker::{
+    BrokerInput, Brokering, Credential, KeyHeader, PLACEHOLDER_KEY, key_header, upstream_url,
+};
 use super::emitter::{Emitter, StopSignals, Stopper, report_exit};
 use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
@@ -98,15 +100,122 @@ pub fn builtin() -> Builtin {
         ],
         // No update checks, package checks or install telemetry from a server's CLI.
         env: &[("PI_OFFLINE", "1"), ("PI_SKIP_VERSION_CHECK", "1")],
-        credential: Credential::Inside(
-            "Pi takes custom base URLs from `models.json` in its agent directory and reads \
-             its built-in providers' keys from many variables; agentry does not rewrite \
-             that file",
-        ),
+        credential: Credential::Configured(broker),
         modes,
         default_mode: ASK,
         build: |cfg| Arc::new(PiProvider::new(cfg)),
     }
+}
+
+/// The variables Pi's built-in model providers read their keys from.
+const BUILT_IN_KEYS: &[&str] = &[
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_OAUTH_TOKEN",
+    "OPENAI_API_KEY",
+    "AZURE_OPENAI_API_KEY",
+    "DEEPSEEK_API_KEY",
+    "GEMINI_API_KEY",
+    "GROQ_API_KEY",
+    "CEREBRAS_API_KEY",
+    "XAI_API_KEY",
+    "FIREWORKS_API_KEY",
+    "OPENROUTER_API_KEY",
+    "AI_GATEWAY_API_KEY",
+    "ZAI_API_KEY",
+    "MISTRAL_API_KEY",
+    "MINIMAX_API_KEY",
+];
+
+/// Pi's credentials under the egress proxy: the providers of `models.json` in its agent
+/// directory (`PI_CODING_AGENT_DIR`). Each one with a `baseUrl` and
+/// an `apiKey` (a variable's name, or the key itself) is brokered under
+/// `…/pi/<provider>`: the sandbox is shown, in place of that `models.json`, a copy whose
+/// `baseUrl` is the brokered URL and whose `apiKey` is the placeholder, and the proxy
+/// sends on to the configured `baseUrl` with the key in the header of the provider's
+/// `api`. A key of a built-in provider (a variable Pi reads by itself), or a key read by
+/// a command, keeps every key inside.
+fn broker(input: &BrokerInput<'_>) -> Result<Brokering, String> {
+    if let Some(var) = BUILT_IN_KEYS.iter().find(|v| input.set(v).is_some()) {
+        return Err(format!(
+            "{var} is set: Pi's built-in providers are not brokered, only those of its models.json"
+        ));
+    }
+    // Without it, Pi's agent directory is under the agent's own home in the sandbox,
+    // which holds no configuration of the server's.
+    let dir = PathBuf::from(input.set("PI_CODING_AGENT_DIR").ok_or_else(|| {
+        "PI_CODING_AGENT_DIR is not set: Pi's configuration is its own, in the agent's home"
+            .to_owned()
+    })?);
+    let path = dir.join("models.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        format!(
+            "{} cannot be read ({e}): Pi uses its own login, kept in its agent directory",
+            path.display()
+        )
+    })?;
+    let mut models: Value = serde_json::from_str(&text)
+        .ok()
+        .filter(|v: &Value| v["providers"].is_object())
+        .ok_or_else(|| format!("{} has no `providers` object", path.display()))?;
+    let mut out = Brokering::default();
+    let providers = models["providers"]
+        .as_object_mut()
+        .expect("checked to be an object");
+    for (name, provider) in providers.iter_mut() {
+        let Some(key_ref) = provider["apiKey"].as_str().map(str::to_owned) else {
+            continue;
+        };
+        if key_ref.starts_with('!') {
+            return Err(format!(
+                "provider `{name}` reads its key with a command, which runs inside"
+            ));
+        }
+        let key = match input.set(&key_ref) {
+            Some(value) => {
+                out.withhold.push(key_ref.clone());
+                value
+            }
+            None => key_ref,
+        };
+        let Some(base) = provider["baseUrl"].as_str() else {
+            return Err(format!(
+                "provider `{name}` of models.json has a key but no baseUrl"
+            ));
+        };
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        {
+            return Err(format!(
+                "the provider name `{name}` cannot name a brokered path (use letters, digits, `-`, `_`, `.`)"
+            ));
+        }
+        let upstream_base = upstream_url(base)
+            .ok_or_else(|| format!("provider `{name}`'s baseUrl is not an http(s) URL"))?;
+        let header = match provider["api"].as_str() {
+            Some("anthropic-messages") => KeyHeader::Named("x-api-key"),
+            Some("google-generative-ai") => KeyHeader::Named("x-goog-api-key"),
+            _ => KeyHeader::Bearer,
+        };
+        let prefix = format!("pi/{name}");
+        provider["baseUrl"] = json!(crate::egress::brokered_base_url(&prefix));
+        provider["apiKey"] = json!(PLACEHOLDER_KEY);
+        out.brokered.push(crate::egress::Brokered {
+            provider: input.provider.to_owned(),
+            path_prefix: prefix,
+            upstream_base,
+            headers: vec![key_header(header, key)],
+        });
+    }
+    if out.brokered.is_empty() {
+        return Err(format!(
+            "no provider of {} has a key: Pi uses its own login, kept in its agent directory",
+            path.display()
+        ));
+    }
+    out.files.push((path, models.to_string()));
+    Ok(out)
 }
 
 /// Pi has no modes of its own; these are agentry's, made by its gate extension.
@@ -172,6 +281,7 @@ impl PiProvider {
             pass_env: self.cfg.pass_env.clone(),
             secret_env: Default::default(),
             wraps: None,
+            serves: None,
         })
     }
 
