@@ -638,6 +638,12 @@ async fn an_agent_opens_and_waits_for_a_child_through_the_agentry_mcp_server() {
     let w = World::new_with(|s| {
         s.limits.max_agent_depth = 1;
         s.limits.max_children_per_agent = 2;
+        // The CLI would otherwise hide MCP tools behind its ToolSearch tool, for the
+        // model to load first; this fake model calls them directly.
+        let claude = s.providers.get_mut("claude").unwrap();
+        claude
+            .env
+            .insert("ENABLE_TOOL_SEARCH".into(), "false".into());
     })
     .await;
     let (parent, ws) = w.agent("bypassPermissions").await;
@@ -669,15 +675,29 @@ async fn an_agent_opens_and_waits_for_a_child_through_the_agentry_mcp_server() {
     let (ws2, foreign2) = (ws_id.clone(), foreign.clone());
     w.fake.respond_with(move |req| {
         if !offers_tool(req, CREATE) {
-            return Reply::text("No agentry tools were offered.");
+            let offered: Vec<&str> = req["tools"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t["name"].as_str())
+                .collect();
+            return Reply::text(&format!("No agentry tools were offered, only {offered:?}."));
         }
         let results = tool_results(req);
+        // What wait_for_agent said the child's last message was: the CLI hands the model
+        // the tool's structured result when there is one, else its text.
         let last_message = |i: usize| {
-            results[i]
-                .text
-                .split_once("last assistant message:")
-                .map(|(_, m)| m.trim().to_owned())
-                .unwrap_or_default()
+            let text = &results[i].text;
+            match serde_json::from_str::<Value>(text.trim()) {
+                Ok(v) => v["last_assistant_message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                Err(_) => text
+                    .split_once("last assistant message:")
+                    .map(|(_, m)| m.trim().to_owned())
+                    .unwrap_or_default(),
+            }
         };
         if first_message_text(req).contains("GRANDCHILD") {
             return match results.len() {
