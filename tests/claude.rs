@@ -25,10 +25,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use agentry::config::ProviderSettings;
-use cli_world::{CliWorld, Provider, assistant_text, cli_settings, ledger_rows};
+use cli_world::{CliWorld, Provider, assistant_text, cli_settings, last_message, ledger_rows};
 use fake_anthropic::{FakeAnthropic, Reply, conversation_text};
 use helpers::*;
-use serde_json::json;
+use serde_json::{Value, json};
 
 const LONG: Duration = Duration::from_secs(30);
 
@@ -602,4 +602,253 @@ async fn always_allowing_applies_the_cli_suggestion() {
     assert_eq!(std::fs::read_to_string(dir.join("two.txt")).unwrap(), "2\n");
     let agent_now = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
     assert_eq!(agent_now["mode"], "acceptEdits");
+}
+
+/// The text of a tool result as the CLI hands it back: the API's JSON for a success.
+fn result_json(result: &fake_anthropic::ToolResult) -> serde_json::Value {
+    serde_json::from_str(result.text.trim())
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", result.text))
+}
+
+/// The problem code a failed tool result starts with (`<code>: <detail>`).
+fn result_code(result: &fake_anthropic::ToolResult) -> String {
+    assert!(result.is_error, "a tool error: {}", result.text);
+    result
+        .text
+        .trim()
+        .split(':')
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The `agentry` MCP server from inside Claude Code (sandboxed as the server runs every
+/// agent): the model calls `create_agent`, which opens a child mock agent; it waits for
+/// it and reports its answer. Another team's workspace is `not_found` to the parent and
+/// to a Claude child; the depth and children limits are tool errors with their codes; the
+/// parent's timeline links its children; archiving the parent archives them, and its
+/// token stops working.
+#[tokio::test]
+async fn an_agent_opens_and_waits_for_a_child_through_the_agentry_mcp_server() {
+    use fake_anthropic::{first_message_text, offers_tool, tool_results};
+
+    const CREATE: &str = "mcp__agentry__create_agent";
+    const WAIT: &str = "mcp__agentry__wait_for_agent";
+    const DIFF: &str = "mcp__agentry__get_diff";
+    let w = World::new_with(|s| {
+        s.limits.max_agent_depth = 1;
+        s.limits.max_children_per_agent = 2;
+        // The CLI would otherwise hide MCP tools behind its ToolSearch tool, for the
+        // model to load first; this fake model calls them directly.
+        let claude = s.providers.get_mut("claude").unwrap();
+        claude
+            .env
+            .insert("ENABLE_TOOL_SEARCH".into(), "false".into());
+    })
+    .await;
+    let (parent, ws) = w.agent("bypassPermissions").await;
+    let ws_id = ws["id"].as_str().unwrap().to_owned();
+    // Another team (the admin's second), with a workspace of its own.
+    let other = w
+        .app
+        .post_ok("/v1/teams", json!({"name": "elsewhere"}), 201)
+        .await;
+    let other_repo = git_repo();
+    let project = w
+        .app
+        .post_ok(
+            "/v1/projects",
+            json!({"name": "elsewhere", "repo_path": other_repo.path(), "team_id": other["id"]}),
+            201,
+        )
+        .await;
+    let foreign = w
+        .app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let foreign = foreign["id"].as_str().unwrap().to_owned();
+
+    // The model: each step decided by what the tools answered so far. The parent opens a
+    // mock child, waits for it, tries another team's workspace, opens a Claude child,
+    // waits for it, tries a third child and reports. The Claude child (its prompt says
+    // GRANDCHILD) reads another team's diff, then tries to open a child of its own.
+    let (ws2, foreign2) = (ws_id.clone(), foreign.clone());
+    w.fake.respond_with(move |req| {
+        if !offers_tool(req, CREATE) {
+            let offered: Vec<&str> = req["tools"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t["name"].as_str())
+                .collect();
+            return Reply::text(&format!("No agentry tools were offered, only {offered:?}."));
+        }
+        let results = tool_results(req);
+        // What wait_for_agent said the child's last message was: the CLI hands the model
+        // the tool's structured result when there is one, else its text.
+        let last_message = |i: usize| {
+            let text = &results[i].text;
+            match serde_json::from_str::<Value>(text.trim()) {
+                Ok(v) => v["last_assistant_message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                Err(_) => text
+                    .split_once("last assistant message:")
+                    .map(|(_, m)| m.trim().to_owned())
+                    .unwrap_or_default(),
+            }
+        };
+        if first_message_text(req).contains("GRANDCHILD") {
+            return match results.len() {
+                0 => Reply::tool(DIFF, json!({"workspace_id": foreign2})),
+                1 => Reply::tool(CREATE, json!({"provider": "mock", "workspace_id": ws2})),
+                _ => Reply::text(&format!(
+                    "Refused: {} then {}",
+                    result_code(&results[0]),
+                    result_code(&results[1])
+                )),
+            };
+        }
+        match results.len() {
+            0 => Reply::tool(
+                CREATE,
+                json!({"provider": "mock", "workspace_id": ws2, "title": "mock child",
+                       "prompt": "hello from the parent"}),
+            ),
+            1 => Reply::tool(
+                WAIT,
+                json!({"agent_id": result_json(&results[0])["id"], "timeout_s": 30}),
+            ),
+            2 => Reply::tool(
+                CREATE,
+                json!({"provider": "mock", "workspace_id": foreign2}),
+            ),
+            3 => Reply::tool(
+                CREATE,
+                json!({"provider": "claude", "workspace_id": ws2, "mode": "bypassPermissions",
+                       "title": "claude child", "prompt": "GRANDCHILD: open one more"}),
+            ),
+            4 => Reply::tool(
+                WAIT,
+                json!({"agent_id": result_json(&results[3])["id"], "timeout_s": 90}),
+            ),
+            5 => Reply::tool(CREATE, json!({"provider": "mock", "workspace_id": ws2})),
+            _ => Reply::text(&format!(
+                "The child answered: {}. The other said: {}. The third: {}.",
+                last_message(1),
+                last_message(4),
+                result_code(&results[5])
+            )),
+        }
+    });
+
+    let mut stream = w.app.events(&parent, None).await;
+    w.app.prompt(&parent, "open a child and report").await;
+    // The parent's token, from its CLI's MCP configuration, while the CLI runs.
+    let pid = w.pid(&parent).await;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline);
+    let token = cmdline
+        .split("Bearer ")
+        .nth(1)
+        .and_then(|t| t.split('"').next())
+        .expect("the agentry MCP server with the agent's token")
+        .to_owned();
+    assert!(token.starts_with("agt_pat_"), "{token}");
+    let events = stream
+        .until("turn_completed", Duration::from_secs(240))
+        .await;
+    assert_eq!(
+        outcome(&events)["outcome"],
+        "completed",
+        "{:?}",
+        kinds(&events)
+    );
+    assert_eq!(
+        last_message(&events),
+        "The child answered: You said: hello from the parent. \
+         The other said: Refused: not_found then agent_depth_exceeded. \
+         The third: agent_children_exceeded.",
+        "{}",
+        conversation_text(&w.fake.requests().pop().unwrap())
+    );
+
+    // The children carry their parent; the parent's calls link them.
+    let children = w
+        .app
+        .get_ok(&format!("/v1/agents?parent_agent_id={parent}"))
+        .await;
+    let children: Vec<Value> = children["items"].as_array().unwrap().clone();
+    assert_eq!(children.len(), 2, "{children:?}");
+    for c in &children {
+        assert_eq!(c["parent_agent_id"], parent.as_str(), "{c}");
+        assert_eq!(c["depth"], 1, "{c}");
+    }
+    let timeline = w.app.timeline(&parent).await;
+    let calls: Vec<&Value> = timeline
+        .iter()
+        .filter(|e| e["kind"] == "tool_call" && e["data"]["name"] == CREATE)
+        .map(|e| &e["data"])
+        .filter(|d| d["status"] == "completed" || d["status"] == "failed")
+        .collect();
+    let linked: Vec<&str> = calls
+        .iter()
+        .filter_map(|d| d["child_agent"].as_str())
+        .collect();
+    let mut ids: Vec<&str> = children.iter().map(|c| c["id"].as_str().unwrap()).collect();
+    ids.sort_unstable();
+    let mut sorted = linked.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, ids, "{calls:?}");
+    let failed: Vec<&str> = calls
+        .iter()
+        .filter(|d| d["status"] == "failed")
+        .map(|d| d["error"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(failed.len(), 2, "{calls:?}");
+    assert!(failed[0].starts_with("not_found"), "{failed:?}");
+    assert!(
+        failed[1].starts_with("agent_children_exceeded"),
+        "{failed:?}"
+    );
+    assert!(
+        calls
+            .iter()
+            .filter(|d| d["status"] == "failed")
+            .all(|d| d["child_agent"].is_null())
+    );
+    // The token never shows in the timeline.
+    assert!(
+        !serde_json::to_string(&timeline).unwrap().contains(&token),
+        "the token is in the timeline"
+    );
+
+    // Archiving the parent archives its children; its token dies with it.
+    let agents = w
+        .app
+        .client
+        .get(w.app.url("/v1/agents"))
+        .bearer_auth(&token);
+    assert_eq!(agents.send().await.unwrap().status(), 200);
+    let res = w.app.delete(&format!("/v1/agents/{parent}")).await;
+    assert_eq!(res.status(), 204);
+    for c in &children {
+        let c = w
+            .app
+            .get_ok(&format!("/v1/agents/{}", c["id"].as_str().unwrap()))
+            .await;
+        assert!(!c["archived_at"].is_null(), "{c}");
+    }
+    let refused = w
+        .app
+        .client
+        .get(w.app.url("/v1/agents"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401);
+    let problem: Value = refused.json().await.unwrap();
+    assert_eq!(problem["code"], "token_revoked", "{problem}");
 }

@@ -333,6 +333,80 @@ async fn the_usage_page_and_queued_messages_show_in_a_real_browser() {
     eprintln!("{stdout}screenshots in {}", shots.display());
 }
 
+/// An agent's tree on its page (tests/browser/tree.py): its child with live status, a new
+/// child appearing and an archived one going, and the child's link back to its parent.
+/// The parent is the scripted exec agent, whose own token opens the children.
+#[tokio::test]
+async fn the_agent_page_shows_its_tree() {
+    let python = playwright_python();
+    let app = spawn_app_with(with_exec_agent).await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let worktree = path_of(&ws["path"]);
+    let parent = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": EXEC_PROVIDER, "title": "Lead"}),
+            201,
+        )
+        .await;
+    let parent = parent["id"].as_str().unwrap().to_owned();
+    app.wait(&parent).await;
+    // The parent's token, as its MCP client holds it: the agent writes it to a file.
+    app.prompt(
+        &parent,
+        "printf %s \"$EXEC_AGENT_MCP_TOKEN\" > parent-token",
+    )
+    .await;
+    app.wait(&parent).await;
+    let parent_token = std::fs::read_to_string(worktree.join("parent-token")).unwrap();
+    assert!(
+        parent_token.starts_with("agt_pat_"),
+        "the agent was given a token"
+    );
+    let res = app
+        .client
+        .post(format!("{}/v1/agents", app.base))
+        .bearer_auth(&parent_token)
+        .json(&json!({"workspace_id": ws["id"], "provider": "mock", "title": "Child one"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201);
+    let child: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(child["parent_agent_id"], parent.as_str());
+    let child = child["id"].as_str().unwrap().to_owned();
+    app.wait(&child).await;
+
+    let shots = screenshots();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/tree.py");
+    let out = tokio::process::Command::new(python)
+        .arg(script)
+        .args([
+            &app.base,
+            &app.token,
+            &parent,
+            &child,
+            &parent_token,
+            ws["id"].as_str().unwrap(),
+            &shots.display().to_string(),
+        ])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the browser run failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("dashboard tree: ok"), "{stdout}");
+    assert!(shots.join("agent-tree.png").is_file());
+}
+
 fn screenshots() -> PathBuf {
     let shots = std::env::var_os("AGENTRY_SCREENSHOTS")
         .map(PathBuf::from)

@@ -737,6 +737,7 @@ class Timeline {
           d.output ? el("pre", {}, typeof d.output === "string" ? d.output : JSON.stringify(d.output, null, 2)) : null,
           d.error ? el("div", { class: "event-error" }, d.error) : null,
           d.diff ? fileDiffs(d.diff) : null,
+          d.child_agent ? el("div", { class: "row child-agent" }, el("span", { class: "muted" }, "Child agent"), link(`/agents/${d.child_agent}`, d.child_agent)) : null,
         ];
         let t = this.tools.get(d.call_id);
         if (t) { t.className = `tool ${d.status}`; t.replaceChildren(...body.filter(Boolean)); return null; }
@@ -994,12 +995,15 @@ async function agentPage(id, signal) {
     queued);
   loadQueued();
 
+  const tree = await agentTree(agent, signal);
+
   show(
     el("div", { class: "agent-head" },
       el("div", {},
         el("h1", {}, agent.title || agent.id),
         el("div", { class: "row" }, status, el("span", { class: "muted" }, agent.provider), ...labelChips(agent.labels), conn),
         el("div", { class: "row" }, link(`/workspaces/${agent.workspace_id}`, "Workspace and changes")),
+        tree,
       ),
       el("div", {}, pickers, usage),
     ),
@@ -1013,6 +1017,55 @@ async function agentPage(id, signal) {
     tl.append(ev);
     if (nearBottom) window.scrollTo(0, document.body.scrollHeight);
   }, (up) => { conn.textContent = up ? "" : "reconnecting…"; }, signal);
+}
+
+// The agent's place in its tree: a link to the agent that created it, and the agents it
+// created (not archived) with their status, kept live from the team stream. Nothing when
+// it has neither.
+async function agentTree(agent, signal) {
+  const list = el("ul", { class: "children", "aria-label": "Children" });
+  const items = new Map();
+  const item = (a) => {
+    const badge = statusBadge(a.status);
+    const li = el("li", { "data-child": a.id }, link(`/agents/${a.id}`, a.title || a.id), " ", badge, " ", el("span", { class: "muted" }, a.provider));
+    li.badge = badge;
+    return li;
+  };
+  const put = (a) => {
+    if (a.parent_agent_id !== agent.id || a.archived_at) return;
+    const li = item(a);
+    if (items.has(a.id)) items.get(a.id).replaceWith(li); else list.append(li);
+    items.set(a.id, li);
+  };
+  const [parent, children] = await Promise.all([
+    agent.parent_agent_id ? api("GET", `/v1/agents/${agent.parent_agent_id}`).catch(() => null) : null,
+    all(`/v1/agents?parent_agent_id=${agent.id}`).catch(() => []),
+  ]);
+  for (const c of children) put(c);
+  const parentRow = agent.parent_agent_id
+    ? el("div", { class: "row" }, el("span", { class: "muted" }, "Parent"),
+        link(`/agents/${agent.parent_agent_id}`, (parent && parent.title) || agent.parent_agent_id),
+        parent ? statusBadge(parent.status) : null)
+    : null;
+  const heading = el("h2", { class: "tree-heading" }, "Children");
+  const section = el("section", { class: "tree", "aria-label": "Agent tree" }, parentRow, heading, list);
+  const refresh = () => { heading.hidden = list.hidden = items.size === 0; };
+  refresh();
+  follow("/v1/events", 0, (_id, ev) => {
+    const d = ev.data || {};
+    if (ev.kind === "agent_created" && d.parent_agent_id === agent.id && !items.has(d.agent_id)) {
+      api("GET", `/v1/agents/${d.agent_id}`).then((a) => { put(a); refresh(); }).catch(() => {});
+    } else if (ev.kind === "agent_status" && items.has(d.agent_id)) {
+      const b = items.get(d.agent_id).badge;
+      b.textContent = d.status;
+      b.className = `badge ${d.status}`;
+    } else if (ev.kind === "agent_archived" && items.has(d.agent_id)) {
+      items.get(d.agent_id).remove();
+      items.delete(d.agent_id);
+      refresh();
+    }
+  }, () => {}, signal);
+  return section;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -916,13 +916,19 @@ pub fn render_timeline(page: &Value) -> String {
                 }
                 l
             }
-            "tool_call" => format!(
-                "tool {} [{}] {} ({})",
-                s("call_id"),
-                s("status"),
-                clip(&s("title")),
-                s("name")
-            ),
+            "tool_call" => {
+                let mut l = format!(
+                    "tool {} [{}] {} ({})",
+                    s("call_id"),
+                    s("status"),
+                    clip(&s("title")),
+                    s("name")
+                );
+                if let Some(child) = d["child_agent"].as_str() {
+                    l.push_str(&format!(" -> child agent {child}"));
+                }
+                l
+            }
             "permission_requested" => format!(
                 "permission {} requested: {} (options: {})",
                 s("request_id"),

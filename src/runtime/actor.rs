@@ -908,7 +908,11 @@ impl Actor {
                             .insert(update.call_id.clone(), update.clone());
                     }
                 }
-                self.emit(EventKind::ToolCall, tool_json(&update)).await;
+                let mut data = tool_json(&update);
+                if let Some(child) = self.child_made_by(&update).await {
+                    data["child_agent"] = json!(child.to_string());
+                }
+                self.emit(EventKind::ToolCall, data).await;
             }
             ProviderEvent::PermissionRequested(req) => self.permission_requested(req).await,
             ProviderEvent::Plan { entries } => {
@@ -1450,6 +1454,28 @@ impl Actor {
 
     /// Queue an event; it goes to the writer with the next `flush` (in order with
     /// everything else this actor writes).
+    /// The child agent a completed call of agentry's `create_agent` tool made: an agent
+    /// named in the call's output whose parent is this agent. Names vary by CLI
+    /// (`mcp__agentry__create_agent`, `agentry_create_agent`, …); the store has the last
+    /// word, so an output that merely mentions some agent links nothing.
+    async fn child_made_by(&self, call: &ToolCallUpdate) -> Option<AgentId> {
+        if call.status != ToolStatus::Completed || !call.name.contains("create_agent") {
+            return None;
+        }
+        let mut candidates = Vec::new();
+        agent_ids_in(call.output.as_ref()?, &mut candidates);
+        if candidates.is_empty() {
+            return None;
+        }
+        match store::agents::child_among(&self.shared.pool, self.ctx.id.uuid(), &candidates).await {
+            Ok(found) => found.map(AgentId::from),
+            Err(e) => {
+                tracing::warn!(agent_id = %self.ctx.id, error = %e, "could not link a child agent");
+                None
+            }
+        }
+    }
+
     async fn emit(&mut self, kind: EventKind, data: Value) {
         let ev = self.event(kind, data);
         self.outbox.push(ev);
@@ -1750,6 +1776,33 @@ fn unsupported(e: ProviderError) -> RuntimeError {
     }
 }
 
+/// Every agent id (`agt_` and 32 hex digits) written anywhere in `value`, in order, at
+/// most 16 of them.
+fn agent_ids_in(value: &Value, out: &mut Vec<uuid::Uuid>) {
+    const MAX: usize = 16;
+    match value {
+        Value::String(s) => {
+            let mut rest = s.as_str();
+            while out.len() < MAX
+                && let Some(at) = rest.find(AgentId::PREFIX)
+            {
+                let after = &rest[at + AgentId::PREFIX.len()..];
+                let hex: String = after.chars().take(32).collect();
+                if hex.len() == 32
+                    && let Ok(id) = format!("{}{hex}", AgentId::PREFIX).parse::<AgentId>()
+                    && !out.contains(&id.uuid())
+                {
+                    out.push(id.uuid());
+                }
+                rest = after;
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| agent_ids_in(v, out)),
+        Value::Object(map) => map.values().for_each(|v| agent_ids_in(v, out)),
+        _ => {}
+    }
+}
+
 pub(crate) fn tool_json(t: &ToolCallUpdate) -> Value {
     let mut v = json!({
         "call_id": t.call_id, "name": t.name, "title": t.title, "tool_kind": t.tool_kind,
@@ -1819,4 +1872,22 @@ fn write_private(path: &std::path::Path, contents: &str) -> std::io::Result<()> 
         .mode(0o600)
         .open(path)?;
     f.write_all(contents.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_ids_are_found_in_a_tool_output_wherever_they_are_written() {
+        let a = AgentId::new();
+        let b = AgentId::new();
+        let output = json!([
+            {"type": "text", "text": format!("{{\"id\":\"{a}\",\"parent_agent_id\":\"{b}\"}}")},
+            {"nested": [format!("again {a}, a token agt_pat_0123 and agt_short")]},
+        ]);
+        let mut found = Vec::new();
+        agent_ids_in(&output, &mut found);
+        assert_eq!(found, [a.uuid(), b.uuid()]);
+    }
 }

@@ -787,7 +787,8 @@ pub async fn create(
             project_id: Some(workspace.project_id),
             workspace_id: Some(workspace.id),
             kind: "agent_created",
-            data: json!({"agent_id": id, "workspace_id": WorkspaceId::from(workspace.id), "provider": body.provider}),
+            data: json!({"agent_id": id, "workspace_id": WorkspaceId::from(workspace.id), "provider": body.provider,
+                "parent_agent_id": parent_agent_id.map(AgentId::from)}),
         },
     )
     .await?;

@@ -248,6 +248,23 @@ pub async fn live_children(db: impl PgExecutor<'_>, parent: Uuid) -> Result<i64,
     .await
 }
 
+/// The first of `candidates` that is a child of `parent` (its `parent_agent_id`).
+pub async fn child_among(
+    db: impl PgExecutor<'_>,
+    parent: Uuid,
+    candidates: &[Uuid],
+) -> Result<Option<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT c.id FROM unnest($2::uuid[]) WITH ORDINALITY AS k(id, n)
+         JOIN agents c ON c.id = k.id AND c.parent_agent_id = $1
+         ORDER BY k.n LIMIT 1",
+    )
+    .bind(parent)
+    .bind(candidates)
+    .fetch_optional(db)
+    .await
+}
+
 /// Agents of `team` created by other agents that are not archived.
 pub async fn live_team_children(db: impl PgExecutor<'_>, team: Uuid) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(

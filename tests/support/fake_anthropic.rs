@@ -82,9 +82,14 @@ impl Reply {
     }
 }
 
+/// Computes a reply from the request it answers.
+type Responder = Arc<dyn Fn(&Value) -> Reply + Send + Sync>;
+
 #[derive(Default)]
 struct State {
     replies: VecDeque<Reply>,
+    /// Answers when no reply is queued.
+    responder: Option<Responder>,
     /// Bodies of `POST /v1/messages`, in order.
     requests: Vec<Value>,
     /// Every request line seen (`POST /v1/messages?beta=true`, …).
@@ -137,6 +142,12 @@ impl FakeAnthropic {
         self.state.lock().unwrap().replies.push_back(reply);
     }
 
+    /// Answer every request no queued reply answers with `respond(request)`: a model
+    /// whose next step depends on what its tools returned.
+    pub fn respond_with(&self, respond: impl Fn(&Value) -> Reply + Send + Sync + 'static) {
+        self.state.lock().unwrap().responder = Some(Arc::new(respond));
+    }
+
     /// The bodies of the `POST /v1/messages` requests received so far.
     pub fn requests(&self) -> Vec<Value> {
         self.state.lock().unwrap().requests.clone()
@@ -151,6 +162,48 @@ impl FakeAnthropic {
     pub fn api_keys(&self) -> Vec<String> {
         self.state.lock().unwrap().api_keys.clone()
     }
+}
+
+/// The text of a request's first message (the prompt of the conversation, with whatever
+/// the CLI adds to it).
+pub fn first_message_text(request: &Value) -> String {
+    let mut out = String::new();
+    collect_text(&request["messages"][0]["content"], &mut out);
+    out
+}
+
+/// One `tool_result` the CLI sent back to the model.
+#[derive(Debug, Clone)]
+pub struct ToolResult {
+    pub is_error: bool,
+    pub text: String,
+}
+
+/// The `tool_result` blocks of a request's `messages`, in order.
+pub fn tool_results(request: &Value) -> Vec<ToolResult> {
+    let mut out = Vec::new();
+    for message in request["messages"].as_array().into_iter().flatten() {
+        for block in message["content"].as_array().into_iter().flatten() {
+            if block["type"] == "tool_result" {
+                let mut text = String::new();
+                collect_text(&block["content"], &mut text);
+                out.push(ToolResult {
+                    is_error: block["is_error"] == true,
+                    text,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Whether the request offers the model a tool named `name`.
+pub fn offers_tool(request: &Value, name: &str) -> bool {
+    request["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|t| t["name"] == name)
 }
 
 /// All text in a request's `messages` (user prompts, tool results, earlier replies).
@@ -234,15 +287,15 @@ async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) -> std::io::Resu
             let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
             let (reply, number) = {
                 let mut s = state.lock().unwrap();
-                s.requests.push(request);
                 s.api_keys.push(api_key);
                 s.message_no += 1;
-                (
-                    s.replies
-                        .pop_front()
-                        .unwrap_or_else(|| Reply::text("Done.")),
-                    s.message_no,
-                )
+                let reply = match (s.replies.pop_front(), &s.responder) {
+                    (Some(queued), _) => queued,
+                    (None, Some(respond)) => respond(&request),
+                    (None, None) => Reply::text("Done."),
+                };
+                s.requests.push(request);
+                (reply, s.message_no)
             };
             stream_reply(&mut stream, &reply, number).await
         }
