@@ -2,6 +2,7 @@
 //! model), the tasks that move the agent's output, and the process' supervisor.
 
 use super::*;
+use crate::providers::supervise::{Exit, watch};
 
 /// What the handshake offers and may do, from the provider's configuration.
 pub(super) struct Handshake {
@@ -851,37 +852,28 @@ pub(super) async fn supervise<F>(
 ) where
     F: Future<Output = Result<(), acp::Error>> + Send,
 {
-    let mut connection = Box::pin(connection);
-    let mut status: Option<ExitStatus> = None;
-    let mut broken: Option<String> = None;
-    tokio::select! {
-        result = &mut connection => {
-            if let Err(e) = result {
-                broken = Some(e.message);
-            }
-        }
-        waited = child.wait() => {
-            status = waited.ok();
-            // Let the connection read what the process wrote before it ended.
-            if let Ok(Err(e)) = tokio::time::timeout(DRAIN_AFTER_EXIT, &mut connection).await {
-                broken = Some(e.message);
-            }
-        }
-    }
-    // Dropping the connection closes the agent's stdin.
-    drop(connection);
-    let status = child.wind_down(status, EXIT_AFTER_EOF).await;
-    report.pump.abort();
-    let _ = report.pump.await;
-    stderr_task.settle().await;
-    let reason = describe_exit(status, broken.as_deref(), &shared.stderr_tail());
-    report_exit(
-        &shared.events,
-        report.done,
-        report.started,
-        reason,
-        &shared.closing,
-        "acp",
+    let connection = async { connection.await.err().map(|e| e.message) };
+    // The connection reads what the process wrote before it ended; dropping it (when the
+    // wait is over) closes the agent's stdin.
+    let ending = watch(
+        &mut child,
+        connection,
+        DRAIN_AFTER_EXIT,
+        std::future::pending::<()>(),
     )
     .await;
+    let reaped = async {
+        report.pump.abort();
+        let _ = report.pump.await;
+    };
+    let exit = Exit {
+        agent: "acp",
+        events: &shared.events,
+        closing: &shared.closing,
+        stderr: &shared.stderr,
+        readers: vec![stderr_task],
+        done: report.done,
+        started: report.started,
+    };
+    exit.report(child, ending, EXIT_AFTER_EOF, reaped).await;
 }

@@ -24,7 +24,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -37,18 +36,18 @@ use serde_json::{Map, Value, json};
 use tokio::sync::{oneshot, watch};
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
-use super::emitter::{Emitter, StopSignals, Stopper, report_exit};
+use super::emitter::{Emitter, StopSignals, Stopper};
 use super::{
     Availability, ChangeKind, CliConfig, EventSink, FileDiff, Location, ModeInfo, ModelInfo,
     PermissionDecision, PermissionRequest, PlanEntry, PlanStatus, ProcessLauncher, Provider,
-    ProviderCapabilities, ProviderError, ProviderEvent, ProviderInfo, ProviderSession, SessionInfo,
-    SessionSpec, ToolCallUpdate, TurnInput, Usage,
+    ProviderError, ProviderEvent, ProviderInfo, ProviderSession, SessionInfo, SessionSpec,
+    ToolCallUpdate, TurnInput, Usage, command_missing,
 };
 use crate::domain::{
     Behavior, PermissionKind, PermissionOption, ToolKind, ToolStatus, TurnOutcome,
 };
-use crate::process::output::{StderrReader, StderrTail, describe_exit};
-use crate::process::{CommandSpec, ManagedChild, find_executable};
+use crate::process::output::{StderrReader, StderrTail};
+use crate::process::{CommandSpec, ManagedChild, lock};
 
 mod files;
 mod gate;
@@ -244,34 +243,27 @@ impl Provider for AcpProvider {
     }
 
     fn info(&self) -> ProviderInfo {
-        ProviderInfo {
-            id: self.cfg.id.clone(),
-            label: self.cfg.label.clone(),
-            protocol: "acp".to_owned(),
-            capabilities: ProviderCapabilities {
-                resume: true,
-                set_mode: true,
-                set_model: true,
-                permissions: true,
-                mcp_servers: self.takes_mcp,
-            },
-            // The settings' modes; else those the agent announced.
-            modes: if self.cfg.modes.is_empty() {
-                lock(&self.announced).modes.clone()
-            } else {
-                self.cfg.modes.clone()
-            },
-            default_mode: self.cfg.default_mode.clone(),
-        }
+        // The settings' modes; else those the agent announced.
+        let modes = if self.cfg.modes.is_empty() {
+            lock(&self.announced).modes.clone()
+        } else {
+            self.cfg.modes.clone()
+        };
+        let mut info = ProviderInfo::capable(
+            &self.cfg.id,
+            &self.cfg.label,
+            "acp",
+            modes,
+            self.cfg.default_mode.clone(),
+        );
+        info.capabilities.mcp_servers = self.takes_mcp;
+        info
     }
 
     async fn availability(&self) -> Availability {
-        match self.cfg.command.first() {
-            None => Availability::Unavailable("no command is configured".to_owned()),
-            Some(program) if find_executable(program).is_some() => Availability::Available,
-            Some(program) => {
-                Availability::Unavailable(format!("`{program}` was not found on PATH"))
-            }
+        match command_missing(&self.cfg.command) {
+            None => Availability::Available,
+            Some(why) => Availability::Unavailable(why),
         }
     }
 
@@ -324,22 +316,12 @@ struct Shared {
 }
 
 impl Shared {
-    fn stderr_tail(&self) -> String {
-        self.stderr.tail()
-    }
-
     /// Report a mode or model change, unless the session is still being set up.
     async fn report_change(&self, event: ProviderEvent) {
         if !self.starting.load(Ordering::Acquire) {
             self.events.emit(event).await;
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Modes and the model as the agent reported them.
