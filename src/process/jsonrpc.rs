@@ -20,6 +20,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::framing::{FramingError, LineReader};
+use super::lock;
 
 /// A request id, ours or the peer's.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -276,10 +277,6 @@ impl Pending {
     pub async fn wait(self) -> Result<Value, RpcError> {
         self.rx.await.unwrap_or(Err(RpcError::Closed))
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Writes whole lines, so that a caller dropped mid-send cannot leave half a message.

@@ -28,6 +28,15 @@ use limits::{ChildCgroup, LimitHit, LimitHost, LimitWatch, Prepared, ResourceLim
 pub use crate::store::processes::LedgerRow;
 pub use executable::{find_executable, find_executable_in, is_executable};
 
+/// Lock a std mutex, taking it over when a thread panicked while holding it: the maps and
+/// counters the adapters and the JSON-RPC peer keep under one stay usable, so one failed
+/// handler does not fail every later request of its session.
+pub fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Variables copied from agentry's own environment into every child, when set.
 pub const BASE_ENV: &[&str] = &[
     "PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME",

@@ -20,6 +20,7 @@ use uuid::Uuid;
 
 use super::acp::{AcpProvider, AcpProviderConfig};
 use super::{ModeInfo, ModelInfo};
+use crate::process::lock;
 
 /// The mock's modes: `default` asks for `/ask`, `unattended` allows it without asking.
 const MODES: [(&str, &str, &str); 2] = [
@@ -398,12 +399,6 @@ impl MockSession {
             cancel: watch::channel(0).0,
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn modes(current: &str) -> proto::SessionModeState {

@@ -21,6 +21,7 @@ pub mod mock;
 pub mod opencode;
 pub mod pi;
 pub mod registry;
+pub mod supervise;
 pub mod workspace_files;
 
 pub use registry::ProviderRegistry;
@@ -60,6 +61,50 @@ pub struct ProviderCapabilities {
     pub set_model: bool,
     pub permissions: bool,
     pub mcp_servers: bool,
+}
+
+impl ProviderInfo {
+    /// A provider that can do all the trait offers (resume, set mode and model, ask for
+    /// permissions, take MCP servers); an adapter that cannot do one of them says so in
+    /// `capabilities` afterwards.
+    pub fn capable(
+        id: &str,
+        label: &str,
+        protocol: &str,
+        modes: Vec<ModeInfo>,
+        default_mode: Option<String>,
+    ) -> Self {
+        Self {
+            id: id.to_owned(),
+            label: label.to_owned(),
+            protocol: protocol.to_owned(),
+            capabilities: ProviderCapabilities {
+                resume: true,
+                set_mode: true,
+                set_model: true,
+                permissions: true,
+                mcp_servers: true,
+            },
+            modes,
+            default_mode,
+        }
+    }
+}
+
+/// Why a provider's command cannot be run, when it cannot: none is configured, or its
+/// program is not on PATH (or, named by its path, is not there or not executable).
+pub fn command_missing(command: &[String]) -> Option<String> {
+    let Some(program) = command.first() else {
+        return Some("no command is configured".to_owned());
+    };
+    if crate::process::find_executable(program).is_some() {
+        return None;
+    }
+    Some(if program.contains('/') {
+        format!("`{program}` does not exist or is not executable")
+    } else {
+        format!("`{program}` was not found on PATH")
+    })
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -486,6 +531,18 @@ impl CliConfig {
     pub fn var_is_set(&self, name: &str) -> bool {
         self.team_secrets.iter().any(|t| t == name)
             || self.child_var(name).is_some_and(|v| !v.is_empty())
+    }
+
+    /// What `Provider::info` says of a built-in adapter that speaks `protocol` and can do
+    /// all the trait offers.
+    pub fn info(&self, protocol: &str) -> ProviderInfo {
+        ProviderInfo::capable(
+            &self.id,
+            &self.label,
+            protocol,
+            self.modes.clone(),
+            self.default_mode.clone(),
+        )
     }
 
     /// The child's argv: `command`, then the adapter's `protocol` flags, then `args`.

@@ -12,7 +12,6 @@ pub mod mapping;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -24,17 +23,18 @@ use tokio::sync::oneshot;
 
 use self::mapping::{Action, Mapper, ToolPermission};
 use super::broker::{BrokerSpec, Credential, KeyHeader, KeyVar};
-use super::emitter::{Emitter, StopSignals, Stopper, report_exit};
+use super::emitter::{Emitter, StopSignals, Stopper};
+use super::supervise::{Exit, watch};
 use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
-    PermissionRequest, Probe, ProcessLauncher, Provider, ProviderCapabilities, ProviderError,
-    ProviderEvent, ProviderInfo, ProviderSession, SessionInfo, SessionSpec, TurnInput, mode,
+    PermissionRequest, Probe, ProcessLauncher, Provider, ProviderError, ProviderEvent,
+    ProviderInfo, ProviderSession, SessionInfo, SessionSpec, TurnInput, command_missing, mode,
 };
 use crate::domain::{Behavior, PermissionOption};
 use crate::process::framing::{FramingError, LineReader};
 use crate::process::line_writer::LineWriter;
 use crate::process::output::{StderrReader, StderrTail, describe_exit};
-use crate::process::{CommandSpec, ManagedChild, find_executable};
+use crate::process::{CommandSpec, ManagedChild, lock};
 
 /// How long the CLI may take to answer `initialize`.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -279,32 +279,12 @@ fn mcp_config(servers: &std::collections::BTreeMap<String, Value>) -> Option<Val
 #[async_trait]
 impl Provider for ClaudeProvider {
     fn info(&self) -> ProviderInfo {
-        ProviderInfo {
-            id: self.cfg.id.clone(),
-            label: self.cfg.label.clone(),
-            protocol: PROTOCOL.to_owned(),
-            capabilities: ProviderCapabilities {
-                resume: true,
-                set_mode: true,
-                set_model: true,
-                permissions: true,
-                mcp_servers: true,
-            },
-            modes: self.cfg.modes.clone(),
-            default_mode: self.cfg.default_mode.clone(),
-        }
+        self.cfg.info(PROTOCOL)
     }
 
     async fn availability(&self) -> Availability {
-        let Some(program) = self.cfg.command.first() else {
-            return Availability::Unavailable("no command is configured".to_owned());
-        };
-        if find_executable(program).is_none() {
-            return Availability::Unavailable(if program.contains('/') {
-                format!("`{program}` does not exist or is not executable")
-            } else {
-                format!("`{program}` was not found on PATH")
-            });
+        if let Some(why) = command_missing(&self.cfg.command) {
+            return Availability::Unavailable(why);
         }
         let set = |name: &str| self.cfg.var_is_set(name);
         if set("ANTHROPIC_API_KEY")
@@ -516,10 +496,6 @@ struct Shared {
     mode: Mutex<Option<String>>,
     closing: AtomicBool,
     stderr: StderrTail,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Shared {
@@ -914,37 +890,25 @@ async fn supervise<R: AsyncRead + Unpin + Send + 'static>(
     mapper: Mapper,
     report: Supervision,
 ) {
-    let mut reading = Box::pin(read_stdout(stdout, shared.clone(), mapper));
-    let mut status: Option<ExitStatus> = None;
-    let mut broken: Option<String> = None;
-    tokio::select! {
-        error = &mut reading => broken = error,
-        waited = child.wait() => {
-            status = waited.ok();
-            if let Ok(error) = tokio::time::timeout(DRAIN_AFTER_EXIT, &mut reading).await {
-                broken = error;
-            }
-        }
-        _ = report.close => {}
-    }
-    drop(reading);
+    let reading = read_stdout(stdout, shared.clone(), mapper);
+    let ending = watch(&mut child, reading, DRAIN_AFTER_EXIT, report.close).await;
     // End of input asks the CLI to finish (it writes its transcript and exits 0).
     shared.writer.close().await;
-    let status = child.wind_down(status, EXIT_AFTER_EOF).await;
-    stderr_task.settle().await;
-    // Nobody will answer what is still waiting.
-    lock(&shared.controls).clear();
-    lock(&shared.permissions).clear();
-    let reason = describe_exit(status, broken.as_deref(), &shared.stderr.tail());
-    report_exit(
-        &shared.events,
-        report.done,
-        report.started,
-        reason,
-        &shared.closing,
-        "claude",
-    )
-    .await;
+    let reaped = async {
+        // Nobody will answer what is still waiting.
+        lock(&shared.controls).clear();
+        lock(&shared.permissions).clear();
+    };
+    let exit = Exit {
+        agent: "claude",
+        events: &shared.events,
+        closing: &shared.closing,
+        stderr: &shared.stderr,
+        readers: vec![stderr_task],
+        done: report.done,
+        started: report.started,
+    };
+    exit.report(child, ending, EXIT_AFTER_EOF, reaped).await;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ mod mapping;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,16 +26,17 @@ pub use mapping::{Ask, Mapped, Mapper, decision_reply};
 use super::broker::{
     BrokerInput, Brokering, Credential, KeyHeader, PLACEHOLDER_KEY, key_header, upstream_url,
 };
-use super::emitter::{Emitter, StopSignals, Stopper, report_exit};
+use super::emitter::{Emitter, StopSignals, Stopper};
+use super::supervise::{Exit, drain, watch};
 use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
-    PermissionRequest, Probe, ProcessLauncher, Provider, ProviderCapabilities, ProviderError,
-    ProviderEvent, ProviderInfo, ProviderSession, SessionInfo, SessionSpec, TurnInput, mode,
+    PermissionRequest, Probe, ProcessLauncher, Provider, ProviderError, ProviderEvent,
+    ProviderInfo, ProviderSession, SessionInfo, SessionSpec, TurnInput, command_missing, mode,
 };
 use crate::domain::TurnOutcome;
 use crate::process::jsonrpc::{Incoming, Peer, PeerOptions, RequestId, RpcError};
-use crate::process::output::{StderrReader, StderrTail, describe_exit};
-use crate::process::{CommandSpec, ManagedChild, STOP_GRACE, find_executable};
+use crate::process::output::{StderrReader, StderrTail};
+use crate::process::{CommandSpec, ManagedChild, STOP_GRACE, lock};
 
 /// How long Codex may take to initialize and open its thread.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -231,28 +231,12 @@ async fn initialize(peer: &Peer, timeout: Duration) -> Result<(), RpcError> {
 #[async_trait]
 impl Provider for CodexProvider {
     fn info(&self) -> ProviderInfo {
-        ProviderInfo {
-            id: self.cfg.id.clone(),
-            label: self.cfg.label.clone(),
-            protocol: "codex-app-server".to_owned(),
-            capabilities: ProviderCapabilities {
-                resume: true,
-                set_mode: true,
-                set_model: true,
-                permissions: true,
-                mcp_servers: true,
-            },
-            modes: self.cfg.modes.clone(),
-            default_mode: self.cfg.default_mode.clone(),
-        }
+        self.cfg.info("codex-app-server")
     }
 
     async fn availability(&self) -> Availability {
-        let Some(program) = self.cfg.command.first() else {
-            return Availability::Unavailable("no command is configured".to_owned());
-        };
-        if find_executable(program).is_none() {
-            return Availability::Unavailable(format!("`{program}` was not found on PATH"));
+        if let Some(why) = command_missing(&self.cfg.command) {
+            return Availability::Unavailable(why);
         }
         match credentials(&self.cfg, |p| p.is_file()) {
             Ok(()) => Availability::Available,
@@ -827,10 +811,6 @@ struct Shared {
     stderr: StderrTail,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Shared {
     /// Learned the running turn's id: send an interrupt that was waiting for it.
     fn turn_known(self: &Arc<Self>, thread_id: Option<&str>, turn_id: &str) {
@@ -973,31 +953,20 @@ async fn supervise(
     done: oneshot::Sender<String>,
     started: oneshot::Receiver<()>,
 ) {
-    let mut status: Option<ExitStatus> = None;
-    tokio::select! {
-        waited = child.wait() => status = waited.ok(),
-        _ = close => {}
-    }
-    // Whatever is left of the group goes now; its output ends with it.
-    let status = child.wind_down(status, Duration::ZERO).await;
-    let mut dispatcher = dispatcher;
-    if tokio::time::timeout(DRAIN_AFTER_EXIT, &mut dispatcher)
-        .await
-        .is_err()
-    {
-        dispatcher.abort();
-    }
-    stderr_task.settle().await;
-    let reason = describe_exit(status, None, &shared.stderr.tail());
-    report_exit(
-        &shared.events,
+    // The dispatcher reads the output; it is waited for once the process is gone.
+    let ending = watch(&mut child, std::future::pending(), Duration::ZERO, close).await;
+    let exit = Exit {
+        agent: "codex",
+        events: &shared.events,
+        closing: &shared.closing,
+        stderr: &shared.stderr,
+        readers: vec![stderr_task],
         done,
         started,
-        reason,
-        &shared.closing,
-        "codex",
-    )
-    .await;
+    };
+    // Whatever is left of the group goes now; its output ends with it.
+    let reaped = drain(dispatcher, DRAIN_AFTER_EXIT);
+    exit.report(child, ending, Duration::ZERO, reaped).await;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ mod mapping;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
-use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -33,16 +32,17 @@ use super::broker::{
     BrokerInput, Brokering, Credential, JsonSet, KeyHeader, PLACEHOLDER_KEY, key_header,
     upstream_url,
 };
-use super::emitter::{Emitter, StopSignals, Stopper, report_exit};
+use super::emitter::{Emitter, StopSignals, Stopper};
+use super::supervise::{Ending, Exit, drain};
 use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
-    PermissionRequest, Probe, ProcessLauncher, Provider, ProviderCapabilities, ProviderError,
-    ProviderEvent, ProviderInfo, ProviderSession, SessionInfo, SessionSpec, TurnInput, mode,
+    PermissionRequest, Probe, ProcessLauncher, Provider, ProviderError, ProviderEvent,
+    ProviderInfo, ProviderSession, SessionInfo, SessionSpec, TurnInput, command_missing, mode,
 };
 use crate::domain::SecretValue;
 use crate::event_stream::{Event, Parser};
 use crate::process::output::{StderrReader, StderrTail, describe_exit};
-use crate::process::{CommandSpec, ManagedChild, STOP_GRACE, find_executable};
+use crate::process::{CommandSpec, ManagedChild, STOP_GRACE, lock};
 
 /// How long the server may take to answer its health route and open the session (a
 /// first start in a fresh home installs a plugin).
@@ -636,28 +636,12 @@ impl EventStream {
 #[async_trait]
 impl Provider for OpenCodeProvider {
     fn info(&self) -> ProviderInfo {
-        ProviderInfo {
-            id: self.cfg.id.clone(),
-            label: self.cfg.label.clone(),
-            protocol: "opencode-http".to_owned(),
-            capabilities: ProviderCapabilities {
-                resume: true,
-                set_mode: true,
-                set_model: true,
-                permissions: true,
-                mcp_servers: true,
-            },
-            modes: self.cfg.modes.clone(),
-            default_mode: self.cfg.default_mode.clone(),
-        }
+        self.cfg.info("opencode-http")
     }
 
     async fn availability(&self) -> Availability {
-        let Some(program) = self.cfg.command.first() else {
-            return Availability::Unavailable("no command is configured".to_owned());
-        };
-        if find_executable(program).is_none() {
-            return Availability::Unavailable(format!("`{program}` was not found on PATH"));
+        if let Some(why) = command_missing(&self.cfg.command) {
+            return Availability::Unavailable(why);
         }
         // OpenCode takes credentials from many places (its own auth store, a provider's
         // variables, the configuration): whether they work shows on the first prompt.
@@ -1025,10 +1009,6 @@ struct Live {
     unattended: AtomicBool,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Handle the server's events in order until the stream ends.
 async fn dispatch(mut stream: EventStream, live: Arc<Live>) {
     while let Some(event) = stream.next().await {
@@ -1133,45 +1113,38 @@ async fn supervise(
     done: oneshot::Sender<String>,
     started: oneshot::Receiver<()>,
 ) {
-    let mut status: Option<ExitStatus> = None;
-    let mut broken = None;
+    let mut ending = Ending::default();
     tokio::select! {
-        waited = child.wait() => status = waited.ok(),
+        waited = child.wait() => ending.status = waited.ok(),
         _ = close => {}
         _ = shared.lost.notified() => {
             // The stream also ends when the process dies: then its exit is the reason.
             match tokio::time::timeout(EXIT_AFTER_LOST, child.wait()).await {
-                Ok(waited) => status = waited.ok(),
-                Err(_) => broken = Some("the event stream from OpenCode ended"),
+                Ok(waited) => ending.status = waited.ok(),
+                Err(_) => {
+                    // The process is stopped because its events can no longer be followed.
+                    ending.broken = Some("the event stream from OpenCode ended".to_owned());
+                    ending.lost = true;
+                }
             }
         }
     }
     let _ = shared.exited.send(true);
-    let status = child.wind_down(status, Duration::ZERO).await;
-    if let Ok(mut dispatcher) = dispatcher.await
-        && tokio::time::timeout(DRAIN_AFTER_EXIT, &mut dispatcher)
-            .await
-            .is_err()
-    {
-        dispatcher.abort();
-    }
-    for r in readers {
-        r.settle().await;
-    }
-    let reason = match broken {
-        // The process was stopped because its events could no longer be followed.
-        Some(why) => describe_exit(None, Some(why), &shared.stderr.tail()),
-        None => describe_exit(status, None, &shared.stderr.tail()),
+    let reaped = async {
+        if let Ok(dispatcher) = dispatcher.await {
+            drain(dispatcher, DRAIN_AFTER_EXIT).await;
+        }
     };
-    report_exit(
-        &shared.events,
+    let exit = Exit {
+        agent: "opencode",
+        events: &shared.events,
+        closing: &shared.closing,
+        stderr: &shared.stderr,
+        readers,
         done,
         started,
-        reason,
-        &shared.closing,
-        "opencode",
-    )
-    .await;
+    };
+    exit.report(child, ending, Duration::ZERO, reaped).await;
 }
 
 // ---------------------------------------------------------------------------------------

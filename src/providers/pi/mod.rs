@@ -23,7 +23,6 @@ pub mod mapping;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -37,17 +36,18 @@ use self::mapping::{Action, Dialog, DialogMethod, Mapper};
 use super::broker::{
     BrokerInput, Brokering, Credential, KeyHeader, PLACEHOLDER_KEY, key_header, upstream_url,
 };
-use super::emitter::{Emitter, StopSignals, Stopper, report_exit};
+use super::emitter::{Emitter, StopSignals, Stopper};
+use super::supervise::{Exit, watch};
 use super::{
     Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
-    PermissionRequest, Probe, ProcessLauncher, Provider, ProviderCapabilities, ProviderError,
-    ProviderEvent, ProviderInfo, ProviderSession, SessionInfo, SessionSpec, TurnInput, mode,
+    PermissionRequest, Probe, ProcessLauncher, Provider, ProviderError, ProviderEvent,
+    ProviderInfo, ProviderSession, SessionInfo, SessionSpec, TurnInput, command_missing, mode,
 };
 use crate::domain::{Behavior, PermissionKind, PermissionOption};
 use crate::process::framing::{FramingError, LineReader};
 use crate::process::line_writer::LineWriter;
 use crate::process::output::{StderrReader, StderrTail, describe_exit};
-use crate::process::{CommandSpec, find_executable};
+use crate::process::{CommandSpec, lock};
 
 /// How long Pi may take to answer its first `get_state` (it loads extensions first).
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -352,32 +352,14 @@ fn models_of(data: &Value, current: Option<&str>) -> Vec<ModelInfo> {
 #[async_trait]
 impl Provider for PiProvider {
     fn info(&self) -> ProviderInfo {
-        ProviderInfo {
-            id: self.cfg.id.clone(),
-            label: self.cfg.label.clone(),
-            protocol: PROTOCOL.to_owned(),
-            capabilities: ProviderCapabilities {
-                resume: true,
-                set_mode: true,
-                set_model: true,
-                permissions: true,
-                mcp_servers: false,
-            },
-            modes: self.cfg.modes.clone(),
-            default_mode: self.cfg.default_mode.clone(),
-        }
+        let mut info = self.cfg.info(PROTOCOL);
+        info.capabilities.mcp_servers = false;
+        info
     }
 
     async fn availability(&self) -> Availability {
-        let Some(program) = self.cfg.command.first() else {
-            return Availability::Unavailable("no command is configured".to_owned());
-        };
-        if find_executable(program).is_none() {
-            return Availability::Unavailable(if program.contains('/') {
-                format!("`{program}` does not exist or is not executable")
-            } else {
-                format!("`{program}` was not found on PATH")
-            });
+        if let Some(why) = command_missing(&self.cfg.command) {
+            return Availability::Unavailable(why);
         }
         Availability::Available
     }
@@ -620,10 +602,6 @@ struct Shared {
     abort_on_start: AtomicBool,
     closing: AtomicBool,
     stderr: StderrTail,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Shared {
@@ -931,36 +909,24 @@ async fn supervise<R: AsyncRead + Unpin + Send + 'static>(
     mapper: Mapper,
     report: Supervision,
 ) {
-    let mut reading = Box::pin(read_stdout(stdout, shared.clone(), mapper));
-    let mut status: Option<ExitStatus> = None;
-    let mut broken: Option<String> = None;
-    tokio::select! {
-        error = &mut reading => broken = error,
-        waited = child.wait() => {
-            status = waited.ok();
-            if let Ok(error) = tokio::time::timeout(DRAIN_AFTER_EXIT, &mut reading).await {
-                broken = error;
-            }
-        }
-        _ = report.close => {}
-    }
-    drop(reading);
+    let reading = read_stdout(stdout, shared.clone(), mapper);
+    let ending = watch(&mut child, reading, DRAIN_AFTER_EXIT, report.close).await;
     // End of input ends Pi's RPC loop.
     shared.writer.close().await;
-    let status = child.wind_down(status, EXIT_AFTER_EOF).await;
-    stderr_task.settle().await;
-    lock(&shared.commands).clear();
-    lock(&shared.dialogs).clear();
-    let reason = describe_exit(status, broken.as_deref(), &shared.stderr.tail());
-    report_exit(
-        &shared.events,
-        report.done,
-        report.started,
-        reason,
-        &shared.closing,
-        "pi",
-    )
-    .await;
+    let reaped = async {
+        lock(&shared.commands).clear();
+        lock(&shared.dialogs).clear();
+    };
+    let exit = Exit {
+        agent: "pi",
+        events: &shared.events,
+        closing: &shared.closing,
+        stderr: &shared.stderr,
+        readers: vec![stderr_task],
+        done: report.done,
+        started: report.started,
+    };
+    exit.report(child, ending, EXIT_AFTER_EOF, reaped).await;
 }
 
 // ---------------------------------------------------------------------------------------
