@@ -425,7 +425,13 @@ async fn the_dashboard_is_served_with_a_strict_policy() {
     for path in [
         "/",
         "/agents/agt_x",
+        "/workspaces",
         "/workspaces/wsp_x",
+        "/new",
+        "/teams",
+        "/teams/tea_x",
+        "/teams/tea_x/usage",
+        "/usage",
         "/device",
         "/ui/app.js",
         "/ui/app.css",

@@ -194,7 +194,7 @@ async function whoAmI() {
   const pages = document.getElementById("pages");
   if (!pages.childElementCount) {
     const to = (view, path, text) => { const a = link(path, text); a.dataset.view = view; return a; };
-    pages.append(to("agents", "/", "Agents"), to("workspaces", "/?view=workspaces", "Workspaces"), to("usage", "/?view=usage", "Usage"), to("team", "/?view=team", "Team"));
+    pages.append(to("agents", "/", "Agents"), to("workspaces", "/workspaces", "Workspaces"), to("usage", "/usage", "Usage"), to("team", "/teams", "Team"));
   }
   document.getElementById("who").replaceChildren(notifyToggle(), el("span", { class: "me" }, me.email || me.name || me.id), out);
   return me;
@@ -334,7 +334,7 @@ async function homePage(signal) {
   const projectList = el("ul", {}, projects.map((p) => el("li", {}, el("strong", {}, p.name), " ", el("span", { class: "muted" }, p.repo_path || p.git_url))));
   show(
     el("div", { class: "row" }, el("h1", { class: "grow" }, "Agents"),
-      el("button", { type: "button", class: "primary", onclick: () => navigate("/?view=new") }, "New agent")),
+      el("button", { type: "button", class: "primary", onclick: () => navigate("/new") }, "New agent")),
     el("div", { class: "row" }, el("label", { for: "filter" }, "Filter"), filter,
       el("span", { class: "row" }, needsFirst, el("label", { for: "needs-first" }, "Needs you first"))),
     el("table", { class: "agents", "aria-label": "Agents" }, el("thead", {}, el("tr", {}, el("th", {}, "Agent"), el("th", {}, "Status"), el("th", {}, "Provider"), el("th", {}, "Created"))), tbody),
@@ -1085,7 +1085,7 @@ async function workspacePage(id) {
   ]);
   const parts = [
     el("div", { class: "row" }, el("h1", { class: "grow" }, ws.title || ws.branch || ws.id),
-      ws.archived_at ? null : el("button", { type: "button", class: "primary", onclick: () => navigate(`/?view=new&workspace=${id}`) }, "New agent here")),
+      ws.archived_at ? null : el("button", { type: "button", class: "primary", onclick: () => navigate(`/new?workspace=${id}`) }, "New agent here")),
     el("div", { class: "row" }, statusBadge(ws.status), el("span", {}, `Branch ${ws.branch || "—"}`), el("span", { class: "muted" }, ws.path)),
   ];
   if (ws.setup_status) {
@@ -1165,7 +1165,7 @@ async function workspacesPage(signal) {
     return tr;
   };
   const tbody = el("tbody", {}, workspaces.map(row));
-  const showArchived = el("input", { id: "show-archived", type: "checkbox", checked: archived, onchange: () => navigate(showArchived.checked ? "/?view=workspaces&archived=1" : "/?view=workspaces") });
+  const showArchived = el("input", { id: "show-archived", type: "checkbox", checked: archived, onchange: () => navigate(showArchived.checked ? "/workspaces?archived=1" : "/workspaces") });
   show(
     el("h1", {}, "Workspaces"),
     el("div", { class: "row" }, showArchived, el("label", { for: "show-archived" }, "Show archived")),
@@ -1227,16 +1227,30 @@ function when(t) {
   return t ? new Date(t).toLocaleString() : "—";
 }
 
-async function teamPage(me) {
+// The team a page shows: the one in its address; without one, the last one shown, the
+// person's default or their first (and the address then names it).
+function chosenTeam(me, asked, path) {
   const teams = me.teams || [];
-  if (!teams.length) { show(el("h1", {}, "Team"), el("p", { class: "muted" }, "You are in no team.")); return; }
-  const asked = new URLSearchParams(location.search).get("team") || localStorage.getItem(TEAM_KEY);
-  const team = teams.find((t) => t.id === asked) || teams.find((t) => t.id === me.default_team_id) || teams[0];
+  const team = asked
+    ? teams.find((t) => t.id === asked)
+    : teams.find((t) => t.id === localStorage.getItem(TEAM_KEY)) || teams.find((t) => t.id === me.default_team_id) || teams[0];
+  if (!team) return null;
+  if (!asked) history.replaceState(null, "", path(team.id));
+  return team;
+}
+
+const notFound = () => Object.assign(new Error("No such team among yours."), { status: 404 });
+
+async function teamPage(me, asked) {
+  const teams = me.teams || [];
+  if (!teams.length && !asked) { show(el("h1", {}, "Team"), el("p", { class: "muted" }, "You are in no team.")); return; }
+  const team = chosenTeam(me, asked, (id) => `/teams/${id}`);
+  if (!team) throw notFound();
   localStorage.setItem(TEAM_KEY, team.id);
   const owner = team.role === "owner" || me.is_admin;
   const switcher = teams.length > 1
     ? el("div", { class: "row" }, el("label", { for: "team-switch" }, "Team"),
-        el("select", { id: "team-switch", onchange: (e) => navigate(`/?view=team&team=${e.target.value}`) },
+        el("select", { id: "team-switch", onchange: (e) => navigate(`/teams/${e.target.value}`) },
           teams.map((t) => option(t.id, `${t.name} (${t.role})`, t.id === team.id))))
     : null;
   const onlyOwners = el("p", { class: "muted" }, "Only the team's owners manage this.");
@@ -1423,7 +1437,7 @@ async function teamPage(me) {
   });
 
   // The audit log: newest first, filtered by action and person, a page at a time.
-  const audit = section("Audit log", async () => {
+  const audit = section("Audit", async () => {
     if (!owner) return [onlyOwners];
     const people = await all(`/v1/teams/${team.id}/members`, 1000).catch(() => []);
     const bots = await all(`/v1/tokens?team_id=${team.id}`).catch(() => []);
@@ -1467,7 +1481,7 @@ async function teamPage(me) {
     return [
       el("div", { class: "row" }, el("label", { for: "audit-action" }, "Action"), action, el("label", { for: "audit-person" }, "Person"), person,
         el("button", { type: "button", onclick: restart }, "Refresh audit log")),
-      el("table", { "aria-label": "Audit log" }, el("thead", {}, el("tr", {}, ["When", "Who", "Action", "Target", "Details"].map((x) => el("th", {}, x)))), body),
+      el("table", { "aria-label": "Audit" }, el("thead", {}, el("tr", {}, ["When", "Who", "Action", "Target", "Details"].map((x) => el("th", {}, x)))), body),
       el("div", { class: "row" }, newer, older),
     ];
   });
@@ -1596,14 +1610,14 @@ function budgetView(b) {
   return parts;
 }
 
-async function usagePage(me) {
+async function usagePage(me, asked) {
   const teams = me.teams || [];
-  if (!teams.length) { show(el("h1", {}, "Usage"), el("p", { class: "muted" }, "You are in no team.")); return; }
-  const asked = new URLSearchParams(location.search).get("team") || localStorage.getItem(TEAM_KEY);
-  const team = teams.find((t) => t.id === asked) || teams.find((t) => t.id === me.default_team_id) || teams[0];
+  if (!teams.length && !asked) { show(el("h1", {}, "Usage"), el("p", { class: "muted" }, "You are in no team.")); return; }
+  const team = chosenTeam(me, asked, (id) => `/teams/${id}/usage`);
+  if (!team) throw notFound();
   const switcher = teams.length > 1
     ? el("div", { class: "row" }, el("label", { for: "usage-team" }, "Team"),
-        el("select", { id: "usage-team", onchange: (e) => navigate(`/?view=usage&team=${e.target.value}`) },
+        el("select", { id: "usage-team", onchange: (e) => navigate(`/teams/${e.target.value}/usage`) },
           teams.map((t) => option(t.id, t.name, t.id === team.id))))
     : null;
   const now = new Date();
@@ -1646,6 +1660,22 @@ async function usagePage(me) {
 // Routing
 // ---------------------------------------------------------------------------------------
 
+// The addresses pages had before they had paths of their own (`/?view=team&team=<id>`
+// and the like), so that old links and bookmarks still lead to the same page.
+function oldAddress(path, params) {
+  const view = params.get("view");
+  if (path !== "/" || !view) return null;
+  const team = params.get("team");
+  const ws = params.get("workspace");
+  switch (view) {
+    case "workspaces": return params.get("archived") === "1" ? "/workspaces?archived=1" : "/workspaces";
+    case "team": return team ? `/teams/${encodeURIComponent(team)}` : "/teams";
+    case "usage": return team ? `/teams/${encodeURIComponent(team)}/usage` : "/usage";
+    case "new": return ws ? `/new?workspace=${encodeURIComponent(ws)}` : "/new";
+    default: return "/";
+  }
+}
+
 async function route() {
   if (pageAbort) pageAbort.abort();
   pageAbort = new AbortController();
@@ -1658,9 +1688,15 @@ async function route() {
     return;
   }
   watchAttention(me);
+  const older = oldAddress(location.pathname, new URLSearchParams(location.search));
+  if (older) history.replaceState(null, "", older);
   const path = location.pathname;
   const params = new URLSearchParams(location.search);
-  const view = path === "/" ? params.get("view") || "agents" : null;
+  const view = path === "/" ? "agents"
+    : path === "/workspaces" ? "workspaces"
+    : path === "/usage" || /^\/teams\/[^/]+\/usage$/.test(path) ? "usage"
+    : path === "/teams" || /^\/teams\/[^/]+$/.test(path) ? "team"
+    : null;
   for (const a of document.querySelectorAll("#pages a")) {
     if (a.dataset.view === view) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
   }
@@ -1668,12 +1704,15 @@ async function route() {
   try {
     if ((m = path.match(/^\/agents\/([A-Za-z0-9_]+)$/))) await agentPage(m[1], signal);
     else if ((m = path.match(/^\/workspaces\/([A-Za-z0-9_]+)$/))) await workspacePage(m[1], signal);
+    else if (path === "/workspaces") await workspacesPage(signal);
     else if (path === "/device") await devicePage(me);
-    else if (view === "new") await newAgentPage(params.get("workspace"));
-    else if (view === "workspaces") await workspacesPage(signal);
-    else if (view === "team") await teamPage(me);
-    else if (view === "usage") await usagePage(me);
-    else await homePage(signal);
+    else if (path === "/new") await newAgentPage(params.get("workspace"));
+    else if (path === "/teams") await teamPage(me, null);
+    else if ((m = path.match(/^\/teams\/([A-Za-z0-9_]+)$/))) await teamPage(me, m[1]);
+    else if (path === "/usage") await usagePage(me, null);
+    else if ((m = path.match(/^\/teams\/([A-Za-z0-9_]+)\/usage$/))) await usagePage(me, m[1]);
+    else if (path === "/") await homePage(signal);
+    else throw Object.assign(new Error("There is no such page."), { status: 404 });
   } catch (e) {
     if (e.status === 401) return;
     show(el("h1", {}, e.status === 404 ? "Not found" : "Something went wrong"), failure(e), el("p", {}, link("/", "Back to agents")));

@@ -1,6 +1,8 @@
 //! The dashboard: one page and its two assets, built into the binary (no CDN, no build
-//! step), served at `/` and at the deep links `/agents/{id}`, `/workspaces/{id}` and
-//! `/device` (where a person approves a device sign-in, see `api::device`). The
+//! step), served at `/` and at the page addresses the page itself routes: `/agents/{id}`,
+//! `/workspaces`, `/workspaces/{id}`, `/new`, `/teams`, `/teams/{id}`, `/usage`,
+//! `/teams/{id}/usage` and `/device` (where a person approves a device sign-in, see
+//! `api::device`). The
 //! page calls the same `/v1` API as every client, with the person's token or their
 //! browser session.
 
@@ -22,7 +24,13 @@ const POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/", web::get().to(index))
         .route("/agents/{id}", web::get().to(index))
+        .route("/workspaces", web::get().to(index))
         .route("/workspaces/{id}", web::get().to(index))
+        .route("/new", web::get().to(index))
+        .route("/teams", web::get().to(index))
+        .route("/teams/{id}", web::get().to(index))
+        .route("/teams/{id}/usage", web::get().to(index))
+        .route("/usage", web::get().to(index))
         .route("/device", web::get().to(index))
         .route("/ui/app.js", web::get().to(script))
         .route("/ui/app.css", web::get().to(style))

@@ -20,6 +20,8 @@ from playwright.sync_api import expect, sync_playwright
 BASE, TOKEN, SHOTS, PERSON, ARCHIVE_ID, ARCHIVE_TITLE, BULK_ID = sys.argv[1:8]
 CHROMIUM = os.environ.get("AGENTRY_CHROMIUM", "/usr/bin/chromium")
 REFUSED_TITLE = "Refused by policy"
+# The team page's sections, by the names the contract fixes.
+SECTIONS = ["Members", "Service tokens", "Secrets", "Hooks", "Audit"]
 expect.set_options(timeout=20_000)
 
 
@@ -75,6 +77,12 @@ def post(path, body):
         return res.status
 
 
+def get(path):
+    req = urllib.request.Request(BASE + path, headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(req) as res:
+        return json.load(res)
+
+
 def signed_in(context, path="/"):
     page = context.new_page()
     page.goto(BASE + "/")
@@ -106,10 +114,18 @@ def run(p, hooks, pages):
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     expect(page.get_by_role("heading", name="Agents")).to_be_visible()
+    team_id = get("/v1/me")["default_team_id"]
+    assert team_id, "the person has a default team"
+
+    # The team page is at /teams/<id>, its sections named as the contract fixes them.
+    page.get_by_role("navigation", name="Pages").get_by_role("link", name="Team").click()
+    expect(page).to_have_url(f"{BASE}/teams/{team_id}")
+    for part in SECTIONS:
+        expect(page.get_by_role("region", name=part, exact=True)).to_be_visible()
+    expect(page.locator("section.team-section")).to_have_count(len(SECTIONS))
 
     # A hook that waits on agent creation (and refuses one title), and one notification.
-    page.get_by_role("navigation", name="Pages").get_by_role("link", name="Team").click()
-    hooks_box = page.get_by_role("region", name="Hooks")
+    hooks_box = page.get_by_role("region", name="Hooks", exact=True)
     hooks_box.get_by_label("Hook name").fill("policy")
     hooks_box.get_by_label("URL").fill(hooks.url)
     hooks_box.get_by_label("Signing secret").fill("whsec_dashboard_0123")
@@ -121,8 +137,12 @@ def run(p, hooks, pages):
 
     # The new agent form: the project's default branch, the catalog's models.
     page.get_by_role("link", name="Agents").click()
-    page.get_by_role("button", name="New agent").click()
+    page.get_by_role("button", name="New agent", exact=True).click()
+    expect(page).to_have_url(f"{BASE}/new")
     form = page.get_by_role("form", name="New agent")
+    for label in ["Project", "Branch", "Provider", "Mode", "Model", "Title", "Prompt"]:
+        expect(form.get_by_label(label, exact=True)).to_be_visible()
+    expect(form.get_by_role("button", name="Start", exact=True)).to_be_visible()
     expect(form.get_by_label("Branch", exact=True)).to_have_value("main")
     expect(form.get_by_label("Provider", exact=True)).to_have_value("mock")
     expect(form.get_by_label("Mode", exact=True)).to_have_value("default")
@@ -230,6 +250,7 @@ def run(p, hooks, pages):
 
     # Workspaces: the form's workspace with its agent; one archived from the list.
     page.get_by_role("link", name="Workspaces").click()
+    expect(page).to_have_url(f"{BASE}/workspaces")
     table = page.get_by_role("table", name="Workspaces")
     row = table.locator(f'tr[data-workspace="{ARCHIVE_ID}"]')
     expect(row).to_contain_text(ARCHIVE_TITLE)
@@ -252,7 +273,8 @@ def run(p, hooks, pages):
 
     # The team: a member added and removed; the last owner is protected.
     page.get_by_role("link", name="Team").click()
-    members = page.get_by_role("region", name="Members")
+    expect(page).to_have_url(f"{BASE}/teams/{team_id}")
+    members = page.get_by_role("region", name="Members", exact=True)
     expect(members.get_by_role("button", name="Leave the team")).to_be_disabled()
     members.get_by_label("Member email").fill(PERSON)
     members.get_by_label("Member role").select_option("viewer")
@@ -268,11 +290,11 @@ def run(p, hooks, pages):
     expect(members.get_by_label(f"Role of {PERSON}")).to_have_count(0)
 
     # Service tokens: the secret once with a copy button, then only its prefix.
-    tokens = page.get_by_role("region", name="Service tokens")
+    tokens = page.get_by_role("region", name="Service tokens", exact=True)
     tokens.get_by_label("Token name").fill("ci-webapp")
     tokens.get_by_label("Token role").select_option("member")
     tokens.get_by_role("button", name="Create token").click()
-    fresh = tokens.get_by_role("region", name="New token")
+    fresh = tokens.get_by_role("region", name="New token", exact=True)
     expect(fresh.get_by_label("Token secret")).to_have_value(re.compile("^agt_"))
     secret = fresh.get_by_label("Token secret").input_value()
     fresh.get_by_role("button", name="Copy").click()
@@ -290,7 +312,7 @@ def run(p, hooks, pages):
     expect(tokens.get_by_role("button", name="Revoke old-bot")).to_have_count(0)
 
     # A secret set: its value never shown again.
-    secrets = page.get_by_role("region", name="Secrets")
+    secrets = page.get_by_role("region", name="Secrets", exact=True)
     secrets.get_by_label("Secret name").fill("DEPLOY_KEY")
     secrets.get_by_label("Secret value").fill("s3cret-value-never-shown")
     secrets.get_by_role("button", name="Set secret").click()
@@ -298,7 +320,7 @@ def run(p, hooks, pages):
     expect(secrets.get_by_label("Secret value")).to_have_value("")
 
     # A delivery redelivered: the receiver gets the same delivery again.
-    hooks_box = page.get_by_role("region", name="Hooks")
+    hooks_box = page.get_by_role("region", name="Hooks", exact=True)
     hooks_box.get_by_role("button", name="Deliveries of policy").click()
     shown = hooks_box.get_by_role("region", name="Deliveries of policy")
     after = shown.locator("tr", has_text="agent.create.after")
@@ -314,14 +336,14 @@ def run(p, hooks, pages):
 
     # Reloaded: neither secret is anywhere on the page, the token's prefix is.
     page.reload()
-    tokens = page.get_by_role("region", name="Service tokens")
+    tokens = page.get_by_role("region", name="Service tokens", exact=True)
     expect(tokens.get_by_role("table", name="Service tokens")).to_contain_text(prefix)
-    expect(page.get_by_role("region", name="Hooks").get_by_label("Enabled policy")).not_to_be_checked()
+    expect(page.get_by_role("region", name="Hooks", exact=True).get_by_label("Enabled policy")).not_to_be_checked()
     html = page.content()
     assert secret not in html and "s3cret-value-never-shown" not in html, "a secret shown again"
 
     # The audit log: each of those, newest first; filtered by action and by person.
-    audit = page.get_by_role("table", name="Audit log")
+    audit = page.get_by_role("region", name="Audit", exact=True).get_by_role("table", name="Audit", exact=True)
     for action in ["agent.create", "workspace.archive", "member.add", "member.role",
                    "member.remove", "token.create", "token.revoke", "secret.set",
                    "hook.create", "hook.fail"]:
@@ -336,24 +358,40 @@ def run(p, hooks, pages):
     page.get_by_label("Person", exact=True).select_option(index=1)
     expect(audit.locator("tbody tr").first.locator("td").nth(2)).to_have_text("hook.update")
     page.get_by_label("Person", exact=True).select_option("")
-    page.get_by_role("region", name="Audit log").screenshot(path=f"{SHOTS}/audit.png")
+    page.get_by_role("region", name="Audit", exact=True).screenshot(path=f"{SHOTS}/audit.png")
 
     # The same pages on a phone.
     phone = browser.new_context(viewport={"width": 390, "height": 844})
     for name, path, ready in [
         ("home-phone", "/", "Agents"),
-        ("new-agent-phone", "/?view=new", "New agent"),
-        ("workspaces-phone", "/?view=workspaces&archived=1", "Workspaces"),
-        ("team-phone", "/?view=team", "Audit log"),
+        ("new-agent-phone", "/new", "New agent"),
+        ("workspaces-phone", "/workspaces?archived=1", "Workspaces"),
+        ("team-phone", f"/teams/{team_id}", "Audit"),
     ]:
         small = signed_in(phone, path)
         expect(small.get_by_role("heading", name=ready, exact=True)).to_be_visible()
         if name == "team-phone":
-            for part in ["Members", "Service tokens", "Secrets", "Hooks"]:
-                expect(small.get_by_role("heading", name=part, exact=True)).to_be_visible()
+            for part in SECTIONS:
+                expect(small.get_by_role("region", name=part, exact=True).get_by_role("heading", name=part, exact=True)).to_be_visible()
         expect(small.locator("td.changed", has_text="…")).to_have_count(0)
         small.screenshot(path=f"{SHOTS}/{name}.png", full_page=name != "home-phone")
         small.close()
+
+    # The addresses pages had before keep leading to them, under their new address.
+    for old, new, ready in [
+        ("/?view=team", f"/teams/{team_id}", "Audit"),
+        (f"/?view=usage&team={team_id}", f"/teams/{team_id}/usage", re.compile("^Usage of ")),
+        ("/?view=workspaces&archived=1", "/workspaces?archived=1", "Workspaces"),
+        ("/?view=new", "/new", "New agent"),
+    ]:
+        small = signed_in(phone, old)
+        expect(small.get_by_role("heading", name=ready, exact=True)).to_be_visible()
+        expect(small).to_have_url(BASE + new)
+        small.close()
+    # Another team's page, or one that is not, answers as not found.
+    small = signed_in(phone, "/teams/tea_nosuchteam")
+    expect(small.get_by_role("heading", name="Not found", exact=True)).to_be_visible()
+    small.close()
 
     assert not errors, f"script errors: {errors}"
     browser.close()

@@ -44,6 +44,7 @@ def main():
 def run(page):
     page.get_by_role("navigation", name="Pages").get_by_role("link", name="Usage").click()
     expect(page.get_by_role("heading", name=re.compile("^Usage of "))).to_be_visible()
+    expect(page).to_have_url(re.compile(r"/teams/[A-Za-z0-9_]+/usage$"))
 
     month = page.get_by_role("region", name="This month")
     expect(month.get_by_role("group", name="Spend")).to_contain_text("$0.04")
