@@ -7,11 +7,11 @@ use actix_web::{HttpRequest, HttpResponse, delete, get, patch, post, web};
 use futures::StreamExt;
 use utoipa_actix_web::service_config::ServiceConfig;
 
+use super::AppState;
 use super::error::{ApiError, ApiResult, Problem};
 use super::{Page, PageQuery, idempotency, parse_id};
 use crate::auth::Principal;
 use crate::domain::{TriggerId, TriggerRunId};
-use super::AppState;
 use crate::services::triggers::{
     self, CreateTrigger, Delivery, PatchTrigger, Receipt, Trigger, TriggerRun,
 };
