@@ -524,10 +524,10 @@ async fn under_the_proxy_network_the_team_key_is_added_outside_the_sandbox() {
 
     let claude = provider(&app, &app.token, "claude").await;
     assert_eq!(claude["available"], true, "{claude}");
-    assert_eq!(claude["credential"], "brokered", "{claude}");
+    assert_eq!(claude["credentials"], "brokered", "{claude}");
     assert_eq!(claude["credential_reason"], Value::Null, "{claude}");
     let mock = provider(&app, &app.token, "mock").await;
-    assert_eq!(mock["credential"], "inside", "{mock}");
+    assert_eq!(mock["credentials"], "inside", "{mock}");
     assert!(mock["credential_reason"].is_string(), "{mock}");
 
     let ws = workspace(&app, &app.token, &team, repo.path()).await;
@@ -660,7 +660,7 @@ async fn under_the_proxy_network_codex_gets_its_key_added_outside_the_sandbox() 
 
     let codex = provider(&app, &app.token, "codex").await;
     assert_eq!(codex["available"], true, "{codex}");
-    assert_eq!(codex["credential"], "brokered", "{codex}");
+    assert_eq!(codex["credentials"], "brokered", "{codex}");
     assert_eq!(codex["credential_reason"], Value::Null, "{codex}");
 
     let ws = workspace(&app, &app.token, &team, repo.path()).await;
@@ -761,7 +761,7 @@ async fn under_the_proxy_network_pi_gets_its_key_added_outside_the_sandbox() {
 
     let pi = provider(&app, &app.token, "pi").await;
     assert_eq!(pi["available"], true, "{pi}");
-    assert_eq!(pi["credential"], "brokered", "{pi}");
+    assert_eq!(pi["credentials"], "brokered", "{pi}");
 
     let ws = workspace(&app, &app.token, &team, repo.path()).await;
     let (s, agent) = call(
@@ -859,7 +859,7 @@ async fn under_the_proxy_network_opencode_gets_its_key_added_outside_the_sandbox
 
     let opencode = provider(&app, &app.token, "opencode").await;
     assert_eq!(opencode["available"], true, "{opencode}");
-    assert_eq!(opencode["credential"], "brokered", "{opencode}");
+    assert_eq!(opencode["credentials"], "brokered", "{opencode}");
 
     let ws = workspace(&app, &app.token, &team, repo.path()).await;
     let (s, agent) = call(

@@ -7,7 +7,7 @@ use utoipa::ToSchema;
 
 use super::{ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{Operation, Principal};
-use crate::config::SandboxNetwork;
+use crate::config::{SandboxMode, SandboxNetwork};
 use crate::domain::{TeamId, WorkspaceId};
 use crate::providers::{Availability, CatalogScope, ModeInfo, ModelInfo, ProviderCapabilities};
 
@@ -17,7 +17,7 @@ use crate::providers::{Availability, CatalogScope, ModeInfo, ModelInfo, Provider
     "permissions": true, "mcp_servers": true},
     "modes": [{"id": "default", "label": "Default", "description": null, "unattended": false},
               {"id": "unattended", "label": "Unattended", "description": null, "unattended": true}],
-    "default_mode": "default", "team_secrets": [], "credential": "inside",
+    "default_mode": "default", "team_secrets": [], "sandbox": "enforced", "credentials": "inside",
     "credential_reason": "the mock provider calls no model API"}))]
 pub struct ProviderView {
     pub id: String,
@@ -31,12 +31,27 @@ pub struct ProviderView {
     /// The team secrets this provider takes (names only); it is available to a team
     /// only once the team has set each of them.
     pub team_secrets: Vec<String>,
+    /// Whether this provider's agents run sandboxed here: `enforced`, `off` (`[sandbox]
+    /// mode = "off"`) or `unavailable` (the host cannot sandbox).
+    pub sandbox: SandboxState,
     /// Where the provider's model API key is for the caller's team: `brokered` (the
     /// egress proxy adds it on the way out; the CLI inside the sandbox has a placeholder)
     /// or `inside` (the CLI has it, in its environment or its files).
-    pub credential: CredentialPlace,
+    pub credentials: CredentialPlace,
     /// Why the key is `inside` (null when brokered).
     pub credential_reason: Option<String>,
+}
+
+/// Whether a provider's agents run sandboxed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    /// Confined by the sandbox.
+    Enforced,
+    /// `[sandbox] mode = "off"`.
+    Off,
+    /// The sandbox is on but the host cannot sandbox (or the server has no sandbox layer).
+    Unavailable,
 }
 
 /// Where a provider's model API key is while its agents run.
@@ -101,12 +116,18 @@ pub async fn list(
               model API"
             .to_owned(),
     });
+    // The same sandbox confines every provider's agents.
+    let sandbox = match ctx.agents.sandbox().map(|s| s.status()) {
+        Some(s) if s.mode == SandboxMode::Off => SandboxState::Off,
+        Some(s) if s.confines() => SandboxState::Enforced,
+        _ => SandboxState::Unavailable,
+    };
     let mut items = Vec::new();
     for p in registry.all() {
         let info = p.info();
         let team_secrets = registry.team_secrets(&info.id).to_vec();
         let secret_env = super::secrets::env_of(&team_secrets, &opened).unwrap_or_default();
-        let (credential, credential_reason) = match &not_brokered {
+        let (credentials, credential_reason) = match &not_brokered {
             Some(why) => (CredentialPlace::Inside, Some(why.clone())),
             None => match registry.brokering(&info.id, &secret_env) {
                 Ok(_) => (CredentialPlace::Brokered, None),
@@ -134,7 +155,8 @@ pub async fn list(
             modes: info.modes,
             default_mode: info.default_mode,
             team_secrets,
-            credential,
+            sandbox,
+            credentials,
             credential_reason,
         });
     }

@@ -219,6 +219,7 @@ async fn network_host_reaches_a_loopback_server() {
         state,
         json!({"mode": "enforce", "available": true, "reason": null, "network": "host"})
     );
+    assert_eq!(item_sandbox(&app).await, "enforced");
 }
 
 /// The sandbox's state as `GET /v1/providers` shows it, checked to be what `/readyz`
@@ -236,6 +237,17 @@ async fn sandbox_state(app: &TestApp) -> Value {
         .unwrap();
     assert_eq!(ready["sandbox"], providers["sandbox"], "{ready}");
     providers["sandbox"].clone()
+}
+
+/// What each provider of `GET /v1/providers` says of its sandbox: all the same here.
+async fn item_sandbox(app: &TestApp) -> String {
+    let providers = app.get_ok("/v1/providers").await;
+    let items = providers["items"].as_array().unwrap();
+    let first = items[0]["sandbox"].as_str().unwrap().to_owned();
+    for item in items {
+        assert_eq!(item["sandbox"], first.as_str(), "{item}");
+    }
+    first
 }
 
 /// The exec agent with an `ask` mode (default) and an unattended `yolo` mode, on a host
@@ -301,6 +313,7 @@ async fn unattended_modes_are_refused_when_the_host_cannot_sandbox() {
         state["reason"].as_str().is_some_and(|r| !r.is_empty()),
         "{state}"
     );
+    assert_eq!(item_sandbox(&app).await, "unavailable");
     // An asking mode still runs (unconfined, as the start log says).
     let other = git_repo();
     let ok = create_in_mode(&app, other.path(), "ask", 201).await;
@@ -339,6 +352,7 @@ async fn sandbox_mode_off_refuses_unattended_modes_too() {
     let refused = create_in_mode(&app, repo.path(), "yolo", 409).await;
     assert_eq!(refused["code"], "sandbox_unavailable", "{refused}");
     assert_eq!(agent_rows(&app).await, 0);
+    assert_eq!(item_sandbox(&app).await, "off");
 }
 
 /// Set the team's sandbox requirement with `token`: the status and the body.

@@ -193,6 +193,23 @@ async fn health_docs_and_providers() {
             .iter()
             .any(|m| m["unattended"] == true)
     );
+    // Each provider says whether its agents run sandboxed here and where its model API
+    // key is; the mock calls no model API, so nothing is brokered for it.
+    let list = app.get_ok("/v1/providers").await;
+    let expected = match (&list["sandbox"]["mode"], &list["sandbox"]["available"]) {
+        (m, _) if m == "off" => "off",
+        (_, a) if a == true => "enforced",
+        _ => "unavailable",
+    };
+    for item in list["items"].as_array().unwrap() {
+        assert_eq!(item["sandbox"], expected, "{item}");
+        assert!(
+            item["credentials"] == "brokered" || item["credentials"] == "inside",
+            "{item}"
+        );
+        assert!(item.get("credential").is_none(), "{item}");
+    }
+    assert_eq!(mock["credentials"], "inside", "{mock}");
 }
 
 #[test]
