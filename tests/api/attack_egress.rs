@@ -46,10 +46,16 @@ async fn origin(body: &'static str) -> Origin {
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 let mut chunk = [0u8; 4096];
-                while !String::from_utf8_lossy(&buf).contains("\r\n\r\n") {
+                // The whole request, body included: closing with a body unread would
+                // reset the connection, and the reset can overtake the answer.
+                let mut want = None;
+                while want.is_none_or(|w| buf.len() < w) {
                     match s.read(&mut chunk).await {
                         Ok(0) | Err(_) => return,
                         Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                    if want.is_none() {
+                        want = request_len(&buf);
                     }
                 }
                 seen.lock()
@@ -69,6 +75,19 @@ async fn origin(body: &'static str) -> Origin {
         requests,
         connections,
     }
+}
+
+/// The length of the request in `buf` (head and `Content-Length` body), once its head is
+/// whole.
+fn request_len(buf: &[u8]) -> Option<usize> {
+    let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let body = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    Some(head_end + body)
 }
 
 fn agent_id(agent: &str) -> AgentId {

@@ -633,17 +633,22 @@ async fn a_replica_stops_an_agent_whose_lease_it_lost_and_archives_reach_other_r
 
 /// `n` idle mock agents of one workspace on `app`, as row ids.
 async fn idle_mock_agents(app: &TestApp, repo: &std::path::Path, n: usize) -> Vec<uuid::Uuid> {
+    use futures::StreamExt;
     let project = app.project(repo).await;
     let ws = app
         .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
         .await;
     let body = json!({"workspace_id": ws["id"], "provider": "mock"});
-    futures::future::join_all((0..n).map(|_| async {
+    // A few at a time: the tests are about leases, not about a burst of creations (which
+    // on a busy machine can wait out the database deadline).
+    futures::stream::iter((0..n).map(|_| async {
         let agent = app.post_ok("/v1/agents", body.clone(), 201).await;
         let id = agent["id"].as_str().unwrap().to_owned();
         assert_eq!(app.wait(&id).await["status"], "idle");
         id.trim_start_matches("agt_").parse::<uuid::Uuid>().unwrap()
     }))
+    .buffered(16)
+    .collect()
     .await
 }
 
