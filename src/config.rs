@@ -102,6 +102,18 @@ pub struct TriggerSettings {
     /// (every replica was down then): it runs once or is skipped by the trigger's
     /// `missed` (default 60).
     pub missed_after_s: u64,
+    /// A worker holds a run it acts on for this many seconds at a time and renews the
+    /// hold while it acts; a run whose worker died is taken by another after this
+    /// (default 60).
+    pub run_lease_s: u64,
+    /// How many runs one replica's worker acts on at once (default 4).
+    pub max_concurrent_runs: usize,
+    /// Every this many seconds the state and checks of the open pull/merge requests that
+    /// workspaces opened are read again from their forge, for those not read for as long
+    /// (default 300; 0 turns the poll off: only deliveries and reads update them).
+    pub pr_poll_s: u64,
+    /// The most pull/merge requests one replica reads per poll (default 20).
+    pub pr_poll_batch: u32,
     /// For tests only: the scheduler's clock stands still at this time and moves only
     /// when the test moves it. Never set it in a deployment: schedules would stop.
     pub manual_clock_start: Option<chrono::DateTime<chrono::Utc>>,
@@ -112,6 +124,10 @@ impl Default for TriggerSettings {
         Self {
             max_body_bytes: 1024 * 1024,
             missed_after_s: 60,
+            run_lease_s: 60,
+            max_concurrent_runs: 4,
+            pr_poll_s: 300,
+            pr_poll_batch: 20,
             manual_clock_start: None,
         }
     }
@@ -129,6 +145,30 @@ impl TriggerSettings {
             return Err(invalid(
                 "triggers.missed_after_s",
                 "must be between 1 and 86400 seconds",
+            ));
+        }
+        if !(3..=3600).contains(&self.run_lease_s) {
+            return Err(invalid(
+                "triggers.run_lease_s",
+                "must be between 3 and 3600 seconds",
+            ));
+        }
+        if !(1..=64).contains(&self.max_concurrent_runs) {
+            return Err(invalid(
+                "triggers.max_concurrent_runs",
+                "must be between 1 and 64",
+            ));
+        }
+        if self.pr_poll_s > 86_400 {
+            return Err(invalid(
+                "triggers.pr_poll_s",
+                "must be between 1 and 86400 seconds, or 0 to turn the poll off",
+            ));
+        }
+        if !(1..=1000).contains(&self.pr_poll_batch) {
+            return Err(invalid(
+                "triggers.pr_poll_batch",
+                "must be between 1 and 1000",
             ));
         }
         Ok(())
