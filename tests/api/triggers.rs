@@ -682,6 +682,28 @@ async fn a_run_cut_short_by_a_shutdown_is_completed_by_the_next_start() {
     assert_eq!(opened["items"].as_array().unwrap().len(), 1, "{opened}");
     let agent = done["agent_id"].as_str().unwrap();
     user_message_with(&app, agent, "Slow remote").await;
+    // The remote's credential is in none of what the run and its agent left.
+    use base64::Engine;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(format!("git:{PASSWORD}"));
+    let left = format!(
+        "{}{}{}",
+        json!(runs(&ana_on(&app, &ana), &trigger).await),
+        json!(app.timeline(agent).await),
+        app.get_ok(&format!("/v1/agents/{agent}")).await
+    );
+    assert!(
+        !left.contains(PASSWORD) && !left.contains(&encoded),
+        "{left}"
+    );
+    app.assert_database_lacks(&[PASSWORD, &encoded]).await;
+}
+
+/// `who` calling `app` (after a restart).
+fn ana_on(app: &TestApp, who: &Person) -> Person {
+    Person {
+        id: who.id.clone(),
+        api: Caller::new(app, &who.api.token),
+    }
 }
 
 /// The state and checks of the pull request a workspace opened, as stored.
