@@ -2005,7 +2005,15 @@ fn typed_setting(path: &[String]) -> bool {
                 "timeout_s" | "allow_private_networks" | "allowed_hosts"
             ]
             | ["mcp", "allow_private_networks"]
-            | ["triggers", "max_body_bytes" | "missed_after_s"]
+            | [
+                "triggers",
+                "max_body_bytes"
+                    | "missed_after_s"
+                    | "run_lease_s"
+                    | "max_concurrent_runs"
+                    | "pr_poll_s"
+                    | "pr_poll_batch"
+            ]
             | [
                 "egress",
                 "allow" | "max_connections_per_agent" | "idle_timeout_s"
@@ -2403,6 +2411,50 @@ mod tests {
         assert_eq!(e.setting, "limits.max_waits_per_principal");
         let e = refused("", &[("AGENTRY_LIMITS__MAX_PROJECTS_PER_TEAM", "0")]);
         assert_eq!(e.setting, "limits.max_projects_per_team");
+    }
+
+    #[test]
+    fn trigger_worker_and_poll_settings_are_read_and_checked() {
+        let d = Settings::default().triggers;
+        assert_eq!(
+            (
+                d.run_lease_s,
+                d.max_concurrent_runs,
+                d.pr_poll_s,
+                d.pr_poll_batch
+            ),
+            (60, 4, 300, 20)
+        );
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                ("AGENTRY_TRIGGERS__PR_POLL_S", "0"),
+                ("AGENTRY_TRIGGERS__RUN_LEASE_S", "30"),
+                ("AGENTRY_TRIGGERS__MAX_CONCURRENT_RUNS", "2"),
+                ("AGENTRY_TRIGGERS__PR_POLL_BATCH", "5"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                s.triggers.pr_poll_s,
+                s.triggers.run_lease_s,
+                s.triggers.max_concurrent_runs,
+                s.triggers.pr_poll_batch
+            ),
+            (0, 30, 2, 5)
+        );
+        for (text, setting) in [
+            ("[triggers]\npr_poll_s = 86401\n", "triggers.pr_poll_s"),
+            ("[triggers]\npr_poll_batch = 0\n", "triggers.pr_poll_batch"),
+            ("[triggers]\nrun_lease_s = 1\n", "triggers.run_lease_s"),
+            (
+                "[triggers]\nmax_concurrent_runs = 0\n",
+                "triggers.max_concurrent_runs",
+            ),
+        ] {
+            assert_eq!(refused(text, &[]).setting, setting, "{text}");
+        }
     }
 
     #[test]
