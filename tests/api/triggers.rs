@@ -890,6 +890,24 @@ async fn gitlab_deliveries_carry_the_token_and_a_failed_pipeline_sends_the_jobs_
         "{:?}",
         forge.calls()
     );
+    // The pipeline's status and the merge request's fate are recorded on the workspace.
+    assert_eq!(
+        stored_pull_request(&app, iid).await,
+        ("open".to_owned(), Some("failing".to_owned()))
+    );
+    let merged = json!({"object_kind": "merge_request",
+        "object_attributes": {"iid": iid, "action": "merge"}});
+    let (_, run) = gitlab(&app, &trigger, "Merge Request Hook", "u-4", &merged).await;
+    assert_eq!(run["run"]["outcome"], "ignored", "{run}");
+    assert!(
+        run["run"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("state merged"),
+        "{run}"
+    );
+    let ws = app.get_ok(&format!("/v1/workspaces/{workspace}")).await;
+    assert_eq!(ws["opened_pull_request"]["state"], "merged", "{ws}");
     app.assert_database_lacks(&[trigger["secret"].as_str().unwrap()])
         .await;
 }
