@@ -1302,3 +1302,52 @@ async fn two_replicas_act_on_each_delivery_once() {
     assert_eq!(opened["items"].as_array().unwrap().len(), 6, "{opened}");
     two.stop().await;
 }
+
+#[tokio::test]
+async fn a_run_held_by_a_replica_that_died_is_taken_once_its_lease_lapses() {
+    let (remote, _forge, app, ana, _team_a, project) = world(Flavor::GitHub).await;
+    let trigger = issue_trigger(&ana, &project).await;
+    remote.close();
+    let (status, receipt) =
+        github_answer(&app, &trigger, "issues", "died-1", &labelled_issue(9)).await;
+    assert_eq!(status, 202, "{receipt}");
+    let run = receipt["run"]["id"].as_str().unwrap().to_owned();
+    remote.request_waiting().await;
+    let (db, dir, token) = app.stop().await;
+    // As if another replica had taken the run and died without a word: it holds the
+    // run for a few seconds more, and never renews.
+    let pool = sqlx::PgPool::connect_with(db.clone()).await.unwrap();
+    let (held, lapses): (i32, DateTime<Utc>) = sqlx::query_as(
+        "UPDATE trigger_runs SET state = 'running', attempt = attempt + 1,
+                lease_until = now() + interval '5 seconds'
+         WHERE state = 'pending' RETURNING attempt, lease_until",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    remote.open();
+    let app = spawn_on_with(db, dir, Some(token), |s| {
+        s.projects.allow_private_remotes = true;
+        s.triggers.run_lease_s = 3;
+    })
+    .await;
+    let done = settled(&app, &trigger, &run).await;
+    assert_eq!(done["outcome"], "started_agent", "{done}");
+    let (attempt, after): (i32, bool) =
+        sqlx::query_as("SELECT attempt, now() >= $1 FROM trigger_runs")
+            .bind(lapses)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(after, "taken only once the lease lapsed");
+    pool.close().await;
+    assert_eq!(
+        attempt,
+        held + 1,
+        "taken once, after the dead replica's attempt"
+    );
+    let opened = app
+        .get_ok(&format!("/v1/agents?label=trigger:{}", id(&trigger)))
+        .await;
+    assert_eq!(opened["items"].as_array().unwrap().len(), 1, "{opened}");
+}
