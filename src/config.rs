@@ -102,6 +102,18 @@ pub struct TriggerSettings {
     /// (every replica was down then): it runs once or is skipped by the trigger's
     /// `missed` (default 60).
     pub missed_after_s: u64,
+    /// A worker holds a run it acts on for this many seconds at a time and renews the
+    /// hold while it acts; a run whose worker died is taken by another after this
+    /// (default 60).
+    pub run_lease_s: u64,
+    /// How many runs one replica's worker acts on at once (default 4).
+    pub max_concurrent_runs: usize,
+    /// Every this many seconds the state and checks of the open pull/merge requests that
+    /// workspaces opened are read again from their forge, for those not read for as long
+    /// (default 300; 0 turns the poll off: only deliveries and reads update them).
+    pub pr_poll_s: u64,
+    /// The most pull/merge requests one replica reads per poll (default 20).
+    pub pr_poll_batch: u32,
     /// For tests only: the scheduler's clock stands still at this time and moves only
     /// when the test moves it. Never set it in a deployment: schedules would stop.
     pub manual_clock_start: Option<chrono::DateTime<chrono::Utc>>,
@@ -112,6 +124,10 @@ impl Default for TriggerSettings {
         Self {
             max_body_bytes: 1024 * 1024,
             missed_after_s: 60,
+            run_lease_s: 60,
+            max_concurrent_runs: 4,
+            pr_poll_s: 300,
+            pr_poll_batch: 20,
             manual_clock_start: None,
         }
     }
@@ -129,6 +145,30 @@ impl TriggerSettings {
             return Err(invalid(
                 "triggers.missed_after_s",
                 "must be between 1 and 86400 seconds",
+            ));
+        }
+        if !(3..=3600).contains(&self.run_lease_s) {
+            return Err(invalid(
+                "triggers.run_lease_s",
+                "must be between 3 and 3600 seconds",
+            ));
+        }
+        if !(1..=64).contains(&self.max_concurrent_runs) {
+            return Err(invalid(
+                "triggers.max_concurrent_runs",
+                "must be between 1 and 64",
+            ));
+        }
+        if self.pr_poll_s > 86_400 {
+            return Err(invalid(
+                "triggers.pr_poll_s",
+                "must be between 1 and 86400 seconds, or 0 to turn the poll off",
+            ));
+        }
+        if !(1..=1000).contains(&self.pr_poll_batch) {
+            return Err(invalid(
+                "triggers.pr_poll_batch",
+                "must be between 1 and 1000",
             ));
         }
         Ok(())
@@ -1965,7 +2005,15 @@ fn typed_setting(path: &[String]) -> bool {
                 "timeout_s" | "allow_private_networks" | "allowed_hosts"
             ]
             | ["mcp", "allow_private_networks"]
-            | ["triggers", "max_body_bytes" | "missed_after_s"]
+            | [
+                "triggers",
+                "max_body_bytes"
+                    | "missed_after_s"
+                    | "run_lease_s"
+                    | "max_concurrent_runs"
+                    | "pr_poll_s"
+                    | "pr_poll_batch"
+            ]
             | [
                 "egress",
                 "allow" | "max_connections_per_agent" | "idle_timeout_s"
@@ -2363,6 +2411,50 @@ mod tests {
         assert_eq!(e.setting, "limits.max_waits_per_principal");
         let e = refused("", &[("AGENTRY_LIMITS__MAX_PROJECTS_PER_TEAM", "0")]);
         assert_eq!(e.setting, "limits.max_projects_per_team");
+    }
+
+    #[test]
+    fn trigger_worker_and_poll_settings_are_read_and_checked() {
+        let d = Settings::default().triggers;
+        assert_eq!(
+            (
+                d.run_lease_s,
+                d.max_concurrent_runs,
+                d.pr_poll_s,
+                d.pr_poll_batch
+            ),
+            (60, 4, 300, 20)
+        );
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                ("AGENTRY_TRIGGERS__PR_POLL_S", "0"),
+                ("AGENTRY_TRIGGERS__RUN_LEASE_S", "30"),
+                ("AGENTRY_TRIGGERS__MAX_CONCURRENT_RUNS", "2"),
+                ("AGENTRY_TRIGGERS__PR_POLL_BATCH", "5"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                s.triggers.pr_poll_s,
+                s.triggers.run_lease_s,
+                s.triggers.max_concurrent_runs,
+                s.triggers.pr_poll_batch
+            ),
+            (0, 30, 2, 5)
+        );
+        for (text, setting) in [
+            ("[triggers]\npr_poll_s = 86401\n", "triggers.pr_poll_s"),
+            ("[triggers]\npr_poll_batch = 0\n", "triggers.pr_poll_batch"),
+            ("[triggers]\nrun_lease_s = 1\n", "triggers.run_lease_s"),
+            (
+                "[triggers]\nmax_concurrent_runs = 0\n",
+                "triggers.max_concurrent_runs",
+            ),
+        ] {
+            assert_eq!(refused(text, &[]).setting, setting, "{text}");
+        }
     }
 
     #[test]

@@ -39,6 +39,8 @@ pub struct Application {
     moments_task: tokio::task::JoinHandle<()>,
     /// Delivers the outbox.
     delivery_task: tokio::task::JoinHandle<()>,
+    /// Acts on received webhook deliveries; on shutdown it gives back what it holds.
+    trigger_worker: tokio::task::JoinHandle<()>,
     /// The heartbeat and the listener for other replicas' events.
     cluster_tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -327,6 +329,17 @@ impl Application {
         cluster_tasks.push(tokio::spawn(crate::services::triggers::run_scheduler(
             state.services.clone(),
         )));
+        // The open pull requests' state and checks, read again from their forges.
+        cluster_tasks.push(tokio::spawn(crate::services::ci::run_pr_poll(
+            state.services.clone(),
+        )));
+        // Webhook deliveries are answered at once; this worker acts on them.
+        let trigger_worker = state
+            .services
+            .runtime
+            .spawn(crate::services::triggers::run_worker(
+                state.services.clone(),
+            ));
 
         let data = state.clone();
         let max_body = settings.limits.max_body_bytes;
@@ -368,6 +381,7 @@ impl Application {
             lock,
             moments_task,
             delivery_task,
+            trigger_worker,
             cluster_tasks,
         })
     }
@@ -399,6 +413,19 @@ impl Application {
         let drain = Duration::from_secs(self.state.settings.cluster.drain_timeout_s);
         self.state.services.agents.shutdown(drain).await;
         self.state.egress.close_all();
+        // The trigger runs in hand are given back as pending while the database is
+        // still there.
+        let mut trigger_worker = self.trigger_worker;
+        if tokio::time::timeout(Duration::from_secs(5), &mut trigger_worker)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "the trigger worker did not stop in time; its runs are taken again once their lease lapses"
+            );
+            trigger_worker.abort();
+            let _ = trigger_worker.await;
+        }
         for task in self.cluster_tasks {
             task.abort();
             let _ = task.await;

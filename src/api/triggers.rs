@@ -151,9 +151,11 @@ fn header<'a>(req: &'a HttpRequest, name: &str) -> Option<&'a str> {
 /// Receive a GitHub or GitLab webhook delivery for a trigger. Not under `/v1` and without
 /// a bearer token: GitHub deliveries must carry `X-Hub-Signature-256` (HMAC-SHA256 of the
 /// body with the trigger's secret), GitLab ones `X-Gitlab-Token` (the secret). A new
-/// delivery answers 202 with its run (`ignored` with the reason when no rule applies); a
-/// delivery received before (same `X-GitHub-Delivery`, `X-Gitlab-Event-UUID` or
-/// `Idempotency-Key`) answers 200 with the first run and does nothing.
+/// delivery is answered 202 as soon as its run is recorded, before anything is done: the
+/// run is `pending` and a worker acts on it (follow it with `GET /v1/triggers/{id}/runs`),
+/// or it is `done` as `ignored`, with the reason, when no rule applies. A delivery
+/// received before (same `X-GitHub-Delivery`, `X-Gitlab-Event-UUID` or `Idempotency-Key`)
+/// answers 200 with the first run and does nothing.
 #[utoipa::path(tag = "triggers", params(("id" = String, Path),
         ("X-GitHub-Event" = Option<String>, Header, description = "GitHub's event name"),
         ("X-Hub-Signature-256" = Option<String>, Header, description = "`sha256=` and the hex HMAC-SHA256 of the body"),
@@ -162,7 +164,7 @@ fn header<'a>(req: &'a HttpRequest, name: &str) -> Option<&'a str> {
         ("X-Gitlab-Token" = Option<String>, Header, description = "The trigger's secret"),
         ("X-Gitlab-Event-UUID" = Option<String>, Header, description = "GitLab's delivery id")),
     request_body(content = ForgeEvent, description = "The forge's event, as JSON"),
-    responses((status = 202, description = "Received now", body = Receipt),
+    responses((status = 202, description = "Received now; acted on afterwards", body = Receipt),
         (status = 200, description = "Received before; nothing was done again", body = Receipt),
         (status = 401, description = "Not signed with the trigger's secret", body = Problem),
         (status = 404, body = Problem), (status = 413, body = Problem)))]

@@ -19,6 +19,58 @@ impl GitHub<'_> {
     }
 }
 
+impl GitHub<'_> {
+    /// The jobs of workflow run `run` (its latest attempt) that failed: id and name.
+    pub async fn failed_jobs(&self, run: i64) -> Result<Vec<(i64, String)>, ForgeError> {
+        let v = send(self.request(
+            reqwest::Method::GET,
+            &format!(
+                "/actions/runs/{run}/jobs?{}",
+                super::query(&[("filter", "latest"), ("per_page", "100")])
+            ),
+        ))
+        .await?;
+        let jobs = v["jobs"].as_array().ok_or_else(|| malformed("`jobs`"))?;
+        Ok(jobs
+            .iter()
+            .filter(|j| matches!(j["conclusion"].as_str(), Some("failure" | "timed_out")))
+            .filter_map(|j| {
+                Some((
+                    j["id"].as_i64()?,
+                    j["name"].as_str().unwrap_or("a job").to_owned(),
+                ))
+            })
+            .collect())
+    }
+
+    /// The end (at most `max` bytes) of the log of job `job`. GitHub answers with a
+    /// redirect to a short-lived address of the text; that address is read without the
+    /// token (it carries its own grant, and may be another host).
+    pub async fn job_log(&self, job: i64, max: usize) -> Result<String, ForgeError> {
+        let answer = self
+            .request(reqwest::Method::GET, &format!("/actions/jobs/{job}/logs"))
+            .timeout(super::CALL_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| ForgeError::Unavailable(super::without_url(&e)))?;
+        if !answer.status().is_redirection() {
+            return super::read_text(answer, max).await;
+        }
+        let location = answer
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| malformed("the log's address"))?;
+        let target = answer
+            .url()
+            .join(location)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https"))
+            .ok_or_else(|| malformed("a usable address of the log"))?;
+        super::send_text(self.0.http.get(target), max).await
+    }
+}
+
 fn review(v: &Value) -> Result<Review, ForgeError> {
     let number = v["number"].as_i64().ok_or_else(|| malformed("`number`"))?;
     let url = v["html_url"]

@@ -193,12 +193,17 @@ async fn send(req: reqwest::RequestBuilder) -> Result<serde_json::Value, ForgeEr
 /// Sends `req` and reads a text answer (a job's log), keeping at most its last `max`
 /// bytes; a 4xx is `Refused`.
 async fn send_text(req: reqwest::RequestBuilder, max: usize) -> Result<String, ForgeError> {
-    use futures::StreamExt;
     let answer = req
         .timeout(CALL_TIMEOUT)
         .send()
         .await
         .map_err(|e| ForgeError::Unavailable(without_url(&e)))?;
+    read_text(answer, max).await
+}
+
+/// Reads a text answer, keeping at most its last `max` bytes; a 4xx is `Refused`.
+async fn read_text(answer: reqwest::Response, max: usize) -> Result<String, ForgeError> {
+    use futures::StreamExt;
     let status = answer.status();
     if status.is_client_error() {
         return Err(ForgeError::Refused {

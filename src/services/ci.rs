@@ -466,6 +466,33 @@ pub(crate) async fn job_log(
         .map_err(forge_error)
 }
 
+/// The failed jobs of a GitHub workflow run, each with the end (at most 1 MiB) of its
+/// log, read with the project's credential (at most `limit` jobs).
+pub(crate) async fn workflow_run_logs(
+    ctx: &ServiceContext,
+    project: &store::projects::ProjectRow,
+    run: i64,
+    limit: usize,
+) -> ServiceResult<Vec<(String, Result<String, String>)>> {
+    let access = forge_access(ctx, project).await?;
+    if access.kind != ForgeKind::GitHub {
+        return Err(ServiceError::NoRemote(
+            "workflow runs are read from GitHub only",
+        ));
+    }
+    let github = forge::GitHub(access.endpoint());
+    let jobs = github.failed_jobs(run).await.map_err(forge_error)?;
+    let mut logs = Vec::new();
+    for (id, name) in jobs.into_iter().take(limit) {
+        let log = github
+            .job_log(id, 1024 * 1024)
+            .await
+            .map_err(|e| e.to_string());
+        logs.push((name, log));
+    }
+    Ok(logs)
+}
+
 /// What the workspace exchanged with the remote, with the state of its pull request read
 /// again from the forge while it is open. A forge that fails leaves the last state
 /// known (its `refreshed_at` says when).
@@ -509,6 +536,52 @@ pub(crate) async fn refresh_pull_request(
             tracing::warn!(workspace_id = %WorkspaceId::from(ws.id), error = %e,
                 "the pull request's state cannot be refreshed");
             Ok(stored)
+        }
+    }
+}
+
+/// This replica's poll of open pull/merge requests: every `triggers.pr_poll_s` it takes
+/// up to `triggers.pr_poll_batch` of those not read for as long (the database marks them
+/// taken, so replicas share the work) and reads their state and checks from the forge.
+/// Deliveries keep them current between polls.
+pub async fn run_pr_poll(ctx: ServiceContext) {
+    let every = ctx.triggers.settings.pr_poll_s;
+    if every == 0 {
+        return;
+    }
+    let batch = i64::from(ctx.triggers.settings.pr_poll_batch);
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(every)) => {}
+            () = ctx.stopping() => return,
+        }
+        let due =
+            match store::workspace_remotes::due_open_pull_requests(&ctx.pool, every as i64, batch)
+                .await
+            {
+                Ok(due) => due,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the open pull requests could not be looked up");
+                    continue;
+                }
+            };
+        for id in due {
+            if *ctx.shutdown.borrow() {
+                return;
+            }
+            match store::workspaces::get(&ctx.pool, id, None).await {
+                Ok(Some(ws)) => {
+                    if let Err(e) = refresh_pull_request(&ctx, &ws).await {
+                        tracing::warn!(workspace_id = %WorkspaceId::from(id), error = %e,
+                            "the pull request's state could not be recorded");
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(workspace_id = %WorkspaceId::from(id), error = %e,
+                        "the workspace of an open pull request could not be read");
+                }
+            }
         }
     }
 }

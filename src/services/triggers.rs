@@ -50,6 +50,8 @@ pub struct Triggers {
     manual: Option<watch::Sender<DateTime<Utc>>>,
     /// The latest time the scheduler finished looking at.
     handled: watch::Sender<Option<DateTime<Utc>>>,
+    /// Wakes this replica's worker: a run is pending.
+    wake: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for Triggers {
@@ -64,6 +66,7 @@ impl Triggers {
             settings: settings.clone(),
             manual: settings.manual_clock_start.map(|t| watch::channel(t).0),
             handled: watch::channel(None).0,
+            wake: tokio::sync::Notify::new(),
         }
     }
 
@@ -341,7 +344,7 @@ pub struct Trigger {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[schema(example = json!({"id": "trun_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b",
     "trigger_id": "trg_0193a1b2c3d47e8f9a0b1c2d3e4f5a6c", "delivery_id": "72d3162e-cc78-11e3-81ab-4c9367dc0958",
-    "slot": null, "event": "issues", "outcome": "started_agent", "reason": null,
+    "slot": null, "event": "issues", "state": "done", "outcome": "started_agent", "reason": null,
     "agent_id": "agt_0193a1b2c3d47e8f9a0b1c2d3e4f5a6d", "workspace_id": "wsp_0193a1b2c3d47e8f9a0b1c2d3e4f5a6e",
     "created_at": "2026-12-06T12:00:00Z"}))]
 pub struct TriggerRun {
@@ -354,8 +357,11 @@ pub struct TriggerRun {
     pub slot: Option<DateTime<Utc>>,
     /// The forge's event name, or `schedule`.
     pub event: String,
-    /// `started_agent`, `sent_message`, `queued`, `ignored` or `failed`.
-    pub outcome: String,
+    /// `pending` (received; a worker acts on it soon), `running`, `done` or `failed`.
+    pub state: String,
+    /// `started_agent`, `sent_message`, `queued`, `ignored` or `failed`; `null` while
+    /// the run is pending or running.
+    pub outcome: Option<String>,
     /// Why it was ignored or failed, or a note on what was done.
     pub reason: Option<String>,
     pub agent_id: Option<AgentId>,
@@ -371,6 +377,7 @@ impl From<RunRow> for TriggerRun {
             delivery_id: r.delivery_id,
             slot: r.slot,
             event: r.event,
+            state: r.state,
             outcome: r.outcome,
             reason: r.reason,
             agent_id: r.agent_id.map(Into::into),
@@ -1072,6 +1079,7 @@ async fn act(
             name,
             excerpt,
             jobs,
+            workflow_run,
         } => match agent_for(ctx, row, &target).await? {
             Ok((w, a, number)) => {
                 let max = spec
@@ -1080,9 +1088,12 @@ async fn act(
                     .and_then(|r| r.failed_check.as_ref())
                     .map_or(default_excerpt(), |r| r.max_excerpt_bytes);
                 let excerpt = match excerpt {
-                    Some(e) if jobs.is_empty() => Some(e),
+                    Some(e) if jobs.is_empty() && workflow_run.is_none() => Some(e),
                     other => {
-                        let logs = job_logs(ctx, row, &jobs, max).await;
+                        let logs = match workflow_run {
+                            Some(run) => workflow_logs(ctx, row, run, max).await,
+                            None => job_logs(ctx, row, &jobs, max).await,
+                        };
                         match (other, logs) {
                             (Some(e), Some(l)) => Some(format!("{e}\n\n{l}")),
                             (e, l) => e.or(l),
@@ -1092,7 +1103,7 @@ async fn act(
                 let mut text = format!("The check `{name}` failed on pull request #{number}.");
                 match excerpt {
                     Some(e) => text.push_str(&format!(
-                        "\n\nThe end of its output:\n\n```\n{}\n```",
+                        "\n\nFrom its output:\n\n```\n{}\n```",
                         payload::tail(&e, max)
                     )),
                     None => text.push_str("\n\nThe delivery carried no output of the check."),
@@ -1149,10 +1160,57 @@ async fn job_logs(
     (!parts.is_empty()).then(|| parts.join("\n\n"))
 }
 
-async fn finish(ctx: &ServiceContext, run: Uuid, done: &Done) -> ServiceResult<RunRow> {
+/// Around the first error of the logs of a GitHub workflow run's failed jobs, from the
+/// project's forge.
+async fn workflow_logs(
+    ctx: &ServiceContext,
+    row: &TriggerRow,
+    run: i64,
+    max: usize,
+) -> Option<String> {
+    let project = store::projects::get(&ctx.pool, row.project_id, None)
+        .await
+        .ok()
+        .flatten()?;
+    let logs = match super::ci::workflow_run_logs(ctx, &project, run, 5).await {
+        Ok(logs) => logs,
+        Err(e) => {
+            tracing::warn!(trigger_id = %TriggerId::from(row.id), run, error = %e,
+                "the failed jobs of a workflow run could not be read");
+            return None;
+        }
+    };
+    // Each job gets its share of the excerpt.
+    let share = max / logs.len().max(1);
+    let parts: Vec<String> = logs
+        .into_iter()
+        .filter_map(|(name, log)| match log {
+            Ok(log) => Some(format!(
+                "{name}:\n{}",
+                payload::around_first_error(&log, share)
+            )),
+            Err(e) => {
+                tracing::warn!(trigger_id = %TriggerId::from(row.id), run, job = %name, error = %e,
+                    "the failed job's log could not be read");
+                None
+            }
+        })
+        .collect();
+    (!parts.is_empty()).then(|| parts.join("\n\n"))
+}
+
+/// Records what attempt `attempt` of run `run` did; `None` when the attempt no longer
+/// holds the run.
+async fn finish(
+    ctx: &ServiceContext,
+    run: Uuid,
+    attempt: i32,
+    done: &Done,
+) -> ServiceResult<Option<RunRow>> {
     Ok(store::triggers::finish(
         &ctx.pool,
         run,
+        attempt,
         done.outcome,
         done.reason.as_deref(),
         done.agent,
@@ -1162,6 +1220,50 @@ async fn finish(ctx: &ServiceContext, run: Uuid, done: &Done) -> ServiceResult<R
 }
 
 // ---- Webhooks -----------------------------------------------------------------------
+
+/// Records the state or checks a delivery reports of pull/merge requests on the live
+/// workspaces of the trigger's project that opened them; a note saying so, when any did.
+async fn follow(
+    ctx: &ServiceContext,
+    row: &TriggerRow,
+    forge: ForgeKind,
+    event: &str,
+    body: &Value,
+) -> ServiceResult<Option<String>> {
+    let Some(news) = payload::pr_news(forge, event, body) else {
+        return Ok(None);
+    };
+    let mut changed = Vec::new();
+    for number in news.numbers.iter().take(20) {
+        if store::workspace_remotes::follow_pull_request(
+            &ctx.pool,
+            row.project_id,
+            *number,
+            news.state,
+            news.checks,
+        )
+        .await?
+            > 0
+        {
+            changed.push(format!("#{number}"));
+        }
+    }
+    if changed.is_empty() {
+        return Ok(None);
+    }
+    let what: Vec<String> = [
+        news.state.map(|s| format!("state {s}")),
+        news.checks.map(|c| format!("checks {c}")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    Ok(Some(format!(
+        "recorded {} on the workspace of pull request {}",
+        what.join(" and "),
+        changed.join(", ")
+    )))
+}
 
 /// A webhook delivery as received: the headers that matter and the raw body.
 pub struct Delivery<'a> {
@@ -1176,8 +1278,11 @@ pub struct Delivery<'a> {
     pub body: &'a [u8],
 }
 
-/// Receives a delivery for trigger `id`: verified, recorded once, acted on by the
-/// trigger's rules. Returns whether it was received before, and its run.
+/// Receives a delivery for trigger `id`: verified and recorded once, as a run that is
+/// `pending` when a rule applies (this replica's worker is woken to act on it, or any
+/// replica's worker takes it later) and `done` as `ignored` when none does. Returns
+/// whether it was received before, and its run: nothing here waits for the forge, the
+/// remote or an agent.
 pub async fn receive(
     ctx: &ServiceContext,
     id: TriggerId,
@@ -1237,10 +1342,25 @@ pub async fn receive(
             ),
         }
     };
+    // What the delivery says of pull/merge requests is recorded on the workspaces that
+    // opened them, whatever the rules: a single update, nothing asked of the forge.
+    let followed = match (&body, row.enabled) {
+        (Some(b), true) => follow(ctx, &row, forge, &event, b).await?,
+        _ => None,
+    };
     let run = Uuid::now_v7();
-    let (outcome, reason) = match &decision {
-        Decision::Ignore(why) => ("ignored", Some(why.as_str())),
-        _ => ("failed", Some("the run did not finish")),
+    let ignored = match (&decision, &followed) {
+        (Decision::Ignore(why), Some(note)) => Some(format!("{why}; {note}")),
+        (Decision::Ignore(why), None) => Some(why.clone()),
+        _ => None,
+    };
+    let ignored = ignored.as_deref();
+    let work = match ignored {
+        Some(_) => None,
+        None => Some(work_json(&Work {
+            decision: decision.clone(),
+            note: followed.clone(),
+        })?),
     };
     let claimed = store::triggers::claim(
         &ctx.pool,
@@ -1250,8 +1370,11 @@ pub async fn receive(
             delivery_id: Some(&delivery_id),
             slot: None,
             event: if event.is_empty() { "unknown" } else { &event },
-            outcome,
-            reason,
+            state: if ignored.is_some() { "done" } else { "pending" },
+            work: work.as_ref(),
+            lease_s: 0,
+            outcome: ignored.map(|_| "ignored"),
+            reason: ignored,
         },
     )
     .await?;
@@ -1262,11 +1385,146 @@ pub async fn receive(
             .ok_or(ServiceError::NotFound("trigger run"))?;
         return Ok((true, first.into()));
     };
-    if matches!(decision, Decision::Ignore(_)) {
-        return Ok((false, claimed.into()));
+    if ignored.is_none() {
+        ctx.triggers.wake.notify_one();
     }
-    let done = act(ctx, &row, &spec, run, decision).await?;
-    Ok((false, finish(ctx, run, &done).await?.into()))
+    Ok((false, claimed.into()))
+}
+
+// ---- The worker ---------------------------------------------------------------------
+
+/// What a run is to do, kept with it until it ends (`trigger_runs.work`).
+#[derive(Debug, Serialize, Deserialize)]
+struct Work {
+    decision: Decision,
+    /// The run's reason when what it does gives none (a missed slot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
+}
+
+fn work_json(work: &Work) -> ServiceResult<Value> {
+    serde_json::to_value(work).map_err(|e| ServiceError::Unexpected(e.into()))
+}
+
+/// A run is given up as `failed` after this many claims that ended in an error.
+const MAX_ATTEMPTS: i32 = 3;
+
+/// This replica's worker: it takes pending runs (and runs whose worker died, once their
+/// lease lapsed) and acts on them, a few at a time, each on its own task on the main
+/// runtime. It looks when a delivery wakes it, when a run ends, and every few seconds
+/// for what other replicas left. On shutdown the runs in hand are given back: they stay
+/// pending, and the next worker to look takes them.
+pub async fn run_worker(ctx: ServiceContext) {
+    let triggers = ctx.triggers.clone();
+    let lease = triggers.settings.run_lease_s;
+    let look_every = Duration::from_secs(lease)
+        .div_f64(3.0)
+        .min(Duration::from_secs(10));
+    let mut running = tokio::task::JoinSet::new();
+    while !*ctx.shutdown.borrow() {
+        while running.len() < triggers.settings.max_concurrent_runs {
+            match store::triggers::take_unfinished(&ctx.pool, lease as i64).await {
+                Ok(Some(run)) => {
+                    running.spawn_on(attend(ctx.clone(), run), &ctx.runtime);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the trigger worker could not look for pending runs");
+                    break;
+                }
+            }
+        }
+        tokio::select! {
+            () = triggers.wake.notified() => {}
+            Some(_) = running.join_next(), if !running.is_empty() => {}
+            () = tokio::time::sleep(look_every) => {}
+            () = ctx.stopping() => break,
+        }
+    }
+    while running.join_next().await.is_some() {}
+}
+
+/// Acts on one run this worker took, renewing its lease meanwhile. Cut short by the
+/// shutdown, the run is given back as pending; should the lease be lost (the database
+/// was out of reach for longer than the lease), the run is left to whoever took it.
+async fn attend(ctx: ServiceContext, run: RunRow) {
+    let (id, attempt) = (run.id, run.attempt);
+    let lease = ctx.triggers.settings.run_lease_s;
+    let renew = async {
+        loop {
+            tokio::time::sleep(Duration::from_secs(lease).div_f64(3.0)).await;
+            match store::triggers::renew(&ctx.pool, id, attempt, lease as i64).await {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(e) => {
+                    tracing::warn!(run_id = %TriggerRunId::from(id), error = %e,
+                        "the lease of a trigger run could not be renewed");
+                }
+            }
+        }
+    };
+    tokio::select! {
+        result = perform(&ctx, run) => if let Err(e) = result {
+            tracing::warn!(run_id = %TriggerRunId::from(id), attempt, error = %e,
+                "a trigger run could not be acted on");
+            let given_up = if attempt >= MAX_ATTEMPTS {
+                finish(&ctx, id, attempt, &Done::failed(format!(
+                    "gave up after {attempt} attempts: {e}"))).await.map(|_| ())
+            } else {
+                store::triggers::release(&ctx.pool, id, attempt).await.map_err(Into::into)
+            };
+            if let Err(e) = given_up {
+                tracing::warn!(run_id = %TriggerRunId::from(id), error = %e,
+                    "a trigger run that could not be acted on could not be given back");
+            }
+        },
+        () = renew => {
+            tracing::warn!(run_id = %TriggerRunId::from(id),
+                "the lease of a trigger run was lost; another worker acts on it");
+        }
+        () = ctx.stopping() => {
+            if let Err(e) = store::triggers::release(&ctx.pool, id, attempt).await {
+                tracing::warn!(run_id = %TriggerRunId::from(id), error = %e,
+                    "a trigger run cut short by the shutdown could not be given back; it is taken again once its lease lapses");
+            }
+        }
+    }
+}
+
+/// Does what run `run` is to do and records it.
+async fn perform(ctx: &ServiceContext, run: RunRow) -> ServiceResult<()> {
+    let work = run
+        .work
+        .clone()
+        .map(serde_json::from_value::<Work>)
+        .transpose();
+    let work = match work {
+        Ok(Some(w)) => w,
+        Ok(None) | Err(_) => {
+            finish(
+                ctx,
+                run.id,
+                run.attempt,
+                &Done::failed("the run's work cannot be read"),
+            )
+            .await?;
+            return Ok(());
+        }
+    };
+    let Some(row) = store::triggers::get(&ctx.pool, run.trigger_id, None).await? else {
+        // Deleted meanwhile: its runs went with it.
+        return Ok(());
+    };
+    let spec = spec_of(&row)?;
+    let mut done = act(ctx, &row, &spec, run.id, work.decision).await?;
+    if done.reason.is_none() {
+        done.reason = work.note;
+    }
+    if finish(ctx, run.id, run.attempt, &done).await?.is_none() {
+        tracing::warn!(run_id = %TriggerRunId::from(run.id),
+            "a trigger run was acted on after its lease was lost");
+    }
+    Ok(())
 }
 
 // ---- Schedules ----------------------------------------------------------------------
@@ -1319,6 +1577,17 @@ async fn slot(
         _ => None,
     };
     let run = Uuid::now_v7();
+    let title = format!("{} at {}", row.name, latest.format("%Y-%m-%d %H:%M UTC"));
+    let work = Work {
+        decision: Decision::OpenAgent {
+            title,
+            prompt: prompt.clone(),
+        },
+        note: reason.clone(),
+    };
+    let work_value = (!skip).then(|| work_json(&work)).transpose()?;
+    // The scheduler acts on its slot itself, under a lease: should this replica die
+    // meanwhile, a worker takes the run once the lease lapses.
     let claimed = store::triggers::claim(
         &ctx.pool,
         &store::triggers::NewRun {
@@ -1327,28 +1596,22 @@ async fn slot(
             delivery_id: None,
             slot: Some(latest),
             event: "schedule",
-            outcome: if skip { "ignored" } else { "failed" },
-            reason: Some(reason.as_deref().unwrap_or("the run did not finish")),
+            state: if skip { "done" } else { "running" },
+            work: work_value.as_ref(),
+            lease_s: ctx.triggers.settings.run_lease_s as i64,
+            outcome: skip.then_some("ignored"),
+            reason: if skip { reason.as_deref() } else { None },
         },
     )
     .await?;
-    if claimed.is_some() && !skip {
-        let title = format!("{} at {}", row.name, latest.format("%Y-%m-%d %H:%M UTC"));
-        let mut done = act(
-            ctx,
-            row,
-            &spec,
-            run,
-            Decision::OpenAgent {
-                title,
-                prompt: prompt.clone(),
-            },
-        )
-        .await?;
+    if let Some(claimed) = claimed
+        && !skip
+    {
+        let mut done = act(ctx, row, &spec, run, work.decision).await?;
         if done.reason.is_none() {
-            done.reason = reason;
+            done.reason = work.note;
         }
-        finish(ctx, run, &done).await?;
+        finish(ctx, run, claimed.attempt, &done).await?;
     }
     store::triggers::advance_slot(&ctx.pool, row.id, latest).await?;
     Ok(())

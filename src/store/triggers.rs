@@ -1,7 +1,7 @@
 //! Triggers and their runs, as stored. A webhook trigger's secret is kept sealed (key
 //! id, nonce, ciphertext); nothing here sees it in clear. A run row is unique per
-//! (trigger, delivery id) and per (trigger, slot): whoever inserts it acts, anyone
-//! else finds it.
+//! (trigger, delivery id) and per (trigger, slot): whoever inserts it owns it, anyone
+//! else finds it. A pending run is acted on by the one worker that takes it.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -173,15 +173,22 @@ pub struct RunRow {
     pub delivery_id: Option<String>,
     pub slot: Option<DateTime<Utc>>,
     pub event: String,
-    pub outcome: String,
+    /// `pending`, `running`, `done` or `failed`.
+    pub state: String,
+    /// Known once the run ended.
+    pub outcome: Option<String>,
     pub reason: Option<String>,
     pub agent_id: Option<Uuid>,
     pub workspace_id: Option<Uuid>,
     pub created_at: DateTime<Utc>,
+    /// What the run is to do, until it ends.
+    pub work: Option<Value>,
+    /// How many times a worker claimed it.
+    pub attempt: i32,
 }
 
-const RUN_COLUMNS: &str = "id, trigger_id, delivery_id, slot, event, outcome, reason, \
-     agent_id, workspace_id, created_at";
+const RUN_COLUMNS: &str = "id, trigger_id, delivery_id, slot, event, state, outcome, reason, \
+     agent_id, workspace_id, created_at, work, attempt";
 
 pub struct NewRun<'a> {
     pub id: Uuid,
@@ -189,15 +196,23 @@ pub struct NewRun<'a> {
     pub delivery_id: Option<&'a str>,
     pub slot: Option<DateTime<Utc>>,
     pub event: &'a str,
-    pub outcome: &'a str,
+    /// `pending` (a worker acts), `running` (the caller acts now, under a lease of
+    /// `lease_s` seconds) or `done` (nothing to do).
+    pub state: &'a str,
+    pub work: Option<&'a Value>,
+    pub lease_s: i64,
+    pub outcome: Option<&'a str>,
     pub reason: Option<&'a str>,
 }
 
 /// Claims a delivery or a slot: the new run, or `None` when another run holds it.
 pub async fn claim(db: impl PgExecutor<'_>, r: &NewRun<'_>) -> Result<Option<RunRow>, sqlx::Error> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO trigger_runs (id, trigger_id, delivery_id, slot, event, outcome, reason)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)
+        "INSERT INTO trigger_runs (id, trigger_id, delivery_id, slot, event, outcome, reason,
+                                   state, work, lease_until, attempt)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
+                 CASE WHEN $8 = 'running' THEN now() + make_interval(secs => $10) END,
+                 CASE WHEN $8 = 'running' THEN 1 ELSE 0 END)
          ON CONFLICT DO NOTHING
          RETURNING {RUN_COLUMNS}"
     )))
@@ -208,8 +223,65 @@ pub async fn claim(db: impl PgExecutor<'_>, r: &NewRun<'_>) -> Result<Option<Run
     .bind(r.event)
     .bind(r.outcome)
     .bind(r.reason)
+    .bind(r.state)
+    .bind(r.work)
+    .bind(r.lease_s as f64)
     .fetch_optional(db)
     .await
+}
+
+/// Takes the oldest run that waits for a worker: a pending one, or a running one whose
+/// worker let its lease lapse (it died). The run becomes `running` under a lease of
+/// `lease_s` seconds, with its attempt counted. Two workers never take the same run:
+/// the row is locked, and one locked by another worker is skipped.
+pub async fn take_unfinished(
+    db: impl PgExecutor<'_>,
+    lease_s: i64,
+) -> Result<Option<RunRow>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE trigger_runs SET state = 'running',
+                lease_until = now() + make_interval(secs => $1), attempt = attempt + 1
+         WHERE id = (SELECT id FROM trigger_runs
+                      WHERE state = 'pending' OR (state = 'running' AND lease_until < now())
+                      ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+         RETURNING {RUN_COLUMNS}"
+    )))
+    .bind(lease_s as f64)
+    .fetch_optional(db)
+    .await
+}
+
+/// Extends the lease of attempt `attempt` of run `id`; false when it is no longer held.
+pub async fn renew(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    attempt: i32,
+    lease_s: i64,
+) -> Result<bool, sqlx::Error> {
+    Ok(sqlx::query(
+        "UPDATE trigger_runs SET lease_until = now() + make_interval(secs => $3)
+         WHERE id = $1 AND attempt = $2 AND state = 'running'",
+    )
+    .bind(id)
+    .bind(attempt)
+    .bind(lease_s as f64)
+    .execute(db)
+    .await?
+    .rows_affected()
+        == 1)
+}
+
+/// Gives run `id` back (attempt `attempt` was cut short): it is pending again.
+pub async fn release(db: impl PgExecutor<'_>, id: Uuid, attempt: i32) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE trigger_runs SET state = 'pending', lease_until = NULL
+         WHERE id = $1 AND attempt = $2 AND state = 'running'",
+    )
+    .bind(id)
+    .bind(attempt)
+    .execute(db)
+    .await
+    .map(|_| ())
 }
 
 /// The run that holds delivery `delivery_id` of trigger `trigger`.
@@ -227,25 +299,30 @@ pub async fn by_delivery(
     .await
 }
 
-/// Records what a run did.
+/// Records what attempt `attempt` of a run did: it is `failed` when its outcome is,
+/// `done` otherwise. `None` when the attempt no longer holds the run.
 pub async fn finish(
     db: impl PgExecutor<'_>,
     id: Uuid,
+    attempt: i32,
     outcome: &str,
     reason: Option<&str>,
     agent_id: Option<Uuid>,
     workspace_id: Option<Uuid>,
-) -> Result<RunRow, sqlx::Error> {
+) -> Result<Option<RunRow>, sqlx::Error> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "UPDATE trigger_runs SET outcome = $2, reason = $3, agent_id = $4, workspace_id = $5
-         WHERE id = $1 RETURNING {RUN_COLUMNS}"
+        "UPDATE trigger_runs SET outcome = $3, reason = $4, agent_id = $5, workspace_id = $6,
+                state = CASE WHEN $3 = 'failed' THEN 'failed' ELSE 'done' END,
+                work = NULL, lease_until = NULL
+         WHERE id = $1 AND attempt = $2 AND state = 'running' RETURNING {RUN_COLUMNS}"
     )))
     .bind(id)
+    .bind(attempt)
     .bind(outcome)
     .bind(reason)
     .bind(agent_id)
     .bind(workspace_id)
-    .fetch_one(db)
+    .fetch_optional(db)
     .await
 }
 

@@ -115,3 +115,57 @@ pub async fn record_pull_request(
     .fetch_one(db)
     .await
 }
+
+/// Records what a forge's delivery says of pull/merge request `number` of project
+/// `project`: its state and/or its checks, on every live workspace that opened it.
+/// Returns how many workspaces it changed.
+pub async fn follow_pull_request(
+    db: impl PgExecutor<'_>,
+    project: Uuid,
+    number: i64,
+    state: Option<&str>,
+    checks: Option<&str>,
+) -> Result<u64, sqlx::Error> {
+    Ok(sqlx::query(
+        "UPDATE workspace_remotes r
+            SET pr_state = COALESCE($3, r.pr_state), pr_checks = COALESCE($4, r.pr_checks),
+                pr_refreshed_at = now()
+           FROM workspaces w
+          WHERE w.id = r.workspace_id AND w.project_id = $1 AND w.archived_at IS NULL
+            AND r.pr_number = $2",
+    )
+    .bind(project)
+    .bind(number)
+    .bind(state)
+    .bind(checks)
+    .execute(db)
+    .await?
+    .rows_affected())
+}
+
+/// Takes up to `limit` live workspaces whose pull/merge request is open and was not read
+/// from the forge for `every_s` seconds, oldest read first, and marks them read now so
+/// that another replica's poll skips them. Returns their ids.
+pub async fn due_open_pull_requests(
+    db: impl PgExecutor<'_>,
+    every_s: i64,
+    limit: i64,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "UPDATE workspace_remotes SET pr_refreshed_at = now()
+          WHERE workspace_id IN (
+                SELECT r.workspace_id FROM workspace_remotes r
+                  JOIN workspaces w ON w.id = r.workspace_id
+                 WHERE r.pr_state = 'open' AND w.archived_at IS NULL
+                   AND (r.pr_refreshed_at IS NULL
+                        OR r.pr_refreshed_at < now() - make_interval(secs => $1))
+                 ORDER BY r.pr_refreshed_at NULLS FIRST
+                 LIMIT $2
+                 FOR UPDATE OF r SKIP LOCKED)
+          RETURNING workspace_id",
+    )
+    .bind(every_s as f64)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}

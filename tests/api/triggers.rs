@@ -35,10 +35,22 @@ fn id(v: &Value) -> &str {
 /// A remote with repository `web`, a server that may reach it, a person owning a team
 /// whose secret `WEB_GIT` holds the remote's credential, and a project on `forge`.
 async fn world(flavor: Flavor) -> (GitHttp, FakeForge, TestApp, Person, String, Value) {
+    world_with(flavor, |_| {}).await
+}
+
+/// Like `world`, with the server's settings changed by `tweak`.
+async fn world_with(
+    flavor: Flavor,
+    tweak: impl FnOnce(&mut agentry::config::Settings),
+) -> (GitHttp, FakeForge, TestApp, Person, String, Value) {
     let remote = GitHttp::start("git", PASSWORD).await;
     remote.create_repo("web");
     let forge = FakeForge::start(flavor, PASSWORD).await;
-    let app = spawn_app_with(|s| s.projects.allow_private_remotes = true).await;
+    let app = spawn_app_with(|s| {
+        s.projects.allow_private_remotes = true;
+        tweak(s);
+    })
+    .await;
     let ana = person(&app, "ana").await;
     let team_a = team(&ana, "alpha").await;
     ana.api
@@ -105,8 +117,66 @@ async fn deliver(
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
-/// A signed GitHub delivery.
+/// Waits until run `run` of `trigger` is no longer pending or running (a worker acts on
+/// it after the delivery was answered); returns it as listed.
+async fn settled(app: &TestApp, trigger: &Value, run: &str) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let listed = app
+            .get_ok(&format!("/v1/triggers/{}/runs?limit=200", id(trigger)))
+            .await;
+        let found = listed["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == run)
+            .unwrap_or_else(|| panic!("run {run} is listed: {listed}"))
+            .clone();
+        if !matches!(found["state"].as_str(), Some("pending" | "running")) {
+            return found;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "run {run} did not end: {found}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The answer to a new delivery holds its run as recorded: pending, or done when no rule
+/// applies (ignored). Its run is replaced by the run once it ended.
+async fn and_settled(
+    app: &TestApp,
+    trigger: &Value,
+    (status, mut answer): (u16, Value),
+) -> (u16, Value) {
+    if status == 202 {
+        let run = &answer["run"];
+        match run["state"].as_str() {
+            Some("pending") => assert!(run["outcome"].is_null(), "{answer}"),
+            Some("done") => assert_eq!(run["outcome"], "ignored", "{answer}"),
+            _ => panic!("a new delivery's run is pending or ignored: {answer}"),
+        }
+        let id = run["id"].as_str().unwrap().to_owned();
+        answer["run"] = settled(app, trigger, &id).await;
+    }
+    (status, answer)
+}
+
+/// A signed GitHub delivery; a new one's run as it ended.
 async fn github(
+    app: &TestApp,
+    trigger: &Value,
+    event: &str,
+    delivery: &str,
+    body: &Value,
+) -> (u16, Value) {
+    let answer = github_answer(app, trigger, event, delivery, body).await;
+    and_settled(app, trigger, answer).await
+}
+
+/// A signed GitHub delivery: the answer, as soon as it comes.
+async fn github_answer(
     app: &TestApp,
     trigger: &Value,
     event: &str,
@@ -128,7 +198,7 @@ async fn github(
     .await
 }
 
-/// A GitLab delivery with the trigger's token.
+/// A GitLab delivery with the trigger's token; a new one's run as it ended.
 async fn gitlab(
     app: &TestApp,
     trigger: &Value,
@@ -136,7 +206,7 @@ async fn gitlab(
     uuid: &str,
     body: &Value,
 ) -> (u16, Value) {
-    deliver(
+    let answer = deliver(
         app,
         trigger,
         &[
@@ -149,7 +219,8 @@ async fn gitlab(
         ],
         &serde_json::to_vec(body).unwrap(),
     )
-    .await
+    .await;
+    and_settled(app, trigger, answer).await
 }
 
 async fn runs(who: &Person, trigger: &Value) -> Vec<Value> {
@@ -400,12 +471,62 @@ async fn github_deliveries_open_an_agent_reach_it_and_are_acted_on_once() {
     let (_, ok) = github(&app, &trigger, "check_run", "d-8", &passed).await;
     assert_eq!(ok["run"]["outcome"], "ignored");
 
+    // A failed workflow run: its failed job's log is read from the forge (a redirect to
+    // an address read without the token) and the part from its first error is sent.
+    forge.set_workflow_jobs(
+        555,
+        json!([{"id": 801, "name": "lint", "conclusion": "success"},
+               {"id": 802, "name": "unit tests", "conclusion": "failure"}]),
+    );
+    forge.set_job_log(
+        802,
+        &format!(
+            "{}error[E0599]: no method named `hash` found for `Login`\n{}##[error]Process completed with exit code 101.\n",
+            "2026-12-06T12:00:00Z Compiling crate\n".repeat(3000),
+            "note: see the docs\n".repeat(5)
+        ),
+    );
+    let workflow = json!({"action": "completed", "workflow_run": {"id": 555, "name": "tests",
+        "conclusion": "failure", "pull_requests": [{"number": number}]}});
+    let (_, failed) = github(&app, &trigger, "workflow_run", "d-9", &workflow).await;
+    assert_eq!(failed["run"]["outcome"], "sent_message", "{failed}");
+    let text = user_message_with(&app, &agent, "The check `tests` failed").await;
+    assert!(text.contains("unit tests:"), "{text}");
+    assert!(
+        text.contains("error[E0599]: no method named `hash` found"),
+        "{text}"
+    );
+    assert!(text.contains("exit code 101"), "{text}");
+    assert!(
+        text.len() < 12 * 1024,
+        "the excerpt is capped: {} bytes",
+        text.len()
+    );
+    app.wait(&agent).await;
+    let calls = forge.calls();
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.path.ends_with("/actions/runs/555/jobs") && c.status == 200),
+        "{calls:?}"
+    );
+    let blob = calls
+        .iter()
+        .find(|c| c.path == "/_blobs/job-logs/802")
+        .unwrap_or_else(|| panic!("the log was read: {calls:?}"));
+    assert_eq!(
+        (blob.status, blob.credential.as_deref()),
+        (200, None),
+        "the token goes to the API only"
+    );
+
     // Runs are listed newest first, with what each did.
     let all = runs(&ana, &trigger).await;
     let outcomes: Vec<&str> = all.iter().map(|r| r["outcome"].as_str().unwrap()).collect();
     assert_eq!(
         outcomes,
         [
+            "sent_message",
             "ignored",
             "sent_message",
             "queued",
@@ -426,7 +547,7 @@ async fn github_deliveries_open_an_agent_reach_it_and_are_acted_on_once() {
             200,
         )
         .await;
-    assert_eq!(audit["items"].as_array().unwrap().len(), 4, "{audit}");
+    assert_eq!(audit["items"].as_array().unwrap().len(), 5, "{audit}");
     assert!(
         audit["items"]
             .as_array()
@@ -463,6 +584,222 @@ async fn github_deliveries_open_an_agent_reach_it_and_are_acted_on_once() {
         "{:?}",
         forge.calls()
     );
+}
+
+/// An issue labelled `agentry`, numbered `number`.
+fn labelled_issue(number: i64) -> Value {
+    json!({"action": "labeled", "label": {"name": "agentry"},
+        "issue": {"number": number, "title": "Slow remote", "body": "Fetch takes long",
+            "html_url": format!("https://github.example/acme/web/issues/{number}")}})
+}
+
+async fn issue_trigger(who: &Person, project: &Value) -> Value {
+    who.api
+        .ok(
+            Method::POST,
+            "/v1/triggers",
+            Some(
+                json!({"name": "web issues", "kind": "github", "project_id": project["id"],
+                "provider": "mock"}),
+            ),
+            201,
+        )
+        .await
+}
+
+#[tokio::test]
+async fn a_delivery_is_answered_before_its_slow_action_ends() {
+    let (remote, _forge, app, ana, _team_a, project) = world(Flavor::GitHub).await;
+    let trigger = issue_trigger(&ana, &project).await;
+    // The remote holds every request: opening the agent fetches it first.
+    remote.close();
+    let (status, receipt) =
+        github_answer(&app, &trigger, "issues", "slow-1", &labelled_issue(7)).await;
+    assert_eq!(status, 202, "{receipt}");
+    assert_eq!(receipt["run"]["state"], "pending", "{receipt}");
+    assert!(receipt["run"]["outcome"].is_null(), "{receipt}");
+    assert!(receipt["run"]["agent_id"].is_null(), "{receipt}");
+    let run = receipt["run"]["id"].as_str().unwrap().to_owned();
+    // The worker acts meanwhile: its fetch waits at the remote, the run says it runs.
+    remote.request_waiting().await;
+    let listed = runs(&ana, &trigger).await;
+    assert_eq!(listed[0]["id"], run.as_str());
+    assert_eq!(listed[0]["state"], "running", "{listed:?}");
+    // A redelivery meanwhile is the same run, and does nothing more.
+    let (status, again) =
+        github_answer(&app, &trigger, "issues", "slow-1", &labelled_issue(7)).await;
+    assert_eq!((status, again["duplicate"].as_bool()), (200, Some(true)));
+    assert_eq!(again["run"]["id"], run.as_str());
+    remote.open();
+    let done = settled(&app, &trigger, &run).await;
+    assert_eq!(
+        (done["state"].as_str(), done["outcome"].as_str()),
+        (Some("done"), Some("started_agent")),
+        "{done}"
+    );
+    let opened = app
+        .get_ok(&format!("/v1/agents?label=trigger:{}", id(&trigger)))
+        .await;
+    assert_eq!(opened["items"].as_array().unwrap().len(), 1, "{opened}");
+    assert_eq!(runs(&ana, &trigger).await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_run_cut_short_by_a_shutdown_is_completed_by_the_next_start() {
+    let (remote, _forge, app, ana, _team_a, project) = world(Flavor::GitHub).await;
+    let trigger = issue_trigger(&ana, &project).await;
+    remote.close();
+    let (status, receipt) =
+        github_answer(&app, &trigger, "issues", "cut-1", &labelled_issue(8)).await;
+    assert_eq!(status, 202, "{receipt}");
+    let run = receipt["run"]["id"].as_str().unwrap().to_owned();
+    remote.request_waiting().await;
+    // The only replica stops while the run's fetch waits: the run is given back.
+    let (db, dir, token) = app.stop().await;
+    let pool = sqlx::PgPool::connect_with(db.clone()).await.unwrap();
+    let (state, outcome, agents): (String, Option<String>, i64) =
+        sqlx::query_as("SELECT state, outcome, (SELECT count(*) FROM agents) FROM trigger_runs")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    pool.close().await;
+    assert_eq!(
+        (state.as_str(), outcome, agents),
+        ("pending", None, 0),
+        "left pending, nothing done"
+    );
+    remote.open();
+    // The next start takes it and acts on it once.
+    let app = spawn_on_with(db, dir, Some(token), |s| {
+        s.projects.allow_private_remotes = true
+    })
+    .await;
+    let done = settled(&app, &trigger, &run).await;
+    assert_eq!(done["outcome"], "started_agent", "{done}");
+    let opened = app
+        .get_ok(&format!("/v1/agents?label=trigger:{}", id(&trigger)))
+        .await;
+    assert_eq!(opened["items"].as_array().unwrap().len(), 1, "{opened}");
+    let agent = done["agent_id"].as_str().unwrap();
+    user_message_with(&app, agent, "Slow remote").await;
+    // The remote's credential is in none of what the run and its agent left.
+    use base64::Engine;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(format!("git:{PASSWORD}"));
+    let left = format!(
+        "{}{}{}",
+        json!(runs(&ana_on(&app, &ana), &trigger).await),
+        json!(app.timeline(agent).await),
+        app.get_ok(&format!("/v1/agents/{agent}")).await
+    );
+    assert!(
+        !left.contains(PASSWORD) && !left.contains(&encoded),
+        "{left}"
+    );
+    app.assert_database_lacks(&[PASSWORD, &encoded]).await;
+}
+
+/// `who` calling `app` (after a restart).
+fn ana_on(app: &TestApp, who: &Person) -> Person {
+    Person {
+        id: who.id.clone(),
+        api: Caller::new(app, &who.api.token),
+    }
+}
+
+/// The state and checks of the pull request a workspace opened, as stored.
+async fn stored_pull_request(app: &TestApp, number: i64) -> (String, Option<String>) {
+    sqlx::query_as("SELECT pr_state, pr_checks FROM workspace_remotes WHERE pr_number = $1")
+        .bind(number)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_pull_request_state_follows_deliveries_and_the_poll() {
+    let (_remote, forge, app, ana, _team_a, project) =
+        world_with(Flavor::GitHub, |s| s.triggers.pr_poll_s = 1).await;
+    // No rule at all: the deliveries still tell the workspaces how their requests fare.
+    let trigger = ana
+        .api
+        .ok(
+            Method::POST,
+            "/v1/triggers",
+            Some(
+                json!({"name": "follow", "kind": "github", "project_id": project["id"],
+                "provider": "mock",
+                "rules": {"issue_labeled": null, "mention": null, "failed_check": null}}),
+            ),
+            201,
+        )
+        .await;
+    let agent = ana
+        .api
+        .ok(
+            Method::POST,
+            "/v1/agents",
+            Some(
+                json!({"workspace": {"project_id": project["id"]}, "provider": "mock",
+                "title": "Fix it"}),
+            ),
+            201,
+        )
+        .await;
+    let workspace = agent["workspace_id"].as_str().unwrap().to_owned();
+    let number = open_pull_request(&app, &ana, id(&agent), &workspace).await;
+    assert_eq!(stored_pull_request(&app, number).await.0, "open");
+
+    // The forge agrees with the deliveries, whenever the poll reads it meanwhile; the
+    // run's reason tells what the delivery recorded.
+    forge.set_check_runs(json!([{"status": "completed", "conclusion": "failure"}]));
+    let suite = json!({"action": "completed", "check_suite": {"conclusion": "failure",
+        "pull_requests": [{"number": number}]}});
+    let (status, run) = github(&app, &trigger, "check_suite", "f-1", &suite).await;
+    assert_eq!(status, 202);
+    assert_eq!(run["run"]["outcome"], "ignored", "{run}");
+    assert!(
+        run["run"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("checks failing"),
+        "{run}"
+    );
+    assert_eq!(
+        stored_pull_request(&app, number).await,
+        ("open".to_owned(), Some("failing".to_owned()))
+    );
+    // Another request, or a redelivery, changes nothing.
+    let mut other = suite.clone();
+    other["check_suite"]["conclusion"] = json!("success");
+    other["check_suite"]["pull_requests"] = json!([{"number": 999}]);
+    github(&app, &trigger, "check_suite", "f-2", &other).await;
+    let (status, _) = github(&app, &trigger, "check_suite", "f-1", &other).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        stored_pull_request(&app, number).await.1.as_deref(),
+        Some("failing")
+    );
+
+    // Closed without merging: the workspace says so.
+    let closed = json!({"action": "closed", "pull_request": {"number": number, "merged": false}});
+    github(&app, &trigger, "pull_request", "f-3", &closed).await;
+    let ws = app.get_ok(&format!("/v1/workspaces/{workspace}")).await;
+    assert_eq!(ws["opened_pull_request"]["state"], "closed", "{ws}");
+    // Reopened, then merged on the forge with no delivery: the poll reads it.
+    let reopened = json!({"action": "reopened", "pull_request": {"number": number}});
+    github(&app, &trigger, "pull_request", "f-4", &reopened).await;
+    assert_eq!(stored_pull_request(&app, number).await.0, "open");
+    forge.merge(number);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while stored_pull_request(&app, number).await.0 != "merged" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the poll did not read the merge"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ws = app.get_ok(&format!("/v1/workspaces/{workspace}")).await;
+    assert_eq!(ws["opened_pull_request"]["state"], "merged", "{ws}");
 }
 
 #[tokio::test]
@@ -553,6 +890,24 @@ async fn gitlab_deliveries_carry_the_token_and_a_failed_pipeline_sends_the_jobs_
         "{:?}",
         forge.calls()
     );
+    // The pipeline's status and the merge request's fate are recorded on the workspace.
+    assert_eq!(
+        stored_pull_request(&app, iid).await,
+        ("open".to_owned(), Some("failing".to_owned()))
+    );
+    let merged = json!({"object_kind": "merge_request",
+        "object_attributes": {"iid": iid, "action": "merge"}});
+    let (_, run) = gitlab(&app, &trigger, "Merge Request Hook", "u-4", &merged).await;
+    assert_eq!(run["run"]["outcome"], "ignored", "{run}");
+    assert!(
+        run["run"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("state merged"),
+        "{run}"
+    );
+    let ws = app.get_ok(&format!("/v1/workspaces/{workspace}")).await;
+    assert_eq!(ws["opened_pull_request"]["state"], "merged", "{ws}");
     app.assert_database_lacks(&[trigger["secret"].as_str().unwrap()])
         .await;
 }
@@ -903,4 +1258,96 @@ async fn a_slot_missed_while_no_replica_ran_runs_once_at_start_or_is_skipped() {
         )
     );
     assert_eq!(cron_runs(&ana, &triggers[0]).await.len(), 2);
+}
+
+#[tokio::test]
+async fn two_replicas_act_on_each_delivery_once() {
+    // Replicas share the key that seals the trigger's secret.
+    let one = spawn_app_with(|s| crate::secrets::with_keys(s, 7, &[])).await;
+    let two = spawn_on_with(
+        one.db.clone(),
+        tempfile::tempdir().unwrap(),
+        Some(one.token.clone()),
+        |s| crate::secrets::with_keys(s, 7, &[]),
+    )
+    .await;
+    let repo = git_repo();
+    let (ana, project) = cron_world(&one, repo.path()).await;
+    let trigger = issue_trigger(&ana, &project).await;
+    // Deliveries reach either replica; both workers look for pending runs.
+    let mut runs_made = Vec::new();
+    for n in 0..6_i64 {
+        let app = if n % 2 == 0 { &one } else { &two };
+        let (status, answer) = github_answer(
+            app,
+            &trigger,
+            "issues",
+            &format!("r-{n}"),
+            &labelled_issue(100 + n),
+        )
+        .await;
+        assert_eq!(status, 202, "{answer}");
+        runs_made.push(answer["run"]["id"].as_str().unwrap().to_owned());
+    }
+    let mut agents = std::collections::BTreeSet::new();
+    for run in &runs_made {
+        let done = settled(&one, &trigger, run).await;
+        assert_eq!(done["outcome"], "started_agent", "{done}");
+        agents.insert(done["agent_id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(agents.len(), 6, "one agent per run");
+    let opened = one
+        .get_ok(&format!("/v1/agents?label=trigger:{}", id(&trigger)))
+        .await;
+    assert_eq!(opened["items"].as_array().unwrap().len(), 6, "{opened}");
+    two.stop().await;
+}
+
+#[tokio::test]
+async fn a_run_held_by_a_replica_that_died_is_taken_once_its_lease_lapses() {
+    let (remote, _forge, app, ana, _team_a, project) = world(Flavor::GitHub).await;
+    let trigger = issue_trigger(&ana, &project).await;
+    remote.close();
+    let (status, receipt) =
+        github_answer(&app, &trigger, "issues", "died-1", &labelled_issue(9)).await;
+    assert_eq!(status, 202, "{receipt}");
+    let run = receipt["run"]["id"].as_str().unwrap().to_owned();
+    remote.request_waiting().await;
+    let (db, dir, token) = app.stop().await;
+    // As if another replica had taken the run and died without a word: it holds the
+    // run for a few seconds more, and never renews.
+    let pool = sqlx::PgPool::connect_with(db.clone()).await.unwrap();
+    let (held, lapses): (i32, DateTime<Utc>) = sqlx::query_as(
+        "UPDATE trigger_runs SET state = 'running', attempt = attempt + 1,
+                lease_until = now() + interval '5 seconds'
+         WHERE state = 'pending' RETURNING attempt, lease_until",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    remote.open();
+    let app = spawn_on_with(db, dir, Some(token), |s| {
+        s.projects.allow_private_remotes = true;
+        s.triggers.run_lease_s = 3;
+    })
+    .await;
+    let done = settled(&app, &trigger, &run).await;
+    assert_eq!(done["outcome"], "started_agent", "{done}");
+    let (attempt, after): (i32, bool) =
+        sqlx::query_as("SELECT attempt, now() >= $1 FROM trigger_runs")
+            .bind(lapses)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(after, "taken only once the lease lapsed");
+    pool.close().await;
+    assert_eq!(
+        attempt,
+        held + 1,
+        "taken once, after the dead replica's attempt"
+    );
+    let opened = app
+        .get_ok(&format!("/v1/agents?label=trigger:{}", id(&trigger)))
+        .await;
+    assert_eq!(opened["items"].as_array().unwrap().len(), 1, "{opened}");
 }

@@ -49,6 +49,11 @@ struct State {
     pipeline: Option<String>,
     /// GitLab: job logs by job id (`GET /projects/:id/jobs/:job_id/trace`).
     traces: BTreeMap<i64, String>,
+    /// GitHub: the jobs of workflow runs by run id (`GET …/actions/runs/:id/jobs`).
+    workflow_jobs: BTreeMap<i64, Vec<Value>>,
+    /// GitHub: job logs by job id, served at a redirect target outside the API
+    /// (`GET …/actions/jobs/:id/logs` answers 302 to `/_blobs/job-logs/:id`).
+    job_logs: BTreeMap<i64, String>,
 }
 
 pub struct FakeForge {
@@ -143,6 +148,24 @@ impl FakeForge {
             .insert(id, text.to_owned());
     }
 
+    /// GitHub: the jobs of workflow run `run` (`[{"id", "name", "conclusion"}]`).
+    pub fn set_workflow_jobs(&self, run: i64, jobs: Value) {
+        self.state
+            .lock()
+            .unwrap()
+            .workflow_jobs
+            .insert(run, jobs.as_array().unwrap().clone());
+    }
+
+    /// GitHub: the log of job `id`, read through a redirect.
+    pub fn set_job_log(&self, id: i64, text: &str) {
+        self.state
+            .lock()
+            .unwrap()
+            .job_logs
+            .insert(id, text.to_owned());
+    }
+
     /// GitLab: the status of every merge request's head pipeline.
     pub fn set_pipeline(&self, status: &str) {
         self.state.lock().unwrap().pipeline = Some(status.to_owned());
@@ -183,7 +206,18 @@ async fn serve(
         Flavor::GitHub => (header(&head, "authorization"), format!("Bearer {token}")),
         Flavor::GitLab => (header(&head, "private-token"), token.to_owned()),
     };
-    let (status, answer) = if credential.as_deref() != Some(expected.as_str()) {
+    // A log's short-lived address carries its own grant, as GitHub's blob storage does.
+    let blob = path.starts_with("/_blobs/");
+    let (status, answer) = if blob {
+        let log = path
+            .strip_prefix("/_blobs/job-logs/")
+            .and_then(|id| id.parse().ok())
+            .and_then(|id: i64| state.lock().unwrap().job_logs.get(&id).cloned());
+        match log {
+            Some(log) if query == "grant=fake" => (200, Value::String(log)),
+            _ => not_found(),
+        }
+    } else if credential.as_deref() != Some(expected.as_str()) {
         match flavor {
             Flavor::GitHub => (401, json!({"message": "Bad credentials"})),
             Flavor::GitLab => (401, json!({"message": "401 Unauthorized"})),
@@ -203,20 +237,27 @@ async fn serve(
         body,
         status,
     });
-    // A job's log is plain text.
+    // A job's log is plain text; a redirect names where to go.
+    let mut location = String::new();
     let (text, content_type) = match answer {
-        Value::String(log) if path.ends_with("/trace") => (log, "text/plain"),
+        Value::String(log) if path.ends_with("/trace") || blob => (log, "text/plain"),
+        Value::String(to) if status == 302 => {
+            let host = header(&head, "host").unwrap_or_default();
+            location = format!("Location: http://{host}{to}\r\n");
+            (String::new(), "text/plain")
+        }
         other => (other.to_string(), "application/json"),
     };
     let reason = match status {
         200 => "OK",
         201 => "Created",
+        302 => "Found",
         401 => "Unauthorized",
         404 => "Not Found",
         _ => "Unprocessable Entity",
     };
     let response = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n{location}Content-Length: {}\r\n\
          Connection: close\r\n\r\n{text}",
         text.len()
     );
@@ -290,6 +331,25 @@ fn github(s: &mut State, method: &str, path: &str, query: &str, body: &Value) ->
             200,
             json!({"total_count": s.check_runs.len(), "check_runs": s.check_runs}),
         ),
+        ("GET", ["actions", "runs", run, "jobs"]) => {
+            match run.parse().ok().and_then(|r: i64| s.workflow_jobs.get(&r)) {
+                Some(jobs) => (200, json!({"total_count": jobs.len(), "jobs": jobs})),
+                None => not_found(),
+            }
+        }
+        ("GET", ["actions", "jobs", job, "logs"]) => {
+            match job
+                .parse()
+                .ok()
+                .filter(|j: &i64| s.job_logs.contains_key(j))
+            {
+                Some(j) => (
+                    302,
+                    Value::String(format!("/_blobs/job-logs/{j}?grant=fake")),
+                ),
+                None => not_found(),
+            }
+        }
         _ => not_found(),
     }
 }

@@ -31,10 +31,19 @@ pub struct Served {
     pub status: u16,
 }
 
+/// Holds requests back while it is closed: a slow remote, on demand.
+#[derive(Default)]
+struct Gate {
+    closed: tokio::sync::watch::Sender<bool>,
+    /// How many requests wait at the gate now.
+    waiting: tokio::sync::watch::Sender<usize>,
+}
+
 pub struct GitHttp {
     pub addr: SocketAddr,
     root: TempDir,
     served: Arc<Mutex<Vec<Served>>>,
+    gate: Arc<Gate>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -55,22 +64,25 @@ impl GitHttp {
             base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
         );
         let served = Arc::new(Mutex::new(Vec::new()));
+        let gate = Arc::new(Gate::default());
         let project_root = root.path().to_path_buf();
         let log = Arc::clone(&served);
         let user = user.to_owned();
+        let held = Arc::clone(&gate);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                let (expected, root, log, user) = (
+                let (expected, root, log, user, gate) = (
                     expected.clone(),
                     project_root.clone(),
                     Arc::clone(&log),
                     user.clone(),
+                    Arc::clone(&held),
                 );
                 tokio::spawn(async move {
-                    serve(stream, &expected, &user, &root, &log).await;
+                    serve(stream, &expected, &user, &root, &log, &gate).await;
                 });
             }
         });
@@ -78,8 +90,25 @@ impl GitHttp {
             addr,
             root,
             served,
+            gate,
             task,
         }
+    }
+
+    /// From now on requests wait, unanswered, until `open` (a remote that is slow).
+    pub fn close(&self) {
+        self.gate.closed.send_replace(true);
+    }
+
+    /// Answers the waiting requests and those to come.
+    pub fn open(&self) {
+        self.gate.closed.send_replace(false);
+    }
+
+    /// Resolves once a request waits at the closed gate.
+    pub async fn request_waiting(&self) {
+        let mut rx = self.gate.waiting.subscribe();
+        let _ = rx.wait_for(|n| *n > 0).await;
     }
 
     /// The URL of repository `name` (`<name>.git` under the root).
@@ -254,10 +283,16 @@ async fn serve(
     user: &str,
     root: &Path,
     log: &Mutex<Vec<Served>>,
+    gate: &Gate,
 ) {
     let Some((head, body)) = read_request(&mut stream).await else {
         return;
     };
+    if *gate.closed.borrow() {
+        gate.waiting.send_modify(|n| *n += 1);
+        let _ = gate.closed.subscribe().wait_for(|closed| !closed).await;
+        gate.waiting.send_modify(|n| *n -= 1);
+    }
     let mut first = head.lines().next().unwrap_or("").split(' ');
     let method = first.next().unwrap_or("").to_owned();
     let target = first.next().unwrap_or("/").to_owned();

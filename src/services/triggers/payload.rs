@@ -3,13 +3,15 @@
 //! pull/merge request, tell that agent which check failed and why, or nothing (with the
 //! reason). Pure functions of the event name and the JSON body; nothing here is run.
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{IssueRule, MentionRule, Rules};
 use crate::forge::ForgeKind;
 
 /// Which pull/merge request a delivery is about.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Target {
     Number(i64),
     /// GitLab job hooks name the branch, not the merge request.
@@ -17,13 +19,15 @@ pub enum Target {
 }
 
 /// A failed job whose log the forge can be asked for (GitLab).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Job {
     pub id: i64,
     pub name: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Kept with a pending run (`trigger_runs.work`) until a worker acts on it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Decision {
     /// Open a workspace on the project's default branch and an agent with this prompt.
     OpenAgent {
@@ -42,6 +46,9 @@ pub enum Decision {
         name: String,
         excerpt: Option<String>,
         jobs: Vec<Job>,
+        /// GitHub: the workflow run whose failed jobs' logs may be fetched.
+        #[serde(default)]
+        workflow_run: Option<i64>,
     },
     Ignore(String),
 }
@@ -104,8 +111,161 @@ pub fn tail(text: &str, max: usize) -> String {
     format!("…{}", &text[start..])
 }
 
+/// Whether a log line reports an error (a compiler's `error:` or `error[…]`, a runner's
+/// `##[error]`, a panic, a failed test or step, a traceback).
+fn reports_error(line: &str) -> bool {
+    let line = line.to_lowercase();
+    [
+        "error:",
+        "error[",
+        "##[error]",
+        "panicked",
+        "failed",
+        "failure",
+        "traceback",
+    ]
+    .iter()
+    .any(|m| line.contains(m))
+}
+
+/// At most `max` bytes of a job's log around its first error: from two lines before the
+/// first line that reports one, onwards (its start kept, the rest cut); the end of the
+/// log when no line does.
+pub fn around_first_error(log: &str, max: usize) -> String {
+    let lines: Vec<(usize, &str)> = log
+        .split_inclusive('\n')
+        .scan(0, |at, line| {
+            let start = *at;
+            *at += line.len();
+            Some((start, line))
+        })
+        .collect();
+    let Some(first) = lines.iter().position(|(_, l)| reports_error(l)) else {
+        return tail(log, max);
+    };
+    let from = lines[first.saturating_sub(2)].0;
+    let window = &log[from..];
+    if window.len() <= max {
+        return window.to_owned();
+    }
+    let mut end = max;
+    while !window.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &window[..end])
+}
+
 fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
     v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+}
+
+/// What a delivery says of pull/merge requests' state (`open`, `merged`, `closed`) or
+/// checks (`pending`, `passing`, `failing`), whatever the rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrNews {
+    pub numbers: Vec<i64>,
+    pub state: Option<&'static str>,
+    pub checks: Option<&'static str>,
+}
+
+fn numbers_at(v: &Value, pointer: &str) -> Vec<i64> {
+    v.pointer(pointer)
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(|p| p["number"].as_i64()).collect())
+        .unwrap_or_default()
+}
+
+/// A completed check's conclusion as the checks of its pull request: a failure fails
+/// them; a success says nothing of the others unless it is the whole suite.
+fn concluded(conclusion: &str, whole: bool) -> Option<&'static str> {
+    match conclusion {
+        "failure" | "timed_out" | "cancelled" | "action_required" | "startup_failure" => {
+            Some("failing")
+        }
+        "success" | "neutral" | "skipped" if whole => Some("passing"),
+        _ => None,
+    }
+}
+
+/// The pull/merge request news in a delivery, if any.
+pub fn pr_news(kind: ForgeKind, event: &str, body: &Value) -> Option<PrNews> {
+    let action = str_at(body, "/action");
+    let news = match kind {
+        ForgeKind::GitHub => match event {
+            "pull_request" => {
+                let number = body["pull_request"]["number"]
+                    .as_i64()
+                    .or(body["number"].as_i64())?;
+                let (state, checks) = match action {
+                    "closed" if body["pull_request"]["merged"].as_bool() == Some(true) => {
+                        (Some("merged"), None)
+                    }
+                    "closed" => (Some("closed"), None),
+                    "reopened" => (Some("open"), None),
+                    // New commits: their checks start again.
+                    "synchronize" => (Some("open"), Some("pending")),
+                    _ => return None,
+                };
+                PrNews {
+                    numbers: vec![number],
+                    state,
+                    checks,
+                }
+            }
+            "check_suite" | "check_run" | "workflow_run" if action == "completed" => {
+                let at = match event {
+                    "check_suite" => "/check_suite",
+                    "check_run" => "/check_run",
+                    _ => "/workflow_run",
+                };
+                let conclusion = body
+                    .pointer(&format!("{at}/conclusion"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                PrNews {
+                    numbers: numbers_at(body, &format!("{at}/pull_requests")),
+                    state: None,
+                    checks: Some(concluded(conclusion, event == "check_suite")?),
+                }
+            }
+            _ => return None,
+        },
+        ForgeKind::GitLab => {
+            let attrs = &body["object_attributes"];
+            match str_at(body, "/object_kind") {
+                "merge_request" => PrNews {
+                    numbers: attrs["iid"].as_i64().into_iter().collect(),
+                    state: Some(match str_at(attrs, "/action") {
+                        "close" => "closed",
+                        "merge" => "merged",
+                        "reopen" => "open",
+                        _ => return None,
+                    }),
+                    checks: None,
+                },
+                "pipeline" => PrNews {
+                    numbers: body
+                        .pointer("/merge_request/iid")
+                        .and_then(Value::as_i64)
+                        .into_iter()
+                        .collect(),
+                    state: None,
+                    checks: Some(match str_at(attrs, "/status") {
+                        "success" => "passing",
+                        "failed" => "failing",
+                        "created"
+                        | "waiting_for_resource"
+                        | "preparing"
+                        | "pending"
+                        | "running" => "pending",
+                        _ => return None,
+                    }),
+                },
+                _ => return None,
+            }
+        }
+    };
+    (!news.numbers.is_empty()).then_some(news)
 }
 
 pub fn decide(kind: ForgeKind, event: &str, body: &Value, rules: &Rules) -> Decision {
@@ -191,6 +351,7 @@ fn github(event: &str, body: &Value, rules: &Rules) -> Decision {
                 name: str_at(run, "/name").to_owned(),
                 excerpt: (!output.is_empty()).then(|| tail(&output, rule.max_excerpt_bytes)),
                 jobs: Vec::new(),
+                workflow_run: None,
             }
         }
         "workflow_run" => {
@@ -215,6 +376,7 @@ fn github(event: &str, body: &Value, rules: &Rules) -> Decision {
                 name: str_at(run, "/name").to_owned(),
                 excerpt: None,
                 jobs: Vec::new(),
+                workflow_run: run["id"].as_i64(),
             }
         }
         other => ignore(format!("event `{other}` starts nothing")),
@@ -320,6 +482,7 @@ fn gitlab(event: &str, body: &Value, rules: &Rules) -> Decision {
                 name,
                 excerpt: None,
                 jobs,
+                workflow_run: None,
             }
         }
         ("Job Hook", _) | ("", "build") => {
@@ -349,6 +512,7 @@ fn gitlab(event: &str, body: &Value, rules: &Rules) -> Decision {
                     })
                     .into_iter()
                     .collect(),
+                workflow_run: None,
             }
         }
         (other, _) => ignore(format!("event `{other}` starts nothing")),
@@ -380,6 +544,119 @@ mod tests {
         assert!(!mentions("@agentry-bot fix this", "@agentry"));
         assert!(!mentions("mail x@agentry", "@agentry"));
         assert!(!mentions("agentry fix this", "@agentry"));
+    }
+
+    #[test]
+    fn excerpts_start_just_before_the_first_error() {
+        let log = format!(
+            "{}compile a\ncompile b\nerror[E0308]: mismatched types\n  --> src/a.rs:3\n{}##[error]Process completed with exit code 1.\n",
+            "setup\n".repeat(500),
+            "note\n".repeat(10)
+        );
+        let e = around_first_error(&log, 4096);
+        assert!(e.starts_with("compile a\ncompile b\nerror[E0308]"), "{e}");
+        assert!(e.ends_with("exit code 1.\n"), "{e}");
+        let short = around_first_error(&log, 40);
+        assert!(short.starts_with("compile a"), "{short}");
+        assert!(short.len() <= 40 + '…'.len_utf8(), "{short}");
+        // No error line: the end.
+        assert_eq!(around_first_error("a\nb\nall good\n", 5), "…good\n");
+    }
+
+    #[test]
+    fn workflow_runs_name_the_run_whose_jobs_failed() {
+        let rules = Rules::default();
+        let body = serde_json::json!({"action": "completed", "workflow_run": {"id": 99,
+            "name": "tests", "conclusion": "failure", "pull_requests": [{"number": 7}]}});
+        match decide(ForgeKind::GitHub, "workflow_run", &body, &rules) {
+            Decision::FailedCheck {
+                target,
+                name,
+                workflow_run,
+                ..
+            } => {
+                assert_eq!(target, Target::Number(7));
+                assert_eq!(name, "tests");
+                assert_eq!(workflow_run, Some(99));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn pull_request_news_is_read_from_either_forge() {
+        use serde_json::json;
+        let gh = |event: &str, body: Value| pr_news(ForgeKind::GitHub, event, &body);
+        assert_eq!(
+            gh(
+                "pull_request",
+                json!({"action": "closed", "pull_request": {"number": 7, "merged": true}})
+            ),
+            Some(PrNews {
+                numbers: vec![7],
+                state: Some("merged"),
+                checks: None
+            })
+        );
+        assert_eq!(
+            gh(
+                "pull_request",
+                json!({"action": "closed", "pull_request": {"number": 7, "merged": false}})
+            )
+            .and_then(|n| n.state),
+            Some("closed")
+        );
+        assert_eq!(
+            gh(
+                "pull_request",
+                json!({"action": "labeled", "pull_request": {"number": 7}})
+            ),
+            None
+        );
+        assert_eq!(
+            gh(
+                "check_suite",
+                json!({"action": "completed", "check_suite": {"conclusion": "success",
+                "pull_requests": [{"number": 7}, {"number": 8}]}})
+            ),
+            Some(PrNews {
+                numbers: vec![7, 8],
+                state: None,
+                checks: Some("passing")
+            })
+        );
+        // One check run passing says nothing of the others; one failing fails them.
+        let run = |c: &str| {
+            json!({"action": "completed", "check_run": {"conclusion": c,
+            "pull_requests": [{"number": 7}]}})
+        };
+        assert_eq!(gh("check_run", run("success")), None);
+        assert_eq!(
+            gh("check_run", run("failure")).and_then(|n| n.checks),
+            Some("failing")
+        );
+        let gl = |body: Value| pr_news(ForgeKind::GitLab, "", &body);
+        assert_eq!(
+            gl(json!({"object_kind": "merge_request", "object_attributes": {"iid": 3, "action": "merge"}}))
+                .and_then(|n| n.state),
+            Some("merged")
+        );
+        assert_eq!(
+            gl(
+                json!({"object_kind": "pipeline", "object_attributes": {"status": "running"},
+                "merge_request": {"iid": 3}})
+            ),
+            Some(PrNews {
+                numbers: vec![3],
+                state: None,
+                checks: Some("pending")
+            })
+        );
+        assert_eq!(
+            gl(json!({"object_kind": "pipeline", "object_attributes": {"status": "failed"}})),
+            None,
+            "a pipeline of no merge request"
+        );
     }
 
     #[test]
