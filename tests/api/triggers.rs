@@ -35,10 +35,22 @@ fn id(v: &Value) -> &str {
 /// A remote with repository `web`, a server that may reach it, a person owning a team
 /// whose secret `WEB_GIT` holds the remote's credential, and a project on `forge`.
 async fn world(flavor: Flavor) -> (GitHttp, FakeForge, TestApp, Person, String, Value) {
+    world_with(flavor, |_| {}).await
+}
+
+/// `world`, its server's settings changed by `tweak` as well.
+async fn world_with(
+    flavor: Flavor,
+    tweak: impl FnOnce(&mut agentry::config::Settings),
+) -> (GitHttp, FakeForge, TestApp, Person, String, Value) {
     let remote = GitHttp::start("git", PASSWORD).await;
     remote.create_repo("web");
     let forge = FakeForge::start(flavor, PASSWORD).await;
-    let app = spawn_app_with(|s| s.projects.allow_private_remotes = true).await;
+    let app = spawn_app_with(|s| {
+        s.projects.allow_private_remotes = true;
+        tweak(s);
+    })
+    .await;
     let ana = person(&app, "ana").await;
     let team_a = team(&ana, "alpha").await;
     ana.api
@@ -903,4 +915,50 @@ async fn a_slot_missed_while_no_replica_ran_runs_once_at_start_or_is_skipped() {
         )
     );
     assert_eq!(cron_runs(&ana, &triggers[0]).await.len(), 2);
+}
+
+#[tokio::test]
+async fn rotating_the_secrets_key_moves_trigger_secrets_and_deliveries_still_verify() {
+    use crate::secrets::{rotate, with_keys};
+    let (_remote, _forge, app, ana, _team_a, project) =
+        world_with(Flavor::GitHub, |s| with_keys(s, 1, &[])).await;
+    let trigger = ana
+        .api
+        .ok(
+            Method::POST,
+            "/v1/triggers",
+            Some(
+                json!({"name": "rotated", "kind": "github", "project_id": project["id"],
+                "provider": "mock", "rules": {"issue_labeled": {"prompt": "Fix #{{number}}"}}}),
+            ),
+            201,
+        )
+        .await;
+    let secret = trigger["secret"].as_str().unwrap().to_owned();
+    let (db, dir, token) = app.stop().await;
+    let (ok, out) = rotate(&db, dir.path(), 2, &[1]);
+    assert!(ok && out.contains("trigger secrets: 1 moved"), "{out}");
+    assert!(!out.contains(&secret), "{out}");
+    let (ok, out) = rotate(&db, dir.path(), 2, &[]);
+    assert!(
+        ok && out.contains("trigger secrets: 0 moved") && out.contains(", 0 failed"),
+        "a second run has nothing to do, and needs no previous key: {out}"
+    );
+
+    // Under the new key alone, a delivery signed with the same secret is verified (an
+    // event no rule takes: acknowledged and recorded as ignored), a forged one is not.
+    let app = spawn_on_with(db, dir, Some(token), |s| {
+        s.projects.allow_private_remotes = true;
+        with_keys(s, 2, &[]);
+    })
+    .await;
+    let other = json!({"action": "labeled", "label": {"name": "bug"},
+        "issue": {"number": 7, "title": "t", "body": "", "html_url": "https://x/7"}});
+    let (status, receipt) = github(&app, &trigger, "issues", "r-1", &other).await;
+    assert_eq!(status, 202, "{receipt}");
+    assert_eq!(receipt["run"]["outcome"], "ignored", "{receipt}");
+    let mut forged = trigger.clone();
+    forged["secret"] = json!("not-the-secret");
+    let (status, _) = github(&app, &forged, "issues", "r-2", &other).await;
+    assert_eq!(status, 401);
 }
