@@ -22,18 +22,20 @@
 #[path = "api/helpers.rs"]
 #[allow(dead_code)]
 mod helpers;
+#[path = "support/serve.rs"]
+#[allow(dead_code)]
+mod serve;
 
 use std::ffi::CString;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use helpers::*;
 use serde_json::{Value, json};
+use serve::{Serve, Server};
 
-const EXE: &str = env!("CARGO_BIN_EXE_agentry");
 /// Where agentry keeps its clusters when it runs as root.
 const CLUSTERS: &str = "/var/lib/agentry";
 /// The size of the file system the cluster lives on: room for the cluster and some WAL.
@@ -48,61 +50,25 @@ const FULL_FOR: Duration = Duration::from_secs(4);
 const FAST: Duration = Duration::from_secs(1);
 
 /// `agentry serve` with its cluster on a tmpfs of its own mount namespace.
-struct Server {
-    child: Child,
-    base: String,
-    data: tempfile::TempDir,
-}
-
-impl Server {
-    fn start() -> Self {
-        // SAFETY: geteuid has no preconditions.
-        assert_eq!(
-            unsafe { libc::geteuid() },
-            0,
-            "this test mounts a small file system in a mount namespace of the server's own, \
+fn start_on_a_small_disk() -> Server {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test mounts a small file system in a mount namespace of the server's own, \
              which needs root (CI runs as root); run it as root"
-        );
-        std::fs::create_dir_all(CLUSTERS).unwrap();
-        let data = tempfile::Builder::new()
-            .prefix("agentry-disk-full-")
-            .tempdir()
-            .unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let config = data.path().join("agentry.toml");
-        std::fs::write(
-            &config,
-            format!(
-                r#"listen = "127.0.0.1:{port}"
-data_dir = "{state}"
-
-[cluster]
-drain_timeout_s = 0
-
-[providers.mock]
-command = ["{EXE}"]
-"#,
-                state = data.path().join("state").display(),
-            ),
-        )
-        .unwrap();
-        let mut cmd = Command::new(EXE);
-        cmd.args(["serve", "--config"])
-            .arg(&config)
-            .env_remove("DATABASE_URL")
-            .env(
-                "RUST_LOG",
-                "warn,agentry::store=info,agentry::embedded_pg=info",
-            )
-            .stdout(Stdio::piped());
-        let tmpfs = CString::new("tmpfs").unwrap();
-        let root = CString::new("/").unwrap();
-        let target = CString::new(CLUSTERS).unwrap();
-        let options = CString::new(format!("size={FS_SIZE},mode=0755")).unwrap();
+    );
+    std::fs::create_dir_all(CLUSTERS).unwrap();
+    let tmpfs = CString::new("tmpfs").unwrap();
+    let root = CString::new("/").unwrap();
+    let target = CString::new(CLUSTERS).unwrap();
+    let options = CString::new(format!("size={FS_SIZE},mode=0755")).unwrap();
+    let serve = Serve {
+        name: "disk-full",
+        rust_log: "warn,agentry::store=info,agentry::embedded_pg=info",
+        ..Serve::default()
+    };
+    serve.start_with(|cmd| {
         // SAFETY: between fork and exec the closure makes only system calls (unshare,
         // mount) on strings prepared before the fork, and reads errno.
         unsafe {
@@ -134,95 +100,28 @@ command = ["{EXE}"]
                 Ok(())
             });
         }
-        let mut child = cmd.spawn().unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        loop {
-            let line = lines
-                .next()
-                .expect("serve exited before it listened")
-                .unwrap();
-            if line.contains("listening on") {
-                break;
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
-        Server {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            data,
-        }
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    /// A path of the server's mount namespace, as this process reaches it.
-    fn inside(&self, path: &str) -> PathBuf {
-        Path::new(&format!("/proc/{}/root", self.pid())).join(path.trim_start_matches('/'))
-    }
-
-    fn token(&self) -> String {
-        std::fs::read_to_string(self.data.path().join("state/admin-token"))
-            .unwrap()
-            .trim()
-            .to_owned()
-    }
-
-    /// The postmasters the server runs: its `postgres` children.
-    fn postmasters(&self) -> Vec<i32> {
-        let mut found = Vec::new();
-        for task in std::fs::read_dir(format!("/proc/{}/task", self.pid())).unwrap() {
-            let children =
-                std::fs::read_to_string(task.unwrap().path().join("children")).unwrap_or_default();
-            for c in children.split_whitespace() {
-                let c: i32 = c.parse().unwrap();
-                let comm = std::fs::read_to_string(format!("/proc/{c}/comm")).unwrap_or_default();
-                if comm.trim() == "postgres" {
-                    found.push(c);
-                }
-            }
-        }
-        found
-    }
-
-    /// The last lines of the cluster's server log, for a failure's message.
-    fn postgres_log_tail(&self) -> String {
-        let clusters = self.inside(CLUSTERS);
-        let Some(cluster) = std::fs::read_dir(&clusters)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .find(|e| e.file_name().to_string_lossy().starts_with("pg-"))
-        else {
-            return format!("(no cluster in {})", clusters.display());
-        };
-        let log = std::fs::read_to_string(cluster.path().join("postgres.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
-    }
-
-    fn stop(mut self) {
-        // SAFETY: a signal to the child this test started, by its pid.
-        unsafe { libc::kill(self.pid(), libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.child.try_wait().unwrap().is_none() {
-            assert!(Instant::now() < deadline, "serve did not stop");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
+    })
 }
 
-impl Drop for Server {
-    /// A test that fails leaves no server behind (its cluster stops with it, and the
-    /// file system goes with the namespace).
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            // SAFETY: a signal to the child this test started, by its pid.
-            unsafe { libc::kill(self.pid(), libc::SIGKILL) };
-            let _ = self.child.wait();
-        }
-    }
+/// A path of the server's mount namespace, as this process reaches it.
+fn inside(server: &Server, path: &str) -> PathBuf {
+    Path::new(&format!("/proc/{}/root", server.pid())).join(path.trim_start_matches('/'))
+}
+
+/// The last lines of the cluster's server log, for a failure's message.
+fn postgres_log_tail(server: &Server) -> String {
+    let clusters = inside(server, CLUSTERS);
+    let Some(cluster) = std::fs::read_dir(&clusters)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with("pg-"))
+    else {
+        return format!("(no cluster in {})", clusters.display());
+    };
+    let log = std::fs::read_to_string(cluster.path().join("postgres.log")).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
 struct Client {
@@ -355,6 +254,53 @@ fn fill(path: &Path) -> u64 {
     written
 }
 
+/// A file that fills the file system of the server's cluster until it is deleted.
+struct Filler(PathBuf);
+
+impl Filler {
+    /// Fills the cluster's file system up; the filler and the bytes it took.
+    fn fill(server: &Server) -> (Filler, u64) {
+        let path = inside(server, &format!("{CLUSTERS}/filler"));
+        let written = fill(&path);
+        (Filler(path), written)
+    }
+
+    /// Deletes the file, then waits (at most `within`) until `/readyz` answers 200, every
+    /// answer on the way a fast 503.
+    async fn free(self, c: &Client, within: Duration) {
+        std::fs::remove_file(&self.0).unwrap();
+        let freed = Instant::now();
+        loop {
+            let asked = Instant::now();
+            let res = c.readyz().await;
+            let took = asked.elapsed();
+            if res.status() == 200 {
+                eprintln!("space freed: /readyz 200 again after {:?}", freed.elapsed());
+                return;
+            }
+            unavailable(res, took, "/readyz").await;
+            assert!(
+                freed.elapsed() < within,
+                "not ready {:?} after the space was freed",
+                freed.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Once the space is back: one postmaster runs the cluster, and a new agent's turn
+/// completes.
+async fn works_again(server: &Server, c: &Client, project: &Value) {
+    assert_eq!(server.postmasters().len(), 1);
+    let agent = c.agent(project).await;
+    c.prompt(&agent, "/load 10 0").await;
+    let w = c
+        .get(&format!("/v1/agents/{agent}/wait?timeout_s=30"))
+        .await;
+    assert_eq!(w["last_turn"]["outcome"], "completed", "{w}");
+}
+
 /// A 503 `store_unavailable` answer, in time, with `Retry-After`; its problem.
 async fn unavailable(res: reqwest::Response, took: Duration, what: &str) -> Value {
     assert!(took < FAST, "{what} answered after {took:?}");
@@ -371,7 +317,7 @@ async fn unavailable(res: reqwest::Response, took: Duration, what: &str) -> Valu
 #[tokio::test]
 async fn a_full_disk_answers_fast_loses_nothing_and_the_store_returns_once_it_is_freed() {
     agentry::telemetry::install_crypto_provider();
-    let server = Server::start();
+    let server = start_on_a_small_disk();
     let c = Client::of(&server);
     let repo = git_repo();
     let project = c
@@ -415,8 +361,7 @@ async fn a_full_disk_answers_fast_loses_nothing_and_the_store_returns_once_it_is
         let agent = c.get(&format!("/v1/agents/{a}")).await;
         assert_eq!(agent["status"], "running", "{agent}");
     }
-    let filler = server.inside(&format!("{CLUSTERS}/filler"));
-    let filled_bytes = fill(&filler);
+    let (filler, filled_bytes) = Filler::fill(&server);
     let filled = Instant::now();
     eprintln!(
         "filled the cluster's file system with {} MiB, {:?} into the turns",
@@ -441,7 +386,7 @@ async fn a_full_disk_answers_fast_loses_nothing_and_the_store_returns_once_it_is
             "/readyz does not say the disk is full {:?} after it filled: {status} {body}; \
              the end of postgres.log:\n{}",
             filled.elapsed(),
-            server.postgres_log_tail()
+            postgres_log_tail(&server)
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
@@ -482,25 +427,7 @@ async fn a_full_disk_answers_fast_loses_nothing_and_the_store_returns_once_it_is
     }
     eprintln!("while the disk was full: {tries} rounds, the slowest answer took {slowest:?}");
 
-    std::fs::remove_file(&filler).unwrap();
-    let freed = Instant::now();
-    loop {
-        let asked = Instant::now();
-        let res = c.readyz().await;
-        let took = asked.elapsed();
-        if res.status() == 200 {
-            break;
-        }
-        unavailable(res, took, "/readyz").await;
-        assert!(
-            freed.elapsed() < Duration::from_secs(30),
-            "not ready {:?} after the space was freed",
-            freed.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let back_in = freed.elapsed();
-    eprintln!("space freed: /readyz 200 again after {back_in:?}");
+    filler.free(&c, Duration::from_secs(30)).await;
 
     // Every turn ends once; none stays running; nothing acknowledged changed.
     let mut outcomes = Vec::new();
@@ -563,13 +490,7 @@ async fn a_full_disk_answers_fast_loses_nothing_and_the_store_returns_once_it_is
     }
 
     // One postmaster runs the cluster, and the server works as before.
-    assert_eq!(server.postmasters().len(), 1);
-    let fresh = c.agent(&project).await;
-    c.prompt(&fresh, "/load 10 0").await;
-    let w = c
-        .get(&format!("/v1/agents/{fresh}/wait?timeout_s=30"))
-        .await;
-    assert_eq!(w["last_turn"]["outcome"], "completed", "{w}");
+    works_again(&server, &c, &project).await;
     c.post(
         "/v1/projects",
         json!({"name": "after", "repo_path": repo.path()}),
@@ -586,7 +507,7 @@ async fn a_full_disk_answers_fast_loses_nothing_and_the_store_returns_once_it_is
 #[tokio::test]
 async fn a_cluster_that_cannot_start_on_a_full_disk_starts_as_soon_as_there_is_room() {
     agentry::telemetry::install_crypto_provider();
-    let server = Server::start();
+    let server = start_on_a_small_disk();
     let c = Client::of(&server);
     let repo = git_repo();
     let project = c
@@ -596,8 +517,7 @@ async fn a_cluster_that_cannot_start_on_a_full_disk_starts_as_soon_as_there_is_r
             201,
         )
         .await;
-    let filler = server.inside(&format!("{CLUSTERS}/filler"));
-    fill(&filler);
+    let (filler, _) = Filler::fill(&server);
     let postmasters = server.postmasters();
     assert_eq!(postmasters.len(), 1);
     // SAFETY: a signal to the database server of the test's own server, by its pid.
@@ -625,31 +545,8 @@ async fn a_cluster_that_cannot_start_on_a_full_disk_starts_as_soon_as_there_is_r
     }
     eprintln!("while it could not start, /readyz said: {said}");
 
-    std::fs::remove_file(&filler).unwrap();
-    let freed = Instant::now();
-    loop {
-        let asked = Instant::now();
-        let res = c.readyz().await;
-        let took = asked.elapsed();
-        if res.status() == 200 {
-            break;
-        }
-        unavailable(res, took, "/readyz").await;
-        // Well before the 8 s the backoff would still wait.
-        assert!(
-            freed.elapsed() < Duration::from_secs(5),
-            "not ready {:?} after the space was freed",
-            freed.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    eprintln!("space freed: /readyz 200 again after {:?}", freed.elapsed());
-    assert_eq!(server.postmasters().len(), 1);
-    let agent = c.agent(&project).await;
-    c.prompt(&agent, "/load 10 0").await;
-    let w = c
-        .get(&format!("/v1/agents/{agent}/wait?timeout_s=30"))
-        .await;
-    assert_eq!(w["last_turn"]["outcome"], "completed", "{w}");
+    // Well before the 8 s the backoff would still wait.
+    filler.free(&c, Duration::from_secs(5)).await;
+    works_again(&server, &c, &project).await;
     server.stop();
 }

@@ -35,46 +35,15 @@ async fn until_ready(app: &TestApp, since: Instant) -> Duration {
     since.elapsed()
 }
 
-/// `GET path`, 200 expected. Right after the database returns, a request may still meet
-/// a connection the restart broke, or the short outage that connection's error reports:
-/// a 503 `store_unavailable` with `Retry-After`, which clients are told to retry (as here,
-/// for at most 30 s); anything else fails.
-async fn get_ok_after_outage(app: &TestApp, path: &str) -> Value {
-    let since = Instant::now();
-    loop {
-        let res = app.get(path).await;
-        if res.status() != 503 || since.elapsed() > Duration::from_secs(30) {
-            return expect_status(res, 200).await;
-        }
-        assert!(
-            res.headers().contains_key("retry-after"),
-            "a 503 says when to retry"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-/// The agent's whole timeline, read as `get_ok_after_outage` reads.
-async fn timeline_after_outage(app: &TestApp, agent: &str) -> Vec<Value> {
-    let mut out = Vec::new();
-    let mut path = format!("/v1/agents/{agent}/timeline?after_seq=0&limit=1000");
-    loop {
-        let page = get_ok_after_outage(app, &path).await;
-        out.extend(page["items"].as_array().unwrap().iter().cloned());
-        match page["next_cursor"].as_str() {
-            Some(c) => path = format!("/v1/agents/{agent}/timeline?cursor={c}&limit=1000"),
-            None => return out,
-        }
-    }
-}
-
 /// Every agent's turn ended once, completed, with a dense timeline.
 async fn every_turn_completed(app: &TestApp, agents: &[String], turns: usize) {
     for a in agents {
-        let w = get_ok_after_outage(app, &format!("/v1/agents/{a}/wait?timeout_s=45")).await;
+        let w = app
+            .get_ok(&format!("/v1/agents/{a}/wait?timeout_s=45"))
+            .await;
         assert_eq!(w["timed_out"], false, "{a}: {w}");
         assert_eq!(w["last_turn"]["outcome"], "completed", "{w}");
-        let events = timeline_after_outage(app, a).await;
+        let events = app.timeline(a).await;
         let seqs: Vec<i64> = events.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
         assert_eq!(seqs, (1..=events.len() as i64).collect::<Vec<_>>(), "{a}");
         let ended = events
@@ -87,7 +56,7 @@ async fn every_turn_completed(app: &TestApp, agents: &[String], turns: usize) {
 
 /// What a stream delivered is what the timeline holds: consecutive seqs, same events.
 async fn stream_matches_timeline(app: &TestApp, agent: &str, seen: &[SseEvent]) {
-    let timeline = timeline_after_outage(app, agent).await;
+    let timeline = app.timeline(agent).await;
     let first = seen[0].id;
     for (i, e) in seen.iter().enumerate() {
         assert_eq!(e.id, first + i as i64, "no gap, no duplicate");

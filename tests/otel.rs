@@ -464,6 +464,14 @@ fn spans_of_requests_turns_processes_and_commits_reach_an_otlp_receiver() {
         s.name == "services::projects::find" && s.trace_id == created.trace_id
     });
     assert!(within(project_lookup, created), "{project_lookup:?}");
+    // The queue's steps too: reading an agent looks at its queue.
+    let queue_look = find("services::queue::agent_queue", &|s| {
+        s.name == "services::queue::agent_queue" && attr(s, "agent_id") == agent_id
+    });
+    let agent_read = find("the read of the agent", &|s| {
+        s.name == "services::agents::get" && s.trace_id == queue_look.trace_id
+    });
+    assert!(within(queue_look, agent_read), "{queue_look:?}");
 
     // The turn, from its start to its recorded outcome.
     let turn = find("turn", &|s| {

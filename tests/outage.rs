@@ -460,3 +460,103 @@ async fn after_a_stall_every_running_turn_completes() {
     );
     app.stop().await;
 }
+
+/// Every connection of `pool` (open, idle, just used) ended by the database, as a restart
+/// or `pg_terminate_backend` ends them; returns once their server processes are gone.
+async fn end_every_connection(pool: &sqlx::PgPool, admin: &mut sqlx::PgConnection, size: u32) {
+    let mut held = Vec::new();
+    for _ in 0..size {
+        held.push(pool.acquire().await.unwrap());
+    }
+    drop(held);
+    let since = Instant::now();
+    while pool.num_idle() < size as usize {
+        assert!(since.elapsed() < Duration::from_secs(5), "back in the pool");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let ended: Vec<(i32, bool)> = sqlx::query_as(
+        "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity
+          WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .fetch_all(&mut *admin)
+    .await
+    .unwrap();
+    assert_eq!(ended.len(), size as usize, "{ended:?}");
+    assert!(ended.iter().all(|(_, done)| *done), "{ended:?}");
+    let pids: Vec<i32> = ended.into_iter().map(|(pid, _)| pid).collect();
+    loop {
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)")
+                .bind(&pids)
+                .fetch_one(&mut *admin)
+                .await
+                .unwrap();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "{left} still run"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// After a database restart each pooled connection is found broken by the first statement
+/// that uses it. A read that meets one is sent once more on a connection that answers, and
+/// succeeds; a write is not sent again (it may have run) and answers `store_unavailable`.
+#[tokio::test]
+async fn a_read_on_a_connection_the_database_ended_is_sent_again_and_a_write_is_not() {
+    use sqlx::Connection;
+    const SIZE: u32 = 4;
+    let _cluster = CLUSTER.lock().await;
+    let options = fresh_database().await;
+    // Never pinged before use: every ended connection reaches a statement.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(SIZE)
+        .test_before_acquire(false)
+        .connect_with(options.clone())
+        .await
+        .unwrap();
+    let db = agentry::store::DeadlinePool::new(pool.clone(), Duration::from_secs(5));
+    sqlx::query("CREATE TABLE written (n int)")
+        .execute(&db)
+        .await
+        .unwrap();
+    let mut admin = sqlx::PgConnection::connect_with(&options).await.unwrap();
+
+    // One row (`fetch_one`), and every row (`fetch_all`).
+    end_every_connection(&pool, &mut admin, SIZE).await;
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM written")
+        .fetch_one(&db)
+        .await
+        .expect("a read after the connections ended");
+    assert_eq!(count, 0);
+    end_every_connection(&pool, &mut admin, SIZE).await;
+    let rows: Vec<i32> = sqlx::query_scalar("SELECT n FROM written")
+        .fetch_all(&db)
+        .await
+        .expect("a read of many rows after the connections ended");
+    assert!(rows.is_empty());
+
+    end_every_connection(&pool, &mut admin, SIZE).await;
+    let err = sqlx::query("INSERT INTO written VALUES (1)")
+        .execute(&db)
+        .await
+        .expect_err("a write on an ended connection is not sent again");
+    assert!(agentry::events::is_unavailable(&err), "{err:?}");
+    let err = sqlx::query_scalar::<_, i32>("SELECT n FROM written FOR UPDATE")
+        .fetch_all(&db)
+        .await;
+    assert!(
+        err.as_ref().is_err_and(agentry::events::is_unavailable),
+        "a locking read is not sent again either: {err:?}"
+    );
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM written")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(count, 0, "the write was not sent again");
+    admin.close().await.unwrap();
+    pool.close().await;
+}

@@ -8,130 +8,33 @@
 #[path = "api/helpers.rs"]
 #[allow(dead_code)]
 mod helpers;
+#[path = "support/serve.rs"]
+#[allow(dead_code)]
+mod serve;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use helpers::*;
 use serde_json::{Value, json};
+use serve::{Serve, Server};
 use sqlx::PgPool;
 use tokio::sync::watch;
 
-const EXE: &str = env!("CARGO_BIN_EXE_agentry");
 const AGENTS: usize = 3;
 const LEASE_TTL_S: u64 = 3;
 
-/// One `agentry serve` process of the deployment.
-struct Replica {
-    name: &'static str,
-    child: Child,
-    base: String,
-    _data: tempfile::TempDir,
-}
-
-impl Replica {
-    fn start(name: &'static str, database_url: &str) -> Self {
-        let data = tempfile::Builder::new()
-            .prefix(&format!("agentry-{name}-"))
-            .tempdir()
-            .unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let config = data.path().join("agentry.toml");
-        std::fs::write(
-            &config,
-            format!(
-                r#"listen = "127.0.0.1:{port}"
-data_dir = "{data}"
-
-[database]
-url = "{database_url}"
-max_connections = 10
-
-[cluster]
-replica_id = "{name}"
-lease_ttl_s = {LEASE_TTL_S}
-drain_timeout_s = 0
-
-[providers.mock]
-command = ["{EXE}"]
-"#,
-                data = data.path().join("state").display(),
-            ),
-        )
-        .unwrap();
-        let mut child = Command::new(EXE)
-            .args(["serve", "--config"])
-            .arg(&config)
-            .env_remove("DATABASE_URL")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        loop {
-            let line = lines
-                .next()
-                .unwrap_or_else(|| panic!("replica {name} exited before it listened"))
-                .unwrap();
-            if line.contains("listening on") {
-                break;
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
-        Replica {
-            name,
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            _data: data,
-        }
+/// One `agentry serve` process of the deployment, named `name`, on the database at
+/// `database_url`.
+fn replica(name: &str, database_url: &str) -> Server {
+    Serve {
+        name,
+        database: &format!("url = \"{database_url}\"\nmax_connections = 10"),
+        cluster: &format!("replica_id = \"{name}\"\nlease_ttl_s = {LEASE_TTL_S}"),
+        ..Serve::default()
     }
-
-    fn token(&self) -> String {
-        std::fs::read_to_string(self._data.path().join("state/admin-token"))
-            .unwrap()
-            .trim()
-            .to_owned()
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: a signal to the child this test started, by its pid.
-        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
-    }
-
-    fn stop(mut self) {
-        self.signal(libc::SIGCONT);
-        self.signal(libc::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.child.try_wait().unwrap().is_none() {
-            assert!(
-                Instant::now() < deadline,
-                "replica {} did not stop",
-                self.name
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Replica {
-    /// A test that fails leaves no server behind.
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            // SAFETY: signals to the child this test started, by its pid.
-            unsafe {
-                libc::kill(self.child.id() as i32, libc::SIGCONT);
-                libc::kill(self.child.id() as i32, libc::SIGKILL);
-            }
-            let _ = self.child.wait();
-        }
-    }
+    .start()
 }
 
 /// A client of one replica.
@@ -142,7 +45,7 @@ struct Client {
 }
 
 impl Client {
-    fn of(replica: &Replica, token: &str) -> Self {
+    fn of(replica: &Server, token: &str) -> Self {
         Client {
             base: replica.base.clone(),
             token: token.to_owned(),
@@ -281,8 +184,8 @@ async fn a_paused_owner_resumed_after_a_takeover_writes_nothing_and_stops_its_ag
     let db = fresh_database().await;
     let pool = PgPool::connect_with(db.clone()).await.unwrap();
     let url = database_url(&db);
-    let a = Replica::start("a", &url);
-    let b = Replica::start("b", &url);
+    let a = replica("a", &url);
+    let b = replica("b", &url);
     let token = a.token();
     let (ca, cb) = (Client::of(&a, &token), Client::of(&b, &token));
 

@@ -617,6 +617,63 @@ async fn key_stays_outside(
     assert!(found.is_empty(), "the key is in {found:?}");
 }
 
+/// With the team's secret `secret` set to a fresh key: provider `name` is available with
+/// brokered credentials, and an agent of it in `mode` completes a turn whose answer its fake
+/// model server gives (`answer` scripts it) and the timeline shows. Returns the agent's id
+/// and the key.
+async fn brokered_turn(
+    app: &TestApp,
+    repo: &Path,
+    (name, mode): (&str, &str),
+    secret: &str,
+    answer: impl FnOnce(),
+) -> (String, String) {
+    let team = default_team(app).await;
+    let key = format!("sk-{name}-brokered-{}", Uuid::now_v7().simple());
+    set_secret(app, &app.token, &team, secret, &key).await;
+
+    let view = provider(app, &app.token, name).await;
+    assert_eq!(view["available"], true, "{view}");
+    assert_eq!(view["credentials"], "brokered", "{view}");
+
+    let ws = workspace(app, &app.token, &team, repo).await;
+    let (s, agent) = call(
+        app,
+        &app.token,
+        Method::POST,
+        "/v1/agents",
+        Some(json!({"workspace_id": ws, "provider": name, "mode": mode})),
+    )
+    .await;
+    assert_eq!(s, 201, "{agent}");
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    answer();
+    let waited = turn(app, &app.token, &agent, "say hello").await;
+    assert_eq!(waited["last_turn"]["outcome"], "completed", "{waited}");
+    assert!(
+        agent_texts(app, &app.token, &agent)
+            .await
+            .contains("Hello through the broker."),
+        "the model's answer reached the timeline"
+    );
+    (agent, key)
+}
+
+/// Every request the fake model server received carried `key`.
+fn every_completion_carries(fake: &FakeChat, key: &str) {
+    let completions = fake.completions();
+    assert!(!completions.is_empty(), "the CLI called the model");
+    let bearer = format!("Bearer {key}");
+    for r in &completions {
+        assert_eq!(
+            r.header("authorization"),
+            Some(bearer.as_str()),
+            "{}",
+            r.line
+        );
+    }
+}
+
 /// The same for the real Codex: its model provider (defined in the provider's `args`
 /// with `env_key`) is given the brokered URL by a configuration override, and its key
 /// variable the placeholder; the fake OpenAI server receives the team's key.
@@ -654,35 +711,16 @@ async fn under_the_proxy_network_codex_gets_its_key_added_outside_the_sandbox() 
     })
     .await;
     let repo = git_repo();
-    let team = default_team(&app).await;
-    let key = format!("sk-openai-brokered-{}", Uuid::now_v7().simple());
-    set_secret(&app, &app.token, &team, "FAKE_OPENAI_KEY", &key).await;
-
-    let codex = provider(&app, &app.token, "codex").await;
-    assert_eq!(codex["available"], true, "{codex}");
-    assert_eq!(codex["credentials"], "brokered", "{codex}");
-    assert_eq!(codex["credential_reason"], Value::Null, "{codex}");
-
-    let ws = workspace(&app, &app.token, &team, repo.path()).await;
-    let (s, agent) = call(
+    let (agent, key) = brokered_turn(
         &app,
-        &app.token,
-        Method::POST,
-        "/v1/agents",
-        Some(json!({"workspace_id": ws, "provider": "codex", "mode": "auto"})),
+        repo.path(),
+        ("codex", "auto"),
+        "FAKE_OPENAI_KEY",
+        || fake.script([fake_openai::Reply::text("Hello through the broker.")]),
     )
     .await;
-    assert_eq!(s, 201, "{agent}");
-    let agent = agent["id"].as_str().unwrap().to_owned();
-    fake.script([fake_openai::Reply::text("Hello through the broker.")]);
-    let waited = turn(&app, &app.token, &agent, "say hello").await;
-    assert_eq!(waited["last_turn"]["outcome"], "completed", "{waited}");
-    assert!(
-        agent_texts(&app, &app.token, &agent)
-            .await
-            .contains("Hello through the broker."),
-        "the model's answer reached the timeline"
-    );
+    let codex = provider(&app, &app.token, "codex").await;
+    assert_eq!(codex["credential_reason"], Value::Null, "{codex}");
     let sent = fake.authorizations();
     assert!(!sent.is_empty(), "the CLI called the model");
     let bearer = format!("Bearer {key}");
@@ -755,39 +793,11 @@ async fn under_the_proxy_network_pi_gets_its_key_added_outside_the_sandbox() {
     })
     .await;
     let repo = git_repo();
-    let team = default_team(&app).await;
-    let key = format!("sk-pi-brokered-{}", Uuid::now_v7().simple());
-    set_secret(&app, &app.token, &team, "FAKE_PI_KEY", &key).await;
-
-    let pi = provider(&app, &app.token, "pi").await;
-    assert_eq!(pi["available"], true, "{pi}");
-    assert_eq!(pi["credentials"], "brokered", "{pi}");
-
-    let ws = workspace(&app, &app.token, &team, repo.path()).await;
-    let (s, agent) = call(
-        &app,
-        &app.token,
-        Method::POST,
-        "/v1/agents",
-        Some(json!({"workspace_id": ws, "provider": "pi", "mode": "ask"})),
-    )
+    let (agent, key) = brokered_turn(&app, repo.path(), ("pi", "ask"), "FAKE_PI_KEY", || {
+        fake.push(fake_chat::Reply::text("Hello through the broker."))
+    })
     .await;
-    assert_eq!(s, 201, "{agent}");
-    let agent = agent["id"].as_str().unwrap().to_owned();
-    fake.push(fake_chat::Reply::text("Hello through the broker."));
-    let waited = turn(&app, &app.token, &agent, "say hello").await;
-    assert_eq!(waited["last_turn"]["outcome"], "completed", "{waited}");
-    let completions = fake.completions();
-    assert!(!completions.is_empty(), "the CLI called the model");
-    let bearer = format!("Bearer {key}");
-    for r in &completions {
-        assert_eq!(
-            r.header("authorization"),
-            Some(bearer.as_str()),
-            "{}",
-            r.line
-        );
-    }
+    every_completion_carries(&fake, &key);
     // The configured file is untouched: the sandbox saw the rewritten one instead.
     assert_eq!(
         std::fs::read_to_string(dir.join("models.json")).unwrap(),
@@ -853,45 +863,15 @@ async fn under_the_proxy_network_opencode_gets_its_key_added_outside_the_sandbox
     })
     .await;
     let repo = git_repo();
-    let team = default_team(&app).await;
-    let key = format!("sk-opencode-brokered-{}", Uuid::now_v7().simple());
-    set_secret(&app, &app.token, &team, "FAKE_OPENCODE_KEY", &key).await;
-
-    let opencode = provider(&app, &app.token, "opencode").await;
-    assert_eq!(opencode["available"], true, "{opencode}");
-    assert_eq!(opencode["credentials"], "brokered", "{opencode}");
-
-    let ws = workspace(&app, &app.token, &team, repo.path()).await;
-    let (s, agent) = call(
+    let (agent, key) = brokered_turn(
         &app,
-        &app.token,
-        Method::POST,
-        "/v1/agents",
-        Some(json!({"workspace_id": ws, "provider": "opencode", "mode": "build"})),
+        repo.path(),
+        ("opencode", "build"),
+        "FAKE_OPENCODE_KEY",
+        || fake.push(fake_chat::Reply::text("Hello through the broker.")),
     )
     .await;
-    assert_eq!(s, 201, "{agent}");
-    let agent = agent["id"].as_str().unwrap().to_owned();
-    fake.push(fake_chat::Reply::text("Hello through the broker."));
-    let waited = turn(&app, &app.token, &agent, "say hello").await;
-    assert_eq!(waited["last_turn"]["outcome"], "completed", "{waited}");
-    assert!(
-        agent_texts(&app, &app.token, &agent)
-            .await
-            .contains("Hello through the broker."),
-        "the model's answer reached the timeline"
-    );
-    let completions = fake.completions();
-    assert!(!completions.is_empty(), "the CLI called the model");
-    let bearer = format!("Bearer {key}");
-    for r in &completions {
-        assert_eq!(
-            r.header("authorization"),
-            Some(bearer.as_str()),
-            "{}",
-            r.line
-        );
-    }
+    every_completion_carries(&fake, &key);
 
     key_stays_outside(
         &app,

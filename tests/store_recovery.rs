@@ -12,12 +12,16 @@
 #[path = "api/helpers.rs"]
 #[allow(dead_code)]
 mod helpers;
+#[path = "support/serve.rs"]
+#[allow(dead_code)]
+mod serve;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use helpers::*;
 use serde_json::Value;
+use serve::{cwd, postmasters_of, postmasters_under};
 
 /// The tests here each run a cluster of their own, but share two CPUs: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -30,56 +34,12 @@ fn log() {
         .try_init();
 }
 
-fn stat_fields(pid: i32) -> Option<(String, i32)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?.to_owned();
-    let ppid = fields.next()?.parse().ok()?;
-    Some((state, ppid))
-}
-
-fn comm(pid: i32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .unwrap_or_default()
-        .trim()
-        .to_owned()
-}
-
-fn pids() -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect()
-}
-
 /// The postmaster this test process runs (the server forks it): its pid and data dir.
 fn our_postmaster() -> (i32, PathBuf) {
-    let me = std::process::id() as i32;
-    for pid in pids() {
-        if comm(pid) == "postgres"
-            && stat_fields(pid).is_some_and(|(state, ppid)| ppid == me && state != "Z")
-        {
-            let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap();
-            return (pid, cwd);
-        }
-    }
-    panic!("no postmaster runs under this test process");
-}
-
-/// Live postmasters of `data_dir`: `postgres` processes working in it whose parent is
-/// not one of them.
-fn postmasters_of(data_dir: &Path) -> Vec<i32> {
-    pids()
-        .into_iter()
-        .filter(|&pid| {
-            comm(pid) == "postgres"
-                && std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|c| c == data_dir)
-                && stat_fields(pid)
-                    .is_some_and(|(state, ppid)| state != "Z" && comm(ppid) != "postgres")
-        })
-        .collect()
+    let pid = *postmasters_under(std::process::id() as i32)
+        .first()
+        .expect("a postmaster runs under this test process");
+    (pid, cwd(pid))
 }
 
 fn kill(pid: i32, signal: libc::c_int) {

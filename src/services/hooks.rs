@@ -600,28 +600,7 @@ pub async fn rotate(
     pool: &sqlx::PgPool,
     keys: &super::secrets::Keyring,
 ) -> Result<(usize, Vec<(HookId, super::secrets::OpenError)>), sqlx::Error> {
-    let mut rotated = 0;
-    let mut failed = Vec::new();
-    for row in store::hooks::sealed_not_under(pool, keys.current_id()).await? {
-        let team = row.team_id.unwrap_or(Uuid::nil());
-        let sealed = super::secrets::Sealed {
-            key_id: row.key_id.clone(),
-            nonce: row.nonce.clone(),
-            ciphertext: row.ciphertext.clone(),
-        };
-        match keys.open(team, &seal_name(row.id), &sealed) {
-            Ok(secret) => {
-                let new = keys.seal(team, &seal_name(row.id), &secret);
-                if store::hooks::reseal(pool, &row, &new.key_id, &new.nonce, &new.ciphertext)
-                    .await?
-                {
-                    rotated += 1;
-                }
-            }
-            Err(e) => failed.push((row.id.into(), e)),
-        }
-    }
-    Ok((rotated, failed))
+    super::secrets::rotate_sealed(pool, keys, store::sealed::SealedIn::Hooks, seal_name).await
 }
 
 // ---- settings-file hooks -------------------------------------------------------------

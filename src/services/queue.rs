@@ -166,6 +166,7 @@ pub enum Admission<T> {
 
 /// Start a turn of `team` with `start` when the running-turn limits allow it (and no
 /// prompt waits for capacity before it); serialized with every other admission.
+#[tracing::instrument(name = "services::queue::admit", skip_all, fields(team_id = %team))]
 pub async fn admit<T, F>(ctx: &ServiceContext, team: Uuid, start: F) -> ServiceResult<Admission<T>>
 where
     F: std::future::Future<Output = ServiceResult<T>>,
@@ -195,12 +196,14 @@ where
 }
 
 /// How many messages of agent `id` wait.
+#[tracing::instrument(name = "services::queue::waiting", skip_all, fields(agent_id = %id))]
 pub async fn waiting(ctx: &ServiceContext, id: AgentId) -> ServiceResult<i64> {
     Ok(store::queue::waiting_count(&ctx.pool, id.uuid()).await?)
 }
 
 /// Queue a prompt for agent `id` of `team`, sent by `principal`; it is announced on the
 /// agent's timeline. Returns its id and its place among the agent's waiting messages.
+#[tracing::instrument(name = "services::queue::enqueue", skip_all, fields(agent_id = %id, team_id = %team, message_id))]
 pub async fn enqueue(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -211,6 +214,7 @@ pub async fn enqueue(
     reason: WaitReason,
 ) -> ServiceResult<(MessageId, i64)> {
     let mid = MessageId::new();
+    tracing::Span::current().record("message_id", tracing::field::display(mid));
     store::queue::insert(
         &ctx.pool,
         &store::queue::NewMessage {
@@ -299,6 +303,7 @@ async fn record(
 
 /// `GET /v1/agents/{id}/messages?state=`: the agent's queued (and past queued) messages,
 /// waiting ones first in the order they run.
+#[tracing::instrument(name = "services::queue::list", skip_all, fields(agent_id = %id))]
 pub async fn list(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -322,6 +327,7 @@ pub async fn list(
 }
 
 /// `DELETE /v1/agents/{id}/messages/{mid}`: cancel a waiting message.
+#[tracing::instrument(name = "services::queue::cancel", skip_all, fields(agent_id = %id, message_id = %mid))]
 pub async fn cancel(
     ctx: &ServiceContext,
     principal: &Principal,
@@ -346,6 +352,7 @@ pub async fn cancel(
 }
 
 /// Cancel every waiting message of agent `id` (it is being archived).
+#[tracing::instrument(name = "services::queue::cancel_all", skip_all, fields(agent_id = %id))]
 pub async fn cancel_all(ctx: &ServiceContext, id: AgentId) -> ServiceResult<()> {
     for mid in store::queue::cancel_all(&ctx.pool, id.uuid()).await? {
         record(
@@ -373,6 +380,7 @@ pub struct AgentQueue {
 }
 
 /// Agent `id`'s place in the queue, when any of its messages waits.
+#[tracing::instrument(name = "services::queue::agent_queue", skip_all, fields(agent_id = %id))]
 pub async fn agent_queue(ctx: &ServiceContext, id: AgentId) -> ServiceResult<Option<AgentQueue>> {
     if store::queue::waiting_count(&ctx.pool, id.uuid()).await? == 0 {
         return Ok(None);
@@ -382,6 +390,7 @@ pub async fn agent_queue(ctx: &ServiceContext, id: AgentId) -> ServiceResult<Opt
 
 /// The place in the queue of every agent whose messages wait (for agent lists: one
 /// reading of the queue for the whole page).
+#[tracing::instrument(name = "services::queue::places", skip_all)]
 pub async fn places(
     ctx: &ServiceContext,
 ) -> ServiceResult<std::collections::HashMap<Uuid, AgentQueue>> {
@@ -454,6 +463,7 @@ pub struct QueueView {
 }
 
 /// `GET /v1/queue`: what waits and why, for the caller's teams (a server admin: all).
+#[tracing::instrument(name = "services::queue::show", skip_all)]
 pub async fn show(ctx: &ServiceContext, principal: &Principal) -> ServiceResult<QueueView> {
     principal.authorize(Operation::ReadTeam)?;
     let teams = principal.visible_teams();
@@ -542,6 +552,7 @@ fn sender(m: &MessageRow) -> Principal {
 
 /// Start waiting messages until none can start now: those whose agent is idle and runs
 /// here or nowhere, in the fair order, while the limits allow.
+#[tracing::instrument(name = "services::queue::dispatch", level = "debug", skip_all)]
 pub async fn dispatch(ctx: &ServiceContext) -> ServiceResult<usize> {
     let mut started = 0;
     let me = ctx.agents.replica();
@@ -577,6 +588,7 @@ enum Step {
     Full(&'static str),
 }
 
+#[tracing::instrument(name = "services::queue::start_head", skip_all, fields(agent_id = %AgentId::from(h.agent_id), message_id = %MessageId::from(h.id)))]
 async fn start_head(ctx: &ServiceContext, h: &HeadRow) -> ServiceResult<Step> {
     let _turn = match limited(ctx) {
         true => Some(ctx.queue.admission.lock().await),

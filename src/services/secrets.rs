@@ -300,6 +300,50 @@ pub async fn rotate(pool: &PgPool, keys: &Keyring) -> Result<RotateReport, sqlx:
     Ok(report)
 }
 
+/// Re-encrypt the secrets of `table` (hooks', webhook triggers') that are not under the
+/// current key, each sealed for its owner's team (the nil id for a server-wide owner) and
+/// the name `seal_name` gives its row id. Returns how many were re-encrypted, and the ids
+/// whose secret cannot be opened with any key the server has. One changed meanwhile is
+/// left as written.
+#[tracing::instrument(name = "services::secrets::rotate_sealed", skip_all, fields(table = ?table))]
+pub async fn rotate_sealed<Id: From<Uuid>>(
+    pool: &PgPool,
+    keys: &Keyring,
+    table: store::sealed::SealedIn,
+    seal_name: impl Fn(Uuid) -> String,
+) -> Result<(usize, Vec<(Id, OpenError)>), sqlx::Error> {
+    let mut rotated = 0;
+    let mut failed = Vec::new();
+    for row in store::sealed::sealed_not_under(pool, table, keys.current_id()).await? {
+        let team = row.team_id.unwrap_or(Uuid::nil());
+        let name = seal_name(row.id);
+        let sealed = Sealed {
+            key_id: row.key_id.clone(),
+            nonce: row.nonce.clone(),
+            ciphertext: row.ciphertext.clone(),
+        };
+        match keys.open(team, &name, &sealed) {
+            Ok(secret) => {
+                let new = keys.seal(team, &name, &secret);
+                if store::sealed::reseal(
+                    pool,
+                    table,
+                    &row,
+                    &new.key_id,
+                    &new.nonce,
+                    &new.ciphertext,
+                )
+                .await?
+                {
+                    rotated += 1;
+                }
+            }
+            Err(e) => failed.push((row.id.into(), e)),
+        }
+    }
+    Ok((rotated, failed))
+}
+
 /// At start: say where the key comes from (a generated key once, loudly) and how many
 /// stored values wait for `agentry secrets rotate`.
 #[tracing::instrument(name = "services::secrets::announce_key", skip_all)]

@@ -612,38 +612,12 @@ fn verified(kind: ForgeKind, secret: &SecretValue, d: &Delivery<'_>) -> bool {
 /// Re-encrypts the webhook secrets that are not under the current key (`agentry secrets
 /// rotate`). Returns how many were re-encrypted, and the triggers whose secret cannot be
 /// opened with any key the server has.
+#[tracing::instrument(name = "services::triggers::rotate", skip_all)]
 pub async fn rotate(
     pool: &sqlx::PgPool,
     keys: &super::secrets::Keyring,
 ) -> Result<(usize, Vec<(TriggerId, super::secrets::OpenError)>), sqlx::Error> {
-    let mut rotated = 0;
-    let mut failed = Vec::new();
-    for row in store::triggers::sealed_not_under(pool, keys.current_id()).await? {
-        let (Some(key_id), Some(nonce), Some(ciphertext)) = (
-            row.secret_key_id.clone(),
-            row.secret_nonce.clone(),
-            row.secret_ciphertext.clone(),
-        ) else {
-            continue;
-        };
-        let sealed = super::secrets::Sealed {
-            key_id,
-            nonce,
-            ciphertext,
-        };
-        match keys.open(row.team_id, &seal_name(row.id), &sealed) {
-            Ok(secret) => {
-                let new = keys.seal(row.team_id, &seal_name(row.id), &secret);
-                if store::triggers::reseal(pool, &row, &new.key_id, &new.nonce, &new.ciphertext)
-                    .await?
-                {
-                    rotated += 1;
-                }
-            }
-            Err(e) => failed.push((row.id.into(), e)),
-        }
-    }
-    Ok((rotated, failed))
+    super::secrets::rotate_sealed(pool, keys, store::sealed::SealedIn::Triggers, seal_name).await
 }
 
 // ---- CRUD ---------------------------------------------------------------------------

@@ -53,6 +53,8 @@ pub struct StoreHealth {
     full: AtomicBool,
     state: Mutex<State>,
     wake: Notify,
+    /// Told whenever the store is marked down.
+    downed: Notify,
     space: OnceLock<SpaceMeter>,
 }
 
@@ -122,6 +124,21 @@ impl StoreHealth {
         // `PROBE_EVERY` (a prober marking it down again needs no wake-up: it would spin).
         if !was_down {
             self.wake.notify_one();
+        }
+        self.downed.notify_waiters();
+    }
+
+    /// Resolves once the store is known down (at once if it is).
+    pub async fn until_down(&self) {
+        loop {
+            let marked = self.downed.notified();
+            tokio::pin!(marked);
+            // Registered before the flag is read: a mark in between is not missed.
+            marked.as_mut().enable();
+            if self.is_down() {
+                return;
+            }
+            marked.await;
         }
     }
 

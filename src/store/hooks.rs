@@ -432,52 +432,6 @@ pub async fn redeliver(
     Ok(done.rows_affected() > 0)
 }
 
-/// A hook's sealed secret, for key rotation.
-#[derive(Debug, Clone, FromRow)]
-pub struct SealedSecret {
-    pub id: Uuid,
-    pub team_id: Option<Uuid>,
-    pub key_id: String,
-    pub nonce: Vec<u8>,
-    pub ciphertext: Vec<u8>,
-}
-
-/// Hook secrets sealed under another key than `key_id`.
-pub async fn sealed_not_under(
-    db: impl PgExecutor<'_>,
-    key_id: &str,
-) -> Result<Vec<SealedSecret>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT id, team_id, key_id, nonce, ciphertext FROM hooks WHERE key_id <> $1 ORDER BY id",
-    )
-    .bind(key_id)
-    .fetch_all(db)
-    .await
-}
-
-/// Replace a sealed secret by the same secret sealed anew, unless it changed meanwhile.
-pub async fn reseal(
-    db: impl PgExecutor<'_>,
-    old: &SealedSecret,
-    key_id: &str,
-    nonce: &[u8],
-    ciphertext: &[u8],
-) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(
-        "UPDATE hooks SET key_id = $2, nonce = $3, ciphertext = $4
-         WHERE id = $1 AND key_id = $5 AND nonce = $6",
-    )
-    .bind(old.id)
-    .bind(key_id)
-    .bind(nonce)
-    .bind(ciphertext)
-    .bind(&old.key_id)
-    .bind(&old.nonce)
-    .execute(db)
-    .await?;
-    Ok(done.rows_affected() > 0)
-}
-
 /// A stored moment of an agent, waiting to become outbox rows.
 #[derive(Debug, Clone, FromRow)]
 pub struct MomentRow {

@@ -34,6 +34,7 @@ pub mod projects;
 pub mod queue;
 pub mod replica_lock;
 pub mod replicas;
+pub mod sealed;
 pub mod secrets;
 pub mod team_network;
 pub mod teams;

@@ -1351,3 +1351,49 @@ async fn a_run_held_by_a_replica_that_died_is_taken_once_its_lease_lapses() {
         .await;
     assert_eq!(opened["items"].as_array().unwrap().len(), 1, "{opened}");
 }
+
+#[tokio::test]
+async fn rotating_the_secrets_key_moves_trigger_secrets_and_deliveries_still_verify() {
+    use crate::secrets::{rotate, with_keys};
+    let (_remote, _forge, app, ana, _team_a, project) =
+        world_with(Flavor::GitHub, |s| with_keys(s, 1, &[])).await;
+    let trigger = ana
+        .api
+        .ok(
+            Method::POST,
+            "/v1/triggers",
+            Some(
+                json!({"name": "rotated", "kind": "github", "project_id": project["id"],
+                "provider": "mock", "rules": {"issue_labeled": {"prompt": "Fix #{{number}}"}}}),
+            ),
+            201,
+        )
+        .await;
+    let secret = trigger["secret"].as_str().unwrap().to_owned();
+    let (db, dir, token) = app.stop().await;
+    let (ok, out) = rotate(&db, dir.path(), 2, &[1]);
+    assert!(ok && out.contains("trigger secrets: 1 moved"), "{out}");
+    assert!(!out.contains(&secret), "{out}");
+    let (ok, out) = rotate(&db, dir.path(), 2, &[]);
+    assert!(
+        ok && out.contains("trigger secrets: 0 moved") && out.contains(", 0 failed"),
+        "a second run has nothing to do, and needs no previous key: {out}"
+    );
+
+    // Under the new key alone, a delivery signed with the same secret is verified (an
+    // event no rule takes: acknowledged and recorded as ignored), a forged one is not.
+    let app = spawn_on_with(db, dir, Some(token), |s| {
+        s.projects.allow_private_remotes = true;
+        with_keys(s, 2, &[]);
+    })
+    .await;
+    let other = json!({"action": "labeled", "label": {"name": "bug"},
+        "issue": {"number": 7, "title": "t", "body": "", "html_url": "https://x/7"}});
+    let (status, receipt) = github(&app, &trigger, "issues", "r-1", &other).await;
+    assert_eq!(status, 202, "{receipt}");
+    assert_eq!(receipt["run"]["outcome"], "ignored", "{receipt}");
+    let mut forged = trigger.clone();
+    forged["secret"] = json!("not-the-secret");
+    let (status, _) = github(&app, &forged, "issues", "r-2", &other).await;
+    assert_eq!(status, 401);
+}
