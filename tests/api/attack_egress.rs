@@ -148,7 +148,9 @@ async fn run_in_sandbox(net: &AgentNet, argv: &[&str]) -> std::process::Output {
 
 #[tokio::test]
 async fn inside_its_own_network_namespace_an_agent_reaches_only_what_is_allowed() {
-    let app = spawn_app().await;
+    // The server's own agents share the host's network: the endpoint opened here for its
+    // mock agent is the only one that agent has (none of its runtime's replaces it).
+    let app = spawn_app_with(|s| s.sandbox.network = agentry::config::SandboxNetwork::Host).await;
     let repo = git_repo();
     let (agent, _) = app.mock_agent(repo.path()).await;
     let allowed = origin("hello from an allowed host").await;
