@@ -291,8 +291,9 @@ impl Default for EgressSettings {
 pub struct SandboxSettings {
     /// `enforce` (default) or `off`.
     pub mode: SandboxMode,
-    /// `host` (default: the host's network), `none` (loopback only) or `proxy` (a network
-    /// namespace of its own, the world reached only through agentry's egress proxy).
+    /// `proxy` (default: a network namespace of its own, the world reached only through
+    /// agentry's egress proxy), `none` (loopback only) or `host` (the host's network).
+    /// With `mode = "off"` and no `network` set, `host`.
     pub network: SandboxNetwork,
     /// Let agents run in unattended modes when they cannot be sandboxed (default false).
     pub allow_unconfined_unattended: bool,
@@ -306,7 +307,7 @@ impl Default for SandboxSettings {
     fn default() -> Self {
         Self {
             mode: SandboxMode::Enforce,
-            network: SandboxNetwork::Host,
+            network: SandboxNetwork::Proxy,
             allow_unconfined_unattended: false,
             extra_read_only: Vec::new(),
             bwrap: "bwrap".to_owned(),
@@ -1384,9 +1385,17 @@ impl Settings {
             set_path(&mut table, &path, value);
         }
         check_providers(&table)?;
+        let network_set = table
+            .get("sandbox")
+            .and_then(|s| s.get("network"))
+            .is_some();
         let mut settings: Settings = toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| invalid(&setting_name_of(&e), e.message()))?;
+        // Without the sandbox there is no network of its own: the default is the host's.
+        if settings.sandbox.mode == SandboxMode::Off && !network_set {
+            settings.sandbox.network = SandboxNetwork::Host;
+        }
         settings.config_file =
             file.map(|f| std::fs::canonicalize(f).unwrap_or_else(|_| f.to_owned()));
         settings.validated()
@@ -2346,8 +2355,17 @@ mod tests {
     }
 
     #[test]
-    fn every_sandbox_network_mode_is_accepted_and_host_is_the_default() {
-        assert_eq!(Settings::default().sandbox.network, SandboxNetwork::Host);
+    fn every_sandbox_network_mode_is_accepted_and_proxy_is_the_default() {
+        assert_eq!(Settings::default().sandbox.network, SandboxNetwork::Proxy);
+        let s = Settings::load_from(None, &[]).unwrap();
+        assert_eq!(s.sandbox.network, SandboxNetwork::Proxy);
+        // The sandbox turned off, and no network named: the host's.
+        let (_dir, path) = file("[sandbox]\nmode = \"off\"\n");
+        let s = Settings::load_from(Some(&path), &[]).unwrap();
+        assert_eq!(s.sandbox.network, SandboxNetwork::Host);
+        let s =
+            Settings::load_from(None, &[("AGENTRY_SANDBOX__MODE".into(), "off".into())]).unwrap();
+        assert_eq!(s.sandbox.network, SandboxNetwork::Host);
         for (name, mode) in [
             ("host", SandboxNetwork::Host),
             ("none", SandboxNetwork::None),

@@ -80,6 +80,10 @@ enum Command {
         /// The loopback port `--inbound` leads to.
         #[arg(long, requires = "inbound")]
         inbound_port: Option<u16>,
+        /// A loopback `host:port` of the host reached from the same port inside, through
+        /// the egress endpoint (repeated).
+        #[arg(long)]
+        loopback: Vec<String>,
         /// The CLI and its arguments.
         #[arg(last = true, required = true)]
         argv: Vec<String>,
@@ -144,6 +148,7 @@ fn main() -> anyhow::Result<()> {
         socket,
         inbound,
         inbound_port,
+        loopback,
         argv,
     } = cli.command
     {
@@ -151,6 +156,7 @@ fn main() -> anyhow::Result<()> {
             listen,
             socket,
             inbound: inbound.zip(inbound_port),
+            loopback,
             argv,
         });
     }

@@ -745,17 +745,46 @@ async fn an_agent_opens_and_waits_for_a_child_through_the_agentry_mcp_server() {
 
     let mut stream = w.app.events(&parent, None).await;
     w.app.prompt(&parent, "open a child and report").await;
-    // The parent's token, from its CLI's MCP configuration, while the CLI runs.
+    // The parent's token, from its CLI's MCP configuration, while the CLI runs: a file
+    // of its process's own, named on the command line; no command line of the agent's
+    // processes (the sandbox, the bridge, the CLI) carries the token.
     let pid = w.pid(&parent).await;
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
-    let cmdline = String::from_utf8_lossy(&cmdline);
-    let token = cmdline
-        .split("Bearer ")
-        .nth(1)
-        .and_then(|t| t.split('"').next())
+    let argvs: Vec<Vec<String>> = process_tree(pid as u32)
+        .into_iter()
+        .filter_map(|p| std::fs::read(format!("/proc/{p}/cmdline")).ok())
+        .map(|raw| {
+            raw.split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        })
+        .collect();
+    assert!(argvs.len() >= 2, "{argvs:?}");
+    let config = argvs
+        .iter()
+        .find_map(|argv| {
+            let at = argv.iter().position(|a| a == "--mcp-config")?;
+            argv.get(at + 1).cloned()
+        })
+        .expect("the CLI is given an MCP configuration");
+    let config_path = std::path::Path::new(&config);
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(config_path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{config}");
+    let config: Value = serde_json::from_slice(&std::fs::read(config_path).unwrap()).unwrap();
+    let token = config["mcpServers"]["agentry"]["headers"]["Authorization"]
+        .as_str()
+        .and_then(|h| h.strip_prefix("Bearer "))
         .expect("the agentry MCP server with the agent's token")
         .to_owned();
     assert!(token.starts_with("agt_pat_"), "{token}");
+    for argv in &argvs {
+        assert!(
+            !argv
+                .iter()
+                .any(|a| a.contains(&token) || a.contains("agt_pat_")),
+            "a token on a command line: {argv:?}"
+        );
+    }
     let events = stream
         .until("turn_completed", Duration::from_secs(240))
         .await;
@@ -851,4 +880,37 @@ async fn an_agent_opens_and_waits_for_a_child_through_the_agentry_mcp_server() {
     assert_eq!(refused.status(), 401);
     let problem: Value = refused.json().await.unwrap();
     assert_eq!(problem["code"], "token_revoked", "{problem}");
+}
+
+/// `pid` and every process below it, read from `/proc`.
+fn process_tree(pid: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+            // After the command's closing parenthesis: state, then the parent's pid.
+            let ppid = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((p, ppid))
+        })
+        .collect();
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(
+            parents
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    tree
 }

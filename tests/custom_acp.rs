@@ -84,6 +84,17 @@ impl Provider for CodexAcp {
             ..Default::default()
         }
     }
+    /// codex-acp reaches the fake itself (its key is not brokered): under the proxy
+    /// network mode the admin allows the fake's loopback port, which the agent's sandbox
+    /// then forwards to the host's.
+    fn egress_allow(fake_url: &str) -> Vec<String> {
+        let url = url::Url::parse(fake_url).unwrap();
+        vec![format!(
+            "{}:{}",
+            url.host_str().unwrap(),
+            url.port_or_known_default().unwrap()
+        )]
+    }
     fn marker(home: &Path) -> String {
         format!("CODEX_HOME={}", home.display())
     }

@@ -34,7 +34,7 @@ fn not_ready(err: ApiError) -> HttpResponse {
 /// resource limits are enforced on this host (`limits`) and whether agents are sandboxed
 /// (`sandbox`: mode, whether the host can, why not, network mode).
 #[utoipa::path(tag = "health", responses(
-    (status = 200, description = "Ready", content_type = "application/json", example = json!({"status": "ready", "limits": "cgroup v1 (memory, pids, cpu)", "sandbox": {"mode": "enforce", "available": true, "reason": null, "network": "host"}})),
+    (status = 200, description = "Ready", content_type = "application/json", example = json!({"status": "ready", "limits": "cgroup v1 (memory, pids, cpu)", "sandbox": {"mode": "enforce", "available": true, "reason": null, "network": "proxy"}})),
     (status = 503, description = "Not ready", body = crate::api::error::Problem)))]
 #[get("/readyz")]
 async fn readyz(state: web::Data<AppState>) -> HttpResponse {

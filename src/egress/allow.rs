@@ -11,6 +11,21 @@
 use std::fmt;
 use std::net::IpAddr;
 
+/// An address that leads to this host itself: loopback, or unspecified (a connection
+/// to `0.0.0.0` reaches loopback), also in their IPv4-mapped IPv6 forms.
+pub fn is_loopback(ip: IpAddr) -> bool {
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    };
+    ip.is_loopback() || ip.is_unspecified()
+}
+
+/// The port of a forward's `host:port`.
+fn forward_port(target: &str) -> Option<u16> {
+    target.rsplit_once(':')?.1.parse().ok()
+}
+
 /// The ports an entry without `:port` allows.
 pub const DEFAULT_PORTS: [u16; 2] = [443, 80];
 /// The longest entry accepted (a host name is at most 253 characters).
@@ -103,6 +118,34 @@ impl AllowEntry {
                 .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
             HostPattern::Ip(ip) => host.parse::<IpAddr>().is_ok_and(|h| h == *ip),
             HostPattern::Any => true,
+        }
+    }
+
+    /// The host side of a loopback forward when the entry names a loopback address
+    /// (`127.0.0.0/8`, `[::1]`, `localhost`) with its own port: the `host:port` the
+    /// sandbox's bridge asks the proxy for when a connection arrives on that port of the
+    /// sandbox's own loopback. An entry without a port (the default ports) forwards
+    /// nothing.
+    pub fn loopback_target(&self) -> Option<String> {
+        let port = self.port?;
+        match &self.host {
+            HostPattern::Ip(ip) if ip.is_loopback() => Some(match ip {
+                IpAddr::V6(v6) => format!("[{v6}]:{port}"),
+                IpAddr::V4(v4) => format!("{v4}:{port}"),
+            }),
+            HostPattern::Exact(name) if name == "localhost" => Some(format!("localhost:{port}")),
+            _ => None,
+        }
+    }
+
+    /// The entry names the server's loopback: a loopback or unspecified address (also
+    /// IPv4-mapped), `localhost` or a name under `.localhost`.
+    pub fn names_loopback(&self) -> bool {
+        match &self.host {
+            HostPattern::Ip(ip) => is_loopback(*ip),
+            HostPattern::Exact(name) => name == "localhost" || name.ends_with(".localhost"),
+            HostPattern::Suffix(suffix) => suffix == "localhost" || suffix.ends_with(".localhost"),
+            HostPattern::Any => false,
         }
     }
 
@@ -200,10 +243,15 @@ pub enum Verdict {
     Allowed { explicit: bool },
 }
 
-/// An agent's allow list: the entries of its provider, the server and its team.
+/// An agent's allow list: the entries of its provider, the server and its team; and the
+/// loopback forwards its sandbox gets (see `forward_loopback`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AllowList {
     entries: Vec<AllowEntry>,
+    /// A team's entries: never the server's loopback (see `opens_loopback`).
+    team: Vec<AllowEntry>,
+    /// `host:port` targets of loopback forwards, one per port.
+    forwards: Vec<String>,
 }
 
 impl AllowList {
@@ -235,6 +283,49 @@ impl AllowList {
         &self.entries
     }
 
+    /// Add a team's entries: they allow what they name, but never the server's loopback
+    /// (its services are the server's, opened only by the server's settings).
+    pub fn extend_team(&mut self, entries: impl IntoIterator<Item = AllowEntry>) {
+        for e in entries {
+            if !self.entries.contains(&e) && !self.team.contains(&e) {
+                self.team.push(e);
+            }
+        }
+    }
+
+    /// Whether an exact entry of the server's (not a team's) names `host` on `port`: what
+    /// a connection to the server's loopback needs.
+    pub fn opens_loopback(&self, host: &str, port: u16) -> bool {
+        let Some(host) = normalise_host(host) else {
+            return false;
+        };
+        self.entries
+            .iter()
+            .any(|e| e.is_explicit() && e.allows_port(port) && e.matches_host(&host))
+    }
+
+    /// Give the sandbox a loopback forward for each of `entries` that names a loopback
+    /// address with a port (and allow those entries): a connection to that port on the
+    /// sandbox's own loopback reaches the same port on the host's, through the proxy and
+    /// its check. Only the server's entries (its settings, its own `/mcp`) are given
+    /// here, never a team's. One forward per port: the first entry naming it wins.
+    pub fn forward_loopback(&mut self, entries: impl IntoIterator<Item = AllowEntry>) {
+        for e in entries {
+            if let (Some(target), Some(port)) = (e.loopback_target(), e.port)
+                && port != super::BRIDGE_PORT
+                && !self.forwards.iter().any(|f| forward_port(f) == Some(port))
+            {
+                self.forwards.push(target);
+            }
+            self.extend([e]);
+        }
+    }
+
+    /// The loopback forwards, `host:port` each.
+    pub fn forwards(&self) -> &[String] {
+        &self.forwards
+    }
+
     /// Whether `host` (as the client asked for it) on `port` is allowed, and whether an
     /// exact entry names it.
     pub fn check(&self, host: &str, port: u16) -> Verdict {
@@ -245,6 +336,7 @@ impl AllowList {
         for e in self
             .entries
             .iter()
+            .chain(&self.team)
             .filter(|e| e.allows_port(port) && e.matches_host(&host))
         {
             if e.is_explicit() {
@@ -318,6 +410,81 @@ mod tests {
         );
         assert_eq!(l.check("[::1]", 9000), Verdict::Allowed { explicit: true });
         assert_eq!(l.check("127.0.0.2", 9000), Verdict::Refused);
+    }
+
+    #[test]
+    fn loopback_entries_with_a_port_become_forwards_once_per_port() {
+        let mut l = list(&["api.anthropic.com"]);
+        l.forward_loopback(
+            [
+                "127.0.0.1:9000",
+                "[::1]:9000",
+                "[::1]:9001",
+                "localhost:9002",
+                "127.0.0.2:9003",
+                "127.0.0.1",
+                "10.0.0.7:9004",
+                "*.example.com:9005",
+                "127.0.0.1:3128",
+            ]
+            .map(|e| AllowEntry::parse(e).unwrap()),
+        );
+        assert_eq!(
+            l.forwards(),
+            [
+                "127.0.0.1:9000",
+                "[::1]:9001",
+                "localhost:9002",
+                "127.0.0.2:9003"
+            ]
+        );
+        // Every entry given is allowed too, forwarded or not.
+        assert_eq!(l.check("[::1]", 9000), Verdict::Allowed { explicit: true });
+        assert_eq!(
+            l.check("10.0.0.7", 9004),
+            Verdict::Allowed { explicit: true }
+        );
+        assert_eq!(
+            l.check("api.anthropic.com", 443),
+            Verdict::Allowed { explicit: true }
+        );
+        // Entries added as plain entries forward nothing.
+        let mut team = AllowList::default();
+        team.extend([AllowEntry::parse("127.0.0.1:9000").unwrap()]);
+        assert!(team.forwards().is_empty());
+        assert_eq!(
+            team.check("127.0.0.1", 9000),
+            Verdict::Allowed { explicit: true }
+        );
+    }
+
+    #[test]
+    fn a_teams_entries_allow_but_never_open_the_servers_loopback() {
+        let mut l = list(&["127.0.0.1:9000", "api.example.com"]);
+        l.extend_team(
+            ["127.0.0.1:9100", "localhost:9200", "pypi.org"].map(|e| AllowEntry::parse(e).unwrap()),
+        );
+        assert_eq!(
+            l.check("127.0.0.1", 9100),
+            Verdict::Allowed { explicit: true }
+        );
+        assert!(l.opens_loopback("127.0.0.1", 9000));
+        assert!(!l.opens_loopback("127.0.0.1", 9100));
+        assert!(!l.opens_loopback("localhost", 9200));
+        assert!(l.forwards().is_empty());
+        for e in [
+            "127.0.0.1:1",
+            "[::1]",
+            "0.0.0.0:5432",
+            "localhost",
+            "db.localhost:5432",
+            "[::ffff:127.0.0.1]:1",
+        ] {
+            assert!(AllowEntry::parse(e).unwrap().names_loopback(), "{e}");
+        }
+        for e in ["10.0.0.7", "example.com", "*", "*.example.com"] {
+            assert!(!AllowEntry::parse(e).unwrap().names_loopback(), "{e}");
+        }
     }
 
     #[test]

@@ -28,7 +28,7 @@ use url::Url;
 
 pub use allow::{
     AllowEntry, AllowList, DEFAULT_PORTS, EntryError, HostPattern, MAX_ENTRY_LEN, Verdict,
-    normalise_host,
+    is_loopback, normalise_host,
 };
 
 use crate::domain::{AgentId, SecretValue};
@@ -40,6 +40,8 @@ pub const INSIDE_DIR: &str = "/run/agentry";
 /// Where the bridge listens inside the sandbox (its network namespace is its own, so any
 /// port is free there).
 pub const BRIDGE_LISTEN: &str = "127.0.0.1:3128";
+/// The port of `BRIDGE_LISTEN`: never a loopback forward.
+pub const BRIDGE_PORT: u16 = 3128;
 /// How many denials may wait for the runtime before more are dropped (and counted).
 const DENIAL_QUEUE: usize = 1024;
 /// How many distinct hosts are counted per agent.
@@ -266,6 +268,7 @@ impl Egress {
         brokered: Vec<Brokered>,
     ) -> io::Result<AgentNet> {
         let rt = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
+        let forwards = policy.forwards().to_vec();
         self.close(agent);
         let root = &self.inner.root;
         std::fs::create_dir_all(root)?;
@@ -312,11 +315,12 @@ impl Egress {
                     state,
                 },
             );
-        Ok(self.plan(&dir))
+        Ok(self.plan(&dir, &forwards))
     }
 
-    /// What a sandbox needs to use the endpoint in `dir`.
-    fn plan(&self, dir: &Path) -> AgentNet {
+    /// What a sandbox needs to use the endpoint in `dir`, with the loopback forwards to
+    /// `forwards` (`host:port` each).
+    fn plan(&self, dir: &Path, forwards: &[String]) -> AgentNet {
         let proxy = format!("http://{BRIDGE_LISTEN}");
         let mut env = BTreeMap::new();
         for name in [
@@ -329,24 +333,30 @@ impl Egress {
         ] {
             env.insert(name.to_owned(), proxy.clone());
         }
-        // Loopback inside the sandbox is the bridge itself (brokered base URLs).
+        // Loopback inside the sandbox is the bridge itself (brokered base URLs, and the
+        // loopback forwards to the host's loopback).
         for name in ["NO_PROXY", "no_proxy"] {
             env.insert(name.to_owned(), "localhost,127.0.0.1,::1".to_owned());
         }
         let socket = Path::new(INSIDE_DIR).join(SOCKET_NAME);
+        let mut argv_prefix = vec![
+            self.inner.bridge_program.display().to_string(),
+            "sandbox-bridge".into(),
+            "--listen".into(),
+            BRIDGE_LISTEN.into(),
+            "--socket".into(),
+            socket.display().to_string(),
+        ];
+        for target in forwards {
+            argv_prefix.push("--loopback".into());
+            argv_prefix.push(target.clone());
+        }
+        argv_prefix.push("--".into());
         AgentNet {
             unshare_net: true,
             binds: vec![(dir.to_path_buf(), PathBuf::from(INSIDE_DIR))],
             env,
-            argv_prefix: vec![
-                self.inner.bridge_program.display().to_string(),
-                "sandbox-bridge".into(),
-                "--listen".into(),
-                BRIDGE_LISTEN.into(),
-                "--socket".into(),
-                socket.display().to_string(),
-                "--".into(),
-            ],
+            argv_prefix,
         }
     }
 

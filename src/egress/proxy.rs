@@ -389,6 +389,12 @@ async fn reach(
         refuse(client, state, &name, port, DenialReason::InternalAddress).await;
         return None;
     }
+    // The server's own loopback only by an entry of the server's (never a team's).
+    if addrs.iter().any(|a| super::is_loopback(a.ip())) && !state.policy.opens_loopback(&name, port)
+    {
+        refuse(client, state, &name, port, DenialReason::InternalAddress).await;
+        return None;
+    }
     match connect_any(&addrs, wait).await {
         Ok(s) => {
             state.count(&name);

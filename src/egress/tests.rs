@@ -390,6 +390,49 @@ async fn the_plan_mounts_the_endpoint_and_runs_the_bridge_first() {
 }
 
 #[tokio::test]
+async fn the_bridge_is_told_the_loopback_forwards_of_the_servers_entries() {
+    let (_dir, egress, _denials) = proxy();
+    let egress = egress.with_bridge_program("/opt/agentry".into());
+    let a = agent();
+    let mut policy = list(&["127.0.0.1:7000"]);
+    policy.forward_loopback([
+        AllowEntry::parse("127.0.0.1:9000").unwrap(),
+        AllowEntry::parse("localhost:9001").unwrap(),
+    ]);
+    let net = egress.open(a, policy, vec![]).unwrap();
+    assert_eq!(
+        net.argv_prefix[6..],
+        [
+            "--loopback",
+            "127.0.0.1:9000",
+            "--loopback",
+            "localhost:9001",
+            "--"
+        ]
+    );
+    // What a forward sends is an ordinary CONNECT, checked like any other.
+    let (port, _) = echo_server().await;
+    let mut policy = AllowList::default();
+    policy.forward_loopback([AllowEntry::parse(&format!("127.0.0.1:{port}")).unwrap()]);
+    egress.open(a, policy, vec![]).unwrap();
+    let mut s = dial(&egress, a).await;
+    s.write_all(format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = [0u8; 39];
+    s.read_exact(&mut buf).await.unwrap();
+    assert!(buf.starts_with(b"HTTP/1.1 200"), "{buf:?}");
+    drop(s);
+    let answer = exchange(
+        &egress,
+        a,
+        &format!("CONNECT 127.0.0.1:{} HTTP/1.1\r\n\r\n", port ^ 1),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+}
+
+#[tokio::test]
 async fn closing_ends_open_tunnels() {
     let (_dir, egress, _denials) = proxy();
     let (port, _) = echo_server().await;

@@ -79,6 +79,15 @@ pub struct CommandSpec {
     /// runs in a network namespace of its own, its launcher makes the port reachable
     /// (`ProcessLauncher::reach`).
     pub serves: Option<u16>,
+    /// Files written, mode 0600, into the child's private temporary directory before it
+    /// starts: (name, contents). An argument `TMPDIR_ARG/<name>` names one. For what must
+    /// not be on a command line, which every local user can read (`/proc/<pid>/cmdline`).
+    pub private_files: Vec<(String, crate::domain::SecretValue)>,
+}
+
+/// The argument that names private file `name` of a `CommandSpec`.
+pub fn private_file_arg(name: &str) -> String {
+    format!("{TMPDIR_ARG}/{name}")
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -409,8 +418,12 @@ fn spawn_in(
 ) -> Result<ManagedChild, ProcessError> {
     let mut extra = spec.env.clone();
     if let Some(dir) = tmpdir {
-        extra.insert("TMPDIR".to_owned(), dir.to_string_lossy().into_owned());
+        // A provider's own TMPDIR is kept (its directory is made for its private files).
+        extra
+            .entry("TMPDIR".to_owned())
+            .or_insert_with(|| dir.to_string_lossy().into_owned());
     }
+    write_private_files(spec, tmpdir)?;
     let args = with_tmpdir(&spec.args, tmpdir);
     if tmpdir.is_none() && args.len() != spec.args.len() {
         extra.insert("TMPDIR".to_owned(), "/tmp".to_owned());
@@ -509,18 +522,51 @@ fn spawn_in(
     })
 }
 
-/// `args` with `TMPDIR_ARG` replaced by `tmpdir`, or without the `--bind` of it when
-/// there is none.
+/// Write `spec`'s private files into `tmpdir`, each new and readable by its owner only.
+fn write_private_files(spec: &CommandSpec, tmpdir: Option<&Path>) -> Result<(), ProcessError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    if spec.private_files.is_empty() {
+        return Ok(());
+    }
+    let error = |source: io::Error| ProcessError::Spawn {
+        program: spec.program.clone(),
+        source,
+    };
+    let Some(dir) = tmpdir else {
+        return Err(error(io::Error::other(
+            "its private files need a private temporary directory (the data dir's `tmp`)",
+        )));
+    };
+    for (name, contents) in &spec.private_files {
+        if name.is_empty() || name.contains('/') || name.starts_with('.') {
+            return Err(error(io::Error::other(format!(
+                "`{name}` is not a private file's name"
+            ))));
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dir.join(name))
+            .map_err(error)?;
+        f.write_all(contents.expose().as_bytes()).map_err(error)?;
+    }
+    Ok(())
+}
+
+/// `args` with `TMPDIR_ARG` (alone, or as the start of `TMPDIR_ARG/<name>`) replaced by
+/// `tmpdir`, or without the `--bind` of it when there is none.
 fn with_tmpdir(args: &[String], tmpdir: Option<&Path>) -> Vec<String> {
     match tmpdir {
         Some(dir) => args
             .iter()
-            .map(|a| {
-                if a == TMPDIR_ARG {
-                    dir.to_string_lossy().into_owned()
-                } else {
-                    a.clone()
+            .map(|a| match a.strip_prefix(TMPDIR_ARG) {
+                Some("") => dir.to_string_lossy().into_owned(),
+                Some(rest) if rest.starts_with('/') => {
+                    format!("{}{rest}", dir.to_string_lossy())
                 }
+                _ => a.clone(),
             })
             .collect(),
         None => {
@@ -655,18 +701,20 @@ impl Ledger {
     ) -> Result<ManagedChild, ProcessError> {
         let id = Uuid::now_v7();
         let tmpdir = match &self.tmp_root {
-            Some(root) if !spec.env.contains_key("TMPDIR") => Some(
-                make_private_tmp(root, id).map_err(|source| ProcessError::Spawn {
-                    program: spec.program.clone(),
-                    source: io::Error::new(
-                        source.kind(),
-                        format!(
-                            "could not make its temporary directory under {}: {source}",
-                            root.display()
+            Some(root) if !spec.env.contains_key("TMPDIR") || !spec.private_files.is_empty() => {
+                Some(
+                    make_private_tmp(root, id).map_err(|source| ProcessError::Spawn {
+                        program: spec.program.clone(),
+                        source: io::Error::new(
+                            source.kind(),
+                            format!(
+                                "could not make its temporary directory under {}: {source}",
+                                root.display()
+                            ),
                         ),
-                    ),
-                })?,
-            ),
+                    })?,
+                )
+            }
             _ => None,
         };
         let prepared = match limits.map(|l| self.host.prepare(id, l)).transpose() {
@@ -1122,6 +1170,7 @@ mod tests {
             secret_env: SecretEnv::new(),
             wraps: None,
             serves: None,
+            private_files: Vec::new(),
         }
     }
 
@@ -1288,6 +1337,35 @@ mod tests {
         assert!(wait_dead(pid).await);
         // Idempotent.
         assert_eq!(child.terminate(Duration::from_secs(5)).await, Some(status));
+    }
+
+    #[tokio::test]
+    async fn private_files_are_written_for_the_child_alone_and_named_on_its_command_line() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let root = tempfile::tempdir().unwrap();
+        let id = Uuid::now_v7();
+        let dir = make_private_tmp(&root.path().join("tmp"), id).unwrap();
+        let mut s = spec("cat", &[&private_file_arg("config.json")]);
+        s.private_files = vec![(
+            "config.json".to_owned(),
+            crate::domain::SecretValue::new("{\"token\": \"t\"}".to_owned()),
+        )];
+        let child = spawn_in(&s, Some(&dir), None).unwrap();
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.pid())).unwrap_or_default();
+        assert!(!String::from_utf8_lossy(&cmdline).contains("token"));
+        let out = run_to_success(child).await;
+        assert_eq!(out, "{\"token\": \"t\"}");
+        let mode = std::fs::metadata(dir.join("config.json"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // Without a private directory there is nowhere to put them: refused.
+        assert!(spawn_in(&s, None, None).is_err());
+        // A name is one plain file name.
+        s.private_files[0].0 = "../x".to_owned();
+        assert!(spawn_in(&s, Some(&dir), None).is_err());
+        remove_private_tmp(&dir, id);
     }
 
     #[tokio::test]

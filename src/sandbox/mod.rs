@@ -423,6 +423,7 @@ impl Sandbox {
             wraps: Some(spec.wraps.unwrap_or(spec.program)),
             serves: spec.serves,
             secret_env: spec.secret_env,
+            private_files: spec.private_files,
         })
     }
 
@@ -623,6 +624,7 @@ mod tests {
             secret_env: Default::default(),
             wraps: None,
             serves: None,
+            private_files: Vec::new(),
         };
         let view = AgentView {
             agent: None,

@@ -281,18 +281,31 @@ fn context(row: &AgentRow, secret_env: SecretEnv) -> AgentContext {
 }
 
 /// The egress allow list of the agent of `row` for this launch, when its sandbox uses the
-/// egress proxy: its provider's entries, the server's, and its team's as they are now.
+/// egress proxy: its provider's entries, the server's, and its team's as they are now;
+/// with `agentry_mcp` (the launch gives it agentry's MCP server) also this server's
+/// `/mcp`, a loopback forward when it is on loopback.
 async fn egress_allow(
     ctx: &ServiceContext,
     row: &AgentRow,
+    agentry_mcp: bool,
 ) -> ServiceResult<Option<crate::egress::AllowList>> {
     if !ctx.agents.uses_egress() {
         return Ok(None);
     }
-    let list =
+    let mut list =
         super::network::agent_allow_list(ctx, &ctx.egress_policy, row.team_id, &row.provider)
             .await?;
+    if agentry_mcp && let Some(entry) = ctx.agentry_mcp_url.as_deref().and_then(mcp_entry) {
+        list.forward_loopback([entry]);
+    }
     Ok(Some(list))
+}
+
+/// The allow-list entry of the server's `/mcp` URL: its host and port.
+fn mcp_entry(url: &str) -> Option<crate::egress::AllowEntry> {
+    let url = url::Url::parse(url).ok()?;
+    let port = url.port_or_known_default()?;
+    crate::egress::AllowEntry::parse(&format!("{}:{port}", url.host_str()?)).ok()
 }
 
 /// The team secrets `provider` takes, opened for an agent of `team`; a secret that is not
@@ -811,7 +824,7 @@ pub async fn create(
     let mut agent_ctx = context(&row, secret_env);
     agent_ctx.mcp_servers = launch.mcp_servers;
     agent_ctx.agentry_token = give_agentry_mcp(ctx, &row, &mut agent_ctx.mcp_servers).await?;
-    agent_ctx.egress_allow = egress_allow(ctx, &row).await?;
+    agent_ctx.egress_allow = egress_allow(ctx, &row, agent_ctx.agentry_token.is_some()).await?;
     // Start the session (and the first prompt, queued behind it). A provider that fails to
     // start leaves the agent in `error` with the reason in its timeline; a first turn the
     // store was too slow to confirm ends failed in the timeline. Either way the agent is
@@ -1248,7 +1261,7 @@ pub(crate) async fn start_now(
     };
     // Also for an agent live at the check: its actor may be stopping, and the fresh one
     // that takes the prompt then opens its endpoint with this list.
-    agent_ctx.egress_allow = egress_allow(ctx, &row).await?;
+    agent_ctx.egress_allow = egress_allow(ctx, &row, agent_ctx.agentry_token.is_some()).await?;
     let turn_id = ctx
         .agents
         .prompt(
@@ -1705,4 +1718,22 @@ async fn team_name(ctx: &ServiceContext, team: uuid::Uuid) -> ServiceResult<Stri
     Ok(store::identity::team_name(&ctx.pool, team)
         .await?
         .unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mcp_entry;
+
+    #[test]
+    fn the_servers_mcp_url_is_one_exact_entry_and_a_forward_on_loopback() {
+        let e = mcp_entry("http://127.0.0.1:8787/mcp").unwrap();
+        assert_eq!(e.to_string(), "127.0.0.1:8787");
+        assert_eq!(e.loopback_target().as_deref(), Some("127.0.0.1:8787"));
+        let e = mcp_entry("http://[::1]:8787/mcp").unwrap();
+        assert_eq!(e.loopback_target().as_deref(), Some("[::1]:8787"));
+        let e = mcp_entry("https://agentry.example.com/mcp").unwrap();
+        assert_eq!(e.to_string(), "agentry.example.com:443");
+        assert_eq!(e.loopback_target(), None);
+        assert!(mcp_entry("not a url").is_none());
+    }
 }

@@ -112,13 +112,16 @@ impl EgressPolicy {
         self.providers.get(provider).cloned().unwrap_or_default()
     }
 
-    /// An agent's list: its provider's, the server's, then its team's entries.
+    /// An agent's list: its provider's, the server's, then its team's entries. The
+    /// loopback entries of the settings (with a port) are also loopback forwards of the
+    /// agent's sandbox; a team's never are.
     pub fn effective(&self, provider: &str, team: &[String]) -> AllowList {
-        let mut list = self.provider(provider);
-        list.extend(self.server.entries().iter().cloned());
+        let mut list = AllowList::default();
+        list.forward_loopback(self.provider(provider).entries().iter().cloned());
+        list.forward_loopback(self.server.entries().iter().cloned());
         // Team entries were checked when they were saved; one that no longer parses
         // (a rule made stricter since) allows nothing.
-        list.extend(team.iter().filter_map(|e| AllowEntry::parse(e).ok()));
+        list.extend_team(team.iter().filter_map(|e| AllowEntry::parse(e).ok()));
         list
     }
 }
@@ -222,6 +225,14 @@ pub fn check_entries(raw: &[String]) -> ServiceResult<Vec<String>> {
             field: format!("allow[{i}]"),
             message: err.to_string(),
         })?;
+        if entry.names_loopback() {
+            return Err(ServiceError::InvalidAt {
+                field: format!("allow[{i}]"),
+                message: format!(
+                    "`{entry}`: the server's loopback is opened only by the server's settings (`egress.allow`)"
+                ),
+            });
+        }
         let text = entry.to_string();
         if !out.contains(&text) {
             out.push(text);
@@ -287,6 +298,26 @@ mod tests {
     }
 
     #[test]
+    fn only_the_settings_loopback_entries_become_forwards() {
+        let mut settings = EgressSettings {
+            allow: vec!["127.0.0.1:9000".into(), "pypi.org".into()],
+            ..EgressSettings::default()
+        };
+        settings.providers.insert(
+            "claude".into(),
+            EgressProviderSettings {
+                allow: vec!["localhost:8080".into(), "api.anthropic.com".into()],
+            },
+        );
+        let policy = EgressPolicy::from_settings(&settings, ["claude", "mock"]).unwrap();
+        let list = policy.effective("claude", &["127.0.0.1:9100".into()]);
+        assert_eq!(list.forwards(), ["localhost:8080", "127.0.0.1:9000"]);
+        assert!(allowed(&list, "127.0.0.1", 9000));
+        assert!(allowed(&list, "localhost", 8080));
+        assert_eq!(policy.effective("mock", &[]).forwards(), ["127.0.0.1:9000"]);
+    }
+
+    #[test]
     fn a_provider_table_replaces_the_built_in_list() {
         let mut settings = EgressSettings::default();
         settings.providers.insert(
@@ -334,5 +365,16 @@ mod tests {
             Err(ServiceError::InvalidAt { field, .. }) => assert_eq!(field, "allow[1]"),
             other => panic!("{other:?}"),
         }
+        // The server's loopback is the settings' to open, never a team's.
+        for e in ["127.0.0.1:5432", "localhost:8080", "[::1]:1"] {
+            match check_entries(&["ok.example.com".into(), e.into()]) {
+                Err(ServiceError::InvalidAt { field, message }) => {
+                    assert_eq!(field, "allow[1]");
+                    assert!(message.contains("egress.allow"), "{message}");
+                }
+                other => panic!("{e}: {other:?}"),
+            }
+        }
+        assert!(check_entries(&["10.0.0.7:5432".into()]).is_ok());
     }
 }

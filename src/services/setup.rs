@@ -374,6 +374,7 @@ async fn run(
                 secret_env: Default::default(),
                 wraps: None,
                 serves: None,
+                private_files: Vec::new(),
             };
             // The repository's commands run in the sandbox an agent of the workspace gets.
             let spec = match &sandbox {

@@ -167,7 +167,9 @@ async fn run_in_sandbox(net: &AgentNet, argv: &[&str]) -> std::process::Output {
 
 #[tokio::test]
 async fn inside_its_own_network_namespace_an_agent_reaches_only_what_is_allowed() {
-    let app = spawn_app().await;
+    // The server's own agents share the host's network: the endpoint opened here for its
+    // mock agent is the only one that agent has (none of its runtime's replaces it).
+    let app = spawn_app_with(|s| s.sandbox.network = agentry::config::SandboxNetwork::Host).await;
     let repo = git_repo();
     let (agent, _) = app.mock_agent(repo.path()).await;
     let allowed = origin("hello from an allowed host").await;
@@ -435,6 +437,10 @@ async fn only_owners_set_their_teams_allow_list_and_bad_entries_change_nothing()
         (json!(["*.com"]), "allow[0]"),
         (json!(["example.com:99999"]), "allow[0]"),
         (json!(["bad host"]), "allow[0]"),
+        // The server's loopback is opened only by the server's settings.
+        (json!(["pypi.org", "127.0.0.1:5432"]), "allow[1]"),
+        (json!(["localhost:8080"]), "allow[0]"),
+        (json!(["[::1]"]), "allow[0]"),
     ] {
         let (status, body) = call(
             &app,
@@ -654,16 +660,52 @@ async fn under_the_proxy_mode_an_agent_reaches_only_what_is_allowed_and_its_refu
         ]
     );
 
-    // (c) Nothing of the host's loopback is reachable without the proxy: neither the
-    // allowed server nor the agentry server itself (the sandbox's loopback is its own).
-    for p in [port, app.base.rsplit(':').next().unwrap().parse().unwrap()] {
-        let r = probe(&app, &agent, &format!("direct 127.0.0.1 {p}")).await;
-        assert!(
-            r.as_str().unwrap().contains("ConnectionRefused"),
-            "port {p}: {r}"
-        );
-    }
-    assert_eq!(allowed.connections.load(Ordering::SeqCst), 2);
+    // (c) Without naming the proxy, the host's loopback is reachable only on the ports
+    // the server allows (loopback forwards of the sandbox, checked by the proxy and
+    // counted like any other connection) and on this server's own port (the agent has
+    // agentry's MCP server); any other loopback port is closed inside the sandbox.
+    let r = probe(&app, &agent, &format!("get http://127.0.0.1:{port}/b")).await;
+    assert_eq!(r, json!([200, "hello through the proxy"]));
+    let requests = allowed.requests.lock().await.clone();
+    assert!(
+        requests[2].starts_with("GET /b HTTP/1.1\r\n"),
+        "{requests:?}"
+    );
+    let r = probe(
+        &app,
+        &agent,
+        &format!("direct 127.0.0.1 {}", not_listed.port),
+    )
+    .await;
+    assert!(
+        r.as_str().unwrap().contains("ConnectionRefused"),
+        "port {}: {r}",
+        not_listed.port
+    );
+    let server_port: u16 = app.base.rsplit(':').next().unwrap().parse().unwrap();
+    let r = probe(
+        &app,
+        &agent,
+        &format!("get http://localhost:{server_port}/healthz"),
+    )
+    .await;
+    assert_eq!(r[0], 200, "{r}");
+    assert_eq!(allowed.connections.load(Ordering::SeqCst), 3);
+    assert_eq!(not_listed.connections.load(Ordering::SeqCst), 0);
+    let shown = app.get_ok(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(
+        shown["runtime"]["egress_hosts"],
+        json!({"127.0.0.1": 4}),
+        "{shown}"
+    );
+    // Nothing else was refused on the way.
+    let refused = app
+        .timeline(&agent)
+        .await
+        .into_iter()
+        .filter(|e| e["kind"] == "network_denied")
+        .count();
+    assert_eq!(refused, 3);
 }
 
 #[tokio::test]
@@ -685,28 +727,29 @@ async fn an_agents_endpoint_lives_while_its_process_runs_and_is_gone_after_close
     assert_eq!(shown["runtime"]["egress_hosts"], Value::Null, "{shown}");
 
     // The next prompt starts its process again, with a new endpoint and the list as it
-    // is then: the team's owners added a host meanwhile.
-    let team_host = origin("the team's host").await;
+    // is then: the team's owners added a host meanwhile (a name that never resolves, so
+    // the proxy lets it past the list and answers that it does not resolve, where it
+    // answered 403 before).
+    let r = probe(&app, &agent, "http http://team-host.invalid/").await;
+    assert_eq!(r[0], 403, "{r}");
     let team = app.get_ok("/v1/me").await["teams"][0]["id"]
         .as_str()
         .unwrap()
         .to_owned();
     app.put_ok(
         &format!("/v1/teams/{team}/network"),
-        json!({"allow": [format!("127.0.0.1:{}", team_host.port)]}),
+        json!({"allow": ["team-host.invalid"]}),
     )
     .await;
-    let r = probe(
-        &app,
-        &agent,
-        &format!("http http://127.0.0.1:{}/", team_host.port),
-    )
-    .await;
-    assert_eq!(r, json!([200, "the team's host"]));
+    app.post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
+        .await;
+    let r = probe(&app, &agent, "http http://team-host.invalid/").await;
+    assert_eq!(r[0], 502, "{r}");
+    assert!(r[1].as_str().unwrap().contains("does not resolve"), "{r}");
     assert!(dir.join("egress.sock").exists());
     assert_eq!(
         app.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["egress_hosts"],
-        json!({"127.0.0.1": 1})
+        json!({})
     );
 
     // Archived: gone for good.

@@ -209,7 +209,11 @@ async fn network_none_reaches_no_loopback_server_of_the_host() {
 async fn network_host_reaches_a_loopback_server() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let app = spawn_app_with(exec_agent).await;
+    let app = spawn_app_with(|s| {
+        exec_agent(s);
+        s.sandbox.network = SandboxNetwork::Host;
+    })
+    .await;
     let repo = git_repo();
     let (id, _) = agent(&app, repo.path(), "a").await;
     let r = run(&app, &id, &format!("{CONNECT} {port}")).await;

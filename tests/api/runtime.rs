@@ -112,6 +112,7 @@ impl Provider for FakeProvider {
                 secret_env: Default::default(),
                 wraps: None,
                 serves: None,
+                private_files: Vec::new(),
             })
             .await?;
         let pid = child.pid();

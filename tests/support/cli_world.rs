@@ -39,6 +39,12 @@ pub trait Provider {
     fn home() -> TempDir {
         tempfile::tempdir().unwrap()
     }
+    /// Entries of the server's egress allow list (`egress.allow`) for a world whose fake
+    /// is at `fake_url`: what an admin adds for a CLI that talks to a model server on the
+    /// host's loopback itself, its credential not brokered. None by default.
+    fn egress_allow(_fake_url: &str) -> Vec<String> {
+        Vec::new()
+    }
     /// `NAME=value` in the environment of every process started for the test (and of
     /// nothing else on the machine).
     fn marker(home: &Path) -> String {
@@ -54,8 +60,8 @@ pub trait ModelFake {
 }
 
 /// `AGENTRY_TEST_SANDBOX_NETWORK` (`host`, `none` or `proxy`), when set, is the sandbox's
-/// network mode of a suite's servers: `proxy` runs the CLIs behind the egress proxy, with
-/// their keys brokered to the fake model servers.
+/// network mode of a suite's servers instead of the default (`proxy`: the CLIs behind the
+/// egress proxy, with their keys brokered to the fake model servers).
 pub fn network_from_env(s: &mut Settings) {
     use agentry::config::SandboxNetwork;
     let Ok(mode) = std::env::var("AGENTRY_TEST_SANDBOX_NETWORK") else {
@@ -109,8 +115,10 @@ impl<P: Provider> CliWorld<P> {
         let fake = P::Fake::launch().await;
         let home = P::home();
         let table = P::settings(&cli, &fake.endpoint(), home.path());
+        let allow = P::egress_allow(&fake.endpoint());
         let app = spawn_app_with(move |s| {
             s.providers.insert(P::ID.into(), table);
+            s.egress.allow.extend(allow);
             network_from_env(s);
             tweak(s);
         })
@@ -131,8 +139,10 @@ impl<P: Provider> CliWorld<P> {
         let (db, data_dir, token) = self.app.stop().await;
         between(data_dir.path());
         let table = P::settings(&self.cli, &self.fake.endpoint(), self.home.path());
+        let allow = P::egress_allow(&self.fake.endpoint());
         let app = spawn_on_with(db, data_dir, Some(token), |s| {
             s.providers.insert(P::ID.into(), table);
+            s.egress.allow.extend(allow);
             network_from_env(s);
         })
         .await;

@@ -5,6 +5,7 @@ value and exits 0 whatever happened (the test reads what it printed).
   net_probe.py http <url>           GET through $HTTP_PROXY (absolute-form HTTP)
   net_probe.py connect <host> <port> a CONNECT tunnel through $HTTP_PROXY, then GET /
   net_probe.py direct <host> <port>  a TCP connection without the proxy
+  net_probe.py get <url>            GET without the proxy (a loopback forward's way)
 """
 
 import json
@@ -30,6 +31,17 @@ def http(url):
     except urllib.error.HTTPError as e:
         return [e.code, e.read().decode()]
     except Exception as e:  # noqa: BLE001 - the test wants to see what it was
+        return [0, repr(e)]
+
+
+def get(url):
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        r = opener.open(url, timeout=15)
+        return [r.status, r.read().decode()]
+    except urllib.error.HTTPError as e:
+        return [e.code, e.read().decode()]
+    except Exception as e:  # noqa: BLE001
         return [0, repr(e)]
 
 
@@ -74,7 +86,7 @@ def direct(host, port):
 
 def main():
     mode, *args = sys.argv[1:]
-    out = {"http": http, "connect": connect, "direct": direct}[mode](*args)
+    out = {"http": http, "connect": connect, "direct": direct, "get": get}[mode](*args)
     print(json.dumps(out))
 
 

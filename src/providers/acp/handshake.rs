@@ -617,6 +617,7 @@ pub(super) async fn start_session(
             secret_env: Default::default(),
             wraps: None,
             serves: None,
+            private_files: Vec::new(),
         })
         .await?;
     let pid = child.pid();

@@ -178,6 +178,7 @@ impl ClaudeProvider {
             secret_env: Default::default(),
             wraps: None,
             serves: None,
+            private_files: Vec::new(),
         })
     }
 
@@ -226,12 +227,29 @@ fn session_flags(spec: &SessionSpec, session_id: &str, resume: bool) -> Vec<Stri
         flags.push("--append-system-prompt".to_owned());
         flags.push(prompt.clone());
     }
-    if let Some(config) = mcp_config(&spec.mcp_servers) {
+    if !session_files(spec).is_empty() {
+        // A file, not the JSON itself: its headers carry tokens (agentry's own server's
+        // among them), and a command line is readable by every local user.
         flags.push("--mcp-config".to_owned());
-        flags.push(config.to_string());
+        flags.push(crate::process::private_file_arg(MCP_CONFIG_FILE));
         flags.push("--strict-mcp-config".to_owned());
     }
     flags
+}
+
+/// The name of the session's MCP configuration among its process's private files.
+const MCP_CONFIG_FILE: &str = "mcp-config.json";
+
+/// The private files of a session's process: its MCP configuration, when it has servers.
+fn session_files(spec: &SessionSpec) -> Vec<(String, crate::domain::SecretValue)> {
+    mcp_config(&spec.mcp_servers)
+        .map(|config| {
+            vec![(
+                MCP_CONFIG_FILE.to_owned(),
+                crate::domain::SecretValue::new(config.to_string()),
+            )]
+        })
+        .unwrap_or_default()
 }
 
 /// The agent's MCP servers as an inline `--mcp-config` (`{"mcpServers":{…}}`): stdio
@@ -339,7 +357,8 @@ impl Provider for ClaudeProvider {
         let resumed = resume_id.is_some();
         let session_id = resume_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let flags = session_flags(&spec, &session_id, resumed);
-        let command = self.command(&flags, spec.cwd.clone())?;
+        let mut command = self.command(&flags, spec.cwd.clone())?;
+        command.private_files = session_files(&spec);
         let attempt = start_session(
             command,
             session_id.clone(),
@@ -360,7 +379,8 @@ impl Provider for ClaudeProvider {
         // and say so.
         tracing::warn!(session = %session_id, reason = %failure, "could not resume; starting a new session");
         let flags = session_flags(&spec, &session_id, false);
-        let command = self.command(&flags, spec.cwd.clone())?;
+        let mut command = self.command(&flags, spec.cwd.clone())?;
+        command.private_files = session_files(&spec);
         let (session, info) = start_session(
             command,
             session_id,

@@ -383,6 +383,29 @@ fn the_catalog_comes_from_the_initialize_answer() {
 }
 
 #[test]
+fn no_header_of_an_mcp_server_is_on_the_command_line() {
+    let spec = SessionSpec {
+        cwd: "/w".into(),
+        model: None,
+        mode: None,
+        system_prompt: None,
+        mcp_servers: BTreeMap::from([(
+            "agentry".to_owned(),
+            json!({"type": "http", "url": "http://127.0.0.1:9/mcp",
+                   "headers": {"Authorization": "Bearer agt_secret-token"}}),
+        )]),
+        resume: None,
+    };
+    let flags = session_flags(&spec, "abc", false);
+    assert!(
+        !flags.iter().any(|f| f.contains("secret-token")),
+        "{flags:?}"
+    );
+    let files = session_files(&spec);
+    assert!(files[0].1.expose().contains("Bearer agt_secret-token"));
+}
+
+#[test]
 fn the_command_line_opens_or_resumes_a_session() {
     let spec = SessionSpec {
         cwd: "/w".into(),
@@ -413,8 +436,16 @@ fn the_command_line_opens_or_resumes_a_session() {
     ] {
         assert!(fresh.windows(2).any(|w| w == pair), "{pair:?} in {fresh:?}");
     }
+    // The configuration is a private file of the process, named on the command line.
     let at = fresh.iter().position(|f| f == "--mcp-config").unwrap();
-    let config: Value = serde_json::from_str(&fresh[at + 1]).unwrap();
+    assert_eq!(
+        fresh[at + 1],
+        crate::process::private_file_arg(MCP_CONFIG_FILE)
+    );
+    let files = session_files(&spec);
+    assert_eq!(files.len(), 1);
+    assert_eq!(files[0].0, MCP_CONFIG_FILE);
+    let config: Value = serde_json::from_str(files[0].1.expose()).unwrap();
     assert_eq!(
         config,
         json!({"mcpServers": {
@@ -430,6 +461,7 @@ fn the_command_line_opens_or_resumes_a_session() {
         system_prompt: None,
         ..spec
     };
+    assert!(session_files(&bare).is_empty());
     let resumed = session_flags(&bare, "abc", true);
     assert!(resumed.contains(&"--resume=abc".to_owned()));
     assert!(

@@ -158,7 +158,8 @@ impl CodexProvider {
             "--disable".to_owned(),
             "plugins".to_owned(),
         ];
-        protocol.extend(mcp_overrides(mcp_servers)?);
+        let (overrides, header_env) = mcp_overrides(mcp_servers)?;
+        protocol.extend(overrides);
         let argv = self.cfg.argv(&protocol);
         let Some((program, args)) = argv.split_first() else {
             return Err(ProviderError::Unavailable(
@@ -172,9 +173,10 @@ impl CodexProvider {
                 cwd,
                 env: self.cfg.env.clone(),
                 pass_env: self.cfg.pass_env.clone(),
-                secret_env: Default::default(),
+                secret_env: header_env,
                 wraps: None,
                 serves: None,
+                private_files: Vec::new(),
             })
             .await?;
         let Some((stdin, stdout, stderr)) = child.take_stdio().await else {
@@ -616,8 +618,15 @@ fn custom_model_provider(args: &[String]) -> Option<CustomModelProvider> {
     defined.then_some(CustomModelProvider { name, env_key })
 }
 
-/// `-c mcp_servers.<name>.<key>=<toml>` overrides for the agent's MCP servers.
-fn mcp_overrides(servers: &BTreeMap<String, Value>) -> Result<Vec<String>, ProviderError> {
+/// The variables that carry MCP servers' header values: `<prefix><n>` (Codex leaves
+/// variables with `TOKEN` in their names out of its shell commands' environment).
+const HEADER_VAR_PREFIX: &str = "AGENTRY_MCP_HEADER_TOKEN_";
+
+/// `-c mcp_servers.<name>.<key>=<toml>` overrides for the agent's MCP servers, and the
+/// variables the CLI reads their headers' values from.
+fn mcp_overrides(
+    servers: &BTreeMap<String, Value>,
+) -> Result<(Vec<String>, crate::domain::SecretEnv), ProviderError> {
     fn text(v: &Value) -> String {
         v.as_str().map_or_else(|| v.to_string(), str::to_owned)
     }
@@ -642,6 +651,7 @@ fn mcp_overrides(servers: &BTreeMap<String, Value>) -> Result<Vec<String>, Provi
         }
     }
     let mut out = Vec::new();
+    let mut env = crate::domain::SecretEnv::new();
     for (name, server) in servers {
         if name.is_empty()
             || !name
@@ -664,9 +674,18 @@ fn mcp_overrides(servers: &BTreeMap<String, Value>) -> Result<Vec<String>, Provi
                     )));
                 };
                 set("url", quoted(url));
+                // Header values (tokens: agentry's own server's among them) travel in
+                // the environment, never on the command line every local user can read:
+                // Codex reads each from the variable `env_http_headers` names.
                 let headers = pairs(server.get("headers"));
                 if !headers.is_empty() {
-                    set("http_headers", inline(&headers));
+                    let mut named = Vec::with_capacity(headers.len());
+                    for (header, value) in headers {
+                        let var = format!("{HEADER_VAR_PREFIX}{}", env.len());
+                        env.insert(var.clone(), crate::domain::SecretValue::new(value));
+                        named.push((header, var));
+                    }
+                    set("env_http_headers", inline(&named));
                 }
             }
             None | Some("stdio" | "local") => {
@@ -700,7 +719,7 @@ fn mcp_overrides(servers: &BTreeMap<String, Value>) -> Result<Vec<String>, Provi
             }
         }
     }
-    Ok(out)
+    Ok((out, env))
 }
 
 // ---------------------------------------------------------------------------------------

@@ -51,12 +51,28 @@ fn mcp_servers_become_config_overrides() {
     let servers: BTreeMap<String, Value> = serde_json::from_value(json!({
         "files": {"command": ["npx", "srv"], "args": ["--root", "a b"], "env": {"TOKEN": "t\"x"}},
         "web": {"type": "http", "url": "http://127.0.0.1:1/mcp", "headers": [{"name": "X-K", "value": "v"}]},
+        "agentry": {"type": "http", "url": "http://127.0.0.1:2/mcp", "headers": {"Authorization": "Bearer agt_secret"}},
     }))
     .unwrap();
-    let args = mcp_overrides(&servers).unwrap();
+    let (args, env) = mcp_overrides(&servers).unwrap();
+    // Header values are in the environment, by name on the command line.
+    assert!(
+        !args
+            .iter()
+            .any(|a| a.contains("agt_secret") || a.contains("\"v\""))
+    );
+    assert_eq!(
+        env["AGENTRY_MCP_HEADER_TOKEN_0"].expose(),
+        "Bearer agt_secret"
+    );
+    assert_eq!(env["AGENTRY_MCP_HEADER_TOKEN_1"].expose(), "v");
     assert_eq!(
         args,
         [
+            "-c",
+            r#"mcp_servers.agentry.url="http://127.0.0.1:2/mcp""#,
+            "-c",
+            r#"mcp_servers.agentry.env_http_headers={ "Authorization" = "AGENTRY_MCP_HEADER_TOKEN_0" }"#,
             "-c",
             r#"mcp_servers.files.command="npx""#,
             "-c",
@@ -66,7 +82,7 @@ fn mcp_servers_become_config_overrides() {
             "-c",
             r#"mcp_servers.web.url="http://127.0.0.1:1/mcp""#,
             "-c",
-            r#"mcp_servers.web.http_headers={ "X-K" = "v" }"#,
+            r#"mcp_servers.web.env_http_headers={ "X-K" = "AGENTRY_MCP_HEADER_TOKEN_1" }"#,
         ]
     );
     let bad: BTreeMap<String, Value> =

@@ -240,6 +240,7 @@ impl OpenCodeProvider {
                 )]),
                 wraps: None,
                 serves: Some(port),
+                private_files: Vec::new(),
             })
             .await?;
         let Some((stdin, stdout, stderr)) = child.take_stdio().await else {

@@ -282,6 +282,7 @@ impl PiProvider {
             secret_env: Default::default(),
             wraps: None,
             serves: None,
+            private_files: Vec::new(),
         })
     }
 
