@@ -6,6 +6,9 @@
 #[allow(dead_code)]
 mod helpers;
 
+#[path = "support/http.rs"]
+mod http;
+
 #[path = "support/clis.rs"]
 mod clis;
 

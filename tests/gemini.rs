@@ -10,6 +10,9 @@ mod helpers;
 #[allow(dead_code)]
 mod scenarios;
 
+#[path = "support/http.rs"]
+mod http;
+
 #[path = "support/clis.rs"]
 mod clis;
 
