@@ -11,6 +11,7 @@ mod helpers;
 mod scenarios;
 
 #[path = "support/http.rs"]
+#[allow(dead_code)]
 mod http;
 
 #[path = "support/clis.rs"]

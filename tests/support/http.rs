@@ -3,8 +3,6 @@
 //! One request per connection (`connection: close`); each fake keeps only its protocol's
 //! routes and shapes.
 
-#![allow(dead_code)] // each fake uses the part it needs
-
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
