@@ -44,6 +44,14 @@ fn spec(dir: &tempfile::TempDir) -> SessionSpec {
     }
 }
 
+/// The spec that reopens the scripted agents' session `s1`.
+fn reopening(dir: &tempfile::TempDir) -> SessionSpec {
+    SessionSpec {
+        resume: Some(json!({ "session_id": "s1" })),
+        ..spec(dir)
+    }
+}
+
 /// How long any single expected event may take.
 const EVENT_WAIT: Duration = Duration::from_secs(10);
 
@@ -74,11 +82,16 @@ impl Agent {
     }
 
     async fn start_with(spec: SessionSpec) -> Self {
-        let (tx, events) = mpsc::channel(1024);
-        let (session, info) = provider()
+        Self::start_on(&provider(), spec, 1024).await
+    }
+
+    /// A session of `provider`'s agent, its events in a channel of `capacity`.
+    async fn start_on(provider: &AcpProvider, spec: SessionSpec, capacity: usize) -> Self {
+        let (tx, events) = mpsc::channel(capacity);
+        let (session, info) = provider
             .start(spec, Arc::new(TestLauncher), tx)
             .await
-            .expect("the mock agent starts");
+            .expect("the agent starts");
         Self {
             session: Some(session),
             info,
@@ -736,23 +749,7 @@ fn scripted(script: &str) -> AcpProvider {
 async fn real_agent_wire_habits_are_mapped() {
     let parent = tempfile::tempdir().unwrap();
     let dir = tempfile::tempdir_in(parent.path()).unwrap();
-    let (tx, events) = mpsc::channel(1024);
-    let (session, info) = scripted(SCRIPTED_AGENT)
-        .start(
-            SessionSpec {
-                resume: Some(json!({ "session_id": "s1" })),
-                ..spec(&dir)
-            },
-            Arc::new(TestLauncher),
-            tx,
-        )
-        .await
-        .expect("the scripted agent starts");
-    let mut agent = Agent {
-        session: Some(session),
-        info,
-        events,
-    };
+    let mut agent = Agent::start_on(&scripted(SCRIPTED_AGENT), reopening(&dir), 1024).await;
     assert!(agent.info.resumed);
     assert_eq!(agent.info.provider_session_id.as_deref(), Some("s1"));
     // The history replayed by session/load is not reported again.
@@ -930,16 +927,7 @@ async fn an_agent_outrunning_its_consumer_blocks_on_its_pipe_and_loses_nothing()
     provider_config
         .env
         .insert("FLOOD".to_owned(), FLOOD.to_string());
-    let (tx, events) = mpsc::channel(64);
-    let (session, info) = AcpProvider::new(provider_config)
-        .start(spec(&dir), Arc::new(TestLauncher), tx)
-        .await
-        .expect("the flooding agent starts");
-    let mut agent = Agent {
-        session: Some(session),
-        info,
-        events,
-    };
+    let mut agent = Agent::start_on(&AcpProvider::new(provider_config), spec(&dir), 64).await;
     agent.prompt("go").await;
 
     // Nobody takes events: the agent's writes must stop once the channel, the adapter's
@@ -1020,23 +1008,7 @@ async fn a_reopen_that_needs_authentication_and_replays_late_keeps_only_new_even
     let dir = tempfile::tempdir().unwrap();
     let mut config = scripted(LATE_REPLAY_AGENT).config().clone();
     config.auth_method = Some("gemini-api-key".to_owned());
-    let (tx, events) = mpsc::channel(1024);
-    let (session, info) = AcpProvider::new(config)
-        .start(
-            SessionSpec {
-                resume: Some(json!({ "session_id": "s1" })),
-                ..spec(&dir)
-            },
-            Arc::new(TestLauncher),
-            tx,
-        )
-        .await
-        .expect("the agent starts");
-    let mut agent = Agent {
-        session: Some(session),
-        info,
-        events,
-    };
+    let mut agent = Agent::start_on(&AcpProvider::new(config), reopening(&dir), 1024).await;
     assert!(agent.info.resumed, "reopened after authenticating");
     agent.prompt("go").await;
     let turn = agent.turn().await;
@@ -1049,14 +1021,7 @@ async fn a_reopen_that_needs_authentication_and_replays_late_keeps_only_new_even
     // starts, and the timeline says why.
     let (tx, mut events) = mpsc::channel(1024);
     let (session, info) = scripted(LATE_REPLAY_AGENT)
-        .start(
-            SessionSpec {
-                resume: Some(json!({ "session_id": "s1" })),
-                ..spec(&dir)
-            },
-            Arc::new(TestLauncher),
-            tx,
-        )
+        .start(reopening(&dir), Arc::new(TestLauncher), tx)
         .await
         .expect("the agent starts");
     assert!(!info.resumed);

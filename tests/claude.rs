@@ -6,10 +6,15 @@
 #[allow(dead_code)]
 mod helpers;
 
+#[path = "support/http.rs"]
+#[allow(dead_code)]
+mod http;
+
 #[path = "support/clis.rs"]
 mod clis;
 
 #[path = "support/scenarios.rs"]
+#[allow(dead_code)]
 mod scenarios;
 
 #[path = "support/cli_world.rs"]
@@ -21,6 +26,7 @@ mod cli_world;
 mod fake_anthropic;
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -55,137 +61,12 @@ impl Provider for Claude {
 
 #[tokio::test]
 async fn a_text_turn_streams_deltas_and_completes_with_usage() {
-    let w = World::new().await;
-    let claude = w.app.provider("claude").await;
-    assert_eq!(claude["available"], true, "{claude}");
-    assert_eq!(claude["protocol"], "claude-stream-json");
-    assert_eq!(claude["default_mode"], "default");
-    let unattended: Vec<&str> = claude["modes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["unattended"] == true)
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(unattended, ["bypassPermissions"]);
-
-    // The catalog comes from the CLI's own initialize answer.
-    let models = w.app.get_ok("/v1/providers/claude/models").await;
-    let ids: Vec<&str> = models["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
-    assert!(ids.contains(&"default"), "{models}");
-    assert_eq!(
-        ledger_rows(&w.app.pool).await,
-        0,
-        "the catalog probe leaves no process behind"
-    );
-
-    let (agent, _) = w.agent("default").await;
-    w.fake.push(Reply::slow(
-        "Hello from the fake model, in pieces.",
-        4,
-        Duration::from_millis(20),
-    ));
-    let events = w.turn(&agent, "say hello", None).await;
-    let k = kinds(&events);
-    assert_eq!(
-        k.iter().filter(|k| **k == "user_message").count(),
-        1,
-        "{k:?}"
-    );
-    let deltas: String = of_kind(&events, "assistant_delta")
-        .iter()
-        .map(|d| d["text"].as_str().unwrap())
-        .collect();
-    assert!(of_kind(&events, "assistant_delta").len() >= 2, "{k:?}");
-    assert_eq!(deltas, "Hello from the fake model, in pieces.");
-    assert_eq!(assistant_text(&events), deltas);
-    let usage = of_kind(&events, "usage");
-    assert_eq!(usage.len(), 1, "{k:?}");
-    assert!(
-        usage[0]["input_tokens"].as_u64().unwrap() >= 25,
-        "{}",
-        usage[0]
-    );
-    assert_eq!(usage[0]["output_tokens"], 15);
-    assert!(usage[0]["context_window_max"].as_u64().is_some());
-    let done = outcome(&events);
-    assert_eq!(done["outcome"], "completed", "{done}");
-    assert_eq!(done["usage"]["output_tokens"], 15);
-
-    let user = of_kind(&events, "user_message")[0];
-    assert_eq!(user["text"], "say hello");
-    let request = w.fake.requests().pop().expect("the model was called");
-    assert!(conversation_text(&request).contains("say hello"));
+    scenarios::a_text_turn_streams_deltas_and_completes_with_usage(&World::new().await).await;
 }
 
 #[tokio::test]
 async fn an_allowed_write_lands_in_the_worktree_and_its_diff() {
-    let w = World::new().await;
-    let (agent, ws) = w.agent("default").await;
-    let path = path_of(&ws["path"]).join("hello.txt");
-    w.fake.push(Reply::tool(
-        "Write",
-        json!({"file_path": path, "content": "hello from claude\n"}),
-    ));
-    w.fake.push(Reply::text("The file is written."));
-
-    let mut stream = w.app.events(&agent, None).await;
-    w.app.prompt(&agent, "write hello.txt").await;
-    let before = stream.until("permission_requested", LONG).await;
-    let request = of_kind(&before, "permission_requested")[0].clone();
-    assert_eq!(request["kind"], "tool");
-    let options: Vec<&str> = request["options"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| o["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(options[0], "allow");
-    assert!(options.contains(&"deny"));
-    let running = of_kind(&before, "tool_call");
-    assert_eq!(running[0]["tool_kind"], "write");
-    assert_eq!(running[0]["status"], "running");
-    assert!(!path.exists(), "nothing is written before the answer");
-
-    w.answer(&agent, &request, "allow").await;
-    let after = stream.until("turn_completed", LONG).await;
-    assert_eq!(outcome(&after)["outcome"], "completed");
-    let calls = of_kind(&after, "tool_call");
-    let done = calls.last().expect("the call's end");
-    assert_eq!(done["status"], "completed", "{done}");
-    assert_eq!(done["tool_kind"], "write");
-    assert_eq!(
-        std::fs::read_to_string(&path).unwrap(),
-        "hello from claude\n"
-    );
-    assert_eq!(assistant_text(&after), "The file is written.");
-
-    let diff = w
-        .app
-        .get_ok(&format!(
-            "/v1/workspaces/{}/diff",
-            ws["id"].as_str().unwrap()
-        ))
-        .await;
-    assert!(
-        diff["files"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|f| f["path"] == "hello.txt"),
-        "{diff}"
-    );
-    assert!(
-        diff["patch"]
-            .as_str()
-            .unwrap()
-            .contains("+hello from claude")
-    );
+    scenarios::an_approved_write_lands_in_the_worktree_and_its_diff(&World::new().await).await;
 }
 
 #[tokio::test]
@@ -232,8 +113,20 @@ async fn a_denied_command_fails_and_the_model_is_told() {
 }
 
 impl scenarios::Rig for Claude {
+    const PROTOCOL: &'static str = "claude-stream-json";
+    const MODES: &'static [(&'static str, bool)] = &[
+        ("default", false),
+        ("acceptEdits", false),
+        ("plan", false),
+        ("bypassPermissions", true),
+    ];
     const ASKING_MODE: &'static str = "default";
+    const UNATTENDED_MODE: &'static str = "bypassPermissions";
+    const REPLY_TOKENS: u64 = 15;
 
+    fn reply_in_pieces(fake: &FakeAnthropic, text: &str) {
+        fake.push(Reply::slow(text, 4, Duration::from_millis(20)));
+    }
     fn reply_slowly(fake: &FakeAnthropic) {
         fake.push(Reply::slow(
             "This answer takes a long while to arrive, word by word, far too long.",
@@ -261,6 +154,56 @@ impl scenarios::Rig for Claude {
     fn last_conversation(fake: &FakeAnthropic) -> String {
         conversation_text(&fake.requests().pop().expect("the model was called"))
     }
+
+    /// The catalog comes from the CLI's own initialize answer.
+    fn check_models(models: &Value) {
+        let ids: Vec<&str> = models["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap())
+            .collect();
+        assert!(ids.contains(&"default"), "{models}");
+    }
+    /// One usage event, with the window's size.
+    fn check_text_turn(_w: &World, _agent: &str, events: &[SseEvent]) -> impl Future<Output = ()> {
+        let usage = of_kind(events, "usage");
+        assert_eq!(usage.len(), 1, "{:?}", kinds(events));
+        assert!(
+            usage[0]["input_tokens"].as_u64().unwrap() >= 25,
+            "{}",
+            usage[0]
+        );
+        assert_eq!(usage[0]["output_tokens"], 15);
+        assert!(usage[0]["context_window_max"].as_u64().is_some());
+        async {}
+    }
+    /// `allow` first; the call is running while it waits.
+    fn check_write_request(before: &[SseEvent], request: &Value) {
+        assert_eq!(request["options"][0]["id"], "allow", "{request}");
+        let running = of_kind(before, "tool_call");
+        assert_eq!(running[0]["tool_kind"], "write");
+        assert_eq!(running[0]["status"], "running");
+    }
+    fn check_written(_w: &World, after: &[SseEvent], _request: &Value) {
+        let calls = of_kind(after, "tool_call");
+        assert_eq!(calls.last().unwrap()["tool_kind"], "write");
+        assert_eq!(assistant_text(after), "The file is written.");
+    }
+}
+
+impl scenarios::LiveChanges for Claude {
+    const EDITS_MODE: &'static str = "acceptEdits";
+    const OTHER_MODEL: &'static str = "sonnet";
+
+    fn check_other_model_asked(fake: &FakeAnthropic, _changed: &Value) {
+        let last = fake.requests().pop().unwrap();
+        assert!(
+            last["model"].as_str().unwrap().contains("sonnet"),
+            "{}",
+            last["model"]
+        );
+    }
 }
 
 #[tokio::test]
@@ -283,29 +226,7 @@ async fn a_closed_agent_resumes_its_conversation() {
 
 #[tokio::test]
 async fn after_a_server_restart_the_agent_resumes() {
-    let w = World::new().await;
-    let (agent, _) = w.agent("default").await;
-    w.fake.push(Reply::text("Noted: mango."));
-    let first = w.turn(&agent, "remember mango", None).await;
-    assert_eq!(outcome(&first)["outcome"], "completed");
-    let id = w.session_id(&agent).await;
-
-    let w = w.restart(|_| {}).await;
-
-    w.fake.push(Reply::text("You said mango."));
-    let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
-    w.app.prompt(&agent, "what fruit?").await;
-    let second = stream.until("turn_completed", LONG).await;
-    assert_eq!(
-        outcome(&second)["outcome"],
-        "completed",
-        "{:?}",
-        kinds(&second)
-    );
-    assert_eq!(w.session_id(&agent).await, id);
-    let history = conversation_text(&w.fake.requests().pop().unwrap());
-    assert!(history.contains("remember mango"), "{history}");
-    assert!(history.contains("Noted: mango."), "{history}");
+    scenarios::after_a_server_restart_the_agent_resumes_in_its_mode(World::new().await).await;
 }
 
 #[tokio::test]
@@ -429,61 +350,7 @@ async fn shell_output_with_a_nul_is_stored_with_a_replacement_character() {
 
 #[tokio::test]
 async fn mode_and_model_change_in_a_live_session() {
-    let w = World::new().await;
-    let (agent, ws) = w.agent("default").await;
-    w.fake.push(Reply::text("Ready."));
-    let first = w.turn(&agent, "get ready", None).await;
-    assert_eq!(outcome(&first)["outcome"], "completed");
-
-    let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
-    let changed = w
-        .app
-        .put_ok(
-            &format!("/v1/agents/{agent}/mode"),
-            json!({"mode": "acceptEdits"}),
-        )
-        .await;
-    assert_eq!(changed["mode"], "acceptEdits", "{changed}");
-    let changed = w
-        .app
-        .put_ok(
-            &format!("/v1/agents/{agent}/model"),
-            json!({"model": "sonnet"}),
-        )
-        .await;
-    assert_eq!(changed["model"], "sonnet", "{changed}");
-
-    // In acceptEdits a write needs no approval.
-    let path = path_of(&ws["path"]).join("edited.txt");
-    w.fake.push(Reply::tool(
-        "Write",
-        json!({"file_path": path, "content": "accepted\n"}),
-    ));
-    w.fake.push(Reply::text("Wrote it."));
-    w.app.prompt(&agent, "write edited.txt").await;
-    let events = stream.until("turn_completed", LONG).await;
-    let k = kinds(&events);
-    assert_eq!(
-        k.iter().filter(|k| **k == "mode_changed").count(),
-        1,
-        "{k:?}"
-    );
-    assert_eq!(of_kind(&events, "mode_changed")[0]["mode"], "acceptEdits");
-    assert_eq!(
-        k.iter().filter(|k| **k == "model_changed").count(),
-        1,
-        "{k:?}"
-    );
-    assert!(!k.contains(&"permission_requested"), "{k:?}");
-    assert_eq!(outcome(&events)["outcome"], "completed");
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), "accepted\n");
-    // The model change reached the CLI: the last call asked for the model chosen.
-    let last = w.fake.requests().pop().unwrap();
-    assert!(
-        last["model"].as_str().unwrap().contains("sonnet"),
-        "{}",
-        last["model"]
-    );
+    scenarios::mode_and_model_change_in_a_live_session(&World::new().await).await;
 }
 
 #[tokio::test]

@@ -7,10 +7,15 @@
 mod helpers;
 
 #[path = "support/http.rs"]
+#[allow(dead_code)]
 mod http;
 
 #[path = "support/clis.rs"]
 mod clis;
+
+#[path = "support/scenarios.rs"]
+#[allow(dead_code)]
+mod scenarios;
 
 #[path = "support/cli_world.rs"]
 #[allow(dead_code)]
@@ -21,15 +26,14 @@ mod cli_world;
 mod fake_openai;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agentry::config::{ProviderSettings, Settings};
-use cli_world::new_agent;
+use agentry::config::ProviderSettings;
+use cli_world::{CliWorld, Provider};
 use fake_openai::{FakeOpenAi, Item, Reply, input_text};
 use helpers::*;
 use serde_json::{Value, json};
-use tempfile::TempDir;
 
 const TURN: Duration = Duration::from_secs(25);
 
@@ -65,73 +69,93 @@ fn codex_settings(
     }
 }
 
-struct Rig {
-    app: TestApp,
-    fake: FakeOpenAi,
-    cli: PathBuf,
-    home: TempDir,
-    repo: TempDir,
-    model: String,
+/// Codex on a model of the fake's own, against the fake Responses server.
+struct Codex;
+
+type World = CliWorld<Codex>;
+
+impl Provider for Codex {
+    const ID: &'static str = "codex";
+    const TURN: Duration = TURN;
+    const SLOTS: Option<usize> = None;
+    type Fake = FakeOpenAi;
+
+    fn settings(cli: &Path, base_url: &str, home: &Path) -> ProviderSettings {
+        codex_settings(cli, base_url, home, "fake-model", true)
+    }
+    fn marker(home: &Path) -> String {
+        format!("CODEX_HOME={}", home.display())
+    }
 }
 
-impl Rig {
-    /// A server with the codex provider on a fresh fake; fails when the CLI is missing.
-    async fn start(model: &str, tweak: impl FnOnce(&mut Settings)) -> Self {
-        let cli = clis::cli("codex");
-        let fake = FakeOpenAi::start().await;
-        let home = tempfile::tempdir().unwrap();
-        let table = codex_settings(&cli, &fake.base_url(), home.path(), model, true);
-        let app = spawn_app_with(|s| {
-            s.providers.insert("codex".into(), table);
-            cli_world::network_from_env(s);
-            tweak(s);
-        })
-        .await;
-        Self {
-            app,
-            fake,
-            cli,
-            home,
-            repo: git_repo(),
-            model: model.to_owned(),
+/// Codex on a model of its own catalog, to which it offers `apply_patch`.
+struct CodexOnCatalogModel;
+
+impl Provider for CodexOnCatalogModel {
+    const ID: &'static str = "codex";
+    const TURN: Duration = TURN;
+    const SLOTS: Option<usize> = None;
+    type Fake = FakeOpenAi;
+
+    fn settings(cli: &Path, base_url: &str, home: &Path) -> ProviderSettings {
+        codex_settings(cli, base_url, home, "gpt-5.5", true)
+    }
+}
+
+impl scenarios::Rig for Codex {
+    const PROTOCOL: &'static str = "codex-app-server";
+    const MODES: &'static [(&'static str, bool)] =
+        &[("read-only", false), ("auto", false), ("full-access", true)];
+    const ASKING_MODE: &'static str = "read-only";
+    const UNATTENDED_MODE: &'static str = "full-access";
+    const REPLY_TOKENS: u64 = 20;
+
+    fn reply_in_pieces(fake: &FakeOpenAi, text: &str) {
+        fake.script([Reply::text(text)]);
+    }
+    /// The fake streams no answer slowly: one that never ends serves as well.
+    fn reply_slowly(fake: &FakeOpenAi) {
+        fake.script([Reply::stalled("Working on it")]);
+    }
+    fn reply_stalled(fake: &FakeOpenAi) {
+        fake.script([Reply::stalled("Still talking")]);
+    }
+    fn reply_text(fake: &FakeOpenAi, text: &str) {
+        fake.script([Reply::text(text)]);
+    }
+    /// A command that writes the file (asked about in read-only; an escalated one would
+    /// be refused where nobody is asked).
+    fn reply_write(fake: &FakeOpenAi, path: &Path, content: &str) {
+        let cmd = format!(
+            "printf '{}' > '{}'",
+            content.replace('\n', "\\n"),
+            path.display()
+        );
+        fake.script([Reply::exec("call_w", &cmd)]);
+    }
+    fn last_conversation(fake: &FakeOpenAi) -> String {
+        input_text(fake.requests().last().expect("the model was called"))
+    }
+}
+
+/// Wait for the agent to stop running; returns the wait answer.
+async fn settle(app: &TestApp, agent: &str) -> Value {
+    let deadline = Instant::now() + TURN;
+    loop {
+        let w = app.wait(agent).await;
+        if w["timed_out"] != json!(true) {
+            return w;
         }
+        assert!(Instant::now() < deadline, "the agent is still running: {w}");
     }
+}
 
-    /// A project, a worktree workspace and a codex agent in `mode`: (agent, workspace).
-    async fn agent(&self, mode: &str) -> (String, String) {
-        let fields = json!({"provider": "codex", "mode": mode});
-        let (agent, ws) = new_agent(&self.app, self.repo.path(), fields).await;
-        (agent, ws["id"].as_str().unwrap().to_owned())
-    }
-
-    /// Wait for the agent to stop running; returns the wait answer.
-    async fn settle(&self, agent: &str) -> Value {
-        let deadline = Instant::now() + TURN;
-        loop {
-            let w = self.app.wait(agent).await;
-            if w["timed_out"] != json!(true) {
-                return w;
-            }
-            assert!(Instant::now() < deadline, "the agent is still running: {w}");
-        }
-    }
-
-    async fn turn(&self, agent: &str, text: &str) -> Value {
-        self.app.prompt(agent, text).await;
-        let w = self.settle(agent).await;
-        assert_eq!(w["status"], "idle", "{w}");
-        w["last_turn"].clone()
-    }
-
-    async fn workspace_path(&self, ws: &str) -> PathBuf {
-        path_of(&self.app.get_ok(&format!("/v1/workspaces/{ws}")).await["path"])
-    }
-
-    async fn pid(&self, agent: &str) -> Option<i32> {
-        self.app.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["pid"]
-            .as_i64()
-            .map(|p| p as i32)
-    }
+/// Prompt, wait for the agent to be idle again; returns its last turn.
+async fn idle_turn(app: &TestApp, agent: &str, text: &str) -> Value {
+    app.prompt(agent, text).await;
+    let w = settle(app, agent).await;
+    assert_eq!(w["status"], "idle", "{w}");
+    w["last_turn"].clone()
 }
 
 fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
@@ -164,7 +188,7 @@ fn outcomes(events: &[Value]) -> Vec<String> {
 
 #[tokio::test]
 async fn a_text_turn_streams_deltas_and_completes_with_usage() {
-    let rig = Rig::start("fake-model", |_| {}).await;
+    let rig = World::new().await;
     rig.fake.script([Reply::new(vec![
         Item::Reasoning("Thinking it over.".into()),
         Item::Text("Hello from the fake model.".into()),
@@ -175,7 +199,7 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
     assert_eq!(codex["protocol"], "codex-app-server");
     assert_eq!(codex["default_mode"], "auto");
 
-    let last = rig.turn(&agent, "say hello").await;
+    let last = idle_turn(&rig.app, &agent, "say hello").await;
     assert_eq!(last["outcome"], "completed", "{last}");
     let events = rig.app.timeline(&agent).await;
     let deltas: String = of_kind(&events, "assistant_delta")
@@ -212,7 +236,7 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
     // The model heard the prompt once, with the key and the configured model.
     let requests = rig.fake.requests();
     assert_eq!(requests.len(), 1);
-    assert_eq!(requests[0]["model"], rig.model);
+    assert_eq!(requests[0]["model"], "fake-model");
     assert!(input_text(&requests[0]).contains("say hello"));
     let catalog = rig.app.get_ok("/v1/providers/codex/models").await;
     assert!(
@@ -229,7 +253,7 @@ async fn a_text_turn_streams_deltas_and_completes_with_usage() {
 
 #[tokio::test]
 async fn an_allowed_command_in_read_only_mode_runs_and_its_file_is_in_the_diff() {
-    let rig = Rig::start("fake-model", |_| {}).await;
+    let rig = World::new().await;
     // Asked to run outside the read-only sandbox, so that an approved command can write.
     rig.fake.script([
         Reply::exec_escalated("call_1", "echo hello > out.txt"),
@@ -237,7 +261,7 @@ async fn an_allowed_command_in_read_only_mode_runs_and_its_file_is_in_the_diff()
     ]);
     let (agent, ws) = rig.agent("read-only").await;
     rig.app.prompt(&agent, "make out.txt").await;
-    let w = rig.settle(&agent).await;
+    let w = settle(&rig.app, &agent).await;
     assert_eq!(w["status"], "waiting_permission", "{w}");
     let pending = rig
         .app
@@ -272,15 +296,21 @@ async fn an_allowed_command_in_read_only_mode_runs_and_its_file_is_in_the_diff()
             200,
         )
         .await;
-    let w = rig.settle(&agent).await;
+    let w = settle(&rig.app, &agent).await;
     assert_eq!(w["last_turn"]["outcome"], "completed", "{w}");
 
-    let dir = rig.workspace_path(&ws).await;
+    let dir = path_of(&ws["path"]);
     assert_eq!(
         std::fs::read_to_string(dir.join("out.txt")).unwrap(),
         "hello\n"
     );
-    let diff = rig.app.get_ok(&format!("/v1/workspaces/{ws}/diff")).await;
+    let diff = rig
+        .app
+        .get_ok(&format!(
+            "/v1/workspaces/{}/diff",
+            ws["id"].as_str().unwrap()
+        ))
+        .await;
     assert!(
         diff["files"]
             .as_array()
@@ -299,14 +329,14 @@ async fn an_allowed_command_in_read_only_mode_runs_and_its_file_is_in_the_diff()
 
 #[tokio::test]
 async fn a_declined_command_fails_the_tool_the_model_is_told_and_the_turn_completes() {
-    let rig = Rig::start("fake-model", |_| {}).await;
+    let rig = World::new().await;
     rig.fake.script([
         Reply::exec("call_1", "echo hello > out.txt"),
         Reply::text("Understood, not running it."),
     ]);
     let (agent, ws) = rig.agent("read-only").await;
     rig.app.prompt(&agent, "make out.txt").await;
-    let w = rig.settle(&agent).await;
+    let w = settle(&rig.app, &agent).await;
     assert_eq!(w["status"], "waiting_permission", "{w}");
     let id = w["pending_permissions"][0]["request_id"]
         .as_str()
@@ -319,7 +349,7 @@ async fn a_declined_command_fails_the_tool_the_model_is_told_and_the_turn_comple
             200,
         )
         .await;
-    let w = rig.settle(&agent).await;
+    let w = settle(&rig.app, &agent).await;
     assert_eq!(w["last_turn"]["outcome"], "completed", "{w}");
     let events = rig.app.timeline(&agent).await;
     let shell = &tools(&events)[0];
@@ -332,12 +362,12 @@ async fn a_declined_command_fails_the_tool_the_model_is_told_and_the_turn_comple
         told.contains("rejected"),
         "the model hears of the refusal: {told}"
     );
-    assert!(!rig.workspace_path(&ws).await.join("out.txt").exists());
+    assert!(!path_of(&ws["path"]).join("out.txt").exists());
 }
 
 #[tokio::test]
 async fn an_interrupt_cancels_the_turn_and_the_next_prompt_works() {
-    let rig = Rig::start("fake-model", |_| {}).await;
+    let rig = World::new().await;
     rig.fake.script([
         Reply::stalled("This answer never ends"),
         Reply::text("Back again."),
@@ -355,7 +385,7 @@ async fn an_interrupt_cancels_the_turn_and_the_next_prompt_works() {
     assert_eq!(end.last().unwrap().data["data"]["outcome"], "canceled");
     assert!(took < Duration::from_secs(5), "canceled after {took:?}");
 
-    let last = rig.turn(&agent, "are you there?").await;
+    let last = idle_turn(&rig.app, &agent, "are you there?").await;
     assert_eq!(last["outcome"], "completed", "{last}");
     let events = rig.app.timeline(&agent).await;
     assert_eq!(outcomes(&events), ["canceled", "completed"]);
@@ -365,95 +395,28 @@ async fn an_interrupt_cancels_the_turn_and_the_next_prompt_works() {
 
 #[tokio::test]
 async fn a_closed_agent_resumes_its_thread_on_the_next_prompt() {
-    let rig = Rig::start("fake-model", |_| {}).await;
-    rig.fake
-        .script([Reply::text("The secret is 42."), Reply::text("I remember.")]);
-    let (agent, _) = rig.agent("auto").await;
-    rig.turn(&agent, "remember the secret").await;
-    let before = rig.app.get_ok(&format!("/v1/agents/{agent}")).await;
-    let thread = before["runtime"]["provider_session_id"].clone();
-    assert!(thread.is_string(), "{before}");
-    let pid = rig.pid(&agent).await.unwrap();
-    let closed = rig
-        .app
-        .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
-        .await;
-    assert_eq!(closed["status"], "closed");
-    eventually("the process to end", Duration::from_secs(5), || {
-        !pid_alive(pid)
-    })
-    .await;
-
-    let last = rig.turn(&agent, "what was it?").await;
-    assert_eq!(last["outcome"], "completed", "{last}");
-    let after = rig.app.get_ok(&format!("/v1/agents/{agent}")).await;
-    assert_eq!(after["runtime"]["provider_session_id"], thread);
-    let requests = rig.fake.requests();
-    let history = input_text(requests.last().unwrap());
-    assert!(
-        history.contains("remember the secret") && history.contains("The secret is 42."),
-        "the resumed thread sent the earlier messages: {history}"
-    );
-    let events = rig.app.timeline(&agent).await;
-    let sessions = of_kind(&events, "session_started");
-    assert_eq!(sessions.last().unwrap()["data"]["resumed"], true);
+    scenarios::a_closed_agent_resumes_its_conversation(&World::new().await).await;
 }
 
 #[tokio::test]
 async fn after_a_server_restart_the_next_prompt_resumes_the_thread() {
-    let rig = Rig::start("fake-model", |_| {}).await;
-    rig.fake
-        .script([Reply::text("Noted: blue."), Reply::text("It was blue.")]);
-    let (agent, _) = rig.agent("auto").await;
-    rig.turn(&agent, "my colour is blue").await;
-    let pid = rig.pid(&agent).await.unwrap();
-    let Rig {
-        app,
-        fake,
-        cli,
-        home,
-        repo,
-        model,
-    } = rig;
-    let (db, data_dir, token) = app.stop().await;
-    assert!(!pid_alive(pid), "the server's stop ended the CLI");
-    let table = codex_settings(&cli, &fake.base_url(), home.path(), &model, true);
-    let app = spawn_on_with(db, data_dir, Some(token), |s| {
-        s.providers.insert("codex".into(), table);
-        cli_world::network_from_env(s);
-    })
-    .await;
-    let rig = Rig {
-        app,
-        fake,
-        cli,
-        home,
-        repo,
-        model,
-    };
-    let last = rig.turn(&agent, "which colour?").await;
-    assert_eq!(last["outcome"], "completed", "{last}");
-    let history = input_text(rig.fake.requests().last().unwrap());
-    assert!(
-        history.contains("my colour is blue") && history.contains("Noted: blue."),
-        "{history}"
-    );
+    scenarios::after_a_server_restart_the_agent_resumes_in_its_mode(World::new().await).await;
 }
 
 #[tokio::test]
 async fn full_access_runs_commands_without_asking() {
-    let rig = Rig::start("fake-model", |_| {}).await;
+    let rig = World::new().await;
     rig.fake.script([
         Reply::exec("call_1", "echo unattended > free.txt"),
         Reply::text("Done."),
     ]);
     let (agent, ws) = rig.agent("full-access").await;
-    let last = rig.turn(&agent, "write free.txt").await;
+    let last = idle_turn(&rig.app, &agent, "write free.txt").await;
     assert_eq!(last["outcome"], "completed", "{last}");
     let events = rig.app.timeline(&agent).await;
     assert!(of_kind(&events, "permission_requested").is_empty());
     assert_eq!(tools(&events)[0]["status"], "completed");
-    let dir = rig.workspace_path(&ws).await;
+    let dir = path_of(&ws["path"]);
     assert_eq!(
         std::fs::read_to_string(dir.join("free.txt")).unwrap(),
         "unattended\n"
@@ -463,14 +426,14 @@ async fn full_access_runs_commands_without_asking() {
 #[tokio::test]
 async fn a_patch_becomes_a_write_with_its_diff_and_lands_in_the_worktree() {
     // `apply_patch` is offered to catalog models only.
-    let rig = Rig::start("gpt-5.5", |_| {}).await;
+    let rig = CliWorld::<CodexOnCatalogModel>::new().await;
     let patch = "*** Begin Patch\n*** Add File: hello.txt\n+hello from patch\n*** End Patch\n";
     rig.fake
         .script([Reply::patch("call_p", patch), Reply::text("Patched.")]);
     let (agent, ws) = rig.agent("auto").await;
-    let last = rig.turn(&agent, "add hello.txt").await;
+    let last = idle_turn(&rig.app, &agent, "add hello.txt").await;
     assert_eq!(last["outcome"], "completed", "{last}");
-    let dir = rig.workspace_path(&ws).await;
+    let dir = path_of(&ws["path"]);
     assert_eq!(
         std::fs::read_to_string(dir.join("hello.txt")).unwrap(),
         "hello from patch\n"
@@ -490,31 +453,8 @@ async fn a_patch_becomes_a_write_with_its_diff_and_lands_in_the_worktree() {
 
 #[tokio::test]
 async fn a_killed_cli_fails_the_turn_quickly_and_the_agent_is_usable_after() {
-    let rig = Rig::start("fake-model", |_| {}).await;
-    rig.fake
-        .script([Reply::stalled("Working on it"), Reply::text("Recovered.")]);
-    let (agent, _) = rig.agent("auto").await;
-    let mut sse = rig.app.events(&agent, None).await;
-    rig.app.prompt(&agent, "long task").await;
-    sse.until("assistant_delta", TURN).await;
-    let pid = rig.pid(&agent).await.expect("a running process");
-    let killed = Instant::now();
-    // SAFETY: kill(2) on the CLI process this test's server started.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-    let end = sse.until("turn_completed", TURN).await;
-    let took = killed.elapsed();
-    let data = &end.last().unwrap().data["data"];
-    assert_eq!(data["outcome"], "failed", "{data}");
-    assert!(
-        data["error"].as_str().unwrap().contains("signal 9"),
-        "{data}"
-    );
-    assert!(took < Duration::from_secs(2), "failed after {took:?}");
-
-    let w = rig.settle(&agent).await;
-    assert_eq!(w["status"], "error", "{w}");
-    let last = rig.turn(&agent, "try again").await;
-    assert_eq!(last["outcome"], "completed", "{last}");
+    scenarios::a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers(&World::new().await)
+        .await;
 }
 
 #[tokio::test]
@@ -567,13 +507,13 @@ async fn without_credentials_codex_is_unavailable_and_creating_an_agent_is_refus
 
 #[tokio::test]
 async fn binary_shell_output_is_stored_with_replacement_characters() {
-    let rig = Rig::start("fake-model", |_| {}).await;
+    let rig = World::new().await;
     rig.fake.script([
         Reply::exec("call_1", "printf 'a\\000b\\377c\\n'"),
         Reply::text("Printed."),
     ]);
     let (agent, _) = rig.agent("full-access").await;
-    let last = rig.turn(&agent, "print binary").await;
+    let last = idle_turn(&rig.app, &agent, "print binary").await;
     assert_eq!(last["outcome"], "completed", "{last}");
     let events = rig.app.timeline(&agent).await;
     let shell = &tools(&events)[0];
@@ -586,25 +526,25 @@ async fn binary_shell_output_is_stored_with_replacement_characters() {
         "{output:?}"
     );
     // The agent goes on normally.
-    let last = rig.turn(&agent, "again").await;
+    let last = idle_turn(&rig.app, &agent, "again").await;
     assert_eq!(last["outcome"], "completed", "{last}");
 }
 
 #[tokio::test]
 async fn an_idle_cli_is_stopped_and_the_next_prompt_resumes_the_conversation() {
-    let rig = Rig::start("fake-model", |s| s.agents.idle_timeout_s = 1).await;
+    let rig = World::new_with(|s| s.agents.idle_timeout_s = 1).await;
     rig.fake
         .script([Reply::text("Noted: seven."), Reply::text("It was seven.")]);
     let (agent, _) = rig.agent("auto").await;
-    rig.turn(&agent, "my number is seven").await;
-    let pid = rig.pid(&agent).await.expect("a process after the turn");
+    idle_turn(&rig.app, &agent, "my number is seven").await;
+    let pid = rig.pid(&agent).await;
     eventually(
         "the idle CLI to be stopped",
         Duration::from_secs(10),
         || !pid_alive(pid),
     )
     .await;
-    let last = rig.turn(&agent, "which number?").await;
+    let last = idle_turn(&rig.app, &agent, "which number?").await;
     assert_eq!(last["outcome"], "completed", "{last}");
     let history = input_text(rig.fake.requests().last().unwrap());
     assert!(
@@ -615,14 +555,14 @@ async fn an_idle_cli_is_stopped_and_the_next_prompt_resumes_the_conversation() {
 
 #[tokio::test]
 async fn mode_and_model_changes_apply_to_the_next_turn() {
-    let rig = Rig::start("fake-model", |_| {}).await;
+    let rig = World::new().await;
     rig.fake.script([
         Reply::text("First."),
         Reply::exec("call_1", "echo later > later.txt"),
         Reply::text("Done."),
     ]);
     let (agent, ws) = rig.agent("read-only").await;
-    rig.turn(&agent, "hello").await;
+    idle_turn(&rig.app, &agent, "hello").await;
     let put = |path: String, body: Value| {
         let app = &rig.app;
         async move {
@@ -651,14 +591,14 @@ async fn mode_and_model_changes_apply_to_the_next_turn() {
     assert_eq!(agent_now["mode"], "full-access", "{agent_now}");
     assert_eq!(agent_now["model"], "other-model", "{agent_now}");
 
-    let last = rig.turn(&agent, "write later.txt").await;
+    let last = idle_turn(&rig.app, &agent, "write later.txt").await;
     assert_eq!(last["outcome"], "completed", "{last}");
     let events = rig.app.timeline(&agent).await;
     assert!(
         of_kind(&events, "permission_requested").is_empty(),
         "the unattended mode ran the command without asking"
     );
-    assert!(rig.workspace_path(&ws).await.join("later.txt").exists());
+    assert!(path_of(&ws["path"]).join("later.txt").exists());
     let requests = rig.fake.requests();
     assert_eq!(requests[0]["model"], "fake-model");
     assert_eq!(

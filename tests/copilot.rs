@@ -8,9 +8,11 @@
 mod helpers;
 
 #[path = "support/http.rs"]
+#[allow(dead_code)]
 mod http;
 
 #[path = "support/scenarios.rs"]
+#[allow(dead_code)]
 mod scenarios;
 
 #[path = "support/clis.rs"]
@@ -25,11 +27,12 @@ mod cli_world;
 mod fake_chat;
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
 use agentry::config::ProviderSettings;
-use cli_world::{CliWorld, Provider, cli_settings, last_message};
+use cli_world::{CliWorld, Provider, cli_settings};
 use fake_chat::{FakeChat, MODEL, Reply, conversation_text};
 use helpers::*;
 use serde_json::{Value, json};
@@ -70,183 +73,17 @@ impl Provider for Copilot {
 
 #[tokio::test]
 async fn a_text_turn_streams_deltas_and_completes_with_usage() {
-    let w = World::new().await;
-    let copilot = w.app.provider("copilot").await;
-    assert_eq!(copilot["available"], true, "{copilot}");
-    assert_eq!(copilot["protocol"], "acp");
-    assert_eq!(copilot["default_mode"], "agent");
-    let modes: Vec<(&str, bool)> = copilot["modes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| (m["id"].as_str().unwrap(), m["unattended"] == true))
-        .collect();
-    assert_eq!(
-        modes,
-        [
-            ("agent", false),
-            ("plan", false),
-            ("allow-all", true),
-            ("autopilot", true)
-        ]
-    );
-    let models = w.app.get_ok("/v1/providers/copilot/models").await;
-    assert_eq!(models["items"][0]["id"], MODEL, "{models}");
-
-    let (agent, _) = w.agent("agent").await;
-    w.fake.push(Reply::slow(
-        "Hello from the fake model, in pieces.",
-        4,
-        Duration::from_millis(20),
-    ));
-    let events = w.turn(&agent, "say hello", None).await;
-    let k = kinds(&events);
-    let deltas: String = of_kind(&events, "assistant_delta")
-        .iter()
-        .map(|d| d["text"].as_str().unwrap())
-        .collect();
-    assert!(of_kind(&events, "assistant_delta").len() >= 2, "{k:?}");
-    assert_eq!(deltas, "Hello from the fake model, in pieces.");
-    assert_eq!(last_message(&events), deltas);
-    // Copilot reports the context window as it goes and the tokens with its answer.
-    let usage = of_kind(&events, "usage");
-    assert!(!usage.is_empty(), "{k:?}");
-    assert_eq!(usage[0]["context_window_max"], 128000, "{}", usage[0]);
-    let done = outcome(&events);
-    assert_eq!(done["outcome"], "completed", "{done}");
-    assert_eq!(done["usage"]["input_tokens"], 30, "{done}");
-    assert_eq!(done["usage"]["output_tokens"], 7, "{done}");
-    // The mode the agent reports is agentry's, not Copilot's URL.
-    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
-    assert_eq!(a["mode"], "agent", "{a}");
-
-    let request = w.fake.last_completion();
-    assert_eq!(request.body["stream"], true);
-    assert_eq!(request.body["model"], MODEL);
-    assert_eq!(request.header("authorization"), Some("Bearer test-key"));
-    assert!(conversation_text(&request.body).contains("say hello"));
-    // Offline: the only requests the CLI made were to the model endpoint.
-    for r in w.fake.requests() {
-        assert!(r.line.contains("/v1/"), "{}", r.line);
-    }
+    scenarios::a_text_turn_streams_deltas_and_completes_with_usage(&World::new().await).await;
 }
 
 #[tokio::test]
 async fn an_approved_create_lands_in_the_worktree_and_its_diff() {
-    let w = World::new().await;
-    let (agent, ws) = w.agent("agent").await;
-    let path = path_of(&ws["path"]).join("hello.txt");
-    w.fake.push(Reply::tool(
-        "create",
-        json!({"path": path, "file_text": "hello from copilot\n"}),
-    ));
-    w.fake.push(Reply::text("The file is written."));
-
-    let mut stream = w.app.events(&agent, None).await;
-    w.app.prompt(&agent, "write hello.txt").await;
-    let before = stream.until("permission_requested", LONG).await;
-    let request = of_kind(&before, "permission_requested")[0].clone();
-    assert_eq!(request["kind"], "tool");
-    let options: Vec<&str> = request["options"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| o["id"].as_str().unwrap())
-        .collect();
-    // agentry's own option ids, chosen by kind; Copilot's stay inside the adapter.
-    assert_eq!(options, ["allow", "allow_always", "deny"], "{request}");
-    let pending = of_kind(&before, "tool_call");
-    assert_eq!(pending[0]["tool_kind"], "edit", "{}", pending[0]);
-    assert_eq!(pending[0]["diff"][0]["new_text"], "hello from copilot\n");
-    assert!(!path.exists(), "nothing is written before the answer");
-
-    w.answer(&agent, &request, "allow").await;
-    let after = stream.until("turn_completed", LONG).await;
-    assert_eq!(
-        outcome(&after)["outcome"],
-        "completed",
-        "{:?}",
-        kinds(&after)
-    );
-    let calls = of_kind(&after, "tool_call");
-    let done = calls.last().expect("the call's end");
-    assert_eq!(done["status"], "completed", "{done}");
-    // The call keeps the tool's own arguments; the request's view of it (with the diff)
-    // is what the permission request carried.
-    assert_eq!(done["input"]["file_text"], "hello from copilot\n", "{done}");
-    assert!(request["input"]["diff"].is_string(), "{request}");
-    assert_eq!(
-        std::fs::read_to_string(&path).unwrap(),
-        "hello from copilot\n"
-    );
-    assert_eq!(last_message(&after), "The file is written.");
-
-    let diff = w
-        .app
-        .get_ok(&format!(
-            "/v1/workspaces/{}/diff",
-            ws["id"].as_str().unwrap()
-        ))
-        .await;
-    assert!(
-        diff["files"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|f| f["path"] == "hello.txt"),
-        "{diff}"
-    );
-    assert!(
-        diff["patch"]
-            .as_str()
-            .unwrap()
-            .contains("+hello from copilot")
-    );
-    // The model was told of the result.
-    let last = conversation_text(&w.fake.last_completion().body);
-    assert!(last.contains("Created file"), "{last}");
+    scenarios::an_approved_write_lands_in_the_worktree_and_its_diff(&World::new().await).await;
 }
 
 #[tokio::test]
 async fn a_denied_create_fails_the_tool_and_the_turn_completes() {
-    let w = World::new().await;
-    let (agent, ws) = w.agent("agent").await;
-    let path = path_of(&ws["path"]).join("denied.txt");
-    w.fake.push(Reply::tool(
-        "create",
-        json!({"path": path, "file_text": "no\n"}),
-    ));
-    let mut stream = w.app.events(&agent, None).await;
-    w.app.prompt(&agent, "make denied.txt").await;
-    let before = stream.until("permission_requested", LONG).await;
-    let request = of_kind(&before, "permission_requested")[0].clone();
-    w.answer(&agent, &request, "deny").await;
-    let after = stream.until("turn_completed", LONG).await;
-    assert_eq!(
-        outcome(&after)["outcome"],
-        "completed",
-        "{:?}",
-        kinds(&after)
-    );
-    let calls = of_kind(&after, "tool_call");
-    let failed = calls.last().expect("the call's end");
-    assert_eq!(failed["status"], "failed", "{failed}");
-    assert!(
-        failed["error"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("rejected"),
-        "{failed}"
-    );
-    assert!(!path.exists());
-    let resolved = of_kind(&after, "permission_resolved");
-    assert_eq!(resolved[0]["behavior"], "deny", "{}", resolved[0]);
-
-    // The agent goes on: the next turn works.
-    w.fake.push(Reply::text("Fine."));
-    let next = w.turn(&agent, "never mind", Some(last_seq(&after))).await;
-    assert_eq!(outcome(&next)["outcome"], "completed");
-    assert_eq!(last_message(&next), "Fine.");
+    scenarios::a_denied_write_fails_its_call_and_the_agent_goes_on(&World::new().await).await;
 }
 
 #[tokio::test]
@@ -269,103 +106,17 @@ async fn a_closed_agent_resumes_its_conversation() {
 
 #[tokio::test]
 async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
-    let w = World::new().await;
-    let (agent, ws) = w.agent("allow-all").await;
-    w.fake.push(Reply::text("Noted: mango."));
-    let first = w.turn(&agent, "remember mango", None).await;
-    assert_eq!(outcome(&first)["outcome"], "completed");
-    let pid = w.pid(&agent).await;
-
-    let w = w
-        .restart(|_| assert!(!pid_alive(pid), "the server's stop ended the CLI"))
-        .await;
-
-    // Still unattended: a file is created without asking.
-    let path = path_of(&ws["path"]).join("after.txt");
-    w.fake.push(Reply::tool(
-        "create",
-        json!({"path": path, "file_text": "after\n"}),
-    ));
-    w.fake.push(Reply::text("You said mango."));
-    let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
-    w.app
-        .prompt(&agent, "what fruit? and write after.txt")
-        .await;
-    let second = stream.until("turn_completed", LONG).await;
-    assert_eq!(
-        outcome(&second)["outcome"],
-        "completed",
-        "{:?}",
-        kinds(&second)
-    );
-    let started = of_kind(&second, "session_started");
-    assert_eq!(started.last().unwrap()["resumed"], true);
-    // The reopened session is put back in the agent's mode, not reported as another one.
-    assert!(
-        of_kind(&second, "mode_changed").is_empty(),
-        "{:?}",
-        kinds(&second)
-    );
-    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
-    assert_eq!(a["mode"], "allow-all", "{a}");
-    let history = conversation_text(&w.fake.last_completion().body);
-    assert!(history.contains("remember mango"), "{history}");
-    assert!(history.contains("Noted: mango."), "{history}");
+    scenarios::after_a_server_restart_the_agent_resumes_in_its_mode(World::new().await).await;
 }
 
 #[tokio::test]
 async fn allow_all_creates_files_without_asking() {
-    let w = World::new().await;
-    let (agent, ws) = w.agent("allow-all").await;
-    let path = path_of(&ws["path"]).join("unattended.txt");
-    w.fake.push(Reply::tool(
-        "create",
-        json!({"path": path, "file_text": "unattended\n"}),
-    ));
-    w.fake.push(Reply::text("Done without asking."));
-    let events = w.turn(&agent, "write unattended.txt", None).await;
-    let k = kinds(&events);
-    assert_eq!(outcome(&events)["outcome"], "completed", "{k:?}");
-    assert!(!k.contains(&"permission_requested"), "{k:?}");
-    let calls = of_kind(&events, "tool_call");
-    assert_eq!(calls.last().unwrap()["status"], "completed");
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), "unattended\n");
-    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
-    assert_eq!(a["mode"], "allow-all", "{a}");
+    scenarios::the_unattended_mode_writes_without_asking(&World::new().await).await;
 }
 
 #[tokio::test]
 async fn switching_to_allow_all_in_a_live_session_stops_the_asking() {
-    let w = World::new().await;
-    let (agent, ws) = w.agent("agent").await;
-    w.fake.push(Reply::text("Ready."));
-    let first = w.turn(&agent, "get ready", None).await;
-    assert_eq!(outcome(&first)["outcome"], "completed");
-
-    let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
-    let changed = w
-        .app
-        .put_ok(
-            &format!("/v1/agents/{agent}/mode"),
-            json!({"mode": "allow-all"}),
-        )
-        .await;
-    assert_eq!(changed["mode"], "allow-all", "{changed}");
-    let path = path_of(&ws["path"]).join("switched.txt");
-    w.fake.push(Reply::tool(
-        "create",
-        json!({"path": path, "file_text": "switched\n"}),
-    ));
-    w.fake.push(Reply::text("Wrote it."));
-    w.app.prompt(&agent, "write switched.txt").await;
-    let events = stream.until("turn_completed", LONG).await;
-    let k = kinds(&events);
-    assert_eq!(outcome(&events)["outcome"], "completed", "{k:?}");
-    assert!(!k.contains(&"permission_requested"), "{k:?}");
-    let modes: Vec<&Value> = of_kind(&events, "mode_changed");
-    assert_eq!(modes.len(), 1, "{k:?}");
-    assert_eq!(modes[0]["mode"], "allow-all");
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), "switched\n");
+    scenarios::a_live_switch_to_the_unattended_mode_stops_the_asking(&World::new().await).await;
 }
 
 #[tokio::test]
@@ -443,8 +194,21 @@ async fn without_credentials_copilot_is_unavailable_and_creation_is_refused() {
 }
 
 impl scenarios::Rig for Copilot {
+    const PROTOCOL: &'static str = "acp";
+    const MODES: &'static [(&'static str, bool)] = &[
+        ("agent", false),
+        ("plan", false),
+        ("allow-all", true),
+        ("autopilot", true),
+    ];
     const ASKING_MODE: &'static str = "agent";
+    const UNATTENDED_MODE: &'static str = "allow-all";
+    const REPLY_TOKENS: u64 = 7;
+    const DENIAL_SAYS: Option<&'static str> = Some("rejected");
 
+    fn reply_in_pieces(fake: &FakeChat, text: &str) {
+        fake.push(Reply::slow(text, 4, Duration::from_millis(20)));
+    }
     fn reply_slowly(fake: &FakeChat) {
         fake.push(Reply::slow(
             "A long answer that will be cut short midway.",
@@ -466,6 +230,39 @@ impl scenarios::Rig for Copilot {
     }
     fn last_conversation(fake: &FakeChat) -> String {
         conversation_text(&fake.last_completion().body)
+    }
+
+    fn check_models(models: &Value) {
+        assert_eq!(models["items"][0]["id"], MODEL, "{models}");
+    }
+    /// Copilot reports the context window as it goes and the tokens with its answer; it
+    /// asked the fake with its key, offline: the only requests it made were to the model
+    /// endpoint.
+    fn check_text_turn(w: &World, _agent: &str, events: &[SseEvent]) -> impl Future<Output = ()> {
+        let usage = of_kind(events, "usage");
+        assert!(!usage.is_empty(), "{:?}", kinds(events));
+        assert_eq!(usage[0]["context_window_max"], 128000, "{}", usage[0]);
+        assert_eq!(outcome(events)["usage"]["input_tokens"], 30);
+        w.fake.assert_streamed_offline();
+        async {}
+    }
+    /// agentry's own option ids, chosen by kind; Copilot's stay inside the adapter.
+    fn check_write_request(before: &[SseEvent], request: &Value) {
+        let options = scenarios::option_ids(request);
+        assert_eq!(options, ["allow", "allow_always", "deny"], "{request}");
+        let pending = of_kind(before, "tool_call");
+        assert_eq!(pending[0]["tool_kind"], "edit", "{}", pending[0]);
+        assert_eq!(pending[0]["diff"][0]["new_text"], "hello from copilot\n");
+    }
+    /// The call keeps the tool's own arguments; the request's view of it (with the diff)
+    /// is what the permission request carried. The model was told of the result.
+    fn check_written(w: &World, after: &[SseEvent], request: &Value) {
+        let calls = of_kind(after, "tool_call");
+        let done = calls.last().unwrap();
+        assert_eq!(done["input"]["file_text"], "hello from copilot\n", "{done}");
+        assert!(request["input"]["diff"].is_string(), "{request}");
+        let last = conversation_text(&w.fake.last_completion().body);
+        assert!(last.contains("Created file"), "{last}");
     }
 }
 

@@ -7,10 +7,15 @@
 mod helpers;
 
 #[path = "support/http.rs"]
+#[allow(dead_code)]
 mod http;
 
 #[path = "support/clis.rs"]
 mod clis;
+
+#[path = "support/scenarios.rs"]
+#[allow(dead_code)]
+mod scenarios;
 
 #[path = "support/cli_world.rs"]
 #[allow(dead_code)]
@@ -22,10 +27,10 @@ mod fake_openai;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agentry::config::{ModeSetting, ProviderSettings};
-use cli_world::{CliWorld, Provider, assistant_text, ledger_rows};
+use cli_world::{CliWorld, Provider, assistant_text};
 use fake_openai::{FakeOpenAi, Reply, input_text};
 use helpers::*;
 use serde_json::json;
@@ -100,6 +105,40 @@ impl Provider for CodexAcp {
     }
 }
 
+impl scenarios::Rig for CodexAcp {
+    const PROTOCOL: &'static str = "acp";
+    const MODES: &'static [(&'static str, bool)] =
+        &[("read-only", false), ("auto", false), ("full-access", true)];
+    const ASKING_MODE: &'static str = "read-only";
+    const UNATTENDED_MODE: &'static str = "full-access";
+    const REPLY_TOKENS: u64 = 20;
+
+    fn reply_in_pieces(fake: &FakeOpenAi, text: &str) {
+        fake.script([Reply::text(text)]);
+    }
+    /// The fake streams no answer slowly: one that never ends serves as well.
+    fn reply_slowly(fake: &FakeOpenAi) {
+        fake.script([Reply::stalled("Thinking hard")]);
+    }
+    fn reply_stalled(fake: &FakeOpenAi) {
+        fake.script([Reply::stalled("Still talking")]);
+    }
+    fn reply_text(fake: &FakeOpenAi, text: &str) {
+        fake.script([Reply::text(text)]);
+    }
+    /// An `apply_patch` adding the file, named relative to the worktree (the agent's
+    /// working directory).
+    fn reply_write(fake: &FakeOpenAi, path: &Path, content: &str) {
+        let name = path.file_name().unwrap().to_str().unwrap();
+        let lines: String = content.lines().map(|l| format!("+{l}\n")).collect();
+        let patch = format!("*** Begin Patch\n*** Add File: {name}\n{lines}*** End Patch\n");
+        fake.script([Reply::patch("call_w", &patch)]);
+    }
+    fn last_conversation(fake: &FakeOpenAi) -> String {
+        input_text(fake.requests().last().expect("the model was called"))
+    }
+}
+
 #[tokio::test]
 async fn a_configured_acp_agent_is_listed_and_runs_a_text_turn() {
     let rig = World::new().await;
@@ -129,111 +168,23 @@ async fn a_configured_acp_agent_is_listed_and_runs_a_text_turn() {
 
 #[tokio::test]
 async fn a_file_write_is_approved_and_lands_in_the_worktree() {
-    let rig = World::new().await;
-    let patch = "*** Begin Patch\n*** Add File: hello.txt\n+hello over acp\n*** End Patch\n";
-    rig.fake
-        .script([Reply::patch("call_p", patch), Reply::text("Patched.")]);
-    let (agent, ws) = rig.agent("read-only").await;
-    let mut stream = rig.app.events(&agent, None).await;
-    rig.app.prompt(&agent, "add hello.txt").await;
-    let before = stream.until("permission_requested", LONG).await;
-    let request = of_kind(&before, "permission_requested")[0].clone();
-    let options: Vec<&str> = request["options"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| o["id"].as_str().unwrap())
-        .collect();
-    // agentry's ids, chosen by kind (codex-acp's own are `approved`, `abort`, …).
-    assert!(options.contains(&"allow"), "{request}");
-    assert!(options.contains(&"deny"), "{request}");
-    rig.answer(&agent, &request, "allow").await;
-    let after = stream.until("turn_completed", LONG).await;
-    let k = kinds(&after);
-    assert_eq!(outcome(&after)["outcome"], "completed", "{k:?}");
-    let dir = path_of(&ws["path"]);
-    assert_eq!(
-        std::fs::read_to_string(dir.join("hello.txt")).unwrap(),
-        "hello over acp\n"
-    );
-    let diff = rig
-        .app
-        .get_ok(&format!(
-            "/v1/workspaces/{}/diff",
-            ws["id"].as_str().unwrap()
-        ))
-        .await;
-    assert!(
-        diff["patch"].as_str().unwrap().contains("+hello over acp"),
-        "{diff}"
-    );
+    scenarios::an_approved_write_lands_in_the_worktree_and_its_diff(&World::new().await).await;
 }
 
 #[tokio::test]
 async fn a_closed_agent_resumes_its_conversation() {
-    let rig = World::new().await;
-    rig.fake
-        .script([Reply::text("Noted: blue."), Reply::text("It was blue.")]);
-    let (agent, _) = rig.agent("full-access").await;
-    let first = rig.turn(&agent, "my colour is blue", None).await;
-    assert_eq!(outcome(&first)["outcome"], "completed");
-    let pid = rig.pid(&agent).await;
-    rig.app
-        .post_ok(&format!("/v1/agents/{agent}/close"), json!({}), 200)
-        .await;
-    eventually("the agent to end", Duration::from_secs(5), || {
-        !pid_alive(pid)
-    })
-    .await;
-
-    the_next_turn_resumes_with_its_history(&rig, &agent, &first).await;
+    scenarios::a_closed_agent_resumes_its_conversation(&World::new().await).await;
 }
 
 #[tokio::test]
 async fn after_a_server_restart_the_agent_resumes_its_conversation() {
-    let rig = World::new().await;
-    rig.fake
-        .script([Reply::text("Noted: blue."), Reply::text("It was blue.")]);
-    let (agent, _) = rig.agent("full-access").await;
-    let first = rig.turn(&agent, "my colour is blue", None).await;
-    assert_eq!(outcome(&first)["outcome"], "completed");
-    let pid = rig.pid(&agent).await;
-    let rig = rig
-        .restart(|_| assert!(!pid_alive(pid), "the server's stop ended the agent"))
-        .await;
-
-    the_next_turn_resumes_with_its_history(&rig, &agent, &first).await;
+    scenarios::after_a_server_restart_the_agent_resumes_in_its_mode(World::new().await).await;
 }
 
 #[tokio::test]
 async fn a_killed_agent_fails_the_turn_quickly_and_is_usable_after() {
-    let rig = World::new().await;
-    rig.fake
-        .script([Reply::stalled("Working on it"), Reply::text("Recovered.")]);
-    let (agent, _) = rig.agent("full-access").await;
-    let mut stream = rig.app.events(&agent, None).await;
-    rig.app.prompt(&agent, "long task").await;
-    stream.until("assistant_delta", LONG).await;
-    let pid = rig.pid(&agent).await;
-    let killed = Instant::now();
-    // SAFETY: kill(2) on the agent process this test's server started.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-    let ended = stream.until("turn_completed", Duration::from_secs(5)).await;
-    let took = killed.elapsed();
-    eprintln!("the turn failed {took:?} after SIGKILL");
-    assert_eq!(outcome(&ended)["outcome"], "failed", "{:?}", kinds(&ended));
-    assert!(took < Duration::from_secs(2), "took {took:?}");
-
-    let events = rig
-        .turn(&agent, "still there?", Some(last_seq(&ended)))
+    scenarios::a_killed_cli_fails_the_turn_quickly_and_the_agent_recovers(&World::new().await)
         .await;
-    assert_eq!(
-        outcome(&events)["outcome"],
-        "completed",
-        "{:?}",
-        kinds(&events)
-    );
-    assert_eq!(assistant_text(&events), "Recovered.");
 }
 
 #[tokio::test]
@@ -277,100 +228,17 @@ async fn a_denied_write_changes_nothing_and_the_agent_goes_on() {
 
 #[tokio::test]
 async fn an_interrupted_turn_is_canceled_and_the_next_prompt_works() {
-    let rig = World::new().await;
-    rig.fake
-        .script([Reply::stalled("Thinking hard"), Reply::text("Back.")]);
-    let (agent, _) = rig.agent("full-access").await;
-    let mut stream = rig.app.events(&agent, None).await;
-    rig.app.prompt(&agent, "take your time").await;
-    stream.until("assistant_delta", LONG).await;
-    rig.app
-        .post_ok(&format!("/v1/agents/{agent}/interrupt"), json!({}), 202)
-        .await;
-    let ended = stream.until("turn_completed", LONG).await;
-    assert_eq!(
-        outcome(&ended)["outcome"],
-        "canceled",
-        "{:?}",
-        kinds(&ended)
-    );
-    let next = rig.turn(&agent, "again", Some(last_seq(&ended))).await;
-    assert_eq!(outcome(&next)["outcome"], "completed", "{:?}", kinds(&next));
-    assert_eq!(assistant_text(&next), "Back.");
+    scenarios::an_interrupted_turn_is_canceled_and_the_next_prompt_works(&World::new().await).await;
 }
 
 #[tokio::test]
 async fn the_unattended_mode_writes_without_asking() {
-    let rig = World::new().await;
-    let patch = "*** Begin Patch\n*** Add File: quiet.txt\n+unattended\n*** End Patch\n";
-    rig.fake
-        .script([Reply::patch("call_q", patch), Reply::text("Done.")]);
-    let (agent, ws) = rig.agent("full-access").await;
-    let events = rig.turn(&agent, "add quiet.txt", None).await;
-    let k = kinds(&events);
-    assert_eq!(outcome(&events)["outcome"], "completed", "{k:?}");
-    assert!(!k.contains(&"permission_requested"), "{k:?}");
-    assert_eq!(
-        std::fs::read_to_string(path_of(&ws["path"]).join("quiet.txt")).unwrap(),
-        "unattended\n"
-    );
+    scenarios::the_unattended_mode_writes_without_asking(&World::new().await).await;
 }
 
 #[tokio::test]
 async fn no_agent_process_is_left_after_archive_or_server_shutdown() {
-    let rig = World::new().await;
-    rig.fake
-        .script([Reply::text("One."), Reply::stalled("Still talking")]);
-    let (archived, ws) = rig.agent("full-access").await;
-    let events = rig.turn(&archived, "one", None).await;
-    assert_eq!(outcome(&events)["outcome"], "completed");
-    let pid = rig.pid(&archived).await;
-    assert!(
-        rig.processes_of_this_test().contains(&pid),
-        "{:?}",
-        rig.processes_of_this_test()
-    );
-    let res = rig.app.delete(&format!("/v1/agents/{archived}")).await;
-    assert_eq!(res.status(), 204);
-    eventually(
-        "the archived agent's processes to end",
-        Duration::from_secs(10),
-        || rig.processes_of_this_test().is_empty(),
-    )
-    .await;
-    assert_eq!(
-        ledger_rows(&rig.app.pool).await,
-        0,
-        "the ledger is empty after archive"
-    );
-
-    // Server shutdown with a turn in flight.
-    let agent = rig
-        .app
-        .post_ok(
-            "/v1/agents",
-            json!({"workspace_id": ws["id"], "provider": "codex-acp", "mode": "full-access"}),
-            201,
-        )
-        .await;
-    let agent = agent["id"].as_str().unwrap();
-    let mut stream = rig.app.events(agent, None).await;
-    rig.app.prompt(agent, "talk").await;
-    stream.until("assistant_delta", LONG).await;
-    assert!(!rig.processes_of_this_test().is_empty());
-    let marker = rig.marker();
-    let (app, _rest) = rig.into_app();
-    let (db, _data_dir, _token) = app.stop().await;
-    assert!(
-        processes_with_env(&marker).is_empty(),
-        "the server's stop ended every process"
-    );
-    let pool = sqlx::PgPool::connect_with(db).await.unwrap();
-    assert_eq!(
-        ledger_rows(&pool).await,
-        0,
-        "the ledger is empty after shutdown"
-    );
+    scenarios::no_cli_process_is_left_after_archive_or_server_shutdown(World::new().await).await;
 }
 
 /// An ACP agent from the settings that names no modes or models there: those it announces
@@ -481,23 +349,5 @@ async fn a_configured_agent_lists_and_sets_the_modes_and_models_it_announces() {
         of_kind(&second, "model_changed")[0]["model"],
         "large",
         "{k:?}"
-    );
-}
-
-/// The turn after a close or a restart reopens the session (`resumed`) and the model hears
-/// the earlier turn.
-async fn the_next_turn_resumes_with_its_history(rig: &World, agent: &str, first: &[SseEvent]) {
-    let second = rig
-        .turn(agent, "which colour?", Some(last_seq(first)))
-        .await;
-    let k = kinds(&second);
-    assert_eq!(outcome(&second)["outcome"], "completed", "{k:?}");
-    let started = of_kind(&second, "session_started");
-    assert_eq!(started.last().unwrap()["resumed"], true, "{k:?}");
-    assert_eq!(assistant_text(&second), "It was blue.");
-    let history = input_text(rig.fake.requests().last().unwrap());
-    assert!(
-        history.contains("my colour is blue") && history.contains("Noted: blue."),
-        "{history}"
     );
 }

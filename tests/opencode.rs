@@ -8,6 +8,7 @@
 mod helpers;
 
 #[path = "support/http.rs"]
+#[allow(dead_code)]
 mod http;
 
 #[path = "support/clis.rs"]
@@ -26,14 +27,15 @@ mod cli_world;
 mod fake_chat;
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
 use agentry::config::ProviderSettings;
-use cli_world::{CliWorld, Provider, cli_settings, last_message, ledger_rows, new_agent};
+use cli_world::{CliWorld, Provider, cli_settings, last_message, new_agent};
 use fake_chat::{FakeChat, MODEL, Reply, conversation_text};
 use helpers::*;
-use serde_json::json;
+use serde_json::{Value, json};
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -87,218 +89,35 @@ impl Provider for OpenCode {
 
 #[tokio::test]
 async fn a_text_turn_streams_deltas_and_completes_with_usage() {
-    let w = World::new().await;
-    let opencode = w.app.provider("opencode").await;
-    assert_eq!(opencode["available"], true, "{opencode}");
-    assert_eq!(opencode["protocol"], "opencode-http");
-    assert_eq!(opencode["default_mode"], "build");
-    let modes: Vec<(&str, bool)> = opencode["modes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| (m["id"].as_str().unwrap(), m["unattended"] == true))
-        .collect();
-    assert_eq!(
-        modes,
-        [("build", false), ("plan", false), ("full-access", true)]
-    );
-    // The catalog comes from a server started for the probe, which is gone after it.
-    let models = w.app.get_ok("/v1/providers/opencode/models").await;
-    let fake = models["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["id"] == format!("fake/{MODEL}"))
-        .unwrap_or_else(|| panic!("the configured model is listed: {models}"));
-    assert_eq!(fake["is_default"], true, "{models}");
-    assert_eq!(fake["context_window"], 100000, "{models}");
-    assert_eq!(
-        ledger_rows(&w.app.pool).await,
-        0,
-        "the probe's server is gone"
-    );
-
-    let (agent, _) = w.agent("build").await;
-    w.fake.push(Reply::slow(
-        "Hello from the fake model, in pieces.",
-        4,
-        Duration::from_millis(20),
-    ));
-    let events = w.turn(&agent, "say hello", None).await;
-    let k = kinds(&events);
-    let deltas: String = of_kind(&events, "assistant_delta")
-        .iter()
-        .map(|d| d["text"].as_str().unwrap())
-        .collect();
-    assert!(of_kind(&events, "assistant_delta").len() >= 2, "{k:?}");
-    assert_eq!(deltas, "Hello from the fake model, in pieces.");
-    assert_eq!(last_message(&events), deltas);
-    // The prompt is the user's message, not echoed as the assistant's.
-    let user = of_kind(&events, "user_message");
-    assert_eq!(user.len(), 1, "{k:?}");
-    assert_eq!(user[0]["text"], "say hello");
-    let done = outcome(&events);
-    assert_eq!(done["outcome"], "completed", "{done}");
-    assert_eq!(done["usage"]["input_tokens"], 30, "{done}");
-    assert_eq!(done["usage"]["output_tokens"], 7, "{done}");
-    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
-    assert!(
-        a["runtime"]["provider_session_id"]
-            .as_str()
-            .unwrap()
-            .starts_with("ses"),
-        "{a}"
-    );
-
-    // One model call for the turn (no title generation), with the prompt, to the fake.
-    let calls = w.fake.completions();
-    assert_eq!(
-        calls.len(),
-        1,
-        "{:?}",
-        calls.iter().map(|c| &c.line).collect::<Vec<_>>()
-    );
-    let request = &calls[0];
-    assert_eq!(request.body["stream"], true);
-    assert_eq!(request.body["model"], MODEL);
-    assert_eq!(request.header("authorization"), Some("Bearer test-key"));
-    assert!(conversation_text(&request.body).contains("say hello"));
-    let tools: Vec<&str> = request.body["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["function"]["name"].as_str().unwrap())
-        .collect();
-    assert!(
-        tools.contains(&"write") && tools.contains(&"bash"),
-        "{tools:?}"
-    );
-    assert!(
-        !tools.contains(&"question"),
-        "no tool that waits on a route agentry does not serve: {tools:?}"
-    );
-    for r in w.fake.requests() {
-        assert!(r.line.contains("/v1/"), "{}", r.line);
-    }
+    scenarios::a_text_turn_streams_deltas_and_completes_with_usage(&World::new().await).await;
 }
 
 #[tokio::test]
 async fn an_approved_write_lands_in_the_worktree_and_its_diff() {
-    let w = World::new().await;
-    let (agent, ws) = w.agent("build").await;
-    let path = path_of(&ws["path"]).join("hello.txt");
-    w.fake.push(Reply::tool(
-        "write",
-        json!({"filePath": path, "content": "hello from opencode\n"}),
-    ));
-    w.fake.push(Reply::text("The file is written."));
-
-    let mut stream = w.app.events(&agent, None).await;
-    w.app.prompt(&agent, "write hello.txt").await;
-    let before = stream.until("permission_requested", LONG).await;
-    let request = of_kind(&before, "permission_requested")[0].clone();
-    assert_eq!(request["kind"], "tool");
-    assert_eq!(request["title"], "Edit hello.txt", "{request}");
-    let options: Vec<&str> = request["options"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| o["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(options, ["allow", "allow_always", "deny"], "{request}");
-    let pending = of_kind(&before, "tool_call");
-    let last = pending.last().unwrap();
-    assert_eq!(last["tool_kind"], "write", "{last}");
-    assert_eq!(
-        last["diff"][0]["new_text"], "hello from opencode\n",
-        "{last}"
-    );
-    assert!(!path.exists(), "nothing is written before the answer");
-
-    w.answer(&agent, &request, "allow").await;
-    let after = stream.until("turn_completed", LONG).await;
-    assert_eq!(
-        outcome(&after)["outcome"],
-        "completed",
-        "{:?}",
-        kinds(&after)
-    );
-    let calls = of_kind(&after, "tool_call");
-    let done = calls.last().expect("the call's end");
-    assert_eq!(done["status"], "completed", "{done}");
-    assert_eq!(
-        std::fs::read_to_string(&path).unwrap(),
-        "hello from opencode\n"
-    );
-    assert_eq!(last_message(&after), "The file is written.");
-
-    let diff = w
-        .app
-        .get_ok(&format!(
-            "/v1/workspaces/{}/diff",
-            ws["id"].as_str().unwrap()
-        ))
-        .await;
-    assert!(
-        diff["files"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|f| f["path"] == "hello.txt"),
-        "{diff}"
-    );
-    assert!(
-        diff["patch"]
-            .as_str()
-            .unwrap()
-            .contains("+hello from opencode")
-    );
+    scenarios::an_approved_write_lands_in_the_worktree_and_its_diff(&World::new().await).await;
 }
 
 #[tokio::test]
 async fn a_denied_write_fails_the_tool_and_the_next_turn_works() {
-    let w = World::new().await;
-    let (agent, ws) = w.agent("build").await;
-    let path = path_of(&ws["path"]).join("denied.txt");
-    w.fake.push(Reply::tool(
-        "write",
-        json!({"filePath": path, "content": "no\n"}),
-    ));
-    let mut stream = w.app.events(&agent, None).await;
-    w.app.prompt(&agent, "make denied.txt").await;
-    let before = stream.until("permission_requested", LONG).await;
-    let request = of_kind(&before, "permission_requested")[0].clone();
-    w.answer(&agent, &request, "deny").await;
-    let after = stream.until("turn_completed", LONG).await;
-    assert_eq!(
-        outcome(&after)["outcome"],
-        "completed",
-        "{:?}",
-        kinds(&after)
-    );
-    let calls = of_kind(&after, "tool_call");
-    let failed = calls.last().expect("the call's end");
-    assert_eq!(failed["status"], "failed", "{failed}");
-    assert!(
-        failed["error"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("rejected"),
-        "{failed}"
-    );
-    assert!(!path.exists());
-    let resolved = of_kind(&after, "permission_resolved");
-    assert_eq!(resolved[0]["behavior"], "deny", "{}", resolved[0]);
-
-    w.fake.push(Reply::text("Fine."));
-    let next = w.turn(&agent, "never mind", Some(last_seq(&after))).await;
-    assert_eq!(outcome(&next)["outcome"], "completed");
-    assert_eq!(last_message(&next), "Fine.");
+    scenarios::a_denied_write_fails_its_call_and_the_agent_goes_on(&World::new().await).await;
 }
 
 impl scenarios::Rig for OpenCode {
+    const PROTOCOL: &'static str = "opencode-http";
+    const MODES: &'static [(&'static str, bool)] =
+        &[("build", false), ("plan", false), ("full-access", true)];
     const ASKING_MODE: &'static str = "build";
+    const UNATTENDED_MODE: &'static str = "full-access";
+    const REPLY_TOKENS: u64 = 7;
+    const DENIAL_SAYS: Option<&'static str> = Some("rejected");
+    /// Closing ends `opencode serve` under the adapter's event stream, whose break the
+    /// adapter reports (`dispatch` in `providers::opencode` does not look at `closing`
+    /// before it does).
+    const CLOSE_REPORTS: &'static [&'static str] = &["provider_protocol"];
 
+    fn reply_in_pieces(fake: &FakeChat, text: &str) {
+        fake.push(Reply::slow(text, 4, Duration::from_millis(20)));
+    }
     fn reply_slowly(fake: &FakeChat) {
         fake.push(Reply::slow(
             "This answer takes a long while to arrive, word by word, far too long.",
@@ -320,6 +139,65 @@ impl scenarios::Rig for OpenCode {
     }
     fn last_conversation(fake: &FakeChat) -> String {
         conversation_text(&fake.last_completion().body)
+    }
+
+    /// The catalog comes from a server started for the probe (gone after it).
+    fn check_models(models: &Value) {
+        let fake = models["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["id"] == format!("fake/{MODEL}"))
+            .unwrap_or_else(|| panic!("the configured model is listed: {models}"));
+        assert_eq!(fake["is_default"], true, "{models}");
+        assert_eq!(fake["context_window"], 100000, "{models}");
+    }
+    /// One model call for the turn (no title generation), with the prompt, to the fake,
+    /// offering the tools that write and none that waits on a route agentry does not
+    /// serve.
+    fn check_text_turn(w: &World, agent: &str, events: &[SseEvent]) -> impl Future<Output = ()> {
+        assert_eq!(outcome(events)["usage"]["input_tokens"], 30);
+        let calls = w.fake.completions();
+        assert_eq!(
+            calls.len(),
+            1,
+            "{:?}",
+            calls.iter().map(|c| &c.line).collect::<Vec<_>>()
+        );
+        w.fake.assert_streamed_offline();
+        let tools: Vec<&str> = calls[0].body["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["function"]["name"].as_str().unwrap())
+            .collect();
+        assert!(
+            tools.contains(&"write") && tools.contains(&"bash"),
+            "{tools:?}"
+        );
+        assert!(!tools.contains(&"question"), "{tools:?}");
+        async move {
+            let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
+            assert!(
+                a["runtime"]["provider_session_id"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("ses"),
+                "{a}"
+            );
+        }
+    }
+    fn check_write_request(before: &[SseEvent], request: &Value) {
+        assert_eq!(request["title"], "Edit hello.txt", "{request}");
+        let options = scenarios::option_ids(request);
+        assert_eq!(options, ["allow", "allow_always", "deny"], "{request}");
+        let pending = of_kind(before, "tool_call");
+        let last = pending.last().unwrap();
+        assert_eq!(last["tool_kind"], "write", "{last}");
+        assert_eq!(
+            last["diff"][0]["new_text"], "hello from opencode\n",
+            "{last}"
+        );
     }
 }
 
@@ -343,43 +221,7 @@ async fn a_closed_agent_resumes_its_conversation() {
 
 #[tokio::test]
 async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
-    let w = World::new().await;
-    let (agent, ws) = w.agent("full-access").await;
-    w.fake.push(Reply::text("Noted: mango."));
-    let first = w.turn(&agent, "remember mango", None).await;
-    assert_eq!(outcome(&first)["outcome"], "completed");
-    let id = w.app.get_ok(&format!("/v1/agents/{agent}")).await["runtime"]["provider_session_id"]
-        .clone();
-    let pid = w.pid(&agent).await;
-
-    let w = w
-        .restart(|_| assert!(!pid_alive(pid), "the server's stop ended OpenCode"))
-        .await;
-
-    // Still unattended: a file is written without asking.
-    let path = path_of(&ws["path"]).join("after.txt");
-    w.fake.push(Reply::tool(
-        "write",
-        json!({"filePath": path, "content": "after\n"}),
-    ));
-    w.fake.push(Reply::text("You said mango."));
-    let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
-    w.app
-        .prompt(&agent, "what fruit? and write after.txt")
-        .await;
-    let second = stream.until("turn_completed", LONG).await;
-    let k = kinds(&second);
-    assert_eq!(outcome(&second)["outcome"], "completed", "{k:?}");
-    assert!(!k.contains(&"permission_requested"), "{k:?}");
-    let started = of_kind(&second, "session_started");
-    assert_eq!(started.last().unwrap()["resumed"], true);
-    assert_eq!(started.last().unwrap()["provider_session_id"], id);
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), "after\n");
-    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
-    assert_eq!(a["mode"], "full-access", "{a}");
-    let history = conversation_text(&w.fake.last_completion().body);
-    assert!(history.contains("remember mango"), "{history}");
-    assert!(history.contains("Noted: mango."), "{history}");
+    scenarios::after_a_server_restart_the_agent_resumes_in_its_mode(World::new().await).await;
 }
 
 #[tokio::test]
@@ -500,20 +342,7 @@ async fn plan_mode_edits_nothing_and_a_model_change_applies_to_the_next_prompt()
 #[tokio::test]
 async fn full_access_writes_without_asking_and_a_live_switch_to_build_asks_again() {
     let w = World::new().await;
-    let (agent, ws) = w.agent("full-access").await;
-    let path = path_of(&ws["path"]).join("unattended.txt");
-    w.fake.push(Reply::tool(
-        "write",
-        json!({"filePath": path, "content": "unattended\n"}),
-    ));
-    w.fake.push(Reply::text("Done without asking."));
-    let events = w.turn(&agent, "write unattended.txt", None).await;
-    let k = kinds(&events);
-    assert_eq!(outcome(&events)["outcome"], "completed", "{k:?}");
-    assert!(!k.contains(&"permission_requested"), "{k:?}");
-    let calls = of_kind(&events, "tool_call");
-    assert_eq!(calls.last().unwrap()["status"], "completed");
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), "unattended\n");
+    let (agent, ws, events) = scenarios::the_unattended_mode_writes_without_asking(&w).await;
 
     // Switched in the live session, the next write asks.
     let mut stream = w.app.events(&agent, Some(last_seq(&events))).await;
@@ -553,63 +382,7 @@ async fn a_killed_server_fails_the_turn_quickly_and_the_agent_recovers() {
 
 #[tokio::test]
 async fn no_server_process_is_left_after_archive_or_server_shutdown() {
-    let w = World::new().await;
-    let (archived, _) = w.agent("build").await;
-    w.fake.push(Reply::text("One."));
-    let events = w.turn(&archived, "one", None).await;
-    assert_eq!(outcome(&events)["outcome"], "completed");
-    let pid = w.pid(&archived).await;
-    assert!(w.processes_of_this_test().contains(&pid));
-    assert_eq!(
-        ledger_rows(&w.app.pool).await,
-        1,
-        "the server is in the ledger"
-    );
-    let res = w.app.delete(&format!("/v1/agents/{archived}")).await;
-    assert_eq!(res.status(), 204);
-    eventually(
-        "the archived agent's server to end",
-        Duration::from_secs(10),
-        || !pid_alive(pid),
-    )
-    .await;
-    eventually(
-        "no process of this test's OpenCode home",
-        Duration::from_secs(5),
-        || w.processes_of_this_test().is_empty(),
-    )
-    .await;
-    assert_eq!(
-        ledger_rows(&w.app.pool).await,
-        0,
-        "the ledger is empty after archive"
-    );
-    // OpenCode unpacks a native library into TMPDIR at every start and never removes it:
-    // the process's own TMPDIR goes with it.
-    let tmp_left: Vec<_> = std::fs::read_dir(w.app.data_dir.path().join("tmp"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert!(tmp_left.is_empty(), "no TMPDIR is left: {tmp_left:?}");
-
-    // Server shutdown, with a turn in flight.
-    let (agent, _) = w.agent("build").await;
-    w.fake.push(Reply::stalled("Still talking"));
-    let mut stream = w.app.events(&agent, None).await;
-    w.app.prompt(&agent, "talk").await;
-    stream.until("assistant_delta", LONG).await;
-    let pid = w.pid(&agent).await;
-    let marker = w.marker();
-    let (app, _rest) = w.into_app();
-    let (db, _data_dir, _token) = app.stop().await;
-    assert!(!pid_alive(pid), "the server's stop ended OpenCode");
-    assert!(processes_with_env(&marker).is_empty());
-    let pool = sqlx::PgPool::connect_with(db).await.unwrap();
-    assert_eq!(
-        ledger_rows(&pool).await,
-        0,
-        "the ledger is empty after shutdown"
-    );
+    scenarios::no_cli_process_is_left_after_archive_or_server_shutdown(World::new().await).await;
 }
 
 #[tokio::test]

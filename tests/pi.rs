@@ -9,9 +9,11 @@
 mod helpers;
 
 #[path = "support/http.rs"]
+#[allow(dead_code)]
 mod http;
 
 #[path = "support/scenarios.rs"]
+#[allow(dead_code)]
 mod scenarios;
 
 #[path = "support/clis.rs"]
@@ -26,6 +28,7 @@ mod cli_world;
 mod fake_chat;
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -33,7 +36,7 @@ use agentry::config::ProviderSettings;
 use cli_world::{CliWorld, Provider, cli_settings, last_message, new_agent};
 use fake_chat::{FakeChat, MODEL, Reply, conversation_text};
 use helpers::*;
-use serde_json::json;
+use serde_json::{Value, json};
 
 const LONG: Duration = Duration::from_secs(40);
 
@@ -86,193 +89,17 @@ impl Provider for Pi {
 
 #[tokio::test]
 async fn a_text_turn_streams_deltas_and_completes_with_usage() {
-    let w = World::new().await;
-    let pi = w.app.provider("pi").await;
-    assert_eq!(pi["available"], true, "{pi}");
-    assert_eq!(pi["protocol"], "pi-rpc");
-    assert_eq!(pi["default_mode"], "ask");
-    let modes: Vec<(&str, bool)> = pi["modes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| (m["id"].as_str().unwrap(), m["unattended"] == true))
-        .collect();
-    assert_eq!(modes, [("ask", false), ("full-access", true)]);
-    // The modes say they are agentry's, not Pi's.
-    assert!(
-        pi["modes"][0]["description"]
-            .as_str()
-            .unwrap()
-            .contains("Pi itself never asks"),
-        "{pi}"
-    );
-    let models = w.app.get_ok("/v1/providers/pi/models").await;
-    let listed: Vec<(&str, bool)> = models["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| (m["id"].as_str().unwrap(), m["is_default"] == true))
-        .collect();
-    assert_eq!(
-        listed,
-        [
-            (pi_model().as_str(), true),
-            (format!("fake/{OTHER_MODEL}").as_str(), false)
-        ],
-        "{models}"
-    );
-
-    let (agent, _) = w.agent("ask").await;
-    w.fake.push(Reply::slow(
-        "Hello from the fake model, in pieces.",
-        4,
-        Duration::from_millis(20),
-    ));
-    let events = w.turn(&agent, "say hello", None).await;
-    let k = kinds(&events);
-    let deltas: String = of_kind(&events, "assistant_delta")
-        .iter()
-        .map(|d| d["text"].as_str().unwrap())
-        .collect();
-    assert!(of_kind(&events, "assistant_delta").len() >= 2, "{k:?}");
-    assert_eq!(deltas, "Hello from the fake model, in pieces.");
-    assert_eq!(last_message(&events), deltas);
-    assert_eq!(of_kind(&events, "user_message").len(), 1, "{k:?}");
-    let usage = of_kind(&events, "usage");
-    assert!(!usage.is_empty(), "{k:?}");
-    assert_eq!(usage[0]["context_window_max"], 128000, "{}", usage[0]);
-    let done = outcome(&events);
-    assert_eq!(done["outcome"], "completed", "{done}");
-    assert_eq!(done["usage"]["input_tokens"], 30, "{done}");
-    assert_eq!(done["usage"]["output_tokens"], 7, "{done}");
-    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
-    assert_eq!(a["mode"], "ask", "{a}");
-    assert_eq!(a["model"], pi_model(), "{a}");
-
-    let request = w.fake.last_completion();
-    assert_eq!(request.body["stream"], true);
-    assert_eq!(request.body["model"], MODEL);
-    assert_eq!(request.header("authorization"), Some("Bearer test-key"));
-    assert!(conversation_text(&request.body).contains("say hello"));
-    // Offline: the only requests the CLI made were to the model endpoint.
-    for r in w.fake.requests() {
-        assert!(r.line.contains("/v1/"), "{}", r.line);
-    }
+    scenarios::a_text_turn_streams_deltas_and_completes_with_usage(&World::new().await).await;
 }
 
 #[tokio::test]
 async fn an_approved_write_lands_in_the_worktree_and_its_diff() {
-    let w = World::new().await;
-    let (agent, ws) = w.agent("ask").await;
-    let path = path_of(&ws["path"]).join("hello.txt");
-    w.fake.push(Reply::tool(
-        "write",
-        json!({"path": path, "content": "hello from pi\n"}),
-    ));
-    w.fake.push(Reply::text("The file is written."));
-
-    let mut stream = w.app.events(&agent, None).await;
-    w.app.prompt(&agent, "write hello.txt").await;
-    let before = stream.until("permission_requested", LONG).await;
-    let request = of_kind(&before, "permission_requested")[0].clone();
-    assert_eq!(request["kind"], "tool", "{request}");
-    let options: Vec<&str> = request["options"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| o["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(options, ["allow", "deny"], "{request}");
-    assert_eq!(request["input"]["content"], "hello from pi\n", "{request}");
-    let calls = of_kind(&before, "tool_call");
-    let pending = calls.first().expect("the call is announced first");
-    assert_eq!(pending["status"], "pending", "{pending}");
-    assert_eq!(pending["tool_kind"], "write", "{pending}");
-    assert_eq!(pending["diff"][0]["change"], "add", "{pending}");
-    assert_eq!(pending["diff"][0]["new_text"], "hello from pi\n");
-    assert_eq!(request["call_id"], pending["call_id"], "{request}");
-    assert!(!path.exists(), "nothing is written before the answer");
-
-    w.answer(&agent, &request, "allow").await;
-    let after = stream.until("turn_completed", LONG).await;
-    assert_eq!(
-        outcome(&after)["outcome"],
-        "completed",
-        "{:?}",
-        kinds(&after)
-    );
-    let calls = of_kind(&after, "tool_call");
-    let done = calls.last().expect("the call's end");
-    assert_eq!(done["status"], "completed", "{done}");
-    assert_eq!(done["input"]["content"], "hello from pi\n", "{done}");
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), "hello from pi\n");
-    assert_eq!(last_message(&after), "The file is written.");
-
-    let diff = w
-        .app
-        .get_ok(&format!(
-            "/v1/workspaces/{}/diff",
-            ws["id"].as_str().unwrap()
-        ))
-        .await;
-    assert!(
-        diff["files"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|f| f["path"] == "hello.txt"),
-        "{diff}"
-    );
-    assert!(diff["patch"].as_str().unwrap().contains("+hello from pi"));
-    // The model was told of the result.
-    let last = conversation_text(&w.fake.last_completion().body);
-    assert!(last.contains("Successfully wrote"), "{last}");
+    scenarios::an_approved_write_lands_in_the_worktree_and_its_diff(&World::new().await).await;
 }
 
 #[tokio::test]
 async fn a_denied_write_fails_the_tool_and_the_turn_completes() {
-    let w = World::new().await;
-    let (agent, ws) = w.agent("ask").await;
-    let path = path_of(&ws["path"]).join("denied.txt");
-    w.fake.push(Reply::tool(
-        "write",
-        json!({"path": path, "content": "no\n"}),
-    ));
-    w.fake.push(Reply::text("Understood."));
-    let mut stream = w.app.events(&agent, None).await;
-    w.app.prompt(&agent, "make denied.txt").await;
-    let before = stream.until("permission_requested", LONG).await;
-    let request = of_kind(&before, "permission_requested")[0].clone();
-    w.answer(&agent, &request, "deny").await;
-    let after = stream.until("turn_completed", LONG).await;
-    assert_eq!(
-        outcome(&after)["outcome"],
-        "completed",
-        "{:?}",
-        kinds(&after)
-    );
-    let calls = of_kind(&after, "tool_call");
-    let failed = calls.last().expect("the call's end");
-    assert_eq!(failed["status"], "failed", "{failed}");
-    assert!(
-        failed["error"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("denied"),
-        "{failed}"
-    );
-    assert!(!path.exists());
-    let resolved = of_kind(&after, "permission_resolved");
-    assert_eq!(resolved[0]["behavior"], "deny", "{}", resolved[0]);
-    // The model heard why.
-    let last = conversation_text(&w.fake.last_completion().body);
-    assert!(last.contains("The user denied this tool call."), "{last}");
-
-    // The agent goes on: the next turn works.
-    w.fake.push(Reply::text("Fine."));
-    let next = w.turn(&agent, "never mind", Some(last_seq(&after))).await;
-    assert_eq!(outcome(&next)["outcome"], "completed");
-    assert_eq!(last_message(&next), "Fine.");
+    scenarios::a_denied_write_fails_its_call_and_the_agent_goes_on(&World::new().await).await;
 }
 
 #[tokio::test]
@@ -295,51 +122,7 @@ async fn a_closed_agent_resumes_its_conversation() {
 
 #[tokio::test]
 async fn after_a_server_restart_the_agent_resumes_in_its_mode() {
-    let w = World::new().await;
-    let (agent, ws) = w.agent("full-access").await;
-    w.fake.push(Reply::text("Noted: mango."));
-    let first = w.turn(&agent, "remember mango", None).await;
-    assert_eq!(outcome(&first)["outcome"], "completed");
-    let pid = w.pid(&agent).await;
-
-    let w = w
-        .restart(|data_dir| {
-            assert!(!pid_alive(pid), "the server's stop ended the CLI");
-            // The session file is kept under the data dir.
-            let sessions = data_dir.join("providers/pi/sessions");
-            let files: Vec<_> = std::fs::read_dir(&sessions)
-                .unwrap()
-                .flatten()
-                .filter(|f| f.path().extension().is_some_and(|e| e == "jsonl"))
-                .collect();
-            assert_eq!(files.len(), 1, "one session file in {}", sessions.display());
-        })
-        .await;
-
-    // Still unattended: a file is written without asking.
-    let path = path_of(&ws["path"]).join("after.txt");
-    w.fake.push(Reply::tool(
-        "write",
-        json!({"path": path, "content": "after\n"}),
-    ));
-    w.fake.push(Reply::text("You said mango."));
-    let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
-    w.app
-        .prompt(&agent, "what fruit? and write after.txt")
-        .await;
-    let second = stream.until("turn_completed", LONG).await;
-    let k = kinds(&second);
-    assert_eq!(outcome(&second)["outcome"], "completed", "{k:?}");
-    assert!(!k.contains(&"permission_requested"), "{k:?}");
-    let started = of_kind(&second, "session_started");
-    assert_eq!(started.last().unwrap()["resumed"], true);
-    assert!(of_kind(&second, "mode_changed").is_empty(), "{k:?}");
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), "after\n");
-    let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
-    assert_eq!(a["mode"], "full-access", "{a}");
-    let history = conversation_text(&w.fake.last_completion().body);
-    assert!(history.contains("remember mango"), "{history}");
-    assert!(history.contains("Noted: mango."), "{history}");
+    scenarios::after_a_server_restart_the_agent_resumes_in_its_mode(World::new().await).await;
 }
 
 #[tokio::test]
@@ -382,37 +165,8 @@ async fn full_access_writes_files_and_runs_commands_without_asking() {
 #[tokio::test]
 async fn switching_modes_in_a_live_session_turns_the_gate_off_and_on() {
     let w = World::new().await;
-    let (agent, ws) = w.agent("ask").await;
-    w.fake.push(Reply::text("Ready."));
-    let first = w.turn(&agent, "get ready", None).await;
-    assert_eq!(outcome(&first)["outcome"], "completed");
-    let pid = w.pid(&agent).await;
-
-    let mut stream = w.app.events(&agent, Some(last_seq(&first))).await;
-    let changed = w
-        .app
-        .put_ok(
-            &format!("/v1/agents/{agent}/mode"),
-            json!({"mode": "full-access"}),
-        )
-        .await;
-    assert_eq!(changed["mode"], "full-access", "{changed}");
-    let path = path_of(&ws["path"]).join("switched.txt");
-    w.fake.push(Reply::tool(
-        "write",
-        json!({"path": path, "content": "switched\n"}),
-    ));
-    w.fake.push(Reply::text("Wrote it."));
-    w.app.prompt(&agent, "write switched.txt").await;
-    let events = stream.until("turn_completed", LONG).await;
-    let k = kinds(&events);
-    assert_eq!(outcome(&events)["outcome"], "completed", "{k:?}");
-    assert!(!k.contains(&"permission_requested"), "{k:?}");
-    let modes = of_kind(&events, "mode_changed");
-    assert_eq!(modes.len(), 1, "{k:?}");
-    assert_eq!(modes[0]["mode"], "full-access");
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), "switched\n");
-    assert_eq!(w.pid(&agent).await, pid, "the same process, not a restart");
+    let (agent, ws, events) =
+        scenarios::a_live_switch_to_the_unattended_mode_stops_the_asking(&w).await;
 
     // And back: the gate asks again.
     w.app
@@ -598,8 +352,16 @@ async fn an_unreadable_session_file_starts_afresh_and_says_so() {
 }
 
 impl scenarios::Rig for Pi {
+    const PROTOCOL: &'static str = "pi-rpc";
+    const MODES: &'static [(&'static str, bool)] = &[("ask", false), ("full-access", true)];
     const ASKING_MODE: &'static str = "ask";
+    const UNATTENDED_MODE: &'static str = "full-access";
+    const REPLY_TOKENS: u64 = 7;
+    const DENIAL_SAYS: Option<&'static str> = Some("denied");
 
+    fn reply_in_pieces(fake: &FakeChat, text: &str) {
+        fake.push(Reply::slow(text, 4, Duration::from_millis(20)));
+    }
     fn reply_slowly(fake: &FakeChat) {
         fake.push(Reply::slow(
             "A long answer that will be cut short midway.",
@@ -621,6 +383,80 @@ impl scenarios::Rig for Pi {
     }
     fn last_conversation(fake: &FakeChat) -> String {
         conversation_text(&fake.last_completion().body)
+    }
+
+    fn check_models(models: &Value) {
+        let listed: Vec<(&str, bool)> = models["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| (m["id"].as_str().unwrap(), m["is_default"] == true))
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                (pi_model().as_str(), true),
+                (format!("fake/{OTHER_MODEL}").as_str(), false)
+            ],
+            "{models}"
+        );
+    }
+    /// The modes say they are agentry's, not Pi's; Pi reports the context window and the
+    /// tokens; it asked the fake with its key, offline.
+    fn check_text_turn(w: &World, agent: &str, events: &[SseEvent]) -> impl Future<Output = ()> {
+        let usage = of_kind(events, "usage");
+        assert!(!usage.is_empty(), "{:?}", kinds(events));
+        assert_eq!(usage[0]["context_window_max"], 128000, "{}", usage[0]);
+        assert_eq!(outcome(events)["usage"]["input_tokens"], 30);
+        w.fake.assert_streamed_offline();
+        async move {
+            let pi = w.app.provider("pi").await;
+            assert!(
+                pi["modes"][0]["description"]
+                    .as_str()
+                    .unwrap()
+                    .contains("Pi itself never asks"),
+                "{pi}"
+            );
+            let a = w.app.get_ok(&format!("/v1/agents/{agent}")).await;
+            assert_eq!(a["model"], pi_model(), "{a}");
+        }
+    }
+    /// The call is announced first, pending, with its diff.
+    fn check_write_request(before: &[SseEvent], request: &Value) {
+        let options = scenarios::option_ids(request);
+        assert_eq!(options, ["allow", "deny"], "{request}");
+        assert_eq!(request["input"]["content"], "hello from pi\n", "{request}");
+        let calls = of_kind(before, "tool_call");
+        let pending = calls.first().expect("the call is announced first");
+        assert_eq!(pending["status"], "pending", "{pending}");
+        assert_eq!(pending["tool_kind"], "write", "{pending}");
+        assert_eq!(pending["diff"][0]["change"], "add", "{pending}");
+        assert_eq!(pending["diff"][0]["new_text"], "hello from pi\n");
+        assert_eq!(request["call_id"], pending["call_id"], "{request}");
+    }
+    /// The model was told of the result.
+    fn check_written(w: &World, after: &[SseEvent], _request: &Value) {
+        let calls = of_kind(after, "tool_call");
+        let done = calls.last().unwrap();
+        assert_eq!(done["input"]["content"], "hello from pi\n", "{done}");
+        let last = conversation_text(&w.fake.last_completion().body);
+        assert!(last.contains("Successfully wrote"), "{last}");
+    }
+    /// The model heard why.
+    fn check_denied(w: &World) {
+        let last = conversation_text(&w.fake.last_completion().body);
+        assert!(last.contains("The user denied this tool call."), "{last}");
+    }
+    /// The session file is kept under the data dir.
+    fn while_stopped(data_dir: &Path) {
+        let sessions = data_dir.join("providers/pi/sessions");
+        let files: Vec<_> = std::fs::read_dir(&sessions)
+            .unwrap()
+            .flatten()
+            .filter(|f| f.path().extension().is_some_and(|e| e == "jsonl"))
+            .collect();
+        assert_eq!(files.len(), 1, "one session file in {}", sessions.display());
     }
 }
 

@@ -19,6 +19,7 @@ use crate::helpers::*;
 use crate::people::*;
 
 #[path = "../support/http.rs"]
+#[allow(dead_code)] // here only its request reader is used
 pub(crate) mod http;
 
 const SECRET: &str = "whsec_test_0123456789";

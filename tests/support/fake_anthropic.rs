@@ -3,15 +3,16 @@
 //! `GET /v1/models` and `HEAD /api/hello` answer what the CLI expects. Each test queues
 //! the model's replies and reads back the requests it received.
 //!
-//! Plain HTTP/1.1 over tokio, one request per connection (`connection: close`).
+//! Served by the shared loop and SSE writer of `http.rs`.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
+
+use crate::http::{Request, Server, Sse, pieces, respond_empty, respond_json};
 
 /// One content block of a scripted reply.
 #[derive(Debug, Clone)]
@@ -102,13 +103,7 @@ struct State {
 pub struct FakeAnthropic {
     pub url: String,
     state: Arc<Mutex<State>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeAnthropic {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    _server: Server,
 }
 
 impl crate::cli_world::ModelFake for FakeAnthropic {
@@ -122,19 +117,15 @@ impl crate::cli_world::ModelFake for FakeAnthropic {
 
 impl FakeAnthropic {
     pub async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
         let state = Arc::new(Mutex::new(State::default()));
         let shared = state.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let state = shared.clone();
-                tokio::spawn(async move {
-                    let _ = serve(stream, state).await;
-                });
-            }
-        });
-        Self { url, state, task }
+        let server =
+            Server::start(move |request, stream| serve(request, stream, shared.clone())).await;
+        Self {
+            url: server.url(),
+            state,
+            _server: server,
+        }
     }
 
     /// Queue the model's next replies (when none is queued it answers "Done.").
@@ -234,73 +225,28 @@ fn collect_text(value: &Value, out: &mut String) {
     }
 }
 
-async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) -> std::io::Result<()> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 8192];
-    let head_end = loop {
-        if let Some(pos) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break pos + 4;
-        }
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
-    let mut lines = head.lines();
-    let request_line = lines.next().unwrap_or_default().to_owned();
-    let headers: Vec<(&str, &str)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim(), v.trim()))
-        .collect();
-    let header = |name: &str| {
-        headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.to_string())
-    };
-    let length: usize = header("content-length")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let api_key = header("x-api-key").unwrap_or_default();
-    while buf.len() < head_end + length {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    let body = &buf[head_end..(head_end + length).min(buf.len())];
-    let mut parts = request_line.split_whitespace();
-    let method = parts.next().unwrap_or_default().to_owned();
-    let target = parts.next().unwrap_or_default().to_owned();
-    let path = target.split('?').next().unwrap_or_default().to_owned();
-    state
-        .lock()
-        .unwrap()
-        .lines
-        .push(format!("{method} {target}"));
-
-    match (method.as_str(), path.as_str()) {
+async fn serve(request: Request, mut stream: TcpStream, state: Arc<Mutex<State>>) {
+    state.lock().unwrap().lines.push(request.line.clone());
+    match (request.method.as_str(), request.path.as_str()) {
         ("POST", "/v1/messages") => {
-            let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+            let body = request.json();
             let (reply, number) = {
                 let mut s = state.lock().unwrap();
-                s.api_keys.push(api_key);
+                s.api_keys
+                    .push(request.header("x-api-key").unwrap_or_default().to_owned());
                 s.message_no += 1;
                 let reply = match (s.replies.pop_front(), &s.responder) {
                     (Some(queued), _) => queued,
-                    (None, Some(respond)) => respond(&request),
+                    (None, Some(respond)) => respond(&body),
                     (None, None) => Reply::text("Done."),
                 };
-                s.requests.push(request);
+                s.requests.push(body);
                 (reply, s.message_no)
             };
-            stream_reply(&mut stream, &reply, number).await
+            let _ = stream_reply(stream, &reply, number).await;
         }
         ("POST", "/v1/messages/count_tokens") => {
-            respond_json(&mut stream, &json!({"input_tokens": 42})).await
+            respond_json(&mut stream, &json!({"input_tokens": 42})).await;
         }
         ("GET", "/v1/models") => {
             respond_json(
@@ -309,57 +255,24 @@ async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) -> std::io::Resu
                     "display_name": "Fake model", "created_at": "2026-01-01T00:00:00Z"}],
                     "has_more": false, "first_id": "fake-model-1", "last_id": "fake-model-1"}),
             )
-            .await
+            .await;
         }
-        ("HEAD", _) => {
-            stream
-                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
-                .await
-        }
-        _ => {
-            stream
-                .write_all(
-                    b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-                )
-                .await
-        }
+        ("HEAD", _) => respond_empty(&mut stream, "200 OK").await,
+        _ => respond_empty(&mut stream, "404 Not Found").await,
     }
 }
 
-async fn respond_json(stream: &mut TcpStream, body: &Value) -> std::io::Result<()> {
-    let body = body.to_string();
-    let head = format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await
-}
-
-async fn event(stream: &mut TcpStream, data: Value) -> std::io::Result<()> {
+/// One Messages stream event, named by its `type`.
+async fn event(sse: &mut Sse, data: Value) -> std::io::Result<()> {
     let kind = data["type"].as_str().unwrap_or("ping").to_owned();
-    stream
-        .write_all(format!("event: {kind}\ndata: {data}\n\n").as_bytes())
-        .await?;
-    stream.flush().await
+    sse.event(&kind, &data).await
 }
 
-/// `text` in `n` pieces (at char boundaries).
-fn pieces(text: &str, n: usize) -> Vec<String> {
-    let chars: Vec<char> = text.chars().collect();
-    let size = chars.len().div_ceil(n.max(1)).max(1);
-    chars.chunks(size).map(|c| c.iter().collect()).collect()
-}
-
-async fn stream_reply(stream: &mut TcpStream, reply: &Reply, number: u64) -> std::io::Result<()> {
-    stream
-        .write_all(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n",
-        )
-        .await?;
+async fn stream_reply(stream: TcpStream, reply: &Reply, number: u64) -> std::io::Result<()> {
+    let mut sse = Sse::start(stream).await?;
     let id = format!("msg_fake{number:04}");
     event(
-        stream,
+        &mut sse,
         json!({"type": "message_start", "message": {"id": id, "type": "message",
             "role": "assistant", "model": "fake-model-1", "content": [], "stop_reason": null,
             "stop_sequence": null, "usage": {"input_tokens": 25, "output_tokens": 1}}}),
@@ -370,17 +283,15 @@ async fn stream_reply(stream: &mut TcpStream, reply: &Reply, number: u64) -> std
         match block {
             Block::Text(text) => {
                 event(
-                    stream,
+                    &mut sse,
                     json!({"type": "content_block_start", "index": index,
                     "content_block": {"type": "text", "text": ""}}),
                 )
                 .await?;
                 for piece in pieces(text, reply.chunks) {
-                    if !reply.delay.is_zero() {
-                        tokio::time::sleep(reply.delay).await;
-                    }
+                    sse.pause(reply.delay).await;
                     event(
-                        stream,
+                        &mut sse,
                         json!({"type": "content_block_delta", "index": index,
                         "delta": {"type": "text_delta", "text": piece}}),
                     )
@@ -389,21 +300,21 @@ async fn stream_reply(stream: &mut TcpStream, reply: &Reply, number: u64) -> std
             }
             Block::Thinking(text) => {
                 event(
-                    stream,
+                    &mut sse,
                     json!({"type": "content_block_start", "index": index,
                     "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
                 )
                 .await?;
                 for piece in pieces(text, reply.chunks) {
                     event(
-                        stream,
+                        &mut sse,
                         json!({"type": "content_block_delta", "index": index,
                         "delta": {"type": "thinking_delta", "thinking": piece}}),
                     )
                     .await?;
                 }
                 event(
-                    stream,
+                    &mut sse,
                     json!({"type": "content_block_delta", "index": index,
                     "delta": {"type": "signature_delta", "signature": "c2ln"}}),
                 )
@@ -412,13 +323,13 @@ async fn stream_reply(stream: &mut TcpStream, reply: &Reply, number: u64) -> std
             Block::ToolUse { id, name, input } => {
                 stop_reason = "tool_use";
                 event(
-                    stream,
+                    &mut sse,
                     json!({"type": "content_block_start", "index": index,
                     "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}}),
                 )
                 .await?;
                 event(
-                    stream,
+                    &mut sse,
                     json!({"type": "content_block_delta", "index": index,
                     "delta": {"type": "input_json_delta", "partial_json": input.to_string()}}),
                 )
@@ -426,17 +337,17 @@ async fn stream_reply(stream: &mut TcpStream, reply: &Reply, number: u64) -> std
             }
         }
         event(
-            stream,
+            &mut sse,
             json!({"type": "content_block_stop", "index": index}),
         )
         .await?;
     }
     event(
-        stream,
+        &mut sse,
         json!({"type": "message_delta", "delta": {"stop_reason": stop_reason,
             "stop_sequence": null}, "usage": {"output_tokens": 15}}),
     )
     .await?;
-    event(stream, json!({"type": "message_stop"})).await?;
-    stream.shutdown().await
+    event(&mut sse, json!({"type": "message_stop"})).await?;
+    sse.end().await
 }

@@ -6,15 +6,16 @@
 //! a request without `stream` gets one whole `chat.completion`. `GET /v1/models` lists
 //! the model. Every request is recorded (path, headers, body) for the test to read.
 //!
-//! Plain HTTP/1.1 over tokio, one request per connection (`connection: close`).
+//! Served by the shared loop and SSE writer of `http.rs`.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
+
+use crate::http::{Server, Sse, pieces, respond_empty, respond_json};
 
 /// The model id the fake reports and the tests configure.
 pub const MODEL: &str = "fake-model";
@@ -115,13 +116,7 @@ struct State {
 pub struct FakeChat {
     pub port: u16,
     state: Arc<Mutex<State>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeChat {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    _server: Server,
 }
 
 impl crate::cli_world::ModelFake for FakeChat {
@@ -135,16 +130,15 @@ impl crate::cli_world::ModelFake for FakeChat {
 
 impl FakeChat {
     pub async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
         let state = Arc::new(Mutex::new(State::default()));
         let shared = state.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(serve(stream, shared.clone()));
-            }
-        });
-        Self { port, state, task }
+        let server =
+            Server::start(move |request, stream| serve(request, stream, shared.clone())).await;
+        Self {
+            port: server.addr.port(),
+            state,
+            _server: server,
+        }
     }
 
     /// The base URL clients are given (`…/v1`).
@@ -175,6 +169,18 @@ impl FakeChat {
         self.completions()
             .pop()
             .expect("the model was called at least once")
+    }
+
+    /// The last completion was streamed, for [`MODEL`], with the key `test-key`; and the
+    /// CLI asked nothing but the model endpoint (`/v1/…`), as offline.
+    pub fn assert_streamed_offline(&self) {
+        let request = self.last_completion();
+        assert_eq!(request.body["stream"], true);
+        assert_eq!(request.body["model"], MODEL);
+        assert_eq!(request.header("authorization"), Some("Bearer test-key"));
+        for r in self.requests() {
+            assert!(r.line.contains("/v1/"), "{}", r.line);
+        }
     }
 
     /// Wait until `n` completions requests have arrived.
@@ -234,37 +240,23 @@ pub fn messages_of(body: &Value, role: &str) -> Vec<String> {
         .collect()
 }
 
-async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
-    let Some((head, body)) = crate::http::read_request(&mut stream).await else {
-        return;
-    };
-    let mut lines = head.lines();
-    let line = lines.next().unwrap_or_default().to_owned();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            Some((k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        })
-        .collect();
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+async fn serve(request: crate::http::Request, mut stream: TcpStream, state: Arc<Mutex<State>>) {
+    let body = request.json();
     state.lock().unwrap().requests.push(Request {
-        line: line.clone(),
-        headers,
+        line: request.line.clone(),
+        headers: request.headers.clone(),
         body: body.clone(),
     });
-    let path = line.split_whitespace().nth(1).unwrap_or_default();
-    let path = path.split('?').next().unwrap_or_default();
-    if line.starts_with("GET ") && path.ends_with("/models") {
+    let path = request.path.as_str();
+    if request.method == "GET" && path.ends_with("/models") {
         let list = json!({"object": "list", "data": [
             {"id": MODEL, "object": "model", "created": 0, "owned_by": "fake"}
         ]});
         respond_json(&mut stream, &list).await;
         return;
     }
-    if !line.starts_with("POST ") || !path.ends_with("/chat/completions") {
-        let _ = stream
-            .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
-            .await;
+    if request.method != "POST" || !path.ends_with("/chat/completions") {
+        respond_empty(&mut stream, "404 Not Found").await;
         return;
     }
     let reply = state
@@ -278,52 +270,43 @@ async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
         respond_json(&mut stream, &whole(&reply, &model)).await;
         return;
     }
-    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n";
-    if stream.write_all(head.as_bytes()).await.is_err() {
-        return;
-    }
-    let pieces = split(&reply.text, reply.chunks);
-    let mut frames = vec![chunk(
-        &model,
+    let _ = stream_reply(stream, &reply, &model).await;
+}
+
+async fn stream_reply(stream: TcpStream, reply: &Reply, model: &str) -> std::io::Result<()> {
+    let mut sse = Sse::start(stream).await?;
+    sse.data(&chunk(
+        model,
         json!({"role": "assistant", "content": ""}),
         None,
-    )];
-    if !send_frames(&mut frames, &mut stream).await {
-        return;
-    }
-    for (i, piece) in pieces.iter().enumerate() {
-        if i > 0 && !reply.delay.is_zero() {
-            tokio::time::sleep(reply.delay).await;
+    ))
+    .await?;
+    for (i, piece) in pieces(&reply.text, reply.chunks).iter().enumerate() {
+        if i > 0 {
+            sse.pause(reply.delay).await;
         }
-        frames.push(chunk(&model, json!({"content": piece}), None));
-        if !send_frames(&mut frames, &mut stream).await {
-            return;
-        }
+        sse.data(&chunk(model, json!({"content": piece}), None))
+            .await?;
     }
     if reply.stall {
-        // Held open until the client goes away.
-        let mut sink = [0u8; 256];
-        while let Ok(n) = stream.read(&mut sink).await {
-            if n == 0 {
-                break;
-            }
-        }
-        return;
+        sse.stall().await;
+        return Ok(());
     }
     for (index, call) in reply.tool_calls.iter().enumerate() {
-        frames.push(chunk(
-            &model,
+        sse.data(&chunk(
+            model,
             json!({"tool_calls": [{"index": index, "id": call.id, "type": "function",
                 "function": {"name": call.name, "arguments": ""}}]}),
             None,
-        ));
-        let arguments = call.arguments.to_string();
-        for piece in split(&arguments, 3) {
-            frames.push(chunk(
-                &model,
+        ))
+        .await?;
+        for piece in pieces(&call.arguments.to_string(), 3) {
+            sse.data(&chunk(
+                model,
                 json!({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}),
                 None,
-            ));
+            ))
+            .await?;
         }
     }
     let finish = if reply.tool_calls.is_empty() {
@@ -331,28 +314,14 @@ async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
     } else {
         "tool_calls"
     };
-    frames.push(chunk(&model, json!({}), Some(finish)));
-    frames.push(json!({
+    sse.data(&chunk(model, json!({}), Some(finish))).await?;
+    sse.data(&json!({
         "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model,
         "choices": [],
-        "usage": usage(&reply),
-    }));
-    if !send_frames(&mut frames, &mut stream).await {
-        return;
-    }
-    let _ = stream.write_all(b"data: [DONE]\n\n").await;
-    let _ = stream.flush().await;
-}
-
-/// Write the frames as SSE `data:` lines; false once the client is gone.
-async fn send_frames(frames: &mut Vec<Value>, stream: &mut TcpStream) -> bool {
-    for frame in frames.drain(..) {
-        let text = format!("data: {frame}\n\n");
-        if stream.write_all(text.as_bytes()).await.is_err() {
-            return false;
-        }
-    }
-    stream.flush().await.is_ok()
+        "usage": usage(reply),
+    }))
+    .await?;
+    sse.send(None, "[DONE]").await
 }
 
 fn usage(reply: &Reply) -> Value {
@@ -390,25 +359,4 @@ fn whole(reply: &Reply, model: &str) -> Value {
             "finish_reason": if reply.tool_calls.is_empty() { "stop" } else { "tool_calls" }}],
         "usage": usage(reply),
     })
-}
-
-async fn respond_json(stream: &mut TcpStream, value: &Value) {
-    let body = value.to_string();
-    let head = format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-        body.len()
-    );
-    let _ = stream.write_all(head.as_bytes()).await;
-    let _ = stream.write_all(body.as_bytes()).await;
-    let _ = stream.flush().await;
-}
-
-/// A text in up to `n` pieces (on char boundaries); none for an empty text.
-fn split(text: &str, n: usize) -> Vec<String> {
-    let chars: Vec<char> = text.chars().collect();
-    if chars.is_empty() {
-        return Vec::new();
-    }
-    let step = chars.len().div_ceil(n.max(1)).max(1);
-    chars.chunks(step).map(|c| c.iter().collect()).collect()
 }

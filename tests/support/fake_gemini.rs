@@ -5,15 +5,16 @@
 //! questions) and `:countTokens` a count. Each test queues the model's replies and reads
 //! back the requests it received.
 //!
-//! Plain HTTP/1.1 over tokio, one request per connection (`connection: close`).
+//! Served by the shared loop and SSE writer of `http.rs`.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
+
+use crate::http::{Request, Server, Sse, pieces, respond_empty, respond_json};
 
 /// One part of a scripted reply.
 #[derive(Debug, Clone)]
@@ -87,13 +88,7 @@ struct State {
 pub struct FakeGemini {
     pub url: String,
     state: Arc<Mutex<State>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeGemini {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    _server: Server,
 }
 
 impl crate::cli_world::ModelFake for FakeGemini {
@@ -107,19 +102,15 @@ impl crate::cli_world::ModelFake for FakeGemini {
 
 impl FakeGemini {
     pub async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
         let state = Arc::new(Mutex::new(State::default()));
         let shared = state.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let state = shared.clone();
-                tokio::spawn(async move {
-                    let _ = serve(stream, state).await;
-                });
-            }
-        });
-        Self { url, state, task }
+        let server =
+            Server::start(move |request, stream| serve(request, stream, shared.clone())).await;
+        Self {
+            url: server.url(),
+            state,
+            _server: server,
+        }
     }
 
     /// Queue the model's next replies (when none is queued it answers "Done.").
@@ -172,70 +163,29 @@ pub fn function_responses(request: &Value) -> Vec<Value> {
         .collect()
 }
 
-async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) -> std::io::Result<()> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 8192];
-    let head_end = loop {
-        if let Some(pos) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break pos + 4;
-        }
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
-    let mut lines = head.lines();
-    let request_line = lines.next().unwrap_or_default().to_owned();
-    let headers: Vec<(&str, &str)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim(), v.trim()))
-        .collect();
-    let header = |name: &str| {
-        headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.to_string())
-    };
-    let length: usize = header("content-length")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let api_key = header("x-goog-api-key").unwrap_or_default();
-    while buf.len() < head_end + length {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    let body = &buf[head_end..(head_end + length).min(buf.len())];
-    let mut parts = request_line.split_whitespace();
-    let method = parts.next().unwrap_or_default().to_owned();
-    let target = parts.next().unwrap_or_default().to_owned();
-    let path = target.split('?').next().unwrap_or_default().to_owned();
-    state
-        .lock()
-        .unwrap()
-        .lines
-        .push(format!("{method} {target}"));
-
-    let action = path
+async fn serve(request: Request, mut stream: TcpStream, state: Arc<Mutex<State>>) {
+    state.lock().unwrap().lines.push(request.line.clone());
+    let action = request
+        .path
         .strip_prefix("/v1beta/models/")
         .and_then(|rest| rest.split_once(':'))
         .map(|(_, action)| action.to_owned());
-    match (method.as_str(), action.as_deref()) {
+    match (request.method.as_str(), action.as_deref()) {
         ("POST", Some("streamGenerateContent")) => {
-            let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
             let reply = {
                 let mut s = state.lock().unwrap();
-                s.requests.push(request);
-                s.api_keys.push(api_key);
+                s.requests.push(request.json());
+                s.api_keys.push(
+                    request
+                        .header("x-goog-api-key")
+                        .unwrap_or_default()
+                        .to_owned(),
+                );
                 s.replies
                     .pop_front()
                     .unwrap_or_else(|| Reply::text("Done."))
             };
-            stream_reply(&mut stream, &reply).await
+            let _ = stream_reply(stream, &reply).await;
         }
         ("POST", Some("generateContent")) => {
             // The CLI's own side questions (next speaker, loop checks): a plain answer.
@@ -247,43 +197,13 @@ async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) -> std::io::Resu
                     "usageMetadata": {"promptTokenCount": 1, "candidatesTokenCount": 1,
                         "totalTokenCount": 2}}),
             )
-            .await
+            .await;
         }
         ("POST", Some("countTokens")) => {
-            respond_json(&mut stream, &json!({"totalTokens": 42})).await
+            respond_json(&mut stream, &json!({"totalTokens": 42})).await;
         }
-        _ => {
-            stream
-                .write_all(
-                    b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-                )
-                .await
-        }
+        _ => respond_empty(&mut stream, "404 Not Found").await,
     }
-}
-
-async fn respond_json(stream: &mut TcpStream, body: &Value) -> std::io::Result<()> {
-    let body = body.to_string();
-    let head = format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await
-}
-
-async fn chunk(stream: &mut TcpStream, data: Value) -> std::io::Result<()> {
-    stream
-        .write_all(format!("data: {data}\r\n\r\n").as_bytes())
-        .await?;
-    stream.flush().await
-}
-
-/// `text` in `n` pieces (at char boundaries).
-fn pieces(text: &str, n: usize) -> Vec<String> {
-    let chars: Vec<char> = text.chars().collect();
-    let size = chars.len().div_ceil(n.max(1)).max(1);
-    chars.chunks(size).map(|c| c.iter().collect()).collect()
 }
 
 /// One SSE chunk: a candidate with `parts`, and the usage and finish reason on the last.
@@ -300,12 +220,8 @@ fn candidate(parts: Value, last: bool) -> Value {
     data
 }
 
-async fn stream_reply(stream: &mut TcpStream, reply: &Reply) -> std::io::Result<()> {
-    stream
-        .write_all(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n",
-        )
-        .await?;
+async fn stream_reply(stream: TcpStream, reply: &Reply) -> std::io::Result<()> {
+    let mut sse = Sse::start(stream).await?;
     let mut out: Vec<Value> = Vec::new();
     for part in &reply.parts {
         match part {
@@ -321,13 +237,11 @@ async fn stream_reply(stream: &mut TcpStream, reply: &Reply) -> std::io::Result<
     }
     let count = out.len();
     for (i, parts) in out.into_iter().enumerate() {
-        if !reply.delay.is_zero() {
-            tokio::time::sleep(reply.delay).await;
-        }
-        chunk(stream, candidate(parts, i + 1 == count)).await?;
+        sse.pause(reply.delay).await;
+        sse.data(&candidate(parts, i + 1 == count)).await?;
     }
     if count == 0 {
-        chunk(stream, candidate(json!([{"text": ""}]), true)).await?;
+        sse.data(&candidate(json!([{"text": ""}]), true)).await?;
     }
-    stream.shutdown().await
+    sse.end().await
 }

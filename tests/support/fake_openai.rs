@@ -1,14 +1,15 @@
 //! A fake OpenAI Responses endpoint for driving the real Codex CLI: `POST /v1/responses`
 //! on 127.0.0.1 streams the next scripted reply as server-sent events and records every
-//! request body. Plain HTTP/1.1 over tokio, one request per connection.
+//! request body. Served by the shared loop and SSE writer of `http.rs`.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
+
+use crate::http::{Request, Server, Sse, pieces, respond_empty};
 
 /// One output item of a scripted model reply.
 #[derive(Debug, Clone)]
@@ -96,13 +97,7 @@ struct State {
 pub struct FakeOpenAi {
     pub port: u16,
     state: Arc<Mutex<State>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeOpenAi {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    _server: Server,
 }
 
 impl crate::cli_world::ModelFake for FakeOpenAi {
@@ -116,16 +111,15 @@ impl crate::cli_world::ModelFake for FakeOpenAi {
 
 impl FakeOpenAi {
     pub async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
         let state = Arc::new(Mutex::new(State::default()));
         let shared = state.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(serve(stream, shared.clone()));
-            }
-        });
-        Self { port, state, task }
+        let server =
+            Server::start(move |request, stream| serve(request, stream, shared.clone())).await;
+        Self {
+            port: server.addr.port(),
+            state,
+            _server: server,
+        }
     }
 
     pub fn base_url(&self) -> String {
@@ -186,56 +180,36 @@ pub fn input_text(request: &Value) -> String {
     out
 }
 
-async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
-    let Some((head, body)) = crate::http::read_request(&mut stream).await else {
-        return;
-    };
-    let authorization = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.trim()
-                .eq_ignore_ascii_case("authorization")
-                .then(|| v.trim().to_owned())
-        })
-        .unwrap_or_default();
+async fn serve(request: Request, mut stream: TcpStream, state: Arc<Mutex<State>>) {
+    let authorization = request
+        .header("authorization")
+        .unwrap_or_default()
+        .to_owned();
     state.lock().unwrap().authorizations.push(authorization);
-    let first = head.lines().next().unwrap_or_default().to_owned();
-    if !first.starts_with("POST ") || !first.contains("/responses") {
-        let _ = stream
-            .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
-            .await;
+    if request.method != "POST" || !request.path.contains("/responses") {
+        respond_empty(&mut stream, "404 Not Found").await;
         return;
     }
-    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let reply = {
         let mut state = state.lock().unwrap();
-        state.requests.push(request);
+        state.requests.push(request.json());
         state
             .replies
             .pop_front()
             .unwrap_or_else(|| Reply::text("Done."))
     };
-    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n";
-    if stream.write_all(head.as_bytes()).await.is_err() {
-        return;
-    }
-    for (event, data) in events(&reply) {
-        let frame = format!("event: {event}\ndata: {data}\n\n");
-        if stream.write_all(frame.as_bytes()).await.is_err() {
-            return;
-        }
-        let _ = stream.flush().await;
+    let _ = stream_reply(stream, &reply).await;
+}
+
+async fn stream_reply(stream: TcpStream, reply: &Reply) -> std::io::Result<()> {
+    let mut sse = Sse::start(stream).await?;
+    for (event, data) in events(reply) {
+        sse.event(&event, &data).await?;
     }
     if reply.stall {
-        // Held open until the client goes away.
-        let mut sink = [0u8; 256];
-        while let Ok(n) = stream.read(&mut sink).await {
-            if n == 0 {
-                break;
-            }
-        }
+        sse.stall().await;
     }
+    Ok(())
 }
 
 /// The SSE events of a reply, as (event type, JSON data).
@@ -254,7 +228,7 @@ fn events(reply: &Reply) -> Vec<(String, Value)> {
                     "response.output_item.added",
                     json!({"output_index": index, "item": {"type": "message", "id": id, "role": "assistant", "content": []}}),
                 );
-                for delta in split(text) {
+                for delta in pieces(text, 3) {
                     push(
                         "response.output_text.delta",
                         json!({"item_id": id, "output_index": index, "content_index": 0, "delta": delta}),
@@ -277,7 +251,7 @@ fn events(reply: &Reply) -> Vec<(String, Value)> {
                     "response.reasoning_summary_part.added",
                     json!({"item_id": id, "output_index": index, "summary_index": 0, "part": {"type": "summary_text", "text": ""}}),
                 );
-                for delta in split(text) {
+                for delta in pieces(text, 3) {
                     push(
                         "response.reasoning_summary_text.delta",
                         json!({"item_id": id, "output_index": index, "summary_index": 0, "delta": delta}),
@@ -335,11 +309,4 @@ fn events(reply: &Reply) -> Vec<(String, Value)> {
         );
     }
     out
-}
-
-/// A text in up to three pieces (on char boundaries).
-fn split(text: &str) -> Vec<String> {
-    let chars: Vec<char> = text.chars().collect();
-    let step = chars.len().div_ceil(3).max(1);
-    chars.chunks(step).map(|c| c.iter().collect()).collect()
 }
