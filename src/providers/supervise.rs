@@ -105,12 +105,13 @@ impl<'a> Exit<'a> {
     }
 }
 
-/// The last lines of a process' stderr, to end a message with; empty when it wrote none.
-pub fn tail_suffix(stderr: &StderrTail) -> String {
-    let tail = stderr.tail();
+/// The last lines a process wrote (`what` says where), to end a message with; empty when
+/// it wrote none.
+pub fn tail_suffix(what: &str, tail: &StderrTail) -> String {
+    let tail = tail.tail();
     if tail.is_empty() {
         String::new()
     } else {
-        format!("; last stderr:\n{tail}")
+        format!("; last {what}:\n{tail}")
     }
 }

@@ -216,12 +216,12 @@ impl Provider for CodexProvider {
             Ok(Ok(models)) => Ok(models),
             Ok(Err(e)) => Err(ProviderError::Protocol(format!(
                 "listing Codex models failed: {e}{}",
-                tail_suffix(&conn.stderr)
+                tail_suffix("stderr", &conn.stderr)
             ))),
             Err(_) => Err(ProviderError::Protocol(format!(
                 "Codex did not list its models within {} s{}",
                 PROBE_TIMEOUT.as_secs(),
-                tail_suffix(&conn.stderr)
+                tail_suffix("stderr", &conn.stderr)
             ))),
         }
     }

@@ -401,7 +401,7 @@ impl Server {
         for r in self.readers {
             r.settle().await;
         }
-        ProviderError::Protocol(format!("{why}{}", tail_suffix(&self.stderr)))
+        ProviderError::Protocol(format!("{why}{}", tail_suffix("output", &self.stderr)))
     }
 }
 
