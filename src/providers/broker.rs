@@ -57,6 +57,23 @@ impl BrokerInput<'_> {
     pub fn set(&self, name: &str) -> Option<String> {
         (self.var)(name).filter(|v| !v.is_empty())
     }
+
+    /// What the CLI sends under `…/<prefix>` goes on to `upstream_base`, with `key` in
+    /// `header`.
+    pub fn brokered(
+        &self,
+        prefix: String,
+        upstream_base: Url,
+        header: KeyHeader,
+        key: String,
+    ) -> Brokered {
+        Brokered {
+            provider: self.provider.to_owned(),
+            path_prefix: prefix,
+            upstream_base,
+            headers: vec![key_header(header, key)],
+        }
+    }
 }
 
 /// A value set inside the JSON object a variable of the CLI holds (OpenCode's

@@ -20,11 +20,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::acp::{AcpProvider, AcpProviderConfig, ModePreset};
+use super::adapter::*;
 use super::broker::{BrokerSpec, Credential, KeyHeader, KeyVar};
-use super::{
-    Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, Probe, ProcessLauncher,
-    Provider, ProviderError, ProviderInfo, ProviderSession, SessionInfo, SessionSpec, mode,
-};
 use crate::process::{find_executable, is_executable};
 
 /// ACP on stdio, and no usage reports from the CLI itself.
@@ -87,40 +84,19 @@ pub fn builtin() -> Builtin {
             not_with: &[],
             only_when: Some(("COPILOT_PROVIDER_TYPE", &["openai"])),
         }),
-        modes,
+        modes: MODES,
         default_mode: "agent",
         build: |cfg| Arc::new(CopilotProvider::new(cfg)),
     }
 }
 
-fn modes() -> Vec<ModeInfo> {
-    vec![
-        mode(
-            "agent",
-            "Agent",
-            "Asks before it runs tools, touches paths outside the workspace or fetches URLs",
-            false,
-        ),
-        mode(
-            "plan",
-            "Plan",
-            "Plans multi-step work before acting; asks like agent",
-            false,
-        ),
-        mode(
-            "allow-all",
-            "Allow all",
-            "Agent mode that approves every tool, path and URL itself and never asks",
-            true,
-        ),
-        mode(
-            "autopilot",
-            "Autopilot",
-            "Never asks and keeps going until the task is done (experimental in Copilot)",
-            true,
-        ),
-    ]
-}
+#[rustfmt::skip]
+const MODES: &[ModeRow] = &[
+    ("agent", "Agent", "Asks before it runs tools, touches paths outside the workspace or fetches URLs", false),
+    ("plan", "Plan", "Plans multi-step work before acting; asks like agent", false),
+    ("allow-all", "Allow all", "Agent mode that approves every tool, path and URL itself and never asks", true),
+    ("autopilot", "Autopilot", "Never asks and keeps going until the task is done (experimental in Copilot)", true),
+];
 
 /// How each agentry mode is set on Copilot's `mode` and `allow_all` options.
 pub fn mode_presets() -> Vec<ModePreset> {
@@ -236,6 +212,7 @@ mod tests {
     use super::*;
     use crate::domain::{Behavior, ToolKind, ToolStatus, TurnOutcome};
     use crate::process::{CommandSpec, ManagedChild, ProcessError};
+    use crate::providers::test_support::assert_allow_always_deny;
     use crate::providers::{PermissionDecision, ProviderEvent, TurnInput};
 
     struct Spawn;
@@ -324,19 +301,7 @@ done
             match next(&mut rx).await {
                 ProviderEvent::ToolCall(call) => tools.push(call),
                 ProviderEvent::PermissionRequested(request) => {
-                    let options: Vec<(&str, Behavior)> = request
-                        .options
-                        .iter()
-                        .map(|o| (o.id.as_str(), o.behavior))
-                        .collect();
-                    assert_eq!(
-                        options,
-                        [
-                            ("allow", Behavior::Allow),
-                            ("allow_always", Behavior::Allow),
-                            ("deny", Behavior::Deny)
-                        ]
-                    );
+                    assert_allow_always_deny(&request.options);
                     assert_eq!(request.call_id.as_deref(), Some("call_1"));
                     assert_eq!(request.title, "Create file");
                     request

@@ -2,6 +2,7 @@
 //! until the session's last one (`Exited`) and nothing after it, and the handshake that
 //! stops the session's supervisor.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::{Mutex, oneshot};
@@ -49,58 +50,86 @@ impl Emitter {
 }
 
 /// The last thing every supervisor does once its process is reaped: hand the exit's
-/// description to the waiting `Stopper`, then — only when the session was handed out
-/// (`started` resolves) — report it as the session's last event. A session that never
-/// started reports nothing: its failure is the answer to `start`.
-pub async fn report_exit(
-    events: &Emitter,
-    done: oneshot::Sender<String>,
-    started: oneshot::Receiver<()>,
-    reason: String,
-    closing: &AtomicBool,
-    agent: &'static str,
-) {
+/// description to the waiting `Stopper`, then — only when the session was handed out —
+/// report it as the session's last event. A session that never started reports nothing:
+/// its failure is the answer to `start`.
+pub async fn report_exit(events: &Emitter, report: Reporting, reason: String, agent: &'static str) {
     tracing::debug!(%reason, agent, "agent process ended");
-    let _ = done.send(reason.clone());
-    if started.await.is_err() {
+    let _ = report.done.send(reason.clone());
+    if report.started.await.is_err() {
         events.close().await;
         return;
     }
-    events.exited(reason, closing.load(Ordering::Acquire)).await;
+    events
+        .exited(reason, report.closing.load(Ordering::Acquire))
+        .await;
 }
 
 /// The session handle's way to stop its supervisor: mark the session as closing (so the
 /// exit reads "closed"), ask the supervisor to stop the process, and wait for its exit
-/// description. Every adapter's supervisor takes the other ends (`close`, `done`).
+/// description. It also tells the supervisor that the session was handed out. Every
+/// adapter's supervisor takes the other ends (`StopSignals`). Dropping it (with the
+/// session handle) marks the session as closing and stops the process too.
 pub struct Stopper {
     close: Option<oneshot::Sender<()>>,
     done: Option<oneshot::Receiver<String>>,
+    started: Option<oneshot::Sender<()>>,
+    closing: Arc<AtomicBool>,
 }
 
 /// The supervisor's ends of a `Stopper`.
 pub struct StopSignals {
     /// Fires (or is dropped) when the process is to be stopped.
     pub close: oneshot::Receiver<()>,
+    pub report: Reporting,
+}
+
+/// Where the supervisor reports the end of its process.
+pub struct Reporting {
     /// Takes the exit's description once the process is gone.
     pub done: oneshot::Sender<String>,
+    /// Resolves once the session is handed out; dropped if it never is (then no event).
+    pub started: oneshot::Receiver<()>,
+    /// The session is being closed on purpose (the exit then reads "closed").
+    pub closing: Arc<AtomicBool>,
 }
 
 impl Stopper {
     pub fn new() -> (Self, StopSignals) {
         let (close_tx, close) = oneshot::channel();
         let (done, done_rx) = oneshot::channel();
+        let (started_tx, started) = oneshot::channel();
+        let closing = Arc::new(AtomicBool::new(false));
         (
             Self {
                 close: Some(close_tx),
                 done: Some(done_rx),
+                started: Some(started_tx),
+                closing: closing.clone(),
             },
-            StopSignals { close, done },
+            StopSignals {
+                close,
+                report: Reporting {
+                    done,
+                    started,
+                    closing,
+                },
+            },
         )
     }
 
-    /// Stop the process and return how it ended ("" when the supervisor was gone).
-    pub async fn stop(&mut self, closing: &AtomicBool) -> String {
-        closing.store(true, Ordering::Release);
+    /// The session is handed out: from now on its end is reported as its last event.
+    pub fn handed_out(&mut self) {
+        if let Some(started) = self.started.take() {
+            let _ = started.send(());
+        }
+    }
+
+    /// Stop the process and return how it ended ("" when the supervisor was gone). A
+    /// session stopped before it was handed out reports no event.
+    pub async fn stop(&mut self) -> String {
+        self.started.take();
+        self.closing.store(true, Ordering::Release);
         if let Some(close) = self.close.take() {
             let _ = close.send(());
         }
@@ -108,6 +137,13 @@ impl Stopper {
             Some(done) => done.await.unwrap_or_default(),
             None => String::new(),
         }
+    }
+}
+
+impl Drop for Stopper {
+    fn drop(&mut self) {
+        // Before the close sender goes (which ends the supervisor's wait).
+        self.closing.store(true, Ordering::Release);
     }
 }
 

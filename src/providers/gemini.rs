@@ -12,11 +12,8 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use super::acp::{AcpProvider, AcpProviderConfig};
+use super::adapter::*;
 use super::broker::{BrokerSpec, Credential, KeyHeader, KeyVar};
-use super::{
-    Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, Probe, ProcessLauncher,
-    Provider, ProviderError, ProviderInfo, ProviderSession, SessionInfo, SessionSpec, mode,
-};
 
 /// Variables that give Gemini CLI a credential (any one is enough).
 const CREDENTIALS: [&str; 4] = [
@@ -89,35 +86,19 @@ pub fn builtin() -> Builtin {
             )],
             only_when: None,
         }),
-        modes,
+        modes: MODES,
         default_mode: "default",
         build: |cfg| Arc::new(GeminiProvider::new(cfg)),
     }
 }
 
-fn modes() -> Vec<ModeInfo> {
-    vec![
-        mode(
-            "default",
-            "Default",
-            "Asks before editing files and running commands",
-            false,
-        ),
-        mode(
-            "autoEdit",
-            "Auto edit",
-            "Edits files without asking; asks before running commands",
-            false,
-        ),
-        mode(
-            "plan",
-            "Plan",
-            "Reads and plans only; changes nothing",
-            false,
-        ),
-        mode("yolo", "YOLO", "Runs every tool without asking", true),
-    ]
-}
+#[rustfmt::skip]
+const MODES: &[ModeRow] = &[
+    ("default", "Default", "Asks before editing files and running commands", false),
+    ("autoEdit", "Auto edit", "Edits files without asking; asks before running commands", false),
+    ("plan", "Plan", "Reads and plans only; changes nothing", false),
+    ("yolo", "YOLO", "Runs every tool without asking", true),
+];
 
 /// The models Gemini CLI 0.61.0 offers (its `session/new` answer lists the same). `auto`
 /// lets the CLI choose per request, which is what it does when no model is given.
@@ -393,7 +374,7 @@ mod tests {
             pass_env: Vec::new(),
             team_secrets: Vec::new(),
             state_dir: None,
-            modes: modes(),
+            modes: crate::providers::modes_of(MODES),
             default_mode: Some("default".into()),
         };
         let runtime = tokio::runtime::Builder::new_current_thread()

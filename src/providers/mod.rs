@@ -11,17 +11,22 @@
 //! - the process can die at any time: the adapter reports `ProviderEvent::Exited`.
 
 pub mod acp;
+pub mod adapter;
 pub mod broker;
 pub mod claude;
 pub mod codex;
 pub mod copilot;
 pub mod emitter;
 pub mod gemini;
+pub mod mcp;
 pub mod mock;
 pub mod opencode;
 pub mod pi;
 pub mod registry;
+pub mod stdio;
 pub mod supervise;
+#[cfg(test)]
+pub mod test_support;
 pub mod workspace_files;
 
 pub use registry::ProviderRegistry;
@@ -545,6 +550,38 @@ impl CliConfig {
         )
     }
 
+    /// The command that runs the CLI in `cwd`: its argv (see `argv`), with the settings'
+    /// `env` for the child's environment (to which the adapter may add) and the
+    /// credential variables it passes on.
+    pub fn command(&self, protocol: &[String], cwd: PathBuf) -> Result<CommandSpec, ProviderError> {
+        let argv = self.argv(protocol);
+        let Some((program, args)) = argv.split_first() else {
+            return Err(ProviderError::Unavailable(
+                "no command is configured".to_owned(),
+            ));
+        };
+        Ok(CommandSpec {
+            program: program.clone(),
+            args: args.to_vec(),
+            cwd,
+            env: self.env.clone(),
+            pass_env: self.pass_env.clone(),
+            secret_env: Default::default(),
+            wraps: None,
+            serves: None,
+            private_files: Vec::new(),
+        })
+    }
+
+    /// The mode a session starts in: the one asked for, else the configured default,
+    /// else the adapter's `fallback`.
+    pub fn mode_or_default(&self, requested: Option<&str>, fallback: &str) -> String {
+        requested
+            .map(str::to_owned)
+            .or_else(|| self.default_mode.clone())
+            .unwrap_or_else(|| fallback.to_owned())
+    }
+
     /// The child's argv: `command`, then the adapter's `protocol` flags, then `args`.
     pub fn argv(&self, protocol: &[String]) -> Vec<String> {
         let mut argv = self.command.clone();
@@ -568,9 +605,20 @@ pub struct Builtin {
     pub env: &'static [(&'static str, &'static str)],
     /// Whether its model API key can stay outside the sandbox, and how (see `broker`).
     pub credential: broker::Credential,
-    pub modes: fn() -> Vec<ModeInfo>,
+    pub modes: &'static [ModeRow],
     pub default_mode: &'static str,
     pub build: fn(CliConfig) -> Arc<dyn Provider>,
+}
+
+/// A mode as a built-in descriptor lists it: id, label, description, and whether it runs
+/// without asking for approvals.
+pub type ModeRow = (&'static str, &'static str, &'static str, bool);
+
+/// The modes of a built-in descriptor's table.
+pub fn modes_of(rows: &[ModeRow]) -> Vec<ModeInfo> {
+    rows.iter()
+        .map(|&(id, label, description, unattended)| mode(id, label, description, unattended))
+        .collect()
 }
 
 /// A mode as the built-in descriptors list them.

@@ -20,7 +20,7 @@ use crate::domain::SecretEnv;
 use super::acp::{AcpProvider, AcpProviderConfig};
 use super::broker::{BrokerInput, Brokering, Credential};
 use super::mock::mock_provider;
-use super::{Builtin, CatalogScope, CliConfig, ModeInfo, ModelInfo, Probe, Provider};
+use super::{Builtin, CatalogScope, CliConfig, ModeInfo, ModelInfo, Probe, Provider, modes_of};
 
 /// The CLI providers this server implements, by id: one per `BuiltInCli`, the list the
 /// settings check their `[providers.<id>]` tables against.
@@ -294,7 +294,7 @@ pub fn builtin_config(b: &Builtin, id: &str, p: Option<&ProviderSettings>) -> Cl
             .collect(),
         pass_env: b.pass_env.iter().map(|v| (*v).to_owned()).collect(),
         team_secrets: Vec::new(),
-        modes: (b.modes)(),
+        modes: modes_of(b.modes),
         default_mode: Some(b.default_mode.to_owned()),
         state_dir: None,
     };

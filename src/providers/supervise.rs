@@ -9,13 +9,11 @@
 
 use std::future::Future;
 use std::process::ExitStatus;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::emitter::{Emitter, report_exit};
+use super::emitter::{Emitter, Reporting, report_exit};
 use crate::process::ManagedChild;
 use crate::process::output::{StderrReader, StderrTail, describe_exit};
 
@@ -66,28 +64,31 @@ pub async fn drain(mut task: JoinHandle<()>, within: Duration) {
 /// Where a supervisor reports the end of its process.
 pub struct Exit<'a> {
     /// The adapter, for the log.
-    pub agent: &'static str,
-    pub events: &'a Emitter,
-    /// The session is being closed on purpose (the exit then reads "closed").
-    pub closing: &'a AtomicBool,
+    agent: &'static str,
+    events: &'a Emitter,
     /// The last lines the process wrote to stderr, for the description of its end.
-    pub stderr: &'a StderrTail,
-    /// The readers of its stderr (and of any other output kept only for the log).
-    pub readers: Vec<StderrReader>,
-    /// Gets the description of the end, once the process is reaped.
-    pub done: oneshot::Sender<String>,
-    /// Resolves once the session is handed out; dropped if it never is (then no event).
-    pub started: oneshot::Receiver<()>,
+    stderr: &'a StderrTail,
 }
 
-impl Exit<'_> {
+impl<'a> Exit<'a> {
+    pub fn new(agent: &'static str, events: &'a Emitter, stderr: &'a StderrTail) -> Self {
+        Self {
+            agent,
+            events,
+            stderr,
+        }
+    }
+
     /// Wind the process down — after its stdin is closed it has `after_eof` to exit on its
     /// own, then what is left of its group is stopped — run `reaped` (what must happen
-    /// once it is gone), let its stderr be read to the end, and report how it ended.
+    /// once it is gone), let `readers` (of its stderr, and of any other output kept only
+    /// for the log) read to the end, and report how it ended to `report`.
     pub async fn report<F>(
         self,
         mut child: ManagedChild,
         ending: Ending,
+        readers: Vec<StderrReader>,
+        report: Reporting,
         after_eof: Duration,
         reaped: F,
     ) where
@@ -95,19 +96,22 @@ impl Exit<'_> {
     {
         let status = child.wind_down(ending.status, after_eof).await;
         reaped.await;
-        for reader in self.readers {
+        for reader in readers {
             reader.settle().await;
         }
         let status = if ending.lost { None } else { status };
         let reason = describe_exit(status, ending.broken.as_deref(), &self.stderr.tail());
-        report_exit(
-            self.events,
-            self.done,
-            self.started,
-            reason,
-            self.closing,
-            self.agent,
-        )
-        .await;
+        report_exit(self.events, report, reason, self.agent).await;
+    }
+}
+
+/// The last lines a process wrote (`what` says where), to end a message with; empty when
+/// it wrote none.
+pub fn tail_suffix(what: &str, tail: &StderrTail) -> String {
+    let tail = tail.tail();
+    if tail.is_empty() {
+        String::new()
+    } else {
+        format!("; last {what}:\n{tail}")
     }
 }

@@ -2,6 +2,7 @@
 //! model), the tasks that move the agent's output, and the process' supervisor.
 
 use super::*;
+use crate::providers::emitter::Reporting;
 use crate::providers::supervise::{Exit, watch};
 
 /// What the handshake offers and may do, from the provider's configuration.
@@ -27,25 +28,7 @@ pub(super) fn mcp_servers(
     servers: &BTreeMap<String, Value>,
     caps: &proto::McpCapabilities,
 ) -> Vec<proto::McpServer> {
-    fn pairs(value: Option<&Value>) -> Vec<(String, String)> {
-        let text = |v: &Value| match v {
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
-        match value {
-            Some(Value::Object(map)) => map.iter().map(|(k, v)| (k.clone(), text(v))).collect(),
-            Some(Value::Array(items)) => items
-                .iter()
-                .filter_map(|item| {
-                    Some((
-                        item.get("name")?.as_str()?.to_owned(),
-                        text(item.get("value")?),
-                    ))
-                })
-                .collect(),
-            _ => Vec::new(),
-        }
-    }
+    use crate::providers::mcp::{self, pairs};
 
     let mut out = Vec::new();
     for (name, server) in servers {
@@ -79,34 +62,14 @@ pub(super) fn mcp_servers(
                 }
             }
             None | Some("stdio" | "local") => {
-                let strings = |value: Option<&Value>| -> Vec<String> {
-                    value
-                        .and_then(Value::as_array)
-                        .map(|items| {
-                            items
-                                .iter()
-                                .map(|a| a.as_str().map_or_else(|| a.to_string(), str::to_owned))
-                                .collect()
-                        })
-                        .unwrap_or_default()
-                };
                 // `command` is a program, or a whole argv.
-                let (command, mut args) = match server.get("command") {
-                    Some(Value::String(command)) => (command.clone(), Vec::new()),
-                    argv @ Some(Value::Array(_)) => {
-                        let mut argv = strings(argv).into_iter();
-                        match argv.next() {
-                            Some(command) => (command, argv.collect()),
-                            None => (String::new(), Vec::new()),
-                        }
-                    }
-                    _ => (String::new(), Vec::new()),
-                };
+                let mut argv = mcp::command(server).into_iter();
+                let command = argv.next().unwrap_or_default();
                 if command.is_empty() {
                     tracing::warn!(server = %name, "MCP server without a command; skipped");
                     continue;
                 }
-                args.extend(strings(server.get("args")));
+                let args: Vec<String> = argv.chain(mcp::args(server)).collect();
                 let env = pairs(server.get("env"))
                     .into_iter()
                     .map(|(k, v)| proto::EnvVariable::new(k, v))
@@ -187,20 +150,8 @@ pub(super) async fn establish(
     )> = None;
     if let Some(id) = resume_id {
         let attempt = if caps.load_session {
-            let mut loaded = load_session(
-                connection,
-                shared,
-                handshake,
-                &id,
-                spec,
-                &servers,
-                &system_prompt,
-            )
-            .await;
-            if matches!(&loaded, Err(e) if e.code == acp::ErrorCode::AUTH_REQUIRED)
-                && authenticate(connection, handshake).await
-            {
-                loaded = load_session(
+            with_auth(connection, handshake, || {
+                load_session(
                     connection,
                     shared,
                     handshake,
@@ -209,9 +160,9 @@ pub(super) async fn establish(
                     &servers,
                     &system_prompt,
                 )
-                .await;
-            }
-            loaded.map_err(|e| e.message)
+            })
+            .await
+            .map_err(|e| e.message)
         } else if caps.session_capabilities.resume.is_some() {
             let request = proto::ResumeSessionRequest::new(id.clone(), spec.cwd.clone())
                 .mcp_servers(servers.clone())
@@ -254,12 +205,10 @@ pub(super) async fn establish(
             // Sent untyped: the answer's `models` is not in the typed schema.
             let request = UntypedMessage::new("session/new", &request)
                 .map_err(|e| ProviderError::Protocol(e.message))?;
-            let mut created = connection.send_request(request.clone()).block_task().await;
-            if matches!(&created, Err(e) if e.code == acp::ErrorCode::AUTH_REQUIRED)
-                && authenticate(connection, handshake).await
-            {
-                created = connection.send_request(request).block_task().await;
-            }
+            let created = with_auth(connection, handshake, || {
+                connection.send_request(request.clone()).block_task()
+            })
+            .await;
             let answer = created.map_err(|e| request_error("session/new failed", &e))?;
             let response: proto::NewSessionResponse = serde_json::from_value(answer.clone())
                 .map_err(|e| {
@@ -392,6 +341,25 @@ pub(super) async fn load_session(
     Ok((response.modes, response.config_options))
 }
 
+/// Make a request with `request`; when the agent answers that it wants authentication
+/// first, authenticate (when a method is configured) and make it once more.
+async fn with_auth<T, F>(
+    connection: &acp::v1::ConnectionTo<acp::Agent>,
+    handshake: &Handshake,
+    request: impl Fn() -> F,
+) -> Result<T, acp::Error>
+where
+    F: Future<Output = Result<T, acp::Error>>,
+{
+    let first = request().await;
+    if matches!(&first, Err(e) if e.code == acp::ErrorCode::AUTH_REQUIRED)
+        && authenticate(connection, handshake).await
+    {
+        return request().await;
+    }
+    first
+}
+
 /// `authenticate` with the configured method, if there is one; whether it succeeded.
 pub(super) async fn authenticate(
     connection: &acp::v1::ConnectionTo<acp::Agent>,
@@ -440,46 +408,14 @@ pub(super) async fn change_mode(
     if let Some(changes) = preset {
         // One option after the other, in the preset's order.
         for (option, value) in changes {
-            let response = connection
-                .send_request(proto::SetSessionConfigOptionRequest::new(
-                    session_id.to_owned(),
-                    option,
-                    value,
-                ))
-                .block_task()
-                .await
-                .map_err(|e| request_error("session/set_config_option failed", &e))?;
-            let model = lock(&shared.config)
-                .absorb_options(&response.config_options)
-                .model;
-            if let Some(model) = model {
-                shared
-                    .report_change(ProviderEvent::ModelChanged { model })
-                    .await;
-            }
+            let changes = set_option(connection, shared, session_id, option, value).await?;
+            shared.report_model(changes.model).await;
         }
     } else {
         match option {
             Some(option) => {
-                let response = connection
-                    .send_request(proto::SetSessionConfigOptionRequest::new(
-                        session_id.to_owned(),
-                        option,
-                        mode,
-                    ))
-                    .block_task()
-                    .await
-                    .map_err(|e| request_error("session/set_config_option failed", &e))?;
-                let model = {
-                    let mut config = lock(&shared.config);
-                    let changes = config.absorb_options(&response.config_options);
-                    changes.model
-                };
-                if let Some(model) = model {
-                    shared
-                        .report_change(ProviderEvent::ModelChanged { model })
-                        .await;
-                }
+                let changes = set_option(connection, shared, session_id, option, mode).await?;
+                shared.report_model(changes.model).await;
             }
             None => {
                 connection
@@ -493,20 +429,9 @@ pub(super) async fn change_mode(
             }
         }
     }
-    let report = {
-        let mut config = lock(&shared.config);
-        let already =
-            config.mode_reports != reports_before && config.current_mode.as_deref() == Some(mode);
-        config.current_mode = Some(mode.to_owned());
-        !already
-    };
-    if report {
-        shared
-            .report_change(ProviderEvent::ModeChanged {
-                mode: mode.to_owned(),
-            })
-            .await;
-    }
+    shared
+        .report_if_new(Setting::Mode, reports_before, mode)
+        .await;
     Ok(())
 }
 
@@ -520,36 +445,38 @@ pub(super) async fn change_model(
     model: &str,
 ) -> Result<(), ProviderError> {
     let reports_before = lock(&shared.config).model_reports;
-    let response = connection
-        .send_request(proto::SetSessionConfigOptionRequest::new(
-            session_id.to_owned(),
-            option.to_owned(),
-            proto::SessionConfigOptionValue::value_id(model.to_owned()),
-        ))
-        .block_task()
-        .await
-        .map_err(|e| request_error("session/set_config_option failed", &e))?;
-    let (report, mode) = {
-        let mut config = lock(&shared.config);
-        let already = config.model_reports != reports_before
-            && config.current_model.as_deref() == Some(model);
-        let changes = config.absorb_options(&response.config_options);
-        config.current_model = Some(model.to_owned());
-        (!already, changes.mode)
-    };
-    if let Some(mode) = mode {
+    let value = proto::SessionConfigOptionValue::value_id(model.to_owned());
+    let changes = set_option(connection, shared, session_id, option.to_owned(), value).await?;
+    if let Some(mode) = changes.mode {
         shared
             .report_change(ProviderEvent::ModeChanged { mode })
             .await;
     }
-    if report {
-        shared
-            .report_change(ProviderEvent::ModelChanged {
-                model: model.to_owned(),
-            })
-            .await;
-    }
+    shared
+        .report_if_new(Setting::Model, reports_before, model)
+        .await;
     Ok(())
+}
+
+/// Set the agent's config option `option` to `value` and take in the options it answers
+/// with: what they changed.
+async fn set_option(
+    connection: &acp::v1::ConnectionTo<acp::Agent>,
+    shared: &Shared,
+    session_id: &str,
+    option: String,
+    value: impl Into<proto::SessionConfigOptionValue>,
+) -> Result<ConfigChanges, ProviderError> {
+    let response = connection
+        .send_request(proto::SetSessionConfigOptionRequest::new(
+            session_id.to_owned(),
+            option,
+            value,
+        ))
+        .block_task()
+        .await
+        .map_err(|e| request_error("session/set_config_option failed", &e))?;
+    Ok(lock(&shared.config).absorb_options(&response.config_options))
 }
 
 /// `session/set_model`, outside the current schema but still answered by agents that
@@ -648,19 +575,12 @@ pub(super) async fn start_session(
         permission_epoch: watch::channel(0).0,
         turn_active: AtomicBool::new(false),
         interrupted: AtomicBool::new(false),
-        closing: AtomicBool::new(false),
         stderr: stderr_ring,
         update_credits,
     });
 
     let (established_tx, established_rx) = oneshot::channel::<Result<Established, ProviderError>>();
-    let (
-        mut stopper,
-        StopSignals {
-            close: close_rx,
-            done: done_tx,
-        },
-    ) = Stopper::new();
+    let (mut stopper, StopSignals { close, report }) = Stopper::new();
     let transport = acp::ByteStreams::new(stdin.compat_write(), stdout.compat());
     let handshake = Handshake {
         serve_reads: cfg.serve_reads,
@@ -718,7 +638,7 @@ pub(super) async fn start_session(
                 }
                 // Serve until we close the session or the agent's output ends.
                 tokio::select! {
-                    _ = close_rx => {}
+                    _ = close => {}
                     () = cx.incoming_closed() => {}
                 }
                 Ok(())
@@ -735,17 +655,12 @@ pub(super) async fn start_session(
         ),
     ));
 
-    let (started_tx, started_rx) = oneshot::channel();
     tokio::spawn(supervise(
         connection,
         child,
         stderr_task,
         shared.clone(),
-        Supervision {
-            done: done_tx,
-            started: started_rx,
-            pump,
-        },
+        Supervision { report, pump },
     ));
 
     let failure = match established_rx.await {
@@ -762,23 +677,22 @@ pub(super) async fn start_session(
                 current_mode,
                 current_model,
             };
+            stopper.handed_out();
             let session = AcpSession {
                 session_id: established.session_id,
                 connection: established.connection,
                 shared,
                 stopper,
             };
-            let _ = started_tx.send(());
             return Ok((Box::new(session), info));
         }
         Ok(Err(e)) => Some(e),
         Err(_) => None,
     };
-    // The session never started: no events (`started_tx` is dropped), stop the process,
-    // explain why.
-    drop(started_tx);
+    // The session never started: no events (stopping it before it is handed out says
+    // so), stop the process, explain why.
     shared.events.close().await;
-    let exit = stopper.stop(&shared.closing).await;
+    let exit = stopper.stop().await;
     Err(match failure {
         Some(ProviderError::Gone) | None => ProviderError::Protocol(if exit.is_empty() {
             "the agent stopped while starting".to_owned()
@@ -833,11 +747,7 @@ pub(super) async fn pump(
 
 /// How the supervisor reports the end of the process.
 pub(super) struct Supervision {
-    /// Gets how the process ended, once it has been reaped.
-    done: oneshot::Sender<String>,
-    /// Resolves once `start` has handed the session out; dropped if it never does, and
-    /// then nothing is reported as an event.
-    started: oneshot::Receiver<()>,
+    report: Reporting,
     /// The task that moves the agent's output through the gate: ended before `Exited`,
     /// so no update is reported after it.
     pump: tokio::task::JoinHandle<()>,
@@ -868,14 +778,14 @@ pub(super) async fn supervise<F>(
         report.pump.abort();
         let _ = report.pump.await;
     };
-    let exit = Exit {
-        agent: "acp",
-        events: &shared.events,
-        closing: &shared.closing,
-        stderr: &shared.stderr,
-        readers: vec![stderr_task],
-        done: report.done,
-        started: report.started,
-    };
-    exit.report(child, ending, EXIT_AFTER_EOF, reaped).await;
+    Exit::new("acp", &shared.events, &shared.stderr)
+        .report(
+            child,
+            ending,
+            vec![stderr_task],
+            report.report,
+            EXIT_AFTER_EOF,
+            reaped,
+        )
+        .await;
 }

@@ -309,7 +309,6 @@ struct Shared {
     turn_active: AtomicBool,
     interrupted: AtomicBool,
     /// The session is being closed on purpose.
-    closing: AtomicBool,
     stderr: StderrTail,
     /// Credits of the gate on the agent's stdout: one per update being handled.
     update_credits: Arc<UpdateCredits>,
@@ -322,6 +321,45 @@ impl Shared {
             self.events.emit(event).await;
         }
     }
+
+    /// The model the agent's config options now name, when they changed it.
+    async fn report_model(&self, model: Option<String>) {
+        if let Some(model) = model {
+            self.report_change(ProviderEvent::ModelChanged { model })
+                .await;
+        }
+    }
+
+    /// `value` is now the current mode or model, set at agentry's request: report it,
+    /// unless the agent reported it itself since its reports numbered `before`.
+    async fn report_if_new(&self, setting: Setting, before: u64, value: &str) {
+        let new = {
+            let mut guard = lock(&self.config);
+            let config = &mut *guard;
+            let (current, reports) = match setting {
+                Setting::Mode => (&mut config.current_mode, config.mode_reports),
+                Setting::Model => (&mut config.current_model, config.model_reports),
+            };
+            let already = reports != before && current.as_deref() == Some(value);
+            *current = Some(value.to_owned());
+            !already
+        };
+        if new {
+            let value = value.to_owned();
+            self.report_change(match setting {
+                Setting::Mode => ProviderEvent::ModeChanged { mode: value },
+                Setting::Model => ProviderEvent::ModelChanged { model: value },
+            })
+            .await;
+        }
+    }
+}
+
+/// What agentry asked the agent to change.
+#[derive(Clone, Copy)]
+enum Setting {
+    Mode,
+    Model,
 }
 
 /// Modes and the model as the agent reported them.

@@ -92,13 +92,6 @@ impl ProviderSession for AcpSession {
     }
 
     async fn close(mut self: Box<Self>) {
-        self.stopper.stop(&self.shared.closing).await;
-    }
-}
-
-impl Drop for AcpSession {
-    fn drop(&mut self) {
-        // Dropping the close sender stops the connection; the process goes with it.
-        self.shared.closing.store(true, Ordering::Release);
+        self.stopper.stop().await;
     }
 }

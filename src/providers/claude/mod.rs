@@ -12,44 +12,37 @@ pub mod mapping;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use tokio::io::AsyncRead;
 use tokio::sync::oneshot;
 
 use self::mapping::{Action, Mapper, ToolPermission};
+use super::adapter::*;
 use super::broker::{BrokerSpec, Credential, KeyHeader, KeyVar};
-use super::emitter::{Emitter, StopSignals, Stopper};
-use super::supervise::{Exit, watch};
-use super::{
-    Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
-    PermissionRequest, Probe, ProcessLauncher, Provider, ProviderError, ProviderEvent,
-    ProviderInfo, ProviderSession, SessionInfo, SessionSpec, TurnInput, command_missing, mode,
-};
+use super::stdio::{Cli, Io, JsonLines, Pending, Session};
 use crate::domain::{Behavior, PermissionOption};
-use crate::process::framing::{FramingError, LineReader};
 use crate::process::line_writer::LineWriter;
-use crate::process::output::{StderrReader, StderrTail, describe_exit};
+use crate::process::output::{StderrTail, describe_exit};
 use crate::process::{CommandSpec, ManagedChild, lock};
 
 /// How long the CLI may take to answer `initialize`.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a mode or model change may take to be confirmed.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(15);
-/// After stdin is closed, how long the CLI may take to finish writing its transcript and
-/// exit on its own.
-const EXIT_AFTER_EOF: Duration = Duration::from_secs(3);
-/// After the process exits, how long its remaining output may take to be read (a tool's
-/// child still holding the pipe must not delay the failure of the turn).
-const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(500);
-/// Longest stdout line kept; a longer one is reported and skipped.
-const MAX_LINE: usize = 16 * 1024 * 1024;
 
 const PROTOCOL: &str = "claude-stream-json";
+
+static CLI: Cli = Cli {
+    name: "Claude Code",
+    agent: "claude",
+    stderr_log: "agentry::providers::claude::stderr",
+    drain: Duration::from_millis(500),
+    // Time to finish writing its transcript.
+    after_eof: Duration::from_secs(3),
+};
 
 /// The built-in descriptor of `claude`.
 pub fn builtin() -> Builtin {
@@ -103,40 +96,19 @@ pub fn builtin() -> Builtin {
             ],
             only_when: None,
         }),
-        modes,
+        modes: MODES,
         default_mode: "default",
         build: |cfg| Arc::new(ClaudeProvider::new(cfg)),
     }
 }
 
-fn modes() -> Vec<ModeInfo> {
-    vec![
-        mode(
-            "default",
-            "Ask",
-            "Asks before running commands and editing files",
-            false,
-        ),
-        mode(
-            "acceptEdits",
-            "Accept edits",
-            "Edits files without asking; asks before other commands",
-            false,
-        ),
-        mode(
-            "plan",
-            "Plan",
-            "Reads and plans only; changes nothing",
-            false,
-        ),
-        mode(
-            "bypassPermissions",
-            "Bypass permissions",
-            "Runs every tool without asking",
-            true,
-        ),
-    ]
-}
+#[rustfmt::skip]
+const MODES: &[ModeRow] = &[
+    ("default", "Ask", "Asks before running commands and editing files", false),
+    ("acceptEdits", "Accept edits", "Edits files without asking; asks before other commands", false),
+    ("plan", "Plan", "Reads and plans only; changes nothing", false),
+    ("bypassPermissions", "Bypass permissions", "Runs every tool without asking", true),
+];
 
 /// Claude Code as a provider.
 pub struct ClaudeProvider {
@@ -155,31 +127,17 @@ impl ClaudeProvider {
 
     /// The command and the child's environment, with the protocol flags in `flags`.
     fn command(&self, flags: &[String], cwd: PathBuf) -> Result<CommandSpec, ProviderError> {
-        let argv = self.cfg.argv(flags);
-        let Some((program, args)) = argv.split_first() else {
-            return Err(ProviderError::Unavailable(
-                "no command is configured".to_owned(),
-            ));
-        };
-        let mut env = self.cfg.env.clone();
+        let mut command = self.cfg.command(flags, cwd)?;
         // As root the CLI refuses `bypassPermissions` unless told it runs in a sandbox;
         // a session may switch to that mode later, so it is always set for root.
         // SAFETY: geteuid has no preconditions and cannot fail.
         if unsafe { libc::geteuid() } == 0 {
-            env.entry("IS_SANDBOX".to_owned())
+            command
+                .env
+                .entry("IS_SANDBOX".to_owned())
                 .or_insert_with(|| "1".to_owned());
         }
-        Ok(CommandSpec {
-            program: program.clone(),
-            args: args.to_vec(),
-            cwd,
-            env,
-            pass_env: self.cfg.pass_env.clone(),
-            secret_env: Default::default(),
-            wraps: None,
-            serves: None,
-            private_files: Vec::new(),
-        })
+        Ok(command)
     }
 
     /// Where a signed-in CLI keeps its credentials.
@@ -336,7 +294,7 @@ impl Provider for ClaudeProvider {
         let answer = probe_initialize(&mut child).await;
         // Closing stdin ends the CLI; whatever is left is stopped.
         drop(child.take_stdin());
-        child.wind_down(None, EXIT_AFTER_EOF).await;
+        child.wind_down(None, CLI.after_eof).await;
         let response = answer?;
         Ok(models_of(&response))
     }
@@ -394,6 +352,7 @@ impl Provider for ClaudeProvider {
         .map_err(StartFailure::into_error)?;
         let _ = session
             .shared
+            .io
             .events
             .emit(ProviderEvent::Error {
                 message: format!(
@@ -424,25 +383,17 @@ async fn probe_initialize(child: &mut ManagedChild) -> Result<Value, ProviderErr
             "request": {"subtype": "initialize", "hooks": null}}))
         .await
         .map_err(|_| ProviderError::Gone)?;
-    let mut lines = LineReader::with_max(stdout, MAX_LINE);
+    let mut lines = JsonLines::new(stdout, CLI.name);
     let read = async {
-        loop {
-            match lines.next_line().await {
-                Ok(Some(line)) => {
-                    let Ok(message) = serde_json::from_slice::<Value>(&line) else {
-                        continue;
-                    };
-                    if let Some(Action::ControlResponse { request_id, result }) =
-                        mapping::Mapper::new("").map(&message).pop()
-                        && request_id == id
-                    {
-                        return result.map_err(ProviderError::Protocol);
-                    }
-                }
-                Ok(None) | Err(FramingError::Io(_)) => return Err(ProviderError::Gone),
-                Err(FramingError::LineTooLong { .. }) => {}
+        while let Some(message) = lines.next_message().await {
+            if let Some(Action::ControlResponse { request_id, result }) =
+                mapping::Mapper::new("").map(&message).pop()
+                && request_id == id
+            {
+                return result.map_err(ProviderError::Protocol);
             }
         }
+        Err(ProviderError::Gone)
     };
     let result = match tokio::time::timeout(START_TIMEOUT, read).await {
         Ok(result) => result,
@@ -500,57 +451,31 @@ fn models_of(response: &Value) -> Vec<ModelInfo> {
 // Session state shared by the reader, the session handle and permission answers
 // ---------------------------------------------------------------------------------------
 
-type ControlReply = oneshot::Sender<Result<Value, String>>;
-
 struct Shared {
-    events: Emitter,
-    writer: LineWriter,
+    io: Io,
     session_id: Mutex<String>,
-    /// Our control requests waiting for their response, by request id.
-    controls: Mutex<HashMap<String, ControlReply>>,
-    next_request: AtomicU64,
+    /// Our control requests waiting for their response.
+    controls: Pending,
     /// `can_use_tool` requests not answered yet, with the tool's input. Whoever removes
     /// an entry (the person's answer, an interrupt, the CLI's withdrawal) answers it.
     permissions: Mutex<HashMap<String, Value>>,
     /// The permission mode the CLI is in, as far as it has said.
     mode: Mutex<Option<String>>,
-    closing: AtomicBool,
-    stderr: StderrTail,
 }
 
 impl Shared {
     /// Send a control request and wait (at most `timeout`) for its response.
     async fn control(&self, request: Value, timeout: Duration) -> Result<Value, ProviderError> {
-        let id = format!(
-            "agentry_{}",
-            self.next_request.fetch_add(1, Ordering::Relaxed)
-        );
-        let (tx, rx) = oneshot::channel();
-        lock(&self.controls).insert(id.clone(), tx);
+        let id = self.controls.next_id();
         let subtype = request
             .get("subtype")
             .and_then(Value::as_str)
             .unwrap_or("control")
             .to_owned();
         let message = json!({"type": "control_request", "request_id": id, "request": request});
-        if self.writer.send(&message).await.is_err() {
-            lock(&self.controls).remove(&id);
-            return Err(ProviderError::Gone);
-        }
-        match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(Ok(response))) => Ok(response),
-            Ok(Ok(Err(error))) => Err(ProviderError::Protocol(format!(
-                "`{subtype}` was refused: {error}"
-            ))),
-            Ok(Err(_)) => Err(ProviderError::Gone),
-            Err(_) => {
-                lock(&self.controls).remove(&id);
-                Err(ProviderError::Protocol(format!(
-                    "`{subtype}` got no answer within {} s",
-                    timeout.as_secs()
-                )))
-            }
-        }
+        self.controls
+            .ask(&self.io.writer, id, &subtype, &message, timeout)
+            .await
     }
 
     /// Answer `can_use_tool` request `request_id`, unless someone already did.
@@ -561,9 +486,22 @@ impl Shared {
         let response = permission_response(decision, input);
         let message = json!({"type": "control_response", "response": {
             "subtype": "success", "request_id": request_id, "response": response}});
-        if self.writer.send(&message).await.is_err() {
+        if self.io.writer.send(&message).await.is_err() {
             tracing::debug!("the CLI is gone; a permission answer was not delivered");
         }
+    }
+}
+
+impl Session for Shared {
+    type Mapper = Mapper;
+
+    fn io(&self) -> &Io {
+        &self.io
+    }
+
+    fn forget(&self) {
+        self.controls.clear();
+        lock(&self.permissions).clear();
     }
 
     /// Handle one stdout message.
@@ -578,20 +516,18 @@ impl Shared {
                     {
                         *lock(&self.session_id) = id.clone();
                     }
-                    self.events.emit(event).await;
+                    self.io.events.emit(event).await;
                 }
                 Action::Permission(request) => self.raise_permission(request).await,
                 Action::ControlResponse { request_id, result } => {
-                    match lock(&self.controls).remove(&request_id) {
-                        Some(reply) => {
-                            let _ = reply.send(result);
-                        }
-                        None => tracing::trace!(%request_id, "a control response nobody waits for"),
+                    if self.controls.answer(&request_id, result).is_err() {
+                        tracing::trace!(%request_id, "a control response nobody waits for");
                     }
                 }
                 Action::Withdrawn { request_id } => {
                     if lock(&self.permissions).remove(&request_id).is_some() {
-                        self.events
+                        self.io
+                            .events
                             .emit(ProviderEvent::PermissionWithdrawn {
                                 provider_request_id: request_id,
                             })
@@ -604,6 +540,7 @@ impl Shared {
                 } => {
                     tracing::debug!(%subtype, "refusing a control request agentry does not serve");
                     let _ = self
+                        .io
                         .writer
                         .send(&json!({"type": "control_response", "response": {
                             "subtype": "error", "request_id": request_id,
@@ -618,13 +555,18 @@ impl Shared {
                         changed
                     };
                     if changed {
-                        self.events.emit(ProviderEvent::ModeChanged { mode }).await;
+                        self.io
+                            .events
+                            .emit(ProviderEvent::ModeChanged { mode })
+                            .await;
                     }
                 }
             }
         }
     }
+}
 
+impl Shared {
     async fn raise_permission(self: &Arc<Self>, request: ToolPermission) {
         let ToolPermission {
             request_id,
@@ -655,7 +597,8 @@ impl Shared {
         let stored = json!({"input": input, "suggestions": suggestions});
         lock(&self.permissions).insert(request_id.clone(), stored);
         let (reply, answer) = oneshot::channel();
-        self.events
+        self.io
+            .events
             .emit(ProviderEvent::PermissionRequested(PermissionRequest {
                 provider_request_id: request_id.clone(),
                 kind,
@@ -745,51 +688,26 @@ async fn start_session(
     events: EventSink,
     start_timeout: Duration,
 ) -> Result<(Box<ClaudeSession>, SessionInfo), StartFailure> {
-    let mut child = launcher.launch(command).await?;
-    let pid = child.pid();
-    let Some((stdin, stdout, stderr)) = child.take_stdio().await else {
-        return Err(ProviderError::Protocol("the CLI has no piped stdio".to_owned()).into());
-    };
-    let (stderr_tail, stderr_task) = StderrTail::capture_masked(
-        stderr,
-        "agentry::providers::claude::stderr",
-        child.redactor(),
-    );
+    let (io, process) = CLI.launch(launcher.as_ref(), command, events).await?;
+    let pid = process.pid();
     let shared = Arc::new(Shared {
-        events: Emitter::new(events),
-        writer: LineWriter::new(stdin),
+        io,
         session_id: Mutex::new(session_id.clone()),
-        controls: Mutex::new(HashMap::new()),
-        next_request: AtomicU64::new(1),
+        controls: Pending::default(),
         permissions: Mutex::new(HashMap::new()),
         mode: Mutex::new(spec.mode.clone()),
-        closing: AtomicBool::new(false),
-        stderr: stderr_tail,
     });
 
-    let (
-        mut stopper,
-        StopSignals {
-            close: close_rx,
-            done: done_tx,
-        },
-    ) = Stopper::new();
-    let (started_tx, started_rx) = oneshot::channel();
-    tokio::spawn(supervise(
-        child,
-        stdout,
-        stderr_task,
+    let (mut stopper, signals) = Stopper::new();
+    tokio::spawn(CLI.supervise(
+        process,
         shared.clone(),
         if resumed {
             Mapper::new(session_id.clone())
         } else {
             Mapper::new(session_id.clone()).announcing()
         },
-        Supervision {
-            close: close_rx,
-            done: done_tx,
-            started: started_rx,
-        },
+        signals,
     ));
 
     let init = shared
@@ -816,12 +734,11 @@ async fn start_session(
                 current_mode,
                 current_model: spec.model.clone(),
             };
-            let _ = started_tx.send(());
+            stopper.handed_out();
             Ok((Box::new(ClaudeSession { shared, stopper }), info))
         }
         Err(e) => {
-            drop(started_tx);
-            let exit = stopper.stop(&shared.closing).await;
+            let exit = stopper.stop().await;
             let ended = matches!(e, ProviderError::Gone);
             let why = match e {
                 ProviderError::Gone => "the CLI stopped while starting".to_owned(),
@@ -845,92 +762,6 @@ async fn start_session(
     }
 }
 
-struct Supervision {
-    close: oneshot::Receiver<()>,
-    done: oneshot::Sender<String>,
-    /// Resolves once the session is handed out; dropped if it never is (then no events).
-    started: oneshot::Receiver<()>,
-}
-
-/// Read stdout to its end, handing each message to the session.
-async fn read_stdout<R: AsyncRead + Unpin>(
-    stdout: R,
-    shared: Arc<Shared>,
-    mut mapper: Mapper,
-) -> Option<String> {
-    let mut lines = LineReader::with_max(stdout, MAX_LINE);
-    loop {
-        match lines.next_line().await {
-            Ok(Some(line)) => {
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                match serde_json::from_slice::<Value>(&line) {
-                    Ok(message) => shared.handle(&mut mapper, &message).await,
-                    Err(e) => {
-                        let shown = String::from_utf8_lossy(&line[..line.len().min(200)]);
-                        tracing::warn!(error = %e, line = %shown, "Claude Code wrote a line that is not JSON");
-                        shared
-                            .events
-                            .emit(ProviderEvent::Error {
-                                message: format!(
-                                    "Claude Code wrote a line that is not JSON ({e}): {shown}"
-                                ),
-                                code: Some("provider_output_invalid".to_owned()),
-                            })
-                            .await;
-                    }
-                }
-            }
-            Ok(None) => return None,
-            Err(FramingError::LineTooLong { len }) => {
-                tracing::warn!(len, "Claude Code wrote an over-long line; it was skipped");
-                shared
-                    .events
-                    .emit(ProviderEvent::Error {
-                        message: format!(
-                            "Claude Code wrote a line of {len} bytes, over the limit of {MAX_LINE}; it was skipped"
-                        ),
-                        code: Some("provider_output_invalid".to_owned()),
-                    })
-                    .await;
-            }
-            Err(FramingError::Io(e)) => return Some(e.to_string()),
-        }
-    }
-}
-
-/// Own the process: read its output until it ends, exits or the session is closed; then
-/// stop it, reap it and report how it ended (to `done`, and last of all as `Exited`).
-async fn supervise<R: AsyncRead + Unpin + Send + 'static>(
-    mut child: ManagedChild,
-    stdout: R,
-    stderr_task: StderrReader,
-    shared: Arc<Shared>,
-    mapper: Mapper,
-    report: Supervision,
-) {
-    let reading = read_stdout(stdout, shared.clone(), mapper);
-    let ending = watch(&mut child, reading, DRAIN_AFTER_EXIT, report.close).await;
-    // End of input asks the CLI to finish (it writes its transcript and exits 0).
-    shared.writer.close().await;
-    let reaped = async {
-        // Nobody will answer what is still waiting.
-        lock(&shared.controls).clear();
-        lock(&shared.permissions).clear();
-    };
-    let exit = Exit {
-        agent: "claude",
-        events: &shared.events,
-        closing: &shared.closing,
-        stderr: &shared.stderr,
-        readers: vec![stderr_task],
-        done: report.done,
-        started: report.started,
-    };
-    exit.report(child, ending, EXIT_AFTER_EOF, reaped).await;
-}
-
 // ---------------------------------------------------------------------------------------
 // The live session
 // ---------------------------------------------------------------------------------------
@@ -951,6 +782,7 @@ impl ProviderSession for ClaudeSession {
             "session_id": session_id,
         });
         self.shared
+            .io
             .writer
             .send(&message)
             .await
@@ -965,12 +797,10 @@ impl ProviderSession for ClaudeSession {
                 .answer_permission(&request_id, PermissionDecision::Cancelled)
                 .await;
         }
-        let id = format!(
-            "agentry_{}",
-            self.shared.next_request.fetch_add(1, Ordering::Relaxed)
-        );
+        let id = self.shared.controls.next_id();
         // The turn's end (`result`) is what matters; the response itself is not awaited.
         self.shared
+            .io
             .writer
             .send(&json!({"type": "control_request", "request_id": id,
                 "request": {"subtype": "interrupt"}}))
@@ -1006,14 +836,7 @@ impl ProviderSession for ClaudeSession {
     }
 
     async fn close(mut self: Box<Self>) {
-        self.stopper.stop(&self.shared.closing).await;
-    }
-}
-
-impl Drop for ClaudeSession {
-    fn drop(&mut self) {
-        // Dropping the close sender ends the supervisor's wait; the process goes with it.
-        self.shared.closing.store(true, Ordering::Release);
+        self.stopper.stop().await;
     }
 }
 

@@ -9,7 +9,10 @@ use tokio::sync::mpsc;
 use super::*;
 use crate::domain::{PermissionKind, ToolKind, ToolStatus, TurnOutcome};
 use crate::process::STOP_GRACE;
-use crate::providers::{ChangeKind, ToolCallUpdate, Usage};
+use crate::providers::ChangeKind;
+use crate::providers::test_support::{
+    Direct, Mapped, alive, deltas, events, json_lines, tool_calls, turn_end,
+};
 
 const TEXT: &str = include_str!("../../../tests/fixtures/claude/text.jsonl");
 const WRITE_ALLOW: &str = include_str!("../../../tests/fixtures/claude/write_allow.jsonl");
@@ -28,65 +31,27 @@ fn session_of(transcript: &str) -> String {
         .expect("the transcript has a system/init")
 }
 
-fn replay(transcript: &str) -> Vec<Action> {
-    let mut mapper = Mapper::new(session_of(transcript));
-    transcript
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).expect("each recorded line is JSON"))
-        .flat_map(|m| mapper.map(&m))
-        .collect()
-}
-
-fn events(actions: &[Action]) -> Vec<&ProviderEvent> {
-    actions
-        .iter()
-        .filter_map(|a| match a {
+impl Mapped for Action {
+    fn event(&self) -> Option<&ProviderEvent> {
+        match self {
             Action::Event(e) => Some(e),
             _ => None,
-        })
-        .collect()
+        }
+    }
 }
 
-fn tools(actions: &[Action]) -> Vec<&ToolCallUpdate> {
-    events(actions)
-        .into_iter()
-        .filter_map(|e| match e {
-            ProviderEvent::ToolCall(c) => Some(c),
-            _ => None,
-        })
+fn replay(transcript: &str) -> Vec<Action> {
+    let mut mapper = Mapper::new(session_of(transcript));
+    json_lines(transcript)
+        .iter()
+        .flat_map(|m| mapper.map(m))
         .collect()
-}
-
-fn text_deltas(actions: &[Action]) -> String {
-    events(actions)
-        .into_iter()
-        .filter_map(|e| match e {
-            ProviderEvent::AssistantDelta { text, .. } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect()
-}
-
-fn turn_end(actions: &[Action]) -> (TurnOutcome, Option<String>, Option<Usage>) {
-    let ends: Vec<_> = events(actions)
-        .into_iter()
-        .filter_map(|e| match e {
-            ProviderEvent::TurnEnded {
-                outcome,
-                error,
-                usage,
-            } => Some((*outcome, error.clone(), usage.clone())),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(ends.len(), 1, "exactly one turn end");
-    ends.into_iter().next().unwrap()
 }
 
 #[test]
 fn a_text_turn_streams_text_and_reasoning_and_ends_with_usage() {
     let actions = replay(TEXT);
-    assert_eq!(text_deltas(&actions), "Hello from the fake model.");
+    assert_eq!(deltas(&actions), "Hello from the fake model.");
     let reasoning: String = events(&actions)
         .into_iter()
         .filter_map(|e| match e {
@@ -187,7 +152,7 @@ fn a_write_asks_then_completes_with_its_diff() {
     assert!(permission.suggestions.is_some());
     assert_eq!(permission.input["content"], "hello\n");
 
-    let calls = tools(&actions);
+    let calls = tool_calls(&actions);
     assert_eq!(calls.len(), 2);
     let (running, done) = (calls[0], calls[1]);
     assert_eq!(
@@ -209,13 +174,13 @@ fn a_write_asks_then_completes_with_its_diff() {
     assert_eq!(done.diff[0].change, ChangeKind::Add);
     assert_eq!(turn_end(&actions).0, TurnOutcome::Completed);
     // Text of a message that also carried a tool call was streamed once.
-    assert_eq!(text_deltas(&actions), "I will write it.Written.");
+    assert_eq!(deltas(&actions), "I will write it.Written.");
 }
 
 #[test]
 fn a_denied_command_fails_its_call_and_the_turn_completes() {
     let actions = replay(BASH_DENY);
-    let calls = tools(&actions);
+    let calls = tool_calls(&actions);
     assert_eq!(calls[0].tool_kind, ToolKind::Shell);
     assert_eq!(calls[0].title, "Bash: write a file");
     let failed = calls.last().unwrap();
@@ -233,7 +198,7 @@ fn a_denied_command_fails_its_call_and_the_turn_completes() {
 #[test]
 fn an_interrupted_turn_ends_failed_for_the_runtime_to_cancel() {
     let actions = replay(INTERRUPT);
-    assert_eq!(text_deltas(&actions), "one two ");
+    assert_eq!(deltas(&actions), "one two ");
     let (outcome, error, _) = turn_end(&actions);
     assert_eq!(outcome, TurnOutcome::Failed);
     assert!(error.unwrap().contains("failed while running"));
@@ -248,7 +213,7 @@ fn an_interrupted_turn_ends_failed_for_the_runtime_to_cancel() {
 #[test]
 fn shell_output_keeps_its_bytes_for_the_writer_to_clean() {
     let actions = replay(BASH_NUL);
-    let done = *tools(&actions).last().unwrap();
+    let done = *tool_calls(&actions).last().unwrap();
     assert_eq!(done.status, ToolStatus::Completed);
     assert_eq!(done.output.as_ref().unwrap()["stdout"], "left\u{0}right");
 }
@@ -256,7 +221,7 @@ fn shell_output_keeps_its_bytes_for_the_writer_to_clean() {
 #[test]
 fn an_edit_carries_old_and_new_text_then_the_unified_patch() {
     let actions = replay(EDIT);
-    let calls = tools(&actions);
+    let calls = tool_calls(&actions);
     let edit: Vec<_> = calls.iter().filter(|c| c.name == "Edit").collect();
     assert_eq!(edit.len(), 2);
     assert_eq!(edit[0].tool_kind, ToolKind::Edit);
@@ -300,7 +265,7 @@ fn sub_agent_calls_name_their_parent_and_their_text_stays_out() {
             {"type": "tool_use", "id": "toolu_inner", "name": "MultiEdit",
              "input": {"file_path": "/w/a", "edits": [
                 {"old_string": "a", "new_string": "b"}, {"old_string": "c", "new_string": "d"}]}}]}}));
-    let calls = tools(&actions);
+    let calls = tool_calls(&actions);
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].parent_call_id.as_deref(), Some("toolu_task"));
     assert_eq!(calls[0].diff.len(), 2);
@@ -476,15 +441,11 @@ fn shared() -> (Arc<Shared>, mpsc::Receiver<ProviderEvent>) {
     let (tx, rx) = mpsc::channel(64);
     let (stdin, _reader) = tokio::io::duplex(1 << 16);
     let shared = Arc::new(Shared {
-        events: Emitter::new(tx),
-        writer: LineWriter::new(stdin),
+        io: Io::new(tx, stdin, StderrTail::default()),
         session_id: Mutex::new("s".into()),
-        controls: Mutex::new(HashMap::new()),
-        next_request: AtomicU64::new(1),
+        controls: Pending::default(),
         permissions: Mutex::new(HashMap::new()),
         mode: Mutex::new(Some("default".into())),
-        closing: AtomicBool::new(false),
-        stderr: StderrTail::default(),
     });
     (shared, rx)
 }
@@ -495,12 +456,12 @@ async fn bad_output_is_reported_and_reading_goes_on() {
     let mut input = Vec::new();
     input.extend_from_slice(b"not json at all\n");
     input.extend_from_slice(b"\0\xff\xfe{\n");
-    input.extend_from_slice(&vec![b'x'; MAX_LINE + 10]);
+    input.extend_from_slice(&vec![b'x'; crate::providers::stdio::MAX_LINE + 10]);
     input.push(b'\n');
     input.extend_from_slice(b"\n");
     input.extend_from_slice(br#"{"type":"system","subtype":"status","permissionMode":"plan"}"#);
     input.push(b'\n');
-    let broken = read_stdout(&input[..], shared, Mapper::new("s")).await;
+    let broken = CLI.read(&input[..], shared, Mapper::new("s")).await;
     assert!(broken.is_none());
     let mut got = Vec::new();
     while let Ok(event) = rx.try_recv() {
@@ -553,23 +514,6 @@ async fn a_withdrawn_request_expires_and_its_late_answer_goes_nowhere() {
 }
 
 /// Spawns directly (no ledger) and remembers the pids it started.
-#[derive(Default)]
-struct Spawner {
-    pids: Mutex<Vec<u32>>,
-}
-
-#[async_trait]
-impl ProcessLauncher for Spawner {
-    async fn launch(
-        &self,
-        spec: CommandSpec,
-    ) -> Result<ManagedChild, crate::process::ProcessError> {
-        let child = crate::process::spawn(&spec)?;
-        lock(&self.pids).push(child.pid());
-        Ok(child)
-    }
-}
-
 /// A provider whose "CLI" is the shell script `script` (the protocol flags become its
 /// positional arguments).
 fn scripted(script: &str, start_timeout: Duration) -> ClaudeProvider {
@@ -589,16 +533,6 @@ fn bare_spec(dir: &tempfile::TempDir, resume: Option<Value>) -> SessionSpec {
     }
 }
 
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        !s.rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z')
-    })
-}
-
 #[tokio::test]
 async fn a_cli_that_exits_at_start_fails_with_its_stderr() {
     let dir = tempfile::tempdir().unwrap();
@@ -606,7 +540,7 @@ async fn a_cli_that_exits_at_start_fails_with_its_stderr() {
         "echo 'cannot start: bad settings' >&2; exit 3",
         START_TIMEOUT,
     );
-    let launcher = Arc::new(Spawner::default());
+    let launcher = Arc::new(Direct::default());
     let (tx, _rx) = mpsc::channel(16);
     let Err(e) = provider
         .start(bare_spec(&dir, None), launcher.clone(), tx)
@@ -617,7 +551,7 @@ async fn a_cli_that_exits_at_start_fails_with_its_stderr() {
     let message = e.to_string();
     assert!(message.contains("status 3"), "{message}");
     assert!(message.contains("cannot start: bad settings"), "{message}");
-    assert!(lock(&launcher.pids).iter().all(|p| !alive(*p)));
+    assert!(launcher.pids().iter().all(|p| !alive(*p)));
 }
 
 #[tokio::test]
@@ -627,7 +561,7 @@ async fn a_cli_that_hangs_at_start_is_stopped_within_the_timeout() {
         "echo 'waiting forever' >&2; exec sleep 60",
         Duration::from_secs(1),
     );
-    let launcher = Arc::new(Spawner::default());
+    let launcher = Arc::new(Direct::default());
     let (tx, _rx) = mpsc::channel(16);
     let began = std::time::Instant::now();
     let Err(e) = provider
@@ -641,10 +575,10 @@ async fn a_cli_that_hangs_at_start_is_stopped_within_the_timeout() {
     assert!(message.contains("within 1 s"), "{message}");
     assert!(message.contains("waiting forever"), "{message}");
     assert!(
-        took < Duration::from_secs(1) + EXIT_AFTER_EOF + STOP_GRACE + Duration::from_secs(2),
+        took < Duration::from_secs(1) + CLI.after_eof + STOP_GRACE + Duration::from_secs(2),
         "{took:?}"
     );
-    let pids = lock(&launcher.pids).clone();
+    let pids = launcher.pids();
     assert_eq!(pids.len(), 1);
     assert!(!alive(pids[0]), "no process is left");
 }
@@ -658,7 +592,7 @@ read line
 echo '{"type":"control_response","response":{"subtype":"success","request_id":"agentry_1","response":{"current_permission_mode":"default"}}}'
 cat > /dev/null"#;
     let provider = scripted(script, START_TIMEOUT);
-    let launcher = Arc::new(Spawner::default());
+    let launcher = Arc::new(Direct::default());
     let (tx, mut rx) = mpsc::channel(16);
     let handle = json!({"session_id": "0193a1b2-c3d4-7e8f-9a0b-1c2d3e4f5a6b"});
     let (session, info) = provider
@@ -682,7 +616,7 @@ cat > /dev/null"#;
     assert!(
         matches!(rx.recv().await, Some(ProviderEvent::Exited { reason }) if reason == "closed")
     );
-    let pids = lock(&launcher.pids).clone();
+    let pids = launcher.pids();
     assert_eq!(pids.len(), 2);
     assert!(pids.iter().all(|p| !alive(*p)));
 }

@@ -12,7 +12,6 @@ mod mapping;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,20 +22,14 @@ use tokio::task::JoinHandle;
 
 pub use mapping::{Ask, Mapped, Mapper, decision_reply};
 
-use super::broker::{
-    BrokerInput, Brokering, Credential, KeyHeader, PLACEHOLDER_KEY, key_header, upstream_url,
-};
-use super::emitter::{Emitter, StopSignals, Stopper};
-use super::supervise::{Exit, drain, watch};
-use super::{
-    Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
-    PermissionRequest, Probe, ProcessLauncher, Provider, ProviderError, ProviderEvent,
-    ProviderInfo, ProviderSession, SessionInfo, SessionSpec, TurnInput, command_missing, mode,
-};
+use super::adapter::*;
+use super::broker::{BrokerInput, Brokering, Credential, KeyHeader, PLACEHOLDER_KEY, upstream_url};
+use super::mcp;
+use super::supervise::{Exit, drain, tail_suffix, watch};
 use crate::domain::TurnOutcome;
 use crate::process::jsonrpc::{Incoming, Peer, PeerOptions, RequestId, RpcError};
 use crate::process::output::{StderrReader, StderrTail};
-use crate::process::{CommandSpec, ManagedChild, STOP_GRACE, lock};
+use crate::process::{ManagedChild, STOP_GRACE, lock};
 
 /// How long Codex may take to initialize and open its thread.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -63,34 +56,18 @@ pub fn builtin() -> Builtin {
         pass_env: PASS_ENV,
         env: &[],
         credential: Credential::Configured(broker),
-        modes,
+        modes: MODES,
         default_mode: "auto",
         build: |cfg| Arc::new(CodexProvider::new(cfg)),
     }
 }
 
-fn modes() -> Vec<ModeInfo> {
-    vec![
-        mode(
-            "read-only",
-            "Read only",
-            "Reads freely in a read-only sandbox; asks before running anything else",
-            false,
-        ),
-        mode(
-            "auto",
-            "Auto",
-            "Edits and runs commands inside the workspace sandbox; asks to go beyond it",
-            false,
-        ),
-        mode(
-            "full-access",
-            "Full access",
-            "Runs anything without a sandbox and never asks",
-            true,
-        ),
-    ]
-}
+#[rustfmt::skip]
+const MODES: &[ModeRow] = &[
+    ("read-only", "Read only", "Reads freely in a read-only sandbox; asks before running anything else", false),
+    ("auto", "Auto", "Edits and runs commands inside the workspace sandbox; asks to go beyond it", false),
+    ("full-access", "Full access", "Runs anything without a sandbox and never asks", true),
+];
 
 /// A mode as Codex's approval policy, thread sandbox mode and turn sandbox policy.
 /// `confined`: Codex runs inside agentry's sandbox, which already gives `auto` what
@@ -134,10 +111,7 @@ impl CodexProvider {
     }
 
     fn mode_of(&self, requested: Option<&str>) -> Result<String, ProviderError> {
-        let mode = requested
-            .map(str::to_owned)
-            .or_else(|| self.cfg.default_mode.clone())
-            .unwrap_or_else(|| "auto".to_owned());
+        let mode = self.cfg.mode_or_default(requested, "auto");
         if policy(&mode, false).is_none() {
             return Err(ProviderError::Protocol(format!(
                 "unknown Codex mode `{mode}` (known: read-only, auto, full-access)"
@@ -160,25 +134,9 @@ impl CodexProvider {
         ];
         let (overrides, header_env) = mcp_overrides(mcp_servers)?;
         protocol.extend(overrides);
-        let argv = self.cfg.argv(&protocol);
-        let Some((program, args)) = argv.split_first() else {
-            return Err(ProviderError::Unavailable(
-                "no command is configured".to_owned(),
-            ));
-        };
-        let mut child = launcher
-            .launch(CommandSpec {
-                program: program.clone(),
-                args: args.to_vec(),
-                cwd,
-                env: self.cfg.env.clone(),
-                pass_env: self.cfg.pass_env.clone(),
-                secret_env: header_env,
-                wraps: None,
-                serves: None,
-                private_files: Vec::new(),
-            })
-            .await?;
+        let mut command = self.cfg.command(&protocol, cwd)?;
+        command.secret_env = header_env;
+        let mut child = launcher.launch(command).await?;
         let Some((stdin, stdout, stderr)) = child.take_stdio().await else {
             return Err(ProviderError::Protocol(
                 "the Codex process has no piped stdio".to_owned(),
@@ -261,12 +219,12 @@ impl Provider for CodexProvider {
             Ok(Ok(models)) => Ok(models),
             Ok(Err(e)) => Err(ProviderError::Protocol(format!(
                 "listing Codex models failed: {e}{}",
-                tail_suffix(&conn.stderr)
+                tail_suffix("stderr", &conn.stderr)
             ))),
             Err(_) => Err(ProviderError::Protocol(format!(
                 "Codex did not list its models within {} s{}",
                 PROBE_TIMEOUT.as_secs(),
-                tail_suffix(&conn.stderr)
+                tail_suffix("stderr", &conn.stderr)
             ))),
         }
     }
@@ -288,26 +246,16 @@ impl Provider for CodexProvider {
             turn: Mutex::new(TurnState::default()),
             asks: Mutex::new(HashMap::new()),
             interrupt_epoch: watch::channel(0).0,
-            closing: AtomicBool::new(false),
             stderr: conn.stderr.clone(),
         });
         let dispatcher = tokio::spawn(dispatch(conn.incoming, shared.clone()));
-        let (
-            mut stopper,
-            StopSignals {
-                close: close_rx,
-                done: done_tx,
-            },
-        ) = Stopper::new();
-        let (started_tx, started_rx) = oneshot::channel();
+        let (mut stopper, signals) = Stopper::new();
         tokio::spawn(supervise(
             conn.child,
             conn.stderr_task,
             dispatcher,
             shared.clone(),
-            close_rx,
-            done_tx,
-            started_rx,
+            signals,
         ));
 
         let confined = launcher.confined();
@@ -326,6 +274,7 @@ impl Provider for CodexProvider {
                     current_mode: Some(mode.clone()),
                     current_model: thread.model.clone(),
                 };
+                stopper.handed_out();
                 let session = CodexSession {
                     thread_id: thread.id,
                     shared,
@@ -336,7 +285,6 @@ impl Provider for CodexProvider {
                     unsent_model: false,
                     stopper,
                 };
-                let _ = started_tx.send(());
                 return Ok((Box::new(session), info));
             }
             Ok(Err(e)) => e.to_string(),
@@ -346,18 +294,8 @@ impl Provider for CodexProvider {
             ),
         };
         // The session never started: stop the process, no events, say why.
-        drop(started_tx);
-        let exit = stopper.stop(&shared.closing).await;
+        let exit = stopper.stop().await;
         Err(ProviderError::Protocol(format!("{failure} ({exit})")))
-    }
-}
-
-fn tail_suffix(stderr: &StderrTail) -> String {
-    let tail = stderr.tail();
-    if tail.is_empty() {
-        String::new()
-    } else {
-        format!("; last stderr:\n{tail}")
     }
 }
 
@@ -574,12 +512,12 @@ fn broker(input: &BrokerInput<'_>) -> Result<Brokering, String> {
     }
     withhold.dedup();
     Ok(Brokering {
-        brokered: vec![crate::egress::Brokered {
-            provider: input.provider.to_owned(),
-            path_prefix: BROKER_PREFIX.to_owned(),
+        brokered: vec![input.brokered(
+            BROKER_PREFIX.to_owned(),
             upstream_base,
-            headers: vec![key_header(KeyHeader::Bearer, key)],
-        }],
+            KeyHeader::Bearer,
+            key,
+        )],
         withhold,
         env,
         args,
@@ -627,9 +565,6 @@ const HEADER_VAR_PREFIX: &str = "AGENTRY_MCP_HEADER_TOKEN_";
 fn mcp_overrides(
     servers: &BTreeMap<String, Value>,
 ) -> Result<(Vec<String>, crate::domain::SecretEnv), ProviderError> {
-    fn text(v: &Value) -> String {
-        v.as_str().map_or_else(|| v.to_string(), str::to_owned)
-    }
     fn quoted(s: &str) -> String {
         toml::Value::String(s.to_owned()).to_string()
     }
@@ -639,16 +574,6 @@ fn mcp_overrides(
             .map(|(k, v)| format!("{} = {}", quoted(k), quoted(v)))
             .collect();
         format!("{{ {} }}", body.join(", "))
-    }
-    fn pairs(value: Option<&Value>) -> Vec<(String, String)> {
-        match value {
-            Some(Value::Object(map)) => map.iter().map(|(k, v)| (k.clone(), text(v))).collect(),
-            Some(Value::Array(items)) => items
-                .iter()
-                .filter_map(|i| Some((i.get("name")?.as_str()?.to_owned(), text(i.get("value")?))))
-                .collect(),
-            _ => Vec::new(),
-        }
     }
     let mut out = Vec::new();
     let mut env = crate::domain::SecretEnv::new();
@@ -677,7 +602,7 @@ fn mcp_overrides(
                 // Header values (tokens: agentry's own server's among them) travel in
                 // the environment, never on the command line every local user can read:
                 // Codex reads each from the variable `env_http_headers` names.
-                let headers = pairs(server.get("headers"));
+                let headers = mcp::pairs(server.get("headers"));
                 if !headers.is_empty() {
                     let mut named = Vec::with_capacity(headers.len());
                     for (header, value) in headers {
@@ -689,14 +614,7 @@ fn mcp_overrides(
                 }
             }
             None | Some("stdio" | "local") => {
-                let mut argv: Vec<String> = match server.get("command") {
-                    Some(Value::String(c)) => vec![c.clone()],
-                    Some(Value::Array(items)) => items.iter().map(text).collect(),
-                    _ => Vec::new(),
-                };
-                if let Some(Value::Array(items)) = server.get("args") {
-                    argv.extend(items.iter().map(text));
-                }
+                let argv = mcp::argv(server);
                 let Some((command, args)) = argv.split_first() else {
                     return Err(ProviderError::Protocol(format!(
                         "MCP server `{name}` has no command"
@@ -707,7 +625,7 @@ fn mcp_overrides(
                     let list: Vec<String> = args.iter().map(|a| quoted(a)).collect();
                     set("args", format!("[{}]", list.join(", ")));
                 }
-                let env = pairs(server.get("env"));
+                let env = mcp::pairs(server.get("env"));
                 if !env.is_empty() {
                     set("env", inline(&env));
                 }
@@ -826,7 +744,6 @@ struct Shared {
     asks: Mutex<HashMap<String, oneshot::Sender<()>>>,
     /// Bumped by `interrupt`: every approval waiting then is answered `cancel`.
     interrupt_epoch: watch::Sender<u64>,
-    closing: AtomicBool,
     stderr: StderrTail,
 }
 
@@ -968,24 +885,28 @@ async fn supervise(
     stderr_task: StderrReader,
     dispatcher: JoinHandle<()>,
     shared: Arc<Shared>,
-    close: oneshot::Receiver<()>,
-    done: oneshot::Sender<String>,
-    started: oneshot::Receiver<()>,
+    signals: StopSignals,
 ) {
     // The dispatcher reads the output; it is waited for once the process is gone.
-    let ending = watch(&mut child, std::future::pending(), Duration::ZERO, close).await;
-    let exit = Exit {
-        agent: "codex",
-        events: &shared.events,
-        closing: &shared.closing,
-        stderr: &shared.stderr,
-        readers: vec![stderr_task],
-        done,
-        started,
-    };
+    let ending = watch(
+        &mut child,
+        std::future::pending(),
+        Duration::ZERO,
+        signals.close,
+    )
+    .await;
     // Whatever is left of the group goes now; its output ends with it.
     let reaped = drain(dispatcher, DRAIN_AFTER_EXIT);
-    exit.report(child, ending, Duration::ZERO, reaped).await;
+    Exit::new("codex", &shared.events, &shared.stderr)
+        .report(
+            child,
+            ending,
+            vec![stderr_task],
+            signals.report,
+            Duration::ZERO,
+            reaped,
+        )
+        .await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1138,14 +1059,7 @@ impl ProviderSession for CodexSession {
     }
 
     async fn close(mut self: Box<Self>) {
-        self.stopper.stop(&self.shared.closing).await;
-    }
-}
-
-impl Drop for CodexSession {
-    fn drop(&mut self) {
-        // Dropping the close sender stops the process too.
-        self.shared.closing.store(true, Ordering::Release);
+        self.stopper.stop().await;
     }
 }
 

@@ -1,7 +1,5 @@
 use super::*;
 
-use async_trait::async_trait;
-
 fn config(args: &[&str], env: &[(&str, &str)]) -> CliConfig {
     let mut cfg = crate::providers::registry::builtin_config(&builtin(), "codex", None);
     cfg.args = args.iter().map(|s| s.to_string()).collect();
@@ -99,8 +97,7 @@ fn modes_are_policies() {
         json!({"type": "dangerFullAccess"})
     );
     assert!(policy("yolo", false).is_none());
-    let ids: Vec<String> = modes().into_iter().map(|m| m.id).collect();
-    assert!(ids.iter().all(|m| policy(m, false).is_some()));
+    assert!(MODES.iter().all(|m| policy(m.0, false).is_some()));
     // Inside agentry's sandbox `auto` leaves confinement to it; `read-only` keeps Codex's.
     assert_eq!(
         policy("auto", true).unwrap(),
@@ -132,11 +129,7 @@ fn the_catalog_skips_hidden_models() {
 
 fn fixture(name: &str) -> Vec<Value> {
     let path = format!("{}/tests/fixtures/codex/{name}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{path}: {e}"))
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    json_lines(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}")))
 }
 
 /// Everything the mapping makes of a transcript, in order.
@@ -157,14 +150,13 @@ fn replay(name: &str) -> Vec<Mapped> {
     out
 }
 
-fn events(mapped: &[Mapped]) -> Vec<&ProviderEvent> {
-    mapped
-        .iter()
-        .filter_map(|m| match m {
+impl test_support::Mapped for Mapped {
+    fn event(&self) -> Option<&ProviderEvent> {
+        match self {
             Mapped::Event(e) => Some(e),
             _ => None,
-        })
-        .collect()
+        }
+    }
 }
 
 fn text(mapped: &[Mapped], reasoning: bool) -> String {
@@ -179,28 +171,17 @@ fn text(mapped: &[Mapped], reasoning: bool) -> String {
         .collect()
 }
 
-fn tool_calls(mapped: &[Mapped]) -> Vec<&ToolCallUpdate> {
-    events(mapped)
-        .into_iter()
-        .filter_map(|e| match e {
-            ProviderEvent::ToolCall(call) => Some(call),
-            _ => None,
-        })
-        .collect()
-}
-
+/// The turns' ends, with their outcome and usage.
 fn turn_ends(mapped: &[Mapped]) -> Vec<(TurnOutcome, Option<Usage>)> {
-    events(mapped)
+    test_support::turn_ends(mapped)
         .into_iter()
-        .filter_map(|e| match e {
-            ProviderEvent::TurnEnded { outcome, usage, .. } => Some((*outcome, usage.clone())),
-            _ => None,
-        })
+        .map(|(outcome, _, usage)| (outcome, usage))
         .collect()
 }
 
 use crate::domain::{ToolKind, ToolStatus};
-use crate::providers::{ChangeKind, ToolCallUpdate, Usage};
+use crate::providers::test_support::{self, Direct, events, json_lines, tool_calls};
+use crate::providers::{ChangeKind, Usage};
 
 #[test]
 fn a_text_turn_streams_text_and_reasoning_and_ends_with_the_turns_usage() {
@@ -427,22 +408,6 @@ fn plans_and_updates_of_existing_files_map_to_the_shared_shapes() {
 
 // ---- the session against a scripted stand-in for the CLI
 
-/// Starts processes directly (no ledger) and remembers their pids.
-#[derive(Default)]
-struct Direct(std::sync::Mutex<Vec<u32>>);
-
-#[async_trait]
-impl ProcessLauncher for Direct {
-    async fn launch(
-        &self,
-        spec: CommandSpec,
-    ) -> Result<ManagedChild, crate::process::ProcessError> {
-        let child = crate::process::spawn(&spec)?;
-        self.0.lock().unwrap().push(child.pid());
-        Ok(child)
-    }
-}
-
 fn scripted(script: &str, env: &[(&str, &str)], start_timeout: Duration) -> CodexProvider {
     let mut cfg = config(&[], env);
     cfg.command = vec!["sh".into(), "-c".into(), script.into()];
@@ -586,7 +551,7 @@ async fn a_session_speaks_the_protocol_and_survives_bad_lines_until_the_cli_exit
         "sent once"
     );
     session.close().await;
-    let pid = launcher.0.lock().unwrap()[0];
+    let pid = launcher.pids()[0];
     assert!(
         std::fs::read_to_string(format!("/proc/{pid}/stat")).is_err(),
         "the process is gone (and reaped)"
@@ -613,7 +578,7 @@ async fn a_cli_that_hangs_at_start_fails_in_bounded_time_and_is_stopped() {
         "{:?}",
         started.elapsed()
     );
-    let pid = launcher.0.lock().unwrap()[0];
+    let pid = launcher.pids()[0];
     assert!(
         std::fs::read_to_string(format!("/proc/{pid}/stat")).is_err(),
         "the process is gone (and reaped)"
@@ -635,7 +600,7 @@ async fn an_unknown_mode_is_refused_before_anything_starts() {
         err.to_string().contains("unknown Codex mode `yolo`"),
         "{err}"
     );
-    assert!(launcher.0.lock().unwrap().is_empty());
+    assert!(launcher.pids().is_empty());
 }
 
 #[test]

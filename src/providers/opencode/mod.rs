@@ -28,21 +28,16 @@ use tokio::task::JoinHandle;
 
 pub use mapping::{Ask, Mapped, Mapper, reply_word, tool_kind};
 
+use super::adapter::*;
 use super::broker::{
-    BrokerInput, Brokering, Credential, JsonSet, KeyHeader, PLACEHOLDER_KEY, key_header,
-    upstream_url,
+    BrokerInput, Brokering, Credential, JsonSet, KeyHeader, PLACEHOLDER_KEY, upstream_url,
 };
-use super::emitter::{Emitter, StopSignals, Stopper};
-use super::supervise::{Ending, Exit, drain};
-use super::{
-    Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
-    PermissionRequest, Probe, ProcessLauncher, Provider, ProviderError, ProviderEvent,
-    ProviderInfo, ProviderSession, SessionInfo, SessionSpec, TurnInput, command_missing, mode,
-};
+use super::mcp;
+use super::supervise::{Ending, Exit, drain, tail_suffix};
 use crate::domain::SecretValue;
 use crate::event_stream::{Event, Parser};
 use crate::process::output::{StderrReader, StderrTail, describe_exit};
-use crate::process::{CommandSpec, ManagedChild, STOP_GRACE, lock};
+use crate::process::{ManagedChild, STOP_GRACE, lock};
 
 /// How long the server may take to answer its health route and open the session (a
 /// first start in a fresh home installs a plugin).
@@ -88,34 +83,18 @@ pub fn builtin() -> Builtin {
             ("OPENCODE_DISABLE_PROJECT_CONFIG", "1"),
         ],
         credential: Credential::Configured(broker),
-        modes,
+        modes: MODES,
         default_mode: "build",
         build: |cfg| Arc::new(OpenCodeProvider::new(cfg)),
     }
 }
 
-fn modes() -> Vec<ModeInfo> {
-    vec![
-        mode(
-            "build",
-            "Build",
-            "OpenCode's build agent; asks before editing files and running commands",
-            false,
-        ),
-        mode(
-            "plan",
-            "Plan",
-            "OpenCode's plan agent; edits nothing and asks before running commands",
-            false,
-        ),
-        mode(
-            "full-access",
-            "Full access",
-            "OpenCode's build agent; edits and runs commands without asking",
-            true,
-        ),
-    ]
-}
+#[rustfmt::skip]
+const MODES: &[ModeRow] = &[
+    ("build", "Build", "OpenCode's build agent; asks before editing files and running commands", false),
+    ("plan", "Plan", "OpenCode's plan agent; edits nothing and asks before running commands", false),
+    ("full-access", "Full access", "OpenCode's build agent; edits and runs commands without asking", true),
+];
 
 /// A mode as the OpenCode agent that runs its prompts, and whether agentry answers
 /// OpenCode's permission requests itself (`allow` once) instead of asking a person.
@@ -147,10 +126,7 @@ impl OpenCodeProvider {
     }
 
     fn mode_of(&self, requested: Option<&str>) -> Result<String, ProviderError> {
-        let mode = requested
-            .map(str::to_owned)
-            .or_else(|| self.cfg.default_mode.clone())
-            .unwrap_or_else(|| "build".to_owned());
+        let mode = self.cfg.mode_or_default(requested, "build");
         if policy(&mode).is_none() {
             return Err(unknown_mode(&mode));
         }
@@ -218,31 +194,19 @@ impl OpenCodeProvider {
             "--port".to_owned(),
             port.to_string(),
         ];
-        let argv = self.cfg.argv(&protocol);
-        let Some((program, args)) = argv.split_first() else {
-            return Err(ProviderError::Unavailable(
-                "no command is configured".to_owned(),
-            ));
-        };
-        let mut env = self.cfg.env.clone();
-        env.insert("OPENCODE_CONFIG_CONTENT".to_owned(), config.to_string());
-        env.insert("OPENCODE_SERVER_USERNAME".to_owned(), USER.to_owned());
-        let mut child = launcher
-            .launch(CommandSpec {
-                program: program.clone(),
-                args: args.to_vec(),
-                cwd,
-                env,
-                pass_env: self.cfg.pass_env.clone(),
-                secret_env: BTreeMap::from([(
-                    "OPENCODE_SERVER_PASSWORD".to_owned(),
-                    SecretValue::new(password.clone()),
-                )]),
-                wraps: None,
-                serves: Some(port),
-                private_files: Vec::new(),
-            })
-            .await?;
+        let mut command = self.cfg.command(&protocol, cwd)?;
+        command
+            .env
+            .insert("OPENCODE_CONFIG_CONTENT".to_owned(), config.to_string());
+        command
+            .env
+            .insert("OPENCODE_SERVER_USERNAME".to_owned(), USER.to_owned());
+        command.secret_env = BTreeMap::from([(
+            "OPENCODE_SERVER_PASSWORD".to_owned(),
+            SecretValue::new(password.clone()),
+        )]);
+        command.serves = Some(port);
+        let mut child = launcher.launch(command).await?;
         let Some((stdin, stdout, stderr)) = child.take_stdio().await else {
             return Err(ProviderError::Protocol(
                 "the OpenCode process has no piped stdio".to_owned(),
@@ -387,12 +351,8 @@ fn broker(input: &BrokerInput<'_>) -> Result<Brokering, String> {
                 value: json!(value),
             });
         }
-        out.brokered.push(crate::egress::Brokered {
-            provider: input.provider.to_owned(),
-            path_prefix: prefix,
-            upstream_base,
-            headers: vec![key_header(header, key)],
-        });
+        out.brokered
+            .push(input.brokered(prefix, upstream_base, header, key));
     }
     if out.brokered.is_empty() {
         return Err(format!(
@@ -441,16 +401,7 @@ impl Server {
         for r in self.readers {
             r.settle().await;
         }
-        ProviderError::Protocol(format!("{why}{}", tail_suffix(&self.stderr)))
-    }
-}
-
-fn tail_suffix(stderr: &StderrTail) -> String {
-    let tail = stderr.tail();
-    if tail.is_empty() {
-        String::new()
-    } else {
-        format!("; last output:\n{tail}")
+        ProviderError::Protocol(format!("{why}{}", tail_suffix("output", &self.stderr)))
     }
 }
 
@@ -722,30 +673,21 @@ impl Provider for OpenCodeProvider {
         let pid = server.child.pid();
         let api = server.api.clone();
         let (exited_tx, mut exited) = watch::channel(false);
+        let (mut stopper, signals) = Stopper::new();
         let shared = Arc::new(Shared {
             events: Emitter::new(events),
-            closing: AtomicBool::new(false),
+            closing: signals.report.closing.clone(),
             stderr: server.stderr.clone(),
             lost: Notify::new(),
             exited: exited_tx,
         });
-        let (
-            mut stopper,
-            StopSignals {
-                close: close_rx,
-                done: done_tx,
-            },
-        ) = Stopper::new();
-        let (started_tx, started_rx) = oneshot::channel();
         let (dispatcher_tx, dispatcher_rx) = oneshot::channel();
         tokio::spawn(supervise(
             server.child,
             server.readers,
             dispatcher_rx,
             shared.clone(),
-            close_rx,
-            done_tx,
-            started_rx,
+            signals,
         ));
 
         let opened = tokio::time::timeout(self.start_timeout, async {
@@ -800,6 +742,10 @@ impl Provider for OpenCodeProvider {
                     current_mode: Some(mode.clone()),
                     current_model: model.clone(),
                 };
+                for note in notes {
+                    shared.events.emit(note).await;
+                }
+                stopper.handed_out();
                 let session = OpenCodeSession {
                     live,
                     mode,
@@ -807,10 +753,6 @@ impl Provider for OpenCodeProvider {
                     system: spec.system_prompt.filter(|p| !p.is_empty()),
                     stopper,
                 };
-                for note in notes {
-                    shared.events.emit(note).await;
-                }
-                let _ = started_tx.send(());
                 return Ok((Box::new(session), info));
             }
             Ok(Err(e)) => e,
@@ -821,9 +763,8 @@ impl Provider for OpenCodeProvider {
         };
         // The session never started: stop the process, no events, say why. (The
         // supervisor waits for a dispatcher until the sender is gone.)
-        drop(started_tx);
         drop(dispatcher_tx);
-        let exit = stopper.stop(&shared.closing).await;
+        let exit = stopper.stop().await;
         Err(ProviderError::Protocol(format!("{failure} ({exit})")))
     }
 }
@@ -867,26 +808,11 @@ fn catalog(answer: &Value, default: Option<&str>) -> Vec<ModelInfo> {
 
 /// The agent's MCP servers as OpenCode's `local` / `remote` configurations.
 fn mcp_configs(servers: &BTreeMap<String, Value>) -> Result<Vec<(String, Value)>, ProviderError> {
-    fn text(v: &Value) -> String {
-        v.as_str().map_or_else(|| v.to_string(), str::to_owned)
-    }
     fn pairs(value: Option<&Value>) -> serde_json::Map<String, Value> {
-        match value {
-            Some(Value::Object(map)) => map
-                .iter()
-                .map(|(k, v)| (k.clone(), json!(text(v))))
-                .collect(),
-            Some(Value::Array(items)) => items
-                .iter()
-                .filter_map(|i| {
-                    Some((
-                        i.get("name")?.as_str()?.to_owned(),
-                        json!(text(i.get("value")?)),
-                    ))
-                })
-                .collect(),
-            _ => serde_json::Map::new(),
-        }
+        mcp::pairs(value)
+            .into_iter()
+            .map(|(k, v)| (k, json!(v)))
+            .collect()
     }
     let mut out = Vec::new();
     for (name, server) in servers {
@@ -905,14 +831,7 @@ fn mcp_configs(servers: &BTreeMap<String, Value>) -> Result<Vec<(String, Value)>
                 config
             }
             None | Some("stdio" | "local") => {
-                let mut argv: Vec<String> = match server.get("command") {
-                    Some(Value::String(c)) => vec![c.clone()],
-                    Some(Value::Array(items)) => items.iter().map(text).collect(),
-                    _ => Vec::new(),
-                };
-                if let Some(Value::Array(items)) = server.get("args") {
-                    argv.extend(items.iter().map(text));
-                }
+                let argv = mcp::argv(server);
                 if argv.is_empty() {
                     return Err(ProviderError::Protocol(format!(
                         "MCP server `{name}` has no command"
@@ -987,7 +906,7 @@ async fn open_session(
 /// What the supervisor and the session share about the process.
 struct Shared {
     events: Emitter,
-    closing: AtomicBool,
+    closing: Arc<AtomicBool>,
     stderr: StderrTail,
     /// The event stream ended while the process lives: nothing more can be followed.
     lost: Notify,
@@ -1110,14 +1029,12 @@ async fn supervise(
     readers: Vec<StderrReader>,
     dispatcher: oneshot::Receiver<JoinHandle<()>>,
     shared: Arc<Shared>,
-    close: oneshot::Receiver<()>,
-    done: oneshot::Sender<String>,
-    started: oneshot::Receiver<()>,
+    signals: StopSignals,
 ) {
     let mut ending = Ending::default();
     tokio::select! {
         waited = child.wait() => ending.status = waited.ok(),
-        _ = close => {}
+        _ = signals.close => {}
         _ = shared.lost.notified() => {
             // The stream also ends when the process dies: then its exit is the reason.
             match tokio::time::timeout(EXIT_AFTER_LOST, child.wait()).await {
@@ -1136,16 +1053,16 @@ async fn supervise(
             drain(dispatcher, DRAIN_AFTER_EXIT).await;
         }
     };
-    let exit = Exit {
-        agent: "opencode",
-        events: &shared.events,
-        closing: &shared.closing,
-        stderr: &shared.stderr,
-        readers,
-        done,
-        started,
-    };
-    exit.report(child, ending, Duration::ZERO, reaped).await;
+    Exit::new("opencode", &shared.events, &shared.stderr)
+        .report(
+            child,
+            ending,
+            readers,
+            signals.report,
+            Duration::ZERO,
+            reaped,
+        )
+        .await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1264,14 +1181,7 @@ impl ProviderSession for OpenCodeSession {
     }
 
     async fn close(mut self: Box<Self>) {
-        self.stopper.stop(&self.live.shared.closing).await;
-    }
-}
-
-impl Drop for OpenCodeSession {
-    fn drop(&mut self) {
-        // Dropping the close sender stops the process too.
-        self.live.shared.closing.store(true, Ordering::Release);
+        self.stopper.stop().await;
     }
 }
 

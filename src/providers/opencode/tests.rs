@@ -4,7 +4,10 @@
 use super::*;
 
 use crate::domain::{Behavior, ToolKind, ToolStatus, TurnOutcome};
-use crate::providers::{ChangeKind, ToolCallUpdate, Usage};
+use crate::providers::ChangeKind;
+use crate::providers::test_support::{
+    self, Direct, assert_allow_always_deny, deltas, events, json_lines, tool_calls, turn_ends,
+};
 
 const TEXT_TURN: &str = include_str!("transcripts/text_turn.jsonl");
 /// A write that asks, aborted while the request waits; the stream also carries another
@@ -12,14 +15,6 @@ const TEXT_TURN: &str = include_str!("transcripts/text_turn.jsonl");
 const WRITE_THEN_ABORT: &str = include_str!("transcripts/write_then_abort.jsonl");
 /// A write allowed by the session's rules (no request), then one rejected by a person.
 const ALLOWED_THEN_REJECTED: &str = include_str!("transcripts/allowed_then_rejected.jsonl");
-
-fn events(transcript: &str) -> Vec<Value> {
-    transcript
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).expect("a recorded event"))
-        .collect()
-}
 
 /// The session the recorded prompts went to: the first user message's.
 fn first_session(events: &[Value]) -> String {
@@ -60,48 +55,13 @@ fn mapper_for(events: &[Value]) -> Mapper {
     Mapper::new(first_session(events))
 }
 
-fn provider_events(mapped: &[Mapped]) -> Vec<&ProviderEvent> {
-    mapped
-        .iter()
-        .filter_map(|m| match m {
+impl test_support::Mapped for Mapped {
+    fn event(&self) -> Option<&ProviderEvent> {
+        match self {
             Mapped::Event(e) => Some(e),
             _ => None,
-        })
-        .collect()
-}
-
-fn deltas(mapped: &[Mapped]) -> String {
-    provider_events(mapped)
-        .iter()
-        .filter_map(|e| match e {
-            ProviderEvent::AssistantDelta { text, .. } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect()
-}
-
-fn tool_calls(mapped: &[Mapped]) -> Vec<&ToolCallUpdate> {
-    provider_events(mapped)
-        .into_iter()
-        .filter_map(|e| match e {
-            ProviderEvent::ToolCall(u) => Some(u),
-            _ => None,
-        })
-        .collect()
-}
-
-fn ends(mapped: &[Mapped]) -> Vec<(TurnOutcome, Option<String>, Option<Usage>)> {
-    provider_events(mapped)
-        .into_iter()
-        .filter_map(|e| match e {
-            ProviderEvent::TurnEnded {
-                outcome,
-                error,
-                usage,
-            } => Some((*outcome, error.clone(), usage.clone())),
-            _ => None,
-        })
-        .collect()
+        }
+    }
 }
 
 fn asks(mapped: &[Mapped]) -> Vec<&Ask> {
@@ -116,12 +76,12 @@ fn asks(mapped: &[Mapped]) -> Vec<&Ask> {
 
 #[test]
 fn a_text_turn_streams_deltas_that_add_up_and_completes_with_usage() {
-    let events = events(TEXT_TURN);
-    let mut mapper = mapper_for(&events);
-    let mapped = replay(&mut mapper, &events, |_, _| {});
+    let stream = json_lines(TEXT_TURN);
+    let mut mapper = mapper_for(&stream);
+    let mapped = replay(&mut mapper, &stream, |_, _| {});
     // The prompt's own text part is the user's, not the assistant's.
     assert_eq!(deltas(&mapped), "Hello from fake.");
-    let ids: Vec<_> = provider_events(&mapped)
+    let ids: Vec<_> = events(&mapped)
         .iter()
         .filter_map(|e| match e {
             ProviderEvent::AssistantDelta { message_id, .. } => message_id.clone(),
@@ -131,7 +91,7 @@ fn a_text_turn_streams_deltas_that_add_up_and_completes_with_usage() {
     assert_eq!(ids.len(), 3, "three deltas: {ids:?}");
     assert!(ids.iter().all(|i| i == &ids[0]), "one message: {ids:?}");
     // OpenCode's own id for the prompt names the turn's user_message, before any reply.
-    let recorded: Vec<&str> = provider_events(&mapped)
+    let recorded: Vec<&str> = events(&mapped)
         .iter()
         .filter_map(|e| match e {
             ProviderEvent::UserMessageRecorded { message_id } => Some(message_id.as_str()),
@@ -139,17 +99,17 @@ fn a_text_turn_streams_deltas_that_add_up_and_completes_with_usage() {
         })
         .collect();
     assert_eq!(recorded.len(), 1, "{mapped:?}");
-    let user_id = events
+    let user_id = stream
         .iter()
         .find(|e| e["type"] == "message.updated" && e["properties"]["info"]["role"] == "user")
         .and_then(|e| e["properties"]["info"]["id"].as_str())
         .expect("the transcript records the prompt");
     assert_eq!(recorded[0], user_id);
     assert!(matches!(
-        provider_events(&mapped).first(),
+        events(&mapped).first(),
         Some(ProviderEvent::UserMessageRecorded { .. })
     ));
-    let ends = ends(&mapped);
+    let ends = turn_ends(&mapped);
     assert_eq!(ends.len(), 1, "{mapped:?}");
     let (outcome, error, usage) = &ends[0];
     assert_eq!(*outcome, TurnOutcome::Completed);
@@ -161,9 +121,9 @@ fn a_text_turn_streams_deltas_that_add_up_and_completes_with_usage() {
 
 #[test]
 fn an_asked_write_maps_to_a_tool_call_and_a_request_and_an_abort_cancels_the_turn() {
-    let events = events(WRITE_THEN_ABORT);
-    let mut mapper = mapper_for(&events);
-    let mapped = replay(&mut mapper, &events, |m, e| {
+    let stream = json_lines(WRITE_THEN_ABORT);
+    let mut mapper = mapper_for(&stream);
+    let mapped = replay(&mut mapper, &stream, |m, e| {
         // The interrupt came after the request was shown.
         if e["type"] == "session.error" {
             m.interrupt();
@@ -198,20 +158,8 @@ fn an_asked_write_maps_to_a_tool_call_and_a_request_and_an_abort_cancels_the_tur
             .unwrap()
             .contains("+hi")
     );
-    let options: Vec<(&str, Behavior)> = ask
-        .options
-        .iter()
-        .map(|o| (o.id.as_str(), o.behavior))
-        .collect();
-    assert_eq!(
-        options,
-        [
-            ("allow", Behavior::Allow),
-            ("allow_always", Behavior::Allow),
-            ("deny", Behavior::Deny)
-        ]
-    );
-    let ends = ends(&mapped);
+    assert_allow_always_deny(&ask.options);
+    let ends = turn_ends(&mapped);
     assert_eq!(ends.len(), 1, "one end, not one per idle: {mapped:?}");
     assert_eq!(ends[0].0, TurnOutcome::Canceled);
     // The other session on the same stream reported nothing here.
@@ -220,10 +168,10 @@ fn an_asked_write_maps_to_a_tool_call_and_a_request_and_an_abort_cancels_the_tur
 
 #[test]
 fn a_write_allowed_by_the_rules_completes_and_a_rejected_one_fails_its_tool() {
-    let events = events(ALLOWED_THEN_REJECTED);
-    let mut mapper = mapper_for(&events);
-    let mapped = replay(&mut mapper, &events, |_, _| {});
-    let ends = ends(&mapped);
+    let stream = json_lines(ALLOWED_THEN_REJECTED);
+    let mut mapper = mapper_for(&stream);
+    let mapped = replay(&mut mapper, &stream, |_, _| {});
+    let ends = turn_ends(&mapped);
     assert_eq!(ends.len(), 2, "two turns: {mapped:?}");
     assert!(
         ends.iter().all(|e| e.0 == TurnOutcome::Completed),
@@ -278,7 +226,7 @@ fn an_idle_before_opencode_records_the_prompt_is_stale() {
     assert!(m.is_active());
     m.event(&user("ses_a", "msg_1"));
     let out = m.event(&ev("session.idle", json!({"sessionID": "ses_a"})));
-    assert_eq!(ends(&out).len(), 1);
+    assert_eq!(turn_ends(&out).len(), 1);
     assert!(!m.is_active());
 }
 
@@ -290,14 +238,14 @@ fn a_session_error_fails_the_turn_with_its_message() {
     let error = json!({"sessionID": "ses_a", "error": {"name": "APIError", "data": {"message": "model said no"}}});
     assert!(m.event(&ev("session.error", error.clone())).is_empty());
     let out = m.event(&ev("session.idle", json!({"sessionID": "ses_a"})));
-    let ends = ends(&out);
+    let ends = turn_ends(&out);
     assert_eq!(ends[0].0, TurnOutcome::Failed);
     assert_eq!(ends[0].1.as_deref(), Some("APIError: model said no"));
 
     // Before the prompt is recorded, an error ends the turn at once.
     m.begin_turn();
     let out = m.event(&ev("session.error", error));
-    assert_eq!(super::tests::ends(&out)[0].0, TurnOutcome::Failed);
+    assert_eq!(super::tests::turn_ends(&out)[0].0, TurnOutcome::Failed);
     assert!(!m.is_active());
 }
 
@@ -328,7 +276,7 @@ fn text_sent_only_whole_still_arrives_as_deltas_without_repeats() {
     );
     let out = m.event(&reasoning);
     assert!(matches!(
-        provider_events(&out)[0],
+        events(&out)[0],
         ProviderEvent::ReasoningDelta { text, .. } if text == "hmm"
     ));
 }
@@ -426,22 +374,6 @@ fn models_are_provider_slash_model_and_mcp_servers_take_opencodes_shape() {
 
 // ---- starting against stand-ins that never become a usable server
 
-/// Starts processes directly (no ledger) and remembers their pids.
-#[derive(Default)]
-struct Direct(std::sync::Mutex<Vec<u32>>);
-
-#[async_trait::async_trait]
-impl ProcessLauncher for Direct {
-    async fn launch(
-        &self,
-        spec: CommandSpec,
-    ) -> Result<ManagedChild, crate::process::ProcessError> {
-        let child = crate::process::spawn(&spec)?;
-        self.0.lock().unwrap().push(child.pid());
-        Ok(child)
-    }
-}
-
 /// A provider whose "server" is `sh -c script` (the serve flags land in `$0`, `$1`…).
 fn stand_in(script: &str, start_timeout: Duration) -> OpenCodeProvider {
     let mut cfg = crate::providers::registry::builtin_config(&builtin(), "opencode", None);
@@ -493,7 +425,7 @@ async fn a_server_that_exits_before_it_is_ready_fails_the_start_with_its_output(
         rx.recv().await.is_none(),
         "no events from a session that never started"
     );
-    let pid = launcher.0.lock().unwrap()[0];
+    let pid = launcher.pids()[0];
     assert!(gone(pid));
 }
 
@@ -509,7 +441,7 @@ async fn a_server_that_never_gets_healthy_is_stopped_at_the_start_timeout() {
     };
     assert!(e.to_string().contains("did not start within"), "{e}");
     assert!(started.elapsed() < Duration::from_secs(10), "{e}");
-    let pid = launcher.0.lock().unwrap()[0];
+    let pid = launcher.pids()[0];
     assert!(gone(pid), "the process group is stopped");
 }
 

@@ -198,21 +198,8 @@ impl Mapper {
                 let Some(id) = call.get("id").and_then(Value::as_str) else {
                     return Vec::new();
                 };
-                let name = text_of(&call["name"]);
                 let input = call.get("arguments").cloned().unwrap_or(Value::Null);
-                self.calls.insert(
-                    id.to_owned(),
-                    Call {
-                        name: name.clone(),
-                        input: input.clone(),
-                    },
-                );
-                vec![Action::Event(ProviderEvent::ToolCall(self.tool_update(
-                    id,
-                    &name,
-                    input,
-                    ToolStatus::Pending,
-                )))]
+                self.call_seen(id, text_of(&call["name"]), input, ToolStatus::Pending)
             }
             _ => Vec::new(),
         }
@@ -269,8 +256,18 @@ impl Mapper {
         let Some(id) = line.get("toolCallId").and_then(Value::as_str) else {
             return Vec::new();
         };
-        let name = text_of(&line["toolName"]);
         let input = line.get("args").cloned().unwrap_or(Value::Null);
+        self.call_seen(id, text_of(&line["toolName"]), input, ToolStatus::Running)
+    }
+
+    /// Call `id` is known (its name and input kept for its later updates): its update.
+    fn call_seen(
+        &mut self,
+        id: &str,
+        name: String,
+        input: Value,
+        status: ToolStatus,
+    ) -> Vec<Action> {
         self.calls.insert(
             id.to_owned(),
             Call {
@@ -278,12 +275,9 @@ impl Mapper {
                 input: input.clone(),
             },
         );
-        vec![Action::Event(ProviderEvent::ToolCall(self.tool_update(
-            id,
-            &name,
-            input,
-            ToolStatus::Running,
-        )))]
+        vec![Action::Event(ProviderEvent::ToolCall(
+            self.tool_update(id, &name, input, status),
+        ))]
     }
 
     fn tool_end(&mut self, line: &Value) -> Vec<Action> {

@@ -23,44 +23,37 @@ pub mod mapping;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use tokio::io::AsyncRead;
 use tokio::sync::oneshot;
 
 use self::mapping::{Action, Dialog, DialogMethod, Mapper};
-use super::broker::{
-    BrokerInput, Brokering, Credential, KeyHeader, PLACEHOLDER_KEY, key_header, upstream_url,
-};
-use super::emitter::{Emitter, StopSignals, Stopper};
-use super::supervise::{Exit, watch};
-use super::{
-    Availability, Builtin, CliConfig, EventSink, ModeInfo, ModelInfo, PermissionDecision,
-    PermissionRequest, Probe, ProcessLauncher, Provider, ProviderError, ProviderEvent,
-    ProviderInfo, ProviderSession, SessionInfo, SessionSpec, TurnInput, command_missing, mode,
-};
+use super::adapter::*;
+use super::broker::{BrokerInput, Brokering, Credential, KeyHeader, PLACEHOLDER_KEY, upstream_url};
+use super::stdio::{Cli, Io, JsonLines, Pending, Session};
 use crate::domain::{Behavior, PermissionKind, PermissionOption};
-use crate::process::framing::{FramingError, LineReader};
 use crate::process::line_writer::LineWriter;
-use crate::process::output::{StderrReader, StderrTail, describe_exit};
+use crate::process::output::{StderrTail, describe_exit};
 use crate::process::{CommandSpec, lock};
 
 /// How long Pi may take to answer its first `get_state` (it loads extensions first).
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a command such as `set_model` may take to be answered.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(15);
-/// After stdin is closed, how long Pi may take to exit on its own.
-const EXIT_AFTER_EOF: Duration = Duration::from_secs(2);
-/// After the process exits, how long its remaining output may take to be read.
-const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(500);
-/// Longest stdout line kept; a longer one is reported and skipped.
-const MAX_LINE: usize = 16 * 1024 * 1024;
 
 const PROTOCOL: &str = "pi-rpc";
+
+static CLI: Cli = Cli {
+    name: "Pi",
+    agent: "pi",
+    stderr_log: "agentry::providers::pi::stderr",
+    drain: Duration::from_millis(500),
+    after_eof: Duration::from_secs(2),
+};
 /// The variable through which the gate extension finds its mode file.
 const GATE_FILE_VAR: &str = "AGENTRY_PI_GATE_FILE";
 /// The gate extension, written next to the sessions at start.
@@ -70,49 +63,18 @@ const GATE_SOURCE: &str = include_str!("gate.ts");
 const ASK: &str = "ask";
 const FULL_ACCESS: &str = "full-access";
 
-/// The built-in descriptor of `pi`.
-pub fn builtin() -> Builtin {
-    Builtin {
-        id: "pi",
-        label: "Pi",
-        program: "pi",
-        pass_env: &[
-            "PI_CODING_AGENT_DIR",
-            "ANTHROPIC_API_KEY",
-            "ANTHROPIC_OAUTH_TOKEN",
-            "OPENAI_API_KEY",
-            "AZURE_OPENAI_API_KEY",
-            "AZURE_OPENAI_BASE_URL",
-            "AZURE_OPENAI_RESOURCE_NAME",
-            "AZURE_OPENAI_API_VERSION",
-            "AZURE_OPENAI_DEPLOYMENT_NAME_MAP",
-            "DEEPSEEK_API_KEY",
-            "GEMINI_API_KEY",
-            "GROQ_API_KEY",
-            "CEREBRAS_API_KEY",
-            "XAI_API_KEY",
-            "FIREWORKS_API_KEY",
-            "OPENROUTER_API_KEY",
-            "AI_GATEWAY_API_KEY",
-            "ZAI_API_KEY",
-            "MISTRAL_API_KEY",
-            "MINIMAX_API_KEY",
-        ],
-        // No update checks, package checks or install telemetry from a server's CLI.
-        env: &[("PI_OFFLINE", "1"), ("PI_SKIP_VERSION_CHECK", "1")],
-        credential: Credential::Configured(broker),
-        modes,
-        default_mode: ASK,
-        build: |cfg| Arc::new(PiProvider::new(cfg)),
-    }
-}
-
-/// The variables Pi's built-in model providers read their keys from.
-const BUILT_IN_KEYS: &[&str] = &[
+/// The variables passed on from the server's environment: Pi's own and its built-in
+/// model providers' (see `built_in_key`).
+const PASS_ENV: &[&str] = &[
+    "PI_CODING_AGENT_DIR",
     "ANTHROPIC_API_KEY",
     "ANTHROPIC_OAUTH_TOKEN",
     "OPENAI_API_KEY",
     "AZURE_OPENAI_API_KEY",
+    "AZURE_OPENAI_BASE_URL",
+    "AZURE_OPENAI_RESOURCE_NAME",
+    "AZURE_OPENAI_API_VERSION",
+    "AZURE_OPENAI_DEPLOYMENT_NAME_MAP",
     "DEEPSEEK_API_KEY",
     "GEMINI_API_KEY",
     "GROQ_API_KEY",
@@ -126,6 +88,28 @@ const BUILT_IN_KEYS: &[&str] = &[
     "MINIMAX_API_KEY",
 ];
 
+/// The built-in descriptor of `pi`.
+pub fn builtin() -> Builtin {
+    Builtin {
+        id: "pi",
+        label: "Pi",
+        program: "pi",
+        pass_env: PASS_ENV,
+        // No update checks, package checks or install telemetry from a server's CLI.
+        env: &[("PI_OFFLINE", "1"), ("PI_SKIP_VERSION_CHECK", "1")],
+        credential: Credential::Configured(broker),
+        modes: MODES,
+        default_mode: ASK,
+        build: |cfg| Arc::new(PiProvider::new(cfg)),
+    }
+}
+
+/// A variable Pi's built-in model providers read their key from (of those it is passed:
+/// each one whose name ends so).
+fn built_in_key(var: &str) -> bool {
+    var.ends_with("_API_KEY") || var.ends_with("_OAUTH_TOKEN")
+}
+
 /// Pi's credentials under the egress proxy: the providers of `models.json` in its agent
 /// directory (`PI_CODING_AGENT_DIR`). Each one with a `baseUrl` and
 /// an `apiKey` (a variable's name, or the key itself) is brokered under
@@ -135,7 +119,10 @@ const BUILT_IN_KEYS: &[&str] = &[
 /// `api`. A key of a built-in provider (a variable Pi reads by itself), or a key read by
 /// a command, keeps every key inside.
 fn broker(input: &BrokerInput<'_>) -> Result<Brokering, String> {
-    if let Some(var) = BUILT_IN_KEYS.iter().find(|v| input.set(v).is_some()) {
+    if let Some(var) = PASS_ENV
+        .iter()
+        .find(|v| built_in_key(v) && input.set(v).is_some())
+    {
         return Err(format!(
             "{var} is set: Pi's built-in providers are not brokered, only those of its models.json"
         ));
@@ -201,12 +188,8 @@ fn broker(input: &BrokerInput<'_>) -> Result<Brokering, String> {
         let prefix = format!("pi/{name}");
         provider["baseUrl"] = json!(crate::egress::brokered_base_url(&prefix));
         provider["apiKey"] = json!(PLACEHOLDER_KEY);
-        out.brokered.push(crate::egress::Brokered {
-            provider: input.provider.to_owned(),
-            path_prefix: prefix,
-            upstream_base,
-            headers: vec![key_header(header, key)],
-        });
+        out.brokered
+            .push(input.brokered(prefix, upstream_base, header, key));
     }
     if out.brokered.is_empty() {
         return Err(format!(
@@ -219,22 +202,11 @@ fn broker(input: &BrokerInput<'_>) -> Result<Brokering, String> {
 }
 
 /// Pi has no modes of its own; these are agentry's, made by its gate extension.
-fn modes() -> Vec<ModeInfo> {
-    vec![
-        mode(
-            ASK,
-            "Ask",
-            "agentry's gate extension asks before every write, edit and bash call (Pi itself never asks)",
-            false,
-        ),
-        mode(
-            FULL_ACCESS,
-            "Full access",
-            "Every tool runs without asking (Pi's own behaviour)",
-            true,
-        ),
-    ]
-}
+#[rustfmt::skip]
+const MODES: &[ModeRow] = &[
+    (ASK, "Ask", "agentry's gate extension asks before every write, edit and bash call (Pi itself never asks)", false),
+    (FULL_ACCESS, "Full access", "Every tool runs without asking (Pi's own behaviour)", true),
+];
 
 /// Pi as a provider.
 pub struct PiProvider {
@@ -265,25 +237,11 @@ impl PiProvider {
         cwd: PathBuf,
         env: &[(&str, String)],
     ) -> Result<CommandSpec, ProviderError> {
-        let argv = self.cfg.argv(flags);
-        let Some((program, args)) = argv.split_first() else {
-            return Err(ProviderError::Unavailable(
-                "no command is configured".to_owned(),
-            ));
-        };
-        let mut all = self.cfg.env.clone();
-        all.extend(env.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
-        Ok(CommandSpec {
-            program: program.clone(),
-            args: args.to_vec(),
-            cwd,
-            env: all,
-            pass_env: self.cfg.pass_env.clone(),
-            secret_env: Default::default(),
-            wraps: None,
-            serves: None,
-            private_files: Vec::new(),
-        })
+        let mut command = self.cfg.command(flags, cwd)?;
+        command
+            .env
+            .extend(env.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+        Ok(command)
     }
 
     /// Write the gate extension (when it is not there already, or differs) and return
@@ -387,18 +345,10 @@ impl Provider for PiProvider {
                 .send(&json!({"id": "models", "type": "get_available_models"}))
                 .await
                 .map_err(|_| ProviderError::Gone)?;
-            let mut lines = LineReader::with_max(stdout, MAX_LINE);
+            let mut lines = JsonLines::new(stdout, CLI.name);
             let mut mapper = Mapper::new(&probe.cwd);
             let mut current = None;
-            loop {
-                let line = match lines.next_line().await {
-                    Ok(Some(line)) => line,
-                    Ok(None) | Err(FramingError::Io(_)) => return Err(ProviderError::Gone),
-                    Err(FramingError::LineTooLong { .. }) => continue,
-                };
-                let Ok(message) = serde_json::from_slice::<Value>(&line) else {
-                    continue;
-                };
+            while let Some(message) = lines.next_message().await {
                 for action in mapper.map(&message) {
                     if let Action::Response { id, result, .. } = action {
                         match (id.as_deref(), result) {
@@ -412,6 +362,7 @@ impl Provider for PiProvider {
                     }
                 }
             }
+            Err(ProviderError::Gone)
         };
         let result = match tokio::time::timeout(self.start_timeout, ask).await {
             Ok(result) => result,
@@ -421,7 +372,7 @@ impl Provider for PiProvider {
             ))),
         };
         writer.close().await;
-        let status = child.wind_down(None, EXIT_AFTER_EOF).await;
+        let status = child.wind_down(None, CLI.after_eof).await;
         reader.settle().await;
         match result {
             Err(ProviderError::Gone) => Err(ProviderError::Protocol(describe_exit(
@@ -447,11 +398,7 @@ impl Provider for PiProvider {
         // Pi writes the file once the conversation has something in it: a session closed
         // before its first prompt has nothing to reopen.
         let resumed = session_file.is_file();
-        let mode = spec
-            .mode
-            .clone()
-            .or_else(|| self.cfg.default_mode.clone())
-            .unwrap_or_else(|| ASK.to_owned());
+        let mode = self.cfg.mode_or_default(spec.mode.as_deref(), ASK);
         let mode_file = session_file.with_extension("mode");
         if let Some(dir) = mode_file.parent() {
             std::fs::create_dir_all(dir).map_err(|e| state_error(dir, e))?;
@@ -480,45 +427,18 @@ impl Provider for PiProvider {
             &[(GATE_FILE_VAR, mode_file.display().to_string())],
         )?;
 
-        let mut child = launcher.launch(command).await?;
-        let pid = child.pid();
-        let Some((stdin, stdout, stderr)) = child.take_stdio().await else {
-            return Err(ProviderError::Protocol("Pi has no piped stdio".to_owned()));
-        };
-        let (stderr_tail, stderr_task) =
-            StderrTail::capture_masked(stderr, "agentry::providers::pi::stderr", child.redactor());
+        let (io, process) = CLI.launch(launcher.as_ref(), command, events).await?;
+        let pid = process.pid();
         let shared = Arc::new(Shared {
-            events: Emitter::new(events),
-            writer: LineWriter::new(stdin),
-            commands: Mutex::new(HashMap::new()),
-            next_id: AtomicU64::new(1),
+            io,
+            commands: Pending::default(),
             dialogs: Mutex::new(HashMap::new()),
             mode_file,
             running: AtomicBool::new(false),
             abort_on_start: AtomicBool::new(false),
-            closing: AtomicBool::new(false),
-            stderr: stderr_tail,
         });
-        let (
-            mut stopper,
-            StopSignals {
-                close: close_rx,
-                done: done_tx,
-            },
-        ) = Stopper::new();
-        let (started_tx, started_rx) = oneshot::channel();
-        tokio::spawn(supervise(
-            child,
-            stdout,
-            stderr_task,
-            shared.clone(),
-            Mapper::new(&spec.cwd),
-            Supervision {
-                close: close_rx,
-                done: done_tx,
-                started: started_rx,
-            },
-        ));
+        let (mut stopper, signals) = Stopper::new();
+        tokio::spawn(CLI.supervise(process, shared.clone(), Mapper::new(&spec.cwd), signals));
 
         let state = shared
             .command(json!({"type": "get_state"}), self.start_timeout)
@@ -531,6 +451,7 @@ impl Provider for PiProvider {
                 if lost {
                     tracing::warn!(file = %session_file.display(), "Pi found no conversation in the session file");
                     shared
+                        .io
                         .events
                         .emit(ProviderEvent::Error {
                             message: format!(
@@ -544,6 +465,7 @@ impl Provider for PiProvider {
                 let resumed = resumed && !lost;
                 if !spec.mcp_servers.is_empty() {
                     shared
+                        .io
                         .events
                         .emit(ProviderEvent::Error {
                             message: "Pi does not support MCP servers; the agent's MCP servers are not available to it".to_owned(),
@@ -559,12 +481,11 @@ impl Provider for PiProvider {
                     current_mode: Some(mode),
                     current_model: model_id(&state["model"]).or(spec.model.clone()),
                 };
-                let _ = started_tx.send(());
+                stopper.handed_out();
                 Ok((Box::new(PiSession { shared, stopper }), info))
             }
             Err(e) => {
-                drop(started_tx);
-                let exit = stopper.stop(&shared.closing).await;
+                let exit = stopper.stop().await;
                 let why = match e {
                     ProviderError::Gone => "Pi stopped while starting".to_owned(),
                     other => other.to_string(),
@@ -583,14 +504,10 @@ impl Provider for PiProvider {
 // Session state shared by the reader, the session handle and dialog answers
 // ---------------------------------------------------------------------------------------
 
-type CommandReply = oneshot::Sender<Result<Value, String>>;
-
 struct Shared {
-    events: Emitter,
-    writer: LineWriter,
-    /// Our commands waiting for their response, by id.
-    commands: Mutex<HashMap<String, CommandReply>>,
-    next_id: AtomicU64,
+    io: Io,
+    /// Our commands waiting for their response.
+    commands: Pending,
     /// Dialogs not answered yet. Whoever removes an entry (the person's answer, an
     /// interrupt, Pi's own timeout) answers it or drops it.
     dialogs: Mutex<HashMap<String, Dialog>>,
@@ -601,13 +518,11 @@ struct Shared {
     /// An interrupt came after the prompt was sent but before Pi started on it (Pi
     /// ignores an `abort` then): abort as soon as it starts.
     abort_on_start: AtomicBool,
-    closing: AtomicBool,
-    stderr: StderrTail,
 }
 
 impl Shared {
     fn next_id(&self) -> String {
-        format!("agentry_{}", self.next_id.fetch_add(1, Ordering::Relaxed))
+        self.commands.next_id()
     }
 
     /// Send a command and wait (at most `timeout`) for its response's `data`.
@@ -615,26 +530,22 @@ impl Shared {
         let id = self.next_id();
         command["id"] = json!(id);
         let name = command["type"].as_str().unwrap_or("command").to_owned();
-        let (tx, rx) = oneshot::channel();
-        lock(&self.commands).insert(id.clone(), tx);
-        if self.writer.send(&command).await.is_err() {
-            lock(&self.commands).remove(&id);
-            return Err(ProviderError::Gone);
-        }
-        match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(Ok(data))) => Ok(data),
-            Ok(Ok(Err(error))) => Err(ProviderError::Protocol(format!(
-                "`{name}` was refused: {error}"
-            ))),
-            Ok(Err(_)) => Err(ProviderError::Gone),
-            Err(_) => {
-                lock(&self.commands).remove(&id);
-                Err(ProviderError::Protocol(format!(
-                    "`{name}` got no answer within {} s",
-                    timeout.as_secs()
-                )))
-            }
-        }
+        self.commands
+            .ask(&self.io.writer, id, &name, &command, timeout)
+            .await
+    }
+}
+
+impl Session for Shared {
+    type Mapper = Mapper;
+
+    fn io(&self) -> &Io {
+        &self.io
+    }
+
+    fn forget(&self) {
+        self.commands.clear();
+        lock(&self.dialogs).clear();
     }
 
     async fn handle(self: &Arc<Self>, mapper: &mut Mapper, message: &Value) {
@@ -643,7 +554,7 @@ impl Shared {
                 self.running.store(true, Ordering::Release);
                 if self.abort_on_start.swap(false, Ordering::AcqRel) {
                     let abort = json!({"id": self.next_id(), "type": "abort"});
-                    let _ = self.writer.send(&abort).await;
+                    let _ = self.io.writer.send(&abort).await;
                 }
             }
             Some("agent_end") => self.running.store(false, Ordering::Release),
@@ -651,33 +562,31 @@ impl Shared {
         }
         for action in mapper.map(message) {
             match action {
-                Action::Event(event) => self.events.emit(event).await,
+                Action::Event(event) => self.io.events.emit(event).await,
                 Action::Response {
                     id,
                     command,
                     result,
                 } => {
-                    let waiting = id.as_ref().and_then(|id| lock(&self.commands).remove(id));
-                    match waiting {
-                        Some(reply) => {
-                            let _ = reply.send(result);
-                        }
+                    let unanswered = match &id {
+                        Some(id) => self.commands.answer(id, result),
+                        None => Err(result),
+                    };
+                    match unanswered {
+                        Ok(()) | Err(Ok(_)) => {}
                         // A prompt Pi refused never starts a turn: end it here.
-                        None if command == "prompt" => {
-                            if let Err(error) = result {
-                                self.events
-                                    .emit(ProviderEvent::TurnEnded {
-                                        outcome: crate::domain::TurnOutcome::Failed,
-                                        error: Some(format!("Pi refused the prompt: {error}")),
-                                        usage: None,
-                                    })
-                                    .await;
-                            }
+                        Err(Err(error)) if command == "prompt" => {
+                            self.io
+                                .events
+                                .emit(ProviderEvent::TurnEnded {
+                                    outcome: crate::domain::TurnOutcome::Failed,
+                                    error: Some(format!("Pi refused the prompt: {error}")),
+                                    usage: None,
+                                })
+                                .await;
                         }
-                        None => {
-                            if let Err(error) = result {
-                                tracing::debug!(%command, %error, "Pi refused a command");
-                            }
+                        Err(Err(error)) => {
+                            tracing::debug!(%command, %error, "Pi refused a command");
                         }
                     }
                 }
@@ -685,7 +594,9 @@ impl Shared {
             }
         }
     }
+}
 
+impl Shared {
     async fn raise_dialog(self: &Arc<Self>, dialog: Dialog) {
         let (kind, call_id, input, options) = match &dialog.gate {
             Some(gate) => (
@@ -710,7 +621,8 @@ impl Shared {
         let timeout = dialog.timeout_ms;
         lock(&self.dialogs).insert(id.clone(), dialog);
         let (reply, answer) = oneshot::channel();
-        self.events
+        self.io
+            .events
             .emit(ProviderEvent::PermissionRequested(PermissionRequest {
                 provider_request_id: id.clone(),
                 kind,
@@ -734,6 +646,7 @@ impl Shared {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 if lock(&shared.dialogs).remove(&id).is_some() {
                     shared
+                        .io
                         .events
                         .emit(ProviderEvent::PermissionWithdrawn {
                             provider_request_id: id,
@@ -750,7 +663,7 @@ impl Shared {
             return;
         };
         let response = dialog_response(&dialog, decision);
-        if self.writer.send(&response).await.is_err() {
+        if self.io.writer.send(&response).await.is_err() {
             tracing::debug!("Pi is gone; a dialog answer was not delivered");
         }
     }
@@ -848,88 +761,6 @@ fn dialog_response(dialog: &Dialog, decision: PermissionDecision) -> Value {
 // Reading and supervising
 // ---------------------------------------------------------------------------------------
 
-struct Supervision {
-    close: oneshot::Receiver<()>,
-    done: oneshot::Sender<String>,
-    /// Resolves once the session is handed out; dropped if it never is (then no events).
-    started: oneshot::Receiver<()>,
-}
-
-/// Read stdout to its end, handing each line to the session.
-async fn read_stdout<R: AsyncRead + Unpin>(
-    stdout: R,
-    shared: Arc<Shared>,
-    mut mapper: Mapper,
-) -> Option<String> {
-    let mut lines = LineReader::with_max(stdout, MAX_LINE);
-    loop {
-        match lines.next_line().await {
-            Ok(Some(line)) => {
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                match serde_json::from_slice::<Value>(&line) {
-                    Ok(message) => shared.handle(&mut mapper, &message).await,
-                    Err(e) => {
-                        let shown = String::from_utf8_lossy(&line[..line.len().min(200)]);
-                        tracing::warn!(error = %e, line = %shown, "Pi wrote a line that is not JSON");
-                        shared
-                            .events
-                            .emit(ProviderEvent::Error {
-                                message: format!("Pi wrote a line that is not JSON ({e}): {shown}"),
-                                code: Some("provider_output_invalid".to_owned()),
-                            })
-                            .await;
-                    }
-                }
-            }
-            Ok(None) => return None,
-            Err(FramingError::LineTooLong { len }) => {
-                shared
-                    .events
-                    .emit(ProviderEvent::Error {
-                        message: format!(
-                            "Pi wrote a line of {len} bytes, over the limit of {MAX_LINE}; it was skipped"
-                        ),
-                        code: Some("provider_output_invalid".to_owned()),
-                    })
-                    .await;
-            }
-            Err(FramingError::Io(e)) => return Some(e.to_string()),
-        }
-    }
-}
-
-/// Own the process: read its output until it ends, exits or the session is closed; then
-/// stop it, reap it and report how it ended (to `done`, and last of all as `Exited`).
-async fn supervise<R: AsyncRead + Unpin + Send + 'static>(
-    mut child: crate::process::ManagedChild,
-    stdout: R,
-    stderr_task: StderrReader,
-    shared: Arc<Shared>,
-    mapper: Mapper,
-    report: Supervision,
-) {
-    let reading = read_stdout(stdout, shared.clone(), mapper);
-    let ending = watch(&mut child, reading, DRAIN_AFTER_EXIT, report.close).await;
-    // End of input ends Pi's RPC loop.
-    shared.writer.close().await;
-    let reaped = async {
-        lock(&shared.commands).clear();
-        lock(&shared.dialogs).clear();
-    };
-    let exit = Exit {
-        agent: "pi",
-        events: &shared.events,
-        closing: &shared.closing,
-        stderr: &shared.stderr,
-        readers: vec![stderr_task],
-        done: report.done,
-        started: report.started,
-    };
-    exit.report(child, ending, EXIT_AFTER_EOF, reaped).await;
-}
-
 // ---------------------------------------------------------------------------------------
 // The live session
 // ---------------------------------------------------------------------------------------
@@ -947,6 +778,7 @@ impl ProviderSession for PiSession {
         let id = self.shared.next_id();
         self.shared.abort_on_start.store(false, Ordering::Release);
         self.shared
+            .io
             .writer
             .send(&json!({"id": id, "type": "prompt", "message": input.text}))
             .await
@@ -967,6 +799,7 @@ impl ProviderSession for PiSession {
         let id = self.shared.next_id();
         // `agent_end` ends the turn; the response itself is not awaited.
         self.shared
+            .io
             .writer
             .send(&json!({"id": id, "type": "abort"}))
             .await
@@ -1016,13 +849,7 @@ impl ProviderSession for PiSession {
     }
 
     async fn close(mut self: Box<Self>) {
-        self.stopper.stop(&self.shared.closing).await;
-    }
-}
-
-impl Drop for PiSession {
-    fn drop(&mut self) {
-        self.shared.closing.store(true, Ordering::Release);
+        self.stopper.stop().await;
     }
 }
 

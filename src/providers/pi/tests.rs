@@ -9,39 +9,28 @@ use tokio::sync::mpsc;
 
 use super::*;
 use crate::domain::{ToolKind, ToolStatus, TurnOutcome};
-use crate::providers::{ChangeKind, ToolCallUpdate, Usage};
+use crate::providers::test_support::{Mapped, events, json_lines, tool_calls, turn_end};
+use crate::providers::{ChangeKind, Usage};
 
 const TEXT: &str = include_str!("../../../tests/fixtures/pi/text.jsonl");
 const WRITE_ALLOW: &str = include_str!("../../../tests/fixtures/pi/write_allow.jsonl");
 const BASH_DENY: &str = include_str!("../../../tests/fixtures/pi/bash_deny.jsonl");
 const ABORT: &str = include_str!("../../../tests/fixtures/pi/abort.jsonl");
 
-fn replay(transcript: &str) -> Vec<Action> {
-    let mut mapper = Mapper::new("/work/repo");
-    transcript
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).expect("each recorded line is JSON"))
-        .flat_map(|m| mapper.map(&m))
-        .collect()
-}
-
-fn events(actions: &[Action]) -> Vec<&ProviderEvent> {
-    actions
-        .iter()
-        .filter_map(|a| match a {
+impl Mapped for Action {
+    fn event(&self) -> Option<&ProviderEvent> {
+        match self {
             Action::Event(e) => Some(e),
             _ => None,
-        })
-        .collect()
+        }
+    }
 }
 
-fn tools(actions: &[Action]) -> Vec<&ToolCallUpdate> {
-    events(actions)
-        .into_iter()
-        .filter_map(|e| match e {
-            ProviderEvent::ToolCall(c) => Some(c),
-            _ => None,
-        })
+fn replay(transcript: &str) -> Vec<Action> {
+    let mut mapper = Mapper::new("/work/repo");
+    json_lines(transcript)
+        .iter()
+        .flat_map(|m| mapper.map(m))
         .collect()
 }
 
@@ -71,21 +60,13 @@ fn messages(actions: &[Action]) -> Vec<(String, String)> {
 }
 
 /// The one `TurnEnded` of a transcript, which must be its last event.
-fn turn_end(actions: &[Action]) -> (TurnOutcome, Option<String>, Option<Usage>) {
+fn last_turn_end(actions: &[Action]) -> (TurnOutcome, Option<String>, Option<Usage>) {
     let all = events(actions);
-    let ends: Vec<_> = all
-        .iter()
-        .filter(|e| matches!(e, ProviderEvent::TurnEnded { .. }))
-        .collect();
-    assert_eq!(ends.len(), 1, "one end per turn: {all:?}");
-    match all.last() {
-        Some(ProviderEvent::TurnEnded {
-            outcome,
-            error,
-            usage,
-        }) => (*outcome, error.clone(), usage.clone()),
-        other => panic!("the turn's end is the last event, not {other:?}"),
-    }
+    assert!(
+        matches!(all.last(), Some(ProviderEvent::TurnEnded { .. })),
+        "the turn's end is the last event: {all:?}"
+    );
+    turn_end(actions)
 }
 
 #[test]
@@ -121,7 +102,7 @@ fn a_text_turn_streams_text_and_reasoning_and_ends_with_agent_end() {
         .collect();
     assert_eq!(usage, [&expected]);
     assert_eq!(
-        turn_end(&actions),
+        last_turn_end(&actions),
         (TurnOutcome::Completed, None, Some(expected))
     );
     // The responses to our commands are handed back by id.
@@ -150,7 +131,7 @@ fn a_text_turn_streams_text_and_reasoning_and_ends_with_agent_end() {
 #[test]
 fn a_gated_write_is_pending_then_asked_about_then_completed() {
     let actions = replay(WRITE_ALLOW);
-    let calls = tools(&actions);
+    let calls = tool_calls(&actions);
     let statuses: Vec<ToolStatus> = calls.iter().map(|c| c.status).collect();
     assert_eq!(
         statuses,
@@ -194,7 +175,7 @@ fn a_gated_write_is_pending_then_asked_about_then_completed() {
     let texts = messages(&actions);
     assert_eq!(texts.len(), 1, "{texts:?}");
     assert_eq!(texts[0], ("m2".to_owned(), "Hello from fake.".to_owned()));
-    let (outcome, error, usage) = turn_end(&actions);
+    let (outcome, error, usage) = last_turn_end(&actions);
     assert_eq!((outcome, error), (TurnOutcome::Completed, None));
     let usage = usage.expect("usage of both model calls");
     assert_eq!((usage.input_tokens, usage.output_tokens), (60, 14));
@@ -203,7 +184,7 @@ fn a_gated_write_is_pending_then_asked_about_then_completed() {
 #[test]
 fn a_denied_bash_call_fails_with_the_gates_reason() {
     let actions = replay(BASH_DENY);
-    let calls = tools(&actions);
+    let calls = tool_calls(&actions);
     assert_eq!(calls[0].tool_kind, ToolKind::Shell);
     assert_eq!(calls[0].title, "bash echo hi > bash.txt");
     let failed = calls.last().unwrap();
@@ -215,13 +196,13 @@ fn a_denied_bash_call_fails_with_the_gates_reason() {
     let asked = dialogs(&actions);
     assert_eq!(asked[0].gate.as_ref().unwrap().tool, "bash");
     assert_eq!(asked[0].title, "Run `echo hi > bash.txt`?");
-    assert_eq!(turn_end(&actions).0, TurnOutcome::Completed);
+    assert_eq!(last_turn_end(&actions).0, TurnOutcome::Completed);
 }
 
 #[test]
 fn an_aborted_turn_is_canceled() {
     let actions = replay(ABORT);
-    let (outcome, error, _) = turn_end(&actions);
+    let (outcome, error, _) = last_turn_end(&actions);
     assert_eq!(outcome, TurnOutcome::Canceled);
     assert!(error.is_none());
     assert!(!messages(&actions).is_empty());
@@ -238,7 +219,7 @@ fn a_finished_edit_points_at_its_first_changed_line() {
                 "details": {"diff": "-1 a\n+1 b", "firstChangedLine": 12}}}),
     ];
     let actions: Vec<Action> = lines.iter().flat_map(|l| mapper.map(l)).collect();
-    let calls = tools(&actions);
+    let calls = tool_calls(&actions);
     assert_eq!(calls[0].tool_kind, ToolKind::Edit);
     assert_eq!(calls[0].status, ToolStatus::Running);
     assert_eq!(calls[0].locations[0].line, None);
@@ -259,7 +240,7 @@ fn a_failed_model_call_fails_the_turn_with_its_message() {
     ];
     let actions: Vec<Action> = lines.iter().flat_map(|l| mapper.map(l)).collect();
     assert_eq!(
-        turn_end(&actions),
+        last_turn_end(&actions),
         (
             TurnOutcome::Failed,
             Some("401 invalid api key".to_owned()),
@@ -430,16 +411,12 @@ fn the_catalog_names_models_by_provider_and_marks_the_current_one() {
 fn shared_for_test(events: EventSink, dir: &Path) -> (Arc<Shared>, tokio::io::DuplexStream) {
     let (stdin, from_adapter) = tokio::io::duplex(1 << 16);
     let shared = Arc::new(Shared {
-        events: Emitter::new(events),
-        writer: LineWriter::new(stdin),
-        commands: Mutex::new(HashMap::new()),
-        next_id: AtomicU64::new(1),
+        io: Io::new(events, stdin, StderrTail::default()),
+        commands: Pending::default(),
         dialogs: Mutex::new(HashMap::new()),
         mode_file: dir.join("s.mode"),
         running: AtomicBool::new(false),
         abort_on_start: AtomicBool::new(false),
-        closing: AtomicBool::new(false),
-        stderr: StderrTail::default(),
     });
     (shared, from_adapter)
 }
@@ -452,11 +429,7 @@ async fn lines_split_only_on_newline_and_a_gate_dialog_is_answered_on_stdin() {
     let (tx, mut rx) = mpsc::channel(64);
     let (shared, from_adapter) = shared_for_test(tx, dir.path());
     let (mut pi_stdout, adapter_stdout) = tokio::io::duplex(1 << 16);
-    let reader = tokio::spawn(read_stdout(
-        adapter_stdout,
-        shared.clone(),
-        Mapper::new(dir.path()),
-    ));
+    let reader = tokio::spawn(CLI.read(adapter_stdout, shared.clone(), Mapper::new(dir.path())));
     // U+2028 and U+2029 are legal inside JSON strings and are not line breaks.
     let text = "one\u{2028}two\u{2029}three";
     let lines = [
@@ -517,7 +490,7 @@ async fn a_refused_prompt_ends_the_turn_as_failed() {
     let (tx, mut rx) = mpsc::channel(64);
     let (shared, _stdin) = shared_for_test(tx, dir.path());
     let (mut pi_stdout, adapter_stdout) = tokio::io::duplex(1 << 16);
-    let reader = tokio::spawn(read_stdout(adapter_stdout, shared, Mapper::new(dir.path())));
+    let reader = tokio::spawn(CLI.read(adapter_stdout, shared, Mapper::new(dir.path())));
     pi_stdout
         .write_all(b"{\"id\":\"agentry_9\",\"type\":\"response\",\"command\":\"prompt\",\"success\":false,\"error\":\"Agent is already processing\"}\nnot json\n")
         .await
@@ -601,11 +574,7 @@ async fn an_interrupt_before_pi_starts_the_prompt_aborts_it_once_it_starts() {
     let (tx, _rx) = mpsc::channel(64);
     let (shared, from_adapter) = shared_for_test(tx, dir.path());
     let (mut pi_stdout, adapter_stdout) = tokio::io::duplex(1 << 16);
-    let reader = tokio::spawn(read_stdout(
-        adapter_stdout,
-        shared.clone(),
-        Mapper::new(dir.path()),
-    ));
+    let reader = tokio::spawn(CLI.read(adapter_stdout, shared.clone(), Mapper::new(dir.path())));
     let mut session = PiSession {
         shared: shared.clone(),
         stopper: Stopper::new().0,
