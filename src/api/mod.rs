@@ -30,8 +30,6 @@ pub mod providers;
 pub mod secrets;
 pub mod sessions;
 pub mod sse;
-#[cfg(feature = "sse-lab")]
-mod sse_lab;
 mod state;
 pub mod teams;
 pub mod triggers;

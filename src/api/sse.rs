@@ -27,11 +27,7 @@ use crate::events::TeamActivity;
 use crate::services::streams::{self, AgentStream, Ending, Guard, Recheck, TeamStream, Verdict};
 
 pub fn configure(cfg: &mut ServiceConfig) {
-    #[cfg(not(feature = "sse-lab"))]
-    cfg.service(agent_events);
-    #[cfg(feature = "sse-lab")]
-    cfg.service(super::sse_lab::agent_events);
-    cfg.service(team_events);
+    cfg.service(agent_events).service(team_events);
 }
 
 const REPLAY_PAGE: i64 = 1000;
@@ -46,7 +42,7 @@ pub struct StreamQuery {
     pub after_seq: Option<i64>,
 }
 
-pub(super) fn resume_point(req: &HttpRequest, query: Option<i64>) -> ApiResult<i64> {
+fn resume_point(req: &HttpRequest, query: Option<i64>) -> ApiResult<i64> {
     match req.headers().get("last-event-id") {
         Some(v) => v
             .to_str()
