@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 /// Highest first. Modules in one layer may use each other.
 const LAYERS: &[&[&str]] = &[
     // Commands beside the server that build a whole application.
-    &["bench", "client"],
+    &["bench", "cli", "client"],
     // The wiring of the application: builds the state, the HTTP server and its tasks.
     &["server"],
     // The HTTP edge: handlers and the state they read.

@@ -66,6 +66,31 @@ pub struct BenchArgs {
     /// Seconds of rest before each scenario after the first (with `all`).
     #[arg(long, default_value_t = 20)]
     pub rest_s: u64,
+    /// `limits.max_running_turns` of the server under test: `off` (the default: no limit,
+    /// so no turn start takes the queue's lock), `host` (the server's own default, from
+    /// this host's CPUs and memory) or a number (a number above the load's turns takes
+    /// the lock on every turn start without queueing any).
+    #[arg(long, default_value = "off", value_parser = parse_turn_limit)]
+    pub turn_limit: TurnLimit,
+}
+
+/// The running-turn limit a bench server runs with (`--turn-limit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TurnLimit {
+    Off,
+    Host,
+    At(u32),
+}
+
+fn parse_turn_limit(s: &str) -> Result<TurnLimit, String> {
+    match s {
+        "off" | "0" => Ok(TurnLimit::Off),
+        "host" => Ok(TurnLimit::Host),
+        n => n
+            .parse::<u32>()
+            .map(TurnLimit::At)
+            .map_err(|_| format!("`{n}`: expected off, host or a number")),
+    }
 }
 
 /// One line of the final table.
@@ -325,6 +350,16 @@ impl Percentiles {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn turn_limits_parse() {
+        assert_eq!(parse_turn_limit("off"), Ok(TurnLimit::Off));
+        assert_eq!(parse_turn_limit("0"), Ok(TurnLimit::Off));
+        assert_eq!(parse_turn_limit("host"), Ok(TurnLimit::Host));
+        assert_eq!(parse_turn_limit("1000"), Ok(TurnLimit::At(1000)));
+        assert!(parse_turn_limit("-1").is_err());
+        assert!(parse_turn_limit("many").is_err());
+    }
 
     #[test]
     fn percentiles_use_the_nearest_rank() {

@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use super::client::Api;
 use super::server::{
     CpuReading, CpuShares, Memory, ServerProcess, StealSampler, descendants, own_command,
-    process_pss_kib, stolen_by_second,
+    process_pss_kib, stolen_by_second, tree_cpu,
 };
 use super::stream::{self, Subscription, Until};
 use super::verify::{self, Seen};
@@ -118,6 +118,9 @@ struct LoadRun {
     wal_created: i64,
     /// Where the machine's CPU went during the load.
     cpu: CpuShares,
+    /// The server process's own CPU time over the load (its threads; not PostgreSQL,
+    /// not the mock agents).
+    server_cpu: Duration,
 }
 
 /// A second that lost this much CPU time to the hypervisor (all cores together) is
@@ -160,6 +163,10 @@ impl LoadRun {
 
     fn deliveries_per_s(&self) -> f64 {
         self.deliveries as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn server_cpu_per_delivery_us(&self) -> f64 {
+        self.server_cpu.as_secs_f64() * 1e6 / self.deliveries.max(1) as f64
     }
 
     fn print(&self) {
@@ -206,6 +213,11 @@ impl LoadRun {
             self.wal_created
         );
         println!("  {}", self.cpu);
+        println!(
+            "  server CPU: {:.2} s, {:.1} µs per delivery",
+            self.server_cpu.as_secs_f64(),
+            self.server_cpu_per_delivery_us()
+        );
         if self.cpu.other > 10.0 {
             println!(
                 "  WARNING: other processes used {:.0} % of the machine during this load; \
@@ -347,6 +359,7 @@ async fn run_load(
         prompts: agents.len(),
         wal_created,
         cpu: cpu_before.shares_until(&cpu_after),
+        server_cpu: cpu_after.server.saturating_sub(cpu_before.server),
     })
 }
 
@@ -380,7 +393,7 @@ pub async fn throughput(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     const S: &str = "throughput";
     let plan = LoadPlan::from_args(args, 50, 20_000, 0);
     println!("== throughput: {}", plan.describe());
-    let server = ServerProcess::start(args.keep).await?;
+    let server = ServerProcess::start(args).await?;
     let api = Api::new(&server.base, &server.token);
     let raw_before = raw::measure(&server.pool, args.raw_seconds).await?;
     print_raw("before", &raw_before);
@@ -442,6 +455,11 @@ pub async fn throughput(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
             thousands(run.deliveries_per_s()),
         ));
     }
+    figures.push(Figure::info(
+        S,
+        "server CPU per SSE delivery",
+        format!("{:.1} µs", run.server_cpu_per_delivery_us()),
+    ));
     if let Some(p) = &run.latency {
         figures.push(Figure::info(
             S,
@@ -477,7 +495,7 @@ pub async fn latency(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     const S: &str = "latency";
     let plan = LoadPlan::from_args(args, 20, 10_000, 1);
     println!("== latency: {}", plan.describe());
-    let server = ServerProcess::start(args.keep).await?;
+    let server = ServerProcess::start(args).await?;
     let api = Api::new(&server.base, &server.token);
     let ws = api.workspace(&server.repo).await?;
     let agents = api.open_agents(&ws, plan.agents, 16).await?;
@@ -485,11 +503,14 @@ pub async fn latency(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     run.print();
     server.stop().await?;
     let rate = run.durable_per_s();
-    let mut figures = vec![Figure::info(
-        S,
-        "durable events/s delivered",
-        thousands(rate),
-    )];
+    let mut figures = vec![
+        Figure::info(S, "durable events/s delivered", thousands(rate)),
+        Figure::info(
+            S,
+            "server CPU per SSE delivery",
+            format!("{:.1} µs", run.server_cpu_per_delivery_us()),
+        ),
+    ];
     if let Some(p) = &run.latency {
         figures.push(Figure::info(
             S,
@@ -517,7 +538,7 @@ pub async fn fanout(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     const S: &str = "fanout";
     let plan = LoadPlan::from_args(args, 1000, 100, 100);
     println!("== fanout: {}", plan.describe());
-    let server = ServerProcess::start(args.keep).await?;
+    let server = ServerProcess::start(args).await?;
     let api = Api::new(&server.base, &server.token);
     let ws = api.workspace(&server.repo).await?;
     let opening = Instant::now();
@@ -582,7 +603,7 @@ pub async fn fanout(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
 pub async fn idle(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     const S: &str = "idle";
     println!("== idle: the server process alone (not PostgreSQL, not the mock agents)");
-    let server = ServerProcess::start(args.keep).await?;
+    let server = ServerProcess::start(args).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let fresh = server.memory();
     println!("  just started: {}", memory_line(&fresh));
@@ -632,7 +653,7 @@ pub async fn create(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     const S: &str = "create";
     let n = args.agents.unwrap_or(200);
     println!("== create: {n} × POST /v1/agents with a first prompt, all at once, one workspace");
-    let server = ServerProcess::start(args.keep).await?;
+    let server = ServerProcess::start(args).await?;
     let api = Api::new(&server.base, &server.token);
     let ws = api.workspace(&server.repo).await?;
     // The team stream says when each agent's session started (status leaves `starting`)
@@ -658,6 +679,8 @@ pub async fn create(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
         anyhow::Ok(())
     });
     let body = json!({"workspace_id": ws, "provider": "mock", "prompt": "hello"});
+    let tree_cpu0 = tree_cpu(server.pid());
+    let machine0 = super::server::machine_cpu();
     let started = Instant::now();
     let answers = futures::future::join_all((0..n).map(|_| async {
         let r = api.post("/v1/agents", &body).await;
@@ -705,6 +728,8 @@ pub async fn create(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
         }
     }
     watcher.abort();
+    let tree_cpu_used = tree_cpu(server.pid()).saturating_sub(tree_cpu0);
+    let machine1 = super::server::machine_cpu();
     let all_started = started_at.values().max().copied().unwrap_or(started);
     let all_turns = turn_done.values().max().copied().unwrap_or(started);
     // Every first prompt was answered: its turn completed.
@@ -735,6 +760,20 @@ pub async fn create(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     println!(
         "  all {n} first turns completed after {:.2} s",
         secs(all_turns)
+    );
+    let stolen = machine1
+        .stolen
+        .saturating_sub(machine0.stolen)
+        .as_secs_f64();
+    let total = machine1.total.saturating_sub(machine0.total).as_secs_f64();
+    println!(
+        "  CPU until then: the server and its processes {:.2} s ({:.1} ms per agent); the \
+         machine busy {:.2} s of {:.2} s, stolen {:.1} %",
+        tree_cpu_used.as_secs_f64(),
+        tree_cpu_used.as_secs_f64() * 1000.0 / n.max(1) as f64,
+        machine1.busy.saturating_sub(machine0.busy).as_secs_f64(),
+        total,
+        100.0 * stolen / total.max(1e-9)
     );
     let mem = server.memory();
     println!("  server: {}", memory_line(&mem));
@@ -773,9 +812,9 @@ pub async fn sandbox(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     let mut figures = Vec::new();
     let mut p50s = Vec::new();
     let mut p99s = Vec::new();
+    let mut cpus = Vec::new();
     for (label, mode) in [("off", "off"), ("on", "enforce")] {
-        let server =
-            ServerProcess::start_with(args.keep, &[("AGENTRY_SANDBOX__MODE", mode)]).await?;
+        let server = ServerProcess::start_with(args, &[("AGENTRY_SANDBOX__MODE", mode)]).await?;
         let api = Api::new(&server.base, &server.token);
         let providers = api.get_ok("/v1/providers").await?;
         let confined =
@@ -807,6 +846,7 @@ pub async fn sandbox(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
             anyhow::Ok(())
         });
         let body = json!({"workspace_id": ws, "provider": "mock"});
+        let tree_cpu0 = tree_cpu(server.pid());
         let mut samples_us = Vec::with_capacity(n);
         let mut seen: HashMap<String, Instant> = HashMap::new();
         for _ in 0..n {
@@ -827,9 +867,18 @@ pub async fn sandbox(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
             samples_us.push((at - t0).as_micros().min(u32::MAX as u128) as u32);
         }
         watcher.abort();
+        let cpu_ms = tree_cpu(server.pid())
+            .saturating_sub(tree_cpu0)
+            .as_secs_f64()
+            * 1000.0
+            / n.max(1) as f64;
         server.stop().await?;
         let p = Percentiles::of(samples_us).context("no sample")?;
-        println!("  sandbox {label}: start {}", p.line());
+        println!(
+            "  sandbox {label}: start {}; CPU of the server and its processes {cpu_ms:.1} ms per start",
+            p.line()
+        );
+        cpus.push(cpu_ms);
         p50s.push(p.p50);
         p99s.push(p.p99);
         figures.push(Figure::info(
@@ -843,6 +892,11 @@ pub async fn sandbox(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
         "added by the sandbox (p50 / p99)",
         format!("{:+.1} / {:+.1} ms", p50s[1] - p50s[0], p99s[1] - p99s[0]),
     ));
+    figures.push(Figure::info(
+        S,
+        "CPU added by the sandbox per start (server and its processes)",
+        format!("{:+.1} ms", cpus[1] - cpus[0]),
+    ));
     Ok(figures)
 }
 
@@ -854,7 +908,7 @@ pub async fn growth(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
         "== growth: one timeline grown to {} events in turns of /load {TURN} 0, one live subscriber",
         thousands(target as f64)
     );
-    let server = ServerProcess::start(args.keep).await?;
+    let server = ServerProcess::start(args).await?;
     let api = Api::new(&server.base, &server.token);
     let ws = api.workspace(&server.repo).await?;
     let agents = api.open_agents(&ws, 1, 1).await?;
@@ -941,7 +995,7 @@ pub async fn mcp(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
         "== mcp: {n} × the timeline page of one agent, alternately GET /v1/agents/{{id}}/timeline \
          and the tool get_timeline over /mcp, one request at a time"
     );
-    let server = ServerProcess::start(args.keep).await?;
+    let server = ServerProcess::start(args).await?;
     let api = Api::new(&server.base, &server.token);
     let ws = api.workspace(&server.repo).await?;
     let agents = api.open_agents(&ws, 1, 1).await?;
@@ -1020,7 +1074,7 @@ async fn ledger_round(
     steps: u64,
 ) -> anyhow::Result<LedgerRound> {
     let ledger = if on { "true" } else { "false" };
-    let server = ServerProcess::start_with(args.keep, &[("AGENTRY_USAGE__LEDGER", ledger)]).await?;
+    let server = ServerProcess::start_with(args, &[("AGENTRY_USAGE__LEDGER", ledger)]).await?;
     let api = Api::new(&server.base, &server.token);
     let ws = api.workspace(&server.repo).await?;
     let mut body = json!({"workspace_id": ws, "provider": "mock"});

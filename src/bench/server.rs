@@ -10,14 +10,18 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use sqlx::PgPool;
 
+use super::{BenchArgs, TurnLimit};
 use crate::embedded_pg::EmbeddedPostgres;
 
 /// Where the embedded cluster lives when the server runs as root.
 const ROOT_CLUSTER_BASE: &str = "/var/lib/agentry";
 
-/// Settings that bound one caller or one team, lifted for a load.
+const RUNNING_TURNS: &str = "AGENTRY_LIMITS__MAX_RUNNING_TURNS";
+
+/// Settings that bound one caller or one team, lifted for a load (the running-turn limit
+/// unless `--turn-limit` says otherwise).
 const BENCH_LIMITS: [(&str, &str); 6] = [
-    ("AGENTRY_LIMITS__MAX_RUNNING_TURNS", "0"),
+    (RUNNING_TURNS, "0"),
     ("AGENTRY_LIMITS__MAX_STREAMS_PER_PRINCIPAL", "1000000"),
     ("AGENTRY_LIMITS__MAX_WAITS_PER_PRINCIPAL", "1000000"),
     ("AGENTRY_LIMITS__MAX_AGENTS_PER_TEAM", "1000000"),
@@ -48,15 +52,20 @@ pub struct Memory {
 
 impl ServerProcess {
     /// Start `agentry serve` (this executable) on a fresh data dir and wait until it is
-    /// ready. `keep` leaves the directory and the server log behind.
-    pub async fn start(keep: bool) -> anyhow::Result<Self> {
-        Self::start_with(keep, &[]).await
+    /// ready. `--keep` leaves the directory and the server log behind; `--turn-limit`
+    /// sets its running-turn limit.
+    pub async fn start(args: &BenchArgs) -> anyhow::Result<Self> {
+        Self::start_with(args, &[]).await
     }
 
     /// `start`, with `env` set for the server (settings as `AGENTRY_*` variables).
-    pub async fn start_with(keep: bool, env: &[(&str, &str)]) -> anyhow::Result<Self> {
-        let dir =
-            std::env::temp_dir().join(format!("agentry-bench-{}", uuid::Uuid::now_v7().simple()));
+    pub async fn start_with(args: &BenchArgs, env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let keep = args.keep;
+        // Short: the data dir's Unix sockets (an agent's egress endpoint,
+        // `<dir>/data/egress/<agent uuid>/egress.sock`) must fit `sun_path` (108 bytes),
+        // which 32 hex digits here overran. The last 12 of a v7 UUID are random.
+        let unique = uuid::Uuid::now_v7().simple().to_string();
+        let dir = std::env::temp_dir().join(format!("agentry-bench-{}", &unique[20..]));
         std::fs::create_dir_all(&dir)?;
         // As root the cluster runs as `postgres`, which canonicalizes the data dir's path.
         use std::os::unix::fs::PermissionsExt;
@@ -77,6 +86,15 @@ impl ServerProcess {
         for (var, value) in BENCH_LIMITS {
             if std::env::var_os(var).is_none() {
                 serve.env(var, value);
+            }
+        }
+        match args.turn_limit {
+            TurnLimit::Off => {}
+            TurnLimit::Host => {
+                serve.env_remove(RUNNING_TURNS);
+            }
+            TurnLimit::At(n) => {
+                serve.env(RUNNING_TURNS, n.to_string());
             }
         }
         serve.envs(env.iter().copied());
@@ -115,6 +133,17 @@ impl ServerProcess {
             .fetch_one(&pool)
             .await?;
         let cluster_dir = Path::new(&data_directory).parent().map(Path::to_path_buf);
+        match args.turn_limit {
+            TurnLimit::Off => {}
+            TurnLimit::Host => println!(
+                "  running-turn limit: the host's default ({}): every turn start takes the \
+                 queue's lock",
+                crate::config::HostCapacity::measure().running_turns()
+            ),
+            TurnLimit::At(n) => {
+                println!("  running-turn limit: {n}: every turn start takes the queue's lock")
+            }
+        }
         let ready = warm_wal(&pool).await?;
         println!(
             "  WAL warmed: {ready} segments ready for reuse (min_wal_size's worth, as on a \
@@ -347,6 +376,31 @@ pub fn process_cpu(pid: u32) -> Duration {
         .filter_map(|line| line.split_whitespace().next()?.parse::<u64>().ok())
         .sum();
     Duration::from_nanos(nanos)
+}
+
+/// CPU time of `pid` and everything it started: its own threads and its live
+/// descendants' (`schedstat`), plus what its children that have ended and been waited
+/// for used (`cutime` + `cstime` of `/proc/<pid>/stat`, tick-sampled): a sandbox's
+/// short-lived helpers and setup commands are counted too.
+pub fn tree_cpu(pid: u32) -> Duration {
+    let live: Duration = descendants(pid)
+        .into_iter()
+        .map(|(p, _)| process_cpu(p))
+        .sum();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command (which may hold spaces) start at the last ')'.
+    let reaped_ticks: u64 = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| {
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            // state is field 3 (index 0 here); cutime and cstime are fields 16 and 17.
+            [13, 14]
+                .iter()
+                .filter_map(|i| f.get(*i)?.parse::<u64>().ok())
+                .sum()
+        })
+        .unwrap_or(0);
+    process_cpu(pid) + live + Duration::from_secs_f64(reaped_ticks as f64 / clock_ticks())
 }
 
 /// The whole machine's CPU time so far, from `/proc/stat`.
