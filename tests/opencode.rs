@@ -110,10 +110,6 @@ impl scenarios::Rig for OpenCode {
     const UNATTENDED_MODE: &'static str = "full-access";
     const REPLY_TOKENS: u64 = 7;
     const DENIAL_SAYS: Option<&'static str> = Some("rejected");
-    /// Closing ends `opencode serve` under the adapter's event stream, whose break the
-    /// adapter reports (`dispatch` in `providers::opencode` does not look at `closing`
-    /// before it does).
-    const CLOSE_REPORTS: &'static [&'static str] = &["provider_protocol"];
 
     fn reply_in_pieces(fake: &FakeChat, text: &str) {
         fake.push(Reply::slow(text, 4, Duration::from_millis(20)));

@@ -934,6 +934,8 @@ async fn dispatch(mut stream: EventStream, live: Arc<Live>) {
     while let Some(event) = stream.next().await {
         let event = match event {
             Ok(event) => event,
+            // A stream cut by the session's own close is the close, not a fault.
+            Err(_) if live.shared.closing.load(Ordering::Acquire) => break,
             Err(error) => {
                 tracing::warn!(%error, "unusable output from OpenCode");
                 live.shared
