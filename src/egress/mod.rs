@@ -143,6 +143,45 @@ impl Default for EgressLimits {
     }
 }
 
+/// The longest path a Unix socket may have (`sun_path` holds 108 bytes with its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// The longest socket path under a root: `<root>/<agent uuid>/<the longest socket name>`
+/// (the inbound socket of a CLI's server on the highest port).
+fn longest_socket_path(root: &Path) -> usize {
+    let name = bridge::inbound_socket_name(u16::MAX)
+        .len()
+        .max(SOCKET_NAME.len());
+    root.as_os_str().len() + 1 + uuid::Uuid::nil().to_string().len() + 1 + name
+}
+
+/// `root` when every endpoint socket under it fits a Unix socket's path; else a fresh
+/// private directory (mode 0700, random name) under the system's temporary directory,
+/// which lives as long as the proxy. A long data dir would otherwise fail every
+/// sandboxed agent's start.
+fn short_enough(root: PathBuf) -> (PathBuf, Option<tempfile::TempDir>) {
+    if longest_socket_path(&root) <= MAX_SOCKET_PATH {
+        return (root, None);
+    }
+    match tempfile::Builder::new().prefix("agentry-egress-").tempdir() {
+        Ok(dir) if longest_socket_path(dir.path()) <= MAX_SOCKET_PATH => {
+            tracing::info!(
+                data_dir_root = %root.display(),
+                root = %dir.path().display(),
+                "egress endpoints live in a private temporary directory: sockets under the data dir would have paths too long for a Unix socket"
+            );
+            (dir.path().to_path_buf(), Some(dir))
+        }
+        Ok(_) | Err(_) => {
+            tracing::warn!(
+                root = %root.display(),
+                "egress endpoint sockets would have paths too long for a Unix socket, and no shorter private directory could be made: set a shorter data_dir or TMPDIR"
+            );
+            (root, None)
+        }
+    }
+}
+
 /// The proxy: one endpoint per agent it was opened for. Cheap to clone.
 #[derive(Clone)]
 pub struct Egress {
@@ -151,6 +190,9 @@ pub struct Egress {
 
 struct Inner {
     root: PathBuf,
+    /// A private directory that stands in for `root` when sockets under it would have
+    /// paths too long for a Unix socket; removed with the proxy.
+    _short_root: Option<tempfile::TempDir>,
     bridge_program: PathBuf,
     limits: EgressLimits,
     denials: mpsc::Sender<Denial>,
@@ -224,8 +266,10 @@ impl Egress {
     pub fn start_with(root: PathBuf, limits: EgressLimits) -> (Self, mpsc::Receiver<Denial>) {
         let (tx, rx) = mpsc::channel(DENIAL_QUEUE);
         let bridge_program = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("agentry"));
+        let (root, short_root) = short_enough(root);
         let inner = Inner {
             root,
+            _short_root: short_root,
             bridge_program,
             limits,
             denials: tx,

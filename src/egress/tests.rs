@@ -510,3 +510,40 @@ async fn an_agent_retrying_a_refused_host_reports_a_bounded_number() {
     assert_eq!(reported, DENIALS_PER_MINUTE as usize);
     assert_eq!(egress.dropped_denials(), 10);
 }
+
+#[tokio::test]
+async fn a_data_dir_too_long_for_socket_paths_gets_endpoints_in_a_short_private_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = dir.path().join("d".repeat(80)).join("egress");
+    let (egress, _denials) = Egress::start(long.clone());
+    assert_ne!(egress.root(), long.as_path());
+    let root = egress.root().to_path_buf();
+    assert!(longest_socket_path(&root) <= MAX_SOCKET_PATH, "{root:?}");
+    let (port, _) = echo_server().await;
+    let a = agent();
+    egress
+        .open(a, list(&[&format!("127.0.0.1:{port}")]), vec![])
+        .unwrap();
+    let mode = std::fs::metadata(&root).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "{root:?}");
+    // The endpoint answers like any other.
+    let mut s = dial(&egress, a).await;
+    s.write_all(format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = [0u8; 39];
+    s.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"HTTP/1.1 200 Connection established\r\n\r\n");
+    drop(s);
+    // The stand-in directory goes with the proxy.
+    egress.close_all();
+    drop(egress);
+    assert!(!root.exists(), "{root:?}");
+}
+
+#[test]
+fn a_short_data_dir_keeps_its_endpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let (egress, _denials) = Egress::start(dir.path().join("egress"));
+    assert_eq!(egress.root(), dir.path().join("egress"));
+}
