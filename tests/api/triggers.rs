@@ -644,18 +644,52 @@ async fn a_delivery_is_answered_before_its_slow_action_ends() {
     assert_eq!(runs(&ana, &trigger).await.len(), 1);
 }
 
-#[tokio::test]
-async fn a_run_cut_short_by_a_shutdown_is_completed_by_the_next_start() {
+/// What is left of a server stopped while a delivery's run waited on the remote's fetch.
+struct Stopped {
+    remote: GitHttp,
+    ana: Person,
+    trigger: Value,
+    run: String,
+    db: sqlx::postgres::PgConnectOptions,
+    dir: tempfile::TempDir,
+    token: String,
+}
+
+/// A labelled-issue delivery (`delivery`, issue `number`) answered 202, its run held up by
+/// the closed remote, then the only server stopped.
+async fn stopped_while_a_run_fetches(delivery: &str, number: i64) -> Stopped {
     let (remote, _forge, app, ana, _team_a, project) = world(Flavor::GitHub).await;
     let trigger = issue_trigger(&ana, &project).await;
     remote.close();
     let (status, receipt) =
-        github_answer(&app, &trigger, "issues", "cut-1", &labelled_issue(8)).await;
+        github_answer(&app, &trigger, "issues", delivery, &labelled_issue(number)).await;
     assert_eq!(status, 202, "{receipt}");
     let run = receipt["run"]["id"].as_str().unwrap().to_owned();
     remote.request_waiting().await;
-    // The only replica stops while the run's fetch waits: the run is given back.
     let (db, dir, token) = app.stop().await;
+    Stopped {
+        remote,
+        ana,
+        trigger,
+        run,
+        db,
+        dir,
+        token,
+    }
+}
+
+#[tokio::test]
+async fn a_run_cut_short_by_a_shutdown_is_completed_by_the_next_start() {
+    // The only replica stops while the run's fetch waits: the run is given back.
+    let Stopped {
+        remote,
+        ana,
+        trigger,
+        run,
+        db,
+        dir,
+        token,
+    } = stopped_while_a_run_fetches("cut-1", 8).await;
     let pool = sqlx::PgPool::connect_with(db.clone()).await.unwrap();
     let (state, outcome, agents): (String, Option<String>, i64) =
         sqlx::query_as("SELECT state, outcome, (SELECT count(*) FROM agents) FROM trigger_runs")
@@ -1305,15 +1339,15 @@ async fn two_replicas_act_on_each_delivery_once() {
 
 #[tokio::test]
 async fn a_run_held_by_a_replica_that_died_is_taken_once_its_lease_lapses() {
-    let (remote, _forge, app, ana, _team_a, project) = world(Flavor::GitHub).await;
-    let trigger = issue_trigger(&ana, &project).await;
-    remote.close();
-    let (status, receipt) =
-        github_answer(&app, &trigger, "issues", "died-1", &labelled_issue(9)).await;
-    assert_eq!(status, 202, "{receipt}");
-    let run = receipt["run"]["id"].as_str().unwrap().to_owned();
-    remote.request_waiting().await;
-    let (db, dir, token) = app.stop().await;
+    let Stopped {
+        remote,
+        trigger,
+        run,
+        db,
+        dir,
+        token,
+        ..
+    } = stopped_while_a_run_fetches("died-1", 9).await;
     // As if another replica had taken the run and died without a word: it holds the
     // run for a few seconds more, and never renews.
     let pool = sqlx::PgPool::connect_with(db.clone()).await.unwrap();
