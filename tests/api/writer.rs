@@ -207,8 +207,11 @@ async fn a_refused_event_becomes_an_error_in_its_slot_and_stalls_nobody() {
         after.max_isolation, after.max_queue_wait
     );
     assert!(after.max_isolation > Duration::ZERO, "a batch was refused");
+    // How long isolation takes is a figure for `agentry bench`, not for a test on a shared
+    // machine; what must never happen is a stall: the writer waiting out a statement
+    // deadline (5 s) or backing off as if the store were down.
     assert!(
-        after.max_isolation < Duration::from_secs(1),
+        after.max_isolation < Duration::from_secs(5),
         "setting the refused events aside delayed the others by {:?}",
         after.max_isolation
     );
