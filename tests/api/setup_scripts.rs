@@ -382,11 +382,12 @@ async fn a_setup_commands_refused_connections_are_recorded_with_its_outcome() {
     )
     .await;
     let repo = repo_with(&format!(
-        "[worktree]\nsetup = [{}, {}, {}, [\"false\"]]\n",
+        "[worktree]\nsetup = [{}, {}, {}, [\"false\"]]\nteardown = [{}]\n",
         probe(&["http", "http://blocked.example.com/steal"]),
         // A provider's host is not on the commands' list: no provider runs them.
         probe(&["connect", "api.anthropic.com", "443"]),
         probe(&["http", "http://team-host.invalid/"]),
+        probe(&["http", "http://teardown.example.com/"]),
     ));
     let mut stream = team_stream(&app).await;
     let ws = workspace(&app, repo.path()).await;
@@ -442,4 +443,32 @@ async fn a_setup_commands_refused_connections_are_recorded_with_its_outcome() {
         Vec::<std::ffi::OsString>::new(),
         "a failed run's endpoint is closed too"
     );
+
+    // Teardown's run has an endpoint of its own, and says its phase.
+    let id = ws["id"].as_str().unwrap();
+    app.post_ok(&format!("/v1/workspaces/{id}/archive"), json!({}), 200)
+        .await;
+    let events = stream
+        .until("workspace_archived", Duration::from_secs(15))
+        .await;
+    let denied: Vec<&Value> = events
+        .iter()
+        .filter(|e| e.event == "network_denied")
+        .map(|e| &e.data["data"])
+        .collect();
+    assert_eq!(
+        denied,
+        [&json!({"workspace_id": ws["id"], "phase": "teardown",
+            "host": "teardown.example.com", "port": 80, "reason": "not_allowed"})]
+    );
+    let output = events
+        .iter()
+        .rfind(|e| e.event == "workspace_teardown")
+        .map(|e| e.data["data"]["output"].as_str().unwrap().to_owned())
+        .unwrap();
+    assert!(
+        output.contains("[agentry] network_denied: teardown.example.com:80 (not_allowed)\n"),
+        "{output}"
+    );
+    assert_eq!(endpoints(&app), Vec::<std::ffi::OsString>::new());
 }
