@@ -468,18 +468,22 @@ impl Application {
     }
 }
 
-/// Every connection the egress proxy refused becomes a `network_denied` event in its
-/// agent's timeline.
+/// Every connection the egress proxy refused an agent becomes a `network_denied` event in
+/// its timeline (a run of setup or teardown commands hears its own, see
+/// `services::setup`).
 async fn record_denials(
     mut denials: tokio::sync::mpsc::Receiver<crate::egress::Denial>,
     agents: AgentManager,
 ) {
     while let Some(d) = denials.recv().await {
+        let crate::egress::Holder::Agent(agent) = d.holder else {
+            continue;
+        };
         if !agents
-            .record_network_denial(d.agent, d.host, d.port, d.reason.as_str())
+            .record_network_denial(agent, d.host, d.port, d.reason.as_str())
             .await
         {
-            tracing::debug!(agent_id = %d.agent, "a refused connection of an agent not running here");
+            tracing::debug!(agent_id = %agent, "a refused connection of an agent not running here");
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The egress proxy: the only way a sandboxed agent reaches the network. The server runs
-//! one endpoint per agent, a Unix socket `<root>/<agent uuid>/egress.sock` that the
-//! agent's sandbox mounts at `/run/agentry/egress.sock`; inside the sandbox's own network
+//! one endpoint per agent (and per run of a workspace's setup or teardown commands), a
+//! Unix socket `<root>/<uuid>/egress.sock` that the sandbox mounts at
+//! `/run/agentry/egress.sock`; inside the sandbox's own network
 //! namespace the bridge (`agentry sandbox-bridge`, see `bridge`) listens on loopback and
 //! forwards every connection to it. The endpoint speaks HTTP `CONNECT` (tunnels) and
 //! absolute-form HTTP, checks each connection against the agent's allow list, refuses
@@ -32,6 +33,39 @@ pub use allow::{
 };
 
 use crate::domain::{AgentId, SecretValue};
+
+/// Whose an endpoint is: an agent's, while its process runs, or one run of a workspace's
+/// setup or teardown commands (a fresh id per run, so that runs never share one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Holder {
+    Agent(AgentId),
+    Commands(uuid::Uuid),
+}
+
+impl Holder {
+    /// The name of the endpoint's directory under the proxy's root.
+    fn uuid(self) -> uuid::Uuid {
+        match self {
+            Self::Agent(a) => a.uuid(),
+            Self::Commands(run) => run,
+        }
+    }
+}
+
+impl From<AgentId> for Holder {
+    fn from(agent: AgentId) -> Self {
+        Self::Agent(agent)
+    }
+}
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Agent(a) => write!(f, "{a}"),
+            Self::Commands(run) => write!(f, "commands run {run}"),
+        }
+    }
+}
 
 /// The socket's name in an agent's endpoint directory.
 pub const SOCKET_NAME: &str = "egress.sock";
@@ -93,10 +127,10 @@ impl DenialReason {
     }
 }
 
-/// A refused connection, for the agent's timeline.
+/// A refused connection, for the agent's timeline (or the commands' outcome).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Denial {
-    pub agent: AgentId,
+    pub holder: Holder,
     pub host: String,
     pub port: u16,
     pub reason: DenialReason,
@@ -146,7 +180,7 @@ impl Default for EgressLimits {
 /// The longest path a Unix socket may have (`sun_path` holds 108 bytes with its NUL).
 const MAX_SOCKET_PATH: usize = 107;
 
-/// The longest socket path under a root: `<root>/<agent uuid>/<the longest socket name>`
+/// The longest socket path under a root: `<root>/<uuid>/<the longest socket name>`
 /// (the inbound socket of a CLI's server on the highest port).
 fn longest_socket_path(root: &Path) -> usize {
     let name = bridge::inbound_socket_name(u16::MAX)
@@ -182,7 +216,7 @@ fn short_enough(root: PathBuf) -> (PathBuf, Option<tempfile::TempDir>) {
     }
 }
 
-/// The proxy: one endpoint per agent it was opened for. Cheap to clone.
+/// The proxy: one endpoint per holder it was opened for. Cheap to clone.
 #[derive(Clone)]
 pub struct Egress {
     inner: Arc<Inner>,
@@ -197,7 +231,7 @@ struct Inner {
     limits: EgressLimits,
     denials: mpsc::Sender<Denial>,
     dropped_denials: AtomicU64,
-    endpoints: Mutex<HashMap<AgentId, Endpoint>>,
+    endpoints: Mutex<HashMap<Holder, Endpoint>>,
 }
 
 struct Endpoint {
@@ -206,15 +240,18 @@ struct Endpoint {
     state: Arc<AgentState>,
 }
 
-/// What one agent's connections share.
+/// What one endpoint's connections share.
 pub(crate) struct AgentState {
-    pub agent: AgentId,
+    pub holder: Holder,
     pub policy: AllowList,
     pub brokered: Vec<Brokered>,
     pub limits: EgressLimits,
     counts: Mutex<BTreeMap<String, u64>>,
     /// The start of the current minute of reported refusals, and how many it has had.
     reported: Mutex<(std::time::Instant, u32)>,
+    /// Where this endpoint's denials go when not to the proxy's receiver (a run of
+    /// commands hears its own).
+    denials: Option<mpsc::Sender<Denial>>,
     egress: std::sync::Weak<Inner>,
 }
 
@@ -233,7 +270,7 @@ impl AgentState {
             return;
         };
         let denial = Denial {
-            agent: self.agent,
+            holder: self.holder,
             host: host.to_owned(),
             port,
             reason,
@@ -250,8 +287,9 @@ impl AgentState {
             egress.dropped_denials.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        tracing::info!(agent_id = %self.agent, host, port, reason = reason.as_str(), "egress refused");
-        if egress.denials.try_send(denial).is_err() {
+        tracing::info!(holder = %self.holder, host, port, reason = reason.as_str(), "egress refused");
+        let sink = self.denials.as_ref().unwrap_or(&egress.denials);
+        if sink.try_send(denial).is_err() {
             egress.dropped_denials.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -298,26 +336,52 @@ impl Egress {
         &self.inner.root
     }
 
-    /// The directory of `agent`'s endpoint (it exists while the endpoint is open).
-    pub fn endpoint_dir(&self, agent: AgentId) -> PathBuf {
-        self.inner.root.join(agent.uuid().to_string())
+    /// The directory of `holder`'s endpoint (it exists while the endpoint is open).
+    pub fn endpoint_dir(&self, holder: impl Into<Holder>) -> PathBuf {
+        self.inner.root.join(holder.into().uuid().to_string())
     }
 
     /// Open (or reopen, closing the old one) `agent`'s endpoint with its allow list and
-    /// brokered providers; the answer is what its sandbox needs. Needs a Tokio runtime.
+    /// brokered providers; the answer is what its sandbox needs. Its denials arrive on the
+    /// proxy's receiver. Needs a Tokio runtime.
     pub fn open(
         &self,
-        agent: AgentId,
+        agent: impl Into<Holder>,
         policy: AllowList,
         brokered: Vec<Brokered>,
     ) -> io::Result<AgentNet> {
+        self.open_endpoint(agent.into(), policy, brokered, None)
+    }
+
+    /// Open an endpoint for one run of a workspace's setup or teardown commands, with
+    /// `policy` and no brokered provider: it is closed, its directory removed, when the
+    /// answer is dropped, and its denials arrive there. Needs a Tokio runtime.
+    pub fn open_for_commands(&self, policy: AllowList) -> io::Result<CommandsEndpoint> {
+        let holder = Holder::Commands(uuid::Uuid::now_v7());
+        let (tx, denials) = mpsc::channel(DENIAL_QUEUE);
+        let net = self.open_endpoint(holder, policy, Vec::new(), Some(tx))?;
+        Ok(CommandsEndpoint {
+            egress: self.clone(),
+            holder,
+            net,
+            denials,
+        })
+    }
+
+    fn open_endpoint(
+        &self,
+        holder: Holder,
+        policy: AllowList,
+        brokered: Vec<Brokered>,
+        denials: Option<mpsc::Sender<Denial>>,
+    ) -> io::Result<AgentNet> {
         let rt = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
         let forwards = policy.forwards().to_vec();
-        self.close(agent);
+        self.close(holder);
         let root = &self.inner.root;
         std::fs::create_dir_all(root)?;
         std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))?;
-        let dir = self.endpoint_dir(agent);
+        let dir = self.endpoint_dir(holder);
         match std::fs::create_dir(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -337,12 +401,13 @@ impl Egress {
             tokio::net::UnixListener::from_std(listener)?
         };
         let state = Arc::new(AgentState {
-            agent,
+            holder,
             policy,
             brokered,
             limits: self.inner.limits.clone(),
             counts: Mutex::new(BTreeMap::new()),
             reported: Mutex::new((std::time::Instant::now(), 0)),
+            denials,
             egress: Arc::downgrade(&self.inner),
         });
         let stop = CancellationToken::new();
@@ -352,7 +417,7 @@ impl Egress {
             .lock()
             .expect("egress endpoints lock")
             .insert(
-                agent,
+                holder,
                 Endpoint {
                     dir: dir.clone(),
                     stop,
@@ -404,27 +469,28 @@ impl Egress {
         }
     }
 
-    /// Close `agent`'s endpoint: its open connections end and its directory is removed.
-    pub fn close(&self, agent: AgentId) {
+    /// Close `holder`'s endpoint: its open connections end and its directory is removed.
+    pub fn close(&self, holder: impl Into<Holder>) {
+        let holder = holder.into();
         let endpoint = self
             .inner
             .endpoints
             .lock()
             .expect("egress endpoints lock")
-            .remove(&agent);
+            .remove(&holder);
         if let Some(e) = endpoint {
             e.stop.cancel();
             if let Err(err) = std::fs::remove_dir_all(&e.dir)
                 && err.kind() != io::ErrorKind::NotFound
             {
-                tracing::warn!(agent_id = %agent, error = %err, "could not remove the egress endpoint");
+                tracing::warn!(holder = %holder, error = %err, "could not remove the egress endpoint");
             }
         }
     }
 
     /// Close every endpoint (at shutdown).
     pub fn close_all(&self) {
-        let agents: Vec<AgentId> = self
+        let holders: Vec<Holder> = self
             .inner
             .endpoints
             .lock()
@@ -432,16 +498,16 @@ impl Egress {
             .keys()
             .copied()
             .collect();
-        for a in agents {
-            self.close(a);
+        for h in holders {
+            self.close(h);
         }
     }
 
-    /// Connections allowed for `agent` by host, since its endpoint was opened (`None`:
+    /// Connections allowed for `holder` by host, since its endpoint was opened (`None`:
     /// no endpoint).
-    pub fn counts(&self, agent: AgentId) -> Option<BTreeMap<String, u64>> {
+    pub fn counts(&self, holder: impl Into<Holder>) -> Option<BTreeMap<String, u64>> {
         let endpoints = self.inner.endpoints.lock().expect("egress endpoints lock");
-        let e = endpoints.get(&agent)?;
+        let e = endpoints.get(&holder.into())?;
         let counts = e.state.counts.lock().expect("egress counts lock").clone();
         Some(counts)
     }
@@ -450,6 +516,23 @@ impl Egress {
     /// runtime did not take them fast enough.
     pub fn dropped_denials(&self) -> u64 {
         self.inner.dropped_denials.load(Ordering::Relaxed)
+    }
+}
+
+/// The endpoint of one run of commands (see [`Egress::open_for_commands`]): open while
+/// this lives.
+pub struct CommandsEndpoint {
+    egress: Egress,
+    holder: Holder,
+    /// What the commands' sandbox needs to use it.
+    pub net: AgentNet,
+    /// Its refused connections (at most `DENIALS_PER_MINUTE` a minute, like an agent's).
+    pub denials: mpsc::Receiver<Denial>,
+}
+
+impl Drop for CommandsEndpoint {
+    fn drop(&mut self) {
+        self.egress.close(self.holder);
     }
 }
 

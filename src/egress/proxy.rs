@@ -51,7 +51,7 @@ pub(crate) async fn accept(
             r = listener.accept() => match r {
                 Ok((s, _)) => s,
                 Err(e) => {
-                    tracing::warn!(agent_id = %state.agent, error = %e, "egress accept failed");
+                    tracing::warn!(holder = %state.holder, error = %e, "egress accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
@@ -257,7 +257,7 @@ async fn broker(mut client: UnixStream, state: &AgentState, head: Head, rest: Ve
     let upstream = match connect(&host, port, state.limits.header_timeout).await {
         Ok(s) => s,
         Err(e) => {
-            tracing::warn!(agent_id = %state.agent, provider = %b.provider, error = %e, "brokered upstream unreachable");
+            tracing::warn!(holder = %state.holder, provider = %b.provider, error = %e, "brokered upstream unreachable");
             let _ = respond(&mut client, 502, "the provider's upstream is unreachable").await;
             return;
         }
@@ -268,7 +268,7 @@ async fn broker(mut client: UnixStream, state: &AgentState, head: Head, rest: Ve
         let tls = match tls_connect(&host, upstream).await {
             Ok(t) => t,
             Err(e) => {
-                tracing::warn!(agent_id = %state.agent, provider = %b.provider, error = %e, "brokered upstream TLS failed");
+                tracing::warn!(holder = %state.holder, provider = %b.provider, error = %e, "brokered upstream TLS failed");
                 let _ = respond(&mut client, 502, "TLS to the provider's upstream failed").await;
                 return;
             }

@@ -216,7 +216,7 @@ async fn a_host_off_the_list_is_refused_reported_and_never_reached() {
     assert!(answer.starts_with("HTTP/1.1 403 Forbidden"), "{answer}");
     for port in [port, port, 8443] {
         let d = denials.try_recv().expect("a denial");
-        assert_eq!(d.agent, a);
+        assert_eq!(d.holder, Holder::Agent(a));
         assert_eq!(d.port, port);
         assert_eq!(d.reason, DenialReason::NotAllowed);
     }
@@ -546,4 +546,34 @@ fn a_short_data_dir_keeps_its_endpoints() {
     let dir = tempfile::tempdir().unwrap();
     let (egress, _denials) = Egress::start(dir.path().join("egress"));
     assert_eq!(egress.root(), dir.path().join("egress"));
+}
+
+#[tokio::test]
+async fn a_commands_endpoint_hears_its_own_refusals_and_goes_when_dropped() {
+    let (_dir, egress, mut denials) = proxy();
+    let (port, accepted) = echo_server().await;
+    let mut run = egress
+        .open_for_commands(list(&[&format!("127.0.0.1:{port}")]))
+        .unwrap();
+    assert!(run.net.unshare_net);
+    let (dir, _) = run.net.binds[0].clone();
+    assert_eq!(run.net.argv_prefix.last().map(String::as_str), Some("--"));
+    let mut s = UnixStream::connect(dir.join(SOCKET_NAME)).await.unwrap();
+    s.write_all(b"CONNECT blocked.example.com:443 HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).await.unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 403 Forbidden"));
+    let d = run.denials.try_recv().expect("the run's own denial");
+    assert!(matches!(d.holder, Holder::Commands(_)), "{d:?}");
+    assert_eq!((d.host.as_str(), d.port), ("blocked.example.com", 443));
+    assert!(denials.try_recv().is_err(), "not an agent's denial");
+    assert_eq!(accepted.load(Ordering::SeqCst), 0);
+
+    let holder = run.holder;
+    assert_eq!(egress.counts(holder), Some(Default::default()));
+    drop(run);
+    assert!(!dir.exists(), "dropping the run's endpoint removes it");
+    assert!(egress.counts(holder).is_none());
 }

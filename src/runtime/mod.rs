@@ -412,6 +412,15 @@ impl AgentManager {
         self.shared.uses_egress()
     }
 
+    /// The egress proxy, when sandboxed processes reach the network through it
+    /// (`uses_egress`): agents', and the setup and teardown commands of workspaces.
+    pub fn egress(&self) -> Option<&Egress> {
+        self.shared
+            .egress
+            .as_ref()
+            .filter(|_| self.shared.uses_egress())
+    }
+
     /// Connections the egress proxy allowed for agent `id` by host, since its process
     /// started (`None`: it has no endpoint here).
     pub fn egress_counts(&self, id: AgentId) -> Option<std::collections::BTreeMap<String, u64>> {

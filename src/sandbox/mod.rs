@@ -141,7 +141,8 @@ pub struct AgentView {
     /// session files) is mounted read-write when it exists.
     pub provider: Option<String>,
     /// How the agent reaches the network when it is not what the settings' mode gives
-    /// (`proxy`: its egress endpoint's plan). `None`: `NetworkPlan::for_mode`.
+    /// (`proxy`: its egress endpoint's plan, or the setup run's). `None`:
+    /// `NetworkPlan::for_mode`.
     pub network: Option<NetworkPlan>,
 }
 
@@ -662,7 +663,8 @@ mod tests {
     fn network_plans() {
         assert!(!NetworkPlan::for_mode(SandboxNetwork::Host).unshare_net);
         assert!(NetworkPlan::for_mode(SandboxNetwork::None).unshare_net);
-        // `proxy` without an endpoint (setup commands): loopback only.
+        // `proxy` without an endpoint (a process the proxy was not opened for): loopback
+        // only.
         assert!(NetworkPlan::for_mode(SandboxNetwork::Proxy).unshare_net);
     }
 

@@ -1,7 +1,9 @@
 //! Network policy of agents: the allow list the egress proxy checks an agent's
 //! connections against. An agent's list is its provider's (built in, or replaced by
 //! `[egress.providers.<id>]`), plus the server's (`egress.allow`), plus its team's —
-//! which the team's owners set through the API (every member of the team reads it).
+//! which the team's owners set through the API (every member of the team reads it). A
+//! workspace's setup and teardown commands get the server's and the team's entries only:
+//! no provider runs them.
 
 use std::collections::BTreeMap;
 
@@ -116,8 +118,20 @@ impl EgressPolicy {
     /// loopback entries of the settings (with a port) are also loopback forwards of the
     /// agent's sandbox; a team's never are.
     pub fn effective(&self, provider: &str, team: &[String]) -> AllowList {
+        self.list(Some(provider), team)
+    }
+
+    /// The list of a workspace's setup and teardown commands: the server's, then the
+    /// team's entries (loopback forwards as in `effective`).
+    pub fn for_commands(&self, team: &[String]) -> AllowList {
+        self.list(None, team)
+    }
+
+    fn list(&self, provider: Option<&str>, team: &[String]) -> AllowList {
         let mut list = AllowList::default();
-        list.forward_loopback(self.provider(provider).entries().iter().cloned());
+        if let Some(provider) = provider {
+            list.forward_loopback(self.provider(provider).entries().iter().cloned());
+        }
         list.forward_loopback(self.server.entries().iter().cloned());
         // Team entries were checked when they were saved; one that no longer parses
         // (a rule made stricter since) allows nothing.
@@ -134,11 +148,26 @@ pub async fn agent_allow_list(
     team: Uuid,
     provider: &str,
 ) -> ServiceResult<AllowList> {
-    let team_entries = store::team_network::get(&ctx.pool, team)
+    Ok(policy.effective(provider, &team_entries(ctx, team).await?))
+}
+
+/// The allow list of a workspace's setup or teardown commands in `team`, for the
+/// endpoint of their run.
+#[tracing::instrument(name = "services::network::commands_allow_list", skip_all, fields(team_id = %team))]
+pub async fn commands_allow_list(
+    ctx: &ServiceContext,
+    policy: &EgressPolicy,
+    team: Uuid,
+) -> ServiceResult<AllowList> {
+    Ok(policy.for_commands(&team_entries(ctx, team).await?))
+}
+
+/// The entries the team's owners set, as they are now.
+async fn team_entries(ctx: &ServiceContext, team: Uuid) -> ServiceResult<Vec<String>> {
+    Ok(store::team_network::get(&ctx.pool, team)
         .await?
         .map(|r| r.allow)
-        .unwrap_or_default();
-    Ok(policy.effective(provider, &team_entries))
+        .unwrap_or_default())
 }
 
 /// What a team's owners add to its agents' allow lists.
@@ -295,6 +324,20 @@ mod tests {
         let mock = policy.effective("mock", &[]);
         assert!(!allowed(&mock, "api.anthropic.com", 443));
         assert!(allowed(&mock, "pypi.org", 443));
+    }
+
+    #[test]
+    fn setup_commands_get_the_servers_and_the_teams_entries_only() {
+        let settings = EgressSettings {
+            allow: vec!["pypi.org".into(), "127.0.0.1:9000".into()],
+            ..EgressSettings::default()
+        };
+        let policy = EgressPolicy::from_settings(&settings, ["claude"]).unwrap();
+        let list = policy.for_commands(&["registry.npmjs.org".into()]);
+        assert!(allowed(&list, "pypi.org", 443));
+        assert!(allowed(&list, "registry.npmjs.org", 443));
+        assert!(!allowed(&list, "api.anthropic.com", 443), "no provider's");
+        assert_eq!(list.forwards(), ["127.0.0.1:9000"]);
     }
 
     #[test]

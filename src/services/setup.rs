@@ -10,7 +10,10 @@
 //! failure; teardown commands run before the worktree is removed. The file is read from
 //! the commit the worktree starts at (never from the worktree, which an agent may have
 //! changed). Each command is an argv run through the process ledger with the minimal
-//! environment plus `AGENTRY_*` facts about the workspace — no shell, no team secrets.
+//! environment plus `AGENTRY_*` facts about the workspace — no shell, no team secrets —
+//! in the sandbox an agent of the workspace gets; under the `proxy` network mode the run
+//! has an egress endpoint of its own (the server's and the team's entries), and each
+//! connection it refuses is a line of the output and a `network_denied` team event.
 //! Progress goes out as team events (`workspace_setup` / `workspace_teardown`).
 
 use std::collections::BTreeMap;
@@ -25,6 +28,7 @@ use tokio::time::Instant;
 
 use super::{ServiceContext, ServiceResult};
 use crate::domain::WorkspaceId;
+use crate::egress::{CommandsEndpoint, Denial};
 use crate::events::NewTeamEvent;
 use crate::git;
 use crate::process::{CommandSpec, Ledger};
@@ -355,6 +359,21 @@ async fn run(
 ) -> Outcome {
     let out: Shared = Arc::default();
     announce(ctx, target, phase, "running", "").await;
+    // Open for the whole run, closed when it ends (dropped), however it ends.
+    let mut endpoint = match open_endpoint(ctx, target).await {
+        Ok(e) => e,
+        Err(why) => {
+            push(&out, &format!("[agentry] {why}\n"));
+            let output = out.lock().unwrap_or_else(|p| p.into_inner()).finish();
+            return Outcome {
+                succeeded: false,
+                output,
+            };
+        }
+    };
+    let network = endpoint
+        .as_ref()
+        .map(|e| crate::sandbox::NetworkPlan::from(e.net.clone()));
     let deadline = Instant::now() + timeout;
     let ledger = ctx.agents.ledger().clone();
     let sandbox = ctx.agents.sandbox().cloned();
@@ -383,8 +402,8 @@ async fn run(
                         agent: None,
                         worktree: cwd.clone(),
                         provider: None,
-                        // Under `proxy` the commands have no endpoint: loopback only.
-                        network: None,
+                        // Under `proxy`: the run's endpoint; else the settings' mode.
+                        network: network.clone(),
                     };
                     match sandbox.wrap(spec, &view) {
                         Ok(spec) => spec,
@@ -414,21 +433,93 @@ async fn run(
                     announce(ctx, target, phase, "running", &fresh).await;
                 }
             }
+            Some(denial) = next_denial(&mut endpoint) => {
+                record_denial(ctx, target, phase, &out, denial).await;
+            }
         }
     };
+    // A refusal is reported before its `403` is written: the last ones are here already.
+    while let Some(denial) = endpoint.as_mut().and_then(|e| e.denials.try_recv().ok()) {
+        record_denial(ctx, target, phase, &out, denial).await;
+    }
+    drop(endpoint);
     let output = out.lock().unwrap_or_else(|p| p.into_inner()).finish();
     Outcome { succeeded, output }
 }
 
-/// One command to its end: `Err` says why it counts as failed.
-/// The program a command names, also once wrapped in a sandbox (whose argv ends with it).
-fn shown_program(spec: &CommandSpec) -> &str {
-    match spec.args.iter().position(|a| a == "--default-signal=TERM") {
-        Some(i) if spec.program == "env" => spec.args.get(i + 1).map_or(&spec.program, |p| p),
-        _ => &spec.program,
+/// Under the `proxy` network mode, an egress endpoint for one run with the server's and
+/// the team's entries, as they are now (no provider's: none runs the commands); `None`
+/// in the other modes. `Err` says why the run fails.
+async fn open_endpoint(
+    ctx: &ServiceContext,
+    target: &Target,
+) -> Result<Option<CommandsEndpoint>, String> {
+    let Some(egress) = ctx.agents.egress() else {
+        return Ok(None);
+    };
+    let allow = super::network::commands_allow_list(ctx, &ctx.egress_policy, target.team_id)
+        .await
+        .map_err(|e| format!("could not read the team's network allow list: {e}"))?;
+    egress
+        .open_for_commands(allow)
+        .map(Some)
+        .map_err(|e| format!("could not open the commands' egress endpoint: {e}"))
+}
+
+/// The run's next refused connection; never, without an endpoint.
+async fn next_denial(endpoint: &mut Option<CommandsEndpoint>) -> Option<Denial> {
+    match endpoint {
+        Some(e) => e.denials.recv().await,
+        None => std::future::pending().await,
     }
 }
 
+/// A connection the proxy refused the commands: a line of their output (kept on the
+/// workspace) and a `network_denied` team event, shaped as an agent's with the workspace
+/// and the phase added.
+async fn record_denial(
+    ctx: &ServiceContext,
+    target: &Target,
+    phase: Phase,
+    out: &Shared,
+    denial: Denial,
+) {
+    let Denial {
+        host, port, reason, ..
+    } = denial;
+    let shown = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    push(
+        out,
+        &format!("[agentry] network_denied: {shown} ({})\n", reason.as_str()),
+    );
+    let event = NewTeamEvent {
+        team_id: target.team_id,
+        project_id: Some(target.project_id),
+        workspace_id: Some(target.workspace_id.uuid()),
+        kind: "network_denied",
+        data: json!({
+            "workspace_id": target.workspace_id,
+            "phase": phase.name(),
+            "host": host,
+            "port": port,
+            "reason": reason.as_str(),
+        }),
+    };
+    if let Err(e) = super::announce(ctx, event).await {
+        tracing::warn!(workspace = %target.workspace_id, error = %e, "could not announce a refused connection");
+    }
+}
+
+/// The program a command names, also once wrapped in a sandbox (and its bridge).
+fn shown_program(spec: &CommandSpec) -> &str {
+    spec.wraps.as_deref().unwrap_or(&spec.program)
+}
+
+/// One command to its end: `Err` says why it counts as failed.
 async fn run_one(
     ledger: &Ledger,
     spec: &CommandSpec,
@@ -465,7 +556,7 @@ async fn run_one(
     // Whatever it left running in its group ends with it.
     child.terminate(STOP_GRACE).await;
     if let Some(hit) = child.limit_hit() {
-        return Err(format!("`{}` was stopped: {hit}", spec.program));
+        return Err(format!("`{}` was stopped: {hit}", shown_program(spec)));
     }
     if status.success() {
         Ok(())

@@ -27,13 +27,13 @@ use crate::helpers::*;
 
 /// A plain HTTP server answering every request with `body`; records each request head
 /// and counts connections.
-struct Origin {
-    port: u16,
-    requests: Arc<Mutex<Vec<String>>>,
-    connections: Arc<AtomicUsize>,
+pub(crate) struct Origin {
+    pub(crate) port: u16,
+    pub(crate) requests: Arc<Mutex<Vec<String>>>,
+    pub(crate) connections: Arc<AtomicUsize>,
 }
 
-async fn origin(body: &'static str) -> Origin {
+pub(crate) async fn origin(body: &'static str) -> Origin {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let requests = Arc::new(Mutex::new(Vec::new()));

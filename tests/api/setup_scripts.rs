@@ -1,12 +1,14 @@
 //! Repository setup scripts: `.agentry.toml` on the base branch names commands that run
 //! in each new worktree (and before it is archived), with their progress on the team
-//! stream and their outcome on the workspace.
+//! stream and their outcome on the workspace. Under the `proxy` network mode they reach
+//! the network through an egress endpoint of their own run, and a refusal is recorded.
 
 use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::attack_egress::origin;
 use crate::helpers::*;
 
 /// A repository whose `main` commits `.agentry.toml` with `toml`.
@@ -194,6 +196,11 @@ setup = [["sh", "-c", "echo started; sleep 3737 & sleep 3737"]]
         "no `sleep 3737` is left: {}",
         String::from_utf8_lossy(&left.stdout)
     );
+    assert_eq!(
+        endpoints(&app),
+        Vec::<std::ffi::OsString>::new(),
+        "the run's egress endpoint went with it"
+    );
 }
 
 #[tokio::test]
@@ -285,4 +292,183 @@ async fn a_setup_interrupted_by_a_restart_is_failed_at_the_next_start() {
         ))
         .await;
     assert_eq!(other["setup_status"], "running", "not this replica's run");
+}
+
+// ---- the network, under the `proxy` mode --------------------------------------------
+
+/// Settings where sandboxes reach the network only through the egress proxy, `allow` are
+/// the server's entries, and the network probe is readable inside.
+fn proxy_mode(s: &mut agentry::config::Settings, allow: Vec<String>) {
+    s.sandbox.network = agentry::config::SandboxNetwork::Proxy;
+    s.egress.allow = allow;
+    s.sandbox
+        .extra_read_only
+        .push(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support"));
+}
+
+/// `python3 tests/support/net_probe.py <args>` as a TOML argv.
+fn probe(args: &[&str]) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/net_probe.py");
+    let mut argv = vec!["python3".to_owned(), script.display().to_string()];
+    argv.extend(args.iter().map(|a| (*a).to_owned()));
+    serde_json::to_string(&argv).unwrap()
+}
+
+/// What each probe printed, in order (the output's lines that are JSON).
+fn probe_reports(output: &str) -> Vec<Value> {
+    output
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .collect()
+}
+
+/// The egress endpoints open under the server's data dir.
+fn endpoints(app: &TestApp) -> Vec<std::ffi::OsString> {
+    match std::fs::read_dir(app.data_dir.path().join("egress")) {
+        Ok(dir) => dir.map(|e| e.unwrap().file_name()).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[tokio::test]
+async fn under_the_proxy_mode_setup_reaches_what_the_server_allows() {
+    let allowed = origin("hello from setup").await;
+    let port = allowed.port;
+    // A loopback address is internal: only an exact entry of the server's reaches it.
+    let app = spawn_app_with(|s| proxy_mode(s, vec![format!("127.0.0.1:{port}")])).await;
+    let repo = repo_with(&format!(
+        "[worktree]\nsetup = [{}, {}]\n",
+        probe(&["http", &format!("http://127.0.0.1:{port}/proxied")]),
+        probe(&["get", &format!("http://127.0.0.1:{port}/forwarded")]),
+    ));
+    let ws = workspace(&app, repo.path()).await;
+    let output = ws["setup_output"].as_str().unwrap();
+    assert_eq!(ws["setup_status"], "succeeded", "{output}");
+    // Through the proxy named in the commands' environment, then through the loopback
+    // forward of the server's entry.
+    assert_eq!(
+        probe_reports(output),
+        [
+            json!([200, "hello from setup"]),
+            json!([200, "hello from setup"])
+        ],
+        "{output}"
+    );
+    let requests = allowed.requests.lock().await.clone();
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    assert!(requests[0].starts_with("GET /proxied HTTP/1.1\r\n"));
+    assert!(requests[1].starts_with("GET /forwarded HTTP/1.1\r\n"));
+    assert!(!output.contains("network_denied"), "{output}");
+    assert_eq!(
+        endpoints(&app),
+        Vec::<std::ffi::OsString>::new(),
+        "the run's egress endpoint is closed and its directory removed"
+    );
+}
+
+#[tokio::test]
+async fn a_setup_commands_refused_connections_are_recorded_with_its_outcome() {
+    let app = spawn_app_with(|s| proxy_mode(s, Vec::new())).await;
+    // The team's owners add a host (a name that never resolves: past the list, the proxy
+    // answers that it does not resolve where it would answer 403).
+    let team = app.get_ok("/v1/me").await["teams"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    app.put_ok(
+        &format!("/v1/teams/{team}/network"),
+        json!({"allow": ["team-host.invalid"]}),
+    )
+    .await;
+    let repo = repo_with(&format!(
+        "[worktree]\nsetup = [{}, {}, {}, [\"false\"]]\nteardown = [{}]\n",
+        probe(&["http", "http://blocked.example.com/steal"]),
+        // A provider's host is not on the commands' list: no provider runs them.
+        probe(&["connect", "api.anthropic.com", "443"]),
+        probe(&["http", "http://team-host.invalid/"]),
+        probe(&["http", "http://teardown.example.com/"]),
+    ));
+    let mut stream = team_stream(&app).await;
+    let ws = workspace(&app, repo.path()).await;
+    let output = ws["setup_output"].as_str().unwrap();
+    assert_eq!(ws["setup_status"], "failed", "{output}");
+    let reports = probe_reports(output);
+    assert_eq!(reports.len(), 3, "{output}");
+    assert_eq!(reports[0][0], 403, "{output}");
+    assert!(
+        reports[0][1].as_str().unwrap().contains("not_allowed"),
+        "{output}"
+    );
+    assert_eq!(reports[1][0], 403, "{output}");
+    assert_eq!(reports[2][0], 502, "{output}");
+    assert!(
+        reports[2][1].as_str().unwrap().contains("does not resolve"),
+        "{output}"
+    );
+    // Each refusal is in the output kept on the workspace…
+    for line in [
+        "[agentry] network_denied: blocked.example.com:80 (not_allowed)\n",
+        "[agentry] network_denied: api.anthropic.com:443 (not_allowed)\n",
+    ] {
+        assert!(output.contains(line), "{line:?} in {output}");
+    }
+    assert_eq!(output.matches("network_denied").count(), 2, "{output}");
+    // …and a `network_denied` event on the team stream, before the setup's last event.
+    let mut denied = Vec::new();
+    loop {
+        let e = stream
+            .next(Duration::from_secs(15))
+            .await
+            .expect("setup progress");
+        match e.event.as_str() {
+            "network_denied" => denied.push(e.data["data"].clone()),
+            "workspace_setup" if e.data["data"]["status"] != "running" => break,
+            _ => {}
+        }
+    }
+    let refused = |host: &str, port: u16| {
+        json!({"workspace_id": ws["id"], "phase": "setup", "host": host, "port": port,
+            "reason": "not_allowed"})
+    };
+    assert_eq!(
+        denied,
+        [
+            refused("blocked.example.com", 80),
+            refused("api.anthropic.com", 443)
+        ]
+    );
+    assert_eq!(
+        endpoints(&app),
+        Vec::<std::ffi::OsString>::new(),
+        "a failed run's endpoint is closed too"
+    );
+
+    // Teardown's run has an endpoint of its own, and says its phase.
+    let id = ws["id"].as_str().unwrap();
+    app.post_ok(&format!("/v1/workspaces/{id}/archive"), json!({}), 200)
+        .await;
+    let events = stream
+        .until("workspace_archived", Duration::from_secs(15))
+        .await;
+    let denied: Vec<&Value> = events
+        .iter()
+        .filter(|e| e.event == "network_denied")
+        .map(|e| &e.data["data"])
+        .collect();
+    assert_eq!(
+        denied,
+        [&json!({"workspace_id": ws["id"], "phase": "teardown",
+            "host": "teardown.example.com", "port": 80, "reason": "not_allowed"})]
+    );
+    let output = events
+        .iter()
+        .rfind(|e| e.event == "workspace_teardown")
+        .map(|e| e.data["data"]["output"].as_str().unwrap().to_owned())
+        .unwrap();
+    assert!(
+        output.contains("[agentry] network_denied: teardown.example.com:80 (not_allowed)\n"),
+        "{output}"
+    );
+    assert_eq!(endpoints(&app), Vec::<std::ffi::OsString>::new());
 }
