@@ -375,6 +375,7 @@ async fn run(
                 wraps: None,
                 serves: None,
                 private_files: Vec::new(),
+                ignores_term: false,
             };
             // The repository's commands run in the sandbox an agent of the workspace gets.
             let spec = match &sandbox {
@@ -421,12 +422,9 @@ async fn run(
 }
 
 /// One command to its end: `Err` says why it counts as failed.
-/// The program a command names, also once wrapped in a sandbox (whose argv ends with it).
+/// The program a command names, also once wrapped in a sandbox.
 fn shown_program(spec: &CommandSpec) -> &str {
-    match spec.args.iter().position(|a| a == "--default-signal=TERM") {
-        Some(i) if spec.program == "env" => spec.args.get(i + 1).map_or(&spec.program, |p| p),
-        _ => &spec.program,
-    }
+    spec.wraps.as_deref().unwrap_or(&spec.program)
 }
 
 async fn run_one(
