@@ -404,8 +404,13 @@ impl Sandbox {
         a.path(worktree);
         // bwrap starts with TERM ignored (`ignores_term` below), so the ledger's TERM to
         // the group reaches the CLI, which can save its session; the CLI gets TERM's
-        // default back.
-        a.flag(&["--", "env", "--default-signal=TERM"]);
+        // default back: from `env`, or from the bridge when it runs first (it handles
+        // TERM itself, and a handled signal is back to its default in what it starts),
+        // which saves a process start per agent.
+        a.flag(&["--"]);
+        if plan.argv_prefix.is_empty() {
+            a.flag(&["env", "--default-signal=TERM"]);
+        }
         a.0.extend(plan.argv_prefix.iter().cloned());
         a.0.push(spec.program.clone());
         a.0.extend(spec.args.iter().cloned());
