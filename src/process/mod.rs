@@ -23,7 +23,7 @@ use uuid::Uuid;
 
 use crate::domain::{AgentId, Redactor, SecretEnv};
 use crate::store::processes as store;
-use limits::{ChildCgroup, LimitHit, LimitHost, LimitWatch, Prepared, ResourceLimits};
+use limits::{ChildCgroup, ChildSetup, LimitHit, LimitHost, LimitWatch, Prepared, ResourceLimits};
 
 pub use crate::store::processes::LedgerRow;
 pub use executable::{find_executable, find_executable_in, is_executable};
@@ -83,6 +83,10 @@ pub struct CommandSpec {
     /// starts: (name, contents). An argument `TMPDIR_ARG/<name>` names one. For what must
     /// not be on a command line, which every local user can read (`/proc/<pid>/cmdline`).
     pub private_files: Vec<(String, crate::domain::SecretValue)>,
+    /// The process starts with TERM ignored: a launcher (the sandbox's `bwrap`) that
+    /// must outlive the ledger's TERM to its group, so that the TERM reaches the program
+    /// it runs (which restores TERM's default for itself).
+    pub ignores_term: bool,
 }
 
 /// The argument that names private file `name` of a `CommandSpec`.
@@ -467,12 +471,19 @@ fn spawn_in(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    if let Some(prepared) = limits {
-        let setup = prepared.setup();
+    let setup = limits.map(Prepared::setup);
+    let ignores_term = spec.ignores_term;
+    if setup.is_some() || ignores_term {
         // SAFETY: `apply` makes only async-signal-safe calls (open, write, close,
-        // setrlimit) on data prepared before the fork, and allocates nothing.
+        // setrlimit) on data prepared before the fork, and allocates nothing; so does
+        // `signal`.
         unsafe {
-            command.pre_exec(move || setup.apply());
+            command.pre_exec(move || {
+                if ignores_term && libc::signal(libc::SIGTERM, libc::SIG_IGN) == libc::SIG_ERR {
+                    return Err(io::Error::last_os_error());
+                }
+                setup.as_ref().map_or(Ok(()), ChildSetup::apply)
+            });
         }
     }
     let mut child = command.spawn().map_err(spawn_error)?;
@@ -1171,6 +1182,7 @@ mod tests {
             wraps: None,
             serves: None,
             private_files: Vec::new(),
+            ignores_term: false,
         }
     }
 

@@ -570,6 +570,7 @@ impl CliConfig {
             wraps: None,
             serves: None,
             private_files: Vec::new(),
+            ignores_term: false,
         })
     }
 

@@ -403,21 +403,22 @@ impl Sandbox {
         a.flag(&["--remount-ro", "/tmp", "--remount-ro", "/"]);
         a.flag(&["--chdir"]);
         a.path(worktree);
-        // bwrap ignores TERM (see `program` below), so the ledger's TERM to the group
-        // reaches the CLI, which can save its session; the CLI gets TERM's default back.
-        a.flag(&["--", "env", "--default-signal=TERM"]);
+        // bwrap starts with TERM ignored (`ignores_term` below), so the ledger's TERM to
+        // the group reaches the CLI, which can save its session; the CLI gets TERM's
+        // default back: from `env`, or from the bridge when it runs first (it handles
+        // TERM itself, and a handled signal is back to its default in what it starts),
+        // which saves a process start per agent.
+        a.flag(&["--"]);
+        if plan.argv_prefix.is_empty() {
+            a.flag(&["env", "--default-signal=TERM"]);
+        }
         a.0.extend(plan.argv_prefix.iter().cloned());
         a.0.push(spec.program.clone());
         a.0.extend(spec.args.iter().cloned());
 
-        let mut args = vec![
-            "--ignore-signal=TERM".to_owned(),
-            bwrap.display().to_string(),
-        ];
-        args.extend(a.0);
         Ok(CommandSpec {
-            program: "env".to_owned(),
-            args,
+            program: bwrap.display().to_string(),
+            args: a.0,
             cwd: spec.cwd,
             env,
             pass_env: spec.pass_env,
@@ -425,6 +426,7 @@ impl Sandbox {
             serves: spec.serves,
             secret_env: spec.secret_env,
             private_files: spec.private_files,
+            ignores_term: true,
         })
     }
 
@@ -626,6 +628,7 @@ mod tests {
             wraps: None,
             serves: None,
             private_files: Vec::new(),
+            ignores_term: false,
         };
         let view = AgentView {
             agent: None,
@@ -634,9 +637,9 @@ mod tests {
             network: None,
         };
         let wrapped = sandbox.wrap(spec, &view).unwrap();
-        assert_eq!(
-            wrapped.program, "env",
-            "the program runs through the sandbox"
+        assert!(
+            wrapped.program.ends_with("bwrap") && wrapped.ignores_term,
+            "the program runs through the sandbox, whose launcher ignores TERM: {wrapped:?}"
         );
         assert_eq!(wrapped.wraps.as_deref(), Some("python3"));
         let mut child = crate::process::spawn(&wrapped).unwrap();

@@ -394,6 +394,7 @@ async fn run(
                 wraps: None,
                 serves: None,
                 private_files: Vec::new(),
+                ignores_term: false,
             };
             // The repository's commands run in the sandbox an agent of the workspace gets.
             let spec = match &sandbox {

@@ -557,6 +557,29 @@ async fn the_bridge_passes_term_on_and_ends_as_its_cli_ended() {
         .expect("the bridge ends")
         .unwrap();
     assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+
+    // Started with TERM ignored, as bwrap starts it in a sandbox: it still hears TERM,
+    // and the CLI it starts has TERM's default back (the sandbox runs no `env` to
+    // restore it when the bridge runs first).
+    let ready = dir.path().join("ready-3");
+    let script = format!("touch {}; exec sleep 30", ready.display());
+    let mut command = bridge(&["sh", "-c", &script]);
+    // SAFETY: `signal` is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            libc::signal(libc::SIGTERM, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().unwrap();
+    until_exists(&ready).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    unsafe { libc::kill(child.id().unwrap() as i32, libc::SIGTERM) };
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("the bridge ends: the CLI under it died of TERM")
+        .unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
 }
 
 // ---- the proxy network mode, end to end -------------------------------------------------

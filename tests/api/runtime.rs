@@ -113,6 +113,7 @@ impl Provider for FakeProvider {
                 wraps: None,
                 serves: None,
                 private_files: Vec::new(),
+                ignores_term: false,
             })
             .await?;
         let pid = child.pid();

@@ -545,6 +545,7 @@ pub(super) async fn start_session(
             wraps: None,
             serves: None,
             private_files: Vec::new(),
+            ignores_term: false,
         })
         .await?;
     let pid = child.pid();
