@@ -1160,7 +1160,8 @@ pub async fn prompt(
     if may_queue && !body.interrupt && queue::waiting(ctx, id).await? > 0 {
         return queued(WaitReason::AgentBusy).await;
     }
-    match queue::admit(ctx, team, start_now(ctx, principal, id, &body)).await {
+    let open = open_now(ctx, principal, id);
+    match queue::admit(ctx, team, open, start_now(ctx, principal, id, &body)).await {
         Ok(Admission::Started((team, turn_id))) => {
             audit_prompt(ctx, principal, team, id, turn_id, cmid).await?;
             Ok(TurnAccepted {
@@ -1224,6 +1225,46 @@ pub(crate) async fn start_now(
             return Ok((team, turn_id));
         }
     }
+    let (team, agent_ctx) = launch_context(ctx, principal, id).await?;
+    let turn_id = ctx
+        .agents
+        .prompt(
+            &agent_ctx,
+            body.text.clone(),
+            body.client_message_id.clone(),
+        )
+        .await?;
+    Ok((team, turn_id))
+}
+
+/// Open agent `id`'s session here when no actor runs it here: the slow part of a prompt
+/// to a closed agent (its `agent.open.before` hooks, its process, the CLI's start), done
+/// before the turn's admission so that the admission holds its lock and its connection
+/// only while the turn itself starts (`start_now` then finds the agent live). A no-op for
+/// an agent live here; `start_now` checks the rest.
+#[tracing::instrument(name = "services::agents::open_now", skip_all, fields(agent_id = %id))]
+pub(crate) async fn open_now(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: AgentId,
+) -> ServiceResult<()> {
+    principal.authorize(Operation::DriveAgents)?;
+    if ctx.agents.live_team(id).is_some() {
+        return Ok(());
+    }
+    let (_, agent_ctx) = launch_context(ctx, principal, id).await?;
+    ctx.agents.open(&agent_ctx).await?;
+    Ok(())
+}
+
+/// What (re)opening agent `id` takes, once the caller may drive it and it may run: its
+/// team's secrets as they are now, what `agent.open.before` hooks add for this launch,
+/// its MCP servers and its egress allow list. The agent's team and that context.
+async fn launch_context(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: AgentId,
+) -> ServiceResult<(uuid::Uuid, AgentContext)> {
     let row = load_to_drive(ctx, principal, id).await?;
     check_team_sandbox(ctx, row.team_id).await?;
     if row.archived_at.is_some() {
@@ -1262,15 +1303,7 @@ pub(crate) async fn start_now(
     // Also for an agent live at the check: its actor may be stopping, and the fresh one
     // that takes the prompt then opens its endpoint with this list.
     agent_ctx.egress_allow = egress_allow(ctx, &row, agent_ctx.agentry_token.is_some()).await?;
-    let turn_id = ctx
-        .agents
-        .prompt(
-            &agent_ctx,
-            body.text.clone(),
-            body.client_message_id.clone(),
-        )
-        .await?;
-    Ok((row.team_id, turn_id))
+    Ok((row.team_id, agent_ctx))
 }
 
 /// A prompt started a turn: audit it.
