@@ -828,17 +828,71 @@ pub async fn create(
     // Start the session (and the first prompt, queued behind it). A provider that fails to
     // start leaves the agent in `error` with the reason in its timeline; a first turn the
     // store was too slow to confirm ends failed in the timeline. Either way the agent is
-    // created, and answering otherwise would invite a duplicate.
-    match ctx.agents.start(&agent_ctx, body.prompt.clone()).await {
-        Ok(_)
-        | Err(
-            RuntimeError::StartFailed(_)
-            | RuntimeError::ActorGone
-            | RuntimeError::Events(crate::events::WriteError::Unavailable),
-        ) => {}
+    // created, and answering otherwise would invite a duplicate. Under the running-turn
+    // limits the first prompt is admitted as any other: it starts a turn once the session
+    // is open, or waits in the queue.
+    let limited = super::queue::limited(ctx);
+    let first = body.prompt.clone().filter(|_| !limited);
+    match ctx.agents.start(&agent_ctx, first).await {
+        Ok(_) => {}
+        Err(e) if created_anyway(&e) => {}
         Err(e) => return Err(e.into()),
     }
+    if limited && let Some(text) = &body.prompt {
+        first_prompt(ctx, principal, (id, workspace.team_id), &agent_ctx, text).await?;
+        // Shown `queued` while the prompt waits.
+        let mut agent = reload(ctx, id).await?;
+        agent.queue = super::queue::agent_queue(ctx, id).await?;
+        show_queued(&mut agent);
+        return Ok(agent);
+    }
     reload(ctx, id).await
+}
+
+/// What a new agent's start may end in and still answer the agent created (see `create`).
+fn created_anyway(e: &RuntimeError) -> bool {
+    matches!(
+        e,
+        RuntimeError::StartFailed(_)
+            | RuntimeError::ActorGone
+            | RuntimeError::Events(crate::events::WriteError::Unavailable)
+    )
+}
+
+/// A new agent's first prompt under the running-turn limits: a turn once its session is
+/// open, or a message waiting for capacity.
+async fn first_prompt(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    (id, team): (AgentId, uuid::Uuid),
+    agent_ctx: &AgentContext,
+    text: &str,
+) -> ServiceResult<()> {
+    use super::queue::{self, Admission, WaitReason};
+    let body = PromptBody {
+        text: text.to_owned(),
+        client_message_id: None,
+        queue: Some(true),
+        interrupt: false,
+    };
+    // The answer shows the agent as it is once its session is open (as without the
+    // limits), whether its prompt then runs or waits.
+    match ctx.agents.open(agent_ctx).await {
+        Ok(()) => {}
+        Err(e) if created_anyway(&e) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    let open = async { Ok(()) };
+    match queue::admit(ctx, team, open, start_now(ctx, principal, id, &body)).await {
+        Ok(Admission::Started(_)) => Ok(()),
+        Err(ServiceError::Runtime(e)) if created_anyway(&e) => Ok(()),
+        Ok(Admission::Full { .. }) => {
+            let reason = WaitReason::Capacity;
+            queue::enqueue(ctx, principal, (id, team), text, None, false, reason).await?;
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The configuration as `agent.create.before` hooks see it: the creation body without

@@ -135,7 +135,7 @@ impl MessageState {
 }
 
 /// The limits are in force (one of them is set).
-fn limited(ctx: &ServiceContext) -> bool {
+pub(crate) fn limited(ctx: &ServiceContext) -> bool {
     ctx.limits.max_running_turns > 0 || ctx.limits.max_running_turns_per_team > 0
 }
 

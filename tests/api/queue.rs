@@ -621,3 +621,55 @@ async fn a_slow_reopen_under_the_limits_holds_up_no_other_turn_start() {
     assert!(body["turn_id"].is_string(), "{body}");
     assert_eq!(app.wait(&closed).await["last_turn"]["outcome"], "completed");
 }
+
+#[tokio::test]
+async fn a_first_prompt_given_at_creation_waits_for_a_running_turn_slot() {
+    let app = spawn_app_with(|s| s.limits.max_running_turns = 1).await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let busy = app.agent_in_new_workspace(&project, "mock").await;
+    let started = send(&app, &busy, json!({"text": "/ask hold?"})).await;
+    assert_eq!(started["queued"], false, "{started}");
+    let w = app.wait(&busy).await;
+    assert_eq!(w["status"], "waiting_permission", "{w}");
+    let request = w["pending_permissions"][0]["request_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // The one slot is taken: the new agent's first prompt waits for it.
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let created = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "mock", "prompt": "hello"}),
+            201,
+        )
+        .await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    assert_eq!(created["status"], "queued", "{created}");
+    assert_eq!(created["queue"]["waiting_for"], "capacity", "{created}");
+    let queue = app.get_ok("/v1/queue").await;
+    assert_eq!(queue["running"], 1, "{queue}");
+    let items = queue["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{queue}");
+    assert_eq!(items[0]["agent_id"], id.as_str(), "{queue}");
+
+    // The slot frees: the first prompt runs.
+    app.post_ok(
+        &format!("/v1/agents/{busy}/permissions/{request}"),
+        json!({"behavior": "allow"}),
+        200,
+    )
+    .await;
+    let events = until_turns(&app, &id, 1).await;
+    assert_eq!(user_texts(&events), ["hello"]);
+    assert!(
+        app.get_ok("/v1/queue").await["items"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+}
