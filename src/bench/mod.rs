@@ -72,6 +72,11 @@ pub struct BenchArgs {
     /// the lock on every turn start without queueing any).
     #[arg(long, default_value = "off", value_parser = parse_turn_limit)]
     pub turn_limit: TurnLimit,
+    /// Run the server under `valgrind --tool=callgrind` and report the instructions it
+    /// executes per event over each load of the `ledger` scenario: a count that other
+    /// load on the machine does not move (valgrind makes the server some 50 times slower).
+    #[arg(long)]
+    pub callgrind: bool,
 }
 
 /// The running-turn limit a bench server runs with (`--turn-limit`).

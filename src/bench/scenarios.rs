@@ -1064,6 +1064,62 @@ struct LedgerRound {
     /// PostgreSQL, not the mock agents), which other load on the machine barely moves.
     server_cpu: Duration,
     stolen_share: f64,
+    /// The instructions the server executed over the load (`--callgrind`).
+    instructions: Option<u64>,
+    /// What PostgreSQL did for the server's database over the load.
+    pg: PgWork,
+}
+
+/// PostgreSQL's counters for one database (`pg_stat_database`), or their difference over a
+/// load: work counted in statements and rows, whatever the machine's load.
+#[derive(Debug, Clone, Copy, Default)]
+struct PgWork {
+    commits: i64,
+    rows_written: i64,
+    rows_read: i64,
+    buffers: i64,
+}
+
+impl PgWork {
+    /// Read once every backend has reported: one reports what it did when it goes idle, at
+    /// most once a second, and within 10 s of its last report.
+    async fn read(pool: &sqlx::PgPool) -> anyhow::Result<Self> {
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        let (commits, rows_written, rows_read, buffers): (i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted, tup_fetched,
+                    blks_hit + blks_read
+               FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .fetch_one(pool)
+        .await?;
+        Ok(Self {
+            commits,
+            rows_written,
+            rows_read,
+            buffers,
+        })
+    }
+
+    fn since(self, before: Self) -> Self {
+        Self {
+            commits: self.commits - before.commits,
+            rows_written: self.rows_written - before.rows_written,
+            rows_read: self.rows_read - before.rows_read,
+            buffers: self.buffers - before.buffers,
+        }
+    }
+
+    /// Per 1,000 events.
+    fn line(self, events: u64) -> String {
+        let k = events.max(1) as f64 / 1000.0;
+        format!(
+            "{:.1} commits, {:.0} rows written, {:.0} rows read, {:.0} buffers per 1,000 events",
+            self.commits as f64 / k,
+            self.rows_written as f64 / k,
+            self.rows_read as f64 / k,
+            self.buffers as f64 / k
+        )
+    }
 }
 
 async fn ledger_round(
@@ -1115,6 +1171,10 @@ async fn ledger_round(
         }
     };
     let before = last_seqs(&ids).await?;
+    let pg0 = PgWork::read(&server.pool).await?;
+    if args.callgrind {
+        server.zero_instructions()?;
+    }
     let cpu0 = super::server::machine_cpu();
     let server_cpu0 = super::server::process_cpu(server.pid());
     let started = Instant::now();
@@ -1143,10 +1203,15 @@ async fn ledger_round(
     let seconds = started.elapsed().as_secs_f64();
     let cpu1 = super::server::machine_cpu();
     let server_cpu = super::server::process_cpu(server.pid()).saturating_sub(server_cpu0);
+    let instructions = match args.callgrind {
+        true => Some(server.instructions()?),
+        false => None,
+    };
     for r in runs {
         r?;
     }
     let after = last_seqs(&ids).await?;
+    let pg = PgWork::read(&server.pool).await?.since(pg0);
     if on {
         let usage = api.get_ok("/v1/usage").await?;
         let recorded = usage["totals"]["turns"].as_u64().unwrap_or(0);
@@ -1168,6 +1233,8 @@ async fn ledger_round(
         seconds,
         server_cpu,
         stolen_share,
+        instructions,
+        pg,
     })
 }
 
@@ -1185,6 +1252,7 @@ pub async fn ledger(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     );
     let mut rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     let mut costs: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut instructions: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     let mut figures = Vec::new();
     for round in 1..=ROUNDS {
         for (i, on) in [false, true].into_iter().enumerate() {
@@ -1209,6 +1277,26 @@ pub async fn ledger(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
                     r.stolen_share * 100.0
                 ),
             ));
+            println!("    PostgreSQL: {}", r.pg.line(r.events));
+            figures.push(Figure::info(
+                S,
+                format!("round {round}, ledger {label}: PostgreSQL"),
+                r.pg.line(r.events),
+            ));
+            if let Some(n) = r.instructions {
+                let per_event = n as f64 / r.events.max(1) as f64;
+                println!(
+                    "    server instructions (callgrind): {} = {} per event",
+                    thousands(n as f64),
+                    thousands(per_event)
+                );
+                figures.push(Figure::info(
+                    S,
+                    format!("round {round}, ledger {label}: server instructions per event"),
+                    thousands(per_event),
+                ));
+                instructions[i].push(per_event);
+            }
             rates[i].push(rate);
             costs[i].push(cpu_us);
         }
@@ -1220,6 +1308,19 @@ pub async fn ledger(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
         "ledger on against off: server CPU per event (mean)",
         format!("{:+.1} %", (on - off) / off * 100.0),
     ));
+    if args.callgrind {
+        let (off, on) = (mean(&instructions[0]), mean(&instructions[1]));
+        figures.push(Figure::info(
+            S,
+            "ledger on against off: server instructions per event (mean)",
+            format!(
+                "{} against {} ({:+.1} %)",
+                thousands(on),
+                thousands(off),
+                (on - off) / off * 100.0
+            ),
+        ));
+    }
     let (off, on) = (mean(&rates[0]), mean(&rates[1]));
     figures.push(Figure::info(
         S,

@@ -39,6 +39,8 @@ pub struct ServerProcess {
     pub pool: PgPool,
     cluster_dir: Option<PathBuf>,
     keep: bool,
+    /// Callgrind's output file, when the server runs under it (`--callgrind`).
+    callgrind: Option<PathBuf>,
 }
 
 /// Memory of one process, in KiB, from `/proc/<pid>/status`.
@@ -79,7 +81,19 @@ impl ServerProcess {
         };
         let log = std::fs::File::create(dir.join("server.log"))?;
         let exe = std::env::current_exe().context("cannot find the agentry executable")?;
-        let mut serve = Command::new(exe);
+        // Under callgrind, instructions are counted from when the bench zeroes them; its
+        // mock agents (child processes) run natively.
+        let callgrind = args.callgrind.then(|| dir.join("callgrind.out"));
+        let mut serve = match &callgrind {
+            Some(out) => {
+                let mut c = Command::new("valgrind");
+                c.arg("--tool=callgrind")
+                    .arg(format!("--callgrind-out-file={}", out.display()))
+                    .arg(&exe);
+                c
+            }
+            None => Command::new(exe),
+        };
         // A load is one client opening up to thousands of agents and streams with one
         // token: the per-caller and per-team bounds are lifted (unless the environment
         // sets them, to measure them).
@@ -120,6 +134,7 @@ impl ServerProcess {
         let mut starting = Starting {
             child: Some(child),
             dir,
+            slow: callgrind.is_some(),
         };
         starting.wait_ready(&base).await?;
         let token = std::fs::read_to_string(data_dir.join("admin-token"))
@@ -158,7 +173,64 @@ impl ServerProcess {
             pool,
             cluster_dir,
             keep,
+            callgrind,
         })
+    }
+
+    /// Under `--callgrind`: count the server's instructions from zero.
+    pub fn zero_instructions(&self) -> anyhow::Result<()> {
+        self.callgrind_control("-z")?;
+        Ok(())
+    }
+
+    /// Under `--callgrind`: the instructions the server executed since
+    /// `zero_instructions` (callgrind's `totals` of the dump this asks for).
+    pub fn instructions(&self) -> anyhow::Result<u64> {
+        let out = self.callgrind_control("-d")?;
+        let name = out
+            .file_name()
+            .and_then(|n| n.to_str())
+            .context("callgrind's output file")?
+            .to_owned();
+        let dir = out.parent().context("callgrind's output directory")?;
+        // Each dump is `<out>.<n>`: the highest is this one.
+        let dump = std::fs::read_dir(dir)?
+            .flatten()
+            .filter_map(|e| {
+                let n = e
+                    .file_name()
+                    .to_str()?
+                    .strip_prefix(&format!("{name}."))?
+                    .parse::<u32>()
+                    .ok()?;
+                Some((n, e.path()))
+            })
+            .max()
+            .context("callgrind wrote no dump")?
+            .1;
+        let text = std::fs::read_to_string(&dump)?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("totals:"))
+            .and_then(|t| t.split_whitespace().next()?.parse().ok())
+            .with_context(|| format!("no `totals:` line in {}", dump.display()))
+    }
+
+    fn callgrind_control(&self, command: &str) -> anyhow::Result<PathBuf> {
+        let out = self
+            .callgrind
+            .clone()
+            .context("the server does not run under callgrind (--callgrind)")?;
+        let status = Command::new("callgrind_control")
+            .arg(command)
+            .arg(self.pid().to_string())
+            .stdout(Stdio::null())
+            .status()
+            .context("cannot run callgrind_control")?;
+        anyhow::ensure!(
+            status.success(),
+            "callgrind_control {command} failed: {status}"
+        );
+        Ok(out)
     }
 
     pub fn pid(&self) -> u32 {
@@ -183,7 +255,9 @@ impl ServerProcess {
     /// remove what the run created.
     pub async fn stop(mut self) -> anyhow::Result<()> {
         self.pool.close().await;
-        let status = terminate(&mut self.child, Duration::from_secs(60)).await?;
+        // Under callgrind the server stops (and writes its counts) far more slowly.
+        let grace = if self.callgrind.is_some() { 300 } else { 60 };
+        let status = terminate(&mut self.child, Duration::from_secs(grace)).await?;
         anyhow::ensure!(
             status.success(),
             "the server exited with {status}; log: {}",
@@ -224,12 +298,15 @@ impl Drop for ServerProcess {
 struct Starting {
     child: Option<Child>,
     dir: PathBuf,
+    /// Under callgrind: the server takes minutes, not seconds, to be ready.
+    slow: bool,
 }
 
 impl Starting {
     async fn wait_ready(&mut self, base: &str) -> anyhow::Result<()> {
         let client = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(90);
+        let wait = Duration::from_secs(if self.slow { 600 } else { 90 });
+        let deadline = Instant::now() + wait;
         loop {
             let child = self.child.as_mut().expect("owned while starting");
             if let Some(status) = child.try_wait()? {
@@ -245,7 +322,8 @@ impl Starting {
             }
             anyhow::ensure!(
                 Instant::now() < deadline,
-                "`agentry serve` was not ready within 90 s:\n{}",
+                "`agentry serve` was not ready within {} s:\n{}",
+                wait.as_secs(),
                 log_tail(&self.dir)
             );
             tokio::time::sleep(Duration::from_millis(100)).await;

@@ -224,6 +224,9 @@ impl Actor {
                 Command::Prompt { reply, .. } => {
                     let _ = reply.send(Err(RuntimeError::ActorGone));
                 }
+                Command::Ready { reply } => {
+                    let _ = reply.send(Err(RuntimeError::ActorGone));
+                }
                 cmd => self.reject(cmd, "the agent was closed"),
             }
         }
@@ -240,6 +243,9 @@ impl Actor {
     fn reject(&self, cmd: Command, why: &str) {
         match cmd {
             Command::Prompt { reply, .. } => {
+                let _ = reply.send(Err(RuntimeError::StartFailed(why.to_owned())));
+            }
+            Command::Ready { reply } => {
                 let _ = reply.send(Err(RuntimeError::StartFailed(why.to_owned())));
             }
             Command::Interrupt { reply } | Command::Close { reply, .. } => {
@@ -536,6 +542,9 @@ impl Actor {
             Command::Interrupt { reply } => {
                 self.interrupt().await;
                 let _ = reply.send(());
+            }
+            Command::Ready { reply } => {
+                let _ = reply.send(Ok(()));
             }
             Command::SetMode { mode, reply } => {
                 let mut held = Vec::new();

@@ -141,6 +141,10 @@ pub(crate) enum Command {
     Interrupt {
         reply: oneshot::Sender<()>,
     },
+    /// Answered once the agent's session is open (or with why it did not open).
+    Ready {
+        reply: oneshot::Sender<Result<(), RuntimeError>>,
+    },
     SetMode {
         mode: String,
         reply: oneshot::Sender<Result<(), RuntimeError>>,
@@ -741,6 +745,22 @@ impl AgentManager {
             })
             .await
             {
+                Err(RuntimeError::ActorGone) | Ok(Err(RuntimeError::ActorGone)) => continue,
+                other => return other?,
+            }
+        }
+        Err(RuntimeError::ActorGone)
+    }
+
+    /// Open agent `ctx.id`'s session here, unless an actor already runs it: returns once the
+    /// session is ready for a prompt, or with why it did not open. What a prompt to a
+    /// closed agent waits for before its turn can start (its process, the CLI's start),
+    /// done apart from it.
+    pub async fn open(&self, ctx: &AgentContext) -> Result<(), RuntimeError> {
+        for _ in 0..2 {
+            let epoch = self.lease(ctx.id).await?;
+            let handle = self.actor(ctx, epoch)?;
+            match send(&handle, |reply| Command::Ready { reply }).await {
                 Err(RuntimeError::ActorGone) | Ok(Err(RuntimeError::ActorGone)) => continue,
                 other => return other?,
             }

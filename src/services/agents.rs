@@ -828,17 +828,71 @@ pub async fn create(
     // Start the session (and the first prompt, queued behind it). A provider that fails to
     // start leaves the agent in `error` with the reason in its timeline; a first turn the
     // store was too slow to confirm ends failed in the timeline. Either way the agent is
-    // created, and answering otherwise would invite a duplicate.
-    match ctx.agents.start(&agent_ctx, body.prompt.clone()).await {
-        Ok(_)
-        | Err(
-            RuntimeError::StartFailed(_)
-            | RuntimeError::ActorGone
-            | RuntimeError::Events(crate::events::WriteError::Unavailable),
-        ) => {}
+    // created, and answering otherwise would invite a duplicate. Under the running-turn
+    // limits the first prompt is admitted as any other: it starts a turn once the session
+    // is open, or waits in the queue.
+    let limited = super::queue::limited(ctx);
+    let first = body.prompt.clone().filter(|_| !limited);
+    match ctx.agents.start(&agent_ctx, first).await {
+        Ok(_) => {}
+        Err(e) if created_anyway(&e) => {}
         Err(e) => return Err(e.into()),
     }
+    if limited && let Some(text) = &body.prompt {
+        first_prompt(ctx, principal, (id, workspace.team_id), &agent_ctx, text).await?;
+        // Shown `queued` while the prompt waits.
+        let mut agent = reload(ctx, id).await?;
+        agent.queue = super::queue::agent_queue(ctx, id).await?;
+        show_queued(&mut agent);
+        return Ok(agent);
+    }
     reload(ctx, id).await
+}
+
+/// What a new agent's start may end in and still answer the agent created (see `create`).
+fn created_anyway(e: &RuntimeError) -> bool {
+    matches!(
+        e,
+        RuntimeError::StartFailed(_)
+            | RuntimeError::ActorGone
+            | RuntimeError::Events(crate::events::WriteError::Unavailable)
+    )
+}
+
+/// A new agent's first prompt under the running-turn limits: a turn once its session is
+/// open, or a message waiting for capacity.
+async fn first_prompt(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    (id, team): (AgentId, uuid::Uuid),
+    agent_ctx: &AgentContext,
+    text: &str,
+) -> ServiceResult<()> {
+    use super::queue::{self, Admission, WaitReason};
+    let body = PromptBody {
+        text: text.to_owned(),
+        client_message_id: None,
+        queue: Some(true),
+        interrupt: false,
+    };
+    // The answer shows the agent as it is once its session is open (as without the
+    // limits), whether its prompt then runs or waits.
+    match ctx.agents.open(agent_ctx).await {
+        Ok(()) => {}
+        Err(e) if created_anyway(&e) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    let open = async { Ok(()) };
+    match queue::admit(ctx, team, open, start_now(ctx, principal, id, &body)).await {
+        Ok(Admission::Started(_)) => Ok(()),
+        Err(ServiceError::Runtime(e)) if created_anyway(&e) => Ok(()),
+        Ok(Admission::Full { .. }) => {
+            let reason = WaitReason::Capacity;
+            queue::enqueue(ctx, principal, (id, team), text, None, false, reason).await?;
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The configuration as `agent.create.before` hooks see it: the creation body without
@@ -1160,7 +1214,8 @@ pub async fn prompt(
     if may_queue && !body.interrupt && queue::waiting(ctx, id).await? > 0 {
         return queued(WaitReason::AgentBusy).await;
     }
-    match queue::admit(ctx, team, start_now(ctx, principal, id, &body)).await {
+    let open = open_now(ctx, principal, id);
+    match queue::admit(ctx, team, open, start_now(ctx, principal, id, &body)).await {
         Ok(Admission::Started((team, turn_id))) => {
             audit_prompt(ctx, principal, team, id, turn_id, cmid).await?;
             Ok(TurnAccepted {
@@ -1224,6 +1279,46 @@ pub(crate) async fn start_now(
             return Ok((team, turn_id));
         }
     }
+    let (team, agent_ctx) = launch_context(ctx, principal, id).await?;
+    let turn_id = ctx
+        .agents
+        .prompt(
+            &agent_ctx,
+            body.text.clone(),
+            body.client_message_id.clone(),
+        )
+        .await?;
+    Ok((team, turn_id))
+}
+
+/// Open agent `id`'s session here when no actor runs it here: the slow part of a prompt
+/// to a closed agent (its `agent.open.before` hooks, its process, the CLI's start), done
+/// before the turn's admission so that the admission holds its lock and its connection
+/// only while the turn itself starts (`start_now` then finds the agent live). A no-op for
+/// an agent live here; `start_now` checks the rest.
+#[tracing::instrument(name = "services::agents::open_now", skip_all, fields(agent_id = %id))]
+pub(crate) async fn open_now(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: AgentId,
+) -> ServiceResult<()> {
+    principal.authorize(Operation::DriveAgents)?;
+    if ctx.agents.live_team(id).is_some() {
+        return Ok(());
+    }
+    let (_, agent_ctx) = launch_context(ctx, principal, id).await?;
+    ctx.agents.open(&agent_ctx).await?;
+    Ok(())
+}
+
+/// What (re)opening agent `id` takes, once the caller may drive it and it may run: its
+/// team's secrets as they are now, what `agent.open.before` hooks add for this launch,
+/// its MCP servers and its egress allow list. The agent's team and that context.
+async fn launch_context(
+    ctx: &ServiceContext,
+    principal: &Principal,
+    id: AgentId,
+) -> ServiceResult<(uuid::Uuid, AgentContext)> {
     let row = load_to_drive(ctx, principal, id).await?;
     check_team_sandbox(ctx, row.team_id).await?;
     if row.archived_at.is_some() {
@@ -1262,15 +1357,7 @@ pub(crate) async fn start_now(
     // Also for an agent live at the check: its actor may be stopping, and the fresh one
     // that takes the prompt then opens its endpoint with this list.
     agent_ctx.egress_allow = egress_allow(ctx, &row, agent_ctx.agentry_token.is_some()).await?;
-    let turn_id = ctx
-        .agents
-        .prompt(
-            &agent_ctx,
-            body.text.clone(),
-            body.client_message_id.clone(),
-        )
-        .await?;
-    Ok((row.team_id, turn_id))
+    Ok((row.team_id, agent_ctx))
 }
 
 /// A prompt started a turn: audit it.

@@ -4,7 +4,8 @@
 //! waiting prompts of the agents it runs (and of agents no replica runs) when a turn
 //! ends: an agent's messages in order (steering ones first), and across agents the team
 //! served longest ago first (round-robin), first in first out within a team. Admissions
-//! against the limits are serialized on every replica by one advisory lock.
+//! against the limits are serialized on every replica by one advisory lock, held only
+//! while a turn starts: a closed agent's session is opened before it is taken.
 
 use std::time::Duration;
 
@@ -134,7 +135,7 @@ impl MessageState {
 }
 
 /// The limits are in force (one of them is set).
-fn limited(ctx: &ServiceContext) -> bool {
+pub(crate) fn limited(ctx: &ServiceContext) -> bool {
     ctx.limits.max_running_turns > 0 || ctx.limits.max_running_turns_per_team > 0
 }
 
@@ -165,34 +166,61 @@ pub enum Admission<T> {
 }
 
 /// Start a turn of `team` with `start` when the running-turn limits allow it (and no
-/// prompt waits for capacity before it); serialized with every other admission.
+/// prompt waits for capacity before it); serialized with every other admission. `open`
+/// is the slow part of a start (opening a closed agent's session): when the limits leave
+/// room now, it runs first, holding neither the admission's lock nor a connection, and
+/// `start` (the turn itself) under them.
 #[tracing::instrument(name = "services::queue::admit", skip_all, fields(team_id = %team))]
-pub async fn admit<T, F>(ctx: &ServiceContext, team: Uuid, start: F) -> ServiceResult<Admission<T>>
+pub async fn admit<T, O, F>(
+    ctx: &ServiceContext,
+    team: Uuid,
+    open: O,
+    start: F,
+) -> ServiceResult<Admission<T>>
 where
+    O: std::future::Future<Output = ServiceResult<()>>,
     F: std::future::Future<Output = ServiceResult<T>>,
 {
     if !limited(ctx) {
         return start.await.map(Admission::Started);
     }
+    // A prompt that will wait is told so at once, without opening its agent.
+    let waiting = store::queue::capacity_waiting(&ctx.pool).await?;
+    let running = store::queue::running_turns(&ctx.pool, team).await?;
+    if let Some(full) = room(ctx, waiting, running) {
+        return Ok(full);
+    }
+    open.await?;
     let _turn = ctx.queue.admission.lock().await;
     let mut tx = ctx.pool.pool().begin().await?;
     store::queue::lock_admissions(&mut tx).await?;
-    if store::queue::capacity_waiting(&mut *tx).await? {
-        let limit =
-            over_limit(ctx, (i64::MAX, i64::MAX)).unwrap_or(("limits.max_running_turns", 0));
-        return Ok(Admission::Full {
-            limit: limit.0,
-            value: limit.1,
-        });
-    }
+    let waiting = store::queue::capacity_waiting(&mut *tx).await?;
     let running = store::queue::running_turns(&mut *tx, team).await?;
-    if let Some((limit, value)) = over_limit(ctx, running) {
-        return Ok(Admission::Full { limit, value });
+    if let Some(full) = room(ctx, waiting, running) {
+        return Ok(full);
     }
     let started = start.await?;
     store::queue::served(&mut *tx, team).await?;
     tx.commit().await?;
     Ok(Admission::Started(started))
+}
+
+/// `None` when a new turn may start, given whether prompts wait for capacity and the
+/// turns running (all, its team's); else what stops it.
+fn room<T>(
+    ctx: &ServiceContext,
+    capacity_waiting: bool,
+    running: (i64, i64),
+) -> Option<Admission<T>> {
+    if capacity_waiting {
+        let limit =
+            over_limit(ctx, (i64::MAX, i64::MAX)).unwrap_or(("limits.max_running_turns", 0));
+        return Some(Admission::Full {
+            limit: limit.0,
+            value: limit.1,
+        });
+    }
+    over_limit(ctx, running).map(|(limit, value)| Admission::Full { limit, value })
 }
 
 /// How many messages of agent `id` wait.
@@ -590,6 +618,36 @@ enum Step {
 
 #[tracing::instrument(name = "services::queue::start_head", skip_all, fields(agent_id = %AgentId::from(h.agent_id), message_id = %MessageId::from(h.id)))]
 async fn start_head(ctx: &ServiceContext, h: &HeadRow) -> ServiceResult<Step> {
+    let id = AgentId::from(h.agent_id);
+    if limited(ctx) {
+        let running = store::queue::running_turns(&ctx.pool, h.team_id).await?;
+        if let Some((limit, _)) = over_limit(ctx, running) {
+            return Ok(Step::Full(limit));
+        }
+    }
+    // Its agent's session is opened (when closed) before the admission's lock and the
+    // message's row are taken: only the turn's start is made under them.
+    let Some(m) = store::queue::get(&ctx.pool, h.agent_id, h.id).await? else {
+        return Ok(Step::Skipped);
+    };
+    if m.state != "queued" {
+        return Ok(Step::Skipped);
+    }
+    if let Err(e) = super::agents::open_now(ctx, &sender(&m), id).await {
+        return match e {
+            ServiceError::Runtime(
+                RuntimeError::Busy | RuntimeError::ShuttingDown | RuntimeError::OwnedElsewhere(_),
+            ) => Ok(Step::Skipped),
+            e @ (ServiceError::StoreUnavailable | ServiceError::Store(_)) => Err(e),
+            e => {
+                let mut tx = ctx.pool.pool().begin().await?;
+                if let Some(m) = store::queue::claim(&mut tx, h.id).await? {
+                    fail(ctx, tx, &m, &e.to_string()).await?;
+                }
+                Ok(Step::Skipped)
+            }
+        };
+    }
     let _turn = match limited(ctx) {
         true => Some(ctx.queue.admission.lock().await),
         false => None,
@@ -605,7 +663,6 @@ async fn start_head(ctx: &ServiceContext, h: &HeadRow) -> ServiceResult<Step> {
     let Some(m) = store::queue::claim(&mut tx, h.id).await? else {
         return Ok(Step::Skipped);
     };
-    let id = AgentId::from(m.agent_id);
     let principal = sender(&m);
     let body = super::agents::PromptBody {
         text: m.text.clone(),
@@ -644,19 +701,28 @@ async fn start_head(ctx: &ServiceContext, h: &HeadRow) -> ServiceResult<Step> {
         }
         Err(e @ (ServiceError::StoreUnavailable | ServiceError::Store(_))) => Err(e),
         Err(e) => {
-            let error = e.to_string();
-            store::queue::mark_failed(&mut *tx, m.id, &error).await?;
-            tx.commit().await?;
-            record(
-                ctx,
-                id,
-                EventKind::MessageDequeued,
-                json!({"message_id": MessageId::from(m.id), "state": "failed", "error": error}),
-            )
-            .await?;
+            fail(ctx, tx, &m, &e.to_string()).await?;
             Ok(Step::Skipped)
         }
     }
+}
+
+/// Message `m` (claimed in `tx`) cannot start: it leaves the queue as failed, with why.
+async fn fail(
+    ctx: &ServiceContext,
+    mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    m: &MessageRow,
+    error: &str,
+) -> ServiceResult<()> {
+    store::queue::mark_failed(&mut *tx, m.id, error).await?;
+    tx.commit().await?;
+    record(
+        ctx,
+        AgentId::from(m.agent_id),
+        EventKind::MessageDequeued,
+        json!({"message_id": MessageId::from(m.id), "state": "failed", "error": error}),
+    )
+    .await
 }
 
 /// The dispatcher of this replica: starts waiting messages after every turn's end, when

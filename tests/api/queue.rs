@@ -490,3 +490,186 @@ async fn a_replica_queues_and_cancels_for_an_agent_another_replica_runs() {
         .collect();
     assert_eq!(states, ["started", "canceled"]);
 }
+
+/// A waiting hook that answers (204) only when released: each request it holds is told on
+/// `arrived`.
+struct HeldHook {
+    url: String,
+    arrived: tokio::sync::mpsc::UnboundedReceiver<()>,
+    release: std::sync::Arc<tokio::sync::Notify>,
+}
+
+impl HeldHook {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/open", listener.local_addr().unwrap());
+        let (tx, arrived) = tokio::sync::mpsc::unbounded_channel();
+        let release = std::sync::Arc::new(tokio::sync::Notify::new());
+        let r = release.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let (tx, r) = (tx.clone(), r.clone());
+                tokio::spawn(async move {
+                    use tokio::io::AsyncWriteExt;
+                    if crate::hooks::http::read_request(&mut stream)
+                        .await
+                        .is_none()
+                    {
+                        return;
+                    }
+                    let released = r.notified();
+                    let _ = tx.send(());
+                    released.await;
+                    let _ = stream
+                        .write_all(
+                            b"HTTP/1.1 204 X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                        )
+                        .await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        Self {
+            url,
+            arrived,
+            release,
+        }
+    }
+}
+
+/// Held by a server while it admits a turn against the running-turn limits.
+async fn admission_locks(app: &TestApp) -> i64 {
+    // The key of `pg_advisory_xact_lock(0x6167_656e_7471_7565)`, as `pg_locks` splits it.
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks
+          WHERE locktype = 'advisory' AND classid::bigint = 1634166126
+            AND objid::bigint = 1953592677
+            AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_slow_reopen_under_the_limits_holds_up_no_other_turn_start() {
+    let app = spawn_app_with(|s| {
+        s.limits.max_running_turns = 10;
+        s.hooks.allow_private_networks = true;
+        s.hooks.timeout_s = 120;
+    })
+    .await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let closed = app.agent_in_new_workspace(&project, "mock").await;
+    let live = app.agent_in_new_workspace(&project, "mock").await;
+    app.post_ok(&format!("/v1/agents/{closed}/close"), json!({}), 200)
+        .await;
+    let mut hook = HeldHook::start().await;
+    app.post_ok(
+        "/v1/hooks",
+        json!({"name": "slow-open", "events": ["agent.open.before"], "url": hook.url,
+            "secret": "whsec_test_0123456789"}),
+        201,
+    )
+    .await;
+
+    // A prompt reopens the closed agent; its `agent.open.before` hook holds the reopen.
+    let reopen = tokio::spawn({
+        let (client, url, token) = (
+            app.client.clone(),
+            app.url(&format!("/v1/agents/{closed}/messages")),
+            app.token.clone(),
+        );
+        async move {
+            let res = client
+                .post(url)
+                .bearer_auth(token)
+                .json(&json!({"text": "hello"}))
+                .send()
+                .await
+                .unwrap();
+            (res.status().as_u16(), res.json::<Value>().await.unwrap())
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(60), hook.arrived.recv())
+        .await
+        .expect("the reopen called its hook")
+        .unwrap();
+
+    // Meanwhile nothing holds the admission: another agent's prompt starts its turn now,
+    // not once the reopen is done.
+    assert_eq!(admission_locks(&app).await, 0, "the reopen holds the lock");
+    let started = tokio::time::timeout(
+        Duration::from_secs(30),
+        send(&app, &live, json!({"text": "hello"})),
+    )
+    .await
+    .expect("a turn start waited for another agent's reopen");
+    assert_eq!(started["queued"], false, "{started}");
+    assert!(started["turn_id"].is_string(), "{started}");
+    assert_eq!(app.wait(&live).await["last_turn"]["outcome"], "completed");
+
+    // Released, the reopened agent runs its prompt.
+    hook.release.notify_waiters();
+    let (status, body) = tokio::time::timeout(Duration::from_secs(60), reopen)
+        .await
+        .expect("the reopen's prompt answered")
+        .unwrap();
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["queued"], false, "{body}");
+    assert!(body["turn_id"].is_string(), "{body}");
+    assert_eq!(app.wait(&closed).await["last_turn"]["outcome"], "completed");
+}
+
+#[tokio::test]
+async fn a_first_prompt_given_at_creation_waits_for_a_running_turn_slot() {
+    let app = spawn_app_with(|s| s.limits.max_running_turns = 1).await;
+    let repo = git_repo();
+    let project = app.project(repo.path()).await;
+    let busy = app.agent_in_new_workspace(&project, "mock").await;
+    let started = send(&app, &busy, json!({"text": "/ask hold?"})).await;
+    assert_eq!(started["queued"], false, "{started}");
+    let w = app.wait(&busy).await;
+    assert_eq!(w["status"], "waiting_permission", "{w}");
+    let request = w["pending_permissions"][0]["request_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // The one slot is taken: the new agent's first prompt waits for it.
+    let ws = app
+        .post_ok("/v1/workspaces", json!({"project_id": project["id"]}), 201)
+        .await;
+    let created = app
+        .post_ok(
+            "/v1/agents",
+            json!({"workspace_id": ws["id"], "provider": "mock", "prompt": "hello"}),
+            201,
+        )
+        .await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    assert_eq!(created["status"], "queued", "{created}");
+    assert_eq!(created["queue"]["waiting_for"], "capacity", "{created}");
+    let queue = app.get_ok("/v1/queue").await;
+    assert_eq!(queue["running"], 1, "{queue}");
+    let items = queue["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{queue}");
+    assert_eq!(items[0]["agent_id"], id.as_str(), "{queue}");
+
+    // The slot frees: the first prompt runs.
+    app.post_ok(
+        &format!("/v1/agents/{busy}/permissions/{request}"),
+        json!({"behavior": "allow"}),
+        200,
+    )
+    .await;
+    let events = until_turns(&app, &id, 1).await;
+    assert_eq!(user_texts(&events), ["hello"]);
+    assert!(
+        app.get_ok("/v1/queue").await["items"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+}
