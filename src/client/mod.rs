@@ -169,7 +169,7 @@ pub enum ClientCommand {
         /// Until this day or instant (exclusive); default: now.
         #[arg(long)]
         to: Option<String>,
-        /// One line per `day`, `person`, `provider`, `model` or `project`.
+        /// One line per `day`, `person`, `provider`, `model`, `project` or `parent_agent`.
         #[arg(long)]
         group_by: Option<String>,
         #[command(flatten)]

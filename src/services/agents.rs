@@ -768,8 +768,12 @@ pub async fn create(
         if let Some(caps) = &caps {
             store::usage::set_agent_caps(&mut *tx, id.uuid(), caps).await?;
         }
-        // A team's service token acts for the team: usage is attributed to it.
-        if principal.service_team.is_some() {
+        // A team's service token acts for the team: usage is attributed to it. An agent's
+        // own token is not one: its children's usage goes to whoever the agent acts for
+        // (its creator, or the service token it was created with), naming the parent.
+        if let Some(caller) = &principal.agent {
+            store::usage::inherit_service_token(&mut *tx, id.uuid(), caller.agent_id).await?;
+        } else if principal.service_team.is_some() {
             store::usage::set_agent_service_token(&mut *tx, id.uuid(), principal.token_id).await?;
         }
         let created = store::agents::get(&mut *tx, id.uuid(), None)

@@ -18,7 +18,7 @@ use super::hooks::{self, Subject};
 use super::{ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{Operation, Principal};
 use crate::config::{Price, UsageSettings};
-use crate::domain::{HookEvent, ProjectId, TeamId, TokenId, UserId, WorkspaceId};
+use crate::domain::{AgentId, HookEvent, ProjectId, TeamId, TokenId, UserId, WorkspaceId};
 use crate::metrics::{Counter, Family};
 use crate::providers::Usage;
 use crate::runtime::{EndedTurn, Exhausted, Spend, TurnMeter, TurnSubject};
@@ -108,7 +108,9 @@ pub struct UsageQuery {
     pub from: Option<String>,
     /// Until this instant or day, exclusive; default: now.
     pub to: Option<String>,
-    /// `day`, `person`, `provider`, `model` or `project`: one series entry per value.
+    /// `day`, `person`, `provider`, `model`, `project` or `parent_agent` (the agent that
+    /// created the one that spent; an empty key for agents no agent created): one series
+    /// entry per value.
     pub group_by: Option<String>,
 }
 
@@ -168,7 +170,14 @@ pub struct UsageReport {
     pub groups: Vec<UsageGroup>,
 }
 
-const GROUPS: [&str; 5] = ["day", "person", "provider", "model", "project"];
+const GROUPS: [&str; 6] = [
+    "day",
+    "person",
+    "provider",
+    "model",
+    "project",
+    "parent_agent",
+];
 
 fn instant(field: &'static str, raw: &str) -> ServiceResult<DateTime<Utc>> {
     if let Ok(t) = DateTime::parse_from_rfc3339(raw) {
@@ -253,8 +262,8 @@ pub async fn report(
     })
 }
 
-/// A group's key as the API shows it: people, service tokens and projects by their typed
-/// ids.
+/// A group's key as the API shows it: people, service tokens, projects and parent agents
+/// by their typed ids.
 fn shown_key(group: &str, key: String) -> String {
     if group == "person"
         && let Some(token) = key
@@ -267,6 +276,7 @@ fn shown_key(group: &str, key: String) -> String {
     match (group, parsed) {
         ("person", Ok(u)) => UserId::from(u).to_string(),
         ("project", Ok(u)) => ProjectId::from(u).to_string(),
+        ("parent_agent", Ok(u)) => AgentId::from(u).to_string(),
         _ => key,
     }
 }

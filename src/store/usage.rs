@@ -30,10 +30,11 @@ pub async fn insert_turn(
 ) -> Result<Option<Uuid>, sqlx::Error> {
     sqlx::query_scalar(
         "INSERT INTO usage_ledger (turn_id, team_id, agent_id, workspace_id, project_id, created_by,
-                                   service_token_id, provider, model, input_tokens, output_tokens, cached_input_tokens,
-                                   cost_usd, cost_source, wall_ms, started_at, ended_at)
+                                   service_token_id, parent_agent_id, provider, model, input_tokens,
+                                   output_tokens, cached_input_tokens, cost_usd, cost_source, wall_ms,
+                                   started_at, ended_at)
          SELECT $1, a.team_id, a.id, a.workspace_id, w.project_id, a.created_by, st.token_id,
-                $3, $4, $5, $6, $7, $8, $9, $10, $11, $12
+                a.parent_agent_id, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12
            FROM agents a JOIN workspaces w ON w.id = a.workspace_id
            LEFT JOIN agent_service_tokens st ON st.agent_id = a.id
           WHERE a.id = $2
@@ -114,7 +115,7 @@ pub async fn team_totals(
 }
 
 /// A team's sums over `[from, to)` grouped by `group` (`day`, `person`, `provider`,
-/// `model` or `project`), in key order.
+/// `model`, `project` or `parent_agent`), in key order.
 pub async fn team_groups(
     db: impl PgExecutor<'_>,
     team: Uuid,
@@ -129,6 +130,7 @@ pub async fn team_groups(
                     WHEN 'provider' THEN provider
                     WHEN 'model' THEN model
                     WHEN 'project' THEN project_id::text
+                    WHEN 'parent_agent' THEN parent_agent_id::text
                 END, '') AS key,
                 ",
         sums!(),
@@ -194,6 +196,25 @@ pub async fn put_team_budget(
     .bind(max_tokens)
     .fetch_one(db)
     .await
+}
+
+/// Give `child` the service token its `parent` was created with, if any: an agent's own
+/// token acts for whoever its agent acts for, so a child's spend is theirs too.
+pub async fn inherit_service_token(
+    db: impl PgExecutor<'_>,
+    child: Uuid,
+    parent: Uuid,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO agent_service_tokens (agent_id, token_id)
+         SELECT $1, token_id FROM agent_service_tokens WHERE agent_id = $2
+         ON CONFLICT (agent_id) DO NOTHING",
+    )
+    .bind(child)
+    .bind(parent)
+    .execute(db)
+    .await?;
+    Ok(())
 }
 
 /// Remember that `agent` was created with the service token `token`.

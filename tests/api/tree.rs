@@ -545,3 +545,80 @@ async fn an_mcp_client_with_an_agent_token_creates_a_child_within_the_tree() {
     assert_eq!(prompts.len(), 1, "{audit}");
     assert_eq!(prompts[0]["details"]["on_behalf_of"], w.bob.id.as_str());
 }
+
+/// `group_by`'s keys and input tokens, by key.
+fn groups_of(report: &Value) -> Vec<(String, i64)> {
+    let mut groups: Vec<(String, i64)> = report["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            let key = g["key"].as_str().unwrap().to_owned();
+            (key, g["input_tokens"].as_i64().unwrap())
+        })
+        .collect();
+    groups.sort();
+    groups
+}
+
+#[tokio::test]
+async fn a_childs_spend_is_its_creators_and_names_the_agent_that_made_it() {
+    let app = spawn_app_with(with_exec_agent).await;
+    let w = world(&app).await;
+    let parent = agent_by(&app, &w.bob.api, &w, EXEC_PROVIDER, json!({})).await;
+    let parent = id(&parent).to_owned();
+    let token = token_of(&app, &parent, &w.worktree, "parent-token").await;
+    let child = Caller::new(&app, &token)
+        .ok(
+            Method::POST,
+            "/v1/agents",
+            Some(json!({"workspace_id": w.workspace, "provider": "mock"})),
+            201,
+        )
+        .await;
+    let child = id(&child).to_owned();
+    app.wait(&child).await;
+    app.prompt(&child, "/usage 7 1").await;
+    app.wait(&child).await;
+    let own = agent_by(&app, &w.bob.api, &w, "mock", json!({})).await;
+    app.prompt(id(&own), "/usage 20 2").await;
+    app.wait(id(&own)).await;
+
+    let usage = |group: &str| {
+        let path = format!("/v1/usage?team_id={}&group_by={group}", w.team);
+        let ana = &w.ana.api;
+        async move { ana.ok(Method::GET, &path, None, 200).await }
+    };
+    // Bob answers for what his agent's child spent.
+    let by_person = usage("person").await;
+    assert_eq!(
+        groups_of(&by_person),
+        vec![(w.bob.id.clone(), 27)],
+        "{by_person}"
+    );
+    // The parent is named: the child's turn under its parent, the rest under "".
+    let by_parent = usage("parent_agent").await;
+    assert_eq!(
+        groups_of(&by_parent),
+        vec![(String::new(), 20), (parent.clone(), 7)],
+        "{by_parent}"
+    );
+    let (status, body) = w
+        .ana
+        .api
+        .call(
+            Method::GET,
+            &format!("/v1/usage?team_id={}&group_by=agent_tree", w.team),
+            None,
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("parent_agent")
+            || body.to_string().contains("parent_agent"),
+        "{body}"
+    );
+}
