@@ -1229,6 +1229,132 @@ pub async fn ledger(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     Ok(figures)
 }
 
+/// One load of the `sse` scenario on one framing.
+struct SseLoad {
+    deliveries_per_s: f64,
+    cpu_per_delivery_us: f64,
+    p99_ms: f64,
+    stolen: f64,
+    other: f64,
+}
+
+impl SseLoad {
+    fn of(run: &LoadRun) -> Self {
+        Self {
+            deliveries_per_s: run.deliveries_per_s(),
+            cpu_per_delivery_us: run.server_cpu_per_delivery_us(),
+            p99_ms: run.latency.as_ref().map_or(f64::NAN, |p| p.p99),
+            stolen: run.cpu.stolen,
+            other: run.cpu.other,
+        }
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "{} deliveries/s, {:.2} µs server CPU per delivery, p99 {:.1} ms (stolen {:.1} %, \
+             other processes {:.0} %)",
+            thousands(self.deliveries_per_s),
+            self.cpu_per_delivery_us,
+            self.p99_ms,
+            self.stolen,
+            self.other
+        )
+    }
+}
+
+/// actix-web-lab's `Sse` responder against the hand framing of `api/sse.rs`: the same
+/// two loads — the throughput load with several subscribers per agent, and the latency
+/// load — on a server of each framing (`AGENTRY_BENCH_SSE`), in rounds that alternate
+/// which framing goes first.
+pub async fn sse(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
+    const S: &str = "sse";
+    const ROUNDS: usize = 3;
+    const FRAMINGS: [&str; 2] = ["hand", "lab"];
+    let heavy = LoadPlan {
+        agents: args.agents.unwrap_or(50),
+        events: args.events.unwrap_or(10_000),
+        interval_ms: 0,
+        subscribers: args.subscribers.unwrap_or(3).max(1),
+    };
+    let paced = LoadPlan {
+        agents: 20,
+        events: 5_000,
+        interval_ms: 1,
+        subscribers: 1,
+    };
+    println!(
+        "== sse: hand framing against actix-web-lab's Sse, {ROUNDS} rounds; on each server: \
+         {}; then {}",
+        heavy.describe(),
+        paced.describe()
+    );
+    // [framing][load]
+    let mut loads: [[Vec<SseLoad>; 2]; 2] = Default::default();
+    let mut figures = Vec::new();
+    for round in 1..=ROUNDS {
+        let order = if round % 2 == 1 { [0, 1] } else { [1, 0] };
+        for f in order {
+            let framing = FRAMINGS[f];
+            let server = ServerProcess::start_with(args, &[("AGENTRY_BENCH_SSE", framing)]).await?;
+            let api = Api::new(&server.base, &server.token);
+            let ws = api.workspace(&server.repo).await?;
+            let agents = api
+                .open_agents(&ws, heavy.agents + paced.agents, 16)
+                .await?;
+            let (first, second) = agents.split_at(heavy.agents);
+            for (l, (plan, agents)) in [(&heavy, first), (&paced, second)].into_iter().enumerate() {
+                let run = run_load(&server, &api, agents, plan).await?;
+                run.print();
+                let load = SseLoad::of(&run);
+                let name = ["throughput", "latency"][l];
+                println!("  round {round}, {framing}, {name} load: {}", load.line());
+                figures.push(Figure::info(
+                    S,
+                    format!("round {round}, {framing}, {name} load"),
+                    load.line(),
+                ));
+                loads[f][l].push(load);
+            }
+            server.stop().await?;
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n == 0 {
+            f64::NAN
+        } else if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        }
+    };
+    for (l, name) in ["throughput", "latency"].into_iter().enumerate() {
+        let of = |f: usize, get: fn(&SseLoad) -> f64| median(loads[f][l].iter().map(get).collect());
+        for (what, get) in [
+            (
+                "deliveries/s",
+                (|x: &SseLoad| x.deliveries_per_s) as fn(&SseLoad) -> f64,
+            ),
+            ("server CPU per delivery", |x: &SseLoad| {
+                x.cpu_per_delivery_us
+            }),
+            ("emission→SSE p99", |x: &SseLoad| x.p99_ms),
+        ] {
+            let (hand, lab) = (of(0, get), of(1, get));
+            figures.push(Figure::info(
+                S,
+                format!("{name} load, {what} (median): lab against hand"),
+                format!(
+                    "{lab:.2} against {hand:.2}: {:+.1} %",
+                    (lab - hand) / hand * 100.0
+                ),
+            ));
+        }
+    }
+    Ok(figures)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
