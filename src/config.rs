@@ -956,24 +956,7 @@ pub struct EventSettings {
     /// Longest wait, in milliseconds, for a write the API must confirm; past it the
     /// request answers 503 `store_unavailable`.
     pub commit_wait_ms: u64,
-    /// Who frames SSE responses. Not a setting: `agentry bench` sets it through
-    /// `AGENTRY_BENCH_SSE` (`hand` or `lab`) to measure one framing against the other.
-    #[serde(skip)]
-    pub sse_framing: SseFraming,
 }
-
-/// Who frames SSE responses (`EventSettings::sse_framing`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum SseFraming {
-    /// `api/sse.rs` itself: several events to a body chunk.
-    #[default]
-    Hand,
-    /// actix-web-lab's `Sse` responder: one body chunk per event.
-    Lab,
-}
-
-/// The variable that picks `EventSettings::sse_framing` (in `NOT_SETTINGS`).
-const BENCH_SSE: &str = "AGENTRY_BENCH_SSE";
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -1318,7 +1301,6 @@ impl Default for EventSettings {
             queue_max_events: 50_000,
             queue_max_bytes: 64 << 20,
             commit_wait_ms: 5000,
-            sse_framing: SseFraming::Hand,
         }
     }
 }
@@ -1416,13 +1398,6 @@ impl Settings {
         }
         settings.config_file =
             file.map(|f| std::fs::canonicalize(f).unwrap_or_else(|_| f.to_owned()));
-        if let Some((_, framing)) = env.iter().find(|(n, _)| n == BENCH_SSE) {
-            settings.events.sse_framing = match framing.as_str() {
-                "hand" => SseFraming::Hand,
-                "lab" => SseFraming::Lab,
-                _ => return Err(invalid(BENCH_SSE, "must be `hand` or `lab`")),
-            };
-        }
         settings.validated()
     }
 
@@ -1869,7 +1844,6 @@ fn valid_provider_id(id: &str) -> bool {
 /// runs `agentry serve`, so they must not stop it. `AGENTRY_REQUIRE_CLIS` is retired (a
 /// missing test peer now always fails) but is still let through for shells that export
 /// it. `every_variable_the_tests_and_ci_read_is_let_through` keeps this list complete.
-/// `AGENTRY_BENCH_SSE` is read apart, by `Settings::load_from`.
 const NOT_SETTINGS: &[&str] = &[
     "AGENTRY_CONFIG",
     "AGENTRY_URL",
@@ -1884,7 +1858,6 @@ const NOT_SETTINGS: &[&str] = &[
     "AGENTRY_SCREENSHOTS",
     "AGENTRY_BLESS",
     "AGENTRY_DEPLOY_TOOLS",
-    BENCH_SSE,
 ];
 
 /// The CLI providers this server implements: the one list of them. The settings accept a

@@ -12,8 +12,7 @@
 use std::time::Duration;
 
 use actix_web::web::Bytes;
-use actix_web::{HttpRequest, HttpResponse, Responder, get, http::header, web};
-use actix_web_lab::sse as lab;
+use actix_web::{HttpRequest, HttpResponse, get, http::header, web};
 use serde::Deserialize;
 use tokio::sync::{broadcast, mpsc};
 use utoipa::IntoParams;
@@ -23,7 +22,6 @@ use super::error::{ApiError, ApiResult, Problem};
 use super::parse_id;
 use crate::api::AppState;
 use crate::auth::Principal;
-use crate::config::SseFraming;
 use crate::domain::{AgentId, ProjectId, WorkspaceId};
 use crate::events::TeamActivity;
 use crate::services::streams::{self, AgentStream, Ending, Guard, Recheck, TeamStream, Verdict};
@@ -34,11 +32,6 @@ pub fn configure(cfg: &mut ServiceConfig) {
 
 const REPLAY_PAGE: i64 = 1000;
 const COALESCE: usize = 256;
-/// What clients are told to wait before they reconnect (`retry:`).
-const RETRY: Duration = Duration::from_millis(3000);
-/// Events a lab-framed stream's channel holds, one to a message, where a hand-framed
-/// one holds 64 chunks of up to `COALESCE` events.
-const LAB_CHANNEL: usize = 1024;
 /// How long a stream waits before it reads again when a replay found the store down.
 const STORE_RETRY: Duration = Duration::from_secs(1);
 
@@ -66,127 +59,15 @@ fn resume_point(req: &HttpRequest, query: Option<i64>) -> ApiResult<i64> {
     }
 }
 
-/// A stream's way out: its task writes to it, the response body reads from it.
-///
-/// Framed by hand (the default), the events of a `Frames` are one text, sent as one body
-/// chunk; framed by actix-web-lab's `Sse` (`SseFraming::Lab`, for the bench to measure
-/// against this writer), each event goes through the channel as its own `Event`, encoded
-/// and written as its own chunk by the responder, which also sends the `retry:` line.
-/// Both send the same bytes.
-enum Out {
-    Hand(mpsc::Sender<Bytes>),
-    Lab(mpsc::Sender<lab::Event>),
-}
-
-/// Events framed and not yet sent.
-enum Frames {
-    Hand(String),
-    Lab(Vec<lab::Event>),
-}
-
-impl Out {
-    /// The stream's way out and the response that reads it.
-    fn open(framing: SseFraming, req: &HttpRequest) -> (Self, HttpResponse) {
-        match framing {
-            SseFraming::Hand => {
-                let (tx, rx) = mpsc::channel(64);
-                let body = futures::stream::unfold(rx, |mut rx| async move {
-                    rx.recv().await.map(|b| (Ok::<_, actix_web::Error>(b), rx))
-                });
-                let res = HttpResponse::Ok()
-                    .insert_header((header::CONTENT_TYPE, "text/event-stream"))
-                    .insert_header((header::CACHE_CONTROL, "no-cache"))
-                    .insert_header(("x-accel-buffering", "no"))
-                    .streaming(body);
-                (Self::Hand(tx), res)
-            }
-            SseFraming::Lab => {
-                let (tx, rx) = mpsc::channel(LAB_CHANNEL);
-                let res = lab::Sse::from_infallible_receiver(rx)
-                    .with_retry_duration(RETRY)
-                    .customize()
-                    .insert_header(("x-accel-buffering", "no"))
-                    .respond_to(req)
-                    .map_into_boxed_body();
-                (Self::Lab(tx), res)
-            }
-        }
-    }
-
-    fn frames(&self) -> Frames {
-        match self {
-            Self::Hand(_) => Frames::Hand(String::new()),
-            Self::Lab(_) => Frames::Lab(Vec::new()),
-        }
-    }
-
-    /// The `retry:` line every stream starts with (the lab's responder sends its own).
-    async fn retry(&self) -> anyhow::Result<()> {
-        if let Self::Hand(tx) = self {
-            tx.send(Bytes::from_static(b"retry: 3000\n\n")).await?;
-        }
-        Ok(())
-    }
-
-    /// The keep-alive comment.
-    async fn ping(&self) -> anyhow::Result<()> {
-        match self {
-            Self::Hand(tx) => tx.send(Bytes::from_static(b": ping\n\n")).await?,
-            Self::Lab(tx) => tx.send(lab::Event::Comment("ping".into())).await?,
-        }
-        Ok(())
-    }
-
-    /// A comment of one line, sent now.
-    async fn comment(&self, text: String) -> anyhow::Result<()> {
-        match self {
-            Self::Hand(tx) => tx.send(Bytes::from(format!(": {text}\n\n"))).await?,
-            Self::Lab(tx) => tx.send(lab::Event::Comment(text.into())).await?,
-        }
-        Ok(())
-    }
-
-    /// Send the events of `frames`, leaving it empty.
-    async fn flush(&self, frames: &mut Frames) -> anyhow::Result<()> {
-        match (self, frames) {
-            (Self::Hand(tx), Frames::Hand(text)) => {
-                if !text.is_empty() {
-                    tx.send(Bytes::from(std::mem::take(text))).await?;
-                }
-            }
-            (Self::Lab(tx), Frames::Lab(events)) => {
-                for e in events.drain(..) {
-                    tx.send(e).await?;
-                }
-            }
-            _ => unreachable!("frames are made by their stream's `Out::frames`"),
-        }
-        Ok(())
-    }
-
-    /// Resolves when the client has left (the response body was dropped).
-    async fn closed(&self) {
-        match self {
-            Self::Hand(tx) => tx.closed().await,
-            Self::Lab(tx) => tx.closed().await,
-        }
-    }
-}
-
-impl Frames {
-    fn add(&mut self, id: i64, kind: &str, json: &str) {
-        match self {
-            Self::Hand(text) => {
-                use std::fmt::Write;
-                let _ = write!(text, "id: {id}\nevent: {kind}\ndata: {json}\n\n");
-            }
-            Self::Lab(events) => events.push(lab::Event::Data(
-                lab::Data::new(json.to_owned())
-                    .id(id.to_string())
-                    .event(kind.to_owned()),
-            )),
-        }
-    }
+fn stream_response(rx: mpsc::Receiver<Bytes>) -> HttpResponse {
+    let body = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, actix_web::Error>(b), rx))
+    });
+    HttpResponse::Ok()
+        .insert_header((header::CONTENT_TYPE, "text/event-stream"))
+        .insert_header((header::CACHE_CONTROL, "no-cache"))
+        .insert_header(("x-accel-buffering", "no"))
+        .streaming(body)
 }
 
 /// What every stream does besides its events: `retry:` once, `: ping` while idle.
@@ -195,8 +76,8 @@ struct Idle {
 }
 
 impl Idle {
-    async fn start(ping_interval_s: u64, out: &Out) -> anyhow::Result<Self> {
-        out.retry().await?;
+    async fn start(ping_interval_s: u64, tx: &mpsc::Sender<Bytes>) -> anyhow::Result<Self> {
+        tx.send(Bytes::from_static(b"retry: 3000\n\n")).await?;
         let period = Duration::from_secs(ping_interval_s);
         let ping = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         Ok(Self { ping })
@@ -204,9 +85,10 @@ impl Idle {
 
     /// Wait until a ping is due and send it. Cancel-safe up to the send: used inside
     /// `select!`.
-    async fn ping(&mut self, out: &Out) -> anyhow::Result<()> {
+    async fn ping(&mut self, tx: &mpsc::Sender<Bytes>) -> anyhow::Result<()> {
         self.ping.tick().await;
-        out.ping().await
+        tx.send(Bytes::from_static(b": ping\n\n")).await?;
+        Ok(())
     }
 }
 
@@ -263,24 +145,33 @@ pub fn ending_error(ending: Ending) -> ApiError {
 }
 
 /// The last words of a stream whose caller lost the right to it.
-async fn say_ended(out: &Out, ending: &Ending) -> anyhow::Result<()> {
+async fn say_ended(tx: &mpsc::Sender<Bytes>, ending: &Ending) -> anyhow::Result<()> {
     let detail = ending.detail().replace(['\r', '\n'], " ");
     tracing::debug!(
         code = ending.code(),
         "stream ended: its caller lost the right to it"
     );
-    out.comment(format!("ended {}: {detail}", ending.code()))
-        .await
+    tx.send(Bytes::from(format!(
+        ": ended {}: {detail}\n\n",
+        ending.code()
+    )))
+    .await?;
+    Ok(())
 }
 
 /// Resolves when a stream ends: its client left, or the server stops (`stopping`). Made
 /// once per stream and polled in every `select!` of its loop, so an event does not
 /// register (and drop) a waiter on the shutdown signal, which every stream shares.
-async fn ended(out: &Out, stopping: impl std::future::Future<Output = ()>) {
+async fn ended(tx: &mpsc::Sender<Bytes>, stopping: impl std::future::Future<Output = ()>) {
     tokio::select! {
-        _ = out.closed() => {}
+        _ = tx.closed() => {}
         _ = stopping => {}
     }
+}
+
+fn frame(out: &mut String, id: i64, kind: &str, json: &str) {
+    use std::fmt::Write;
+    let _ = write!(out, "id: {id}\nevent: {kind}\ndata: {json}\n\n");
 }
 
 /// Every event of one agent, replayed after `Last-Event-ID` and then live.
@@ -304,14 +195,14 @@ async fn agent_events(
     let guard = stream.guard(recheck(&req));
     // Subscribe before replaying, so nothing committed in between is missed.
     let live = stream.subscribe();
-    let (out, res) = Out::open(state.settings.events.sse_framing, &req);
+    let (tx, rx) = mpsc::channel(64);
     let ping = state.settings.events.ping_interval_s;
     actix_web::rt::spawn(async move {
-        if let Err(e) = pump_agent(&stream, guard, ping, after, live, out).await {
+        if let Err(e) = pump_agent(&stream, guard, ping, after, live, tx).await {
             tracing::debug!(agent_id = %id, error = %e, "event stream ended");
         }
     });
-    Ok(res)
+    Ok(stream_response(rx))
 }
 
 async fn pump_agent(
@@ -320,21 +211,21 @@ async fn pump_agent(
     ping_interval_s: u64,
     mut last: i64,
     mut live: broadcast::Receiver<std::sync::Arc<crate::events::Published>>,
-    out: Out,
+    tx: mpsc::Sender<Bytes>,
 ) -> anyhow::Result<()> {
     let revoked = guard.ended();
     tokio::pin!(revoked);
-    let mut idle = Idle::start(ping_interval_s, &out).await?;
-    replay_agent(stream, &mut last, &out).await?;
-    let ended = ended(&out, stream.stopping());
+    let mut idle = Idle::start(ping_interval_s, &tx).await?;
+    replay_agent(stream, &mut last, &tx).await?;
+    let ended = ended(&tx, stream.stopping());
     tokio::pin!(ended);
     loop {
         tokio::select! {
             _ = &mut ended => return Ok(()),
-            ending = &mut revoked => return say_ended(&out, &ending).await,
-            sent = idle.ping(&out) => sent?,
+            ending = &mut revoked => return say_ended(&tx, &ending).await,
+            sent = idle.ping(&tx) => sent?,
             msg = live.recv() => {
-                let mut frames = out.frames();
+                let mut out = String::new();
                 let mut next = Some(msg);
                 let mut n = 0;
                 while let Some(msg) = next.take() {
@@ -343,21 +234,21 @@ async fn pump_agent(
                             let seq = p.event.seq;
                             if seq > last + 1 {
                                 // A gap: fetch what we missed from the database first.
-                                out.flush(&mut frames).await?;
-                                replay_agent(stream, &mut last, &out).await?;
+                                flush(&tx, &mut out).await?;
+                                replay_agent(stream, &mut last, &tx).await?;
                             }
                             if seq == last + 1 {
-                                frames.add(seq, p.event.kind.as_str(), p.json());
+                                frame(&mut out, seq, p.event.kind.as_str(), p.json());
                                 last = seq;
                             }
                         }
                         Err(broadcast::error::RecvError::Lagged(_)) => {
                             stream.fell_behind();
-                            out.flush(&mut frames).await?;
-                            replay_agent(stream, &mut last, &out).await?;
+                            flush(&tx, &mut out).await?;
+                            replay_agent(stream, &mut last, &tx).await?;
                         }
                         Err(broadcast::error::RecvError::Closed) => {
-                            out.flush(&mut frames).await?;
+                            flush(&tx, &mut out).await?;
                             return Ok(());
                         }
                     }
@@ -370,7 +261,7 @@ async fn pump_agent(
                         };
                     }
                 }
-                out.flush(&mut frames).await?;
+                flush(&tx, &mut out).await?;
             }
         }
     }
@@ -379,33 +270,48 @@ async fn pump_agent(
 /// A replay found the store unavailable: keep the stream open (a comment is its
 /// keep-alive) and let the caller read again a moment later, from where it was. Ends
 /// with an error only when the client has left.
-async fn wait_for_store(out: &Out) -> anyhow::Result<()> {
+async fn wait_for_store(tx: &mpsc::Sender<Bytes>) -> anyhow::Result<()> {
     tokio::select! {
-        _ = out.closed() => anyhow::bail!("the client left while the store was unavailable"),
+        _ = tx.closed() => anyhow::bail!("the client left while the store was unavailable"),
         _ = tokio::time::sleep(STORE_RETRY) => {}
     }
-    out.comment("store unavailable; waiting".to_owned()).await
+    tx.send(Bytes::from_static(b": store unavailable; waiting\n\n"))
+        .await?;
+    Ok(())
+}
+
+async fn flush(tx: &mpsc::Sender<Bytes>, out: &mut String) -> anyhow::Result<()> {
+    if !out.is_empty() {
+        tx.send(Bytes::from(std::mem::take(out))).await?;
+    }
+    Ok(())
 }
 
 /// Send every committed event after `last`, advancing it.
-async fn replay_agent(stream: &AgentStream, last: &mut i64, out: &Out) -> anyhow::Result<()> {
+async fn replay_agent(
+    stream: &AgentStream,
+    last: &mut i64,
+    tx: &mpsc::Sender<Bytes>,
+) -> anyhow::Result<()> {
     loop {
         let events = match stream.after(*last, REPLAY_PAGE).await {
             Ok(events) => events,
             Err(e) if e.is_store_unavailable() => {
-                wait_for_store(out).await?;
+                wait_for_store(tx).await?;
                 continue;
             }
             Err(e) => return Err(e.into()),
         };
         let n = events.len() as i64;
-        let mut frames = out.frames();
+        let mut out = String::new();
         for e in events {
             let json = serde_json::to_string(&e)?;
-            frames.add(e.seq, e.kind.as_str(), &json);
+            frame(&mut out, e.seq, e.kind.as_str(), &json);
             *last = e.seq;
         }
-        out.flush(&mut frames).await?;
+        if !out.is_empty() {
+            tx.send(Bytes::from(out)).await?;
+        }
         if n < REPLAY_PAGE {
             return Ok(());
         }
@@ -449,14 +355,14 @@ async fn team_events(
     let after = resume_point(&req, q.after_id)?;
     let guard = stream.guard(recheck(&req));
     let live = stream.subscribe();
-    let (out, res) = Out::open(state.settings.events.sse_framing, &req);
+    let (tx, rx) = mpsc::channel(64);
     let ping = state.settings.events.ping_interval_s;
     actix_web::rt::spawn(async move {
-        if let Err(e) = pump_team(&stream, guard, ping, after, live, out).await {
+        if let Err(e) = pump_team(&stream, guard, ping, after, live, tx).await {
             tracing::debug!(error = %e, "team stream ended");
         }
     });
-    Ok(res)
+    Ok(stream_response(rx))
 }
 
 async fn pump_team(
@@ -465,34 +371,34 @@ async fn pump_team(
     ping_interval_s: u64,
     mut last: i64,
     mut live: broadcast::Receiver<std::sync::Arc<TeamActivity>>,
-    out: Out,
+    tx: mpsc::Sender<Bytes>,
 ) -> anyhow::Result<()> {
     let revoked = guard.ended();
     tokio::pin!(revoked);
-    let mut idle = Idle::start(ping_interval_s, &out).await?;
-    replay_team(stream, &mut last, &out).await?;
-    let ended = ended(&out, stream.stopping());
+    let mut idle = Idle::start(ping_interval_s, &tx).await?;
+    replay_team(stream, &mut last, &tx).await?;
+    let ended = ended(&tx, stream.stopping());
     tokio::pin!(ended);
     loop {
         tokio::select! {
             _ = &mut ended => return Ok(()),
-            ending = &mut revoked => return say_ended(&out, &ending).await,
-            sent = idle.ping(&out) => sent?,
+            ending = &mut revoked => return say_ended(&tx, &ending).await,
+            sent = idle.ping(&tx) => sent?,
             msg = live.recv() => match msg {
                 Ok(a) => {
                     if a.id <= last {
                         continue;
                     }
                     if stream.admits(&a) {
-                        let mut frames = out.frames();
-                        frames.add(a.id, &a.kind, &serde_json::to_string(&*a)?);
-                        out.flush(&mut frames).await?;
+                        let mut out = String::new();
+                        frame(&mut out, a.id, &a.kind, &serde_json::to_string(&*a)?);
+                        tx.send(Bytes::from(out)).await?;
                     }
                     last = a.id;
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => {
                     stream.fell_behind();
-                    replay_team(stream, &mut last, &out).await?
+                    replay_team(stream, &mut last, &tx).await?
                 }
                 Err(broadcast::error::RecvError::Closed) => return Ok(()),
             },
@@ -500,25 +406,31 @@ async fn pump_team(
     }
 }
 
-async fn replay_team(stream: &TeamStream, last: &mut i64, out: &Out) -> anyhow::Result<()> {
+async fn replay_team(
+    stream: &TeamStream,
+    last: &mut i64,
+    tx: &mpsc::Sender<Bytes>,
+) -> anyhow::Result<()> {
     loop {
         let rows = match stream.after(*last, REPLAY_PAGE).await {
             Ok(rows) => rows,
             Err(e) if e.is_store_unavailable() => {
-                wait_for_store(out).await?;
+                wait_for_store(tx).await?;
                 continue;
             }
             Err(e) => return Err(e.into()),
         };
         let n = rows.len() as i64;
-        let mut frames = out.frames();
+        let mut out = String::new();
         for a in rows {
             *last = a.id;
             if stream.admits(&a) {
-                frames.add(a.id, &a.kind, &serde_json::to_string(&a)?);
+                frame(&mut out, a.id, &a.kind, &serde_json::to_string(&a)?);
             }
         }
-        out.flush(&mut frames).await?;
+        if !out.is_empty() {
+            tx.send(Bytes::from(out)).await?;
+        }
         if n < REPLAY_PAGE {
             return Ok(());
         }

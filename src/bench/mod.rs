@@ -35,10 +35,6 @@ pub enum Scenario {
     /// What the usage ledger adds to event writes: the same turns full of `usage` events
     /// with `usage.ledger` off, then on (budgets set), in alternating rounds.
     Ledger,
-    /// actix-web-lab's `Sse` against the hand framing of SSE responses: 50 agents ×
-    /// 10,000 events as fast as they can with 3 subscribers each, then 20 agents × 1
-    /// event/ms for 5 s, on a server of each framing, in interleaved rounds. Not in `all`.
-    Sse,
     /// Every scenario above, each on its own fresh server.
     All,
 }
@@ -185,7 +181,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::Mcp => scenarios::mcp(&args).await,
             Scenario::Sandbox => scenarios::sandbox(&args).await,
             Scenario::Ledger => scenarios::ledger(&args).await,
-            Scenario::Sse => scenarios::sse(&args).await,
             Scenario::All => unreachable!("expanded above"),
         }?;
         println!("({s:?} took {:.0} s)\n", started.elapsed().as_secs_f64());
