@@ -610,6 +610,39 @@ pub fn identity_of(pid: u32) -> Option<ProcessIdentity> {
     })
 }
 
+/// How long a start waits for its ledger row to be stored while the database is only
+/// busy or briefly gone: past it, the process is ended and the start fails.
+const RECORD_PATIENCE: Duration = Duration::from_secs(20);
+
+/// Store a process's ledger row, trying again while the store is unavailable (a pool
+/// with no free connection, a connection that broke) for up to `RECORD_PATIENCE`. The
+/// process runs already: ending it because the pool was full for one acquire timeout
+/// would fail the agent's start for nothing. An attempt that landed but whose answer was
+/// lost shows as the row's id being taken, which counts as stored.
+async fn record(pool: &PgPool, row: &store::NewLedgerRow<'_>) -> Result<(), sqlx::Error> {
+    let started = tokio::time::Instant::now();
+    let mut pause = Duration::from_millis(50);
+    let mut retried = false;
+    loop {
+        match store::insert(pool, row).await {
+            Ok(()) => return Ok(()),
+            Err(sqlx::Error::Database(db)) if retried && db.code().as_deref() == Some("23505") => {
+                return Ok(());
+            }
+            Err(e)
+                if crate::events::is_unavailable(&e)
+                    && started.elapsed() + pause < RECORD_PATIENCE =>
+            {
+                tracing::warn!(process = %row.id, error = %e, "the process ledger is unavailable; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+                retried = true;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 impl Ledger {
     pub fn new(pool: PgPool, replica: impl Into<String>) -> Self {
         Self {
@@ -790,7 +823,7 @@ impl Ledger {
             replica: &self.replica,
             tmpdir: child.tmpdir.as_deref().and_then(Path::to_str),
         };
-        if let Err(e) = store::insert(&self.pool, &row).await {
+        if let Err(e) = record(&self.pool, &row).await {
             child.terminate(Duration::ZERO).await;
             if let Some(dir) = child.tmpdir.take() {
                 remove_private_tmp(&dir, id);

@@ -820,3 +820,52 @@ async fn abandoned_requests_expire_only_once_their_end_is_committed() {
         .unwrap();
     assert_eq!(row.last_turn_outcome.as_deref(), Some("failed"));
 }
+
+/// A start while every pooled connection is taken: the process's ledger row waits for a
+/// connection (within its patience) instead of the start failing at the first acquire
+/// timeout, and it is stored once.
+#[tokio::test]
+async fn a_process_started_while_the_pool_is_exhausted_is_recorded_once_a_connection_frees() {
+    let app = spawn_app().await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(1))
+        .connect_with((*app.pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let ledger = Ledger::new(pool.clone(), "exhausted");
+    let held = pool.acquire().await.unwrap();
+    let release = tokio::spawn(async move {
+        // Three acquire timeouts long.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        drop(held);
+    });
+    let cwd = tempfile::tempdir().unwrap();
+    let mut child = ledger
+        .launch(
+            &CommandSpec {
+                program: "sleep".into(),
+                args: vec!["600".into()],
+                cwd: cwd.path().to_owned(),
+                env: Default::default(),
+                pass_env: Vec::new(),
+                secret_env: Default::default(),
+                wraps: None,
+                serves: None,
+                private_files: Vec::new(),
+                ignores_term: false,
+            },
+            None,
+        )
+        .await
+        .expect("the start waits for a connection");
+    release.await.unwrap();
+    let rows = ledger.list().await.unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].pid, child.identity.pid as i32);
+    child.terminate(Duration::ZERO).await;
+    assert!(
+        ledger.list().await.unwrap().is_empty(),
+        "reaped and forgotten"
+    );
+}
