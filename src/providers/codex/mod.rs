@@ -239,12 +239,7 @@ impl Provider for CodexProvider {
         }
     }
 
-    async fn start(
-        &self,
-        spec: SessionSpec,
-        launcher: Arc<dyn ProcessLauncher>,
-        events: EventSink,
-    ) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
+    async fn start(&self, spec: SessionSpec, launcher: Launcher, events: EventSink) -> Started {
         let mode = self.mode_of(spec.mode.as_deref())?;
         let conn = self
             .launch(launcher.as_ref(), spec.cwd.clone(), &spec.mcp_servers)
@@ -879,23 +874,11 @@ async fn handle(shared: &Arc<Shared>, thread_id: Option<&str>, mapped: Mapped) {
                 return;
             }
             let key = id.to_string();
-            let (reply, decision) = oneshot::channel();
             let (withdraw_tx, withdrawn) = oneshot::channel::<()>();
             lock(&shared.asks).insert(key.clone(), withdraw_tx);
             let mut epoch = shared.interrupt_epoch.subscribe();
             let asked_at = *epoch.borrow_and_update();
-            shared
-                .events
-                .emit(ProviderEvent::PermissionRequested(PermissionRequest {
-                    provider_request_id: key.clone(),
-                    kind: ask.kind,
-                    title: ask.title,
-                    call_id: ask.call_id,
-                    input: ask.input,
-                    options: ask.options,
-                    reply,
-                }))
-                .await;
+            let decision = shared.events.ask(key.clone(), ask).await;
             let shared = shared.clone();
             tokio::spawn(async move {
                 let chosen = tokio::select! {
@@ -1069,15 +1052,8 @@ impl ProviderSession for CodexSession {
                 "unknown Codex mode `{mode}` (known: read-only, auto, full-access)"
             )));
         }
-        if self.mode != mode {
-            self.mode = mode.to_owned();
+        if self.shared.events.mode_changed(&mut self.mode, mode).await {
             self.unsent_policy = true;
-            self.shared
-                .events
-                .emit(ProviderEvent::ModeChanged {
-                    mode: mode.to_owned(),
-                })
-                .await;
         }
         Ok(())
     }
@@ -1088,15 +1064,13 @@ impl ProviderSession for CodexSession {
                 "the model name is empty".to_owned(),
             ));
         }
-        if self.model.as_deref() != Some(model) {
-            self.model = Some(model.to_owned());
+        if self
+            .shared
+            .events
+            .model_changed(&mut self.model, model)
+            .await
+        {
             self.unsent_model = true;
-            self.shared
-                .events
-                .emit(ProviderEvent::ModelChanged {
-                    model: model.to_owned(),
-                })
-                .await;
         }
         Ok(())
     }

@@ -171,14 +171,7 @@ fn replay(name: &str) -> Vec<Mapped> {
     out
 }
 
-impl test_support::Mapped for Mapped {
-    fn event(&self) -> Option<&ProviderEvent> {
-        match self {
-            Mapped::Event(e) => Some(e),
-            _ => None,
-        }
-    }
-}
+test_support::events_in_event_variant!(Mapped);
 
 fn text(mapped: &[Mapped], reasoning: bool) -> String {
     events(mapped)
