@@ -561,8 +561,9 @@ fn custom_model_provider(args: &[String]) -> Option<CustomModelProvider> {
     defined.then_some(CustomModelProvider { name, env_key })
 }
 
-/// The variables that carry MCP servers' header values: `<prefix><n>` (Codex leaves
-/// variables with `TOKEN` in their names out of its shell commands' environment).
+/// The variables that carry MCP servers' header values: `<prefix><n>`. The pinned Codex
+/// passes its whole environment on to its shell commands, `TOKEN` names included: these
+/// are kept out by `shell_environment_policy.exclude` (see `mcp_overrides`).
 const HEADER_VAR_PREFIX: &str = "AGENTRY_MCP_HEADER_TOKEN_";
 
 /// `-c mcp_servers.<name>.<key>=<toml>` overrides for the agent's MCP servers, and the
