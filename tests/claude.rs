@@ -31,7 +31,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use agentry::config::ProviderSettings;
-use cli_world::{CliWorld, Provider, assistant_text, cli_settings, last_message, ledger_rows};
+use cli_world::{
+    CliWorld, Provider, assistant_text, cli_settings, command_line, last_message, ledger_rows,
+    process_tree,
+};
 use fake_anthropic::{FakeAnthropic, Reply, conversation_text};
 use helpers::*;
 use serde_json::{Value, json};
@@ -618,12 +621,7 @@ async fn an_agent_opens_and_waits_for_a_child_through_the_agentry_mcp_server() {
     let pid = w.pid(&parent).await;
     let argvs: Vec<Vec<String>> = process_tree(pid as u32)
         .into_iter()
-        .filter_map(|p| std::fs::read(format!("/proc/{p}/cmdline")).ok())
-        .map(|raw| {
-            raw.split(|b| *b == 0)
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect()
-        })
+        .filter_map(command_line)
         .collect();
     assert!(argvs.len() >= 2, "{argvs:?}");
     let config = argvs
@@ -747,37 +745,4 @@ async fn an_agent_opens_and_waits_for_a_child_through_the_agentry_mcp_server() {
     assert_eq!(refused.status(), 401);
     let problem: Value = refused.json().await.unwrap();
     assert_eq!(problem["code"], "token_revoked", "{problem}");
-}
-
-/// `pid` and every process below it, read from `/proc`.
-fn process_tree(pid: u32) -> Vec<u32> {
-    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|p| {
-            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
-            // After the command's closing parenthesis: state, then the parent's pid.
-            let ppid = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .nth(1)?
-                .parse()
-                .ok()?;
-            Some((p, ppid))
-        })
-        .collect();
-    let mut tree = vec![pid];
-    let mut i = 0;
-    while i < tree.len() {
-        let parent = tree[i];
-        tree.extend(
-            parents
-                .iter()
-                .filter(|(_, pp)| *pp == parent)
-                .map(|(p, _)| *p),
-        );
-        i += 1;
-    }
-    tree
 }

@@ -30,7 +30,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use agentry::config::ProviderSettings;
-use cli_world::{CliWorld, Provider};
+use cli_world::{CliWorld, Provider, command_line, new_agent, process_tree};
 use fake_openai::{FakeOpenAi, Item, Reply, input_text};
 use helpers::*;
 use serde_json::{Value, json};
@@ -604,5 +604,96 @@ async fn mode_and_model_changes_apply_to_the_next_turn() {
     assert_eq!(
         requests[1]["model"], "other-model",
         "the next turn uses the new model"
+    );
+}
+
+/// A stdio MCP server that answers `initialize` and lists no tools, in Node (`node -e`).
+const PROBE_MCP_SERVER: &str = r#"
+const rl = require("readline").createInterface({ input: process.stdin });
+rl.on("line", (line) => {
+  let m;
+  try { m = JSON.parse(line); } catch { return; }
+  if (m.id === undefined) return;
+  const answer = { jsonrpc: "2.0", id: m.id };
+  if (m.method === "initialize") {
+    answer.result = { protocolVersion: m.params.protocolVersion,
+      capabilities: { tools: {} }, serverInfo: { name: "probe", version: "1" } };
+  } else if (m.method === "tools/list") {
+    answer.result = { tools: [] };
+  } else {
+    answer.error = { code: -32601, message: "not served" };
+  }
+  process.stdout.write(JSON.stringify(answer) + "\n");
+});
+"#;
+
+/// The `env` of a stdio MCP server from the server's settings (a credential) reaches the
+/// server Codex starts, and no command line of the agent's processes (the sandbox, the
+/// CLI, the MCP server) carries it, nor does a shell command's environment.
+#[tokio::test]
+async fn a_stdio_mcp_servers_env_reaches_it_and_no_command_line() {
+    let secret = format!("probe-secret-{}", uuid::Uuid::now_v7().simple());
+    let value = agentry::config::Secret::new(secret.clone());
+    let rig = World::new_with(move |s| {
+        s.mcp.servers.insert(
+            "probe".into(),
+            agentry::config::McpServerSetting {
+                command: "node".into(),
+                args: vec!["-e".into(), PROBE_MCP_SERVER.into()],
+                env: BTreeMap::from([("PROBE_SECRET".to_owned(), value)]),
+                teams: None,
+            },
+        );
+    })
+    .await;
+    rig.fake.script([
+        Reply::exec("call_1", "env > shell-env.txt"),
+        Reply::text("Done."),
+    ]);
+    let (agent, ws) = new_agent(
+        &rig.app,
+        rig.repo.path(),
+        json!({"provider": "codex", "mode": "full-access",
+            "mcp_servers": {"probe": {"server": "probe"}}}),
+    )
+    .await;
+    let last = idle_turn(&rig.app, &agent, "look around").await;
+    assert_eq!(last["outcome"], "completed", "{last}");
+
+    let pid = rig.pid(&agent).await as u32;
+    let argvs: Vec<(u32, Vec<String>)> = process_tree(pid)
+        .into_iter()
+        .filter_map(|p| Some((p, command_line(p)?)))
+        .collect();
+    let (server, _) = argvs
+        .iter()
+        .find(|(_, argv)| argv[1..] == ["-e", PROBE_MCP_SERVER])
+        .unwrap_or_else(|| {
+            let programs: Vec<&str> = argvs.iter().map(|(_, argv)| argv[0].as_str()).collect();
+            panic!("no MCP server among the agent's processes: {programs:?}")
+        });
+    let environ = std::fs::read(format!("/proc/{server}/environ")).unwrap();
+    let wanted = format!("PROBE_SECRET={secret}");
+    assert!(
+        environ.split(|b| *b == 0).any(|v| v == wanted.as_bytes()),
+        "the MCP server has no PROBE_SECRET of its settings"
+    );
+    for (_, argv) in &argvs {
+        assert!(
+            !argv.iter().any(|a| a.contains(&secret)),
+            "the MCP server's env value on the command line of {}",
+            argv[0]
+        );
+    }
+    let shell_env = std::fs::read_to_string(path_of(&ws["path"]).join("shell-env.txt")).unwrap();
+    assert!(
+        !shell_env.contains(&secret),
+        "a shell command of the agent sees the MCP server's env value"
+    );
+    // Nor the agent's token for the `agentry` MCP server, whose header Codex reads from
+    // its environment too.
+    assert!(
+        !shell_env.contains("AGENTRY_MCP_HEADER_TOKEN_"),
+        "a shell command of the agent sees the agentry MCP server's token"
     );
 }

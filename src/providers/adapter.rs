@@ -4,7 +4,8 @@
 
 pub use super::emitter::{Emitter, StopSignals, Stopper};
 pub use super::{
-    Availability, Builtin, CliConfig, EventSink, ModeInfo, ModeRow, ModelInfo, PermissionDecision,
-    PermissionRequest, Probe, ProcessLauncher, Provider, ProviderError, ProviderEvent,
-    ProviderInfo, ProviderSession, SessionInfo, SessionSpec, TurnInput, command_missing, mode,
+    Ask, Availability, Builtin, CliConfig, EventSink, Launcher, ModeInfo, ModeRow, ModelInfo,
+    PermissionDecision, PermissionRequest, Probe, ProcessLauncher, Provider, ProviderError,
+    ProviderEvent, ProviderInfo, ProviderSession, SessionInfo, SessionSpec, Started, TurnInput,
+    command_missing, mode,
 };

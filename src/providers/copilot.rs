@@ -187,12 +187,7 @@ impl Provider for CopilotProvider {
         }
     }
 
-    async fn start(
-        &self,
-        spec: SessionSpec,
-        launcher: Arc<dyn ProcessLauncher>,
-        events: EventSink,
-    ) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
+    async fn start(&self, spec: SessionSpec, launcher: Launcher, events: EventSink) -> Started {
         self.acp.start(spec, launcher, events).await
     }
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::{Mutex, oneshot};
 
-use super::{EventSink, ProviderEvent};
+use super::{Ask, EventSink, PermissionDecision, PermissionRequest, ProviderEvent};
 
 pub struct Emitter {
     sink: Mutex<Option<EventSink>>,
@@ -26,6 +26,58 @@ impl Emitter {
             // A gone receiver means nobody listens any more; that is not our failure.
             let _ = sink.send(event).await;
         }
+    }
+
+    /// Ask a person `ask` about the provider's request `provider_request_id`; the receiver
+    /// gets the decision (or an error once nobody can answer any more).
+    pub async fn ask(
+        &self,
+        provider_request_id: String,
+        ask: Ask,
+    ) -> oneshot::Receiver<PermissionDecision> {
+        let (reply, decision) = oneshot::channel();
+        let Ask {
+            kind,
+            title,
+            call_id,
+            input,
+            options,
+        } = ask;
+        self.emit(ProviderEvent::PermissionRequested(PermissionRequest {
+            provider_request_id,
+            kind,
+            title,
+            call_id,
+            input,
+            options,
+            reply,
+        }))
+        .await;
+        decision
+    }
+
+    /// The session's model becomes `model`: when that changes `current`, record it there
+    /// and report it. Whether it changed.
+    pub async fn model_changed(&self, current: &mut Option<String>, model: &str) -> bool {
+        if current.as_deref() == Some(model) {
+            return false;
+        }
+        *current = Some(model.to_owned());
+        let model = model.to_owned();
+        self.emit(ProviderEvent::ModelChanged { model }).await;
+        true
+    }
+
+    /// The session's mode becomes `mode`: when that changes `current`, record it there and
+    /// report it. Whether it changed.
+    pub async fn mode_changed(&self, current: &mut String, mode: &str) -> bool {
+        if current == mode {
+            return false;
+        }
+        mode.clone_into(current);
+        let mode = mode.to_owned();
+        self.emit(ProviderEvent::ModeChanged { mode }).await;
+        true
     }
 
     /// Send the last event.

@@ -254,12 +254,7 @@ impl Provider for GeminiProvider {
         self.acp.models(probe).await
     }
 
-    async fn start(
-        &self,
-        spec: SessionSpec,
-        launcher: Arc<dyn ProcessLauncher>,
-        events: EventSink,
-    ) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
+    async fn start(&self, spec: SessionSpec, launcher: Launcher, events: EventSink) -> Started {
         let created = spec
             .resume
             .as_ref()

@@ -228,6 +228,17 @@ pub struct PermissionRequest {
     pub reply: oneshot::Sender<PermissionDecision>,
 }
 
+/// What a person is asked about a provider's permission request: the request without the
+/// provider's id for it and the reply channel (see `Emitter::ask`).
+#[derive(Debug)]
+pub struct Ask {
+    pub kind: PermissionKind,
+    pub title: String,
+    pub call_id: Option<String>,
+    pub input: Option<Value>,
+    pub options: Vec<PermissionOption>,
+}
+
 /// A tool call's state, sent once per status change.
 #[derive(Debug, Clone)]
 pub struct ToolCallUpdate {
@@ -445,6 +456,13 @@ pub enum ProviderError {
     Gone,
 }
 
+/// What starts a session's processes: the runtime's launcher, which records each in its
+/// ledger before the adapter uses it.
+pub type Launcher = Arc<dyn ProcessLauncher>;
+
+/// What `Provider::start` answers: the live session and what is known of it.
+pub type Started = Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError>;
+
 /// A provider: knows how to check itself and start sessions.
 #[async_trait]
 pub trait Provider: Send + Sync {
@@ -460,12 +478,7 @@ pub trait Provider: Send + Sync {
     }
     /// Start (or resume, when `spec.resume` is set) a session. Events flow into `events`
     /// until the session ends; `ProviderEvent::Exited` is the last one.
-    async fn start(
-        &self,
-        spec: SessionSpec,
-        launcher: Arc<dyn ProcessLauncher>,
-        events: EventSink,
-    ) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError>;
+    async fn start(&self, spec: SessionSpec, launcher: Launcher, events: EventSink) -> Started;
 }
 
 /// A live session. Methods return once the command is handed to the provider; their

@@ -467,8 +467,8 @@ mod catalog_tests {
 
     use super::*;
     use crate::providers::{
-        Availability, EventSink, ProcessLauncher, ProviderCapabilities, ProviderError,
-        ProviderInfo, ProviderSession, SessionInfo, SessionSpec,
+        Availability, EventSink, Launcher, ProcessLauncher, ProviderCapabilities, ProviderError,
+        ProviderInfo, SessionSpec, Started,
     };
 
     /// A provider whose catalog source can change and that counts its probes.
@@ -513,9 +513,9 @@ mod catalog_tests {
         async fn start(
             &self,
             _spec: SessionSpec,
-            _launcher: Arc<dyn ProcessLauncher>,
+            _launcher: Launcher,
             _events: EventSink,
-        ) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
+        ) -> Started {
             Err(ProviderError::Unsupported("sessions"))
         }
     }

@@ -16,6 +16,26 @@ pub trait Mapped {
     fn event(&self) -> Option<&ProviderEvent>;
 }
 
+/// `Mapped` for an adapter's mapping output whose `Event` variant carries the events.
+macro_rules! events_in_event_variant {
+    ($output:ty) => {
+        impl $crate::providers::test_support::Mapped for $output {
+            fn event(&self) -> Option<&$crate::providers::ProviderEvent> {
+                match self {
+                    Self::Event(e) => Some(e),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+pub(crate) use events_in_event_variant;
+
+/// What `map` makes of each JSON message of `transcript`, in order.
+pub fn replay_with<A>(transcript: &str, map: impl FnMut(&Value) -> Vec<A>) -> Vec<A> {
+    json_lines(transcript).iter().flat_map(map).collect()
+}
+
 /// The JSON messages of a transcript, one a line; blank lines are passed over.
 pub fn json_lines(transcript: &str) -> Vec<Value> {
     transcript

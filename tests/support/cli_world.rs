@@ -263,3 +263,48 @@ pub fn assistant_text(events: &[SseEvent]) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+/// `pid` and every process below it, read from `/proc`.
+pub fn process_tree(pid: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+            // After the command's closing parenthesis: state, then the parent's pid.
+            let ppid = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((p, ppid))
+        })
+        .collect();
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(
+            parents
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    tree
+}
+
+/// The command line of process `pid`, argument by argument (`None` once it is gone).
+pub fn command_line(pid: u32) -> Option<Vec<String>> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    // Each argument ends with a NUL.
+    let raw = raw.strip_suffix(&[0]).unwrap_or(&raw);
+    Some(
+        raw.split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect(),
+    )
+}

@@ -517,9 +517,9 @@ pub(super) async fn start_session(
     presets: Arc<[ModePreset]>,
     announced: Arc<Mutex<Announced>>,
     spec: SessionSpec,
-    launcher: Arc<dyn ProcessLauncher>,
+    launcher: Launcher,
     events: EventSink,
-) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
+) -> Started {
     let Some((program, args)) = cfg.command.split_first() else {
         return Err(ProviderError::Unavailable(
             "no command is configured".to_owned(),

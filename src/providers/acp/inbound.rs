@@ -227,20 +227,19 @@ impl InboundHandler {
             return;
         }
 
-        let (reply, decision) = oneshot::channel();
         let mut epoch = self.shared.permission_epoch.subscribe();
         let asked_at = *epoch.borrow_and_update();
-        self.shared
+        let ask = Ask {
+            kind: PermissionKind::Tool,
+            title: title.unwrap_or_else(|| "Permission requested".to_owned()),
+            call_id,
+            input,
+            options: offered.iter().map(|(option, _)| option.clone()).collect(),
+        };
+        let decision = self
+            .shared
             .events
-            .emit(ProviderEvent::PermissionRequested(PermissionRequest {
-                provider_request_id: responder.raw_id().to_string(),
-                kind: PermissionKind::Tool,
-                title: title.unwrap_or_else(|| "Permission requested".to_owned()),
-                call_id,
-                input,
-                options: offered.iter().map(|(option, _)| option.clone()).collect(),
-                reply,
-            }))
+            .ask(responder.raw_id().to_string(), ask)
             .await;
 
         // Wait for the answer off the dispatch loop: updates keep flowing meanwhile.

@@ -38,10 +38,10 @@ use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
 use super::emitter::{Emitter, StopSignals, Stopper};
 use super::{
-    Availability, ChangeKind, CliConfig, EventSink, FileDiff, Location, ModeInfo, ModelInfo,
-    PermissionDecision, PermissionRequest, PlanEntry, PlanStatus, ProcessLauncher, Provider,
-    ProviderError, ProviderEvent, ProviderInfo, ProviderSession, SessionInfo, SessionSpec,
-    ToolCallUpdate, TurnInput, Usage, command_missing,
+    Ask, Availability, ChangeKind, CliConfig, EventSink, FileDiff, Launcher, Location, ModeInfo,
+    ModelInfo, PermissionDecision, PlanEntry, PlanStatus, Provider, ProviderError, ProviderEvent,
+    ProviderInfo, ProviderSession, SessionInfo, SessionSpec, Started, ToolCallUpdate, TurnInput,
+    Usage, command_missing,
 };
 use crate::domain::{
     Behavior, PermissionKind, PermissionOption, ToolKind, ToolStatus, TurnOutcome,
@@ -267,12 +267,7 @@ impl Provider for AcpProvider {
         }
     }
 
-    async fn start(
-        &self,
-        spec: SessionSpec,
-        launcher: Arc<dyn ProcessLauncher>,
-        events: EventSink,
-    ) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
+    async fn start(&self, spec: SessionSpec, launcher: Launcher, events: EventSink) -> Started {
         start_session(
             &self.cfg,
             self.presets.clone(),

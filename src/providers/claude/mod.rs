@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
 
 use self::mapping::{Action, Mapper, ToolPermission};
 use super::adapter::*;
@@ -299,12 +298,7 @@ impl Provider for ClaudeProvider {
         Ok(models_of(&response))
     }
 
-    async fn start(
-        &self,
-        spec: SessionSpec,
-        launcher: Arc<dyn ProcessLauncher>,
-        events: EventSink,
-    ) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
+    async fn start(&self, spec: SessionSpec, launcher: Launcher, events: EventSink) -> Started {
         let resume_id = spec
             .resume
             .as_ref()
@@ -596,19 +590,14 @@ impl Shared {
         });
         let stored = json!({"input": input, "suggestions": suggestions});
         lock(&self.permissions).insert(request_id.clone(), stored);
-        let (reply, answer) = oneshot::channel();
-        self.io
-            .events
-            .emit(ProviderEvent::PermissionRequested(PermissionRequest {
-                provider_request_id: request_id.clone(),
-                kind,
-                title,
-                call_id,
-                input: Some(input),
-                options,
-                reply,
-            }))
-            .await;
+        let ask = Ask {
+            kind,
+            title,
+            call_id,
+            input: Some(input),
+            options,
+        };
+        let answer = self.io.events.ask(request_id.clone(), ask).await;
         let shared = self.clone();
         tokio::spawn(async move {
             let decision = answer.await.unwrap_or(PermissionDecision::Cancelled);
@@ -684,7 +673,7 @@ async fn start_session(
     session_id: String,
     resumed: bool,
     spec: &SessionSpec,
-    launcher: Arc<dyn ProcessLauncher>,
+    launcher: Launcher,
     events: EventSink,
     start_timeout: Duration,
 ) -> Result<(Box<ClaudeSession>, SessionInfo), StartFailure> {

@@ -11,7 +11,7 @@ use crate::domain::{PermissionKind, ToolKind, ToolStatus, TurnOutcome};
 use crate::process::STOP_GRACE;
 use crate::providers::ChangeKind;
 use crate::providers::test_support::{
-    Direct, Mapped, alive, deltas, events, json_lines, tool_calls, turn_end,
+    Direct, alive, deltas, events, events_in_event_variant, replay_with, tool_calls, turn_end,
 };
 
 const TEXT: &str = include_str!("../../../tests/fixtures/claude/text.jsonl");
@@ -31,21 +31,11 @@ fn session_of(transcript: &str) -> String {
         .expect("the transcript has a system/init")
 }
 
-impl Mapped for Action {
-    fn event(&self) -> Option<&ProviderEvent> {
-        match self {
-            Action::Event(e) => Some(e),
-            _ => None,
-        }
-    }
-}
+events_in_event_variant!(Action);
 
 fn replay(transcript: &str) -> Vec<Action> {
     let mut mapper = Mapper::new(session_of(transcript));
-    json_lines(transcript)
-        .iter()
-        .flat_map(|m| mapper.map(m))
-        .collect()
+    replay_with(transcript, |m| mapper.map(m))
 }
 
 #[test]

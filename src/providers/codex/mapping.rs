@@ -11,19 +11,10 @@ use crate::domain::{
     Behavior, PermissionKind, PermissionOption, ToolKind, ToolStatus, TurnOutcome,
 };
 use crate::process::jsonrpc::RequestId;
+pub use crate::providers::Ask;
 use crate::providers::{
     ChangeKind, FileDiff, Location, PlanEntry, PlanStatus, ProviderEvent, ToolCallUpdate, Usage,
 };
-
-/// A permission request to raise (the dispatcher adds the reply channel).
-#[derive(Debug)]
-pub struct Ask {
-    pub kind: PermissionKind,
-    pub title: String,
-    pub call_id: Option<String>,
-    pub input: Option<Value>,
-    pub options: Vec<PermissionOption>,
-}
 
 /// One consequence of a message from Codex.
 #[derive(Debug)]

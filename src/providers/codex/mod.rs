@@ -120,6 +120,16 @@ impl CodexProvider {
         Ok(mode)
     }
 
+    /// The CLI itself is given variable `var`, or reads it: an MCP server's variable
+    /// of that name cannot travel in the CLI's environment.
+    fn gives(&self, var: &str) -> bool {
+        var.starts_with("CODEX_")
+            || var.starts_with("AGENTRY_")
+            || crate::process::BASE_ENV.contains(&var)
+            || self.cfg.team_secrets.iter().any(|t| t == var)
+            || self.cfg.child_var(var).is_some()
+    }
+
     /// Start the CLI in `cwd` with the agent's MCP servers and initialize it.
     async fn launch(
         &self,
@@ -132,10 +142,10 @@ impl CodexProvider {
             "--disable".to_owned(),
             "plugins".to_owned(),
         ];
-        let (overrides, header_env) = mcp_overrides(mcp_servers)?;
+        let (overrides, mcp_env) = mcp_overrides(mcp_servers, |var| self.gives(var))?;
         protocol.extend(overrides);
         let mut command = self.cfg.command(&protocol, cwd)?;
-        command.secret_env = header_env;
+        command.secret_env = mcp_env;
         let mut child = launcher.launch(command).await?;
         let Some((stdin, stdout, stderr)) = child.take_stdio().await else {
             return Err(ProviderError::Protocol(
@@ -229,12 +239,7 @@ impl Provider for CodexProvider {
         }
     }
 
-    async fn start(
-        &self,
-        spec: SessionSpec,
-        launcher: Arc<dyn ProcessLauncher>,
-        events: EventSink,
-    ) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
+    async fn start(&self, spec: SessionSpec, launcher: Launcher, events: EventSink) -> Started {
         let mode = self.mode_of(spec.mode.as_deref())?;
         let conn = self
             .launch(launcher.as_ref(), spec.cwd.clone(), &spec.mcp_servers)
@@ -556,14 +561,20 @@ fn custom_model_provider(args: &[String]) -> Option<CustomModelProvider> {
     defined.then_some(CustomModelProvider { name, env_key })
 }
 
-/// The variables that carry MCP servers' header values: `<prefix><n>` (Codex leaves
-/// variables with `TOKEN` in their names out of its shell commands' environment).
+/// The variables that carry MCP servers' header values: `<prefix><n>`. The pinned Codex
+/// passes its whole environment on to its shell commands, `TOKEN` names included: these
+/// are kept out by `shell_environment_policy.exclude` (see `mcp_overrides`).
 const HEADER_VAR_PREFIX: &str = "AGENTRY_MCP_HEADER_TOKEN_";
 
 /// `-c mcp_servers.<name>.<key>=<toml>` overrides for the agent's MCP servers, and the
-/// variables the CLI reads their headers' values from.
+/// variables the CLI reads their values from: its HTTP servers' header values and its
+/// stdio servers' `env`. None of these values is on the command line, which every local
+/// user can read. A stdio server's variable travels under its own name, which must not be
+/// one the CLI itself is given (`taken`), nor have another value for another server.
+/// None of these variables reaches the CLI's shell commands.
 fn mcp_overrides(
     servers: &BTreeMap<String, Value>,
+    taken: impl Fn(&str) -> bool,
 ) -> Result<(Vec<String>, crate::domain::SecretEnv), ProviderError> {
     fn quoted(s: &str) -> String {
         toml::Value::String(s.to_owned()).to_string()
@@ -577,6 +588,7 @@ fn mcp_overrides(
     }
     let mut out = Vec::new();
     let mut env = crate::domain::SecretEnv::new();
+    let mut header_vars = 0;
     for (name, server) in servers {
         if name.is_empty()
             || !name
@@ -606,7 +618,8 @@ fn mcp_overrides(
                 if !headers.is_empty() {
                     let mut named = Vec::with_capacity(headers.len());
                     for (header, value) in headers {
-                        let var = format!("{HEADER_VAR_PREFIX}{}", env.len());
+                        let var = format!("{HEADER_VAR_PREFIX}{header_vars}");
+                        header_vars += 1;
                         env.insert(var.clone(), crate::domain::SecretValue::new(value));
                         named.push((header, var));
                     }
@@ -625,9 +638,26 @@ fn mcp_overrides(
                     let list: Vec<String> = args.iter().map(|a| quoted(a)).collect();
                     set("args", format!("[{}]", list.join(", ")));
                 }
-                let env = mcp::pairs(server.get("env"));
-                if !env.is_empty() {
-                    set("env", inline(&env));
+                // Codex hands the server each variable `env_vars` names from its own
+                // environment.
+                let vars = mcp::pairs(server.get("env"));
+                if !vars.is_empty() {
+                    let mut names = Vec::with_capacity(vars.len());
+                    for (var, value) in vars {
+                        if taken(&var) {
+                            return Err(ProviderError::Protocol(format!(
+                                "MCP server `{name}`: its variable `{var}` is one Codex itself is given or reads, so it cannot be passed on to the server"
+                            )));
+                        }
+                        if env.get(&var).is_some_and(|v| v.expose() != value) {
+                            return Err(ProviderError::Protocol(format!(
+                                "MCP server `{name}`: its variable `{var}` has another value for another server, and Codex passes one environment on to all"
+                            )));
+                        }
+                        names.push(quoted(&var));
+                        env.insert(var, crate::domain::SecretValue::new(value));
+                    }
+                    set("env_vars", format!("[{}]", names.join(", ")));
                 }
             }
             Some(other) => {
@@ -636,6 +666,15 @@ fn mcp_overrides(
                 )));
             }
         }
+    }
+    // Codex's shell commands inherit its environment: these are the MCP servers' alone.
+    if !env.is_empty() {
+        let names: Vec<String> = env.keys().map(|var| quoted(var)).collect();
+        out.push("-c".to_owned());
+        out.push(format!(
+            "shell_environment_policy.exclude=[{}]",
+            names.join(", ")
+        ));
     }
     Ok((out, env))
 }
@@ -836,23 +875,11 @@ async fn handle(shared: &Arc<Shared>, thread_id: Option<&str>, mapped: Mapped) {
                 return;
             }
             let key = id.to_string();
-            let (reply, decision) = oneshot::channel();
             let (withdraw_tx, withdrawn) = oneshot::channel::<()>();
             lock(&shared.asks).insert(key.clone(), withdraw_tx);
             let mut epoch = shared.interrupt_epoch.subscribe();
             let asked_at = *epoch.borrow_and_update();
-            shared
-                .events
-                .emit(ProviderEvent::PermissionRequested(PermissionRequest {
-                    provider_request_id: key.clone(),
-                    kind: ask.kind,
-                    title: ask.title,
-                    call_id: ask.call_id,
-                    input: ask.input,
-                    options: ask.options,
-                    reply,
-                }))
-                .await;
+            let decision = shared.events.ask(key.clone(), ask).await;
             let shared = shared.clone();
             tokio::spawn(async move {
                 let chosen = tokio::select! {
@@ -1026,15 +1053,8 @@ impl ProviderSession for CodexSession {
                 "unknown Codex mode `{mode}` (known: read-only, auto, full-access)"
             )));
         }
-        if self.mode != mode {
-            self.mode = mode.to_owned();
+        if self.shared.events.mode_changed(&mut self.mode, mode).await {
             self.unsent_policy = true;
-            self.shared
-                .events
-                .emit(ProviderEvent::ModeChanged {
-                    mode: mode.to_owned(),
-                })
-                .await;
         }
         Ok(())
     }
@@ -1045,15 +1065,13 @@ impl ProviderSession for CodexSession {
                 "the model name is empty".to_owned(),
             ));
         }
-        if self.model.as_deref() != Some(model) {
-            self.model = Some(model.to_owned());
+        if self
+            .shared
+            .events
+            .model_changed(&mut self.model, model)
+            .await
+        {
             self.unsent_model = true;
-            self.shared
-                .events
-                .emit(ProviderEvent::ModelChanged {
-                    model: model.to_owned(),
-                })
-                .await;
         }
         Ok(())
     }

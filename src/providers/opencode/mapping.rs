@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use crate::domain::{
     Behavior, PermissionKind, PermissionOption, ToolKind, ToolStatus, TurnOutcome,
 };
+pub use crate::providers::Ask;
 use crate::providers::{
     ChangeKind, FileDiff, Location, PermissionDecision, ProviderEvent, ToolCallUpdate, Usage,
 };
@@ -22,23 +23,16 @@ use crate::providers::{
 #[derive(Debug)]
 pub enum Mapped {
     Event(ProviderEvent),
-    /// `permission.asked` for the running turn: ask a person, then reply.
-    Ask(Ask),
+    /// `permission.asked` for the running turn: ask a person, then reply to OpenCode's
+    /// request `request_id` (`per_…`).
+    Ask {
+        request_id: String,
+        ask: Ask,
+    },
     /// `permission.replied`: OpenCode has its answer; nobody needs to wait any more.
     Replied {
         request_id: String,
     },
-}
-
-/// A permission OpenCode asks for (`per_…`).
-#[derive(Debug, Clone)]
-pub struct Ask {
-    pub request_id: String,
-    pub kind: PermissionKind,
-    pub title: String,
-    pub call_id: Option<String>,
-    pub input: Value,
-    pub options: Vec<PermissionOption>,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -143,7 +137,7 @@ impl Mapper {
             "message.part.updated" => self.part_updated(props),
             "message.part.delta" => self.part_delta(props),
             "permission.asked" if self.is_active() && !self.interrupted => {
-                vec![Mapped::Ask(ask(props))]
+                vec![ask(props)]
             }
             "permission.replied" => match str_at(props, "requestID") {
                 Some(id) => vec![Mapped::Replied {
@@ -430,7 +424,7 @@ fn options() -> Vec<PermissionOption> {
     ]
 }
 
-fn ask(props: &Value) -> Ask {
+fn ask(props: &Value) -> Mapped {
     let permission = str_at(props, "permission").unwrap_or("permission");
     let patterns: Vec<&str> = props
         .get("patterns")
@@ -447,17 +441,18 @@ fn ask(props: &Value) -> Ask {
     if let Some(metadata) = props.get("metadata").filter(|m| !m.is_null()) {
         input["metadata"] = metadata.clone();
     }
-    Ask {
-        request_id: str_at(props, "id").unwrap_or_default().to_owned(),
+    let ask = Ask {
         kind: PermissionKind::Tool,
         title: title.trim_end().to_owned(),
         call_id: props
             .pointer("/tool/callID")
             .and_then(Value::as_str)
             .map(str::to_owned),
-        input,
+        input: Some(input),
         options: options(),
-    }
+    };
+    let request_id = str_at(props, "id").unwrap_or_default().to_owned();
+    Mapped::Ask { request_id, ask }
 }
 
 /// OpenCode's reply (`once`, `always`, `reject`) for a person's decision.

@@ -645,12 +645,7 @@ impl Provider for OpenCodeProvider {
         }
     }
 
-    async fn start(
-        &self,
-        spec: SessionSpec,
-        launcher: Arc<dyn ProcessLauncher>,
-        events: EventSink,
-    ) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
+    async fn start(&self, spec: SessionSpec, launcher: Launcher, events: EventSink) -> Started {
         let mode = self.mode_of(spec.mode.as_deref())?;
         if let Some(model) = &spec.model
             && model_ref(model).is_none()
@@ -971,34 +966,24 @@ async fn handle(live: &Arc<Live>, mapped: Mapped) {
                     .await;
             }
         }
-        Mapped::Ask(ask) if live.unattended.load(Ordering::Acquire) => {
+        Mapped::Ask { request_id, .. } if live.unattended.load(Ordering::Acquire) => {
             let live = live.clone();
             tokio::spawn(async move {
-                let path = format!("/permission/{}/reply", ask.request_id);
+                let path = format!("/permission/{request_id}/reply");
                 if let Err(e) = live.api.post(&path, &json!({"reply": "once"})).await {
                     tracing::debug!(error = %e, "allowing an OpenCode permission failed");
                 }
             });
         }
-        Mapped::Ask(ask) => {
-            let (reply, decision) = oneshot::channel();
+        Mapped::Ask {
+            request_id: id,
+            ask,
+        } => {
             let (withdraw_tx, withdrawn) = oneshot::channel::<()>();
-            lock(&live.asks).insert(ask.request_id.clone(), withdraw_tx);
+            lock(&live.asks).insert(id.clone(), withdraw_tx);
             let mut epoch = live.interrupt_epoch.subscribe();
             let asked_at = *epoch.borrow_and_update();
-            let id = ask.request_id.clone();
-            live.shared
-                .events
-                .emit(ProviderEvent::PermissionRequested(PermissionRequest {
-                    provider_request_id: ask.request_id,
-                    kind: ask.kind,
-                    title: ask.title,
-                    call_id: ask.call_id,
-                    input: Some(ask.input),
-                    options: ask.options,
-                    reply,
-                }))
-                .await;
+            let decision = live.shared.events.ask(id.clone(), ask).await;
             let live = live.clone();
             tokio::spawn(async move {
                 let word = tokio::select! {
@@ -1148,17 +1133,11 @@ impl ProviderSession for OpenCodeSession {
         let Some((_, unattended)) = policy(mode) else {
             return Err(unknown_mode(mode));
         };
-        if self.mode == mode {
-            return Ok(());
-        }
         self.live.unattended.store(unattended, Ordering::Release);
-        self.mode = mode.to_owned();
         self.live
             .shared
             .events
-            .emit(ProviderEvent::ModeChanged {
-                mode: mode.to_owned(),
-            })
+            .mode_changed(&mut self.mode, mode)
             .await;
         Ok(())
     }
@@ -1169,16 +1148,11 @@ impl ProviderSession for OpenCodeSession {
                 "OpenCode names models `provider/model`, not `{model}`"
             )));
         }
-        if self.model.as_deref() != Some(model) {
-            self.model = Some(model.to_owned());
-            self.live
-                .shared
-                .events
-                .emit(ProviderEvent::ModelChanged {
-                    model: model.to_owned(),
-                })
-                .await;
-        }
+        self.live
+            .shared
+            .events
+            .model_changed(&mut self.model, model)
+            .await;
         Ok(())
     }
 

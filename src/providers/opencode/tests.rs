@@ -55,20 +55,14 @@ fn mapper_for(events: &[Value]) -> Mapper {
     Mapper::new(first_session(events))
 }
 
-impl test_support::Mapped for Mapped {
-    fn event(&self) -> Option<&ProviderEvent> {
-        match self {
-            Mapped::Event(e) => Some(e),
-            _ => None,
-        }
-    }
-}
+test_support::events_in_event_variant!(Mapped);
 
-fn asks(mapped: &[Mapped]) -> Vec<&Ask> {
+/// The permission requests, each with OpenCode's id for it.
+fn asks(mapped: &[Mapped]) -> Vec<(&str, &Ask)> {
     mapped
         .iter()
         .filter_map(|m| match m {
-            Mapped::Ask(a) => Some(a),
+            Mapped::Ask { request_id, ask } => Some((request_id.as_str(), ask)),
             _ => None,
         })
         .collect()
@@ -148,12 +142,12 @@ fn an_asked_write_maps_to_a_tool_call_and_a_request_and_an_abort_cancels_the_tur
 
     let asks = asks(&mapped);
     assert_eq!(asks.len(), 1, "{mapped:?}");
-    let ask = asks[0];
-    assert!(ask.request_id.starts_with("per_"), "{ask:?}");
+    let (request_id, ask) = asks[0];
+    assert!(request_id.starts_with("per_"), "{request_id}");
     assert_eq!(ask.title, "Edit hello.txt");
     assert_eq!(ask.call_id.as_deref(), Some("call_1"));
     assert!(
-        ask.input["metadata"]["diff"]
+        ask.input.as_ref().unwrap()["metadata"]["diff"]
             .as_str()
             .unwrap()
             .contains("+hi")

@@ -29,7 +29,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
 
 use self::mapping::{Action, Dialog, DialogMethod, Mapper};
 use super::adapter::*;
@@ -384,12 +383,7 @@ impl Provider for PiProvider {
         }
     }
 
-    async fn start(
-        &self,
-        spec: SessionSpec,
-        launcher: Arc<dyn ProcessLauncher>,
-        events: EventSink,
-    ) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
+    async fn start(&self, spec: SessionSpec, launcher: Launcher, events: EventSink) -> Started {
         let gate = self.install_gate()?;
         let sessions = self.state_dir().join("sessions");
         std::fs::create_dir_all(&sessions).map_err(|e| state_error(&sessions, e))?;
@@ -617,22 +611,16 @@ impl Shared {
             ),
         };
         let id = dialog.id.clone();
-        let title = dialog.title.clone();
+        let ask = Ask {
+            kind,
+            title: dialog.title.clone(),
+            call_id,
+            input,
+            options,
+        };
         let timeout = dialog.timeout_ms;
         lock(&self.dialogs).insert(id.clone(), dialog);
-        let (reply, answer) = oneshot::channel();
-        self.io
-            .events
-            .emit(ProviderEvent::PermissionRequested(PermissionRequest {
-                provider_request_id: id.clone(),
-                kind,
-                title,
-                call_id,
-                input,
-                options,
-                reply,
-            }))
-            .await;
+        let answer = self.io.events.ask(id.clone(), ask).await;
         let shared = self.clone();
         let answered = id.clone();
         tokio::spawn(async move {

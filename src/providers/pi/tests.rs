@@ -9,7 +9,9 @@ use tokio::sync::mpsc;
 
 use super::*;
 use crate::domain::{ToolKind, ToolStatus, TurnOutcome};
-use crate::providers::test_support::{Mapped, events, json_lines, tool_calls, turn_end};
+use crate::providers::test_support::{
+    events, events_in_event_variant, replay_with, tool_calls, turn_end,
+};
 use crate::providers::{ChangeKind, Usage};
 
 const TEXT: &str = include_str!("../../../tests/fixtures/pi/text.jsonl");
@@ -17,21 +19,11 @@ const WRITE_ALLOW: &str = include_str!("../../../tests/fixtures/pi/write_allow.j
 const BASH_DENY: &str = include_str!("../../../tests/fixtures/pi/bash_deny.jsonl");
 const ABORT: &str = include_str!("../../../tests/fixtures/pi/abort.jsonl");
 
-impl Mapped for Action {
-    fn event(&self) -> Option<&ProviderEvent> {
-        match self {
-            Action::Event(e) => Some(e),
-            _ => None,
-        }
-    }
-}
+events_in_event_variant!(Action);
 
 fn replay(transcript: &str) -> Vec<Action> {
     let mut mapper = Mapper::new("/work/repo");
-    json_lines(transcript)
-        .iter()
-        .flat_map(|m| mapper.map(m))
-        .collect()
+    replay_with(transcript, |m| mapper.map(m))
 }
 
 fn dialogs(actions: &[Action]) -> Vec<&Dialog> {
