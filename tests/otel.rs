@@ -464,14 +464,17 @@ fn spans_of_requests_turns_processes_and_commits_reach_an_otlp_receiver() {
         s.name == "services::projects::find" && s.trace_id == created.trace_id
     });
     assert!(within(project_lookup, created), "{project_lookup:?}");
-    // The queue's steps too: reading an agent looks at its queue.
-    let queue_look = find("services::queue::agent_queue", &|s| {
-        s.name == "services::queue::agent_queue" && attr(s, "agent_id") == agent_id
+    // The queue's steps too: reading an agent looks at its queue (so does a create whose
+    // first prompt passed the turn limits, in its own trace).
+    let in_a_read = |q: &SpanSeen| {
+        spans
+            .iter()
+            .any(|g| g.name == "services::agents::get" && g.trace_id == q.trace_id && within(q, g))
+    };
+    let queue_look = find("services::queue::agent_queue in a read", &|s| {
+        s.name == "services::queue::agent_queue" && attr(s, "agent_id") == agent_id && in_a_read(s)
     });
-    let agent_read = find("the read of the agent", &|s| {
-        s.name == "services::agents::get" && s.trace_id == queue_look.trace_id
-    });
-    assert!(within(queue_look, agent_read), "{queue_look:?}");
+    assert_eq!(attr(queue_look, "agent_id"), agent_id);
 
     // The turn, from its start to its recorded outcome.
     let turn = find("turn", &|s| {
