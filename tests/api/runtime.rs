@@ -25,6 +25,22 @@ use tokio::sync::oneshot;
 
 use crate::helpers::{TestApp, eventually, git_repo, pid_alive, spawn_app};
 
+/// A real process that waits ten minutes in `cwd`: what the fake provider runs.
+fn sleeper(cwd: std::path::PathBuf) -> CommandSpec {
+    CommandSpec {
+        program: "sleep".into(),
+        args: vec!["600".into()],
+        cwd,
+        env: Default::default(),
+        pass_env: Vec::new(),
+        secret_env: Default::default(),
+        wraps: None,
+        serves: None,
+        private_files: Vec::new(),
+        ignores_term: false,
+    }
+}
+
 /// What the fake agent does with a prompt.
 #[derive(Clone, Copy)]
 enum Plan {
@@ -102,20 +118,7 @@ impl Provider for FakeProvider {
         events: EventSink,
     ) -> Result<(Box<dyn ProviderSession>, SessionInfo), ProviderError> {
         // A real process, recorded in the ledger like any provider's.
-        let child = launcher
-            .launch(CommandSpec {
-                program: "sleep".into(),
-                args: vec!["600".into()],
-                cwd: spec.cwd,
-                env: Default::default(),
-                pass_env: Vec::new(),
-                secret_env: Default::default(),
-                wraps: None,
-                serves: None,
-                private_files: Vec::new(),
-                ignores_term: false,
-            })
-            .await?;
+        let child = launcher.launch(sleeper(spec.cwd)).await?;
         let pid = child.pid();
         self.seen.lock().unwrap().pid = Some(pid);
         let (kill, killed) = oneshot::channel();
@@ -842,21 +845,7 @@ async fn a_process_started_while_the_pool_is_exhausted_is_recorded_once_a_connec
     });
     let cwd = tempfile::tempdir().unwrap();
     let mut child = ledger
-        .launch(
-            &CommandSpec {
-                program: "sleep".into(),
-                args: vec!["600".into()],
-                cwd: cwd.path().to_owned(),
-                env: Default::default(),
-                pass_env: Vec::new(),
-                secret_env: Default::default(),
-                wraps: None,
-                serves: None,
-                private_files: Vec::new(),
-                ignores_term: false,
-            },
-            None,
-        )
+        .launch(&sleeper(cwd.path().to_owned()), None)
         .await
         .expect("the start waits for a connection");
     release.await.unwrap();
