@@ -60,7 +60,9 @@ async function api(method, path, body) {
 
 // Follow an SSE stream with fetch (EventSource cannot send a bearer token), resuming
 // with Last-Event-ID after a drop; `onEvent(id, data)` sees each id once, in order.
-async function follow(path, after, onEvent, onState, signal) {
+// `onLive` (optional) runs when the server says its replay is done (`: live`): events
+// after that happened after the stream opened.
+async function follow(path, after, onEvent, onState, signal, onLive) {
   let last = after;
   let delay = 500;
   while (!signal.aborted) {
@@ -84,6 +86,7 @@ async function follow(path, after, onEvent, onState, signal) {
         while ((end = buf.indexOf("\n\n")) >= 0) {
           const frame = buf.slice(0, end);
           buf = buf.slice(end + 2);
+          if (frame === ": live") { if (onLive) onLive(); continue; }
           let id = null, data = null;
           for (const line of frame.split("\n")) {
             if (line.startsWith("id: ")) id = Number(line.slice(4));
@@ -239,9 +242,11 @@ async function watchAttention(me) {
   if (attention.abort && !attention.abort.signal.aborted) return;
   attention.abort = new AbortController();
   const signal = attention.abort.signal;
-  // The stream replays its history first: what happened before the page opened (by the
-  // server's clock, give or take a minute) counts, but is not announced.
-  const since = Date.now() - 60_000;
+  // The stream replays its history first: what happened before the page opened counts,
+  // but is not announced. The server marks the end of that replay; what comes after it
+  // (including what a reconnect replays) is news. `data-attention="live"` on the body
+  // says the page has caught up.
+  let live = false;
   try {
     for (const a of await all("/v1/agents?status=waiting_permission", 1000)) attention.waiting.add(a.id);
   } catch (_) { /* counted from the stream on */ }
@@ -249,7 +254,7 @@ async function watchAttention(me) {
   follow("/v1/events", 0, (_id, ev) => {
     const d = ev.data || {};
     if (!d.agent_id) return;
-    const fresh = Date.parse(ev.at) >= since;
+    const fresh = live;
     if (ev.kind === "permission_requested") {
       attention.waiting.add(d.agent_id);
       if (fresh) tellAbout(d.agent_id, "asks for permission");
@@ -261,7 +266,10 @@ async function watchAttention(me) {
       attention.waiting.delete(d.agent_id);
     } else return;
     titleCount();
-  }, () => {}, signal);
+  }, () => {}, signal, () => {
+    live = true;
+    document.body.dataset.attention = "live";
+  });
 }
 
 async function tellAbout(agentId, text) {

@@ -4,6 +4,11 @@
 //! buffer; when it falls behind the bus it resynchronises from the database, so a slow
 //! client never slows the writer. `: ping` every `events.ping_interval_s` seconds.
 //!
+//! Once the first replay has sent everything committed when the stream opened, the
+//! stream sends one `: live` comment: what follows happened after the client connected
+//! (the dashboard announces only those). SSE clients ignore comments, so the contract's
+//! messages are unchanged.
+//!
 //! A stream lasts only as long as its caller's right to it (`streams::Guard`): when the
 //! credential it was opened with is revoked or expires, or the caller loses a team the
 //! stream covers, the stream sends a last comment naming why (`: ended token_revoked`)
@@ -69,6 +74,9 @@ fn stream_response(rx: mpsc::Receiver<Bytes>) -> HttpResponse {
         .insert_header(("x-accel-buffering", "no"))
         .streaming(body)
 }
+
+/// The comment that marks the end of the first replay (see the module's documentation).
+const LIVE: &[u8] = b": live\n\n";
 
 /// What every stream does besides its events: `retry:` once, `: ping` while idle.
 struct Idle {
@@ -217,6 +225,7 @@ async fn pump_agent(
     tokio::pin!(revoked);
     let mut idle = Idle::start(ping_interval_s, &tx).await?;
     replay_agent(stream, &mut last, &tx).await?;
+    tx.send(Bytes::from_static(LIVE)).await?;
     let ended = ended(&tx, stream.stopping());
     tokio::pin!(ended);
     loop {
@@ -377,6 +386,7 @@ async fn pump_team(
     tokio::pin!(revoked);
     let mut idle = Idle::start(ping_interval_s, &tx).await?;
     replay_team(stream, &mut last, &tx).await?;
+    tx.send(Bytes::from_static(LIVE)).await?;
     let ended = ended(&tx, stream.stopping());
     tokio::pin!(ended);
     loop {

@@ -207,7 +207,8 @@ async fn mode_and_model_changes_are_recorded() {
     );
 }
 
-/// `retry:` once at the start, then `: ping` comments while nothing happens.
+/// `retry:` once at the start, `: live` once the replay is done, then `: ping` comments
+/// while nothing happens.
 #[tokio::test]
 async fn idle_streams_get_keep_alive_comments() {
     use futures::StreamExt;
@@ -233,6 +234,14 @@ async fn idle_streams_get_keep_alive_comments() {
     }
     assert!(text.starts_with("retry: 3000\n\n"));
     assert_eq!(text.matches("retry:").count(), 1);
+    // The replay of the finished agent, then once `: live`, then only keep-alives.
+    let live = text
+        .find(": live\n\n")
+        .expect("a `: live` comment after the replay");
+    assert_eq!(text.matches(": live").count(), 1);
+    assert!(text[..live].contains("event: status"), "{text:?}");
+    assert!(!text[live..].contains("id: "), "{text:?}");
+    assert!(live < text.find(": ping").unwrap(), "{text:?}");
 }
 
 /// Open an agent's stream and the team's, raw, each read until its `retry:` line.
