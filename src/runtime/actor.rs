@@ -10,19 +10,18 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::permissions::{self, Permissions, permission_state_error};
+use super::permissions::{self, Permissions};
 use super::{
-    AgentContext, AgentLauncher, BrokeredEnv, Command, EndedTurn, Exhausted, Moment,
-    PermissionAnswer, RunningTurn, RuntimeError, Shared, Snapshot, TurnMeter, TurnSubject,
+    AgentContext, AgentLauncher, BrokeredEnv, Command, EndedTurn, Exhausted, Moment, RunningTurn,
+    RuntimeError, Shared, Snapshot, TurnMeter, TurnSubject,
 };
 use crate::domain::{
-    AgentId, AgentStatus, Behavior, EventKind, MessageId, NewEvent, PermissionId, Redactor,
-    ToolStatus, TurnId, TurnOutcome,
+    AgentId, AgentStatus, EventKind, MessageId, NewEvent, Redactor, ToolStatus, TurnId, TurnOutcome,
 };
 use crate::events::{Attached, Fence, NewMoment, NewTeamEvent, StateChange};
 use crate::providers::{
-    PermissionDecision, PermissionRequest, Provider, ProviderError, ProviderEvent, ProviderSession,
-    SessionSpec, ToolCallUpdate, TurnInput, Usage,
+    Provider, ProviderError, ProviderEvent, ProviderSession, SessionSpec, ToolCallUpdate,
+    TurnInput, Usage,
 };
 use crate::store;
 
@@ -69,7 +68,7 @@ struct Settled {
 }
 
 pub(crate) struct Actor {
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
     ctx: AgentContext,
     provider: Arc<dyn Provider>,
     snapshot: watch::Sender<Snapshot>,
@@ -78,7 +77,7 @@ pub(crate) struct Actor {
     provider_events: Option<mpsc::Receiver<ProviderEvent>>,
     status: AgentStatus,
     turn: Option<Turn>,
-    permissions: Permissions,
+    pub(super) permissions: Permissions,
     /// Events emitted but not yet handed to the writer.
     outbox: Vec<NewEvent>,
     /// Moments attached to events of `outbox` (indexed in it).
@@ -90,7 +89,7 @@ pub(crate) struct Actor {
     /// When the agent last did anything (a command, a provider event).
     last_activity: Instant,
     /// Masks the agent's team secret values in what it writes.
-    redactor: Redactor,
+    pub(super) redactor: Redactor,
     /// A status change the writer kept while the store was unavailable: it commits
     /// later, in order, and the snapshot (what `wait` and the API see) follows it then.
     unpublished: bool,
@@ -146,7 +145,16 @@ impl Actor {
         }
     }
 
-    fn id(&self) -> AgentId {
+    /// The open turn's id, if a turn is open.
+    pub(super) fn turn_id(&self) -> Option<TurnId> {
+        self.turn.as_ref().map(|t| t.id)
+    }
+
+    pub(super) fn in_turn(&self) -> bool {
+        self.turn.is_some()
+    }
+
+    pub(super) fn id(&self) -> AgentId {
         self.ctx.id
     }
 
@@ -826,60 +834,6 @@ impl Actor {
         .await;
     }
 
-    async fn answer(
-        &mut self,
-        id: PermissionId,
-        answer: PermissionAnswer,
-    ) -> Result<(), RuntimeError> {
-        let Some(option) = self.permissions.choose(id, &answer) else {
-            return Err(permission_state_error(&self.shared, self.id(), id).await);
-        };
-        let option = option?;
-        let resolution = permissions::resolution(&option, &answer);
-        if !store::permissions::resolve(
-            &self.shared.pool,
-            id.uuid(),
-            &resolution,
-            answer.resolved_by,
-        )
-        .await?
-        {
-            self.permissions.forget(id);
-            return Err(RuntimeError::PermissionAlreadyResolved);
-        }
-        let pending = self.permissions.answer(id).expect("checked above");
-        let mut data = json!({
-            "request_id": id, "behavior": answer.behavior, "option_id": option.id,
-            "resolved_by": crate::domain::UserId::from(answer.resolved_by),
-        });
-        if let Some(m) = &answer.message {
-            data["message"] = json!(m);
-        }
-        let team = self.team_event(
-            "permission_resolved",
-            json!({"agent_id": self.id(), "request_id": id, "behavior": answer.behavior}),
-        );
-        let moment = Moment::PermissionResolved {
-            request_id: id,
-            resolution: resolution.clone(),
-        };
-        self.commit_with(
-            vec![self.event(EventKind::PermissionResolved, data)],
-            Attached {
-                fence: None,
-                team: vec![team],
-                moments: vec![moment.at(0)],
-                changes: Vec::new(),
-            },
-        )
-        .await?;
-        pending.selected(option, answer);
-        if self.permissions.is_empty() && self.turn.is_some() {
-            self.set_status(AgentStatus::Running, None).await?;
-        }
-        Ok(())
-    }
-
     // ---- provider events ---------------------------------------------------------------
 
     async fn handle_provider_event(&mut self, ev: Option<ProviderEvent>) {
@@ -1101,7 +1055,7 @@ impl Actor {
     }
 
     /// Close the open assistant message (or reasoning block) with its whole text.
-    async fn close_message(&mut self, reasoning: bool) {
+    pub(super) async fn close_message(&mut self, reasoning: bool) {
         let Some(turn) = self.turn.as_mut() else {
             return;
         };
@@ -1121,71 +1075,6 @@ impl Actor {
                 )
                 .await;
             }
-        }
-    }
-
-    async fn permission_requested(&mut self, req: PermissionRequest) {
-        self.close_message(false).await;
-        self.close_message(true).await;
-        let id = PermissionId::new();
-        let options = json!(req.options);
-        let kind = serde_json::to_value(req.kind)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default();
-        let mut input = req.input.clone();
-        if let Some(input) = input.as_mut() {
-            self.redactor.json(input);
-        }
-        let stored = store::permissions::insert(
-            &self.shared.pool,
-            store::permissions::NewPermission {
-                id: id.uuid(),
-                agent_id: self.id().uuid(),
-                turn_id: self.turn.as_ref().map(|t| t.id.uuid()),
-                provider_request_id: &req.provider_request_id,
-                kind: &kind,
-                title: &self.redactor.text(&req.title),
-                call_id: req.call_id.as_deref(),
-                input: input.as_ref(),
-                options: &options,
-            },
-        )
-        .await;
-        if let Err(e) = stored {
-            tracing::error!(agent_id = %self.id(), error = %e, "could not store a permission request; denying it");
-            let _ = req.reply.send(PermissionDecision::Cancelled);
-            return;
-        }
-        let mut data =
-            json!({"request_id": id, "kind": kind, "title": req.title, "options": options});
-        if let Some(c) = &req.call_id {
-            data["call_id"] = json!(c);
-        }
-        if let Some(i) = &req.input {
-            data["input"] = i.clone();
-        }
-        let team = self.team_event(
-            "permission_requested",
-            json!({"agent_id": self.id(), "request_id": id, "title": req.title}),
-        );
-        if let Err(e) = self
-            .commit_with(
-                vec![self.event(EventKind::PermissionRequested, data)],
-                Attached {
-                    fence: None,
-                    team: vec![team],
-                    moments: vec![Moment::PermissionRequested { request_id: id }.at(0)],
-                    changes: Vec::new(),
-                },
-            )
-            .await
-        {
-            tracing::error!(error = %e, "could not record a permission request");
-        }
-        self.permissions.open(id, req.reply, req.options);
-        if self.turn.is_some() {
-            let _ = self.set_status(AgentStatus::WaitingPermission, None).await;
         }
     }
 
@@ -1222,38 +1111,6 @@ impl Actor {
         if let Some(sid) = provider_session_id {
             self.snapshot
                 .send_modify(|s| s.provider_session_id = Some(sid));
-        }
-    }
-
-    /// The CLI no longer waits for an answer: the request expires, and the timeline says so.
-    async fn permission_withdrawn(&mut self, provider_request_id: &str) {
-        let expired = match store::permissions::expire_by_provider_id(
-            &self.shared.pool,
-            self.id().uuid(),
-            provider_request_id,
-        )
-        .await
-        {
-            Ok(Some(id)) => PermissionId::from(id),
-            Ok(None) => return,
-            Err(e) => {
-                tracing::warn!(agent_id = %self.id(), error = %e, "could not expire a withdrawn permission request");
-                return;
-            }
-        };
-        self.permissions.forget(expired);
-        self.emit(
-            EventKind::PermissionResolved,
-            json!({"request_id": expired, "behavior": Behavior::Deny, "expired": true,
-                   "resolved_by": null, "message": "the agent withdrew the request"}),
-        )
-        .await;
-        self.attach(Moment::PermissionResolved {
-            request_id: expired,
-            resolution: permissions::expired_resolution(),
-        });
-        if self.permissions.is_empty() && self.turn.is_some() {
-            let _ = self.set_status(AgentStatus::Running, None).await;
         }
     }
 
@@ -1452,7 +1309,7 @@ impl Actor {
 
     // ---- writing -----------------------------------------------------------------------
 
-    fn event(&self, kind: EventKind, data: Value) -> NewEvent {
+    pub(super) fn event(&self, kind: EventKind, data: Value) -> NewEvent {
         NewEvent {
             agent_id: self.id(),
             turn_id: self.turn.as_ref().map(|t| t.id),
@@ -1485,13 +1342,13 @@ impl Actor {
         }
     }
 
-    async fn emit(&mut self, kind: EventKind, data: Value) {
+    pub(super) async fn emit(&mut self, kind: EventKind, data: Value) {
         let ev = self.event(kind, data);
         self.outbox.push(ev);
     }
 
     /// Attach `moment` to the last event emitted (it is stored with it).
-    fn attach(&mut self, moment: Moment) {
+    pub(super) fn attach(&mut self, moment: Moment) {
         if let Some(last) = self.outbox.len().checked_sub(1) {
             self.outbox_moments.push(moment.at(last));
         }
@@ -1584,7 +1441,7 @@ impl Actor {
 
     /// `commit`, with moments attached to `events` (indexed in them) and the state
     /// changes they announce: all of it commits together.
-    async fn commit_with(
+    pub(super) async fn commit_with(
         &mut self,
         events: Vec<NewEvent>,
         mut attached: Attached,
@@ -1643,7 +1500,7 @@ impl Actor {
         }
     }
 
-    fn team_event(&self, kind: &'static str, data: Value) -> NewTeamEvent {
+    pub(super) fn team_event(&self, kind: &'static str, data: Value) -> NewTeamEvent {
         NewTeamEvent {
             team_id: self.ctx.team_id,
             project_id: Some(self.ctx.project_id),
@@ -1653,7 +1510,7 @@ impl Actor {
         }
     }
 
-    async fn set_status(
+    pub(super) async fn set_status(
         &mut self,
         status: AgentStatus,
         reason: Option<&str>,

@@ -3,15 +3,22 @@
 //! hears the chosen option), expires with its turn (the provider hears "cancelled"), or
 //! is withdrawn by the provider (nobody is told). An answer to a request that is no
 //! longer pending is refused with the reason its stored row gives.
+//!
+//! `Permissions` is that state machine, with unit tests below; the `impl Actor` here is
+//! the actor's side of it: storing a request before it is announced, writing an answer
+//! before the provider hears it, and moving the agent between `running` and
+//! `waiting_permission`.
 
 use std::collections::HashMap;
 
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-use super::{PermissionAnswer, RuntimeError, Shared};
-use crate::domain::{AgentId, Behavior, PermissionId, PermissionOption};
-use crate::providers::PermissionDecision;
+use super::actor::Actor;
+use super::{Moment, PermissionAnswer, RuntimeError, Shared};
+use crate::domain::{AgentId, AgentStatus, Behavior, EventKind, PermissionId, PermissionOption};
+use crate::events::Attached;
+use crate::providers::{PermissionDecision, PermissionRequest};
 use crate::store;
 
 struct Pending {
@@ -174,6 +181,165 @@ pub(crate) async fn permission_state_error(
     match store::permissions::get(&shared.pool, agent.uuid(), id.uuid()).await {
         Ok(row) => state_error(row.as_ref().map(|r| r.status.as_str())),
         Err(e) => RuntimeError::Store(e),
+    }
+}
+
+/// The actor's side: storing, announcing and answering its requests.
+impl Actor {
+    /// Answer the pending request `id`: stored first (a request answered elsewhere
+    /// meanwhile is refused), then the timeline, then the provider hears the option.
+    pub(super) async fn answer(
+        &mut self,
+        id: PermissionId,
+        answer: PermissionAnswer,
+    ) -> Result<(), RuntimeError> {
+        let Some(option) = self.permissions.choose(id, &answer) else {
+            return Err(permission_state_error(&self.shared, self.id(), id).await);
+        };
+        let option = option?;
+        let resolution = resolution(&option, &answer);
+        if !store::permissions::resolve(
+            &self.shared.pool,
+            id.uuid(),
+            &resolution,
+            answer.resolved_by,
+        )
+        .await?
+        {
+            self.permissions.forget(id);
+            return Err(RuntimeError::PermissionAlreadyResolved);
+        }
+        let pending = self.permissions.answer(id).expect("checked above");
+        let mut data = json!({
+            "request_id": id, "behavior": answer.behavior, "option_id": option.id,
+            "resolved_by": crate::domain::UserId::from(answer.resolved_by),
+        });
+        if let Some(m) = &answer.message {
+            data["message"] = json!(m);
+        }
+        let team = self.team_event(
+            "permission_resolved",
+            json!({"agent_id": self.id(), "request_id": id, "behavior": answer.behavior}),
+        );
+        let moment = Moment::PermissionResolved {
+            request_id: id,
+            resolution: resolution.clone(),
+        };
+        self.commit_with(
+            vec![self.event(EventKind::PermissionResolved, data)],
+            Attached {
+                fence: None,
+                team: vec![team],
+                moments: vec![moment.at(0)],
+                changes: Vec::new(),
+            },
+        )
+        .await?;
+        pending.selected(option, answer);
+        if self.permissions.is_empty() && self.in_turn() {
+            self.set_status(AgentStatus::Running, None).await?;
+        }
+        Ok(())
+    }
+
+    /// The provider asks: the request is stored, announced, and held open until it is
+    /// answered, expires with its turn or is withdrawn. One that cannot be stored is
+    /// denied (the provider hears "cancelled").
+    pub(super) async fn permission_requested(&mut self, req: PermissionRequest) {
+        self.close_message(false).await;
+        self.close_message(true).await;
+        let id = PermissionId::new();
+        let options = json!(req.options);
+        let kind = serde_json::to_value(req.kind)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let mut input = req.input.clone();
+        if let Some(input) = input.as_mut() {
+            self.redactor.json(input);
+        }
+        let stored = store::permissions::insert(
+            &self.shared.pool,
+            store::permissions::NewPermission {
+                id: id.uuid(),
+                agent_id: self.id().uuid(),
+                turn_id: self.turn_id().map(|t| t.uuid()),
+                provider_request_id: &req.provider_request_id,
+                kind: &kind,
+                title: &self.redactor.text(&req.title),
+                call_id: req.call_id.as_deref(),
+                input: input.as_ref(),
+                options: &options,
+            },
+        )
+        .await;
+        if let Err(e) = stored {
+            tracing::error!(agent_id = %self.id(), error = %e, "could not store a permission request; denying it");
+            let _ = req.reply.send(PermissionDecision::Cancelled);
+            return;
+        }
+        let mut data =
+            json!({"request_id": id, "kind": kind, "title": req.title, "options": options});
+        if let Some(c) = &req.call_id {
+            data["call_id"] = json!(c);
+        }
+        if let Some(i) = &req.input {
+            data["input"] = i.clone();
+        }
+        let team = self.team_event(
+            "permission_requested",
+            json!({"agent_id": self.id(), "request_id": id, "title": req.title}),
+        );
+        if let Err(e) = self
+            .commit_with(
+                vec![self.event(EventKind::PermissionRequested, data)],
+                Attached {
+                    fence: None,
+                    team: vec![team],
+                    moments: vec![Moment::PermissionRequested { request_id: id }.at(0)],
+                    changes: Vec::new(),
+                },
+            )
+            .await
+        {
+            tracing::error!(error = %e, "could not record a permission request");
+        }
+        self.permissions.open(id, req.reply, req.options);
+        if self.in_turn() {
+            let _ = self.set_status(AgentStatus::WaitingPermission, None).await;
+        }
+    }
+
+    /// The CLI no longer waits for an answer: the request expires, and the timeline says so.
+    pub(super) async fn permission_withdrawn(&mut self, provider_request_id: &str) {
+        let expired = match store::permissions::expire_by_provider_id(
+            &self.shared.pool,
+            self.id().uuid(),
+            provider_request_id,
+        )
+        .await
+        {
+            Ok(Some(id)) => PermissionId::from(id),
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(agent_id = %self.id(), error = %e, "could not expire a withdrawn permission request");
+                return;
+            }
+        };
+        self.permissions.forget(expired);
+        self.emit(
+            EventKind::PermissionResolved,
+            json!({"request_id": expired, "behavior": Behavior::Deny, "expired": true,
+                   "resolved_by": null, "message": "the agent withdrew the request"}),
+        )
+        .await;
+        self.attach(Moment::PermissionResolved {
+            request_id: expired,
+            resolution: expired_resolution(),
+        });
+        if self.permissions.is_empty() && self.in_turn() {
+            let _ = self.set_status(AgentStatus::Running, None).await;
+        }
     }
 }
 
