@@ -89,6 +89,25 @@ pub struct CommandSpec {
     pub ignores_term: bool,
 }
 
+impl CommandSpec {
+    /// `program` with `args` in `cwd`, with nothing else: no environment beyond the
+    /// base, no secrets, no files, TERM as usual. The other fields are set with `..`.
+    pub fn new(program: impl Into<String>, args: Vec<String>, cwd: impl Into<PathBuf>) -> Self {
+        Self {
+            program: program.into(),
+            args,
+            cwd: cwd.into(),
+            env: BTreeMap::new(),
+            pass_env: Vec::new(),
+            secret_env: SecretEnv::new(),
+            wraps: None,
+            serves: None,
+            private_files: Vec::new(),
+            ignores_term: false,
+        }
+    }
+}
+
 /// The argument that names private file `name` of a `CommandSpec`.
 pub fn private_file_arg(name: &str) -> String {
     format!("{TMPDIR_ARG}/{name}")
@@ -1205,18 +1224,11 @@ mod tests {
     use tokio::io::AsyncReadExt;
 
     fn spec(program: &str, args: &[&str]) -> CommandSpec {
-        CommandSpec {
-            program: program.to_owned(),
-            args: args.iter().map(|s| s.to_string()).collect(),
-            cwd: std::env::temp_dir(),
-            env: BTreeMap::new(),
-            pass_env: Vec::new(),
-            secret_env: SecretEnv::new(),
-            wraps: None,
-            serves: None,
-            private_files: Vec::new(),
-            ignores_term: false,
-        }
+        CommandSpec::new(
+            program,
+            args.iter().map(|s| s.to_string()).collect(),
+            std::env::temp_dir(),
+        )
     }
 
     /// All the child writes to stdout, once it has exited successfully.

@@ -574,16 +574,9 @@ impl CliConfig {
             ));
         };
         Ok(CommandSpec {
-            program: program.clone(),
-            args: args.to_vec(),
-            cwd,
             env: self.env.clone(),
             pass_env: self.pass_env.clone(),
-            secret_env: Default::default(),
-            wraps: None,
-            serves: None,
-            private_files: Vec::new(),
-            ignores_term: false,
+            ..CommandSpec::new(program.clone(), args.to_vec(), cwd)
         })
     }
 

@@ -618,18 +618,7 @@ mod tests {
              time.sleep(60)\n",
             marker = marker.display().to_string()
         );
-        let spec = CommandSpec {
-            program: "python3".into(),
-            args: vec!["-c".into(), script],
-            cwd: worktree.path().to_owned(),
-            env: BTreeMap::new(),
-            pass_env: Vec::new(),
-            secret_env: Default::default(),
-            wraps: None,
-            serves: None,
-            private_files: Vec::new(),
-            ignores_term: false,
-        };
+        let spec = CommandSpec::new("python3", vec!["-c".into(), script], worktree.path());
         let view = AgentView {
             agent: None,
             worktree: worktree.path().to_owned(),

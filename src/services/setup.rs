@@ -385,16 +385,8 @@ async fn run(
         for argv in &commands {
             push(&work_out, &format!("$ {}\n", display_argv(argv)));
             let spec = CommandSpec {
-                program: argv[0].clone(),
-                args: argv[1..].to_vec(),
-                cwd: cwd.clone(),
                 env: target_env.clone(),
-                pass_env: Vec::new(),
-                secret_env: Default::default(),
-                wraps: None,
-                serves: None,
-                private_files: Vec::new(),
-                ignores_term: false,
+                ..CommandSpec::new(argv[0].clone(), argv[1..].to_vec(), cwd.clone())
             };
             // The repository's commands run in the sandbox an agent of the workspace gets.
             let spec = match &sandbox {

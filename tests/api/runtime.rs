@@ -27,18 +27,7 @@ use crate::helpers::{TestApp, eventually, git_repo, pid_alive, spawn_app};
 
 /// A real process that waits ten minutes in `cwd`: what the fake provider runs.
 fn sleeper(cwd: std::path::PathBuf) -> CommandSpec {
-    CommandSpec {
-        program: "sleep".into(),
-        args: vec!["600".into()],
-        cwd,
-        env: Default::default(),
-        pass_env: Vec::new(),
-        secret_env: Default::default(),
-        wraps: None,
-        serves: None,
-        private_files: Vec::new(),
-        ignores_term: false,
-    }
+    CommandSpec::new("sleep", vec!["600".into()], cwd)
 }
 
 /// What the fake agent does with a prompt.

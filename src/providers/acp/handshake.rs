@@ -536,16 +536,9 @@ pub(super) async fn start_session(
     };
     let mut child = launcher
         .launch(CommandSpec {
-            program: program.clone(),
-            args,
-            cwd: spec.cwd.clone(),
             env: cfg.env.clone(),
             pass_env: cfg.pass_env.clone(),
-            secret_env: Default::default(),
-            wraps: None,
-            serves: None,
-            private_files: Vec::new(),
-            ignores_term: false,
+            ..CommandSpec::new(program.clone(), args, spec.cwd.clone())
         })
         .await?;
     let pid = child.pid();
