@@ -71,25 +71,10 @@ enum Command {
     /// the CLI given after `--`.
     #[command(hide = true)]
     SandboxBridge {
-        /// The loopback address to listen on.
-        #[arg(long)]
-        listen: std::net::SocketAddr,
-        /// The egress endpoint's Unix socket.
-        #[arg(long)]
-        socket: PathBuf,
-        /// A Unix socket whose connections go to `--inbound-port` on loopback.
-        #[arg(long, requires = "inbound_port")]
-        inbound: Option<PathBuf>,
-        /// The loopback port `--inbound` leads to.
-        #[arg(long, requires = "inbound")]
-        inbound_port: Option<u16>,
-        /// A loopback `host:port` of the host reached from the same port inside, through
-        /// the egress endpoint (repeated).
-        #[arg(long)]
-        loopback: Vec<String>,
-        /// The CLI and its arguments.
-        #[arg(last = true, required = true)]
-        argv: Vec<String>,
+        /// `--listen ADDR --socket PATH [--inbound PATH --inbound-port PORT]
+        /// [--loopback HOST:PORT]... -- ARGV...` (see `egress::bridge::BridgeArgs::parse`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 1..)]
+        args: Vec<String>,
     },
     /// Measure durable event throughput, SSE latency and memory.
     Bench(crate::bench::BenchArgs),
@@ -147,22 +132,8 @@ pub fn main() -> anyhow::Result<()> {
             .build()?;
         return rt.block_on(crate::providers::mock::run_stdio());
     }
-    if let Command::SandboxBridge {
-        listen,
-        socket,
-        inbound,
-        inbound_port,
-        loopback,
-        argv,
-    } = cli.command
-    {
-        return crate::egress::bridge::run(crate::egress::bridge::BridgeArgs {
-            listen,
-            socket,
-            inbound: inbound.zip(inbound_port),
-            loopback,
-            argv,
-        });
+    if let Command::SandboxBridge { args } = &cli.command {
+        return crate::egress::bridge::run(crate::egress::bridge::BridgeArgs::parse(args)?);
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

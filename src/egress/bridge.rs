@@ -37,6 +37,53 @@ pub struct BridgeArgs {
     pub argv: Vec<String>,
 }
 
+impl BridgeArgs {
+    /// The bridge's command line after its command name: `--listen ADDR --socket PATH
+    /// [--inbound PATH --inbound-port PORT] [--loopback HOST:PORT]... -- ARGV...`. The
+    /// server writes it; both ways of starting the bridge (`agentry sandbox-bridge` and
+    /// the small `agentry-sandbox bridge`) read it here.
+    pub fn parse(args: &[String]) -> anyhow::Result<Self> {
+        let (mut listen, mut socket, mut inbound, mut inbound_port) = (None, None, None, None);
+        let mut loopback = Vec::new();
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            if flag == "--" {
+                break;
+            }
+            let mut value = || {
+                it.next()
+                    .ok_or_else(|| anyhow::anyhow!("sandbox-bridge: `{flag}` needs a value"))
+            };
+            match flag.as_str() {
+                "--listen" => listen = Some(value()?.parse::<SocketAddr>()?),
+                "--socket" => socket = Some(PathBuf::from(value()?)),
+                "--inbound" => inbound = Some(PathBuf::from(value()?)),
+                "--inbound-port" => inbound_port = Some(value()?.parse::<u16>()?),
+                "--loopback" => loopback.push(value()?.clone()),
+                other => anyhow::bail!("sandbox-bridge: unknown argument `{other}`"),
+            }
+        }
+        let argv: Vec<String> = it.cloned().collect();
+        if argv.is_empty() {
+            anyhow::bail!("sandbox-bridge: no command to run after `--`");
+        }
+        let inbound = match (inbound, inbound_port) {
+            (Some(path), Some(port)) => Some((path, port)),
+            (None, None) => None,
+            _ => anyhow::bail!("sandbox-bridge: `--inbound` and `--inbound-port` go together"),
+        };
+        Ok(Self {
+            listen: listen
+                .ok_or_else(|| anyhow::anyhow!("sandbox-bridge: `--listen` is required"))?,
+            socket: socket
+                .ok_or_else(|| anyhow::anyhow!("sandbox-bridge: `--socket` is required"))?,
+            inbound,
+            loopback,
+            argv,
+        })
+    }
+}
+
 /// The most a proxy's answer to a forward's `CONNECT` may be.
 const MAX_ANSWER: usize = 8 * 1024;
 

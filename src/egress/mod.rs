@@ -227,7 +227,8 @@ struct Inner {
     /// A private directory that stands in for `root` when sockets under it would have
     /// paths too long for a Unix socket; removed with the proxy.
     _short_root: Option<tempfile::TempDir>,
-    bridge_program: PathBuf,
+    /// The bridge's program and command (`[program, command]`), see `bridge_command`.
+    bridge: [String; 2],
     limits: EgressLimits,
     denials: mpsc::Sender<Denial>,
     dropped_denials: AtomicU64,
@@ -295,6 +296,18 @@ impl AgentState {
     }
 }
 
+/// How a sandbox starts its bridge, given the `agentry` executable: the small
+/// `agentry-sandbox bridge` installed beside it when there is one (each agent's start then
+/// maps a few megabytes, not the whole server), else `agentry sandbox-bridge`.
+fn bridge_command(agentry: &Path) -> [String; 2] {
+    let small = agentry.with_file_name("agentry-sandbox");
+    if small.is_file() {
+        [small.display().to_string(), "bridge".to_owned()]
+    } else {
+        [agentry.display().to_string(), "sandbox-bridge".to_owned()]
+    }
+}
+
 impl Egress {
     /// A proxy whose endpoints live under `root`; denials arrive on the receiver.
     pub fn start(root: PathBuf) -> (Self, mpsc::Receiver<Denial>) {
@@ -303,12 +316,13 @@ impl Egress {
 
     pub fn start_with(root: PathBuf, limits: EgressLimits) -> (Self, mpsc::Receiver<Denial>) {
         let (tx, rx) = mpsc::channel(DENIAL_QUEUE);
-        let bridge_program = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("agentry"));
+        let bridge =
+            bridge_command(&std::env::current_exe().unwrap_or_else(|_| PathBuf::from("agentry")));
         let (root, short_root) = short_enough(root);
         let inner = Inner {
             root,
             _short_root: short_root,
-            bridge_program,
+            bridge,
             limits,
             denials: tx,
             dropped_denials: AtomicU64::new(0),
@@ -322,12 +336,12 @@ impl Egress {
         )
     }
 
-    /// The program that runs the bridge (`<program> sandbox-bridge …`); by default this
-    /// executable. Set it before the proxy is cloned.
+    /// The `agentry` executable the bridge comes from (see `bridge_command`); by default
+    /// this executable. Set it before the proxy is cloned.
     pub fn with_bridge_program(mut self, program: PathBuf) -> Self {
         Arc::get_mut(&mut self.inner)
             .expect("the bridge program is set before the proxy is shared")
-            .bridge_program = program;
+            .bridge = bridge_command(&program);
         self
     }
 
@@ -449,8 +463,8 @@ impl Egress {
         }
         let socket = Path::new(INSIDE_DIR).join(SOCKET_NAME);
         let mut argv_prefix = vec![
-            self.inner.bridge_program.display().to_string(),
-            "sandbox-bridge".into(),
+            self.inner.bridge[0].clone(),
+            self.inner.bridge[1].clone(),
             "--listen".into(),
             BRIDGE_LISTEN.into(),
             "--socket".into(),

@@ -389,6 +389,98 @@ async fn the_plan_mounts_the_endpoint_and_runs_the_bridge_first() {
     );
 }
 
+#[test]
+fn the_small_bridge_executable_beside_agentry_is_preferred() {
+    let dir = tempfile::tempdir().unwrap();
+    let agentry = dir.path().join("agentry");
+    std::fs::write(&agentry, b"").unwrap();
+    assert_eq!(
+        bridge_command(&agentry),
+        [agentry.display().to_string(), "sandbox-bridge".to_owned()]
+    );
+    let small = dir.path().join("agentry-sandbox");
+    std::fs::write(&small, b"").unwrap();
+    assert_eq!(
+        bridge_command(&agentry),
+        [small.display().to_string(), "bridge".to_owned()]
+    );
+}
+
+#[test]
+fn the_bridges_command_line_is_read_back_as_written() {
+    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let parsed = bridge::BridgeArgs::parse(&args(&[
+        "--listen",
+        "127.0.0.1:3128",
+        "--socket",
+        "/run/agentry/egress.sock",
+        "--loopback",
+        "127.0.0.1:9000",
+        "--loopback",
+        "localhost:9001",
+        "--inbound",
+        "/run/agentry/inbound-4096.sock",
+        "--inbound-port",
+        "4096",
+        "--",
+        "opencode",
+        "--port",
+        "4096",
+    ]))
+    .unwrap();
+    assert_eq!(parsed.listen, "127.0.0.1:3128".parse().unwrap());
+    assert_eq!(parsed.socket, PathBuf::from("/run/agentry/egress.sock"));
+    assert_eq!(parsed.loopback, ["127.0.0.1:9000", "localhost:9001"]);
+    assert_eq!(
+        parsed.inbound,
+        Some((PathBuf::from("/run/agentry/inbound-4096.sock"), 4096))
+    );
+    // What follows `--` is the CLI's, flags included.
+    assert_eq!(parsed.argv, ["opencode", "--port", "4096"]);
+    for (bad, why) in [
+        (
+            &["--socket", "/s", "--", "cli"][..],
+            "`--listen` is required",
+        ),
+        (
+            &["--listen", "127.0.0.1:1", "--socket", "/s", "--"][..],
+            "no command",
+        ),
+        (
+            &[
+                "--listen",
+                "127.0.0.1:1",
+                "--socket",
+                "/s",
+                "--inbound",
+                "/i",
+                "--",
+                "cli",
+            ][..],
+            "go together",
+        ),
+        (
+            &[
+                "--listen",
+                "127.0.0.1:1",
+                "--socket",
+                "/s",
+                "--shell",
+                "x",
+                "--",
+                "cli",
+            ][..],
+            "unknown argument",
+        ),
+        (&["--listen"][..], "needs a value"),
+    ] {
+        let e = bridge::BridgeArgs::parse(&args(bad))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(why), "{bad:?}: {e}");
+    }
+}
+
 #[tokio::test]
 async fn the_bridge_is_told_the_loopback_forwards_of_the_servers_entries() {
     let (_dir, egress, _denials) = proxy();

@@ -153,11 +153,13 @@ async fn run_in_sandbox(net: &AgentNet, argv: &[&str]) -> std::process::Output {
             cmd.args(["--setenv", k, v]);
         }
     }
-    // The bridge is this build's executable (the test binary is not).
-    cmd.arg("--")
-        .arg(env!("CARGO_BIN_EXE_agentry"))
-        .args(&net.argv_prefix[1..])
-        .args(argv);
+    // The bridge is this build's `agentry-sandbox` (the test app names this build's
+    // `agentry`, and the small executable beside it runs the bridge).
+    assert_eq!(
+        net.argv_prefix[..2],
+        [env!("CARGO_BIN_EXE_agentry-sandbox"), "bridge"]
+    );
+    cmd.arg("--").args(&net.argv_prefix).args(argv);
     cmd.kill_on_drop(true);
     tokio::time::timeout(Duration::from_secs(90), cmd.output())
         .await
