@@ -83,10 +83,12 @@ pub struct Settings {
     /// The settings file this was read from (not a setting): kept out of every sandbox.
     #[serde(skip)]
     pub config_file: Option<PathBuf>,
-    /// The `agentry` executable whose `sandbox-bridge` command runs first in a sandbox
-    /// of the `proxy` network mode (not a setting). `None`: the running executable, which
-    /// is `agentry` itself when it serves; a program that embeds the server (the
-    /// integration tests) names the `agentry` binary here.
+    /// The `agentry` executable (not a setting): its `sandbox-bridge` command, or the
+    /// `agentry-sandbox` installed beside it, runs first in a sandbox of the `proxy`
+    /// network mode, and that `agentry-sandbox` launches children that need setup before
+    /// exec. `None`: the running executable, which is `agentry` itself when it serves; a
+    /// program that embeds the server (the integration tests) names the `agentry` binary
+    /// here.
     #[serde(skip)]
     pub bridge_program: Option<PathBuf>,
 }

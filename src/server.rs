@@ -171,9 +171,22 @@ impl Application {
         );
         let limit_host = crate::process::limits::LimitHost::detect(&replica);
         tracing::info!("limits: {}", limit_host.describe());
+        let agentry_exe = match &settings.bridge_program {
+            Some(p) => Some(p.clone()),
+            None => std::env::current_exe().ok(),
+        };
+        let launcher = agentry_exe
+            .as_deref()
+            .and_then(crate::process::sandbox_helper);
+        if launcher.is_none() {
+            tracing::info!(
+                "agentry-sandbox is not installed beside agentry: agents' processes start from a copy of the server (slower)"
+            );
+        }
         let ledger = Ledger::new(pool.clone(), replica.clone())
             .with_tmp_root(settings.data_dir.join("tmp"))
-            .with_limits(limit_host, agent_limits(&settings.agents.limits)?);
+            .with_limits(limit_host, agent_limits(&settings.agents.limits)?)
+            .with_launcher(launcher);
         let report = reconcile_at_boot(&pool, &writer, &ledger, &lock).await?;
         if report.agents_closed + report.processes_killed + report.turns_failed > 0 {
             tracing::info!(?report, "reconciled what the previous run left");

@@ -300,11 +300,9 @@ impl AgentState {
 /// `agentry-sandbox bridge` installed beside it when there is one (each agent's start then
 /// maps a few megabytes, not the whole server), else `agentry sandbox-bridge`.
 fn bridge_command(agentry: &Path) -> [String; 2] {
-    let small = agentry.with_file_name("agentry-sandbox");
-    if small.is_file() {
-        [small.display().to_string(), "bridge".to_owned()]
-    } else {
-        [agentry.display().to_string(), "sandbox-bridge".to_owned()]
+    match crate::process::sandbox_helper(agentry) {
+        Some(small) => [small.display().to_string(), "bridge".to_owned()],
+        None => [agentry.display().to_string(), "sandbox-bridge".to_owned()],
     }
 }
 

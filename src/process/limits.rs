@@ -496,6 +496,17 @@ pub struct ChildSetup {
 }
 
 impl ChildSetup {
+    /// No cgroup to join and no rlimits but the core size's.
+    fn none() -> Self {
+        Self {
+            join: Vec::new(),
+            rlimits: Rlimits {
+                open_files: None,
+                processes: None,
+            },
+        }
+    }
+
     /// In the forked child, before exec: join the cgroup, set the rlimits. Only
     /// async-signal-safe calls (`open`, `write`, `close`, `setrlimit`), on data prepared
     /// before the fork.
@@ -524,6 +535,123 @@ impl ChildSetup {
             set_limit(libc::RLIMIT_NPROC, n)?;
         }
         Ok(())
+    }
+}
+
+/// The command of `agentry-sandbox` that applies a [`ChildSetup`] and execs a program:
+/// `launch [--join PATH]... [--nofile N] [--nproc N] [--ignore-term] -- PROGRAM ARGV0
+/// ARGS...`. With it the server starts a child by `posix_spawn` instead of forking its own
+/// large address space to run the setup in the copy.
+pub const LAUNCH: &str = "launch";
+
+/// What the launcher is told: the setup (when there are limits), whether TERM starts
+/// ignored, and the program with its `argv` (`argv[0]` first).
+#[derive(Debug, Clone)]
+pub struct Launch {
+    pub setup: Option<ChildSetup>,
+    pub ignores_term: bool,
+    pub program: String,
+    pub argv: Vec<String>,
+}
+
+impl Launch {
+    /// The arguments after `LAUNCH`, read back by [`Launch::parse`].
+    pub fn to_args(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(setup) = &self.setup {
+            out.push("--setup".to_owned());
+            for path in &setup.join {
+                out.push("--join".to_owned());
+                out.push(path.to_string_lossy().into_owned());
+            }
+            if let Some(n) = setup.rlimits.open_files {
+                out.extend(["--nofile".to_owned(), n.to_string()]);
+            }
+            if let Some(n) = setup.rlimits.processes {
+                out.extend(["--nproc".to_owned(), n.to_string()]);
+            }
+        }
+        if self.ignores_term {
+            out.push("--ignore-term".to_owned());
+        }
+        out.push("--".to_owned());
+        out.push(self.program.clone());
+        out.extend(self.argv.iter().cloned());
+        out
+    }
+
+    pub fn parse(args: &[String]) -> io::Result<Self> {
+        let bad = |why: String| io::Error::new(io::ErrorKind::InvalidInput, why);
+        let number = |flag: &str, v: &str| {
+            v.parse::<u64>()
+                .map_err(|_| bad(format!("`{flag}` takes a number, not `{v}`")))
+        };
+        let mut setup: Option<ChildSetup> = None;
+        let mut ignores_term = false;
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            if flag == "--" {
+                break;
+            }
+            if flag == "--ignore-term" {
+                ignores_term = true;
+                continue;
+            }
+            if flag == "--setup" {
+                setup.get_or_insert_with(ChildSetup::none);
+                continue;
+            }
+            let value = it
+                .next()
+                .ok_or_else(|| bad(format!("`{flag}` needs a value")))?;
+            let s = setup
+                .as_mut()
+                .ok_or_else(|| bad(format!("`{flag}` comes after `--setup`")))?;
+            match flag.as_str() {
+                "--join" => s
+                    .join
+                    .push(CString::new(value.as_bytes()).map_err(|e| bad(e.to_string()))?),
+                "--nofile" => s.rlimits.open_files = Some(number(flag, value)?),
+                "--nproc" => s.rlimits.processes = Some(number(flag, value)?),
+                other => return Err(bad(format!("unknown argument `{other}`"))),
+            }
+        }
+        let program = it
+            .next()
+            .ok_or_else(|| bad("no program after `--`".into()))?
+            .clone();
+        let argv: Vec<String> = it.cloned().collect();
+        if argv.is_empty() {
+            return Err(bad("no argv[0] after the program".into()));
+        }
+        Ok(Self {
+            setup,
+            ignores_term,
+            program,
+            argv,
+        })
+    }
+
+    /// In the launcher: what a forked copy of the server would do before exec, then
+    /// become the program. Returns only on failure.
+    pub fn exec(self) -> io::Error {
+        use std::os::unix::process::CommandExt as _;
+        if self.ignores_term {
+            // SAFETY: setting a signal's disposition to ignored; no handler is involved.
+            if unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) } == libc::SIG_ERR {
+                return io::Error::last_os_error();
+            }
+        }
+        if let Some(setup) = &self.setup
+            && let Err(e) = setup.apply()
+        {
+            return e;
+        }
+        let (argv0, args) = self.argv.split_first().expect("checked by parse");
+        std::process::Command::new(&self.program)
+            .arg0(argv0)
+            .args(args)
+            .exec()
     }
 }
 
@@ -827,6 +955,56 @@ impl Drop for LimitWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_launchers_command_line_is_read_back_as_written() {
+        let launch = Launch {
+            setup: Some(ChildSetup {
+                join: vec![CString::new("/sys/fs/cgroup/pids/agentry/x/cgroup.procs").unwrap()],
+                rlimits: Rlimits {
+                    open_files: Some(256),
+                    processes: None,
+                },
+            }),
+            ignores_term: true,
+            program: "/usr/bin/bwrap".into(),
+            argv: vec!["bwrap".into(), "--".into(), "--setup".into()],
+        };
+        let args = launch.to_args();
+        let back = Launch::parse(&args).unwrap();
+        assert_eq!(back.to_args(), args);
+        let setup = back.setup.unwrap();
+        assert_eq!(setup.join, launch.setup.as_ref().unwrap().join);
+        assert_eq!(setup.rlimits.open_files, Some(256));
+        assert_eq!(setup.rlimits.processes, None);
+        assert!(back.ignores_term);
+        // What follows the program is its argv, flags of the launcher's or not.
+        assert_eq!(back.argv, ["bwrap", "--", "--setup"]);
+        let bare = Launch::parse(&["--".into(), "/bin/true".into(), "true".into()]).unwrap();
+        assert!(bare.setup.is_none() && !bare.ignores_term);
+
+        let strings = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        for (bad, why) in [
+            (
+                &["--nofile", "5", "--", "/bin/true", "true"][..],
+                "after `--setup`",
+            ),
+            (
+                &["--setup", "--nproc", "many", "--", "/bin/true", "true"][..],
+                "takes a number",
+            ),
+            (
+                &["--setup", "--cap", "x", "--", "/bin/true", "true"][..],
+                "unknown argument",
+            ),
+            (&["--"][..], "no program"),
+            (&["--", "/bin/true"][..], "no argv[0]"),
+            (&["--setup", "--join"][..], "needs a value"),
+        ] {
+            let e = Launch::parse(&strings(bad)).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+    }
 
     const MOUNTINFO: &str = "\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755

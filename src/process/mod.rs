@@ -153,6 +153,9 @@ pub struct Ledger {
     hits: Arc<Mutex<HashMap<AgentId, LimitHit>>>,
     /// The cgroup of each agent's latest process, while it lives.
     live: Arc<Mutex<HashMap<AgentId, std::sync::Weak<ChildCgroup>>>>,
+    /// `agentry-sandbox`, when installed: children that need setup before exec (limits,
+    /// TERM ignored) start through its `launch` command (see `limits::LAUNCH`).
+    launcher: Option<Arc<Path>>,
 }
 
 /// A started, recorded child with piped stdin/stdout/stderr.
@@ -429,15 +432,24 @@ pub fn lower_priority(pgid: i32, nice: i32) -> io::Result<()> {
 
 /// Spawn `spec` in a new process group (not yet recorded).
 pub fn spawn(spec: &CommandSpec) -> Result<ManagedChild, ProcessError> {
-    spawn_in(spec, None, None)
+    spawn_in(spec, None, None, None)
+}
+
+/// `agentry-sandbox` installed beside the `agentry` executable, if it is: it runs the
+/// egress bridge inside sandboxes and launches children that need setup before exec.
+pub fn sandbox_helper(agentry: &Path) -> Option<PathBuf> {
+    let helper = agentry.with_file_name("agentry-sandbox");
+    helper.is_file().then_some(helper)
 }
 
 /// `spawn`, with `tmpdir` as the child's `TMPDIR` unless a secret sets it, and in the
-/// cgroup and under the rlimits of `limits`.
+/// cgroup and under the rlimits of `limits`. What must happen between fork and exec is
+/// done by `launcher` when there is one, else in a forked copy of this process.
 fn spawn_in(
     spec: &CommandSpec,
     tmpdir: Option<&Path>,
     limits: Option<&Prepared>,
+    launcher: Option<&Path>,
 ) -> Result<ManagedChild, ProcessError> {
     let mut extra = spec.env.clone();
     if let Some(dir) = tmpdir {
@@ -478,10 +490,45 @@ fn spawn_in(
         )));
     }
 
-    let mut command = tokio::process::Command::new(&program);
+    let setup = limits.map(Prepared::setup);
+    let ignores_term = spec.ignores_term;
+    let needs_setup = setup.is_some() || ignores_term;
+    let mut command = match launcher.filter(|_| needs_setup) {
+        Some(launcher) => {
+            let launch = limits::Launch {
+                setup,
+                ignores_term,
+                program: program.display().to_string(),
+                argv: std::iter::once(spec.program.clone())
+                    .chain(args.iter().cloned())
+                    .collect(),
+            };
+            let mut command = tokio::process::Command::new(launcher);
+            command.arg(limits::LAUNCH).args(launch.to_args());
+            command
+        }
+        None => {
+            let mut command = tokio::process::Command::new(&program);
+            command.arg0(&spec.program).args(&args);
+            if needs_setup {
+                // SAFETY: `apply` makes only async-signal-safe calls (open, write, close,
+                // setrlimit) on data prepared before the fork, and allocates nothing; so
+                // does `signal`.
+                unsafe {
+                    command.pre_exec(move || {
+                        if ignores_term
+                            && libc::signal(libc::SIGTERM, libc::SIG_IGN) == libc::SIG_ERR
+                        {
+                            return Err(io::Error::last_os_error());
+                        }
+                        setup.as_ref().map_or(Ok(()), ChildSetup::apply)
+                    });
+                }
+            }
+            command
+        }
+    };
     command
-        .arg0(&spec.program)
-        .args(&args)
         .current_dir(&spec.cwd)
         .env_clear()
         .envs(env)
@@ -490,21 +537,6 @@ fn spawn_in(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let setup = limits.map(Prepared::setup);
-    let ignores_term = spec.ignores_term;
-    if setup.is_some() || ignores_term {
-        // SAFETY: `apply` makes only async-signal-safe calls (open, write, close,
-        // setrlimit) on data prepared before the fork, and allocates nothing; so does
-        // `signal`.
-        unsafe {
-            command.pre_exec(move || {
-                if ignores_term && libc::signal(libc::SIGTERM, libc::SIG_IGN) == libc::SIG_ERR {
-                    return Err(io::Error::last_os_error());
-                }
-                setup.as_ref().map_or(Ok(()), ChildSetup::apply)
-            });
-        }
-    }
     let mut child = command.spawn().map_err(spawn_error)?;
 
     let Some(pid) = child.id() else {
@@ -672,7 +704,16 @@ impl Ledger {
             agent_limits: None,
             hits: Arc::default(),
             live: Arc::default(),
+            launcher: None,
         }
+    }
+
+    /// Start children that need setup before exec through `launcher`
+    /// (`agentry-sandbox launch`): spawned without a copy of the server's address space,
+    /// which costs the server a fork of all its memory mappings at every start.
+    pub fn with_launcher(mut self, launcher: Option<PathBuf>) -> Self {
+        self.launcher = launcher.map(Arc::from);
+        self
     }
 
     /// Apply `agent_limits` (see [`Ledger::launch_limited`]) through what `host` offers.
@@ -792,7 +833,12 @@ impl Ledger {
                 });
             }
         };
-        let spawned = spawn_in(spec, tmpdir.as_deref(), prepared.as_ref());
+        let spawned = spawn_in(
+            spec,
+            tmpdir.as_deref(),
+            prepared.as_ref(),
+            self.launcher.as_deref(),
+        );
         let mut child = match spawned {
             Ok(child) => child,
             Err(e) => {
@@ -1407,7 +1453,7 @@ mod tests {
             "config.json".to_owned(),
             crate::domain::SecretValue::new("{\"token\": \"t\"}".to_owned()),
         )];
-        let child = spawn_in(&s, Some(&dir), None).unwrap();
+        let child = spawn_in(&s, Some(&dir), None, None).unwrap();
         let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.pid())).unwrap_or_default();
         assert!(!String::from_utf8_lossy(&cmdline).contains("token"));
         let out = run_to_success(child).await;
@@ -1418,10 +1464,10 @@ mod tests {
             .mode();
         assert_eq!(mode & 0o777, 0o600);
         // Without a private directory there is nowhere to put them: refused.
-        assert!(spawn_in(&s, None, None).is_err());
+        assert!(spawn_in(&s, None, None, None).is_err());
         // A name is one plain file name.
         s.private_files[0].0 = "../x".to_owned();
-        assert!(spawn_in(&s, Some(&dir), None).is_err());
+        assert!(spawn_in(&s, Some(&dir), None, None).is_err());
         remove_private_tmp(&dir, id);
     }
 
@@ -1446,7 +1492,7 @@ mod tests {
                 "echo \"$TMPDIR\"; mkdir \"$TMPDIR/x\"; echo left > \"$TMPDIR/x/lib.so\"",
             ],
         );
-        let out = run_to_success(spawn_in(&s, Some(&dir), None).unwrap()).await;
+        let out = run_to_success(spawn_in(&s, Some(&dir), None, None).unwrap()).await;
         assert_eq!(out.trim(), dir.to_str().unwrap());
         assert!(dir.join("x/lib.so").is_file());
 

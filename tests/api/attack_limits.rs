@@ -267,3 +267,87 @@ async fn cgroups_no_process_holds_are_ended_and_removed_at_boot() {
     app.stop().await;
     let _ = std::fs::remove_dir(&replica_dir);
 }
+
+/// The same limits, and TERM ignored by the sandbox's launcher, whether the server starts
+/// the agent's process through the `agentry-sandbox` beside `agentry` (`posix_spawn`, the
+/// installed layout) or, when that is missing, from a forked copy of itself.
+#[tokio::test]
+async fn the_limits_hold_through_the_launcher_and_through_a_fork() {
+    let lone = tempfile::tempdir().unwrap();
+    let agentry = lone.path().join("agentry");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_agentry"), &agentry).unwrap();
+    for program in [None, Some(agentry.clone())] {
+        let app = spawn_app_with(|s| {
+            crate::helpers::with_exec_agent(s);
+            s.agents.limits.max_processes = 64;
+            s.agents.limits.open_files = 256;
+            if let Some(p) = &program {
+                s.bridge_program = Some(p.clone());
+            }
+        })
+        .await;
+        let repo = git_repo();
+        let project = app.project(repo.path()).await;
+        let agent = app.agent_in_new_workspace(&project, EXEC).await;
+        app.prompt(
+            &agent,
+            "grep -E '^Max (processes|open files)' /proc/self/limits",
+        )
+        .await;
+        assert_eq!(last_turn(&app, &agent).await["outcome"], "completed");
+        let reply = last_reply(&app, &agent).await;
+        let held = |name: &str, n: &str| {
+            reply.lines().any(|l| {
+                l.starts_with(name) && l.split_whitespace().filter(|w| *w == n).count() == 2
+            })
+        };
+        assert!(held("Max open files", "256"), "{program:?}: {reply}");
+        // The recorded process is the sandbox itself, with TERM ignored (bit 15 of
+        // SigIgn) so that the ledger's TERM reaches what it runs.
+        let pid = agent_pid(&app, &agent).await;
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+        assert!(exe.ends_with("bwrap"), "{program:?}: {}", exe.display());
+        // Which helper the server found: the bridge it runs inside tells.
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let bridge = match &program {
+            None => format!("{} bridge ", env!("CARGO_BIN_EXE_agentry-sandbox")),
+            Some(p) => format!("{} sandbox-bridge ", p.display()),
+        };
+        assert!(cmdline.contains(&bridge), "{cmdline}");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let ignored = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigIgn:"))
+            .map(|m| u64::from_str_radix(m.trim(), 16).unwrap())
+            .unwrap();
+        assert_ne!(
+            ignored & (1 << (libc::SIGTERM - 1)),
+            0,
+            "{program:?}: {status}"
+        );
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+        assert!(
+            limits
+                .lines()
+                .any(|l| l.starts_with("Max open files") && l.contains(" 256 ")),
+            "{program:?}: {limits}"
+        );
+        // The process limit is its cgroup's where the host has them (an rlimit would
+        // count every process of the user), and the process joined it before exec.
+        if uses_cgroups(&app).await {
+            let pids = agentry_cgroups_of(pid)
+                .into_iter()
+                .find(|d| d.join("pids.max").exists())
+                .expect("a pids cgroup");
+            assert_eq!(
+                std::fs::read_to_string(pids.join("pids.max"))
+                    .unwrap()
+                    .trim(),
+                "64"
+            );
+        } else {
+            assert!(held("Max processes", "64"), "{program:?}: {reply}");
+        }
+    }
+}
