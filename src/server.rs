@@ -24,7 +24,10 @@ use crate::process::Ledger;
 use crate::providers::ProviderRegistry;
 use crate::runtime::{AgentManager, ReplicaLock, reconcile_at_boot};
 use crate::services::network::EgressPolicy;
-use crate::services::{ServiceContext, cluster, hooks, secrets};
+use crate::services::{
+    Access, Data, Fleet, Governance, Lifecycle, Repositories, ServiceContext, cluster, hooks,
+    secrets,
+};
 use crate::store;
 
 pub struct Application {
@@ -255,30 +258,43 @@ impl Application {
         .with_health(health);
         let state = web::Data::new(AppState {
             services: ServiceContext {
-                audit: crate::services::audit::AuditLog::spawn(pool.clone()),
-                pool,
-                writer,
-                bus,
-                agents,
-                runtime: Handle::current(),
-                limits: settings.limits.clone(),
-                workspaces: settings.workspaces.clone(),
-                projects: settings.projects.clone(),
-                data_dir: settings.data_dir.clone(),
-                shutdown: shutdown_rx,
-                secrets: Arc::new(keyring),
+                data: Data {
+                    audit: crate::services::audit::AuditLog::spawn(pool.clone()),
+                    pool,
+                    writer,
+                    bus,
+                },
+                access: Access {
+                    tokens,
+                    oidc,
+                    secrets: Arc::new(keyring),
+                    revalidate: Duration::from_secs(settings.events.revalidate_s),
+                },
+                // Built before `agentry_mcp_url`: of the two, its error is the one reported.
                 hooks: Arc::new(hooks::Hooks::new(&settings.hooks)?),
-                oidc,
-                tokens,
-                bounds: Arc::new(crate::services::bounds::Bounds::new(
-                    &settings.limits,
-                    &settings.mcp,
-                )),
-                revalidate: Duration::from_secs(settings.events.revalidate_s),
-                egress_policy: Arc::new(egress_policy),
-                usage: Arc::new(crate::services::usage::UsageBook::new(&settings.usage)),
-                agentry_mcp_url: Some(agentry_mcp_url(&settings, &listener)?),
-                queue: Default::default(),
+                fleet: Fleet {
+                    agents,
+                    limits: settings.limits.clone(),
+                    bounds: Arc::new(crate::services::bounds::Bounds::new(
+                        &settings.limits,
+                        &settings.mcp,
+                    )),
+                    egress_policy: Arc::new(egress_policy),
+                    agentry_mcp_url: Some(agentry_mcp_url(&settings, &listener)?),
+                },
+                repos: Repositories {
+                    projects: settings.projects.clone(),
+                    workspaces: settings.workspaces.clone(),
+                    data_dir: settings.data_dir.clone(),
+                },
+                governance: Governance {
+                    usage: Arc::new(crate::services::usage::UsageBook::new(&settings.usage)),
+                    queue: Default::default(),
+                },
+                lifecycle: Lifecycle {
+                    runtime: Handle::current(),
+                    shutdown: shutdown_rx,
+                },
                 triggers: Arc::new(crate::services::triggers::Triggers::new(&settings.triggers)),
             },
             settings: settings.clone(),
@@ -290,6 +306,7 @@ impl Application {
         if settings.usage.ledger {
             state
                 .services
+                .fleet
                 .agents
                 .set_spend(crate::services::usage::Metering::new(&state.services));
         } else {
@@ -305,7 +322,7 @@ impl Application {
             tokio::spawn(crate::services::idempotency::run_purge(
                 state.services.clone(),
             )),
-            tokio::spawn(record_denials(denials, state.services.agents.clone())),
+            tokio::spawn(record_denials(denials, state.services.fleet.agents.clone())),
         ];
         if let Err(e) = crate::services::setup::fail_interrupted(&state.services, &replica).await {
             tracing::warn!(error = %e, "could not close the setups the previous run left running");
@@ -334,12 +351,14 @@ impl Application {
             state.services.clone(),
         )));
         // Webhook deliveries are answered at once; this worker acts on them.
-        let trigger_worker = state
-            .services
-            .runtime
-            .spawn(crate::services::triggers::run_worker(
-                state.services.clone(),
-            ));
+        let trigger_worker =
+            state
+                .services
+                .lifecycle
+                .runtime
+                .spawn(crate::services::triggers::run_worker(
+                    state.services.clone(),
+                ));
 
         let data = state.clone();
         let max_body = settings.limits.max_body_bytes;
@@ -411,7 +430,7 @@ impl Application {
         tracing::info!("shutting down");
         let _ = self.shutdown.send(true);
         let drain = Duration::from_secs(self.state.settings.cluster.drain_timeout_s);
-        self.state.services.agents.shutdown(drain).await;
+        self.state.services.fleet.agents.shutdown(drain).await;
         self.state.egress.close_all();
         // The trigger runs in hand are given back as pending while the database is
         // still there.
@@ -459,7 +478,7 @@ impl Application {
         let _ = self.delivery_task.await;
         handle.stop(true).await;
         let _ = server.await;
-        self.state.services.pool.pool().close().await;
+        self.state.services.data.pool.pool().close().await;
         self.lock.release().await;
         if let Some(pg) = self.embedded {
             pg.stop().await?;

@@ -60,7 +60,7 @@ pub fn authenticate_request(
         let ctx = &state.services;
         let Some(raw) = header else {
             return match sessions::session_cookie(&req) {
-                Some(cookie) if ctx.oidc.is_some() => {
+                Some(cookie) if ctx.access.oidc.is_some() => {
                     if sessions::changes_state(&req) {
                         sessions::check_origin(&state, &req)?;
                     }
@@ -85,10 +85,10 @@ pub fn authenticate_request(
                 "expected `Authorization: Bearer <token>`",
             ))?;
         let mut principal = auth::authenticate(
-            &ctx.pool,
-            &ctx.runtime,
-            &ctx.tokens,
-            ctx.oidc.as_ref(),
+            &ctx.data.pool,
+            &ctx.lifecycle.runtime,
+            &ctx.access.tokens,
+            ctx.access.oidc.as_ref(),
             token,
         )
         .await?;

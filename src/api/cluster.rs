@@ -115,7 +115,7 @@ async fn close_elsewhere(state: &AppState, http: &HttpRequest, ws: WorkspaceId) 
         let mut out = client()
             .post(&url)
             .timeout(Duration::from_secs(30))
-            .header(FORWARDED_BY.as_str(), state.services.agents.replica())
+            .header(FORWARDED_BY.as_str(), state.services.fleet.agents.replica())
             .header("content-type", "application/json")
             .body("{}");
         for name in [
@@ -162,7 +162,7 @@ pub async fn forward(
     let Some(state) = req.app_data::<web::Data<AppState>>().cloned() else {
         return Ok(next.call(req).await?.map_into_boxed_body());
     };
-    let local = req.headers().contains_key(FORWARDED_BY) || !state.services.bus.announcing();
+    let local = req.headers().contains_key(FORWARDED_BY) || !state.services.data.bus.announcing();
     if !local && let Some(ws) = archived_workspace(req.method(), req.path()) {
         close_elsewhere(&state, req.request(), ws).await;
     }
@@ -287,7 +287,7 @@ async fn send_body(
     let mut out = client()
         .request(method, &url)
         .timeout(Duration::from_secs(state.settings.limits.max_wait_s + 30))
-        .header(FORWARDED_BY.as_str(), state.services.agents.replica())
+        .header(FORWARDED_BY.as_str(), state.services.fleet.agents.replica())
         .body(body);
     for name in KEPT {
         if let Some(v) = http.headers().get(name) {

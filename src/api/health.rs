@@ -41,8 +41,8 @@ async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     match health::ready(&state.services).await {
         Ok(()) => HttpResponse::Ok().json(json!({
             "status": "ready",
-            "limits": state.services.agents.ledger().limits_mechanism(),
-            "sandbox": state.services.agents.sandbox().map(|s| s.status()),
+            "limits": state.services.fleet.agents.ledger().limits_mechanism(),
+            "sandbox": state.services.fleet.agents.sandbox().map(|s| s.status()),
         })),
         Err(e) => not_ready(ApiError::from(e)),
     }

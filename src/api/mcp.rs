@@ -602,7 +602,7 @@ type ToolResult<T> = Result<T, ToolError>;
 
 /// The replica running `agent`, when that is another one.
 async fn owner_elsewhere(ctx: &ServiceContext, agent: AgentId) -> ApiResult<Option<String>> {
-    if !ctx.bus.announcing() {
+    if !ctx.data.bus.announcing() {
         return Ok(None);
     }
     Ok(crate::services::cluster::route(ctx, agent).await?)
@@ -622,8 +622,11 @@ async fn forward(
     let method = reqwest::Method::from_bytes(tool.method.as_bytes()).map_err(ApiError::internal)?;
     let mut out = super::cluster::client()
         .request(method, format!("{owner}{path}"))
-        .timeout(Duration::from_secs(ctx.limits.max_wait_s + 30))
-        .header(super::cluster::FORWARDED_BY.as_str(), ctx.agents.replica());
+        .timeout(Duration::from_secs(ctx.fleet.limits.max_wait_s + 30))
+        .header(
+            super::cluster::FORWARDED_BY.as_str(),
+            ctx.fleet.agents.replica(),
+        );
     for name in ["authorization", "x-request-id", "traceparent"] {
         if let Some(v) = req.headers().get(name) {
             out = out.header(name, v.as_bytes());

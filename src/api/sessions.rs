@@ -142,7 +142,7 @@ async fn callback(
     q: web::Query<CallbackQuery>,
 ) -> ApiResult<HttpResponse> {
     let ctx = &state.services;
-    if ctx.oidc.is_none() {
+    if ctx.access.oidc.is_none() {
         return Err(SignInError::NotConfigured.into());
     }
     if let Some(err) = &q.error {

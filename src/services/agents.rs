@@ -289,13 +289,13 @@ async fn egress_allow(
     row: &AgentRow,
     agentry_mcp: bool,
 ) -> ServiceResult<Option<crate::egress::AllowList>> {
-    if !ctx.agents.uses_egress() {
+    if !ctx.fleet.agents.uses_egress() {
         return Ok(None);
     }
     let mut list =
-        super::network::agent_allow_list(ctx, &ctx.egress_policy, row.team_id, &row.provider)
+        super::network::agent_allow_list(ctx, &ctx.fleet.egress_policy, row.team_id, &row.provider)
             .await?;
-    if agentry_mcp && let Some(entry) = ctx.agentry_mcp_url.as_deref().and_then(mcp_entry) {
+    if agentry_mcp && let Some(entry) = ctx.fleet.agentry_mcp_url.as_deref().and_then(mcp_entry) {
         list.forward_loopback([entry]);
     }
     Ok(Some(list))
@@ -325,7 +325,7 @@ async fn team_env(
 
 /// The agent as clients see it: its row, with what the runtime knows of it live.
 pub(crate) fn to_agent(ctx: &ServiceContext, row: AgentRow) -> Agent {
-    let snap = ctx.agents.snapshot(row.id.into());
+    let snap = ctx.fleet.agents.snapshot(row.id.into());
     let status = snap
         .as_ref()
         .map(|s| s.status)
@@ -356,7 +356,7 @@ pub(crate) fn to_agent(ctx: &ServiceContext, row: AgentRow) -> Agent {
         runtime: AgentRuntime {
             pid: snap.as_ref().and_then(|s| s.pid),
             replica: match &snap {
-                Some(_) => Some(ctx.agents.replica().to_owned()),
+                Some(_) => Some(ctx.fleet.agents.replica().to_owned()),
                 // A closed agent runs nowhere, whatever lease is still being given up.
                 None if status == AgentStatus::Closed => None,
                 None => row.owner_replica,
@@ -364,7 +364,7 @@ pub(crate) fn to_agent(ctx: &ServiceContext, row: AgentRow) -> Agent {
             provider_session_id: snap
                 .and_then(|s| s.provider_session_id)
                 .or(row.provider_session_id),
-            egress_hosts: ctx.agents.egress_counts(row.id.into()),
+            egress_hosts: ctx.fleet.agents.egress_counts(row.id.into()),
         },
         queue: None,
     }
@@ -379,7 +379,7 @@ async fn load(
 ) -> ServiceResult<AgentRow> {
     principal.authorize(op)?;
     let teams = principal.visible_teams();
-    store::agents::get(&ctx.pool, id.uuid(), teams.as_deref())
+    store::agents::get(&ctx.data.pool, id.uuid(), teams.as_deref())
         .await?
         .ok_or(ServiceError::NotFound("agent"))
 }
@@ -411,10 +411,10 @@ fn check_prompt(ctx: &ServiceContext, field: &'static str, text: &str) -> Servic
     if text.trim().is_empty() {
         return Err(ServiceError::invalid(field, "must not be empty"));
     }
-    if text.len() > ctx.limits.max_prompt_bytes {
+    if text.len() > ctx.fleet.limits.max_prompt_bytes {
         return Err(ServiceError::PromptTooLarge {
             size: text.len(),
-            limit: ctx.limits.max_prompt_bytes,
+            limit: ctx.fleet.limits.max_prompt_bytes,
         });
     }
     Ok(())
@@ -427,6 +427,7 @@ async fn check_create(
     body: &CreateAgent,
 ) -> ServiceResult<std::sync::Arc<dyn crate::providers::Provider>> {
     let provider = ctx
+        .fleet
         .agents
         .registry()
         .get(&body.provider)
@@ -459,7 +460,7 @@ async fn check_create(
             "at most 50 labels; keys 1 to 100 characters; values strings",
         ));
     }
-    super::mcp::check(&ctx.bounds.mcp, &body.mcp_servers)?;
+    super::mcp::check(&ctx.fleet.bounds.mcp, &body.mcp_servers)?;
     if body.agentry_mcp != Some(false) && body.mcp_servers.get(AGENTRY_MCP).is_some() {
         return Err(ServiceError::invalid(
             "mcp_servers",
@@ -486,7 +487,7 @@ fn check_confinement(
     provider: &dyn crate::providers::Provider,
     mode: Option<&str>,
 ) -> ServiceResult<()> {
-    let Some(sandbox) = ctx.agents.sandbox() else {
+    let Some(sandbox) = ctx.fleet.agents.sandbox() else {
         return Ok(());
     };
     let status = sandbox.status();
@@ -518,12 +519,12 @@ fn unconfined_reason(status: &crate::sandbox::SandboxStatus) -> String {
 /// An agent of a team that requires the sandbox is neither created nor prompted where
 /// agents are not sandboxed (409 `sandbox_required`). Where they are, nothing is read.
 async fn check_team_sandbox(ctx: &ServiceContext, team: uuid::Uuid) -> ServiceResult<()> {
-    let reason = match ctx.agents.sandbox() {
+    let reason = match ctx.fleet.agents.sandbox() {
         Some(s) if s.status().confines() => return Ok(()),
         Some(s) => unconfined_reason(s.status()),
         None => "no sandbox is configured".to_owned(),
     };
-    if store::teams::requires_sandbox(&ctx.pool, team).await? {
+    if store::teams::requires_sandbox(&ctx.data.pool, team).await? {
         return Err(ServiceError::SandboxRequired { reason });
     }
     Ok(())
@@ -547,22 +548,22 @@ async fn check_parent(
     if caller.project_id != project {
         return Err(ServiceError::OutsideAgentProject);
     }
-    let parent = store::agents::get(&ctx.pool, caller.agent_id, Some(&[team]))
+    let parent = store::agents::get(&ctx.data.pool, caller.agent_id, Some(&[team]))
         .await?
         .ok_or(ServiceError::NotFound("agent"))?;
     if parent.archived_at.is_some() {
         return Err(ServiceError::AgentArchived);
     }
-    let max_depth = ctx.limits.max_agent_depth;
+    let max_depth = ctx.fleet.limits.max_agent_depth;
     if parent.depth >= max_depth {
         return Err(ServiceError::AgentDepthExceeded { max: max_depth });
     }
-    let max = ctx.limits.max_children_per_agent;
-    if store::agents::live_children(&ctx.pool, parent.id).await? >= max {
+    let max = ctx.fleet.limits.max_children_per_agent;
+    if store::agents::live_children(&ctx.data.pool, parent.id).await? >= max {
         return Err(ServiceError::AgentChildrenExceeded { max });
     }
-    let max = ctx.limits.max_child_agents_per_team;
-    if store::agents::live_team_children(&ctx.pool, team).await? >= max {
+    let max = ctx.fleet.limits.max_child_agents_per_team;
+    if store::agents::live_team_children(&ctx.data.pool, team).await? >= max {
         return Err(ServiceError::TeamChildrenExceeded { max });
     }
     Ok((Some(parent.id), parent.depth + 1))
@@ -577,13 +578,13 @@ async fn give_agentry_mcp(
     row: &AgentRow,
     mcp_servers: &mut Value,
 ) -> ServiceResult<Option<crate::domain::SecretValue>> {
-    let (Some(url), Some(creator)) = (&ctx.agentry_mcp_url, row.created_by) else {
+    let (Some(url), Some(creator)) = (&ctx.fleet.agentry_mcp_url, row.created_by) else {
         return Ok(None);
     };
     if !row.agentry_mcp || !provider_takes_mcp(ctx, &row.provider) {
         return Ok(None);
     }
-    if !store::teams::agentry_mcp(&ctx.pool, row.team_id).await? {
+    if !store::teams::agentry_mcp(&ctx.data.pool, row.team_id).await? {
         return Ok(None);
     }
     let role = row
@@ -593,8 +594,8 @@ async fn give_agentry_mcp(
         .unwrap_or(crate::auth::Role::Member);
     let token = crate::auth::tokens::generate();
     let agent = AgentId::from(row.id);
-    super::within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    super::within_deadline(&ctx.data, async {
+        let mut tx = ctx.data.pool.pool().begin().await?;
         store::identity::issue_agent_token(
             &mut tx,
             crate::domain::TokenId::new().uuid(),
@@ -624,7 +625,8 @@ async fn give_agentry_mcp(
 
 /// Whether agents of `provider` can be given MCP servers.
 fn provider_takes_mcp(ctx: &ServiceContext, provider: &str) -> bool {
-    ctx.agents
+    ctx.fleet
+        .agents
         .registry()
         .get(provider)
         .is_some_and(|p| p.info().capabilities.mcp_servers)
@@ -678,11 +680,11 @@ pub async fn create(
     let provider = check_create(ctx, body).await?;
     check_confinement(ctx, provider.as_ref(), body.mode.as_deref())?;
     let team_name = team_name(ctx, team).await?;
-    super::mcp::check_team(&ctx.bounds.mcp, &team_name, &body.mcp_servers)?;
-    super::mcp::check_addresses(&ctx.bounds.mcp, &body.mcp_servers).await?;
+    super::mcp::check_team(&ctx.fleet.bounds.mcp, &team_name, &body.mcp_servers)?;
+    super::mcp::check_addresses(&ctx.fleet.bounds.mcp, &body.mcp_servers).await?;
     super::bounds::check_count(
-        store::bounds::live_agents(&ctx.pool, team).await?,
-        ctx.limits.max_agents_per_team,
+        store::bounds::live_agents(&ctx.data.pool, team).await?,
+        ctx.fleet.limits.max_agents_per_team,
         "limits.max_agents_per_team",
     )?;
     if body.budget.is_some() {
@@ -695,7 +697,7 @@ pub async fn create(
         .transpose()?;
     super::usage::admit_team(ctx, team).await?;
     // Remote MCP servers' header values are credentials: stored sealed, never in the clear.
-    let stored_mcp = super::mcp::seal(&ctx.secrets, team, &body.mcp_servers);
+    let stored_mcp = super::mcp::seal(&ctx.access.secrets, team, &body.mcp_servers);
     let id = AgentId::new();
     tracing::Span::current()
         .record("team_id", tracing::field::display(team))
@@ -736,8 +738,8 @@ pub async fn create(
     }
     super::usage::admit_workspace(ctx, workspace.id).await?;
     // `agent.create.after` is queued in the transaction that creates the agent.
-    let queued = super::within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    let queued = super::within_deadline(&ctx.data, async {
+        let mut tx = ctx.data.pool.pool().begin().await?;
         store::agents::insert(
             &mut *tx,
             store::agents::NewAgent {
@@ -755,7 +757,7 @@ pub async fn create(
                 system_prompt: body.system_prompt.as_deref(),
                 mcp_servers: &stored_mcp,
                 created_by: principal.user_id,
-                owner: (ctx.agents.replica(), ctx.agents.lease_ttl_s()),
+                owner: (ctx.fleet.agents.replica(), ctx.fleet.agents.lease_ttl_s()),
                 parent_agent_id,
                 depth,
                 agentry_mcp: body.agentry_mcp != Some(false),
@@ -798,7 +800,7 @@ pub async fn create(
         hooks::queued(ctx);
     }
     super::announce(
-        ctx,
+        &ctx.data,
         NewTeamEvent {
             team_id: workspace.team_id,
             project_id: Some(workspace.project_id),
@@ -837,7 +839,7 @@ pub async fn create(
     // is open, or waits in the queue.
     let limited = super::queue::limited(ctx);
     let first = body.prompt.clone().filter(|_| !limited);
-    match ctx.agents.start(&agent_ctx, first).await {
+    match ctx.fleet.agents.start(&agent_ctx, first).await {
         Ok(_) => {}
         Err(e) if created_anyway(&e) => {}
         Err(e) => return Err(e.into()),
@@ -881,7 +883,7 @@ async fn first_prompt(
     };
     // The answer shows the agent as it is once its session is open (as without the
     // limits), whether its prompt then runs or waits.
-    match ctx.agents.open(agent_ctx).await {
+    match ctx.fleet.agents.open(agent_ctx).await {
         Ok(()) => {}
         Err(e) if created_anyway(&e) => return Ok(()),
         Err(e) => return Err(e.into()),
@@ -946,7 +948,7 @@ async fn create_hooks(
         let parsed: CreateAgent = serde_json::from_value(Value::Object(cfg.clone()))
             .map_err(|e| format!("`config` is not an agent configuration: {e}"))?;
         // A hook names no command either.
-        super::mcp::check(&ctx.bounds.mcp, &parsed.mcp_servers).map_err(|e| e.to_string())?;
+        super::mcp::check(&ctx.fleet.bounds.mcp, &parsed.mcp_servers).map_err(|e| e.to_string())?;
         // The next hook sees the configuration in the same shape as the first did.
         let config = hook_config(&parsed).map_err(|e| e.to_string())?;
         Ok(json!({"config": config, "env": new.get("env").cloned().unwrap_or_else(|| json!({}))}))
@@ -999,10 +1001,10 @@ async fn open_hooks(
     subject: OpenSubject<'_>,
     env: Value,
 ) -> ServiceResult<Launch> {
-    let saved = super::mcp::open(&ctx.secrets, subject.team, subject.saved_mcp)?;
+    let saved = super::mcp::open(&ctx.access.secrets, subject.team, subject.saved_mcp)?;
     let saved = &saved;
     let team_name = team_name(ctx, subject.team).await?;
-    let settings = &ctx.bounds.mcp;
+    let settings = &ctx.fleet.bounds.mcp;
     let check = |previous: &Value, new: &Value| {
         hooks::only_changed(previous, new, &["env", "mcp_servers"])?;
         hooks::checked_env(new)?;
@@ -1091,7 +1093,7 @@ pub async fn list(
         None => (None, None, None),
     };
     let rows = store::agents::list(
-        &ctx.pool,
+        &ctx.data.pool,
         store::agents::AgentFilter {
             teams: teams.as_deref(),
             workspace_id: filter.workspace_id.map(|w| w.uuid()),
@@ -1146,7 +1148,7 @@ pub(crate) async fn authorize_drive(
     id: AgentId,
 ) -> ServiceResult<uuid::Uuid> {
     principal.authorize(Operation::DriveAgents)?;
-    if let Some(team) = ctx.agents.live_team(id) {
+    if let Some(team) = ctx.fleet.agents.live_team(id) {
         if principal
             .visible_teams()
             .is_some_and(|teams| !teams.contains(&team))
@@ -1194,7 +1196,7 @@ pub async fn prompt(
         )
         .await?;
         if b.interrupt {
-            ctx.agents.interrupt(id).await;
+            ctx.fleet.agents.interrupt(id).await;
         }
         audit::record(
             ctx,
@@ -1269,7 +1271,7 @@ pub(crate) async fn start_now(
     check_client_message_id(body)?;
     // An agent running here takes the prompt without its row being read: its team is
     // known, and an archive closes the agent before it marks it.
-    if let Some(team) = ctx.agents.live_team(id) {
+    if let Some(team) = ctx.fleet.agents.live_team(id) {
         if principal
             .visible_teams()
             .is_some_and(|teams| !teams.contains(&team))
@@ -1279,12 +1281,13 @@ pub(crate) async fn start_now(
         principal.authorize_in(team, Operation::DriveAgents, "agent")?;
         check_team_sandbox(ctx, team).await?;
         let cmid = body.client_message_id.as_deref();
-        if let Some(turn_id) = ctx.agents.prompt_live(id, &body.text, cmid).await? {
+        if let Some(turn_id) = ctx.fleet.agents.prompt_live(id, &body.text, cmid).await? {
             return Ok((team, turn_id));
         }
     }
     let (team, agent_ctx) = launch_context(ctx, principal, id).await?;
     let turn_id = ctx
+        .fleet
         .agents
         .prompt(
             &agent_ctx,
@@ -1307,11 +1310,11 @@ pub(crate) async fn open_now(
     id: AgentId,
 ) -> ServiceResult<()> {
     principal.authorize(Operation::DriveAgents)?;
-    if ctx.agents.live_team(id).is_some() {
+    if ctx.fleet.agents.live_team(id).is_some() {
         return Ok(());
     }
     let (_, agent_ctx) = launch_context(ctx, principal, id).await?;
-    ctx.agents.open(&agent_ctx).await?;
+    ctx.fleet.agents.open(&agent_ctx).await?;
     Ok(())
 }
 
@@ -1336,7 +1339,7 @@ async fn launch_context(
     // A closed agent is reopened by this prompt, with the team's secrets as they are now
     // and what `agent.open.before` hooks add for this launch.
     let mut secret_env = team_env(ctx, &row.provider, row.team_id).await?;
-    let mut agent_ctx = if ctx.agents.snapshot(id).is_none() {
+    let mut agent_ctx = if ctx.fleet.agents.snapshot(id).is_none() {
         let launch = open_hooks(
             ctx,
             principal,
@@ -1390,7 +1393,7 @@ pub async fn interrupt(
     id: AgentId,
 ) -> ServiceResult<()> {
     let row = load_to_drive(ctx, principal, id).await?;
-    ctx.agents.interrupt(id).await;
+    ctx.fleet.agents.interrupt(id).await;
     audit::record(
         ctx,
         principal,
@@ -1407,7 +1410,7 @@ pub async fn set_mode(
     mode: String,
 ) -> ServiceResult<Agent> {
     let row = load_to_drive(ctx, principal, id).await?;
-    if let Some(p) = ctx.agents.registry().get(&row.provider) {
+    if let Some(p) = ctx.fleet.agents.registry().get(&row.provider) {
         let modes = p.info().modes;
         if !modes.is_empty() && !modes.iter().any(|m| m.id == mode) {
             return Err(ServiceError::invalid(
@@ -1416,10 +1419,10 @@ pub async fn set_mode(
             ));
         }
     }
-    if let Some(p) = ctx.agents.registry().get(&row.provider) {
+    if let Some(p) = ctx.fleet.agents.registry().get(&row.provider) {
         check_confinement(ctx, p.as_ref(), Some(&mode))?;
     }
-    if !ctx.agents.set_mode(id, mode.clone()).await? {
+    if !ctx.fleet.agents.set_mode(id, mode.clone()).await? {
         let data = json!({"mode": &mode});
         let change = StateChange::Mode { agent: id, mode };
         record(ctx, id, EventKind::ModeChanged, data, change).await?;
@@ -1442,7 +1445,7 @@ pub async fn set_model(
         ));
     }
     load_to_drive(ctx, principal, id).await?;
-    if !ctx.agents.set_model(id, model.clone()).await? {
+    if !ctx.fleet.agents.set_model(id, model.clone()).await? {
         let data = json!({"model": &model});
         let change = StateChange::Model { agent: id, model };
         record(ctx, id, EventKind::ModelChanged, data, change).await?;
@@ -1462,8 +1465,8 @@ async fn record(
     data: Value,
     change: StateChange,
 ) -> ServiceResult<()> {
-    let me = ctx.agents.replica();
-    let epoch = match store::replicas::lease_of(&ctx.pool, id.uuid()).await? {
+    let me = ctx.fleet.agents.replica();
+    let epoch = match store::replicas::lease_of(&ctx.data.pool, id.uuid()).await? {
         None => return Err(ServiceError::NotFound("agent")),
         Some((Some(owner), _)) if owner != me => {
             return Err(RuntimeError::OwnedElsewhere(owner).into());
@@ -1481,14 +1484,15 @@ async fn record(
         kind,
         data,
     };
-    ctx.writer
+    ctx.data
+        .writer
         .append_committed_with(vec![event], attached)
         .await?;
     Ok(())
 }
 
 async fn reload_row(ctx: &ServiceContext, id: AgentId) -> ServiceResult<AgentRow> {
-    store::agents::get(&ctx.pool, id.uuid(), None)
+    store::agents::get(&ctx.data.pool, id.uuid(), None)
         .await?
         .ok_or(ServiceError::NotFound("agent"))
 }
@@ -1505,7 +1509,7 @@ pub async fn close(
     id: AgentId,
 ) -> ServiceResult<Agent> {
     load_to_drive(ctx, principal, id).await?;
-    ctx.agents.close(id, "closed by request").await;
+    ctx.fleet.agents.close(id, "closed by request").await;
     reload(ctx, id).await
 }
 
@@ -1520,7 +1524,7 @@ pub async fn archive(
 ) -> ServiceResult<()> {
     let row = load_to_drive(ctx, principal, id).await?;
     if !keep_children {
-        for child in store::agents::live_descendants(&ctx.pool, row.id).await? {
+        for child in store::agents::live_descendants(&ctx.data.pool, row.id).await? {
             let child = reload_row(ctx, child.into()).await?;
             archive_one(ctx, principal, child).await?;
         }
@@ -1534,12 +1538,12 @@ async fn archive_one(
     row: AgentRow,
 ) -> ServiceResult<()> {
     let id = AgentId::from(row.id);
-    ctx.agents.close(id, "archived").await;
+    ctx.fleet.agents.close(id, "archived").await;
     super::queue::cancel_all(ctx, id).await?;
     if row.archived_at.is_none() {
         // `agent.archive.after` is queued in the archive's own transaction.
-        let (queued, revoked) = super::within_deadline(ctx, async {
-            let mut tx = ctx.pool.pool().begin().await?;
+        let (queued, revoked) = super::within_deadline(&ctx.data, async {
+            let mut tx = ctx.data.pool.pool().begin().await?;
             store::agents::mark_archived(&mut *tx, row.id).await?;
             let revoked = store::identity::revoke_agent_tokens(&mut tx, &[row.id]).await?;
             let archived = store::agents::get(&mut *tx, row.id, None)
@@ -1563,13 +1567,13 @@ async fn archive_one(
         .await?;
         if revoked > 0 {
             // This replica forgets the principals it holds now, not at the notification.
-            ctx.tokens.forget_all();
+            ctx.access.tokens.forget_all();
         }
         if queued > 0 {
             hooks::queued(ctx);
         }
         super::announce(
-            ctx,
+            &ctx.data,
             NewTeamEvent {
                 team_id: row.team_id,
                 project_id: Some(row.project_id),
@@ -1628,7 +1632,8 @@ pub async fn list_permissions(
 ) -> ServiceResult<PermissionList> {
     let row = load(ctx, principal, id, Operation::ReadTeam).await?;
     let rows =
-        store::permissions::list(&ctx.pool, row.id, status.map(PermissionStatus::as_str)).await?;
+        store::permissions::list(&ctx.data.pool, row.id, status.map(PermissionStatus::as_str))
+            .await?;
     Ok(PermissionList {
         items: rows.into_iter().map(PermissionView::from).collect(),
     })
@@ -1651,11 +1656,11 @@ pub async fn answer_permission(
         updated_input: body.updated_input,
         resolved_by: principal.user_id,
     };
-    match ctx.agents.answer(id, request, answer).await {
+    match ctx.fleet.agents.answer(id, request, answer).await {
         Some(r) => r?,
         None => {
             // No live agent: the request is resolved, expired, or never existed.
-            return match store::permissions::get(&ctx.pool, row.id, request.uuid()).await? {
+            return match store::permissions::get(&ctx.data.pool, row.id, request.uuid()).await? {
                 None => Err(ServiceError::NotFound("permission request")),
                 Some(p) if p.status == "resolved" => {
                     Err(RuntimeError::PermissionAlreadyResolved.into())
@@ -1676,7 +1681,7 @@ pub async fn answer_permission(
         .details(details),
     )
     .await?;
-    store::permissions::get(&ctx.pool, row.id, request.uuid())
+    store::permissions::get(&ctx.data.pool, row.id, request.uuid())
         .await?
         .map(PermissionView::from)
         .ok_or(ServiceError::NotFound("permission request"))
@@ -1695,13 +1700,16 @@ pub async fn wait(
     timeout: Duration,
 ) -> ServiceResult<WaitResult> {
     load(ctx, principal, id, Operation::ReadTeam).await?;
-    let _slot = ctx.bounds.wait(super::bounds::principal_key(principal))?;
-    let timeout = timeout.min(Duration::from_secs(ctx.limits.max_wait_s));
+    let _slot = ctx
+        .fleet
+        .bounds
+        .wait(super::bounds::principal_key(principal))?;
+    let timeout = timeout.min(Duration::from_secs(ctx.fleet.limits.max_wait_s));
     let settled = |s: AgentStatus| !matches!(s, AgentStatus::Running | AgentStatus::Starting);
     let deadline = tokio::time::Instant::now() + timeout;
     let mut timed_out = false;
     loop {
-        if let Some(mut rx) = ctx.agents.watch(id) {
+        if let Some(mut rx) = ctx.fleet.agents.watch(id) {
             // An actor runs the agent here: its snapshot says when it settles. The watch
             // also ends when the actor stops (closed, or its lease taken over): the row
             // then says whether the agent settled or runs on elsewhere.
@@ -1718,7 +1726,7 @@ pub async fn wait(
             tokio::select! {
                 _ = done => {}
                 _ = tokio::time::sleep_until(deadline) => timed_out = true,
-                _ = ctx.stopping() => break,
+                _ = ctx.lifecycle.stopping() => break,
             }
         }
         if timed_out {
@@ -1736,12 +1744,12 @@ pub async fn wait(
         tokio::select! {
             _ = tokio::time::sleep(WAIT_POLL) => {}
             _ = tokio::time::sleep_until(deadline) => {}
-            _ = ctx.stopping() => break,
+            _ = ctx.lifecycle.stopping() => break,
         }
     }
     let row = reload_row(ctx, id).await?;
     let agent = to_agent(ctx, row.clone());
-    let pending = store::permissions::list(&ctx.pool, row.id, Some("pending")).await?;
+    let pending = store::permissions::list(&ctx.data.pool, row.id, Some("pending")).await?;
     Ok(WaitResult {
         status: agent.status,
         timed_out: timed_out && !settled(agent.status),
@@ -1784,10 +1792,10 @@ pub async fn timeline(
     load(ctx, principal, id, Operation::ReadTeam).await?;
     let rows = match from {
         TimelineFrom::After(n) => {
-            store::events::page_after(&ctx.pool, id.uuid(), n, limit + 1).await?
+            store::events::page_after(&ctx.data.pool, id.uuid(), n, limit + 1).await?
         }
         TimelineFrom::Before(n) => {
-            store::events::page_before(&ctx.pool, id.uuid(), n, limit + 1).await?
+            store::events::page_before(&ctx.data.pool, id.uuid(), n, limit + 1).await?
         }
     };
     let mut more = rows.len() as i64 > limit;
@@ -1806,7 +1814,7 @@ pub async fn timeline(
 
 /// The name of `team`, which `[mcp.servers.<name>] teams` lists.
 async fn team_name(ctx: &ServiceContext, team: uuid::Uuid) -> ServiceResult<String> {
-    Ok(store::identity::team_name(&ctx.pool, team)
+    Ok(store::identity::team_name(&ctx.data.pool, team)
         .await?
         .unwrap_or_default())
 }

@@ -357,7 +357,12 @@ pub async fn record<'a>(
     entry: Entry,
 ) -> ServiceResult<()> {
     let actor = actor.into();
-    if let Err(e) = ctx.audit.write(&actor, &entry, ctx.pool.deadline()).await {
+    if let Err(e) = ctx
+        .data
+        .audit
+        .write(&actor, &entry, ctx.data.pool.deadline())
+        .await
+    {
         let request_id = actor.request_id.unwrap_or("");
         tracing::error!(
             error = %e,
@@ -491,7 +496,10 @@ pub async fn list(
     let teams: Option<Vec<Uuid>> = match filter.team_id {
         Some(team) => {
             principal.authorize_in(team.uuid(), Operation::ReadAsOwner, "team")?;
-            if store::teams::get(&ctx.pool, team.uuid()).await?.is_none() {
+            if store::teams::get(&ctx.data.pool, team.uuid())
+                .await?
+                .is_none()
+            {
                 return Err(ServiceError::NotFound("team"));
             }
             Some(vec![team.uuid()])
@@ -514,7 +522,7 @@ pub async fn list(
         }
     };
     let rows = store::audit::list(
-        &ctx.pool,
+        &ctx.data.pool,
         store::audit::Filter {
             teams: teams.as_deref(),
             action: filter.action.as_deref(),

@@ -44,7 +44,7 @@ pub async fn list(ctx: &ServiceContext, principal: &Principal) -> ServiceResult<
     if !principal.is_server_admin() {
         return Err(AuthError::Forbidden("this needs a server admin").into());
     }
-    let rows = store::replicas::list(&ctx.pool).await?;
+    let rows = store::replicas::list(&ctx.data.pool).await?;
     Ok(ReplicaList {
         items: rows
             .into_iter()
@@ -63,7 +63,9 @@ pub async fn list(ctx: &ServiceContext, principal: &Principal) -> ServiceResult<
 /// is not this one. (No authorization here: the owner authorizes the command itself.)
 #[tracing::instrument(name = "services::cluster::route", skip_all, fields(replica_id = %id))]
 pub async fn route(ctx: &ServiceContext, id: AgentId) -> ServiceResult<Option<String>> {
-    let owner = store::replicas::remote_owner(&ctx.pool, id.uuid(), ctx.agents.replica()).await?;
+    let owner =
+        store::replicas::remote_owner(&ctx.data.pool, id.uuid(), ctx.fleet.agents.replica())
+            .await?;
     Ok(owner.map(|(_, url)| url))
 }
 
@@ -78,8 +80,8 @@ pub async fn place(
     ctx: &ServiceContext,
     labels: Option<&serde_json::Value>,
 ) -> ServiceResult<Option<String>> {
-    let me = ctx.agents.replica();
-    let loads = store::replicas::loads(&ctx.pool, ctx.agents.lease_ttl_s()).await?;
+    let me = ctx.fleet.agents.replica();
+    let loads = store::replicas::loads(&ctx.data.pool, ctx.fleet.agents.lease_ttl_s()).await?;
     if let Some(pin) = labels.and_then(|l| l.get(PIN_LABEL)) {
         let Some(pin) = pin.as_str() else {
             return Ok(None); // the create refuses non-string label values itself
@@ -112,25 +114,30 @@ pub async fn remote_agents_in_workspace(
     ctx: &ServiceContext,
     ws: WorkspaceId,
 ) -> ServiceResult<Vec<(AgentId, String)>> {
-    let rows =
-        store::replicas::remote_agents_in_workspace(&ctx.pool, ws.uuid(), ctx.agents.replica())
-            .await?;
+    let rows = store::replicas::remote_agents_in_workspace(
+        &ctx.data.pool,
+        ws.uuid(),
+        ctx.fleet.agents.replica(),
+    )
+    .await?;
     Ok(rows.into_iter().map(|(id, url)| (id.into(), url)).collect())
 }
 
 /// Tell the other replicas this one is here (it registered at boot), before serving.
 #[tracing::instrument(name = "services::cluster::join", skip_all)]
 pub async fn join(ctx: &ServiceContext, fanout: &Fanout) -> ServiceResult<()> {
-    let me = ctx.agents.replica();
+    let me = ctx.fleet.agents.replica();
     fanout.join();
-    fanout.set_peers(store::replicas::peers_alive(&ctx.pool, me, ctx.agents.lease_ttl_s()).await?);
+    fanout.set_peers(
+        store::replicas::peers_alive(&ctx.data.pool, me, ctx.fleet.agents.lease_ttl_s()).await?,
+    );
     Ok(())
 }
 
 /// Leave: forget this replica (its leases were given up when its agents closed).
 #[tracing::instrument(name = "services::cluster::leave", skip_all)]
 pub async fn leave(ctx: &ServiceContext) {
-    if let Err(e) = store::replicas::unregister(&ctx.pool, ctx.agents.replica()).await {
+    if let Err(e) = store::replicas::unregister(&ctx.data.pool, ctx.fleet.agents.replica()).await {
         tracing::warn!(error = %e, "could not unregister this replica");
     }
 }
@@ -139,8 +146,8 @@ pub async fn leave(ctx: &ServiceContext) {
 /// third of the lease time, until the task is ended (after the agents are drained at
 /// shutdown: leases of turns still running must stay renewed until then).
 pub async fn run(ctx: ServiceContext, fanout: std::sync::Arc<Fanout>, advertise_url: String) {
-    let period = Duration::from_millis((ctx.agents.lease_ttl_s() as u64 * 1000 / 3).max(500));
-    let ttl = Duration::from_secs(ctx.agents.lease_ttl_s() as u64);
+    let period = Duration::from_millis((ctx.fleet.agents.lease_ttl_s() as u64 * 1000 / 3).max(500));
+    let ttl = Duration::from_secs(ctx.fleet.agents.lease_ttl_s() as u64);
     let mut last_ok = tokio::time::Instant::now();
     let mut resync_until = None;
     loop {
@@ -159,7 +166,7 @@ pub async fn run(ctx: ServiceContext, fanout: std::sync::Arc<Fanout>, advertise_
                     resync_until = Some(now + ttl);
                 }
                 if resync_until.is_some_and(|until| now <= until) {
-                    crate::events::resync_streams(ctx.pool.pool(), &ctx.bus).await;
+                    crate::events::resync_streams(ctx.data.pool.pool(), &ctx.data.bus).await;
                 } else {
                     resync_until = None;
                 }
@@ -172,22 +179,22 @@ pub async fn run(ctx: ServiceContext, fanout: std::sync::Arc<Fanout>, advertise_
 }
 
 async fn tick(ctx: &ServiceContext, fanout: &Fanout, advertise_url: &str) -> ServiceResult<()> {
-    let me = ctx.agents.replica();
-    let ttl = ctx.agents.lease_ttl_s();
-    store::replicas::heartbeat(&ctx.pool, me, advertise_url, ttl).await?;
-    let renewal = store::replicas::renewal(&ctx.pool, me, ttl).await?;
-    ctx.agents.renew_leases(renewal).await?;
-    fanout.set_peers(store::replicas::peers_alive(&ctx.pool, me, ttl).await?);
+    let me = ctx.fleet.agents.replica();
+    let ttl = ctx.fleet.agents.lease_ttl_s();
+    store::replicas::heartbeat(&ctx.data.pool, me, advertise_url, ttl).await?;
+    let renewal = store::replicas::renewal(&ctx.data.pool, me, ttl).await?;
+    ctx.fleet.agents.renew_leases(renewal).await?;
+    fanout.set_peers(store::replicas::peers_alive(&ctx.data.pool, me, ttl).await?);
     take_over_expired(ctx).await?;
-    for silent in store::replicas::silent(&ctx.pool, me, ttl).await? {
-        let procs = ctx.agents.ledger().reconcile_replica(&silent).await?;
+    for silent in store::replicas::silent(&ctx.data.pool, me, ttl).await? {
+        let procs = ctx.fleet.agents.ledger().reconcile_replica(&silent).await?;
         if !procs.killed.is_empty() {
             tracing::warn!(replica = silent, pids = ?procs.killed, "ended the processes of a replica that stopped answering");
         }
         if let Err(e) = super::setup::fail_interrupted(ctx, &silent).await {
             tracing::warn!(replica = silent, error = %e, "could not fail the setups of a replica that stopped answering");
         }
-        if store::replicas::forget_if_idle(&ctx.pool, &silent).await? {
+        if store::replicas::forget_if_idle(&ctx.data.pool, &silent).await? {
             tracing::info!(replica = silent, "forgot a replica that stopped answering");
         }
     }
@@ -196,8 +203,10 @@ async fn tick(ctx: &ServiceContext, fanout: &Fanout, advertise_url: &str) -> Ser
 
 /// Take over every agent whose lease ran out unrenewed.
 async fn take_over_expired(ctx: &ServiceContext) -> ServiceResult<()> {
-    for (agent, owner) in store::replicas::expired(&ctx.pool, ctx.agents.replica()).await? {
-        ctx.agents.take_over(agent.into(), &owner).await?;
+    for (agent, owner) in
+        store::replicas::expired(&ctx.data.pool, ctx.fleet.agents.replica()).await?
+    {
+        ctx.fleet.agents.take_over(agent.into(), &owner).await?;
     }
     Ok(())
 }

@@ -204,21 +204,24 @@ pub async fn start(
         Some(n) => n.to_owned(),
     };
     let now = Utc::now();
-    let recent =
-        store::device_codes::count_recent(&ctx.pool, client_ip, now - chrono::Duration::minutes(1))
-            .await?;
+    let recent = store::device_codes::count_recent(
+        &ctx.data.pool,
+        client_ip,
+        now - chrono::Duration::minutes(1),
+    )
+    .await?;
     if recent >= STARTS_PER_MINUTE {
         return Err(DeviceError::TooManyRequests);
     }
     // Spent and expired codes are of no use to anyone.
-    store::device_codes::delete_expired(&ctx.pool, now - chrono::Duration::hours(1)).await?;
+    store::device_codes::delete_expired(&ctx.data.pool, now - chrono::Duration::hours(1)).await?;
     let mut secret = [0u8; 32];
     rand::rng().fill_bytes(&mut secret);
     let device_code = format!("dev_{}", hex::encode(secret));
     let code = user_code();
     let expires_at = now + LIFETIME;
     store::device_codes::insert(
-        &ctx.pool,
+        &ctx.data.pool,
         Uuid::now_v7(),
         &device_code_hash(&device_code),
         &user_code_hash(&code),
@@ -247,7 +250,7 @@ pub async fn collect(
 ) -> DeviceResult<DeviceToken> {
     let hash = device_code_hash(&body.device_code);
     let work = async {
-        let mut tx = ctx.pool.pool().begin().await?;
+        let mut tx = ctx.data.pool.pool().begin().await?;
         let Some(row) = store::device_codes::by_device_code_for_update(&mut *tx, &hash).await?
         else {
             return Err(ServiceError::NotFound("device code").into());
@@ -330,7 +333,7 @@ pub async fn collect(
         tx.commit().await?;
         outcome
     };
-    match tokio::time::timeout(ctx.pool.deadline(), work).await {
+    match tokio::time::timeout(ctx.data.pool.deadline(), work).await {
         Ok(r) => r,
         Err(_) => Err(ServiceError::StoreUnavailable.into()),
     }
@@ -361,7 +364,7 @@ pub async fn describe(
     user_code: &str,
 ) -> DeviceResult<DeviceRequest> {
     principal.authorize(Operation::ReadSelf)?;
-    let (code, row) = open_request(&ctx.pool, user_code, false).await?;
+    let (code, row) = open_request(&ctx.data.pool, user_code, false).await?;
     Ok(DeviceRequest {
         user_code: shown(&code),
         client_name: row.client_name,
@@ -387,7 +390,7 @@ pub async fn answer(
         .into());
     }
     let work = async {
-        let mut tx = ctx.pool.pool().begin().await?;
+        let mut tx = ctx.data.pool.pool().begin().await?;
         let (code, row) = open_request(&mut *tx, &body.user_code, true).await?;
         if row.status != "pending" {
             return Err(DeviceError::AlreadyAnswered);
@@ -411,7 +414,7 @@ pub async fn answer(
             expires_at: row.expires_at,
         })
     };
-    match tokio::time::timeout(ctx.pool.deadline(), work).await {
+    match tokio::time::timeout(ctx.data.pool.deadline(), work).await {
         Ok(r) => r,
         Err(_) => Err(ServiceError::StoreUnavailable.into()),
     }

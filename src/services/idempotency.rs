@@ -80,15 +80,20 @@ where
         return Ok(Creation::Created(to_value(&out)?));
     };
     let scope = format!("{}:{operation}", principal.idempotency_scope());
-    if !store::idempotency::claim(&ctx.pool, &scope, &key, &fingerprint).await? {
-        let row = store::idempotency::get(&ctx.pool, &scope, &key)
+    if !store::idempotency::claim(&ctx.data.pool, &scope, &key, &fingerprint).await? {
+        let row = store::idempotency::get(&ctx.data.pool, &scope, &key)
             .await?
             .ok_or(ServiceError::IdempotencyKeyInProgress("retry in a moment"))?;
         if row.request_hash != fingerprint {
             return Err(ServiceError::IdempotencyKeyReused);
         }
         return match row.response {
-            Some(resp) => Ok(Creation::Replayed(open(&ctx.secrets, &scope, &key, resp)?)),
+            Some(resp) => Ok(Creation::Replayed(open(
+                &ctx.access.secrets,
+                &scope,
+                &key,
+                resp,
+            )?)),
             None => Err(ServiceError::IdempotencyKeyInProgress(
                 "a request with this Idempotency-Key is still being processed",
             )),
@@ -97,13 +102,13 @@ where
     match create().await {
         Ok(out) => {
             let value = to_value(&out)?;
-            let stored = seal(&ctx.secrets, &scope, &key, value.clone());
-            store::idempotency::complete(&ctx.pool, &scope, &key, CREATED, &stored).await?;
+            let stored = seal(&ctx.access.secrets, &scope, &key, value.clone());
+            store::idempotency::complete(&ctx.data.pool, &scope, &key, CREATED, &stored).await?;
             Ok(Creation::Created(value))
         }
         Err(e) => {
             // A failed request may be retried with the same key.
-            let _ = store::idempotency::release(&ctx.pool, &scope, &key).await;
+            let _ = store::idempotency::release(&ctx.data.pool, &scope, &key).await;
             Err(e)
         }
     }
@@ -208,10 +213,10 @@ pub async fn run_purge(ctx: ServiceContext) {
     loop {
         tokio::select! {
             _ = every.tick() => {}
-            _ = ctx.stopping() => return,
+            _ = ctx.lifecycle.stopping() => return,
         }
         loop {
-            match store::idempotency::purge_expired(&ctx.pool, PURGE_BATCH).await {
+            match store::idempotency::purge_expired(&ctx.data.pool, PURGE_BATCH).await {
                 Ok(n) if n < PURGE_BATCH as u64 => break,
                 Ok(_) => tokio::task::yield_now().await,
                 Err(e) => {

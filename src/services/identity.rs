@@ -122,15 +122,15 @@ pub async fn set_default_team(
     if !principal.teams.iter().any(|m| m.team_id == team) {
         return Err(ServiceError::NotFound("team"));
     }
-    let set = within_deadline(ctx, async {
-        Ok(store::identity::set_default_team(&ctx.pool, principal.user_id, team).await?)
+    let set = within_deadline(&ctx.data, async {
+        Ok(store::identity::set_default_team(&ctx.data.pool, principal.user_id, team).await?)
     })
     .await?;
     if !set {
         return Err(ServiceError::NotFound("team"));
     }
     // This replica forgets the principals it holds now, not at the notification.
-    ctx.tokens.forget_all();
+    ctx.access.tokens.forget_all();
     let mut teams = principal.teams.clone();
     if let Some(i) = teams.iter().position(|m| m.team_id == team) {
         let chosen = teams.remove(i);
@@ -156,7 +156,10 @@ pub async fn create_token(
         Some(team) => {
             principal.authorize_in(team, Operation::ManageTeam, "team")?;
             // An admin may name any team id: one that does not exist is a missing resource.
-            if store::identity::team_name(&ctx.pool, team).await?.is_none() {
+            if store::identity::team_name(&ctx.data.pool, team)
+                .await?
+                .is_none()
+            {
                 return Err(ServiceError::NotFound("team"));
             }
             let role = body.role.unwrap_or(Role::Member);
@@ -196,7 +199,7 @@ pub async fn create_user_token(
             "a user's token is personal; team service tokens are made with POST /v1/tokens",
         ));
     }
-    if store::identity::get_user(&ctx.pool, user.uuid())
+    if store::identity::get_user(&ctx.data.pool, user.uuid())
         .await?
         .is_none()
     {
@@ -237,10 +240,10 @@ async fn lifetime_days(
     team: Option<uuid::Uuid>,
     asked: Option<u32>,
 ) -> ServiceResult<Option<u32>> {
-    let Some(idp) = &ctx.oidc else {
+    let Some(idp) = &ctx.access.oidc else {
         return Ok(asked);
     };
-    if team.is_some() || !store::identity::is_idp_user(&ctx.pool, user).await? {
+    if team.is_some() || !store::identity::is_idp_user(&ctx.data.pool, user).await? {
         return Ok(asked);
     }
     let max = idp.settings().max_token_days;
@@ -268,8 +271,8 @@ async fn issue_token(
     let token = tokens::generate();
     let expires_at = days.map(|d| Utc::now() + Duration::days(i64::from(d)));
     let id = TokenId::new();
-    let row = within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    let row = within_deadline(&ctx.data, async {
+        let mut tx = ctx.data.pool.pool().begin().await?;
         let row = store::identity::insert_token(
             &mut *tx,
             id.uuid(),
@@ -325,11 +328,11 @@ pub async fn list_tokens(
         // its owners revoke them.
         Some(team) => {
             principal.authorize_in(team.uuid(), Operation::ReadTeam, "team")?;
-            store::identity::list_team_tokens(&ctx.pool, team.uuid(), after, limit).await?
+            store::identity::list_team_tokens(&ctx.data.pool, team.uuid(), after, limit).await?
         }
         None => {
             store::identity::list_tokens(
-                &ctx.pool,
+                &ctx.data.pool,
                 principal.user_id,
                 principal.service_team,
                 after,
@@ -363,7 +366,7 @@ pub async fn revoke_token(
     id: TokenId,
 ) -> ServiceResult<()> {
     principal.authorize(Operation::ManageSelf)?;
-    let row = store::identity::get_token(&ctx.pool, id.uuid())
+    let row = store::identity::get_token(&ctx.data.pool, id.uuid())
         .await?
         .filter(|r| r.revoked_at.is_none())
         .ok_or(ServiceError::NotFound("token"))?;
@@ -375,8 +378,8 @@ pub async fn revoke_token(
             None => return Err(ServiceError::NotFound("token")),
         }
     }
-    within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    within_deadline(&ctx.data, async {
+        let mut tx = ctx.data.pool.pool().begin().await?;
         if !store::identity::revoke_token(&mut *tx, row.id, None).await? {
             return Err(ServiceError::NotFound("token"));
         }
@@ -389,7 +392,7 @@ pub async fn revoke_token(
         .await?;
         tx.commit().await?;
         // This replica forgets the principals it holds now, not at the notification.
-        ctx.tokens.forget_all();
+        ctx.access.tokens.forget_all();
         Ok(())
     })
     .await

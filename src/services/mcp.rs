@@ -263,12 +263,12 @@ pub fn seal(keyring: &Keyring, team: Uuid, servers: &Value) -> Value {
 /// agents changed.
 #[tracing::instrument(name = "services::mcp::seal_stored", skip_all)]
 pub async fn seal_stored(ctx: &super::ServiceContext) -> ServiceResult<usize> {
-    let rows = crate::store::bounds::agents_with_mcp_headers(&ctx.pool).await?;
+    let rows = crate::store::bounds::agents_with_mcp_headers(&ctx.data.pool).await?;
     let mut changed = 0;
     for (id, team, servers) in rows {
-        let sealed = seal(&ctx.secrets, team, &servers);
+        let sealed = seal(&ctx.access.secrets, team, &servers);
         if sealed != servers {
-            crate::store::bounds::set_mcp_servers(&ctx.pool, id, &sealed).await?;
+            crate::store::bounds::set_mcp_servers(&ctx.data.pool, id, &sealed).await?;
             changed += 1;
         }
     }

@@ -164,7 +164,7 @@ pub async fn commands_allow_list(
 
 /// The entries the team's owners set, as they are now.
 async fn team_entries(ctx: &ServiceContext, team: Uuid) -> ServiceResult<Vec<String>> {
-    Ok(store::team_network::get(&ctx.pool, team)
+    Ok(store::team_network::get(&ctx.data.pool, team)
         .await?
         .map(|r| r.allow)
         .unwrap_or_default())
@@ -218,7 +218,7 @@ async fn team_for(
 ) -> ServiceResult<Uuid> {
     // Visibility first: a team the caller cannot see is missing, whatever `op` needs.
     principal.authorize_in(team.uuid(), Operation::ReadTeam, "team")?;
-    if store::identity::team_name(&ctx.pool, team.uuid())
+    if store::identity::team_name(&ctx.data.pool, team.uuid())
         .await?
         .is_none()
     {
@@ -236,7 +236,7 @@ pub async fn get(
     team: TeamId,
 ) -> ServiceResult<TeamNetwork> {
     let team = team_for(ctx, principal, team, Operation::ReadTeam).await?;
-    Ok(store::team_network::get(&ctx.pool, team).await?.into())
+    Ok(store::team_network::get(&ctx.data.pool, team).await?.into())
 }
 
 /// Check entries as a team sets them: each parses, at most `MAX_TEAM_ENTRIES`; the
@@ -280,8 +280,8 @@ pub async fn put(
 ) -> ServiceResult<TeamNetwork> {
     let team = team_for(ctx, principal, team, Operation::ManageTeam).await?;
     let allow = check_entries(&body.allow)?;
-    let row = within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    let row = within_deadline(&ctx.data, async {
+        let mut tx = ctx.data.pool.pool().begin().await?;
         let row = store::team_network::set(&mut *tx, team, &allow, principal.user_id).await?;
         audit::record_in(
             &mut *tx,

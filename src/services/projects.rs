@@ -125,12 +125,12 @@ pub async fn create(
     };
     principal.authorize_in(team, Operation::ManageTeam, "team")?;
     // An admin may name any team id: one that does not exist is a missing resource.
-    let Some(team_name) = store::identity::team_name(&ctx.pool, team).await? else {
+    let Some(team_name) = store::identity::team_name(&ctx.data.pool, team).await? else {
         return Err(ServiceError::NotFound("team"));
     };
     super::bounds::check_count(
-        store::bounds::live_projects(&ctx.pool, team).await?,
-        ctx.limits.max_projects_per_team,
+        store::bounds::live_projects(&ctx.data.pool, team).await?,
+        ctx.fleet.limits.max_projects_per_team,
         "limits.max_projects_per_team",
     )?;
     let id = ProjectId::new();
@@ -163,7 +163,7 @@ pub async fn create(
                 }
             }
             let repo = local_repo(ctx, principal, team, &team_name, path).await?;
-            if store::projects::name_taken(&ctx.pool, team, body.name.trim()).await? {
+            if store::projects::name_taken(&ctx.data.pool, team, body.name.trim()).await? {
                 return Err(ServiceError::ProjectNameTaken);
             }
             let row = record(
@@ -188,7 +188,7 @@ pub async fn create(
         }
         (None, Some(url)) => {
             let url = check_git_url(url)?;
-            let forge = check_forge(body, &url, ctx.projects.allow_private_remotes)?;
+            let forge = check_forge(body, &url, ctx.repos.projects.allow_private_remotes)?;
             if let Some(name) = &body.credential_secret
                 && !crate::config::valid_env_name(name)
             {
@@ -208,7 +208,7 @@ pub async fn create(
                 ),
                 None => None,
             };
-            if store::projects::name_taken(&ctx.pool, team, body.name.trim()).await? {
+            if store::projects::name_taken(&ctx.data.pool, team, body.name.trim()).await? {
                 return Err(ServiceError::ProjectNameTaken);
             }
             let dest = clone_path(ctx, id);
@@ -216,7 +216,7 @@ pub async fn create(
                 url: url.as_str(),
                 pinned,
                 credential: credential.as_ref(),
-                timeout: Duration::from_secs(ctx.projects.clone_timeout_s),
+                timeout: Duration::from_secs(ctx.repos.projects.clone_timeout_s),
             };
             let default_branch = git::clone_bare(&remote, &dest).await.map_err(|e| {
                 ServiceError::invalid("git_url", format!("could not clone: {}", git_message(e)))
@@ -256,8 +256,8 @@ async fn record(
     principal: &Principal,
     new: store::projects::NewProject<'_>,
 ) -> ServiceResult<store::projects::ProjectRow> {
-    within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    within_deadline(&ctx.data, async {
+        let mut tx = ctx.data.pool.pool().begin().await?;
         let row = store::projects::insert(&mut *tx, new).await?;
         audit::record_in(
             &mut *tx,
@@ -314,6 +314,7 @@ async fn local_repo(
     let team_id = TeamId::from(team).to_string();
     let written = lexical(path);
     let roots: Vec<&Path> = ctx
+        .repos
         .projects
         .local_roots
         .iter()
@@ -355,7 +356,7 @@ async fn local_repo(
     if !repo.toplevel.starts_with(&real_root) {
         return Err(not_a_repo());
     }
-    if store::projects::path_used_elsewhere(&ctx.pool, team, &repo.toplevel.to_string_lossy())
+    if store::projects::path_used_elsewhere(&ctx.data.pool, team, &repo.toplevel.to_string_lossy())
         .await?
     {
         return Err(ServiceError::RepoInUse);
@@ -510,7 +511,7 @@ pub(crate) type Pin = Option<(String, u16, Vec<SocketAddr>)>;
 /// `projects.allow_private_remotes`); pinned for git so a later answer cannot differ.
 #[tracing::instrument(name = "services::projects::pin_host", skip_all)]
 pub(crate) async fn pin_host(ctx: &ServiceContext, url: &url::Url) -> Result<Pin, String> {
-    let allow = ctx.projects.allow_private_remotes;
+    let allow = ctx.repos.projects.allow_private_remotes;
     let port = url.port_or_known_default().unwrap_or(443);
     let refused = || {
         "the remote's host is a loopback, private or link-local address; such remotes \
@@ -559,8 +560,9 @@ pub(crate) async fn credential(
 
 /// Where the clone of project `id` lives.
 fn clone_path(ctx: &ServiceContext, id: ProjectId) -> PathBuf {
-    ctx.projects
-        .storage(&ctx.data_dir)
+    ctx.repos
+        .projects
+        .storage(&ctx.repos.data_dir)
         .join(format!("{id}.git"))
 }
 
@@ -631,7 +633,7 @@ pub(crate) async fn refresh(
     let Some(access) = remote_access(ctx, project).await? else {
         return Ok(());
     };
-    let remote = access.remote(Duration::from_secs(ctx.projects.fetch_timeout_s));
+    let remote = access.remote(Duration::from_secs(ctx.repos.projects.fetch_timeout_s));
     git::fetch(&remote, Path::new(&project.repo_path))
         .await
         .map_err(|e| {
@@ -652,8 +654,13 @@ pub async fn list(
 ) -> ServiceResult<Vec<Project>> {
     principal.authorize(Operation::ReadTeam)?;
     let teams = principal.visible_teams();
-    let rows =
-        store::projects::list(&ctx.pool, teams.as_deref(), after.map(|p| p.uuid()), limit).await?;
+    let rows = store::projects::list(
+        &ctx.data.pool,
+        teams.as_deref(),
+        after.map(|p| p.uuid()),
+        limit,
+    )
+    .await?;
     Ok(rows.into_iter().map(Project::from).collect())
 }
 
@@ -675,7 +682,7 @@ pub(crate) async fn find(
 ) -> ServiceResult<store::projects::ProjectRow> {
     principal.authorize(Operation::ReadTeam)?;
     let teams = principal.visible_teams();
-    store::projects::get(&ctx.pool, id.uuid(), teams.as_deref())
+    store::projects::get(&ctx.data.pool, id.uuid(), teams.as_deref())
         .await?
         .ok_or(ServiceError::NotFound("project"))
 }
@@ -689,11 +696,11 @@ pub async fn delete(
     principal.authorize(Operation::ManageTeam)?;
     let row = find(ctx, principal, id).await?;
     principal.authorize_in(row.team_id, Operation::ManageTeam, "project")?;
-    if store::workspaces::active_count_for_project(&ctx.pool, row.id).await? > 0 {
+    if store::workspaces::active_count_for_project(&ctx.data.pool, row.id).await? > 0 {
         return Err(ServiceError::ProjectHasWorkspaces);
     }
-    within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    within_deadline(&ctx.data, async {
+        let mut tx = ctx.data.pool.pool().begin().await?;
         store::projects::mark_deleted(&mut *tx, row.id).await?;
         audit::record_in(
             &mut *tx,

@@ -71,7 +71,7 @@ async fn team_for(
     op: Operation,
 ) -> ServiceResult<Uuid> {
     principal.authorize_in(team.uuid(), op, "team")?;
-    if store::identity::team_name(&ctx.pool, team.uuid())
+    if store::identity::team_name(&ctx.data.pool, team.uuid())
         .await?
         .is_none()
     {
@@ -113,9 +113,9 @@ pub async fn put(
             format!("must be at most {MAX_VALUE_BYTES} bytes"),
         ));
     }
-    let sealed = ctx.secrets.seal(team, name, &body.value);
+    let sealed = ctx.access.secrets.seal(team, name, &body.value);
     let (row, created) = store::secrets::upsert(
-        &ctx.pool,
+        &ctx.data.pool,
         &store::secrets::NewSealed {
             team_id: team,
             name,
@@ -148,7 +148,7 @@ pub async fn list(
     limit: i64,
 ) -> ServiceResult<Vec<SecretInfo>> {
     let team = team_for(ctx, principal, team, Operation::ReadTeam).await?;
-    let rows = store::secrets::list(&ctx.pool, team, after, limit).await?;
+    let rows = store::secrets::list(&ctx.data.pool, team, after, limit).await?;
     Ok(rows.into_iter().map(SecretInfo::from).collect())
 }
 
@@ -161,7 +161,7 @@ pub async fn delete(
     name: &str,
 ) -> ServiceResult<()> {
     let team = team_for(ctx, principal, team, Operation::ManageTeam).await?;
-    if !valid_env_name(name) || !store::secrets::delete(&ctx.pool, team, name).await? {
+    if !valid_env_name(name) || !store::secrets::delete(&ctx.data.pool, team, name).await? {
         return Err(ServiceError::NotFound("secret"));
     }
     tracing::info!(team_id = %TeamId::from(team), name, "team secret deleted");
@@ -185,13 +185,13 @@ pub(crate) async fn open_many(
     if names.is_empty() {
         return Ok(out);
     }
-    for row in store::secrets::sealed(&ctx.pool, team, names).await? {
+    for row in store::secrets::sealed(&ctx.data.pool, team, names).await? {
         let sealed = Sealed {
             key_id: row.key_id,
             nonce: row.nonce,
             ciphertext: row.ciphertext,
         };
-        let opened = ctx.secrets.open(team, &row.name, &sealed).map_err(|e| {
+        let opened = ctx.access.secrets.open(team, &row.name, &sealed).map_err(|e| {
             tracing::warn!(team_id = %TeamId::from(team), name = %row.name, key_id = %sealed.key_id,
                 error = %e, "a team secret cannot be decrypted");
             format!("team secret {} cannot be decrypted: {e}", row.name)
@@ -228,7 +228,7 @@ pub(crate) async fn launch_env(
     provider: &str,
     team: Uuid,
 ) -> ServiceResult<Result<SecretEnv, String>> {
-    let names = ctx.agents.registry().team_secrets(provider);
+    let names = ctx.fleet.agents.registry().team_secrets(provider);
     if names.is_empty() {
         return Ok(Ok(SecretEnv::new()));
     }

@@ -10,7 +10,7 @@ use super::audit;
 use super::{ServiceContext, ServiceError};
 
 fn provider(ctx: &ServiceContext) -> Result<&crate::auth::oidc::Oidc, SignInError> {
-    ctx.oidc.as_ref().ok_or(SignInError::NotConfigured)
+    ctx.access.oidc.as_ref().ok_or(SignInError::NotConfigured)
 }
 
 /// Start a sign-in for a browser at `client_addr`: where to send it, and the pre-login
@@ -21,7 +21,7 @@ pub async fn login_url(
     return_to: Option<&str>,
     client_addr: &str,
 ) -> Result<Started, SignInError> {
-    browser::begin(provider(ctx)?, &ctx.pool, return_to, client_addr).await
+    browser::begin(provider(ctx)?, &ctx.data.pool, return_to, client_addr).await
 }
 
 /// Finish a sign-in the provider sent back to the browser whose pre-login cookie is
@@ -36,7 +36,7 @@ pub async fn finish_sign_in(
     browser: Option<&str>,
     request_id: Option<&str>,
 ) -> Result<SignedIn, SignInError> {
-    let signed = browser::finish(provider(ctx)?, &ctx.pool, code, state, browser).await?;
+    let signed = browser::finish(provider(ctx)?, &ctx.data.pool, code, state, browser).await?;
     let recorded = audit::record_sign_in(
         ctx,
         signed.principal.user_id,
@@ -45,7 +45,7 @@ pub async fn finish_sign_in(
     )
     .await;
     if let Err(e) = recorded {
-        let _ = browser::sign_out(&ctx.pool, &signed.session).await;
+        let _ = browser::sign_out(&ctx.data.pool, &signed.session).await;
         return Err(match e {
             ServiceError::Store(e) => SignInError::Auth(AuthError::Store(e)),
             ServiceError::Auth(a) => SignInError::Auth(a),
@@ -59,14 +59,14 @@ pub async fn finish_sign_in(
 /// Revoke the session of this cookie value.
 #[tracing::instrument(name = "services::sessions::sign_out", skip_all)]
 pub async fn sign_out(ctx: &ServiceContext, cookie: &str) -> Result<(), AuthError> {
-    browser::sign_out(&ctx.pool, cookie).await.map(|_| ())
+    browser::sign_out(&ctx.data.pool, cookie).await.map(|_| ())
 }
 
 /// The caller of a session cookie (`session_expired` when there is no live session).
 #[tracing::instrument(name = "services::sessions::session_principal", skip_all)]
 pub async fn session_principal(ctx: &ServiceContext, cookie: &str) -> Result<Principal, AuthError> {
-    match &ctx.oidc {
-        Some(idp) => browser::authenticate_session(idp, &ctx.pool, cookie).await,
+    match &ctx.access.oidc {
+        Some(idp) => browser::authenticate_session(idp, &ctx.data.pool, cookie).await,
         None => Err(AuthError::SessionExpired),
     }
 }

@@ -131,15 +131,15 @@ pub async fn create(
     let name = body.name.trim();
     super::projects::validate_name("name", name)?;
     // A team people make never becomes a mapped team; its name cannot pose as one.
-    if let Some(idp) = &ctx.oidc
+    if let Some(idp) = &ctx.access.oidc
         && crate::auth::oidc::reserved_team_names(idp.settings())
             .any(|r| r.eq_ignore_ascii_case(name))
     {
         return Err(ServiceError::TeamNameReserved);
     }
     let id = TeamId::new().uuid();
-    within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    within_deadline(&ctx.data, async {
+        let mut tx = ctx.data.pool.pool().begin().await?;
         if !store::teams::insert(&mut *tx, id, name).await? {
             return Err(ServiceError::TeamNameTaken);
         }
@@ -153,11 +153,11 @@ pub async fn create(
         .await?;
         tx.commit().await?;
         // This replica forgets the principals it holds now, not at the notification.
-        ctx.tokens.forget_all();
+        ctx.access.tokens.forget_all();
         Ok(())
     })
     .await?;
-    let row = store::teams::get(&ctx.pool, id)
+    let row = store::teams::get(&ctx.data.pool, id)
         .await?
         .ok_or(ServiceError::NotFound("team"))?;
     Ok(Team {
@@ -176,8 +176,13 @@ pub async fn list(
 ) -> ServiceResult<Vec<Team>> {
     principal.authorize(Operation::ReadSelf)?;
     let teams = principal.visible_teams();
-    let rows =
-        store::teams::list(&ctx.pool, teams.as_deref(), after.map(|t| t.uuid()), limit).await?;
+    let rows = store::teams::list(
+        &ctx.data.pool,
+        teams.as_deref(),
+        after.map(|t| t.uuid()),
+        limit,
+    )
+    .await?;
     Ok(rows.into_iter().map(|r| team(principal, r)).collect())
 }
 
@@ -190,7 +195,7 @@ async fn find(
 ) -> ServiceResult<store::teams::TeamRow> {
     // Visibility first: a team the caller cannot see is missing, whatever `op` needs.
     principal.authorize_in(id.uuid(), Operation::ReadTeam, "team")?;
-    let row = store::teams::get(&ctx.pool, id.uuid())
+    let row = store::teams::get(&ctx.data.pool, id.uuid())
         .await?
         .ok_or(ServiceError::NotFound("team"))?;
     principal.authorize_in(row.id, op, "team")?;
@@ -204,7 +209,8 @@ pub async fn get(
     id: TeamId,
 ) -> ServiceResult<TeamDetail> {
     let row = find(ctx, principal, id, Operation::ReadTeam).await?;
-    let mut members = store::teams::members(&ctx.pool, row.id, None, MEMBERS_SHOWN + 1).await?;
+    let mut members =
+        store::teams::members(&ctx.data.pool, row.id, None, MEMBERS_SHOWN + 1).await?;
     let more_members = members.len() as i64 > MEMBERS_SHOWN;
     members.truncate(MEMBERS_SHOWN as usize);
     let t = team(principal, row);
@@ -229,8 +235,8 @@ pub async fn set_sandbox(
     body: &TeamSandbox,
 ) -> ServiceResult<Team> {
     find(ctx, principal, id, Operation::ManageTeam).await?;
-    let row = within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    let row = within_deadline(&ctx.data, async {
+        let mut tx = ctx.data.pool.pool().begin().await?;
         let row = store::teams::set_require_sandbox(&mut *tx, id.uuid(), body.require_sandbox)
             .await?
             .ok_or(ServiceError::NotFound("team"))?;
@@ -270,8 +276,8 @@ pub async fn set_agentry_mcp(
     body: &TeamAgentryMcp,
 ) -> ServiceResult<TeamAgentryMcp> {
     find(ctx, principal, id, Operation::ManageTeam).await?;
-    let on = within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    let on = within_deadline(&ctx.data, async {
+        let mut tx = ctx.data.pool.pool().begin().await?;
         let on = store::teams::set_agentry_mcp(&mut *tx, id.uuid(), body.agentry_mcp)
             .await?
             .ok_or(ServiceError::NotFound("team"))?;
@@ -298,7 +304,7 @@ pub async fn agentry_mcp(
 ) -> ServiceResult<TeamAgentryMcp> {
     find(ctx, principal, id, Operation::ReadTeam).await?;
     Ok(TeamAgentryMcp {
-        agentry_mcp: store::teams::agentry_mcp(&ctx.pool, id.uuid()).await?,
+        agentry_mcp: store::teams::agentry_mcp(&ctx.data.pool, id.uuid()).await?,
     })
 }
 
@@ -312,7 +318,8 @@ pub async fn members(
     limit: i64,
 ) -> ServiceResult<Vec<Member>> {
     let row = find(ctx, principal, id, Operation::ReadTeam).await?;
-    let rows = store::teams::members(&ctx.pool, row.id, after.map(|u| u.uuid()), limit).await?;
+    let rows =
+        store::teams::members(&ctx.data.pool, row.id, after.map(|u| u.uuid()), limit).await?;
     Ok(rows.into_iter().map(member).collect())
 }
 
@@ -327,15 +334,15 @@ pub async fn set_member(
     role: Role,
 ) -> ServiceResult<MemberChange> {
     let row = find(ctx, principal, id, Operation::ManageTeam).await?;
-    if store::teams::get_user(&ctx.pool, user.uuid())
+    if store::teams::get_user(&ctx.data.pool, user.uuid())
         .await?
         .is_none()
     {
         return Err(ServiceError::NotFound("user"));
     }
     let team_id = row.id;
-    let added = within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    let added = within_deadline(&ctx.data, async {
+        let mut tx = ctx.data.pool.pool().begin().await?;
         if !store::teams::lock(&mut tx, team_id).await? {
             return Err(ServiceError::NotFound("team"));
         }
@@ -358,11 +365,11 @@ pub async fn set_member(
         audit::record_in(&mut *tx, principal, &entry).await?;
         tx.commit().await?;
         // This replica forgets the principals it holds now, not at the notification.
-        ctx.tokens.forget_all();
+        ctx.access.tokens.forget_all();
         Ok(added)
     })
     .await?;
-    let m = store::teams::member(&ctx.pool, team_id, user.uuid())
+    let m = store::teams::member(&ctx.data.pool, team_id, user.uuid())
         .await?
         .map(member)
         .ok_or(ServiceError::NotFound("member"))?;
@@ -392,8 +399,8 @@ pub async fn remove_member(
     principal.allow(Operation::ManageTeam.access())?;
     let row = find(ctx, principal, id, op).await?;
     let team_id = row.id;
-    within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    within_deadline(&ctx.data, async {
+        let mut tx = ctx.data.pool.pool().begin().await?;
         if !store::teams::lock(&mut tx, team_id).await? {
             return Err(ServiceError::NotFound("team"));
         }
@@ -415,7 +422,7 @@ pub async fn remove_member(
         .await?;
         tx.commit().await?;
         // This replica forgets the principals it holds now, not at the notification.
-        ctx.tokens.forget_all();
+        ctx.access.tokens.forget_all();
         Ok(())
     })
     .await

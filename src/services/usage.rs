@@ -206,7 +206,7 @@ async fn visible_team(
             .ok_or_else(|| ServiceError::invalid("team_id", "required: you are in no team"))?,
     };
     principal.authorize_in(team, Operation::ReadTeam, "team")?;
-    store::teams::get(&ctx.pool, team)
+    store::teams::get(&ctx.data.pool, team)
         .await?
         .ok_or(ServiceError::NotFound("team"))?;
     Ok(team)
@@ -240,9 +240,9 @@ pub async fn report(
             format!("one of {}", GROUPS.join(", ")),
         ));
     }
-    let totals = store::usage::team_totals(&ctx.pool, team, from, to).await?;
+    let totals = store::usage::team_totals(&ctx.data.pool, team, from, to).await?;
     let groups = match &q.group_by {
-        Some(g) => store::usage::team_groups(&ctx.pool, team, from, to, g)
+        Some(g) => store::usage::team_groups(&ctx.data.pool, team, from, to, g)
             .await?
             .into_iter()
             .map(|row| UsageGroup {
@@ -326,7 +326,7 @@ async fn budget_view(
     row: Option<BudgetRow>,
 ) -> ServiceResult<Budget> {
     let (start, next) = month_of(Utc::now());
-    let used = store::usage::team_totals(&ctx.pool, team, start, next).await?;
+    let used = store::usage::team_totals(&ctx.data.pool, team, start, next).await?;
     Ok(Budget {
         team_id: team.into(),
         period: row.as_ref().map(|r| r.period.clone()),
@@ -337,8 +337,8 @@ async fn budget_view(
         used_cost_usd: used.cost_usd,
         used_tokens: used.input_tokens + used.output_tokens,
         limits: BudgetLimits {
-            max_cost_usd: ctx.usage.settings.max_team_cost_usd,
-            max_tokens: ctx.usage.settings.max_team_tokens,
+            max_cost_usd: ctx.governance.usage.settings.max_team_cost_usd,
+            max_tokens: ctx.governance.usage.settings.max_team_tokens,
         },
     })
 }
@@ -350,7 +350,7 @@ pub async fn get_budget(
     team: TeamId,
 ) -> ServiceResult<Budget> {
     let team = visible_team(ctx, principal, Some(team)).await?;
-    let row = store::usage::team_budget(&ctx.pool, team).await?;
+    let row = store::usage::team_budget(&ctx.data.pool, team).await?;
     budget_view(ctx, team, row).await
 }
 
@@ -382,7 +382,7 @@ pub async fn put_budget(
         .transpose()
         .map_err(|_| ServiceError::invalid("max_tokens", "too large"))?;
     if !principal.is_server_admin() {
-        let limits = &ctx.usage.settings;
+        let limits = &ctx.governance.usage.settings;
         if let (Some(max), Some(want)) = (limits.max_team_cost_usd, body.max_cost_usd)
             && want > max
         {
@@ -413,9 +413,14 @@ pub async fn put_budget(
             ));
         }
     }
-    let row =
-        store::usage::put_team_budget(&ctx.pool, team, &body.period, body.max_cost_usd, max_tokens)
-            .await?;
+    let row = store::usage::put_team_budget(
+        &ctx.data.pool,
+        team,
+        &body.period,
+        body.max_cost_usd,
+        max_tokens,
+    )
+    .await?;
     super::audit::record(
         ctx,
         principal,
@@ -457,11 +462,11 @@ fn team_exhausted(budget: &BudgetRow, used: &Sums, resets_at: DateTime<Utc>) -> 
 /// Refuse new work for a team whose budget is out (429 `budget_exhausted`).
 #[tracing::instrument(name = "services::usage::admit_team", skip_all, fields(team_id = %team))]
 pub async fn admit_team(ctx: &ServiceContext, team: Uuid) -> ServiceResult<()> {
-    let Some(budget) = store::usage::team_budget(&ctx.pool, team).await? else {
+    let Some(budget) = store::usage::team_budget(&ctx.data.pool, team).await? else {
         return Ok(());
     };
     let (start, next) = month_of(Utc::now());
-    let used = store::usage::team_totals(&ctx.pool, team, start, next).await?;
+    let used = store::usage::team_totals(&ctx.data.pool, team, start, next).await?;
     match team_exhausted(&budget, &used, next) {
         Some(x) => Err(ServiceError::BudgetExhausted(Box::new(x))),
         None => Ok(()),
@@ -485,7 +490,7 @@ pub struct AgentCaps {
 /// Budgets hold only with the ledger on (`usage.ledger`): with it off, setting one is
 /// refused rather than kept and not enforced.
 pub fn ledger_on(ctx: &ServiceContext, field: &'static str) -> ServiceResult<()> {
-    if ctx.usage.settings.ledger {
+    if ctx.governance.usage.settings.ledger {
         Ok(())
     } else {
         Err(ServiceError::invalid(
@@ -548,10 +553,10 @@ async fn workspace_budget_view(
     ctx: &ServiceContext,
     workspace: Uuid,
 ) -> ServiceResult<WorkspaceBudget> {
-    let caps = store::usage::workspace_caps(&ctx.pool, workspace)
+    let caps = store::usage::workspace_caps(&ctx.data.pool, workspace)
         .await?
         .unwrap_or_default();
-    let used = store::usage::workspace_totals(&ctx.pool, workspace).await?;
+    let used = store::usage::workspace_totals(&ctx.data.pool, workspace).await?;
     Ok(WorkspaceBudget {
         workspace_id: workspace.into(),
         max_cost_usd: caps.max_cost_usd,
@@ -584,7 +589,7 @@ pub async fn put_workspace_budget(
     principal.authorize_in(ws.team_id, Operation::ManageTeam, "workspace")?;
     ledger_on(ctx, "max_cost_usd")?;
     let caps = body.checked_as(["max_cost_usd", "max_turns", "max_wall_time_s"])?;
-    store::usage::set_workspace_caps(&ctx.pool, ws.id, &caps).await?;
+    store::usage::set_workspace_caps(&ctx.data.pool, ws.id, &caps).await?;
     super::audit::record(
         ctx,
         principal,
@@ -605,12 +610,12 @@ pub async fn put_workspace_budget(
 
 /// Refuse new agents in a workspace whose caps are out (429 `budget_exhausted`).
 pub async fn admit_workspace(ctx: &ServiceContext, workspace: Uuid) -> ServiceResult<()> {
-    let Some(caps) = store::usage::workspace_caps(&ctx.pool, workspace).await? else {
+    let Some(caps) = store::usage::workspace_caps(&ctx.data.pool, workspace).await? else {
         return Ok(());
     };
-    let used = store::usage::workspace_totals(&ctx.pool, workspace).await?;
+    let used = store::usage::workspace_totals(&ctx.data.pool, workspace).await?;
     let mut probe = Meter {
-        book: ctx.usage.clone(),
+        book: ctx.governance.usage.clone(),
         provider: String::new(),
         model: None,
         team: None,
@@ -644,8 +649,8 @@ impl Metering {
     pub fn new(ctx: &ServiceContext) -> Arc<Self> {
         Arc::new(Self {
             ctx: MeteringContext {
-                pool: ctx.pool.clone(),
-                usage: ctx.usage.clone(),
+                pool: ctx.data.pool.clone(),
+                usage: ctx.governance.usage.clone(),
                 hooks: ctx.hooks.clone(),
             },
         })

@@ -71,8 +71,8 @@ pub async fn create(
     check_email(email)?;
     super::projects::validate_name("name", &body.name)?;
     let id = UserId::new();
-    let row = within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    let row = within_deadline(&ctx.data, async {
+        let mut tx = ctx.data.pool.pool().begin().await?;
         let row = store::teams::insert_user(&mut *tx, id.uuid(), email, body.name.trim())
             .await?
             .ok_or(ServiceError::UserEmailTaken)?;
@@ -106,7 +106,7 @@ pub async fn list(
         );
     }
     let rows = store::teams::list_users(
-        &ctx.pool,
+        &ctx.data.pool,
         email.map(str::trim),
         after.map(|u| u.uuid()),
         limit,
