@@ -62,7 +62,7 @@ async fn create_token(
 ) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
     let ctx = &state.services;
-    idempotency::respond(ctx, &principal, &req, &body, || {
+    idempotency::respond(&ctx.data, &ctx.access, &principal, &req, &body, || {
         identity::create_token(ctx, &principal, &body)
     })
     .await

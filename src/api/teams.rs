@@ -100,7 +100,7 @@ async fn create_team(
 ) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
     let ctx = &state.services;
-    idempotency::respond(ctx, &principal, &req, &body, || {
+    idempotency::respond(&ctx.data, &ctx.access, &principal, &req, &body, || {
         teams::create(ctx, &principal, &body)
     })
     .await

@@ -35,7 +35,7 @@ async fn create_user(
 ) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
     let ctx = &state.services;
-    idempotency::respond(ctx, &principal, &req, &body, || {
+    idempotency::respond(&ctx.data, &ctx.access, &principal, &req, &body, || {
         users::create(ctx, &principal, &body)
     })
     .await
@@ -93,7 +93,7 @@ async fn create_user_token(
     let id: UserId = parse_id(&id, "user")?;
     let body = body.into_inner();
     let ctx = &state.services;
-    idempotency::respond(ctx, &principal, &req, &body, || {
+    idempotency::respond(&ctx.data, &ctx.access, &principal, &req, &body, || {
         identity::create_user_token(ctx, &principal, id, &body)
     })
     .await

@@ -39,7 +39,7 @@ async fn create_workspace(
 ) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
     let ctx = &state.services;
-    idempotency::respond(ctx, &principal, &req, &body, || {
+    idempotency::respond(&ctx.data, &ctx.access, &principal, &req, &body, || {
         workspaces::create(ctx, &principal, &body)
     })
     .await

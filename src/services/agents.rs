@@ -13,7 +13,7 @@ use utoipa::ToSchema;
 use super::audit::{self, Action, Entry};
 use super::hooks::{self, Answering, Subject};
 use super::workspaces::{CreateWorkspace, WorkspaceKind};
-use super::{ServiceContext, ServiceError, ServiceResult};
+use super::{Data, ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{Operation, Principal};
 use crate::domain::{
     AgentEvent, AgentId, AgentStatus, Behavior, EventKind, HookEvent, NewEvent, PermissionId,
@@ -292,9 +292,13 @@ async fn egress_allow(
     if !ctx.fleet.agents.uses_egress() {
         return Ok(None);
     }
-    let mut list =
-        super::network::agent_allow_list(ctx, &ctx.fleet.egress_policy, row.team_id, &row.provider)
-            .await?;
+    let mut list = super::network::agent_allow_list(
+        &ctx.data,
+        &ctx.fleet.egress_policy,
+        row.team_id,
+        &row.provider,
+    )
+    .await?;
     if agentry_mcp && let Some(entry) = ctx.fleet.agentry_mcp_url.as_deref().and_then(mcp_entry) {
         list.forward_loopback([entry]);
     }
@@ -372,37 +376,29 @@ pub(crate) fn to_agent(ctx: &ServiceContext, row: AgentRow) -> Agent {
 
 /// The agent's row, when the caller may see it and its token allows `op`.
 async fn load(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     id: AgentId,
     op: Operation,
 ) -> ServiceResult<AgentRow> {
     principal.authorize(op)?;
     let teams = principal.visible_teams();
-    store::agents::get(&ctx.data.pool, id.uuid(), teams.as_deref())
+    store::agents::get(&data.pool, id.uuid(), teams.as_deref())
         .await?
         .ok_or(ServiceError::NotFound("agent"))
 }
 
 /// Like `load`, for an operation that drives the agent: it also needs the member role.
-async fn load_to_drive(
-    ctx: &ServiceContext,
-    principal: &Principal,
-    id: AgentId,
-) -> ServiceResult<AgentRow> {
-    let row = load(ctx, principal, id, Operation::DriveAgents).await?;
+async fn load_to_drive(data: &Data, principal: &Principal, id: AgentId) -> ServiceResult<AgentRow> {
+    let row = load(data, principal, id, Operation::DriveAgents).await?;
     principal.authorize_in(row.team_id, Operation::DriveAgents, "agent")?;
     Ok(row)
 }
 
 /// The caller may read the agent (for its streams and pages).
 #[tracing::instrument(name = "services::agents::authorize_read", skip_all, fields(agent_id = %id))]
-pub async fn authorize_read(
-    ctx: &ServiceContext,
-    principal: &Principal,
-    id: AgentId,
-) -> ServiceResult<()> {
-    load(ctx, principal, id, Operation::ReadTeam)
+pub async fn authorize_read(data: &Data, principal: &Principal, id: AgentId) -> ServiceResult<()> {
+    load(data, principal, id, Operation::ReadTeam)
         .await
         .map(|_| ())
 }
@@ -661,12 +657,12 @@ pub async fn create(
             ));
         }
         (Some(id), None) => {
-            let ws = super::workspaces::find(ctx, principal, *id).await?;
+            let ws = super::workspaces::find(&ctx.data, principal, *id).await?;
             let (team, project) = (ws.team_id, ws.project_id);
             (Target::Existing(Box::new(ws)), team, project)
         }
         (None, Some(spec)) => {
-            let project = super::projects::find(ctx, principal, spec.project_id).await?;
+            let project = super::projects::find(&ctx.data, principal, spec.project_id).await?;
             (Target::New(spec), project.team_id, project.id)
         }
     };
@@ -679,7 +675,7 @@ pub async fn create(
     let (body, create_env) = (&replaced.0, replaced.1);
     let provider = check_create(ctx, body).await?;
     check_confinement(ctx, provider.as_ref(), body.mode.as_deref())?;
-    let team_name = team_name(ctx, team).await?;
+    let team_name = team_name(&ctx.data, team).await?;
     super::mcp::check_team(&ctx.fleet.bounds.mcp, &team_name, &body.mcp_servers)?;
     super::mcp::check_addresses(&ctx.fleet.bounds.mcp, &body.mcp_servers).await?;
     super::bounds::check_count(
@@ -688,14 +684,14 @@ pub async fn create(
         "limits.max_agents_per_team",
     )?;
     if body.budget.is_some() {
-        super::usage::ledger_on(ctx, "budget")?;
+        super::usage::ledger_on(&ctx.governance, "budget")?;
     }
     let caps = body
         .budget
         .as_ref()
         .map(super::usage::AgentCaps::checked)
         .transpose()?;
-    super::usage::admit_team(ctx, team).await?;
+    super::usage::admit_team(&ctx.data, team).await?;
     // Remote MCP servers' header values are credentials: stored sealed, never in the clear.
     let stored_mcp = super::mcp::seal(&ctx.access.secrets, team, &body.mcp_servers);
     let id = AgentId::new();
@@ -729,14 +725,14 @@ pub async fn create(
                 pull_request: None,
             };
             let ws = super::workspaces::create(ctx, principal, &create).await?;
-            super::workspaces::find(ctx, principal, ws.id).await?
+            super::workspaces::find(&ctx.data, principal, ws.id).await?
         }
     };
     principal.authorize_in(workspace.team_id, Operation::DriveAgents, "workspace")?;
     if workspace.archived_at.is_some() {
         return Err(ServiceError::WorkspaceArchived("the workspace is archived"));
     }
-    super::usage::admit_workspace(ctx, workspace.id).await?;
+    super::usage::admit_workspace(&ctx.data, &ctx.governance, workspace.id).await?;
     // `agent.create.after` is queued in the transaction that creates the agent.
     let queued = super::within_deadline(&ctx.data, async {
         let mut tx = ctx.data.pool.pool().begin().await?;
@@ -797,7 +793,7 @@ pub async fn create(
     })
     .await?;
     if queued > 0 {
-        hooks::queued(ctx);
+        ctx.hooks.queued();
     }
     super::announce(
         &ctx.data,
@@ -812,7 +808,7 @@ pub async fn create(
     )
     .await?;
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::AgentCreate, Some(workspace.team_id), "agent", id).details(json!({
             "workspace_id": WorkspaceId::from(workspace.id),
@@ -825,7 +821,7 @@ pub async fn create(
         })),
     )
     .await?;
-    let row = reload_row(ctx, id).await?;
+    let row = reload_row(&ctx.data, id).await?;
     secret_env.extend(launch.env);
     let mut agent_ctx = context(&row, secret_env);
     agent_ctx.mcp_servers = launch.mcp_servers;
@@ -1003,7 +999,7 @@ async fn open_hooks(
 ) -> ServiceResult<Launch> {
     let saved = super::mcp::open(&ctx.access.secrets, subject.team, subject.saved_mcp)?;
     let saved = &saved;
-    let team_name = team_name(ctx, subject.team).await?;
+    let team_name = team_name(&ctx.data, subject.team).await?;
     let settings = &ctx.fleet.bounds.mcp;
     let check = |previous: &Value, new: &Value| {
         hooks::only_changed(previous, new, &["env", "mcp_servers"])?;
@@ -1074,7 +1070,7 @@ pub async fn list(
     principal.authorize(Operation::ReadTeam)?;
     // A workspace filter names a workspace: one the caller cannot see is missing.
     if let Some(w) = filter.workspace_id {
-        super::workspaces::find(ctx, principal, w).await?;
+        super::workspaces::find(&ctx.data, principal, w).await?;
     }
     let teams = principal.visible_teams();
     let labels = filter.label.as_ref().map(|(k, v)| json!({ k: v }));
@@ -1133,7 +1129,7 @@ fn show_queued(agent: &mut Agent) {
 
 #[tracing::instrument(name = "services::agents::get", skip_all, fields(agent_id = %id))]
 pub async fn get(ctx: &ServiceContext, principal: &Principal, id: AgentId) -> ServiceResult<Agent> {
-    let row = load(ctx, principal, id, Operation::ReadTeam).await?;
+    let row = load(&ctx.data, principal, id, Operation::ReadTeam).await?;
     let mut agent = to_agent(ctx, row);
     agent.queue = super::queue::agent_queue(ctx, id).await?;
     show_queued(&mut agent);
@@ -1158,7 +1154,7 @@ pub(crate) async fn authorize_drive(
         principal.authorize_in(team, Operation::DriveAgents, "agent")?;
         return Ok(team);
     }
-    Ok(load_to_drive(ctx, principal, id).await?.team_id)
+    Ok(load_to_drive(&ctx.data, principal, id).await?.team_id)
 }
 
 /// Send a prompt: start a turn now, or queue the message while the agent runs a turn (or
@@ -1199,7 +1195,7 @@ pub async fn prompt(
             ctx.fleet.agents.interrupt(id).await;
         }
         audit::record(
-            ctx,
+            &ctx.data,
             principal,
             Entry::new(Action::AgentPrompt, Some(team), "agent", id).details(
                 json!({"message_id": mid, "queued": true, "reason": reason.as_str(),
@@ -1223,7 +1219,7 @@ pub async fn prompt(
     let open = open_now(ctx, principal, id);
     match queue::admit(ctx, team, open, start_now(ctx, principal, id, &body)).await {
         Ok(Admission::Started((team, turn_id))) => {
-            audit_prompt(ctx, principal, team, id, turn_id, cmid).await?;
+            audit_prompt(&ctx.data, principal, team, id, turn_id, cmid).await?;
             Ok(TurnAccepted {
                 turn_id: Some(turn_id),
                 queued: false,
@@ -1326,7 +1322,7 @@ async fn launch_context(
     principal: &Principal,
     id: AgentId,
 ) -> ServiceResult<(uuid::Uuid, AgentContext)> {
-    let row = load_to_drive(ctx, principal, id).await?;
+    let row = load_to_drive(&ctx.data, principal, id).await?;
     check_team_sandbox(ctx, row.team_id).await?;
     if row.archived_at.is_some() {
         return Err(ServiceError::AgentArchived);
@@ -1370,7 +1366,7 @@ async fn launch_context(
 /// A prompt started a turn: audit it.
 #[tracing::instrument(name = "services::agents::audit_prompt", skip_all, fields(team_id = %team, agent_id = %id, turn_id = %turn_id))]
 pub(crate) async fn audit_prompt(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     team: uuid::Uuid,
     id: AgentId,
@@ -1378,7 +1374,7 @@ pub(crate) async fn audit_prompt(
     client_message_id: Option<&str>,
 ) -> ServiceResult<()> {
     audit::record(
-        ctx,
+        data,
         principal,
         Entry::new(Action::AgentPrompt, Some(team), "agent", id)
             .details(json!({"turn_id": turn_id, "client_message_id": client_message_id})),
@@ -1392,10 +1388,10 @@ pub async fn interrupt(
     principal: &Principal,
     id: AgentId,
 ) -> ServiceResult<()> {
-    let row = load_to_drive(ctx, principal, id).await?;
+    let row = load_to_drive(&ctx.data, principal, id).await?;
     ctx.fleet.agents.interrupt(id).await;
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::AgentInterrupt, Some(row.team_id), "agent", id),
     )
@@ -1409,7 +1405,7 @@ pub async fn set_mode(
     id: AgentId,
     mode: String,
 ) -> ServiceResult<Agent> {
-    let row = load_to_drive(ctx, principal, id).await?;
+    let row = load_to_drive(&ctx.data, principal, id).await?;
     if let Some(p) = ctx.fleet.agents.registry().get(&row.provider) {
         let modes = p.info().modes;
         if !modes.is_empty() && !modes.iter().any(|m| m.id == mode) {
@@ -1444,7 +1440,7 @@ pub async fn set_model(
             "must be 1 to 200 characters",
         ));
     }
-    load_to_drive(ctx, principal, id).await?;
+    load_to_drive(&ctx.data, principal, id).await?;
     if !ctx.fleet.agents.set_model(id, model.clone()).await? {
         let data = json!({"model": &model});
         let change = StateChange::Model { agent: id, model };
@@ -1491,14 +1487,14 @@ async fn record(
     Ok(())
 }
 
-async fn reload_row(ctx: &ServiceContext, id: AgentId) -> ServiceResult<AgentRow> {
-    store::agents::get(&ctx.data.pool, id.uuid(), None)
+async fn reload_row(data: &Data, id: AgentId) -> ServiceResult<AgentRow> {
+    store::agents::get(&data.pool, id.uuid(), None)
         .await?
         .ok_or(ServiceError::NotFound("agent"))
 }
 
 async fn reload(ctx: &ServiceContext, id: AgentId) -> ServiceResult<Agent> {
-    let row = reload_row(ctx, id).await?;
+    let row = reload_row(&ctx.data, id).await?;
     Ok(to_agent(ctx, row))
 }
 
@@ -1508,7 +1504,7 @@ pub async fn close(
     principal: &Principal,
     id: AgentId,
 ) -> ServiceResult<Agent> {
-    load_to_drive(ctx, principal, id).await?;
+    load_to_drive(&ctx.data, principal, id).await?;
     ctx.fleet.agents.close(id, "closed by request").await;
     reload(ctx, id).await
 }
@@ -1522,10 +1518,10 @@ pub async fn archive(
     id: AgentId,
     keep_children: bool,
 ) -> ServiceResult<()> {
-    let row = load_to_drive(ctx, principal, id).await?;
+    let row = load_to_drive(&ctx.data, principal, id).await?;
     if !keep_children {
         for child in store::agents::live_descendants(&ctx.data.pool, row.id).await? {
-            let child = reload_row(ctx, child.into()).await?;
+            let child = reload_row(&ctx.data, child.into()).await?;
             archive_one(ctx, principal, child).await?;
         }
     }
@@ -1570,7 +1566,7 @@ async fn archive_one(
             ctx.access.tokens.forget_all();
         }
         if queued > 0 {
-            hooks::queued(ctx);
+            ctx.hooks.queued();
         }
         super::announce(
             &ctx.data,
@@ -1584,7 +1580,7 @@ async fn archive_one(
         )
         .await?;
         audit::record(
-            ctx,
+            &ctx.data,
             principal,
             Entry::new(Action::AgentArchive, Some(row.team_id), "agent", id).details(json!({
                 "workspace_id": WorkspaceId::from(row.workspace_id),
@@ -1630,7 +1626,7 @@ pub async fn list_permissions(
     id: AgentId,
     status: Option<PermissionStatus>,
 ) -> ServiceResult<PermissionList> {
-    let row = load(ctx, principal, id, Operation::ReadTeam).await?;
+    let row = load(&ctx.data, principal, id, Operation::ReadTeam).await?;
     let rows =
         store::permissions::list(&ctx.data.pool, row.id, status.map(PermissionStatus::as_str))
             .await?;
@@ -1647,7 +1643,7 @@ pub async fn answer_permission(
     request: PermissionId,
     body: PermissionAnswerBody,
 ) -> ServiceResult<PermissionView> {
-    let row = load_to_drive(ctx, principal, id).await?;
+    let row = load_to_drive(&ctx.data, principal, id).await?;
     let details = json!({"agent_id": id, "behavior": body.behavior, "option_id": body.option_id});
     let answer = PermissionAnswer {
         behavior: body.behavior,
@@ -1670,7 +1666,7 @@ pub async fn answer_permission(
         }
     }
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(
             Action::PermissionAnswer,
@@ -1699,7 +1695,7 @@ pub async fn wait(
     id: AgentId,
     timeout: Duration,
 ) -> ServiceResult<WaitResult> {
-    load(ctx, principal, id, Operation::ReadTeam).await?;
+    load(&ctx.data, principal, id, Operation::ReadTeam).await?;
     let _slot = ctx
         .fleet
         .bounds
@@ -1734,7 +1730,7 @@ pub async fn wait(
         }
         // No actor here (another replica runs the agent, or it is between owners): the
         // stored row is the truth, read again until it settles.
-        if settled(to_agent(ctx, reload_row(ctx, id).await?).status) {
+        if settled(to_agent(ctx, reload_row(&ctx.data, id).await?).status) {
             break;
         }
         if tokio::time::Instant::now() >= deadline {
@@ -1747,7 +1743,7 @@ pub async fn wait(
             _ = ctx.lifecycle.stopping() => break,
         }
     }
-    let row = reload_row(ctx, id).await?;
+    let row = reload_row(&ctx.data, id).await?;
     let agent = to_agent(ctx, row.clone());
     let pending = store::permissions::list(&ctx.data.pool, row.id, Some("pending")).await?;
     Ok(WaitResult {
@@ -1789,7 +1785,7 @@ pub async fn timeline(
     from: TimelineFrom,
     limit: i64,
 ) -> ServiceResult<TimelinePage> {
-    load(ctx, principal, id, Operation::ReadTeam).await?;
+    load(&ctx.data, principal, id, Operation::ReadTeam).await?;
     let rows = match from {
         TimelineFrom::After(n) => {
             store::events::page_after(&ctx.data.pool, id.uuid(), n, limit + 1).await?
@@ -1813,8 +1809,8 @@ pub async fn timeline(
 }
 
 /// The name of `team`, which `[mcp.servers.<name>] teams` lists.
-async fn team_name(ctx: &ServiceContext, team: uuid::Uuid) -> ServiceResult<String> {
-    Ok(store::identity::team_name(&ctx.data.pool, team)
+async fn team_name(data: &Data, team: uuid::Uuid) -> ServiceResult<String> {
+    Ok(store::identity::team_name(&data.pool, team)
         .await?
         .unwrap_or_default())
 }

@@ -105,7 +105,7 @@ async fn workspace_and_project(
     id: WorkspaceId,
 ) -> ServiceResult<(store::workspaces::WorkspaceRow, store::projects::ProjectRow)> {
     principal.authorize(Operation::DriveAgents)?;
-    let ws = find(ctx, principal, id).await?;
+    let ws = find(&ctx.data, principal, id).await?;
     principal.authorize_in(ws.team_id, Operation::DriveAgents, "workspace")?;
     if ws.archived_at.is_some() {
         return Err(ServiceError::WorkspaceArchived(
@@ -229,7 +229,7 @@ pub async fn push(
         store::workspace_remotes::record_push(&ctx.data.pool, ws.id, &target, &commit, body.force)
             .await?;
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::WorkspacePush, Some(ws.team_id), "workspace", id).details(json!({
             "branch": target, "commit": commit, "committed": committed, "forced": body.force,
@@ -309,7 +309,7 @@ async fn forge_access(
             "the project has no credential_secret to call its forge with",
         ));
     };
-    let value = super::projects::credential(ctx, project.team_id, name)
+    let value = super::projects::credential(&ctx.data, &ctx.access, project.team_id, name)
         .await?
         .map_err(ServiceError::ForgeFailed)?;
     let raw = value.expose();
@@ -433,7 +433,7 @@ pub async fn pull_request(
     )
     .await?;
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(
             Action::WorkspacePullRequest,

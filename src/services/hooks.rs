@@ -307,7 +307,7 @@ async fn check_project(
     team: Option<Uuid>,
     project: ProjectId,
 ) -> ServiceResult<Uuid> {
-    let row = super::projects::find(ctx, principal, project).await?;
+    let row = super::projects::find(&ctx.data, principal, project).await?;
     if let Some(team) = team
         && row.team_id != team
     {
@@ -386,7 +386,7 @@ pub async fn create(
     .await?;
     let hook = Hook::from(row);
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::HookCreate, team, "hook", hook.id).details(
             json!({"name": hook.name, "events": hook.events, "url": hook.url, "enabled": hook.enabled}),
@@ -533,7 +533,7 @@ pub async fn update(
         }
     }
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::HookUpdate, row.team_id, "hook", hook.id)
             .details(json!({"changed": changed, "enabled": hook.enabled})),
@@ -550,7 +550,7 @@ pub async fn delete(ctx: &ServiceContext, principal: &Principal, id: HookId) -> 
         return Err(ServiceError::NotFound("hook"));
     }
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::HookDelete, row.team_id, "hook", id).details(json!({"name": row.name})),
     )
@@ -769,11 +769,6 @@ pub(crate) async fn queue(
     Ok(hooks.len())
 }
 
-/// Wake the delivery worker: notifications were queued and committed.
-pub(crate) fn queued(ctx: &ServiceContext) {
-    ctx.hooks.queued();
-}
-
 /// How often stored moments are looked for without a wake-up from the writer (moments
 /// of other replicas, and those a crash left behind).
 const MOMENT_SWEEP: Duration = Duration::from_secs(1);
@@ -840,7 +835,7 @@ pub async fn outbox_moments(ctx: &ServiceContext) -> ServiceResult<usize> {
         tx.commit().await?;
         handled += claimed.len();
         if queued_any > 0 {
-            queued(ctx);
+            ctx.hooks.queued();
         }
     }
 }
@@ -1156,7 +1151,7 @@ pub(crate) async fn call_waiting(
                 tracing::info!(hook_id = %HookId::from(hook.id), event = event.as_str(), why = %why, "a waiting hook failed its operation");
                 // The refusal is on record, with who asked for the operation.
                 audit::record(
-                    ctx,
+                    &ctx.data,
                     by,
                     Entry::new(
                         Action::HookFail,

@@ -26,7 +26,7 @@ use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use super::secrets::{Keyring, Sealed};
-use super::{ServiceContext, ServiceError, ServiceResult};
+use super::{Access, Data, ServiceContext, ServiceError, ServiceResult};
 use crate::auth::Principal;
 use crate::domain::SecretValue;
 use crate::store;
@@ -64,7 +64,8 @@ pub enum Creation {
 /// Run `create` at most once per key, scoped to the principal and `operation`.
 #[tracing::instrument(name = "services::idempotency::create_once", skip_all)]
 pub async fn create_once<T, F, Fut>(
-    ctx: &ServiceContext,
+    data: &Data,
+    access: &Access,
     principal: &Principal,
     operation: &str,
     key: Option<IdempotencyKey>,
@@ -80,8 +81,8 @@ where
         return Ok(Creation::Created(to_value(&out)?));
     };
     let scope = format!("{}:{operation}", principal.idempotency_scope());
-    if !store::idempotency::claim(&ctx.data.pool, &scope, &key, &fingerprint).await? {
-        let row = store::idempotency::get(&ctx.data.pool, &scope, &key)
+    if !store::idempotency::claim(&data.pool, &scope, &key, &fingerprint).await? {
+        let row = store::idempotency::get(&data.pool, &scope, &key)
             .await?
             .ok_or(ServiceError::IdempotencyKeyInProgress("retry in a moment"))?;
         if row.request_hash != fingerprint {
@@ -89,7 +90,7 @@ where
         }
         return match row.response {
             Some(resp) => Ok(Creation::Replayed(open(
-                &ctx.access.secrets,
+                &access.secrets,
                 &scope,
                 &key,
                 resp,
@@ -102,13 +103,13 @@ where
     match create().await {
         Ok(out) => {
             let value = to_value(&out)?;
-            let stored = seal(&ctx.access.secrets, &scope, &key, value.clone());
-            store::idempotency::complete(&ctx.data.pool, &scope, &key, CREATED, &stored).await?;
+            let stored = seal(&access.secrets, &scope, &key, value.clone());
+            store::idempotency::complete(&data.pool, &scope, &key, CREATED, &stored).await?;
             Ok(Creation::Created(value))
         }
         Err(e) => {
             // A failed request may be retried with the same key.
-            let _ = store::idempotency::release(&ctx.data.pool, &scope, &key).await;
+            let _ = store::idempotency::release(&data.pool, &scope, &key).await;
             Err(e)
         }
     }

@@ -14,7 +14,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::audit::{self, Action, Entry};
-use super::{ServiceContext, ServiceError, ServiceResult, within_deadline};
+use super::{Data, ServiceContext, ServiceError, ServiceResult, within_deadline};
 use crate::auth::{Operation, Principal};
 use crate::config::EgressSettings;
 use crate::domain::{TeamId, UserId};
@@ -143,28 +143,28 @@ impl EgressPolicy {
 /// The allow list of an agent of `team` running `provider`, for its egress endpoint.
 #[tracing::instrument(name = "services::network::agent_allow_list", skip_all, fields(team_id = %team))]
 pub async fn agent_allow_list(
-    ctx: &ServiceContext,
+    data: &Data,
     policy: &EgressPolicy,
     team: Uuid,
     provider: &str,
 ) -> ServiceResult<AllowList> {
-    Ok(policy.effective(provider, &team_entries(ctx, team).await?))
+    Ok(policy.effective(provider, &team_entries(data, team).await?))
 }
 
 /// The allow list of a workspace's setup or teardown commands in `team`, for the
 /// endpoint of their run.
 #[tracing::instrument(name = "services::network::commands_allow_list", skip_all, fields(team_id = %team))]
 pub async fn commands_allow_list(
-    ctx: &ServiceContext,
+    data: &Data,
     policy: &EgressPolicy,
     team: Uuid,
 ) -> ServiceResult<AllowList> {
-    Ok(policy.for_commands(&team_entries(ctx, team).await?))
+    Ok(policy.for_commands(&team_entries(data, team).await?))
 }
 
 /// The entries the team's owners set, as they are now.
-async fn team_entries(ctx: &ServiceContext, team: Uuid) -> ServiceResult<Vec<String>> {
-    Ok(store::team_network::get(&ctx.data.pool, team)
+async fn team_entries(data: &Data, team: Uuid) -> ServiceResult<Vec<String>> {
+    Ok(store::team_network::get(&data.pool, team)
         .await?
         .map(|r| r.allow)
         .unwrap_or_default())

@@ -14,7 +14,7 @@ use utoipa::ToSchema;
 use serde_json::json;
 
 use super::audit::{self, Action, Entry};
-use super::{ServiceContext, ServiceError, ServiceResult, within_deadline};
+use super::{Access, Data, ServiceContext, ServiceError, ServiceResult, within_deadline};
 use crate::auth::{AuthError, Operation, Principal};
 use crate::domain::{ProjectId, SecretValue, TeamId};
 use crate::forge::ForgeKind;
@@ -202,7 +202,7 @@ pub async fn create(
                 .map_err(|m| ServiceError::invalid("git_url", m))?;
             let credential = match &body.credential_secret {
                 Some(name) => Some(
-                    credential(ctx, team, name)
+                    credential(&ctx.data, &ctx.access, team, name)
                         .await?
                         .map_err(|m| ServiceError::invalid("credential_secret", m))?,
                 ),
@@ -546,12 +546,13 @@ pub(crate) async fn pin_host(ctx: &ServiceContext, url: &url::Url) -> Result<Pin
 /// The value of the team's secret `name`; `Err` with why it cannot be used.
 #[tracing::instrument(name = "services::projects::credential", skip_all, fields(team_id = %team))]
 pub(crate) async fn credential(
-    ctx: &ServiceContext,
+    data: &Data,
+    access: &Access,
     team: uuid::Uuid,
     name: &str,
 ) -> ServiceResult<Result<SecretValue, String>> {
     let names = [name.to_owned()];
-    let opened = super::secrets::open_many(ctx, team, &names).await?;
+    let opened = super::secrets::open_many(data, access, team, &names).await?;
     Ok(match opened.into_iter().next() {
         Some((_, value)) => value,
         None => Err(format!("the team has no secret named {name}")),
@@ -610,7 +611,7 @@ pub(crate) async fn remote_access(
     let pinned = pin_host(ctx, &url).await.map_err(unavailable)?;
     let credential = match &project.credential_secret {
         Some(name) => Some(
-            credential(ctx, project.team_id, name)
+            credential(&ctx.data, &ctx.access, project.team_id, name)
                 .await?
                 .map_err(unavailable)?,
         ),
@@ -670,19 +671,19 @@ pub async fn get(
     principal: &Principal,
     id: ProjectId,
 ) -> ServiceResult<Project> {
-    Ok(find(ctx, principal, id).await?.into())
+    Ok(find(&ctx.data, principal, id).await?.into())
 }
 
 /// The project's row, when the caller may see it.
 #[tracing::instrument(name = "services::projects::find", skip_all, fields(project_id = %id))]
 pub(crate) async fn find(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     id: ProjectId,
 ) -> ServiceResult<store::projects::ProjectRow> {
     principal.authorize(Operation::ReadTeam)?;
     let teams = principal.visible_teams();
-    store::projects::get(&ctx.data.pool, id.uuid(), teams.as_deref())
+    store::projects::get(&data.pool, id.uuid(), teams.as_deref())
         .await?
         .ok_or(ServiceError::NotFound("project"))
 }
@@ -694,7 +695,7 @@ pub async fn delete(
     id: ProjectId,
 ) -> ServiceResult<()> {
     principal.authorize(Operation::ManageTeam)?;
-    let row = find(ctx, principal, id).await?;
+    let row = find(&ctx.data, principal, id).await?;
     principal.authorize_in(row.team_id, Operation::ManageTeam, "project")?;
     if store::workspaces::active_count_for_project(&ctx.data.pool, row.id).await? > 0 {
         return Err(ServiceError::ProjectHasWorkspaces);

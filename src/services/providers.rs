@@ -101,7 +101,7 @@ pub async fn list(
     wanted.sort();
     wanted.dedup();
     let opened = match team {
-        Some(team) => super::secrets::open_many(ctx, team, &wanted).await?,
+        Some(team) => super::secrets::open_many(&ctx.data, &ctx.access, team, &wanted).await?,
         None => Default::default(),
     };
     // Keys are added outside only where the egress proxy stands between agents and the
@@ -188,7 +188,7 @@ pub async fn models(
     let scope = match workspace {
         None => CatalogScope::Global,
         Some(w) => {
-            let ws = super::workspaces::find(ctx, principal, w).await?;
+            let ws = super::workspaces::find(&ctx.data, principal, w).await?;
             if ws.archived_at.is_some() {
                 return Err(ServiceError::WorkspaceArchived(
                     "the workspace is archived; its files are gone",
@@ -215,7 +215,7 @@ pub async fn models(
     let names = ctx.fleet.agents.registry().team_secrets(id);
     if !names.is_empty() {
         let opened = match principal.default_team() {
-            Some(team) => super::secrets::open_many(ctx, team, names).await?,
+            Some(team) => super::secrets::open_many(&ctx.data, &ctx.access, team, names).await?,
             None => Default::default(),
         };
         if let Err(reason) = super::secrets::env_of(names, &opened) {

@@ -340,7 +340,7 @@ pub async fn list(
     id: AgentId,
     state: Option<MessageState>,
 ) -> ServiceResult<QueuedMessageList> {
-    super::agents::authorize_read(ctx, principal, id).await?;
+    super::agents::authorize_read(&ctx.data, principal, id).await?;
     let rows =
         store::queue::list(&ctx.data.pool, id.uuid(), state.map(MessageState::as_str)).await?;
     let mut next = 0;
@@ -688,7 +688,7 @@ async fn start_head(ctx: &ServiceContext, h: &HeadRow) -> ServiceResult<Step> {
             )
             .await?;
             super::agents::audit_prompt(
-                ctx,
+                &ctx.data,
                 &principal,
                 team,
                 id,

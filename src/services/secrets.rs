@@ -20,7 +20,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::audit::{self, Action, Entry};
-use super::{ServiceContext, ServiceError, ServiceResult};
+use super::{Access, Data, ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{Operation, Principal};
 use crate::config::valid_env_name;
 use crate::domain::{SecretEnv, SecretValue, TeamId, UserId};
@@ -129,7 +129,7 @@ pub async fn put(
     tracing::info!(team_id = %TeamId::from(team), name, created, key_id = %sealed.key_id, "team secret set");
     // The name only: the value never goes into the audit log.
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::SecretSet, Some(team), "secret", name)
             .details(json!({"created": created})),
@@ -166,7 +166,7 @@ pub async fn delete(
     }
     tracing::info!(team_id = %TeamId::from(team), name, "team secret deleted");
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::SecretDelete, Some(team), "secret", name),
     )
@@ -177,7 +177,8 @@ pub async fn delete(
 /// The team's secrets among `names`, each opened or with the reason it cannot be used.
 #[tracing::instrument(name = "services::secrets::open_many", skip_all, fields(team_id = %team))]
 pub(crate) async fn open_many(
-    ctx: &ServiceContext,
+    data: &Data,
+    access: &Access,
     team: Uuid,
     names: &[String],
 ) -> ServiceResult<BTreeMap<String, Result<SecretValue, String>>> {
@@ -185,13 +186,13 @@ pub(crate) async fn open_many(
     if names.is_empty() {
         return Ok(out);
     }
-    for row in store::secrets::sealed(&ctx.data.pool, team, names).await? {
+    for row in store::secrets::sealed(&data.pool, team, names).await? {
         let sealed = Sealed {
             key_id: row.key_id,
             nonce: row.nonce,
             ciphertext: row.ciphertext,
         };
-        let opened = ctx.access.secrets.open(team, &row.name, &sealed).map_err(|e| {
+        let opened = access.secrets.open(team, &row.name, &sealed).map_err(|e| {
             tracing::warn!(team_id = %TeamId::from(team), name = %row.name, key_id = %sealed.key_id,
                 error = %e, "a team secret cannot be decrypted");
             format!("team secret {} cannot be decrypted: {e}", row.name)
@@ -232,7 +233,7 @@ pub(crate) async fn launch_env(
     if names.is_empty() {
         return Ok(Ok(SecretEnv::new()));
     }
-    let opened = open_many(ctx, team, names).await?;
+    let opened = open_many(&ctx.data, &ctx.access, team, names).await?;
     Ok(env_of(names, &opened))
 }
 

@@ -38,7 +38,7 @@ pub async fn finish_sign_in(
 ) -> Result<SignedIn, SignInError> {
     let signed = browser::finish(provider(ctx)?, &ctx.data.pool, code, state, browser).await?;
     let recorded = audit::record_sign_in(
-        ctx,
+        &ctx.data,
         signed.principal.user_id,
         request_id,
         json!({"method": "oidc", "issuer": provider(ctx)?.settings().issuer}),

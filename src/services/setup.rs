@@ -218,7 +218,7 @@ pub async fn run_setup(
         };
         tx.commit().await?;
         if queued > 0 {
-            super::hooks::queued(ctx);
+            ctx.hooks.queued();
         }
         Ok(row)
     })
@@ -271,7 +271,7 @@ pub async fn fail_interrupted(ctx: &ServiceContext, replica: &str) -> ServiceRes
     }
     tx.commit().await?;
     if queued > 0 {
-        super::hooks::queued(ctx);
+        ctx.hooks.queued();
     }
     for row in rows {
         let target = Target {
@@ -458,9 +458,10 @@ async fn open_endpoint(
     let Some(egress) = ctx.fleet.agents.egress() else {
         return Ok(None);
     };
-    let allow = super::network::commands_allow_list(ctx, &ctx.fleet.egress_policy, target.team_id)
-        .await
-        .map_err(|e| format!("could not read the team's network allow list: {e}"))?;
+    let allow =
+        super::network::commands_allow_list(&ctx.data, &ctx.fleet.egress_policy, target.team_id)
+            .await
+            .map_err(|e| format!("could not read the team's network allow list: {e}"))?;
     egress
         .open_for_commands(allow)
         .map(Some)

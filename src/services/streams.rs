@@ -42,7 +42,7 @@ pub async fn open_agent(
     principal: &Principal,
     id: AgentId,
 ) -> ServiceResult<AgentStream> {
-    super::agents::authorize_read(ctx, principal, id).await?;
+    super::agents::authorize_read(&ctx.data, principal, id).await?;
     let slot = ctx
         .fleet
         .bounds
@@ -107,10 +107,10 @@ pub async fn open_team(
 ) -> ServiceResult<TeamStream> {
     principal.authorize(Operation::ReadTeam)?;
     if let Some(p) = project {
-        super::projects::find(ctx, principal, p).await?;
+        super::projects::find(&ctx.data, principal, p).await?;
     }
     if let Some(w) = workspace {
-        super::workspaces::find(ctx, principal, w).await?;
+        super::workspaces::find(&ctx.data, principal, w).await?;
     }
     let slot = ctx
         .fleet
@@ -297,7 +297,9 @@ impl Guard {
                         ))),
                     },
                 }),
-            Covered::Agent(id) => super::agents::authorize_read(&self.ctx, &principal, *id).await,
+            Covered::Agent(id) => {
+                super::agents::authorize_read(&self.ctx.data, &principal, *id).await
+            }
         };
         match result {
             Ok(()) => None,

@@ -629,7 +629,7 @@ pub async fn create(
     body: &CreateTrigger,
 ) -> ServiceResult<Trigger> {
     principal.authorize(Operation::ManageTeam)?;
-    let project = super::projects::find(ctx, principal, body.project_id).await?;
+    let project = super::projects::find(&ctx.data, principal, body.project_id).await?;
     principal.authorize_in(project.team_id, Operation::ManageTeam, "project")?;
     // A trigger acts as the person who created it, with their role: a team service
     // token or an agent's token acts with less than its person, so it may not.
@@ -685,7 +685,7 @@ pub async fn create(
     )
     .await?;
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(
             Action::TriggerCreate,
@@ -818,7 +818,7 @@ pub async fn update(
     .filter_map(|(f, set)| set.then_some(f))
     .collect();
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::TriggerUpdate, Some(row.team_id), "trigger", id)
             .details(json!({"changed": changed, "enabled": updated.enabled})),
@@ -837,7 +837,7 @@ pub async fn delete(
         return Err(ServiceError::NotFound("trigger"));
     }
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::TriggerDelete, Some(row.team_id), "trigger", id)
             .details(json!({"name": row.name, "kind": row.kind})),
@@ -1097,7 +1097,7 @@ async fn act(
     };
     if done.outcome != "ignored" {
         audit::record(
-            ctx,
+            &ctx.data,
             &principal,
             Entry::new(
                 Action::TriggerRun,

@@ -15,7 +15,7 @@ use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use super::hooks::{self, Subject};
-use super::{ServiceContext, ServiceError, ServiceResult};
+use super::{Data, Governance, ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{Operation, Principal};
 use crate::config::{Price, UsageSettings};
 use crate::domain::{AgentId, HookEvent, ProjectId, TeamId, TokenId, UserId, WorkspaceId};
@@ -364,7 +364,7 @@ pub async fn put_budget(
 ) -> ServiceResult<Budget> {
     let team = visible_team(ctx, principal, Some(team)).await?;
     principal.authorize_in(team, Operation::ManageTeam, "team")?;
-    ledger_on(ctx, "period")?;
+    ledger_on(&ctx.governance, "period")?;
     if body.period != "month" {
         return Err(ServiceError::invalid("period", "only `month` is supported"));
     }
@@ -422,7 +422,7 @@ pub async fn put_budget(
     )
     .await?;
     super::audit::record(
-        ctx,
+        &ctx.data,
         principal,
         super::audit::Entry::new(
             super::audit::Action::BudgetSet,
@@ -461,12 +461,12 @@ fn team_exhausted(budget: &BudgetRow, used: &Sums, resets_at: DateTime<Utc>) -> 
 
 /// Refuse new work for a team whose budget is out (429 `budget_exhausted`).
 #[tracing::instrument(name = "services::usage::admit_team", skip_all, fields(team_id = %team))]
-pub async fn admit_team(ctx: &ServiceContext, team: Uuid) -> ServiceResult<()> {
-    let Some(budget) = store::usage::team_budget(&ctx.data.pool, team).await? else {
+pub async fn admit_team(data: &Data, team: Uuid) -> ServiceResult<()> {
+    let Some(budget) = store::usage::team_budget(&data.pool, team).await? else {
         return Ok(());
     };
     let (start, next) = month_of(Utc::now());
-    let used = store::usage::team_totals(&ctx.data.pool, team, start, next).await?;
+    let used = store::usage::team_totals(&data.pool, team, start, next).await?;
     match team_exhausted(&budget, &used, next) {
         Some(x) => Err(ServiceError::BudgetExhausted(Box::new(x))),
         None => Ok(()),
@@ -489,8 +489,8 @@ pub struct AgentCaps {
 
 /// Budgets hold only with the ledger on (`usage.ledger`): with it off, setting one is
 /// refused rather than kept and not enforced.
-pub fn ledger_on(ctx: &ServiceContext, field: &'static str) -> ServiceResult<()> {
-    if ctx.governance.usage.settings.ledger {
+pub fn ledger_on(governance: &Governance, field: &'static str) -> ServiceResult<()> {
+    if governance.usage.settings.ledger {
         Ok(())
     } else {
         Err(ServiceError::invalid(
@@ -574,7 +574,7 @@ pub async fn get_workspace_budget(
     principal: &Principal,
     id: WorkspaceId,
 ) -> ServiceResult<WorkspaceBudget> {
-    let ws = super::workspaces::find(ctx, principal, id).await?;
+    let ws = super::workspaces::find(&ctx.data, principal, id).await?;
     workspace_budget_view(ctx, ws.id).await
 }
 
@@ -585,13 +585,13 @@ pub async fn put_workspace_budget(
     id: WorkspaceId,
     body: &AgentCaps,
 ) -> ServiceResult<WorkspaceBudget> {
-    let ws = super::workspaces::find(ctx, principal, id).await?;
+    let ws = super::workspaces::find(&ctx.data, principal, id).await?;
     principal.authorize_in(ws.team_id, Operation::ManageTeam, "workspace")?;
-    ledger_on(ctx, "max_cost_usd")?;
+    ledger_on(&ctx.governance, "max_cost_usd")?;
     let caps = body.checked_as(["max_cost_usd", "max_turns", "max_wall_time_s"])?;
     store::usage::set_workspace_caps(&ctx.data.pool, ws.id, &caps).await?;
     super::audit::record(
-        ctx,
+        &ctx.data,
         principal,
         super::audit::Entry::new(
             super::audit::Action::BudgetSet,
@@ -609,13 +609,17 @@ pub async fn put_workspace_budget(
 }
 
 /// Refuse new agents in a workspace whose caps are out (429 `budget_exhausted`).
-pub async fn admit_workspace(ctx: &ServiceContext, workspace: Uuid) -> ServiceResult<()> {
-    let Some(caps) = store::usage::workspace_caps(&ctx.data.pool, workspace).await? else {
+pub async fn admit_workspace(
+    data: &Data,
+    governance: &Governance,
+    workspace: Uuid,
+) -> ServiceResult<()> {
+    let Some(caps) = store::usage::workspace_caps(&data.pool, workspace).await? else {
         return Ok(());
     };
-    let used = store::usage::workspace_totals(&ctx.data.pool, workspace).await?;
+    let used = store::usage::workspace_totals(&data.pool, workspace).await?;
     let mut probe = Meter {
-        book: ctx.governance.usage.clone(),
+        book: governance.usage.clone(),
         provider: String::new(),
         model: None,
         team: None,

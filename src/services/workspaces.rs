@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 
 use super::audit::{self, Action, Entry};
 use super::hooks::{self, Answering, Subject};
-use super::{ServiceContext, ServiceError, ServiceResult, setup};
+use super::{Data, ServiceContext, ServiceError, ServiceResult, setup};
 use crate::auth::{Operation, Principal};
 use crate::domain::{HookEvent, ProjectId, WorkspaceId};
 use crate::events::NewTeamEvent;
@@ -198,7 +198,7 @@ pub async fn create(
     body: &CreateWorkspace,
 ) -> ServiceResult<Workspace> {
     principal.authorize(Operation::DriveAgents)?;
-    let project = super::projects::find(ctx, principal, body.project_id).await?;
+    let project = super::projects::find(&ctx.data, principal, body.project_id).await?;
     principal.authorize_in(project.team_id, Operation::DriveAgents, "project")?;
     // An agent's token makes workspaces only in its agent's project.
     if principal.agent.is_some_and(|a| a.project_id != project.id) {
@@ -229,7 +229,7 @@ pub async fn create(
     let (body, project) = if replaced.project_id == body.project_id {
         (&replaced, project)
     } else {
-        let p = super::projects::find(ctx, principal, replaced.project_id).await?;
+        let p = super::projects::find(&ctx.data, principal, replaced.project_id).await?;
         principal.authorize_in(p.team_id, Operation::DriveAgents, "project")?;
         (&replaced, p)
     };
@@ -444,7 +444,7 @@ pub async fn create(
     )
     .await?;
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::WorkspaceCreate, Some(project.team_id), "workspace", ws.id).details(
             json!({"project_id": ws.project_id, "kind": ws.kind, "branch": ws.branch, "base_commit": ws.base_commit}),
@@ -493,7 +493,7 @@ async fn insert(
     })
     .await?;
     if queued > 0 {
-        hooks::queued(ctx);
+        ctx.hooks.queued();
     }
     Ok(row)
 }
@@ -761,7 +761,7 @@ pub async fn list(
     principal.authorize(Operation::ReadTeam)?;
     // A project filter names a project: one the caller cannot see is missing.
     if let Some(p) = project {
-        super::projects::find(ctx, principal, p).await?;
+        super::projects::find(&ctx.data, principal, p).await?;
     }
     let teams = principal.visible_teams();
     let rows = store::workspaces::list(
@@ -797,7 +797,7 @@ pub async fn get(
     principal: &Principal,
     id: WorkspaceId,
 ) -> ServiceResult<Workspace> {
-    let row = find(ctx, principal, id).await?;
+    let row = find(&ctx.data, principal, id).await?;
     let remote = super::ci::refresh_pull_request(ctx, &row).await?;
     Ok(Workspace::from(row).with_remote(remote))
 }
@@ -805,13 +805,13 @@ pub async fn get(
 /// The workspace's row, when the caller may see it.
 #[tracing::instrument(name = "services::workspaces::find", skip_all, fields(workspace_id = %id))]
 pub(crate) async fn find(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     id: WorkspaceId,
 ) -> ServiceResult<store::workspaces::WorkspaceRow> {
     principal.authorize(Operation::ReadTeam)?;
     let teams = principal.visible_teams();
-    store::workspaces::get(&ctx.data.pool, id.uuid(), teams.as_deref())
+    store::workspaces::get(&data.pool, id.uuid(), teams.as_deref())
         .await?
         .ok_or(ServiceError::NotFound("workspace"))
 }
@@ -822,7 +822,7 @@ pub async fn diff(
     principal: &Principal,
     id: WorkspaceId,
 ) -> ServiceResult<git::Diff> {
-    let ws = find(ctx, principal, id).await?;
+    let ws = find(&ctx.data, principal, id).await?;
     if ws.archived_at.is_some() {
         return Err(ServiceError::WorkspaceArchived(
             "the workspace is archived; its files are gone",
@@ -842,7 +842,7 @@ pub async fn archive(
     id: WorkspaceId,
 ) -> ServiceResult<Workspace> {
     principal.authorize(Operation::DriveAgents)?;
-    let ws = find(ctx, principal, id).await?;
+    let ws = find(&ctx.data, principal, id).await?;
     principal.authorize_in(ws.team_id, Operation::DriveAgents, "workspace")?;
     if ws.archived_at.is_some() {
         return Ok(ws.into());
@@ -892,7 +892,7 @@ pub async fn archive(
     })
     .await?;
     if queued > 0 {
-        hooks::queued(ctx);
+        ctx.hooks.queued();
     }
     super::announce(
         &ctx.data,
@@ -906,7 +906,7 @@ pub async fn archive(
     )
     .await?;
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::WorkspaceArchive, Some(row.team_id), "workspace", id)
             .details(json!({"project_id": ProjectId::from(row.project_id)})),
