@@ -313,21 +313,24 @@ impl Application {
             tracing::warn!("usage.ledger is off: turns are not recorded and budgets do not hold");
         }
         let port = listener.local_addr()?.port();
-        cluster::join(&state.services, &fanout).await?;
+        cluster::join(&state.services.data, &state.services.fleet, &fanout).await?;
         let cluster_tasks = vec![
             health_task,
             listener_task,
             tokens_task,
             tokio::spawn(cluster::run(state.services.clone(), fanout, advertise_url)),
             tokio::spawn(crate::services::idempotency::run_purge(
-                state.services.clone(),
+                state.services.data.clone(),
+                state.services.lifecycle.clone(),
             )),
             tokio::spawn(record_denials(denials, state.services.fleet.agents.clone())),
         ];
         if let Err(e) = crate::services::setup::fail_interrupted(&state.services, &replica).await {
             tracing::warn!(error = %e, "could not close the setups the previous run left running");
         }
-        match crate::services::mcp::seal_stored(&state.services).await {
+        let sealed =
+            crate::services::mcp::seal_stored(&state.services.data, &state.services.access).await;
+        match sealed {
             Ok(0) => {}
             Ok(n) => tracing::info!(agents = n, "sealed MCP header values stored in the clear"),
             Err(e) => tracing::warn!(error = %e, "could not seal stored MCP header values"),
@@ -449,7 +452,7 @@ impl Application {
             task.abort();
             let _ = task.await;
         }
-        cluster::leave(&self.state.services).await;
+        cluster::leave(&self.state.services.data, &self.state.services.fleet).await;
         // The moments of the agents just closed go to the outbox now (what is left is
         // handled at the next start), before the HTTP server stops: pooled connections
         // opened by its workers end with the workers' runtimes. The moments task is

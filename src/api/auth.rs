@@ -64,8 +64,12 @@ pub fn authenticate_request(
                     if sessions::changes_state(&req) {
                         sessions::check_origin(&state, &req)?;
                     }
-                    let mut principal =
-                        crate::services::sessions::session_principal(ctx, &cookie).await?;
+                    let mut principal = crate::services::sessions::session_principal(
+                        &ctx.data,
+                        &ctx.access,
+                        &cookie,
+                    )
+                    .await?;
                     principal.request_id = request_id;
                     Ok(principal)
                 }

@@ -605,7 +605,7 @@ async fn owner_elsewhere(ctx: &ServiceContext, agent: AgentId) -> ApiResult<Opti
     if !ctx.data.bus.announcing() {
         return Ok(None);
     }
-    Ok(crate::services::cluster::route(ctx, agent).await?)
+    Ok(crate::services::cluster::route(&ctx.data, &ctx.fleet, agent).await?)
 }
 
 /// Hand a command for an agent another replica runs to that replica as its route's own
@@ -756,7 +756,7 @@ async fn call(
             let id: WorkspaceId = args.id("workspace_id", "workspace")?;
             args.done()?;
             Ok(ToolOutput::json(
-                workspaces::diff(ctx, principal, id).await?,
+                workspaces::diff(&ctx.data, principal, id).await?,
             )?)
         }
         "answer_permission" => {

@@ -113,7 +113,7 @@ async fn metrics_page(
     let s = &state.services;
     let mut page = Page::default();
 
-    let agents = health::agent_counts(s).await?;
+    let agents = health::agent_counts(&s.data).await?;
     let samples: Vec<(Vec<String>, f64)> = agents
         .into_iter()
         .map(|(provider, status, n)| (vec![status, provider], n as f64))

@@ -36,7 +36,7 @@ async fn create_user(
     let body = body.into_inner();
     let ctx = &state.services;
     idempotency::respond(&ctx.data, &ctx.access, &principal, &req, &body, || {
-        users::create(ctx, &principal, &body)
+        users::create(&ctx.data, &principal, &body)
     })
     .await
 }
@@ -61,7 +61,7 @@ async fn list_users(
 ) -> ApiResult<web::Json<Page<User>>> {
     let after: Option<UserId> = page.after()?;
     let items = users::list(
-        &state.services,
+        &state.services.data,
         &principal,
         q.email.as_deref(),
         after,
@@ -94,7 +94,7 @@ async fn create_user_token(
     let body = body.into_inner();
     let ctx = &state.services;
     idempotency::respond(&ctx.data, &ctx.access, &principal, &req, &body, || {
-        identity::create_user_token(ctx, &principal, id, &body)
+        identity::create_user_token(&ctx.data, &ctx.access, &principal, id, &body)
     })
     .await
 }

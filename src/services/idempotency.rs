@@ -26,7 +26,7 @@ use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use super::secrets::{Keyring, Sealed};
-use super::{Access, Data, ServiceContext, ServiceError, ServiceResult};
+use super::{Access, Data, Lifecycle, ServiceError, ServiceResult};
 use crate::auth::Principal;
 use crate::domain::SecretValue;
 use crate::store;
@@ -209,15 +209,15 @@ fn walk<E>(
 
 /// Delete the keys older than `store::idempotency::KEY_TTL_S`, a batch at a time, every
 /// few minutes, until the server stops. Any replica may run it; they delete disjoint rows.
-pub async fn run_purge(ctx: ServiceContext) {
+pub async fn run_purge(data: Data, lifecycle: Lifecycle) {
     let mut every = tokio::time::interval(PURGE_EVERY);
     loop {
         tokio::select! {
             _ = every.tick() => {}
-            _ = ctx.lifecycle.stopping() => return,
+            _ = lifecycle.stopping() => return,
         }
         loop {
-            match store::idempotency::purge_expired(&ctx.data.pool, PURGE_BATCH).await {
+            match store::idempotency::purge_expired(&data.pool, PURGE_BATCH).await {
                 Ok(n) if n < PURGE_BATCH as u64 => break,
                 Ok(_) => tokio::task::yield_now().await,
                 Err(e) => {

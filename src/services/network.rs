@@ -14,7 +14,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::audit::{self, Action, Entry};
-use super::{Data, ServiceContext, ServiceError, ServiceResult, within_deadline};
+use super::{Data, ServiceError, ServiceResult, within_deadline};
 use crate::auth::{Operation, Principal};
 use crate::config::EgressSettings;
 use crate::domain::{TeamId, UserId};
@@ -211,14 +211,14 @@ impl From<Option<store::team_network::TeamNetworkRow>> for TeamNetwork {
 
 /// The team exists and the caller may do `op` in it.
 async fn team_for(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     team: TeamId,
     op: Operation,
 ) -> ServiceResult<Uuid> {
     // Visibility first: a team the caller cannot see is missing, whatever `op` needs.
     principal.authorize_in(team.uuid(), Operation::ReadTeam, "team")?;
-    if store::identity::team_name(&ctx.data.pool, team.uuid())
+    if store::identity::team_name(&data.pool, team.uuid())
         .await?
         .is_none()
     {
@@ -230,13 +230,9 @@ async fn team_for(
 
 /// The team's entries (any member of the team, viewers too).
 #[tracing::instrument(name = "services::network::get", skip_all, fields(team_id = %team))]
-pub async fn get(
-    ctx: &ServiceContext,
-    principal: &Principal,
-    team: TeamId,
-) -> ServiceResult<TeamNetwork> {
-    let team = team_for(ctx, principal, team, Operation::ReadTeam).await?;
-    Ok(store::team_network::get(&ctx.data.pool, team).await?.into())
+pub async fn get(data: &Data, principal: &Principal, team: TeamId) -> ServiceResult<TeamNetwork> {
+    let team = team_for(data, principal, team, Operation::ReadTeam).await?;
+    Ok(store::team_network::get(&data.pool, team).await?.into())
 }
 
 /// Check entries as a team sets them: each parses, at most `MAX_TEAM_ENTRIES`; the
@@ -273,15 +269,15 @@ pub fn check_entries(raw: &[String]) -> ServiceResult<Vec<String>> {
 /// Replace the team's entries (owners), audited in the same transaction.
 #[tracing::instrument(name = "services::network::put", skip_all, fields(team_id = %team))]
 pub async fn put(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     team: TeamId,
     body: &PutTeamNetwork,
 ) -> ServiceResult<TeamNetwork> {
-    let team = team_for(ctx, principal, team, Operation::ManageTeam).await?;
+    let team = team_for(data, principal, team, Operation::ManageTeam).await?;
     let allow = check_entries(&body.allow)?;
-    let row = within_deadline(&ctx.data, async {
-        let mut tx = ctx.data.pool.pool().begin().await?;
+    let row = within_deadline(data, async {
+        let mut tx = data.pool.pool().begin().await?;
         let row = store::team_network::set(&mut *tx, team, &allow, principal.user_id).await?;
         audit::record_in(
             &mut *tx,

@@ -14,7 +14,9 @@ use utoipa::ToSchema;
 use serde_json::json;
 
 use super::audit::{self, Action, Entry};
-use super::{Access, Data, ServiceContext, ServiceError, ServiceResult, within_deadline};
+use super::{
+    Access, Data, Repositories, ServiceContext, ServiceError, ServiceResult, within_deadline,
+};
 use crate::auth::{AuthError, Operation, Principal};
 use crate::domain::{ProjectId, SecretValue, TeamId};
 use crate::forge::ForgeKind;
@@ -197,7 +199,7 @@ pub async fn create(
                     "must be the name of a secret of the project's team",
                 ));
             }
-            let pinned = pin_host(ctx, &url)
+            let pinned = pin_host(&ctx.repos, &url)
                 .await
                 .map_err(|m| ServiceError::invalid("git_url", m))?;
             let credential = match &body.credential_secret {
@@ -211,7 +213,7 @@ pub async fn create(
             if store::projects::name_taken(&ctx.data.pool, team, body.name.trim()).await? {
                 return Err(ServiceError::ProjectNameTaken);
             }
-            let dest = clone_path(ctx, id);
+            let dest = clone_path(&ctx.repos, id);
             let remote = git::Remote {
                 url: url.as_str(),
                 pinned,
@@ -510,8 +512,8 @@ pub(crate) type Pin = Option<(String, u16, Vec<SocketAddr>)>;
 /// The addresses `url`'s host resolves to, refused when any is internal (unless
 /// `projects.allow_private_remotes`); pinned for git so a later answer cannot differ.
 #[tracing::instrument(name = "services::projects::pin_host", skip_all)]
-pub(crate) async fn pin_host(ctx: &ServiceContext, url: &url::Url) -> Result<Pin, String> {
-    let allow = ctx.repos.projects.allow_private_remotes;
+pub(crate) async fn pin_host(repos: &Repositories, url: &url::Url) -> Result<Pin, String> {
+    let allow = repos.projects.allow_private_remotes;
     let port = url.port_or_known_default().unwrap_or(443);
     let refused = || {
         "the remote's host is a loopback, private or link-local address; such remotes \
@@ -560,10 +562,10 @@ pub(crate) async fn credential(
 }
 
 /// Where the clone of project `id` lives.
-fn clone_path(ctx: &ServiceContext, id: ProjectId) -> PathBuf {
-    ctx.repos
+fn clone_path(repos: &Repositories, id: ProjectId) -> PathBuf {
+    repos
         .projects
-        .storage(&ctx.repos.data_dir)
+        .storage(&repos.data_dir)
         .join(format!("{id}.git"))
 }
 
@@ -608,7 +610,7 @@ pub(crate) async fn remote_access(
         ServiceError::RemoteUnavailable(format!("the project's remote cannot be reached: {m}"))
     };
     let url = url::Url::parse(raw).map_err(|e| unavailable(e.to_string()))?;
-    let pinned = pin_host(ctx, &url).await.map_err(unavailable)?;
+    let pinned = pin_host(&ctx.repos, &url).await.map_err(unavailable)?;
     let credential = match &project.credential_secret {
         Some(name) => Some(
             credential(&ctx.data, &ctx.access, project.team_id, name)
@@ -648,30 +650,21 @@ pub(crate) async fn refresh(
 /// A page of the projects of the caller's teams, after `after`.
 #[tracing::instrument(name = "services::projects::list", skip_all)]
 pub async fn list(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     after: Option<ProjectId>,
     limit: i64,
 ) -> ServiceResult<Vec<Project>> {
     principal.authorize(Operation::ReadTeam)?;
     let teams = principal.visible_teams();
-    let rows = store::projects::list(
-        &ctx.data.pool,
-        teams.as_deref(),
-        after.map(|p| p.uuid()),
-        limit,
-    )
-    .await?;
+    let rows =
+        store::projects::list(&data.pool, teams.as_deref(), after.map(|p| p.uuid()), limit).await?;
     Ok(rows.into_iter().map(Project::from).collect())
 }
 
 #[tracing::instrument(name = "services::projects::get", skip_all, fields(project_id = %id))]
-pub async fn get(
-    ctx: &ServiceContext,
-    principal: &Principal,
-    id: ProjectId,
-) -> ServiceResult<Project> {
-    Ok(find(&ctx.data, principal, id).await?.into())
+pub async fn get(data: &Data, principal: &Principal, id: ProjectId) -> ServiceResult<Project> {
+    Ok(find(data, principal, id).await?.into())
 }
 
 /// The project's row, when the caller may see it.
@@ -690,18 +683,19 @@ pub(crate) async fn find(
 
 #[tracing::instrument(name = "services::projects::delete", skip_all, fields(project_id = %id))]
 pub async fn delete(
-    ctx: &ServiceContext,
+    data: &Data,
+    repos: &Repositories,
     principal: &Principal,
     id: ProjectId,
 ) -> ServiceResult<()> {
     principal.authorize(Operation::ManageTeam)?;
-    let row = find(&ctx.data, principal, id).await?;
+    let row = find(data, principal, id).await?;
     principal.authorize_in(row.team_id, Operation::ManageTeam, "project")?;
-    if store::workspaces::active_count_for_project(&ctx.data.pool, row.id).await? > 0 {
+    if store::workspaces::active_count_for_project(&data.pool, row.id).await? > 0 {
         return Err(ServiceError::ProjectHasWorkspaces);
     }
-    within_deadline(&ctx.data, async {
-        let mut tx = ctx.data.pool.pool().begin().await?;
+    within_deadline(data, async {
+        let mut tx = data.pool.pool().begin().await?;
         store::projects::mark_deleted(&mut *tx, row.id).await?;
         audit::record_in(
             &mut *tx,
@@ -716,7 +710,7 @@ pub async fn delete(
     .await?;
     // The clone of a `git_url` project is the server's own: it goes with the project.
     if row.git_url.is_some() {
-        let clone = clone_path(ctx, id);
+        let clone = clone_path(repos, id);
         if Path::new(&row.repo_path) == clone {
             let _ = tokio::fs::remove_dir_all(&clone).await;
         }

@@ -751,7 +751,7 @@ async fn add_worktree(
 /// A page of the workspaces of the caller's teams (optionally of one project).
 #[tracing::instrument(name = "services::workspaces::list", skip_all, fields(project_id = ?project))]
 pub async fn list(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     project: Option<ProjectId>,
     include_archived: bool,
@@ -761,11 +761,11 @@ pub async fn list(
     principal.authorize(Operation::ReadTeam)?;
     // A project filter names a project: one the caller cannot see is missing.
     if let Some(p) = project {
-        super::projects::find(&ctx.data, principal, p).await?;
+        super::projects::find(data, principal, p).await?;
     }
     let teams = principal.visible_teams();
     let rows = store::workspaces::list(
-        &ctx.data.pool,
+        &data.pool,
         teams.as_deref(),
         project.map(|p| p.uuid()),
         include_archived,
@@ -775,7 +775,7 @@ pub async fn list(
     .await?;
     let ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.id).collect();
     let mut remotes: std::collections::HashMap<uuid::Uuid, _> =
-        store::workspace_remotes::get_many(&ctx.data.pool, &ids)
+        store::workspace_remotes::get_many(&data.pool, &ids)
             .await?
             .into_iter()
             .map(|r| (r.workspace_id, r))
@@ -817,18 +817,14 @@ pub(crate) async fn find(
 }
 
 #[tracing::instrument(name = "services::workspaces::diff", skip_all, fields(workspace_id = %id))]
-pub async fn diff(
-    ctx: &ServiceContext,
-    principal: &Principal,
-    id: WorkspaceId,
-) -> ServiceResult<git::Diff> {
-    let ws = find(&ctx.data, principal, id).await?;
+pub async fn diff(data: &Data, principal: &Principal, id: WorkspaceId) -> ServiceResult<git::Diff> {
+    let ws = find(data, principal, id).await?;
     if ws.archived_at.is_some() {
         return Err(ServiceError::WorkspaceArchived(
             "the workspace is archived; its files are gone",
         ));
     }
-    let project = store::projects::get(&ctx.data.pool, ws.project_id, None)
+    let project = store::projects::get(&data.pool, ws.project_id, None)
         .await?
         .ok_or(ServiceError::NotFound("project"))?;
     let base = ws.base_commit.clone().unwrap_or_else(|| "HEAD".into());
