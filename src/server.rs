@@ -24,7 +24,10 @@ use crate::process::Ledger;
 use crate::providers::ProviderRegistry;
 use crate::runtime::{AgentManager, ReplicaLock, reconcile_at_boot};
 use crate::services::network::EgressPolicy;
-use crate::services::{ServiceContext, cluster, hooks, secrets};
+use crate::services::{
+    Access, Data, Fleet, Governance, Lifecycle, Repositories, ServiceContext, cluster, hooks,
+    secrets,
+};
 use crate::store;
 
 pub struct Application {
@@ -268,30 +271,43 @@ impl Application {
         .with_health(health);
         let state = web::Data::new(AppState {
             services: ServiceContext {
-                audit: crate::services::audit::AuditLog::spawn(pool.clone()),
-                pool,
-                writer,
-                bus,
-                agents,
-                runtime: Handle::current(),
-                limits: settings.limits.clone(),
-                workspaces: settings.workspaces.clone(),
-                projects: settings.projects.clone(),
-                data_dir: settings.data_dir.clone(),
-                shutdown: shutdown_rx,
-                secrets: Arc::new(keyring),
+                data: Data {
+                    audit: crate::services::audit::AuditLog::spawn(pool.clone()),
+                    pool,
+                    writer,
+                    bus,
+                },
+                access: Access {
+                    tokens,
+                    oidc,
+                    secrets: Arc::new(keyring),
+                    revalidate: Duration::from_secs(settings.events.revalidate_s),
+                },
+                // Built before `agentry_mcp_url`: of the two, its error is the one reported.
                 hooks: Arc::new(hooks::Hooks::new(&settings.hooks)?),
-                oidc,
-                tokens,
-                bounds: Arc::new(crate::services::bounds::Bounds::new(
-                    &settings.limits,
-                    &settings.mcp,
-                )),
-                revalidate: Duration::from_secs(settings.events.revalidate_s),
-                egress_policy: Arc::new(egress_policy),
-                usage: Arc::new(crate::services::usage::UsageBook::new(&settings.usage)),
-                agentry_mcp_url: Some(agentry_mcp_url(&settings, &listener)?),
-                queue: Default::default(),
+                fleet: Fleet {
+                    agents,
+                    limits: settings.limits.clone(),
+                    bounds: Arc::new(crate::services::bounds::Bounds::new(
+                        &settings.limits,
+                        &settings.mcp,
+                    )),
+                    egress_policy: Arc::new(egress_policy),
+                    agentry_mcp_url: Some(agentry_mcp_url(&settings, &listener)?),
+                },
+                repos: Repositories {
+                    projects: settings.projects.clone(),
+                    workspaces: settings.workspaces.clone(),
+                    data_dir: settings.data_dir.clone(),
+                },
+                governance: Governance {
+                    usage: Arc::new(crate::services::usage::UsageBook::new(&settings.usage)),
+                    queue: Default::default(),
+                },
+                lifecycle: Lifecycle {
+                    runtime: Handle::current(),
+                    shutdown: shutdown_rx,
+                },
                 triggers: Arc::new(crate::services::triggers::Triggers::new(&settings.triggers)),
             },
             settings: settings.clone(),
@@ -303,27 +319,31 @@ impl Application {
         if settings.usage.ledger {
             state
                 .services
+                .fleet
                 .agents
                 .set_spend(crate::services::usage::Metering::new(&state.services));
         } else {
             tracing::warn!("usage.ledger is off: turns are not recorded and budgets do not hold");
         }
         let port = listener.local_addr()?.port();
-        cluster::join(&state.services, &fanout).await?;
+        cluster::join(&state.services.data, &state.services.fleet, &fanout).await?;
         let cluster_tasks = vec![
             health_task,
             listener_task,
             tokens_task,
             tokio::spawn(cluster::run(state.services.clone(), fanout, advertise_url)),
             tokio::spawn(crate::services::idempotency::run_purge(
-                state.services.clone(),
+                state.services.data.clone(),
+                state.services.lifecycle.clone(),
             )),
-            tokio::spawn(record_denials(denials, state.services.agents.clone())),
+            tokio::spawn(record_denials(denials, state.services.fleet.agents.clone())),
         ];
         if let Err(e) = crate::services::setup::fail_interrupted(&state.services, &replica).await {
             tracing::warn!(error = %e, "could not close the setups the previous run left running");
         }
-        match crate::services::mcp::seal_stored(&state.services).await {
+        let sealed =
+            crate::services::mcp::seal_stored(&state.services.data, &state.services.access).await;
+        match sealed {
             Ok(0) => {}
             Ok(n) => tracing::info!(agents = n, "sealed MCP header values stored in the clear"),
             Err(e) => tracing::warn!(error = %e, "could not seal stored MCP header values"),
@@ -347,12 +367,14 @@ impl Application {
             state.services.clone(),
         )));
         // Webhook deliveries are answered at once; this worker acts on them.
-        let trigger_worker = state
-            .services
-            .runtime
-            .spawn(crate::services::triggers::run_worker(
-                state.services.clone(),
-            ));
+        let trigger_worker =
+            state
+                .services
+                .lifecycle
+                .runtime
+                .spawn(crate::services::triggers::run_worker(
+                    state.services.clone(),
+                ));
 
         let data = state.clone();
         let max_body = settings.limits.max_body_bytes;
@@ -424,7 +446,7 @@ impl Application {
         tracing::info!("shutting down");
         let _ = self.shutdown.send(true);
         let drain = Duration::from_secs(self.state.settings.cluster.drain_timeout_s);
-        self.state.services.agents.shutdown(drain).await;
+        self.state.services.fleet.agents.shutdown(drain).await;
         self.state.egress.close_all();
         // The trigger runs in hand are given back as pending while the database is
         // still there.
@@ -443,7 +465,7 @@ impl Application {
             task.abort();
             let _ = task.await;
         }
-        cluster::leave(&self.state.services).await;
+        cluster::leave(&self.state.services.data, &self.state.services.fleet).await;
         // The moments of the agents just closed go to the outbox now (what is left is
         // handled at the next start), before the HTTP server stops: pooled connections
         // opened by its workers end with the workers' runtimes. The moments task is
@@ -472,7 +494,7 @@ impl Application {
         let _ = self.delivery_task.await;
         handle.stop(true).await;
         let _ = server.await;
-        self.state.services.pool.pool().close().await;
+        self.state.services.data.pool.pool().close().await;
         self.lock.release().await;
         if let Some(pg) = self.embedded {
             pg.stop().await?;

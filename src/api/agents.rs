@@ -55,7 +55,7 @@ async fn create_agent(
 ) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
     let ctx = &state.services;
-    idempotency::respond(ctx, &principal, &req, &body, || {
+    idempotency::respond(&ctx.data, &ctx.access, &principal, &req, &body, || {
         agents::create(ctx, &principal, &body)
     })
     .await

@@ -68,7 +68,7 @@ async fn list_audit(
     };
     let before: Option<AuditId> = page.after()?;
     let items = audit::list(
-        &state.services,
+        &state.services.data,
         &principal,
         &filter,
         before,

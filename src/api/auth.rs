@@ -60,12 +60,16 @@ pub fn authenticate_request(
         let ctx = &state.services;
         let Some(raw) = header else {
             return match sessions::session_cookie(&req) {
-                Some(cookie) if ctx.oidc.is_some() => {
+                Some(cookie) if ctx.access.oidc.is_some() => {
                     if sessions::changes_state(&req) {
                         sessions::check_origin(&state, &req)?;
                     }
-                    let mut principal =
-                        crate::services::sessions::session_principal(ctx, &cookie).await?;
+                    let mut principal = crate::services::sessions::session_principal(
+                        &ctx.data,
+                        &ctx.access,
+                        &cookie,
+                    )
+                    .await?;
                     principal.request_id = request_id;
                     Ok(principal)
                 }
@@ -85,10 +89,10 @@ pub fn authenticate_request(
                 "expected `Authorization: Bearer <token>`",
             ))?;
         let mut principal = auth::authenticate(
-            &ctx.pool,
-            &ctx.runtime,
-            &ctx.tokens,
-            ctx.oidc.as_ref(),
+            &ctx.data.pool,
+            &ctx.lifecycle.runtime,
+            &ctx.access.tokens,
+            ctx.access.oidc.as_ref(),
             token,
         )
         .await?;

@@ -67,7 +67,9 @@ async fn list(
     state: web::Data<AppState>,
     principal: Principal,
 ) -> ApiResult<web::Json<ReplicaList>> {
-    Ok(web::Json(cluster::list(&state.services, &principal).await?))
+    Ok(web::Json(
+        cluster::list(&state.services.data, &principal).await?,
+    ))
 }
 
 /// The agent a request commands, when it is one of the commands the agent's replica runs.
@@ -103,19 +105,22 @@ fn archived_workspace(method: &Method, path: &str) -> Option<WorkspaceId> {
 /// workspace is archived here. Failures only log: the archive goes on, and an agent whose
 /// workspace is gone ends at its replica's next lease renewal.
 async fn close_elsewhere(state: &AppState, http: &HttpRequest, ws: WorkspaceId) {
-    let agents = match cluster::remote_agents_in_workspace(&state.services, ws).await {
-        Ok(a) => a,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot list the workspace's agents on other replicas");
-            return;
-        }
-    };
+    let agents =
+        match cluster::remote_agents_in_workspace(&state.services.data, &state.services.fleet, ws)
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list the workspace's agents on other replicas");
+                return;
+            }
+        };
     for (agent, owner) in agents {
         let url = format!("{owner}/v1/agents/{agent}/close");
         let mut out = client()
             .post(&url)
             .timeout(Duration::from_secs(30))
-            .header(FORWARDED_BY.as_str(), state.services.agents.replica())
+            .header(FORWARDED_BY.as_str(), state.services.fleet.agents.replica())
             .header("content-type", "application/json")
             .body("{}");
         for name in [
@@ -162,7 +167,7 @@ pub async fn forward(
     let Some(state) = req.app_data::<web::Data<AppState>>().cloned() else {
         return Ok(next.call(req).await?.map_into_boxed_body());
     };
-    let local = req.headers().contains_key(FORWARDED_BY) || !state.services.bus.announcing();
+    let local = req.headers().contains_key(FORWARDED_BY) || !state.services.data.bus.announcing();
     if !local && let Some(ws) = archived_workspace(req.method(), req.path()) {
         close_elsewhere(&state, req.request(), ws).await;
     }
@@ -177,7 +182,7 @@ pub async fn forward(
     let Some(agent) = agent else {
         return Ok(next.call(req).await?.map_into_boxed_body());
     };
-    let owner = match cluster::route(&state.services, agent).await {
+    let owner = match cluster::route(&state.services.data, &state.services.fleet, agent).await {
         Ok(owner) => owner,
         Err(e) => {
             let (http, _) = req.into_parts();
@@ -214,16 +219,17 @@ async fn place(
     let labels = serde_json::from_slice::<serde_json::Value>(&body)
         .ok()
         .and_then(|v| v.get("labels").cloned());
-    let target = match cluster::place(&state.services, labels.as_ref()).await {
-        Ok(t) => t,
-        Err(e) => {
-            let (http, _) = req.into_parts();
-            return Ok(ServiceResponse::new(
-                http,
-                ApiError::from(e).error_response(),
-            ));
-        }
-    };
+    let target =
+        match cluster::place(&state.services.data, &state.services.fleet, labels.as_ref()).await {
+            Ok(t) => t,
+            Err(e) => {
+                let (http, _) = req.into_parts();
+                return Ok(ServiceResponse::new(
+                    http,
+                    ApiError::from(e).error_response(),
+                ));
+            }
+        };
     match target {
         None => {
             req.set_payload(super::input::replay(body));
@@ -287,7 +293,7 @@ async fn send_body(
     let mut out = client()
         .request(method, &url)
         .timeout(Duration::from_secs(state.settings.limits.max_wait_s + 30))
-        .header(FORWARDED_BY.as_str(), state.services.agents.replica())
+        .header(FORWARDED_BY.as_str(), state.services.fleet.agents.replica())
         .body(body);
     for name in KEPT {
         if let Some(v) = http.headers().get(name) {

@@ -94,7 +94,7 @@ async fn start_device_sign_in(
     // its /64).
     let client_ip = super::client_addr::rate_limit_key(&req);
     let page = format!("{}://{}/device", info.scheme(), info.host());
-    match device::start(&state.services, &body, &client_ip, &page).await {
+    match device::start(&state.services.data, &body, &client_ip, &page).await {
         Ok(codes) => Ok(HttpResponse::Ok()
             .insert_header((header::CACHE_CONTROL, "no-store"))
             .json(codes)),
@@ -123,7 +123,7 @@ async fn collect_device_token(
     body: web::Json<DeviceTokenRequest>,
 ) -> ApiResult<HttpResponse> {
     let request_id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
-    match device::collect(&state.services, &body, request_id.as_deref()).await {
+    match device::collect(&state.services.data, &body, request_id.as_deref()).await {
         Ok(t) => Ok(HttpResponse::Ok()
             .insert_header((header::CACHE_CONTROL, "no-store"))
             .json(t)),
@@ -151,7 +151,7 @@ async fn describe_device_request(
     q: web::Query<CodeQuery>,
 ) -> ApiResult<web::Json<DeviceRequest>> {
     Ok(web::Json(
-        device::describe(&state.services, &principal, &q.user_code).await?,
+        device::describe(&state.services.data, &principal, &q.user_code).await?,
     ))
 }
 
@@ -169,7 +169,7 @@ async fn approve_device(
     body: web::Json<AnswerDevice>,
 ) -> ApiResult<web::Json<DeviceRequest>> {
     Ok(web::Json(
-        device::answer(&state.services, &principal, &body, true).await?,
+        device::answer(&state.services.data, &principal, &body, true).await?,
     ))
 }
 
@@ -186,6 +186,6 @@ async fn deny_device(
     body: web::Json<AnswerDevice>,
 ) -> ApiResult<web::Json<DeviceRequest>> {
     Ok(web::Json(
-        device::answer(&state.services, &principal, &body, false).await?,
+        device::answer(&state.services.data, &principal, &body, false).await?,
     ))
 }

@@ -38,11 +38,11 @@ fn not_ready(err: ApiError) -> HttpResponse {
     (status = 503, description = "Not ready", body = crate::api::error::Problem)))]
 #[get("/readyz")]
 async fn readyz(state: web::Data<AppState>) -> HttpResponse {
-    match health::ready(&state.services).await {
+    match health::ready(&state.services.data, &state.services.access).await {
         Ok(()) => HttpResponse::Ok().json(json!({
             "status": "ready",
-            "limits": state.services.agents.ledger().limits_mechanism(),
-            "sandbox": state.services.agents.sandbox().map(|s| s.status()),
+            "limits": state.services.fleet.agents.ledger().limits_mechanism(),
+            "sandbox": state.services.fleet.agents.sandbox().map(|s| s.status()),
         })),
         Err(e) => not_ready(ApiError::from(e)),
     }

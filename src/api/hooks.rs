@@ -64,9 +64,14 @@ async fn create_hook(
         labels: &body.labels,
         enabled: body.enabled,
     };
-    idempotency::respond(ctx, &principal, &req, &fingerprint, || {
-        hooks::create(ctx, &principal, &body)
-    })
+    idempotency::respond(
+        &ctx.data,
+        &ctx.access,
+        &principal,
+        &req,
+        &fingerprint,
+        || hooks::create(ctx, &principal, &body),
+    )
     .await
 }
 

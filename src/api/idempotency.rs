@@ -11,13 +11,14 @@ use sha2::{Digest, Sha256};
 use super::error::{ApiError, ApiResult};
 use crate::auth::Principal;
 use crate::services::idempotency::{Creation, IdempotencyKey, create_once};
-use crate::services::{ServiceContext, ServiceResult};
+use crate::services::{Access, Data, ServiceResult};
 
 const HEADER: &str = "idempotency-key";
 
 /// Run `create` once per idempotency key and answer with its JSON.
 pub async fn respond<B, T, F, Fut>(
-    ctx: &ServiceContext,
+    data: &Data,
+    access: &Access,
     principal: &Principal,
     req: &HttpRequest,
     body: &B,
@@ -49,7 +50,7 @@ where
         }
     };
     Ok(
-        match create_once(ctx, principal, req.path(), key, create).await? {
+        match create_once(data, access, principal, req.path(), key, create).await? {
             Creation::Created(v) => HttpResponse::Created().json(v),
             Creation::Replayed(v) => HttpResponse::Ok().json(v),
         },

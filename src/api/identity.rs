@@ -43,7 +43,13 @@ async fn set_default_team(
     body: web::Json<DefaultTeam>,
 ) -> ApiResult<web::Json<Me>> {
     Ok(web::Json(
-        identity::set_default_team(&state.services, &principal, &body).await?,
+        identity::set_default_team(
+            &state.services.data,
+            &state.services.access,
+            &principal,
+            &body,
+        )
+        .await?,
     ))
 }
 
@@ -62,8 +68,8 @@ async fn create_token(
 ) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
     let ctx = &state.services;
-    idempotency::respond(ctx, &principal, &req, &body, || {
-        identity::create_token(ctx, &principal, &body)
+    idempotency::respond(&ctx.data, &ctx.access, &principal, &req, &body, || {
+        identity::create_token(&ctx.data, &ctx.access, &principal, &body)
     })
     .await
 }
@@ -92,8 +98,14 @@ async fn list_tokens(
         .as_deref()
         .map(|t| parse_id(t, "team"))
         .transpose()?;
-    let items =
-        identity::list_tokens(&state.services, &principal, team, after, page.limit() + 1).await?;
+    let items = identity::list_tokens(
+        &state.services.data,
+        &principal,
+        team,
+        after,
+        page.limit() + 1,
+    )
+    .await?;
     Ok(web::Json(Page::from_rows(
         items,
         page.limit(),
@@ -111,6 +123,6 @@ async fn revoke_token(
     id: web::Path<String>,
 ) -> ApiResult<HttpResponse> {
     let id: TokenId = parse_id(&id, "token")?;
-    identity::revoke_token(&state.services, &principal, id).await?;
+    identity::revoke_token(&state.services.data, &state.services.access, &principal, id).await?;
     Ok(HttpResponse::NoContent().finish())
 }

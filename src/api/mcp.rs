@@ -602,10 +602,10 @@ type ToolResult<T> = Result<T, ToolError>;
 
 /// The replica running `agent`, when that is another one.
 async fn owner_elsewhere(ctx: &ServiceContext, agent: AgentId) -> ApiResult<Option<String>> {
-    if !ctx.bus.announcing() {
+    if !ctx.data.bus.announcing() {
         return Ok(None);
     }
-    Ok(crate::services::cluster::route(ctx, agent).await?)
+    Ok(crate::services::cluster::route(&ctx.data, &ctx.fleet, agent).await?)
 }
 
 /// Hand a command for an agent another replica runs to that replica as its route's own
@@ -622,8 +622,11 @@ async fn forward(
     let method = reqwest::Method::from_bytes(tool.method.as_bytes()).map_err(ApiError::internal)?;
     let mut out = super::cluster::client()
         .request(method, format!("{owner}{path}"))
-        .timeout(Duration::from_secs(ctx.limits.max_wait_s + 30))
-        .header(super::cluster::FORWARDED_BY.as_str(), ctx.agents.replica());
+        .timeout(Duration::from_secs(ctx.fleet.limits.max_wait_s + 30))
+        .header(
+            super::cluster::FORWARDED_BY.as_str(),
+            ctx.fleet.agents.replica(),
+        );
     for name in ["authorization", "x-request-id", "traceparent"] {
         if let Some(v) = req.headers().get(name) {
             out = out.header(name, v.as_bytes());
@@ -753,7 +756,7 @@ async fn call(
             let id: WorkspaceId = args.id("workspace_id", "workspace")?;
             args.done()?;
             Ok(ToolOutput::json(
-                workspaces::diff(ctx, principal, id).await?,
+                workspaces::diff(&ctx.data, principal, id).await?,
             )?)
         }
         "answer_permission" => {

@@ -113,7 +113,7 @@ async fn metrics_page(
     let s = &state.services;
     let mut page = Page::default();
 
-    let agents = health::agent_counts(s).await?;
+    let agents = health::agent_counts(&s.data).await?;
     let samples: Vec<(Vec<String>, f64)> = agents
         .into_iter()
         .map(|(provider, status, n)| (vec![status, provider], n as f64))
@@ -127,19 +127,19 @@ async fn metrics_page(
     page.counter_family(
         "agentry_turns_total",
         "Turns ended on this server, by provider and outcome.",
-        s.agents.turns(),
+        s.fleet.agents.turns(),
     );
     page.counter_family(
         "agentry_turns_started_total",
         "Turns started on this server, by provider.",
-        s.agents.turns_started(),
+        s.fleet.agents.turns_started(),
     );
     page.counter_family(
         "agentry_provider_sessions_total",
         "Provider processes started for agents on this server, by provider and start (new agent, or resume of a closed one: a restart).",
-        s.agents.sessions(),
+        s.fleet.agents.sessions(),
     );
-    let writer = s.writer.stats();
+    let writer = s.data.writer.stats();
     page.counter(
         "agentry_events_written_total",
         "Events committed by this server's writer (agent events, stand-ins included).",
@@ -163,40 +163,40 @@ async fn metrics_page(
     page.histogram(
         "agentry_writer_batch_events",
         "Events (agent and team) per committed batch.",
-        s.writer.batch_histogram(),
+        s.data.writer.batch_histogram(),
     );
     page.histogram(
         "agentry_writer_commit_seconds",
         "Time to commit one batch, retries included.",
-        s.writer.commit_histogram(),
+        s.data.writer.commit_histogram(),
     );
     page.gauge(
         "agentry_sse_subscribers",
         "Open event streams (agent and team) on this server.",
-        s.bus.subscribers() as f64,
+        s.data.bus.subscribers() as f64,
     );
     page.counter(
         "agentry_sse_resyncs_total",
         "Streams that fell behind and caught up from the database.",
-        s.bus.resyncs.get(),
+        s.data.bus.resyncs.get(),
     );
     page.counter(
         "agentry_lease_takeovers_total",
         "Agents this replica took over from a replica that stopped renewing its lease.",
-        s.agents.takeovers().get(),
+        s.fleet.agents.takeovers().get(),
     );
     page.counter_family(
         "agentry_token_lookups_total",
         "API tokens resolved to their principal, by source: `held` from this replica's \
          memory, `read` from the database.",
-        &s.tokens.lookups,
+        &s.access.tokens.lookups,
     );
     page.gauge(
         "agentry_provider_processes",
         "Agents whose provider process runs on this server now.",
-        s.agents.running_processes() as f64,
+        s.fleet.agents.running_processes() as f64,
     );
-    let pool = s.pool.pool();
+    let pool = s.data.pool.pool();
     let idle = pool.num_idle() as f64;
     page.gauges(
         "agentry_db_connections",
@@ -212,12 +212,12 @@ async fn metrics_page(
     page.counter_family(
         "agentry_tokens_total",
         "Tokens of the turns this server recorded in the usage ledger, by team, provider and kind (input, output, cached_input; cached input is part of input).",
-        &s.usage.tokens,
+        &s.governance.usage.tokens,
     );
     page.counter_family_scaled(
         "agentry_cost_usd_total",
         "Cost in USD of the turns this server recorded in the usage ledger (reported by the CLI or estimated from [usage.prices]), by team and provider.",
-        &s.usage.cost_micro_usd,
+        &s.governance.usage.cost_micro_usd,
         crate::services::usage::MICRO_USD,
     );
     page.counter_family(

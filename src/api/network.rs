@@ -28,7 +28,7 @@ async fn get_network(
 ) -> ApiResult<web::Json<TeamNetwork>> {
     let team: TeamId = parse_id(&id, "team")?;
     Ok(web::Json(
-        network::get(&state.services, &principal, team).await?,
+        network::get(&state.services.data, &principal, team).await?,
     ))
 }
 
@@ -49,6 +49,6 @@ async fn put_network(
 ) -> ApiResult<web::Json<TeamNetwork>> {
     let team: TeamId = parse_id(&id, "team")?;
     Ok(web::Json(
-        network::put(&state.services, &principal, team, &body).await?,
+        network::put(&state.services.data, &principal, team, &body).await?,
     ))
 }

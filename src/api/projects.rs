@@ -36,7 +36,7 @@ async fn create_project(
 ) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
     let ctx = &state.services;
-    idempotency::respond(ctx, &principal, &req, &body, || {
+    idempotency::respond(&ctx.data, &ctx.access, &principal, &req, &body, || {
         projects::create(ctx, &principal, &body)
     })
     .await
@@ -52,7 +52,7 @@ async fn list_projects(
     page: web::Query<PageQuery>,
 ) -> ApiResult<web::Json<Page<Project>>> {
     let after: Option<ProjectId> = page.after()?;
-    let items = projects::list(&state.services, &principal, after, page.limit() + 1).await?;
+    let items = projects::list(&state.services.data, &principal, after, page.limit() + 1).await?;
     Ok(web::Json(Page::from_rows(
         items,
         page.limit(),
@@ -70,7 +70,7 @@ async fn get_project(
 ) -> ApiResult<web::Json<Project>> {
     let id: ProjectId = parse_id(&id, "project")?;
     Ok(web::Json(
-        projects::get(&state.services, &principal, id).await?,
+        projects::get(&state.services.data, &principal, id).await?,
     ))
 }
 
@@ -85,6 +85,6 @@ async fn delete_project(
     id: web::Path<String>,
 ) -> ApiResult<HttpResponse> {
     let id: ProjectId = parse_id(&id, "project")?;
-    projects::delete(&state.services, &principal, id).await?;
+    projects::delete(&state.services.data, &state.services.repos, &principal, id).await?;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -35,7 +35,15 @@ async fn put_secret(
 ) -> ApiResult<HttpResponse> {
     let (team, name) = path.into_inner();
     let team: TeamId = parse_id(&team, "team")?;
-    let (info, created) = secrets::put(&state.services, &principal, team, &name, &body).await?;
+    let (info, created) = secrets::put(
+        &state.services.data,
+        &state.services.access,
+        &principal,
+        team,
+        &name,
+        &body,
+    )
+    .await?;
     Ok(if created {
         HttpResponse::Created().json(info)
     } else {
@@ -59,7 +67,7 @@ async fn list_secrets(
 ) -> ApiResult<web::Json<Page<SecretInfo>>> {
     let team: TeamId = parse_id(&team, "team")?;
     let items = secrets::list(
-        &state.services,
+        &state.services.data,
         &principal,
         team,
         page.cursor.as_deref(),
@@ -87,6 +95,6 @@ async fn delete_secret(
 ) -> ApiResult<HttpResponse> {
     let (team, name) = path.into_inner();
     let team: TeamId = parse_id(&team, "team")?;
-    secrets::delete(&state.services, &principal, team, &name).await?;
+    secrets::delete(&state.services.data, &principal, team, &name).await?;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -71,7 +71,13 @@ async fn login(
     q: web::Query<LoginQuery>,
 ) -> ApiResult<HttpResponse> {
     let client = super::client_addr::rate_limit_key(&req);
-    let started = match sessions::login_url(&state.services, q.return_to.as_deref(), &client).await
+    let started = match sessions::login_url(
+        &state.services.data,
+        &state.services.access,
+        q.return_to.as_deref(),
+        &client,
+    )
+    .await
     {
         Ok(s) => s,
         Err(e @ SignInError::TooMany(_)) => {
@@ -142,7 +148,7 @@ async fn callback(
     q: web::Query<CallbackQuery>,
 ) -> ApiResult<HttpResponse> {
     let ctx = &state.services;
-    if ctx.oidc.is_none() {
+    if ctx.access.oidc.is_none() {
         return Err(SignInError::NotConfigured.into());
     }
     if let Some(err) = &q.error {
@@ -164,8 +170,15 @@ async fn callback(
     };
     let request_id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
     let browser = cookie(&req, LOGIN_COOKIE);
-    let signed =
-        sessions::finish_sign_in(ctx, code, st, browser.as_deref(), request_id.as_deref()).await?;
+    let signed = sessions::finish_sign_in(
+        &ctx.data,
+        &ctx.access,
+        code,
+        st,
+        browser.as_deref(),
+        request_id.as_deref(),
+    )
+    .await?;
     Ok(HttpResponse::Found()
         .insert_header((header::LOCATION, signed.return_to))
         .insert_header((header::CACHE_CONTROL, "no-store"))
@@ -196,7 +209,7 @@ async fn logout(state: web::Data<AppState>, req: HttpRequest) -> ApiResult<HttpR
     let ctx = &state.services;
     if let Some(cookie) = session_cookie(&req) {
         check_origin(&state, &req)?;
-        sessions::sign_out(ctx, &cookie).await?;
+        sessions::sign_out(&ctx.data, &cookie).await?;
     }
     Ok(HttpResponse::NoContent()
         .insert_header((

@@ -138,7 +138,7 @@ fn forget_bearer(req: &HttpRequest) {
                 .or_else(|| v.strip_prefix("bearer "))
         });
     if let Some(token) = token {
-        state.services.tokens.forget_token(token.trim());
+        state.services.access.tokens.forget_token(token.trim());
     }
 }
 

@@ -40,7 +40,7 @@ async fn get_agentry_mcp(
 ) -> ApiResult<web::Json<TeamAgentryMcp>> {
     let id: TeamId = parse_id(&id, "team")?;
     Ok(web::Json(
-        teams::agentry_mcp(&state.services, &principal, id).await?,
+        teams::agentry_mcp(&state.services.data, &principal, id).await?,
     ))
 }
 
@@ -59,7 +59,7 @@ async fn set_agentry_mcp(
 ) -> ApiResult<web::Json<TeamAgentryMcp>> {
     let id: TeamId = parse_id(&id, "team")?;
     Ok(web::Json(
-        teams::set_agentry_mcp(&state.services, &principal, id, &body).await?,
+        teams::set_agentry_mcp(&state.services.data, &principal, id, &body).await?,
     ))
 }
 
@@ -79,7 +79,7 @@ async fn set_sandbox(
 ) -> ApiResult<web::Json<Team>> {
     let id: TeamId = parse_id(&id, "team")?;
     Ok(web::Json(
-        teams::set_sandbox(&state.services, &principal, id, &body).await?,
+        teams::set_sandbox(&state.services.data, &principal, id, &body).await?,
     ))
 }
 
@@ -100,8 +100,8 @@ async fn create_team(
 ) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
     let ctx = &state.services;
-    idempotency::respond(ctx, &principal, &req, &body, || {
-        teams::create(ctx, &principal, &body)
+    idempotency::respond(&ctx.data, &ctx.access, &principal, &req, &body, || {
+        teams::create(&ctx.data, &ctx.access, &principal, &body)
     })
     .await
 }
@@ -116,7 +116,7 @@ async fn list_teams(
     page: web::Query<PageQuery>,
 ) -> ApiResult<web::Json<Page<Team>>> {
     let after: Option<TeamId> = page.after()?;
-    let items = teams::list(&state.services, &principal, after, page.limit() + 1).await?;
+    let items = teams::list(&state.services.data, &principal, after, page.limit() + 1).await?;
     Ok(web::Json(Page::from_rows(
         items,
         page.limit(),
@@ -135,7 +135,7 @@ async fn get_team(
 ) -> ApiResult<web::Json<TeamDetail>> {
     let id: TeamId = parse_id(&id, "team")?;
     Ok(web::Json(
-        teams::get(&state.services, &principal, id).await?,
+        teams::get(&state.services.data, &principal, id).await?,
     ))
 }
 
@@ -152,7 +152,14 @@ async fn list_members(
 ) -> ApiResult<web::Json<Page<Member>>> {
     let id: TeamId = parse_id(&id, "team")?;
     let after: Option<UserId> = page.after()?;
-    let items = teams::members(&state.services, &principal, id, after, page.limit() + 1).await?;
+    let items = teams::members(
+        &state.services.data,
+        &principal,
+        id,
+        after,
+        page.limit() + 1,
+    )
+    .await?;
     Ok(web::Json(Page::from_rows(
         items,
         page.limit(),
@@ -177,7 +184,16 @@ async fn set_member(
     let id: TeamId = parse_id(&id, "team")?;
     let user: UserId = parse_id(&user, "user")?;
     Ok(
-        match teams::set_member(&state.services, &principal, id, user, body.role).await? {
+        match teams::set_member(
+            &state.services.data,
+            &state.services.access,
+            &principal,
+            id,
+            user,
+            body.role,
+        )
+        .await?
+        {
             MemberChange::Added(m) => HttpResponse::Created().json(m),
             MemberChange::Changed(m) => HttpResponse::Ok().json(m),
         },
@@ -198,6 +214,13 @@ async fn remove_member(
     let (id, user) = path.into_inner();
     let id: TeamId = parse_id(&id, "team")?;
     let user: UserId = parse_id(&user, "user")?;
-    teams::remove_member(&state.services, &principal, id, user).await?;
+    teams::remove_member(
+        &state.services.data,
+        &state.services.access,
+        &principal,
+        id,
+        user,
+    )
+    .await?;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -46,7 +46,7 @@ async fn create_trigger(
 ) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
     let ctx = &state.services;
-    idempotency::respond(ctx, &principal, &req, &body, || {
+    idempotency::respond(&ctx.data, &ctx.access, &principal, &req, &body, || {
         triggers::create(ctx, &principal, &body)
     })
     .await

@@ -35,7 +35,7 @@ async fn get_usage(
     q: web::Query<UsageQuery>,
 ) -> ApiResult<web::Json<UsageReport>> {
     Ok(web::Json(
-        usage::report(&state.services, &principal, &q).await?,
+        usage::report(&state.services.data, &principal, &q).await?,
     ))
 }
 
@@ -51,7 +51,13 @@ async fn get_budget(
 ) -> ApiResult<web::Json<Budget>> {
     let team: TeamId = parse_id(&id, "team")?;
     Ok(web::Json(
-        usage::get_budget(&state.services, &principal, team).await?,
+        usage::get_budget(
+            &state.services.data,
+            &state.services.governance,
+            &principal,
+            team,
+        )
+        .await?,
     ))
 }
 
@@ -73,7 +79,14 @@ async fn put_budget(
 ) -> ApiResult<web::Json<Budget>> {
     let team: TeamId = parse_id(&id, "team")?;
     Ok(web::Json(
-        usage::put_budget(&state.services, &principal, team, &body).await?,
+        usage::put_budget(
+            &state.services.data,
+            &state.services.governance,
+            &principal,
+            team,
+            &body,
+        )
+        .await?,
     ))
 }
 
@@ -89,7 +102,7 @@ async fn get_workspace_budget(
 ) -> ApiResult<web::Json<WorkspaceBudget>> {
     let workspace: WorkspaceId = parse_id(&id, "workspace")?;
     Ok(web::Json(
-        usage::get_workspace_budget(&state.services, &principal, workspace).await?,
+        usage::get_workspace_budget(&state.services.data, &principal, workspace).await?,
     ))
 }
 
@@ -112,6 +125,13 @@ async fn put_workspace_budget(
 ) -> ApiResult<web::Json<WorkspaceBudget>> {
     let workspace: WorkspaceId = parse_id(&id, "workspace")?;
     Ok(web::Json(
-        usage::put_workspace_budget(&state.services, &principal, workspace, &body).await?,
+        usage::put_workspace_budget(
+            &state.services.data,
+            &state.services.governance,
+            &principal,
+            workspace,
+            &body,
+        )
+        .await?,
     ))
 }

@@ -35,8 +35,8 @@ async fn create_user(
 ) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
     let ctx = &state.services;
-    idempotency::respond(ctx, &principal, &req, &body, || {
-        users::create(ctx, &principal, &body)
+    idempotency::respond(&ctx.data, &ctx.access, &principal, &req, &body, || {
+        users::create(&ctx.data, &principal, &body)
     })
     .await
 }
@@ -61,7 +61,7 @@ async fn list_users(
 ) -> ApiResult<web::Json<Page<User>>> {
     let after: Option<UserId> = page.after()?;
     let items = users::list(
-        &state.services,
+        &state.services.data,
         &principal,
         q.email.as_deref(),
         after,
@@ -93,8 +93,8 @@ async fn create_user_token(
     let id: UserId = parse_id(&id, "user")?;
     let body = body.into_inner();
     let ctx = &state.services;
-    idempotency::respond(ctx, &principal, &req, &body, || {
-        identity::create_user_token(ctx, &principal, id, &body)
+    idempotency::respond(&ctx.data, &ctx.access, &principal, &req, &body, || {
+        identity::create_user_token(&ctx.data, &ctx.access, &principal, id, &body)
     })
     .await
 }

@@ -39,7 +39,7 @@ async fn create_workspace(
 ) -> ApiResult<HttpResponse> {
     let body = body.into_inner();
     let ctx = &state.services;
-    idempotency::respond(ctx, &principal, &req, &body, || {
+    idempotency::respond(&ctx.data, &ctx.access, &principal, &req, &body, || {
         workspaces::create(ctx, &principal, &body)
     })
     .await
@@ -82,7 +82,7 @@ pub(super) async fn list_page(
         .transpose()?;
     let after: Option<WorkspaceId> = page.after()?;
     let items = workspaces::list(
-        ctx,
+        &ctx.data,
         principal,
         project,
         filter.include_archived.unwrap_or(false),
@@ -123,7 +123,7 @@ async fn workspace_diff(
 ) -> ApiResult<web::Json<Diff>> {
     let id: WorkspaceId = parse_id(&id, "workspace")?;
     Ok(web::Json(
-        workspaces::diff(&state.services, &principal, id).await?,
+        workspaces::diff(&state.services.data, &principal, id).await?,
     ))
 }
 

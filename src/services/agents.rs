@@ -13,7 +13,7 @@ use utoipa::ToSchema;
 use super::audit::{self, Action, Entry};
 use super::hooks::{self, Answering, Subject};
 use super::workspaces::{CreateWorkspace, WorkspaceKind};
-use super::{ServiceContext, ServiceError, ServiceResult};
+use super::{Data, ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{Operation, Principal};
 use crate::domain::{
     AgentEvent, AgentId, AgentStatus, Behavior, EventKind, HookEvent, NewEvent, PermissionId,
@@ -289,13 +289,17 @@ async fn egress_allow(
     row: &AgentRow,
     agentry_mcp: bool,
 ) -> ServiceResult<Option<crate::egress::AllowList>> {
-    if !ctx.agents.uses_egress() {
+    if !ctx.fleet.agents.uses_egress() {
         return Ok(None);
     }
-    let mut list =
-        super::network::agent_allow_list(ctx, &ctx.egress_policy, row.team_id, &row.provider)
-            .await?;
-    if agentry_mcp && let Some(entry) = ctx.agentry_mcp_url.as_deref().and_then(mcp_entry) {
+    let mut list = super::network::agent_allow_list(
+        &ctx.data,
+        &ctx.fleet.egress_policy,
+        row.team_id,
+        &row.provider,
+    )
+    .await?;
+    if agentry_mcp && let Some(entry) = ctx.fleet.agentry_mcp_url.as_deref().and_then(mcp_entry) {
         list.forward_loopback([entry]);
     }
     Ok(Some(list))
@@ -325,7 +329,7 @@ async fn team_env(
 
 /// The agent as clients see it: its row, with what the runtime knows of it live.
 pub(crate) fn to_agent(ctx: &ServiceContext, row: AgentRow) -> Agent {
-    let snap = ctx.agents.snapshot(row.id.into());
+    let snap = ctx.fleet.agents.snapshot(row.id.into());
     let status = snap
         .as_ref()
         .map(|s| s.status)
@@ -356,7 +360,7 @@ pub(crate) fn to_agent(ctx: &ServiceContext, row: AgentRow) -> Agent {
         runtime: AgentRuntime {
             pid: snap.as_ref().and_then(|s| s.pid),
             replica: match &snap {
-                Some(_) => Some(ctx.agents.replica().to_owned()),
+                Some(_) => Some(ctx.fleet.agents.replica().to_owned()),
                 // A closed agent runs nowhere, whatever lease is still being given up.
                 None if status == AgentStatus::Closed => None,
                 None => row.owner_replica,
@@ -364,7 +368,7 @@ pub(crate) fn to_agent(ctx: &ServiceContext, row: AgentRow) -> Agent {
             provider_session_id: snap
                 .and_then(|s| s.provider_session_id)
                 .or(row.provider_session_id),
-            egress_hosts: ctx.agents.egress_counts(row.id.into()),
+            egress_hosts: ctx.fleet.agents.egress_counts(row.id.into()),
         },
         queue: None,
     }
@@ -372,37 +376,29 @@ pub(crate) fn to_agent(ctx: &ServiceContext, row: AgentRow) -> Agent {
 
 /// The agent's row, when the caller may see it and its token allows `op`.
 async fn load(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     id: AgentId,
     op: Operation,
 ) -> ServiceResult<AgentRow> {
     principal.authorize(op)?;
     let teams = principal.visible_teams();
-    store::agents::get(&ctx.pool, id.uuid(), teams.as_deref())
+    store::agents::get(&data.pool, id.uuid(), teams.as_deref())
         .await?
         .ok_or(ServiceError::NotFound("agent"))
 }
 
 /// Like `load`, for an operation that drives the agent: it also needs the member role.
-async fn load_to_drive(
-    ctx: &ServiceContext,
-    principal: &Principal,
-    id: AgentId,
-) -> ServiceResult<AgentRow> {
-    let row = load(ctx, principal, id, Operation::DriveAgents).await?;
+async fn load_to_drive(data: &Data, principal: &Principal, id: AgentId) -> ServiceResult<AgentRow> {
+    let row = load(data, principal, id, Operation::DriveAgents).await?;
     principal.authorize_in(row.team_id, Operation::DriveAgents, "agent")?;
     Ok(row)
 }
 
 /// The caller may read the agent (for its streams and pages).
 #[tracing::instrument(name = "services::agents::authorize_read", skip_all, fields(agent_id = %id))]
-pub async fn authorize_read(
-    ctx: &ServiceContext,
-    principal: &Principal,
-    id: AgentId,
-) -> ServiceResult<()> {
-    load(ctx, principal, id, Operation::ReadTeam)
+pub async fn authorize_read(data: &Data, principal: &Principal, id: AgentId) -> ServiceResult<()> {
+    load(data, principal, id, Operation::ReadTeam)
         .await
         .map(|_| ())
 }
@@ -411,10 +407,10 @@ fn check_prompt(ctx: &ServiceContext, field: &'static str, text: &str) -> Servic
     if text.trim().is_empty() {
         return Err(ServiceError::invalid(field, "must not be empty"));
     }
-    if text.len() > ctx.limits.max_prompt_bytes {
+    if text.len() > ctx.fleet.limits.max_prompt_bytes {
         return Err(ServiceError::PromptTooLarge {
             size: text.len(),
-            limit: ctx.limits.max_prompt_bytes,
+            limit: ctx.fleet.limits.max_prompt_bytes,
         });
     }
     Ok(())
@@ -427,6 +423,7 @@ async fn check_create(
     body: &CreateAgent,
 ) -> ServiceResult<std::sync::Arc<dyn crate::providers::Provider>> {
     let provider = ctx
+        .fleet
         .agents
         .registry()
         .get(&body.provider)
@@ -459,7 +456,7 @@ async fn check_create(
             "at most 50 labels; keys 1 to 100 characters; values strings",
         ));
     }
-    super::mcp::check(&ctx.bounds.mcp, &body.mcp_servers)?;
+    super::mcp::check(&ctx.fleet.bounds.mcp, &body.mcp_servers)?;
     if body.agentry_mcp != Some(false) && body.mcp_servers.get(AGENTRY_MCP).is_some() {
         return Err(ServiceError::invalid(
             "mcp_servers",
@@ -486,7 +483,7 @@ fn check_confinement(
     provider: &dyn crate::providers::Provider,
     mode: Option<&str>,
 ) -> ServiceResult<()> {
-    let Some(sandbox) = ctx.agents.sandbox() else {
+    let Some(sandbox) = ctx.fleet.agents.sandbox() else {
         return Ok(());
     };
     let status = sandbox.status();
@@ -518,12 +515,12 @@ fn unconfined_reason(status: &crate::sandbox::SandboxStatus) -> String {
 /// An agent of a team that requires the sandbox is neither created nor prompted where
 /// agents are not sandboxed (409 `sandbox_required`). Where they are, nothing is read.
 async fn check_team_sandbox(ctx: &ServiceContext, team: uuid::Uuid) -> ServiceResult<()> {
-    let reason = match ctx.agents.sandbox() {
+    let reason = match ctx.fleet.agents.sandbox() {
         Some(s) if s.status().confines() => return Ok(()),
         Some(s) => unconfined_reason(s.status()),
         None => "no sandbox is configured".to_owned(),
     };
-    if store::teams::requires_sandbox(&ctx.pool, team).await? {
+    if store::teams::requires_sandbox(&ctx.data.pool, team).await? {
         return Err(ServiceError::SandboxRequired { reason });
     }
     Ok(())
@@ -547,22 +544,22 @@ async fn check_parent(
     if caller.project_id != project {
         return Err(ServiceError::OutsideAgentProject);
     }
-    let parent = store::agents::get(&ctx.pool, caller.agent_id, Some(&[team]))
+    let parent = store::agents::get(&ctx.data.pool, caller.agent_id, Some(&[team]))
         .await?
         .ok_or(ServiceError::NotFound("agent"))?;
     if parent.archived_at.is_some() {
         return Err(ServiceError::AgentArchived);
     }
-    let max_depth = ctx.limits.max_agent_depth;
+    let max_depth = ctx.fleet.limits.max_agent_depth;
     if parent.depth >= max_depth {
         return Err(ServiceError::AgentDepthExceeded { max: max_depth });
     }
-    let max = ctx.limits.max_children_per_agent;
-    if store::agents::live_children(&ctx.pool, parent.id).await? >= max {
+    let max = ctx.fleet.limits.max_children_per_agent;
+    if store::agents::live_children(&ctx.data.pool, parent.id).await? >= max {
         return Err(ServiceError::AgentChildrenExceeded { max });
     }
-    let max = ctx.limits.max_child_agents_per_team;
-    if store::agents::live_team_children(&ctx.pool, team).await? >= max {
+    let max = ctx.fleet.limits.max_child_agents_per_team;
+    if store::agents::live_team_children(&ctx.data.pool, team).await? >= max {
         return Err(ServiceError::TeamChildrenExceeded { max });
     }
     Ok((Some(parent.id), parent.depth + 1))
@@ -577,13 +574,13 @@ async fn give_agentry_mcp(
     row: &AgentRow,
     mcp_servers: &mut Value,
 ) -> ServiceResult<Option<crate::domain::SecretValue>> {
-    let (Some(url), Some(creator)) = (&ctx.agentry_mcp_url, row.created_by) else {
+    let (Some(url), Some(creator)) = (&ctx.fleet.agentry_mcp_url, row.created_by) else {
         return Ok(None);
     };
     if !row.agentry_mcp || !provider_takes_mcp(ctx, &row.provider) {
         return Ok(None);
     }
-    if !store::teams::agentry_mcp(&ctx.pool, row.team_id).await? {
+    if !store::teams::agentry_mcp(&ctx.data.pool, row.team_id).await? {
         return Ok(None);
     }
     let role = row
@@ -593,8 +590,8 @@ async fn give_agentry_mcp(
         .unwrap_or(crate::auth::Role::Member);
     let token = crate::auth::tokens::generate();
     let agent = AgentId::from(row.id);
-    super::within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    super::within_deadline(&ctx.data, async {
+        let mut tx = ctx.data.pool.pool().begin().await?;
         store::identity::issue_agent_token(
             &mut tx,
             crate::domain::TokenId::new().uuid(),
@@ -624,7 +621,8 @@ async fn give_agentry_mcp(
 
 /// Whether agents of `provider` can be given MCP servers.
 fn provider_takes_mcp(ctx: &ServiceContext, provider: &str) -> bool {
-    ctx.agents
+    ctx.fleet
+        .agents
         .registry()
         .get(provider)
         .is_some_and(|p| p.info().capabilities.mcp_servers)
@@ -659,12 +657,12 @@ pub async fn create(
             ));
         }
         (Some(id), None) => {
-            let ws = super::workspaces::find(ctx, principal, *id).await?;
+            let ws = super::workspaces::find(&ctx.data, principal, *id).await?;
             let (team, project) = (ws.team_id, ws.project_id);
             (Target::Existing(Box::new(ws)), team, project)
         }
         (None, Some(spec)) => {
-            let project = super::projects::find(ctx, principal, spec.project_id).await?;
+            let project = super::projects::find(&ctx.data, principal, spec.project_id).await?;
             (Target::New(spec), project.team_id, project.id)
         }
     };
@@ -677,25 +675,25 @@ pub async fn create(
     let (body, create_env) = (&replaced.0, replaced.1);
     let provider = check_create(ctx, body).await?;
     check_confinement(ctx, provider.as_ref(), body.mode.as_deref())?;
-    let team_name = team_name(ctx, team).await?;
-    super::mcp::check_team(&ctx.bounds.mcp, &team_name, &body.mcp_servers)?;
-    super::mcp::check_addresses(&ctx.bounds.mcp, &body.mcp_servers).await?;
+    let team_name = team_name(&ctx.data, team).await?;
+    super::mcp::check_team(&ctx.fleet.bounds.mcp, &team_name, &body.mcp_servers)?;
+    super::mcp::check_addresses(&ctx.fleet.bounds.mcp, &body.mcp_servers).await?;
     super::bounds::check_count(
-        store::bounds::live_agents(&ctx.pool, team).await?,
-        ctx.limits.max_agents_per_team,
+        store::bounds::live_agents(&ctx.data.pool, team).await?,
+        ctx.fleet.limits.max_agents_per_team,
         "limits.max_agents_per_team",
     )?;
     if body.budget.is_some() {
-        super::usage::ledger_on(ctx, "budget")?;
+        super::usage::ledger_on(&ctx.governance, "budget")?;
     }
     let caps = body
         .budget
         .as_ref()
         .map(super::usage::AgentCaps::checked)
         .transpose()?;
-    super::usage::admit_team(ctx, team).await?;
+    super::usage::admit_team(&ctx.data, team).await?;
     // Remote MCP servers' header values are credentials: stored sealed, never in the clear.
-    let stored_mcp = super::mcp::seal(&ctx.secrets, team, &body.mcp_servers);
+    let stored_mcp = super::mcp::seal(&ctx.access.secrets, team, &body.mcp_servers);
     let id = AgentId::new();
     tracing::Span::current()
         .record("team_id", tracing::field::display(team))
@@ -727,17 +725,17 @@ pub async fn create(
                 pull_request: None,
             };
             let ws = super::workspaces::create(ctx, principal, &create).await?;
-            super::workspaces::find(ctx, principal, ws.id).await?
+            super::workspaces::find(&ctx.data, principal, ws.id).await?
         }
     };
     principal.authorize_in(workspace.team_id, Operation::DriveAgents, "workspace")?;
     if workspace.archived_at.is_some() {
         return Err(ServiceError::WorkspaceArchived("the workspace is archived"));
     }
-    super::usage::admit_workspace(ctx, workspace.id).await?;
+    super::usage::admit_workspace(&ctx.data, &ctx.governance, workspace.id).await?;
     // `agent.create.after` is queued in the transaction that creates the agent.
-    let queued = super::within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    let queued = super::within_deadline(&ctx.data, async {
+        let mut tx = ctx.data.pool.pool().begin().await?;
         store::agents::insert(
             &mut *tx,
             store::agents::NewAgent {
@@ -755,7 +753,7 @@ pub async fn create(
                 system_prompt: body.system_prompt.as_deref(),
                 mcp_servers: &stored_mcp,
                 created_by: principal.user_id,
-                owner: (ctx.agents.replica(), ctx.agents.lease_ttl_s()),
+                owner: (ctx.fleet.agents.replica(), ctx.fleet.agents.lease_ttl_s()),
                 parent_agent_id,
                 depth,
                 agentry_mcp: body.agentry_mcp != Some(false),
@@ -795,10 +793,10 @@ pub async fn create(
     })
     .await?;
     if queued > 0 {
-        hooks::queued(ctx);
+        ctx.hooks.queued();
     }
     super::announce(
-        ctx,
+        &ctx.data,
         NewTeamEvent {
             team_id: workspace.team_id,
             project_id: Some(workspace.project_id),
@@ -810,7 +808,7 @@ pub async fn create(
     )
     .await?;
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::AgentCreate, Some(workspace.team_id), "agent", id).details(json!({
             "workspace_id": WorkspaceId::from(workspace.id),
@@ -823,7 +821,7 @@ pub async fn create(
         })),
     )
     .await?;
-    let row = reload_row(ctx, id).await?;
+    let row = reload_row(&ctx.data, id).await?;
     secret_env.extend(launch.env);
     let mut agent_ctx = context(&row, secret_env);
     agent_ctx.mcp_servers = launch.mcp_servers;
@@ -837,7 +835,7 @@ pub async fn create(
     // is open, or waits in the queue.
     let limited = super::queue::limited(ctx);
     let first = body.prompt.clone().filter(|_| !limited);
-    match ctx.agents.start(&agent_ctx, first).await {
+    match ctx.fleet.agents.start(&agent_ctx, first).await {
         Ok(_) => {}
         Err(e) if created_anyway(&e) => {}
         Err(e) => return Err(e.into()),
@@ -881,7 +879,7 @@ async fn first_prompt(
     };
     // The answer shows the agent as it is once its session is open (as without the
     // limits), whether its prompt then runs or waits.
-    match ctx.agents.open(agent_ctx).await {
+    match ctx.fleet.agents.open(agent_ctx).await {
         Ok(()) => {}
         Err(e) if created_anyway(&e) => return Ok(()),
         Err(e) => return Err(e.into()),
@@ -946,7 +944,7 @@ async fn create_hooks(
         let parsed: CreateAgent = serde_json::from_value(Value::Object(cfg.clone()))
             .map_err(|e| format!("`config` is not an agent configuration: {e}"))?;
         // A hook names no command either.
-        super::mcp::check(&ctx.bounds.mcp, &parsed.mcp_servers).map_err(|e| e.to_string())?;
+        super::mcp::check(&ctx.fleet.bounds.mcp, &parsed.mcp_servers).map_err(|e| e.to_string())?;
         // The next hook sees the configuration in the same shape as the first did.
         let config = hook_config(&parsed).map_err(|e| e.to_string())?;
         Ok(json!({"config": config, "env": new.get("env").cloned().unwrap_or_else(|| json!({}))}))
@@ -999,10 +997,10 @@ async fn open_hooks(
     subject: OpenSubject<'_>,
     env: Value,
 ) -> ServiceResult<Launch> {
-    let saved = super::mcp::open(&ctx.secrets, subject.team, subject.saved_mcp)?;
+    let saved = super::mcp::open(&ctx.access.secrets, subject.team, subject.saved_mcp)?;
     let saved = &saved;
-    let team_name = team_name(ctx, subject.team).await?;
-    let settings = &ctx.bounds.mcp;
+    let team_name = team_name(&ctx.data, subject.team).await?;
+    let settings = &ctx.fleet.bounds.mcp;
     let check = |previous: &Value, new: &Value| {
         hooks::only_changed(previous, new, &["env", "mcp_servers"])?;
         hooks::checked_env(new)?;
@@ -1072,7 +1070,7 @@ pub async fn list(
     principal.authorize(Operation::ReadTeam)?;
     // A workspace filter names a workspace: one the caller cannot see is missing.
     if let Some(w) = filter.workspace_id {
-        super::workspaces::find(ctx, principal, w).await?;
+        super::workspaces::find(&ctx.data, principal, w).await?;
     }
     let teams = principal.visible_teams();
     let labels = filter.label.as_ref().map(|(k, v)| json!({ k: v }));
@@ -1091,7 +1089,7 @@ pub async fn list(
         None => (None, None, None),
     };
     let rows = store::agents::list(
-        &ctx.pool,
+        &ctx.data.pool,
         store::agents::AgentFilter {
             teams: teams.as_deref(),
             workspace_id: filter.workspace_id.map(|w| w.uuid()),
@@ -1131,7 +1129,7 @@ fn show_queued(agent: &mut Agent) {
 
 #[tracing::instrument(name = "services::agents::get", skip_all, fields(agent_id = %id))]
 pub async fn get(ctx: &ServiceContext, principal: &Principal, id: AgentId) -> ServiceResult<Agent> {
-    let row = load(ctx, principal, id, Operation::ReadTeam).await?;
+    let row = load(&ctx.data, principal, id, Operation::ReadTeam).await?;
     let mut agent = to_agent(ctx, row);
     agent.queue = super::queue::agent_queue(ctx, id).await?;
     show_queued(&mut agent);
@@ -1146,7 +1144,7 @@ pub(crate) async fn authorize_drive(
     id: AgentId,
 ) -> ServiceResult<uuid::Uuid> {
     principal.authorize(Operation::DriveAgents)?;
-    if let Some(team) = ctx.agents.live_team(id) {
+    if let Some(team) = ctx.fleet.agents.live_team(id) {
         if principal
             .visible_teams()
             .is_some_and(|teams| !teams.contains(&team))
@@ -1156,7 +1154,7 @@ pub(crate) async fn authorize_drive(
         principal.authorize_in(team, Operation::DriveAgents, "agent")?;
         return Ok(team);
     }
-    Ok(load_to_drive(ctx, principal, id).await?.team_id)
+    Ok(load_to_drive(&ctx.data, principal, id).await?.team_id)
 }
 
 /// Send a prompt: start a turn now, or queue the message while the agent runs a turn (or
@@ -1194,10 +1192,10 @@ pub async fn prompt(
         )
         .await?;
         if b.interrupt {
-            ctx.agents.interrupt(id).await;
+            ctx.fleet.agents.interrupt(id).await;
         }
         audit::record(
-            ctx,
+            &ctx.data,
             principal,
             Entry::new(Action::AgentPrompt, Some(team), "agent", id).details(
                 json!({"message_id": mid, "queued": true, "reason": reason.as_str(),
@@ -1221,7 +1219,7 @@ pub async fn prompt(
     let open = open_now(ctx, principal, id);
     match queue::admit(ctx, team, open, start_now(ctx, principal, id, &body)).await {
         Ok(Admission::Started((team, turn_id))) => {
-            audit_prompt(ctx, principal, team, id, turn_id, cmid).await?;
+            audit_prompt(&ctx.data, principal, team, id, turn_id, cmid).await?;
             Ok(TurnAccepted {
                 turn_id: Some(turn_id),
                 queued: false,
@@ -1269,7 +1267,7 @@ pub(crate) async fn start_now(
     check_client_message_id(body)?;
     // An agent running here takes the prompt without its row being read: its team is
     // known, and an archive closes the agent before it marks it.
-    if let Some(team) = ctx.agents.live_team(id) {
+    if let Some(team) = ctx.fleet.agents.live_team(id) {
         if principal
             .visible_teams()
             .is_some_and(|teams| !teams.contains(&team))
@@ -1279,12 +1277,13 @@ pub(crate) async fn start_now(
         principal.authorize_in(team, Operation::DriveAgents, "agent")?;
         check_team_sandbox(ctx, team).await?;
         let cmid = body.client_message_id.as_deref();
-        if let Some(turn_id) = ctx.agents.prompt_live(id, &body.text, cmid).await? {
+        if let Some(turn_id) = ctx.fleet.agents.prompt_live(id, &body.text, cmid).await? {
             return Ok((team, turn_id));
         }
     }
     let (team, agent_ctx) = launch_context(ctx, principal, id).await?;
     let turn_id = ctx
+        .fleet
         .agents
         .prompt(
             &agent_ctx,
@@ -1307,11 +1306,11 @@ pub(crate) async fn open_now(
     id: AgentId,
 ) -> ServiceResult<()> {
     principal.authorize(Operation::DriveAgents)?;
-    if ctx.agents.live_team(id).is_some() {
+    if ctx.fleet.agents.live_team(id).is_some() {
         return Ok(());
     }
     let (_, agent_ctx) = launch_context(ctx, principal, id).await?;
-    ctx.agents.open(&agent_ctx).await?;
+    ctx.fleet.agents.open(&agent_ctx).await?;
     Ok(())
 }
 
@@ -1323,7 +1322,7 @@ async fn launch_context(
     principal: &Principal,
     id: AgentId,
 ) -> ServiceResult<(uuid::Uuid, AgentContext)> {
-    let row = load_to_drive(ctx, principal, id).await?;
+    let row = load_to_drive(&ctx.data, principal, id).await?;
     check_team_sandbox(ctx, row.team_id).await?;
     if row.archived_at.is_some() {
         return Err(ServiceError::AgentArchived);
@@ -1336,7 +1335,7 @@ async fn launch_context(
     // A closed agent is reopened by this prompt, with the team's secrets as they are now
     // and what `agent.open.before` hooks add for this launch.
     let mut secret_env = team_env(ctx, &row.provider, row.team_id).await?;
-    let mut agent_ctx = if ctx.agents.snapshot(id).is_none() {
+    let mut agent_ctx = if ctx.fleet.agents.snapshot(id).is_none() {
         let launch = open_hooks(
             ctx,
             principal,
@@ -1367,7 +1366,7 @@ async fn launch_context(
 /// A prompt started a turn: audit it.
 #[tracing::instrument(name = "services::agents::audit_prompt", skip_all, fields(team_id = %team, agent_id = %id, turn_id = %turn_id))]
 pub(crate) async fn audit_prompt(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     team: uuid::Uuid,
     id: AgentId,
@@ -1375,7 +1374,7 @@ pub(crate) async fn audit_prompt(
     client_message_id: Option<&str>,
 ) -> ServiceResult<()> {
     audit::record(
-        ctx,
+        data,
         principal,
         Entry::new(Action::AgentPrompt, Some(team), "agent", id)
             .details(json!({"turn_id": turn_id, "client_message_id": client_message_id})),
@@ -1389,10 +1388,10 @@ pub async fn interrupt(
     principal: &Principal,
     id: AgentId,
 ) -> ServiceResult<()> {
-    let row = load_to_drive(ctx, principal, id).await?;
-    ctx.agents.interrupt(id).await;
+    let row = load_to_drive(&ctx.data, principal, id).await?;
+    ctx.fleet.agents.interrupt(id).await;
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::AgentInterrupt, Some(row.team_id), "agent", id),
     )
@@ -1406,8 +1405,8 @@ pub async fn set_mode(
     id: AgentId,
     mode: String,
 ) -> ServiceResult<Agent> {
-    let row = load_to_drive(ctx, principal, id).await?;
-    if let Some(p) = ctx.agents.registry().get(&row.provider) {
+    let row = load_to_drive(&ctx.data, principal, id).await?;
+    if let Some(p) = ctx.fleet.agents.registry().get(&row.provider) {
         let modes = p.info().modes;
         if !modes.is_empty() && !modes.iter().any(|m| m.id == mode) {
             return Err(ServiceError::invalid(
@@ -1416,10 +1415,10 @@ pub async fn set_mode(
             ));
         }
     }
-    if let Some(p) = ctx.agents.registry().get(&row.provider) {
+    if let Some(p) = ctx.fleet.agents.registry().get(&row.provider) {
         check_confinement(ctx, p.as_ref(), Some(&mode))?;
     }
-    if !ctx.agents.set_mode(id, mode.clone()).await? {
+    if !ctx.fleet.agents.set_mode(id, mode.clone()).await? {
         let data = json!({"mode": &mode});
         let change = StateChange::Mode { agent: id, mode };
         record(ctx, id, EventKind::ModeChanged, data, change).await?;
@@ -1441,8 +1440,8 @@ pub async fn set_model(
             "must be 1 to 200 characters",
         ));
     }
-    load_to_drive(ctx, principal, id).await?;
-    if !ctx.agents.set_model(id, model.clone()).await? {
+    load_to_drive(&ctx.data, principal, id).await?;
+    if !ctx.fleet.agents.set_model(id, model.clone()).await? {
         let data = json!({"model": &model});
         let change = StateChange::Model { agent: id, model };
         record(ctx, id, EventKind::ModelChanged, data, change).await?;
@@ -1462,8 +1461,8 @@ async fn record(
     data: Value,
     change: StateChange,
 ) -> ServiceResult<()> {
-    let me = ctx.agents.replica();
-    let epoch = match store::replicas::lease_of(&ctx.pool, id.uuid()).await? {
+    let me = ctx.fleet.agents.replica();
+    let epoch = match store::replicas::lease_of(&ctx.data.pool, id.uuid()).await? {
         None => return Err(ServiceError::NotFound("agent")),
         Some((Some(owner), _)) if owner != me => {
             return Err(RuntimeError::OwnedElsewhere(owner).into());
@@ -1481,20 +1480,21 @@ async fn record(
         kind,
         data,
     };
-    ctx.writer
+    ctx.data
+        .writer
         .append_committed_with(vec![event], attached)
         .await?;
     Ok(())
 }
 
-async fn reload_row(ctx: &ServiceContext, id: AgentId) -> ServiceResult<AgentRow> {
-    store::agents::get(&ctx.pool, id.uuid(), None)
+async fn reload_row(data: &Data, id: AgentId) -> ServiceResult<AgentRow> {
+    store::agents::get(&data.pool, id.uuid(), None)
         .await?
         .ok_or(ServiceError::NotFound("agent"))
 }
 
 async fn reload(ctx: &ServiceContext, id: AgentId) -> ServiceResult<Agent> {
-    let row = reload_row(ctx, id).await?;
+    let row = reload_row(&ctx.data, id).await?;
     Ok(to_agent(ctx, row))
 }
 
@@ -1504,8 +1504,8 @@ pub async fn close(
     principal: &Principal,
     id: AgentId,
 ) -> ServiceResult<Agent> {
-    load_to_drive(ctx, principal, id).await?;
-    ctx.agents.close(id, "closed by request").await;
+    load_to_drive(&ctx.data, principal, id).await?;
+    ctx.fleet.agents.close(id, "closed by request").await;
     reload(ctx, id).await
 }
 
@@ -1518,10 +1518,10 @@ pub async fn archive(
     id: AgentId,
     keep_children: bool,
 ) -> ServiceResult<()> {
-    let row = load_to_drive(ctx, principal, id).await?;
+    let row = load_to_drive(&ctx.data, principal, id).await?;
     if !keep_children {
-        for child in store::agents::live_descendants(&ctx.pool, row.id).await? {
-            let child = reload_row(ctx, child.into()).await?;
+        for child in store::agents::live_descendants(&ctx.data.pool, row.id).await? {
+            let child = reload_row(&ctx.data, child.into()).await?;
             archive_one(ctx, principal, child).await?;
         }
     }
@@ -1534,12 +1534,12 @@ async fn archive_one(
     row: AgentRow,
 ) -> ServiceResult<()> {
     let id = AgentId::from(row.id);
-    ctx.agents.close(id, "archived").await;
+    ctx.fleet.agents.close(id, "archived").await;
     super::queue::cancel_all(ctx, id).await?;
     if row.archived_at.is_none() {
         // `agent.archive.after` is queued in the archive's own transaction.
-        let (queued, revoked) = super::within_deadline(ctx, async {
-            let mut tx = ctx.pool.pool().begin().await?;
+        let (queued, revoked) = super::within_deadline(&ctx.data, async {
+            let mut tx = ctx.data.pool.pool().begin().await?;
             store::agents::mark_archived(&mut *tx, row.id).await?;
             let revoked = store::identity::revoke_agent_tokens(&mut tx, &[row.id]).await?;
             let archived = store::agents::get(&mut *tx, row.id, None)
@@ -1563,13 +1563,13 @@ async fn archive_one(
         .await?;
         if revoked > 0 {
             // This replica forgets the principals it holds now, not at the notification.
-            ctx.tokens.forget_all();
+            ctx.access.tokens.forget_all();
         }
         if queued > 0 {
-            hooks::queued(ctx);
+            ctx.hooks.queued();
         }
         super::announce(
-            ctx,
+            &ctx.data,
             NewTeamEvent {
                 team_id: row.team_id,
                 project_id: Some(row.project_id),
@@ -1580,7 +1580,7 @@ async fn archive_one(
         )
         .await?;
         audit::record(
-            ctx,
+            &ctx.data,
             principal,
             Entry::new(Action::AgentArchive, Some(row.team_id), "agent", id).details(json!({
                 "workspace_id": WorkspaceId::from(row.workspace_id),
@@ -1626,9 +1626,10 @@ pub async fn list_permissions(
     id: AgentId,
     status: Option<PermissionStatus>,
 ) -> ServiceResult<PermissionList> {
-    let row = load(ctx, principal, id, Operation::ReadTeam).await?;
+    let row = load(&ctx.data, principal, id, Operation::ReadTeam).await?;
     let rows =
-        store::permissions::list(&ctx.pool, row.id, status.map(PermissionStatus::as_str)).await?;
+        store::permissions::list(&ctx.data.pool, row.id, status.map(PermissionStatus::as_str))
+            .await?;
     Ok(PermissionList {
         items: rows.into_iter().map(PermissionView::from).collect(),
     })
@@ -1642,7 +1643,7 @@ pub async fn answer_permission(
     request: PermissionId,
     body: PermissionAnswerBody,
 ) -> ServiceResult<PermissionView> {
-    let row = load_to_drive(ctx, principal, id).await?;
+    let row = load_to_drive(&ctx.data, principal, id).await?;
     let details = json!({"agent_id": id, "behavior": body.behavior, "option_id": body.option_id});
     let answer = PermissionAnswer {
         behavior: body.behavior,
@@ -1651,11 +1652,11 @@ pub async fn answer_permission(
         updated_input: body.updated_input,
         resolved_by: principal.user_id,
     };
-    match ctx.agents.answer(id, request, answer).await {
+    match ctx.fleet.agents.answer(id, request, answer).await {
         Some(r) => r?,
         None => {
             // No live agent: the request is resolved, expired, or never existed.
-            return match store::permissions::get(&ctx.pool, row.id, request.uuid()).await? {
+            return match store::permissions::get(&ctx.data.pool, row.id, request.uuid()).await? {
                 None => Err(ServiceError::NotFound("permission request")),
                 Some(p) if p.status == "resolved" => {
                     Err(RuntimeError::PermissionAlreadyResolved.into())
@@ -1665,7 +1666,7 @@ pub async fn answer_permission(
         }
     }
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(
             Action::PermissionAnswer,
@@ -1676,7 +1677,7 @@ pub async fn answer_permission(
         .details(details),
     )
     .await?;
-    store::permissions::get(&ctx.pool, row.id, request.uuid())
+    store::permissions::get(&ctx.data.pool, row.id, request.uuid())
         .await?
         .map(PermissionView::from)
         .ok_or(ServiceError::NotFound("permission request"))
@@ -1694,14 +1695,17 @@ pub async fn wait(
     id: AgentId,
     timeout: Duration,
 ) -> ServiceResult<WaitResult> {
-    load(ctx, principal, id, Operation::ReadTeam).await?;
-    let _slot = ctx.bounds.wait(super::bounds::principal_key(principal))?;
-    let timeout = timeout.min(Duration::from_secs(ctx.limits.max_wait_s));
+    load(&ctx.data, principal, id, Operation::ReadTeam).await?;
+    let _slot = ctx
+        .fleet
+        .bounds
+        .wait(super::bounds::principal_key(principal))?;
+    let timeout = timeout.min(Duration::from_secs(ctx.fleet.limits.max_wait_s));
     let settled = |s: AgentStatus| !matches!(s, AgentStatus::Running | AgentStatus::Starting);
     let deadline = tokio::time::Instant::now() + timeout;
     let mut timed_out = false;
     loop {
-        if let Some(mut rx) = ctx.agents.watch(id) {
+        if let Some(mut rx) = ctx.fleet.agents.watch(id) {
             // An actor runs the agent here: its snapshot says when it settles. The watch
             // also ends when the actor stops (closed, or its lease taken over): the row
             // then says whether the agent settled or runs on elsewhere.
@@ -1718,7 +1722,7 @@ pub async fn wait(
             tokio::select! {
                 _ = done => {}
                 _ = tokio::time::sleep_until(deadline) => timed_out = true,
-                _ = ctx.stopping() => break,
+                _ = ctx.lifecycle.stopping() => break,
             }
         }
         if timed_out {
@@ -1726,7 +1730,7 @@ pub async fn wait(
         }
         // No actor here (another replica runs the agent, or it is between owners): the
         // stored row is the truth, read again until it settles.
-        if settled(to_agent(ctx, reload_row(ctx, id).await?).status) {
+        if settled(to_agent(ctx, reload_row(&ctx.data, id).await?).status) {
             break;
         }
         if tokio::time::Instant::now() >= deadline {
@@ -1736,12 +1740,12 @@ pub async fn wait(
         tokio::select! {
             _ = tokio::time::sleep(WAIT_POLL) => {}
             _ = tokio::time::sleep_until(deadline) => {}
-            _ = ctx.stopping() => break,
+            _ = ctx.lifecycle.stopping() => break,
         }
     }
-    let row = reload_row(ctx, id).await?;
+    let row = reload_row(&ctx.data, id).await?;
     let agent = to_agent(ctx, row.clone());
-    let pending = store::permissions::list(&ctx.pool, row.id, Some("pending")).await?;
+    let pending = store::permissions::list(&ctx.data.pool, row.id, Some("pending")).await?;
     Ok(WaitResult {
         status: agent.status,
         timed_out: timed_out && !settled(agent.status),
@@ -1781,13 +1785,13 @@ pub async fn timeline(
     from: TimelineFrom,
     limit: i64,
 ) -> ServiceResult<TimelinePage> {
-    load(ctx, principal, id, Operation::ReadTeam).await?;
+    load(&ctx.data, principal, id, Operation::ReadTeam).await?;
     let rows = match from {
         TimelineFrom::After(n) => {
-            store::events::page_after(&ctx.pool, id.uuid(), n, limit + 1).await?
+            store::events::page_after(&ctx.data.pool, id.uuid(), n, limit + 1).await?
         }
         TimelineFrom::Before(n) => {
-            store::events::page_before(&ctx.pool, id.uuid(), n, limit + 1).await?
+            store::events::page_before(&ctx.data.pool, id.uuid(), n, limit + 1).await?
         }
     };
     let mut more = rows.len() as i64 > limit;
@@ -1805,8 +1809,8 @@ pub async fn timeline(
 }
 
 /// The name of `team`, which `[mcp.servers.<name>] teams` lists.
-async fn team_name(ctx: &ServiceContext, team: uuid::Uuid) -> ServiceResult<String> {
-    Ok(store::identity::team_name(&ctx.pool, team)
+async fn team_name(data: &Data, team: uuid::Uuid) -> ServiceResult<String> {
+    Ok(store::identity::team_name(&data.pool, team)
         .await?
         .unwrap_or_default())
 }

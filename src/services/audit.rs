@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::{ServiceContext, ServiceError, ServiceResult};
+use super::{Data, ServiceError, ServiceResult};
 use crate::auth::{ActorKind, AuthError, Operation, Principal, Role};
 use crate::domain::{AuditId, TeamId, TokenId, UserId};
 use crate::events::{Fault, classify, is_unavailable};
@@ -352,12 +352,12 @@ impl AuditLog {
 /// recorded, and returned: an action that cannot be audited is not reported as done.
 #[tracing::instrument(name = "services::audit::record", skip_all)]
 pub async fn record<'a>(
-    ctx: &ServiceContext,
+    data: &Data,
     actor: impl Into<Actor<'a>>,
     entry: Entry,
 ) -> ServiceResult<()> {
     let actor = actor.into();
-    if let Err(e) = ctx.audit.write(&actor, &entry, ctx.pool.deadline()).await {
+    if let Err(e) = data.audit.write(&actor, &entry, data.pool.deadline()).await {
         let request_id = actor.request_id.unwrap_or("");
         tracing::error!(
             error = %e,
@@ -376,13 +376,13 @@ pub async fn record<'a>(
 /// every sign-in path. `details` says how (e.g. `{"method": "oidc"}`); never a token.
 #[tracing::instrument(name = "services::audit::record_sign_in", skip_all, fields(user_id = %user))]
 pub async fn record_sign_in(
-    ctx: &ServiceContext,
+    data: &Data,
     user: Uuid,
     request_id: Option<&str>,
     details: Value,
 ) -> ServiceResult<()> {
     record(
-        ctx,
+        data,
         Actor {
             kind: ActorKind::User,
             id: user,
@@ -473,7 +473,7 @@ pub struct AuditFilter {
 /// A page of the audit log, newest first: owners read their teams' entries, admins all.
 #[tracing::instrument(name = "services::audit::list", skip_all)]
 pub async fn list(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     filter: &AuditFilter,
     before: Option<AuditId>,
@@ -491,7 +491,7 @@ pub async fn list(
     let teams: Option<Vec<Uuid>> = match filter.team_id {
         Some(team) => {
             principal.authorize_in(team.uuid(), Operation::ReadAsOwner, "team")?;
-            if store::teams::get(&ctx.pool, team.uuid()).await?.is_none() {
+            if store::teams::get(&data.pool, team.uuid()).await?.is_none() {
                 return Err(ServiceError::NotFound("team"));
             }
             Some(vec![team.uuid()])
@@ -514,7 +514,7 @@ pub async fn list(
         }
     };
     let rows = store::audit::list(
-        &ctx.pool,
+        &data.pool,
         store::audit::Filter {
             teams: teams.as_deref(),
             action: filter.action.as_deref(),

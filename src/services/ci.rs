@@ -105,14 +105,14 @@ async fn workspace_and_project(
     id: WorkspaceId,
 ) -> ServiceResult<(store::workspaces::WorkspaceRow, store::projects::ProjectRow)> {
     principal.authorize(Operation::DriveAgents)?;
-    let ws = find(ctx, principal, id).await?;
+    let ws = find(&ctx.data, principal, id).await?;
     principal.authorize_in(ws.team_id, Operation::DriveAgents, "workspace")?;
     if ws.archived_at.is_some() {
         return Err(ServiceError::WorkspaceArchived(
             "the workspace is archived; its files are gone",
         ));
     }
-    let project = store::projects::get(&ctx.pool, ws.project_id, None)
+    let project = store::projects::get(&ctx.data.pool, ws.project_id, None)
         .await?
         .ok_or(ServiceError::NotFound("project"))?;
     Ok((ws, project))
@@ -146,7 +146,7 @@ pub async fn push(
             }
             other => ServiceError::Git(other),
         })?;
-    if ctx.projects.protected_branches.contains(&target) {
+    if ctx.repos.projects.protected_branches.contains(&target) {
         return Err(ServiceError::BranchProtected(target));
     }
     if let Some(m) = &body.message {
@@ -168,19 +168,19 @@ pub async fn push(
     // The agent the commit is credited to.
     let agent = match body.agent_id {
         Some(a) => {
-            let row = store::agents::get(&ctx.pool, a.uuid(), None)
+            let row = store::agents::get(&ctx.data.pool, a.uuid(), None)
                 .await?
                 .filter(|r| r.workspace_id == ws.id)
                 .ok_or(ServiceError::NotFound("agent"))?;
             Some(row)
         }
         None => {
-            let latest = store::agents::ids_in_workspace(&ctx.pool, ws.id)
+            let latest = store::agents::ids_in_workspace(&ctx.data.pool, ws.id)
                 .await?
                 .into_iter()
                 .max();
             match latest {
-                Some(a) => store::agents::get(&ctx.pool, a, None).await?,
+                Some(a) => store::agents::get(&ctx.data.pool, a, None).await?,
                 None => None,
             }
         }
@@ -205,7 +205,7 @@ pub async fn push(
     let access = super::projects::remote_access(ctx, &project)
         .await?
         .ok_or(ServiceError::NoRemote("the project has no remote"))?;
-    let remote = access.remote(Duration::from_secs(ctx.projects.fetch_timeout_s));
+    let remote = access.remote(Duration::from_secs(ctx.repos.projects.fetch_timeout_s));
     match git::push(&remote, repo, &own_branch, &target, body.force).await {
         Ok(PushOutcome::Pushed) => {}
         Ok(PushOutcome::Rejected(why)) => {
@@ -225,10 +225,11 @@ pub async fn push(
             )));
         }
     }
-    let row = store::workspace_remotes::record_push(&ctx.pool, ws.id, &target, &commit, body.force)
-        .await?;
+    let row =
+        store::workspace_remotes::record_push(&ctx.data.pool, ws.id, &target, &commit, body.force)
+            .await?;
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::WorkspacePush, Some(ws.team_id), "workspace", id).details(json!({
             "branch": target, "commit": commit, "committed": committed, "forced": body.force,
@@ -292,7 +293,7 @@ async fn forge_access(
             "the project has no forge (register it with `forge`) to open pull requests on",
         ));
     };
-    let allow_private = ctx.projects.allow_private_remotes;
+    let allow_private = ctx.repos.projects.allow_private_remotes;
     // Names are checked as they are resolved (`PublicOnly`); address literals here.
     if !allow_private
         && url::Url::parse(&api).map_or(true, |u| super::projects::internal_literal(&u))
@@ -308,7 +309,7 @@ async fn forge_access(
             "the project has no credential_secret to call its forge with",
         ));
     };
-    let value = super::projects::credential(ctx, project.team_id, name)
+    let value = super::projects::credential(&ctx.data, &ctx.access, project.team_id, name)
         .await?
         .map_err(ServiceError::ForgeFailed)?;
     let raw = value.expose();
@@ -378,7 +379,7 @@ pub async fn pull_request(
 ) -> ServiceResult<(Workspace, bool)> {
     let (ws, project) = workspace_and_project(ctx, principal, id).await?;
     let access = forge_access(ctx, &project).await?;
-    let stored = store::workspace_remotes::get(&ctx.pool, ws.id).await?;
+    let stored = store::workspace_remotes::get(&ctx.data.pool, ws.id).await?;
     let Some(head) = stored.as_ref().and_then(|r| r.pushed_branch.clone()) else {
         return Err(ServiceError::NotPushed);
     };
@@ -423,7 +424,7 @@ pub async fn pull_request(
     }
     .map_err(forge_error)?;
     let row = store::workspace_remotes::record_pull_request(
-        &ctx.pool,
+        &ctx.data.pool,
         ws.id,
         review.number,
         &review.url,
@@ -432,7 +433,7 @@ pub async fn pull_request(
     )
     .await?;
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(
             Action::WorkspacePullRequest,
@@ -501,7 +502,7 @@ pub(crate) async fn refresh_pull_request(
     ctx: &ServiceContext,
     ws: &store::workspaces::WorkspaceRow,
 ) -> ServiceResult<Option<store::workspace_remotes::WorkspaceRemoteRow>> {
-    let stored = store::workspace_remotes::get(&ctx.pool, ws.id).await?;
+    let stored = store::workspace_remotes::get(&ctx.data.pool, ws.id).await?;
     let Some(number) = stored
         .as_ref()
         .filter(|r| r.pr_state.as_deref() == Some("open"))
@@ -509,7 +510,7 @@ pub(crate) async fn refresh_pull_request(
     else {
         return Ok(stored);
     };
-    let Some(project) = store::projects::get(&ctx.pool, ws.project_id, None).await? else {
+    let Some(project) = store::projects::get(&ctx.data.pool, ws.project_id, None).await? else {
         return Ok(stored);
     };
     let access = match forge_access(ctx, &project).await {
@@ -523,7 +524,7 @@ pub(crate) async fn refresh_pull_request(
     match status_of(&access, number).await {
         Ok((review, checks)) => Ok(Some(
             store::workspace_remotes::record_pull_request(
-                &ctx.pool,
+                &ctx.data.pool,
                 ws.id,
                 review.number,
                 &review.url,
@@ -553,23 +554,26 @@ pub async fn run_pr_poll(ctx: ServiceContext) {
     loop {
         tokio::select! {
             () = tokio::time::sleep(Duration::from_secs(every)) => {}
-            () = ctx.stopping() => return,
+            () = ctx.lifecycle.stopping() => return,
         }
-        let due =
-            match store::workspace_remotes::due_open_pull_requests(&ctx.pool, every as i64, batch)
-                .await
-            {
-                Ok(due) => due,
-                Err(e) => {
-                    tracing::warn!(error = %e, "the open pull requests could not be looked up");
-                    continue;
-                }
-            };
+        let due = match store::workspace_remotes::due_open_pull_requests(
+            &ctx.data.pool,
+            every as i64,
+            batch,
+        )
+        .await
+        {
+            Ok(due) => due,
+            Err(e) => {
+                tracing::warn!(error = %e, "the open pull requests could not be looked up");
+                continue;
+            }
+        };
         for id in due {
-            if *ctx.shutdown.borrow() {
+            if *ctx.lifecycle.shutdown.borrow() {
                 return;
             }
-            match store::workspaces::get(&ctx.pool, id, None).await {
+            match store::workspaces::get(&ctx.data.pool, id, None).await {
                 Ok(Some(ws)) => {
                     if let Err(e) = refresh_pull_request(&ctx, &ws).await {
                         tracing::warn!(workspace_id = %WorkspaceId::from(id), error = %e,

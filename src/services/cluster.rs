@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{ServiceContext, ServiceError, ServiceResult};
+use super::{Data, Fleet, ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{AuthError, Operation, Principal};
 use crate::domain::{AgentId, WorkspaceId};
 use crate::events::Fanout;
@@ -38,13 +38,13 @@ pub struct ReplicaList {
 
 /// `GET /v1/cluster`: the replicas of this deployment (server admins).
 #[tracing::instrument(name = "services::cluster::list", skip_all)]
-pub async fn list(ctx: &ServiceContext, principal: &Principal) -> ServiceResult<ReplicaList> {
+pub async fn list(data: &Data, principal: &Principal) -> ServiceResult<ReplicaList> {
     // A read: a server admin's `read` token may see the cluster.
     principal.authorize(Operation::ReadSelf)?;
     if !principal.is_server_admin() {
         return Err(AuthError::Forbidden("this needs a server admin").into());
     }
-    let rows = store::replicas::list(&ctx.pool).await?;
+    let rows = store::replicas::list(&data.pool).await?;
     Ok(ReplicaList {
         items: rows
             .into_iter()
@@ -62,8 +62,9 @@ pub async fn list(ctx: &ServiceContext, principal: &Principal) -> ServiceResult<
 /// Where to send a command for agent `id`: the URL of the replica that runs it, when that
 /// is not this one. (No authorization here: the owner authorizes the command itself.)
 #[tracing::instrument(name = "services::cluster::route", skip_all, fields(replica_id = %id))]
-pub async fn route(ctx: &ServiceContext, id: AgentId) -> ServiceResult<Option<String>> {
-    let owner = store::replicas::remote_owner(&ctx.pool, id.uuid(), ctx.agents.replica()).await?;
+pub async fn route(data: &Data, fleet: &Fleet, id: AgentId) -> ServiceResult<Option<String>> {
+    let owner =
+        store::replicas::remote_owner(&data.pool, id.uuid(), fleet.agents.replica()).await?;
     Ok(owner.map(|(_, url)| url))
 }
 
@@ -75,11 +76,12 @@ pub const PIN_LABEL: &str = "agentry.replica";
 /// when that runs fewer than this one. A pin to a replica that is not alive is refused.
 #[tracing::instrument(name = "services::cluster::place", skip_all)]
 pub async fn place(
-    ctx: &ServiceContext,
+    data: &Data,
+    fleet: &Fleet,
     labels: Option<&serde_json::Value>,
 ) -> ServiceResult<Option<String>> {
-    let me = ctx.agents.replica();
-    let loads = store::replicas::loads(&ctx.pool, ctx.agents.lease_ttl_s()).await?;
+    let me = fleet.agents.replica();
+    let loads = store::replicas::loads(&data.pool, fleet.agents.lease_ttl_s()).await?;
     if let Some(pin) = labels.and_then(|l| l.get(PIN_LABEL)) {
         let Some(pin) = pin.as_str() else {
             return Ok(None); // the create refuses non-string label values itself
@@ -109,28 +111,30 @@ pub async fn place(
 /// archive closes them there first).
 #[tracing::instrument(name = "services::cluster::remote_agents_in_workspace", skip_all, fields(workspace_id = %ws))]
 pub async fn remote_agents_in_workspace(
-    ctx: &ServiceContext,
+    data: &Data,
+    fleet: &Fleet,
     ws: WorkspaceId,
 ) -> ServiceResult<Vec<(AgentId, String)>> {
     let rows =
-        store::replicas::remote_agents_in_workspace(&ctx.pool, ws.uuid(), ctx.agents.replica())
+        store::replicas::remote_agents_in_workspace(&data.pool, ws.uuid(), fleet.agents.replica())
             .await?;
     Ok(rows.into_iter().map(|(id, url)| (id.into(), url)).collect())
 }
 
 /// Tell the other replicas this one is here (it registered at boot), before serving.
 #[tracing::instrument(name = "services::cluster::join", skip_all)]
-pub async fn join(ctx: &ServiceContext, fanout: &Fanout) -> ServiceResult<()> {
-    let me = ctx.agents.replica();
+pub async fn join(data: &Data, fleet: &Fleet, fanout: &Fanout) -> ServiceResult<()> {
+    let me = fleet.agents.replica();
     fanout.join();
-    fanout.set_peers(store::replicas::peers_alive(&ctx.pool, me, ctx.agents.lease_ttl_s()).await?);
+    fanout
+        .set_peers(store::replicas::peers_alive(&data.pool, me, fleet.agents.lease_ttl_s()).await?);
     Ok(())
 }
 
 /// Leave: forget this replica (its leases were given up when its agents closed).
 #[tracing::instrument(name = "services::cluster::leave", skip_all)]
-pub async fn leave(ctx: &ServiceContext) {
-    if let Err(e) = store::replicas::unregister(&ctx.pool, ctx.agents.replica()).await {
+pub async fn leave(data: &Data, fleet: &Fleet) {
+    if let Err(e) = store::replicas::unregister(&data.pool, fleet.agents.replica()).await {
         tracing::warn!(error = %e, "could not unregister this replica");
     }
 }
@@ -139,8 +143,8 @@ pub async fn leave(ctx: &ServiceContext) {
 /// third of the lease time, until the task is ended (after the agents are drained at
 /// shutdown: leases of turns still running must stay renewed until then).
 pub async fn run(ctx: ServiceContext, fanout: std::sync::Arc<Fanout>, advertise_url: String) {
-    let period = Duration::from_millis((ctx.agents.lease_ttl_s() as u64 * 1000 / 3).max(500));
-    let ttl = Duration::from_secs(ctx.agents.lease_ttl_s() as u64);
+    let period = Duration::from_millis((ctx.fleet.agents.lease_ttl_s() as u64 * 1000 / 3).max(500));
+    let ttl = Duration::from_secs(ctx.fleet.agents.lease_ttl_s() as u64);
     let mut last_ok = tokio::time::Instant::now();
     let mut resync_until = None;
     loop {
@@ -159,7 +163,7 @@ pub async fn run(ctx: ServiceContext, fanout: std::sync::Arc<Fanout>, advertise_
                     resync_until = Some(now + ttl);
                 }
                 if resync_until.is_some_and(|until| now <= until) {
-                    crate::events::resync_streams(ctx.pool.pool(), &ctx.bus).await;
+                    crate::events::resync_streams(ctx.data.pool.pool(), &ctx.data.bus).await;
                 } else {
                     resync_until = None;
                 }
@@ -172,22 +176,22 @@ pub async fn run(ctx: ServiceContext, fanout: std::sync::Arc<Fanout>, advertise_
 }
 
 async fn tick(ctx: &ServiceContext, fanout: &Fanout, advertise_url: &str) -> ServiceResult<()> {
-    let me = ctx.agents.replica();
-    let ttl = ctx.agents.lease_ttl_s();
-    store::replicas::heartbeat(&ctx.pool, me, advertise_url, ttl).await?;
-    let renewal = store::replicas::renewal(&ctx.pool, me, ttl).await?;
-    ctx.agents.renew_leases(renewal).await?;
-    fanout.set_peers(store::replicas::peers_alive(&ctx.pool, me, ttl).await?);
-    take_over_expired(ctx).await?;
-    for silent in store::replicas::silent(&ctx.pool, me, ttl).await? {
-        let procs = ctx.agents.ledger().reconcile_replica(&silent).await?;
+    let me = ctx.fleet.agents.replica();
+    let ttl = ctx.fleet.agents.lease_ttl_s();
+    store::replicas::heartbeat(&ctx.data.pool, me, advertise_url, ttl).await?;
+    let renewal = store::replicas::renewal(&ctx.data.pool, me, ttl).await?;
+    ctx.fleet.agents.renew_leases(renewal).await?;
+    fanout.set_peers(store::replicas::peers_alive(&ctx.data.pool, me, ttl).await?);
+    take_over_expired(&ctx.data, &ctx.fleet).await?;
+    for silent in store::replicas::silent(&ctx.data.pool, me, ttl).await? {
+        let procs = ctx.fleet.agents.ledger().reconcile_replica(&silent).await?;
         if !procs.killed.is_empty() {
             tracing::warn!(replica = silent, pids = ?procs.killed, "ended the processes of a replica that stopped answering");
         }
         if let Err(e) = super::setup::fail_interrupted(ctx, &silent).await {
             tracing::warn!(replica = silent, error = %e, "could not fail the setups of a replica that stopped answering");
         }
-        if store::replicas::forget_if_idle(&ctx.pool, &silent).await? {
+        if store::replicas::forget_if_idle(&ctx.data.pool, &silent).await? {
             tracing::info!(replica = silent, "forgot a replica that stopped answering");
         }
     }
@@ -195,9 +199,9 @@ async fn tick(ctx: &ServiceContext, fanout: &Fanout, advertise_url: &str) -> Ser
 }
 
 /// Take over every agent whose lease ran out unrenewed.
-async fn take_over_expired(ctx: &ServiceContext) -> ServiceResult<()> {
-    for (agent, owner) in store::replicas::expired(&ctx.pool, ctx.agents.replica()).await? {
-        ctx.agents.take_over(agent.into(), &owner).await?;
+async fn take_over_expired(data: &Data, fleet: &Fleet) -> ServiceResult<()> {
+    for (agent, owner) in store::replicas::expired(&data.pool, fleet.agents.replica()).await? {
+        fleet.agents.take_over(agent.into(), &owner).await?;
     }
     Ok(())
 }

@@ -20,7 +20,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::audit::{self, Action, Actor, Entry};
-use super::{ServiceContext, ServiceError};
+use super::{Data, ServiceError};
 use crate::auth::{ActorKind, AuthError, Operation, Principal, tokens};
 use crate::domain::{TokenId, UserId};
 use crate::store;
@@ -187,7 +187,7 @@ fn device_code_hash(code: &str) -> Vec<u8> {
 /// device page as the client reached this server.
 #[tracing::instrument(name = "services::device::start", skip_all)]
 pub async fn start(
-    ctx: &ServiceContext,
+    data: &Data,
     body: &StartDevice,
     client_ip: &str,
     verification_uri: &str,
@@ -204,21 +204,24 @@ pub async fn start(
         Some(n) => n.to_owned(),
     };
     let now = Utc::now();
-    let recent =
-        store::device_codes::count_recent(&ctx.pool, client_ip, now - chrono::Duration::minutes(1))
-            .await?;
+    let recent = store::device_codes::count_recent(
+        &data.pool,
+        client_ip,
+        now - chrono::Duration::minutes(1),
+    )
+    .await?;
     if recent >= STARTS_PER_MINUTE {
         return Err(DeviceError::TooManyRequests);
     }
     // Spent and expired codes are of no use to anyone.
-    store::device_codes::delete_expired(&ctx.pool, now - chrono::Duration::hours(1)).await?;
+    store::device_codes::delete_expired(&data.pool, now - chrono::Duration::hours(1)).await?;
     let mut secret = [0u8; 32];
     rand::rng().fill_bytes(&mut secret);
     let device_code = format!("dev_{}", hex::encode(secret));
     let code = user_code();
     let expires_at = now + LIFETIME;
     store::device_codes::insert(
-        &ctx.pool,
+        &data.pool,
         Uuid::now_v7(),
         &device_code_hash(&device_code),
         &user_code_hash(&code),
@@ -241,13 +244,13 @@ pub async fn start(
 /// The client's poll: the token once approved (and never again), else why not yet.
 #[tracing::instrument(name = "services::device::collect", skip_all)]
 pub async fn collect(
-    ctx: &ServiceContext,
+    data: &Data,
     body: &DeviceTokenRequest,
     request_id: Option<&str>,
 ) -> DeviceResult<DeviceToken> {
     let hash = device_code_hash(&body.device_code);
     let work = async {
-        let mut tx = ctx.pool.pool().begin().await?;
+        let mut tx = data.pool.pool().begin().await?;
         let Some(row) = store::device_codes::by_device_code_for_update(&mut *tx, &hash).await?
         else {
             return Err(ServiceError::NotFound("device code").into());
@@ -330,7 +333,7 @@ pub async fn collect(
         tx.commit().await?;
         outcome
     };
-    match tokio::time::timeout(ctx.pool.deadline(), work).await {
+    match tokio::time::timeout(data.pool.deadline(), work).await {
         Ok(r) => r,
         Err(_) => Err(ServiceError::StoreUnavailable.into()),
     }
@@ -356,12 +359,12 @@ async fn open_request(
 /// What the person about to approve sees: the client's description and the code's state.
 #[tracing::instrument(name = "services::device::describe", skip_all)]
 pub async fn describe(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     user_code: &str,
 ) -> DeviceResult<DeviceRequest> {
     principal.authorize(Operation::ReadSelf)?;
-    let (code, row) = open_request(&ctx.pool, user_code, false).await?;
+    let (code, row) = open_request(&data.pool, user_code, false).await?;
     Ok(DeviceRequest {
         user_code: shown(&code),
         client_name: row.client_name,
@@ -374,7 +377,7 @@ pub async fn describe(
 /// Approve (minting a personal token of the approver for the client) or deny.
 #[tracing::instrument(name = "services::device::answer", skip_all)]
 pub async fn answer(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     body: &AnswerDevice,
     approve: bool,
@@ -387,7 +390,7 @@ pub async fn answer(
         .into());
     }
     let work = async {
-        let mut tx = ctx.pool.pool().begin().await?;
+        let mut tx = data.pool.pool().begin().await?;
         let (code, row) = open_request(&mut *tx, &body.user_code, true).await?;
         if row.status != "pending" {
             return Err(DeviceError::AlreadyAnswered);
@@ -411,7 +414,7 @@ pub async fn answer(
             expires_at: row.expires_at,
         })
     };
-    match tokio::time::timeout(ctx.pool.deadline(), work).await {
+    match tokio::time::timeout(data.pool.deadline(), work).await {
         Ok(r) => r,
         Err(_) => Err(ServiceError::StoreUnavailable.into()),
     }

@@ -1,25 +1,25 @@
 //! Readiness: the store is reachable and every migration this server knows is applied,
 //! and the identity provider's keys are loaded when one is configured.
 
-use super::{ServiceContext, ServiceError, ServiceResult};
+use super::{Access, Data, ServiceError, ServiceResult};
 use crate::store;
 
 #[tracing::instrument(name = "services::health::ready", skip_all)]
-pub async fn ready(ctx: &ServiceContext) -> ServiceResult<()> {
+pub async fn ready(data: &Data, access: &Access) -> ServiceResult<()> {
     // Known down: say why at once, without waiting for a connection.
-    if let Some(reason) = ctx.pool.health().reason() {
+    if let Some(reason) = data.pool.health().reason() {
         return Err(ServiceError::StoreDown(reason));
     }
     let latest = store::MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
-    match store::applied_migration(&ctx.pool).await {
-        Ok(Some(v)) if v >= latest => match &ctx.oidc {
+    match store::applied_migration(&data.pool).await {
+        Ok(Some(v)) if v >= latest => match &access.oidc {
             Some(idp) if !idp.is_ready() => Err(ServiceError::NotReady),
             _ => Ok(()),
         },
         Ok(_) => Err(ServiceError::NotReady),
         Err(e) => {
             tracing::warn!(error = %e, "readiness: the store is unreachable");
-            match ctx.pool.health().reason() {
+            match data.pool.health().reason() {
                 Some(reason) => Err(ServiceError::StoreDown(reason)),
                 None => Err(ServiceError::StoreUnavailable),
             }
@@ -29,6 +29,6 @@ pub async fn ready(ctx: &ServiceContext) -> ServiceResult<()> {
 
 /// What `GET /metrics` reads from the store: agents (not archived) by provider and status.
 #[tracing::instrument(name = "services::health::agent_counts", skip_all)]
-pub async fn agent_counts(ctx: &ServiceContext) -> ServiceResult<Vec<(String, String, i64)>> {
-    Ok(store::agents::count_by_provider_and_status(&ctx.pool).await?)
+pub async fn agent_counts(data: &Data) -> ServiceResult<Vec<(String, String, i64)>> {
+    Ok(store::agents::count_by_provider_and_status(&data.pool).await?)
 }

@@ -276,7 +276,8 @@ fn seal(
     id: Uuid,
     secret: &SecretValue,
 ) -> super::secrets::Sealed {
-    ctx.secrets
+    ctx.access
+        .secrets
         .seal(team.unwrap_or(Uuid::nil()), &seal_name(id), secret)
 }
 
@@ -293,7 +294,8 @@ fn open_secret(
         nonce: nonce.to_vec(),
         ciphertext: ciphertext.to_vec(),
     };
-    ctx.secrets
+    ctx.access
+        .secrets
         .open(team.unwrap_or(Uuid::nil()), &seal_name(id), &sealed)
         .map_err(|e| format!("its secret cannot be decrypted: {e}"))
 }
@@ -305,7 +307,7 @@ async fn check_project(
     team: Option<Uuid>,
     project: ProjectId,
 ) -> ServiceResult<Uuid> {
-    let row = super::projects::find(ctx, principal, project).await?;
+    let row = super::projects::find(&ctx.data, principal, project).await?;
     if let Some(team) = team
         && row.team_id != team
     {
@@ -364,7 +366,7 @@ pub async fn create(
     let id = Uuid::now_v7();
     let sealed = seal(ctx, team, id, &body.secret);
     let row = store::hooks::insert(
-        &ctx.pool,
+        &ctx.data.pool,
         &store::hooks::NewHook {
             id,
             team_id: team,
@@ -384,7 +386,7 @@ pub async fn create(
     .await?;
     let hook = Hook::from(row);
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::HookCreate, team, "hook", hook.id).details(
             json!({"name": hook.name, "events": hook.events, "url": hook.url, "enabled": hook.enabled}),
@@ -405,7 +407,7 @@ async fn load(
 ) -> ServiceResult<HookRow> {
     principal.authorize(op)?;
     let teams = principal.visible_teams();
-    let row = store::hooks::get(&ctx.pool, id.uuid(), teams.as_deref())
+    let row = store::hooks::get(&ctx.data.pool, id.uuid(), teams.as_deref())
         .await?
         .ok_or(ServiceError::NotFound("hook"))?;
     match row.team_id {
@@ -434,7 +436,7 @@ pub async fn list(
 ) -> ServiceResult<Vec<Hook>> {
     principal.authorize(Operation::ReadAsOwner)?;
     let rows = if principal.is_server_admin() {
-        store::hooks::list(&ctx.pool, None, true, after.map(|a| a.uuid()), limit).await?
+        store::hooks::list(&ctx.data.pool, None, true, after.map(|a| a.uuid()), limit).await?
     } else {
         let owned: Vec<Uuid> = principal
             .teams
@@ -444,7 +446,7 @@ pub async fn list(
             .filter(|t| principal.service_team.is_none_or(|s| s == *t))
             .collect();
         store::hooks::list(
-            &ctx.pool,
+            &ctx.data.pool,
             Some(&owned),
             false,
             after.map(|a| a.uuid()),
@@ -495,7 +497,7 @@ pub async fn update(
         .as_ref()
         .map(|s| seal(ctx, row.team_id, row.id, s));
     let updated = store::hooks::update(
-        &ctx.pool,
+        &ctx.data.pool,
         row.id,
         &store::hooks::HookChange {
             name: body.name.as_deref(),
@@ -531,7 +533,7 @@ pub async fn update(
         }
     }
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::HookUpdate, row.team_id, "hook", hook.id)
             .details(json!({"changed": changed, "enabled": hook.enabled})),
@@ -544,11 +546,11 @@ pub async fn update(
 pub async fn delete(ctx: &ServiceContext, principal: &Principal, id: HookId) -> ServiceResult<()> {
     let row = load(ctx, principal, id, Operation::ManageTeam).await?;
     read_only(&row)?;
-    if !store::hooks::delete(&ctx.pool, row.id).await? {
+    if !store::hooks::delete(&ctx.data.pool, row.id).await? {
         return Err(ServiceError::NotFound("hook"));
     }
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::HookDelete, row.team_id, "hook", id).details(json!({"name": row.name})),
     )
@@ -564,7 +566,8 @@ pub async fn deliveries(
     limit: i64,
 ) -> ServiceResult<Vec<Delivery>> {
     let row = load(ctx, principal, id, Operation::ReadAsOwner).await?;
-    let rows = store::hooks::deliveries(&ctx.pool, row.id, before.map(|d| d.uuid()), limit).await?;
+    let rows =
+        store::hooks::deliveries(&ctx.data.pool, row.id, before.map(|d| d.uuid()), limit).await?;
     Ok(rows.into_iter().map(Delivery::from).collect())
 }
 
@@ -583,8 +586,14 @@ pub async fn redeliver(
         .collect();
     // A waiting hook's call belonged to its operation, which is over: only
     // notifications are sent again.
-    if !store::hooks::redeliver(&ctx.pool, row.id, delivery.uuid(), RETRY_WINDOW_S, &waiting)
-        .await?
+    if !store::hooks::redeliver(
+        &ctx.data.pool,
+        row.id,
+        delivery.uuid(),
+        RETRY_WINDOW_S,
+        &waiting,
+    )
+    .await?
     {
         return Err(ServiceError::NotFound("delivery"));
     }
@@ -637,7 +646,7 @@ pub async fn sync_settings_hooks(ctx: &ServiceContext, hooks: &[FileHook]) -> an
                 let p: ProjectId = p.parse().map_err(|_| {
                     anyhow::anyhow!("invalid setting `{at}.project_id`: not a project id")
                 })?;
-                if store::projects::get(&ctx.pool, p.uuid(), None)
+                if store::projects::get(&ctx.data.pool, p.uuid(), None)
                     .await?
                     .is_none()
                 {
@@ -650,7 +659,7 @@ pub async fn sync_settings_hooks(ctx: &ServiceContext, hooks: &[FileHook]) -> an
         let id = settings_hook_id(&h.name);
         let sealed = seal(ctx, None, id, &SecretValue::new(h.secret.expose()));
         store::hooks::insert(
-            &ctx.pool,
+            &ctx.data.pool,
             &store::hooks::NewHook {
                 id,
                 team_id: None,
@@ -670,7 +679,7 @@ pub async fn sync_settings_hooks(ctx: &ServiceContext, hooks: &[FileHook]) -> an
         .await?;
         keep.push(id);
     }
-    store::hooks::delete_settings_hooks_except(&ctx.pool, &keep).await?;
+    store::hooks::delete_settings_hooks_except(&ctx.data.pool, &keep).await?;
     Ok(())
 }
 
@@ -704,7 +713,7 @@ async fn hooks_for(
     event: HookEvent,
     subject: &Subject<'_>,
 ) -> ServiceResult<Vec<CallableHook>> {
-    let all = store::hooks::for_event(&ctx.pool, event.as_str(), subject.team).await?;
+    let all = store::hooks::for_event(&ctx.data.pool, event.as_str(), subject.team).await?;
     Ok(all
         .into_iter()
         .filter(|h| matches(&h.hook, subject))
@@ -760,11 +769,6 @@ pub(crate) async fn queue(
     Ok(hooks.len())
 }
 
-/// Wake the delivery worker: notifications were queued and committed.
-pub(crate) fn queued(ctx: &ServiceContext) {
-    ctx.hooks.queued();
-}
-
 /// How often stored moments are looked for without a wake-up from the writer (moments
 /// of other replicas, and those a crash left behind).
 const MOMENT_SWEEP: Duration = Duration::from_secs(1);
@@ -781,7 +785,7 @@ pub async fn run_moments(ctx: ServiceContext) {
             tracing::warn!(error = %e, "could not queue the notifications of agents' moments; retrying");
         }
         tokio::select! {
-            _ = ctx.writer.moments_stored() => {}
+            _ = ctx.data.writer.moments_stored() => {}
             _ = tokio::time::sleep(MOMENT_SWEEP) => {}
         }
     }
@@ -793,12 +797,12 @@ pub async fn run_moments(ctx: ServiceContext) {
 pub async fn outbox_moments(ctx: &ServiceContext) -> ServiceResult<usize> {
     // Without a hook that listens, the writer stores no moment but still rings after
     // each turn's start and end: one read then, not a transaction of three statements.
-    if !store::hooks::any_moment(ctx.pool.pool()).await? {
+    if !store::hooks::any_moment(ctx.data.pool.pool()).await? {
         return Ok(0);
     }
     let mut handled = 0;
     loop {
-        let mut tx = ctx.pool.pool().begin().await?;
+        let mut tx = ctx.data.pool.pool().begin().await?;
         let claimed = store::hooks::claim_moments(&mut tx, MOMENT_BATCH).await?;
         if claimed.is_empty() {
             return Ok(handled);
@@ -831,7 +835,7 @@ pub async fn outbox_moments(ctx: &ServiceContext) -> ServiceResult<usize> {
         tx.commit().await?;
         handled += claimed.len();
         if queued_any > 0 {
-            queued(ctx);
+            ctx.hooks.queued();
         }
     }
 }
@@ -885,10 +889,10 @@ async fn moment(
 pub async fn run_worker(ctx: ServiceContext) {
     let lease = (ctx.hooks.settings().timeout_s + 30) as f64;
     loop {
-        if *ctx.shutdown.borrow() {
+        if *ctx.lifecycle.shutdown.borrow() {
             return;
         }
-        let claimed = match store::hooks::claim_due(ctx.pool.pool(), 16, lease).await {
+        let claimed = match store::hooks::claim_due(ctx.data.pool.pool(), 16, lease).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, "could not claim hook deliveries");
@@ -902,7 +906,7 @@ pub async fn run_worker(ctx: ServiceContext) {
         });
         tokio::select! {
             _ = futures::future::join_all(sends) => {}
-            _ = ctx.stopping() => return,
+            _ = ctx.lifecycle.stopping() => return,
         }
         if busy {
             continue;
@@ -910,7 +914,7 @@ pub async fn run_worker(ctx: ServiceContext) {
         tokio::select! {
             _ = ctx.hooks.wake.notified() => {}
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-            _ = ctx.stopping() => return,
+            _ = ctx.lifecycle.stopping() => return,
         }
     }
 }
@@ -961,7 +965,7 @@ async fn attempt(ctx: &ServiceContext, d: store::hooks::DueDelivery) {
             status, error = error.as_deref().unwrap_or(""), "hook delivery attempt failed");
     }
     if let Err(e) = store::hooks::finish_attempt(
-        ctx.pool.pool(),
+        ctx.data.pool.pool(),
         d.id,
         status,
         retry_in,
@@ -1114,7 +1118,7 @@ pub(crate) async fn call_waiting(
             (None, None) => Err("no answer".into()),
         };
         let recorded = store::hooks::record_call(
-            &ctx.pool,
+            &ctx.data.pool,
             &store::hooks::CallRecord {
                 id,
                 hook_id: hook.id,
@@ -1147,7 +1151,7 @@ pub(crate) async fn call_waiting(
                 tracing::info!(hook_id = %HookId::from(hook.id), event = event.as_str(), why = %why, "a waiting hook failed its operation");
                 // The refusal is on record, with who asked for the operation.
                 audit::record(
-                    ctx,
+                    &ctx.data,
                     by,
                     Entry::new(
                         Action::HookFail,

@@ -26,7 +26,7 @@ use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use super::secrets::{Keyring, Sealed};
-use super::{ServiceContext, ServiceError, ServiceResult};
+use super::{Access, Data, Lifecycle, ServiceError, ServiceResult};
 use crate::auth::Principal;
 use crate::domain::SecretValue;
 use crate::store;
@@ -64,7 +64,8 @@ pub enum Creation {
 /// Run `create` at most once per key, scoped to the principal and `operation`.
 #[tracing::instrument(name = "services::idempotency::create_once", skip_all)]
 pub async fn create_once<T, F, Fut>(
-    ctx: &ServiceContext,
+    data: &Data,
+    access: &Access,
     principal: &Principal,
     operation: &str,
     key: Option<IdempotencyKey>,
@@ -80,15 +81,20 @@ where
         return Ok(Creation::Created(to_value(&out)?));
     };
     let scope = format!("{}:{operation}", principal.idempotency_scope());
-    if !store::idempotency::claim(&ctx.pool, &scope, &key, &fingerprint).await? {
-        let row = store::idempotency::get(&ctx.pool, &scope, &key)
+    if !store::idempotency::claim(&data.pool, &scope, &key, &fingerprint).await? {
+        let row = store::idempotency::get(&data.pool, &scope, &key)
             .await?
             .ok_or(ServiceError::IdempotencyKeyInProgress("retry in a moment"))?;
         if row.request_hash != fingerprint {
             return Err(ServiceError::IdempotencyKeyReused);
         }
         return match row.response {
-            Some(resp) => Ok(Creation::Replayed(open(&ctx.secrets, &scope, &key, resp)?)),
+            Some(resp) => Ok(Creation::Replayed(open(
+                &access.secrets,
+                &scope,
+                &key,
+                resp,
+            )?)),
             None => Err(ServiceError::IdempotencyKeyInProgress(
                 "a request with this Idempotency-Key is still being processed",
             )),
@@ -97,13 +103,13 @@ where
     match create().await {
         Ok(out) => {
             let value = to_value(&out)?;
-            let stored = seal(&ctx.secrets, &scope, &key, value.clone());
-            store::idempotency::complete(&ctx.pool, &scope, &key, CREATED, &stored).await?;
+            let stored = seal(&access.secrets, &scope, &key, value.clone());
+            store::idempotency::complete(&data.pool, &scope, &key, CREATED, &stored).await?;
             Ok(Creation::Created(value))
         }
         Err(e) => {
             // A failed request may be retried with the same key.
-            let _ = store::idempotency::release(&ctx.pool, &scope, &key).await;
+            let _ = store::idempotency::release(&data.pool, &scope, &key).await;
             Err(e)
         }
     }
@@ -203,15 +209,15 @@ fn walk<E>(
 
 /// Delete the keys older than `store::idempotency::KEY_TTL_S`, a batch at a time, every
 /// few minutes, until the server stops. Any replica may run it; they delete disjoint rows.
-pub async fn run_purge(ctx: ServiceContext) {
+pub async fn run_purge(data: Data, lifecycle: Lifecycle) {
     let mut every = tokio::time::interval(PURGE_EVERY);
     loop {
         tokio::select! {
             _ = every.tick() => {}
-            _ = ctx.stopping() => return,
+            _ = lifecycle.stopping() => return,
         }
         loop {
-            match store::idempotency::purge_expired(&ctx.pool, PURGE_BATCH).await {
+            match store::idempotency::purge_expired(&data.pool, PURGE_BATCH).await {
                 Ok(n) if n < PURGE_BATCH as u64 => break,
                 Ok(_) => tokio::task::yield_now().await,
                 Err(e) => {

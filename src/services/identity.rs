@@ -7,7 +7,7 @@ use serde_json::json;
 use utoipa::ToSchema;
 
 use super::audit::{self, Action, Entry};
-use super::{ServiceContext, ServiceError, ServiceResult, within_deadline};
+use super::{Access, Data, ServiceError, ServiceResult, within_deadline};
 use crate::auth::{AuthError, Operation, Principal, Role, Scope, tokens};
 use crate::domain::{TeamId, TokenId, UserId};
 use crate::store;
@@ -110,7 +110,8 @@ pub fn me(principal: &Principal) -> ServiceResult<Me> {
 /// changes it.
 #[tracing::instrument(name = "services::identity::set_default_team", skip_all)]
 pub async fn set_default_team(
-    ctx: &ServiceContext,
+    data: &Data,
+    access: &Access,
     principal: &Principal,
     body: &DefaultTeam,
 ) -> ServiceResult<Me> {
@@ -122,15 +123,15 @@ pub async fn set_default_team(
     if !principal.teams.iter().any(|m| m.team_id == team) {
         return Err(ServiceError::NotFound("team"));
     }
-    let set = within_deadline(ctx, async {
-        Ok(store::identity::set_default_team(&ctx.pool, principal.user_id, team).await?)
+    let set = within_deadline(data, async {
+        Ok(store::identity::set_default_team(&data.pool, principal.user_id, team).await?)
     })
     .await?;
     if !set {
         return Err(ServiceError::NotFound("team"));
     }
     // This replica forgets the principals it holds now, not at the notification.
-    ctx.tokens.forget_all();
+    access.tokens.forget_all();
     let mut teams = principal.teams.clone();
     if let Some(i) = teams.iter().position(|m| m.team_id == team) {
         let chosen = teams.remove(i);
@@ -144,19 +145,23 @@ pub async fn set_default_team(
 
 #[tracing::instrument(name = "services::identity::create_token", skip_all)]
 pub async fn create_token(
-    ctx: &ServiceContext,
+    data: &Data,
+    access: &Access,
     principal: &Principal,
     body: &CreateToken,
 ) -> ServiceResult<CreatedToken> {
     principal.authorize(Operation::ManageSelf)?;
-    let name = check_token_request(body)?;
+    check_token_request(body)?;
     // A service token acts only in its team: what it creates is a token of that team.
     let team = body.team_id.map(|t| t.uuid()).or(principal.service_team);
     let (team, role) = match team {
         Some(team) => {
             principal.authorize_in(team, Operation::ManageTeam, "team")?;
             // An admin may name any team id: one that does not exist is a missing resource.
-            if store::identity::team_name(&ctx.pool, team).await?.is_none() {
+            if store::identity::team_name(&data.pool, team)
+                .await?
+                .is_none()
+            {
                 return Err(ServiceError::NotFound("team"));
             }
             let role = body.role.unwrap_or(Role::Member);
@@ -176,37 +181,38 @@ pub async fn create_token(
         }
         None => (None, None),
     };
-    issue_token(ctx, principal, principal.user_id, team, role, name, body).await
+    issue_token(data, access, principal, principal.user_id, team, role, body).await
 }
 
 /// A personal token for another user, issued by a server admin (in local mode, this is
 /// how the people of a team get their first token).
 #[tracing::instrument(name = "services::identity::create_user_token", skip_all, fields(user_id = %user))]
 pub async fn create_user_token(
-    ctx: &ServiceContext,
+    data: &Data,
+    access: &Access,
     principal: &Principal,
     user: UserId,
     body: &CreateToken,
 ) -> ServiceResult<CreatedToken> {
     principal.authorize(Operation::AdministerServer)?;
-    let name = check_token_request(body)?;
+    check_token_request(body)?;
     if body.team_id.is_some() || body.role.is_some() {
         return Err(ServiceError::invalid(
             "team_id",
             "a user's token is personal; team service tokens are made with POST /v1/tokens",
         ));
     }
-    if store::identity::get_user(&ctx.pool, user.uuid())
+    if store::identity::get_user(&data.pool, user.uuid())
         .await?
         .is_none()
     {
         return Err(ServiceError::NotFound("user"));
     }
-    issue_token(ctx, principal, user.uuid(), None, None, name, body).await
+    issue_token(data, access, principal, user.uuid(), None, None, body).await
 }
 
-/// The trimmed name, when the request is acceptable.
-fn check_token_request(body: &CreateToken) -> ServiceResult<&str> {
+/// Whether the request is acceptable; its name is taken trimmed.
+fn check_token_request(body: &CreateToken) -> ServiceResult<()> {
     let name = body.name.trim();
     if name.is_empty() || name.len() > 100 {
         return Err(ServiceError::invalid("name", "must be 1 to 100 characters"));
@@ -225,22 +231,23 @@ fn check_token_request(body: &CreateToken) -> ServiceResult<&str> {
             format!("unknown scope `{s}`; scopes are read, agents and admin"),
         ));
     }
-    Ok(name)
+    Ok(())
 }
 
 /// The lifetime of a new token: a personal token of an identity provider's user lives at
 /// most `auth.oidc.max_token_days` (that long when none is asked for), so it does not
 /// outlast for long what the provider says of its user; other tokens as asked.
 async fn lifetime_days(
-    ctx: &ServiceContext,
+    data: &Data,
+    access: &Access,
     user: uuid::Uuid,
     team: Option<uuid::Uuid>,
     asked: Option<u32>,
 ) -> ServiceResult<Option<u32>> {
-    let Some(idp) = &ctx.oidc else {
+    let Some(idp) = &access.oidc else {
         return Ok(asked);
     };
-    if team.is_some() || !store::identity::is_idp_user(&ctx.pool, user).await? {
+    if team.is_some() || !store::identity::is_idp_user(&data.pool, user).await? {
         return Ok(asked);
     }
     let max = idp.settings().max_token_days;
@@ -254,22 +261,24 @@ async fn lifetime_days(
     }
 }
 
-/// Store a new token of `user` (its hash, never the secret) with its audit entry.
+/// Store a new token of `user` (its hash, never the secret) with its audit entry; `body`
+/// passed `check_token_request`.
 async fn issue_token(
-    ctx: &ServiceContext,
+    data: &Data,
+    access: &Access,
     principal: &Principal,
     user: uuid::Uuid,
     team: Option<uuid::Uuid>,
     role: Option<Role>,
-    name: &str,
     body: &CreateToken,
 ) -> ServiceResult<CreatedToken> {
-    let days = lifetime_days(ctx, user, team, body.expires_in_days).await?;
+    let name = body.name.trim();
+    let days = lifetime_days(data, access, user, team, body.expires_in_days).await?;
     let token = tokens::generate();
     let expires_at = days.map(|d| Utc::now() + Duration::days(i64::from(d)));
     let id = TokenId::new();
-    let row = within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    let row = within_deadline(data, async {
+        let mut tx = data.pool.pool().begin().await?;
         let row = store::identity::insert_token(
             &mut *tx,
             id.uuid(),
@@ -312,7 +321,7 @@ async fn issue_token(
 /// only the tokens of its team made by the same person.
 #[tracing::instrument(name = "services::identity::list_tokens", skip_all, fields(team_id = ?team))]
 pub async fn list_tokens(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     team: Option<TeamId>,
     after: Option<TokenId>,
@@ -325,11 +334,11 @@ pub async fn list_tokens(
         // its owners revoke them.
         Some(team) => {
             principal.authorize_in(team.uuid(), Operation::ReadTeam, "team")?;
-            store::identity::list_team_tokens(&ctx.pool, team.uuid(), after, limit).await?
+            store::identity::list_team_tokens(&data.pool, team.uuid(), after, limit).await?
         }
         None => {
             store::identity::list_tokens(
-                &ctx.pool,
+                &data.pool,
                 principal.user_id,
                 principal.service_team,
                 after,
@@ -358,12 +367,13 @@ pub async fn list_tokens(
 /// admin — anyone's. It fails from the next request on.
 #[tracing::instrument(name = "services::identity::revoke_token", skip_all, fields(token_id = %id))]
 pub async fn revoke_token(
-    ctx: &ServiceContext,
+    data: &Data,
+    access: &Access,
     principal: &Principal,
     id: TokenId,
 ) -> ServiceResult<()> {
     principal.authorize(Operation::ManageSelf)?;
-    let row = store::identity::get_token(&ctx.pool, id.uuid())
+    let row = store::identity::get_token(&data.pool, id.uuid())
         .await?
         .filter(|r| r.revoked_at.is_none())
         .ok_or(ServiceError::NotFound("token"))?;
@@ -375,8 +385,8 @@ pub async fn revoke_token(
             None => return Err(ServiceError::NotFound("token")),
         }
     }
-    within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    within_deadline(data, async {
+        let mut tx = data.pool.pool().begin().await?;
         if !store::identity::revoke_token(&mut *tx, row.id, None).await? {
             return Err(ServiceError::NotFound("token"));
         }
@@ -389,7 +399,7 @@ pub async fn revoke_token(
         .await?;
         tx.commit().await?;
         // This replica forgets the principals it holds now, not at the notification.
-        ctx.tokens.forget_all();
+        access.tokens.forget_all();
         Ok(())
     })
     .await

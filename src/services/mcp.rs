@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
 use super::secrets::{Keyring, Sealed};
-use super::{ServiceError, ServiceResult};
+use super::{Access, Data, ServiceError, ServiceResult};
 use crate::config::{HookSettings, McpSettings};
 use crate::domain::SecretValue;
 
@@ -262,13 +262,13 @@ pub fn seal(keyring: &Keyring, team: Uuid, servers: &Value) -> Value {
 /// (run once at start; values already sealed are left as they are). Returns how many
 /// agents changed.
 #[tracing::instrument(name = "services::mcp::seal_stored", skip_all)]
-pub async fn seal_stored(ctx: &super::ServiceContext) -> ServiceResult<usize> {
-    let rows = crate::store::bounds::agents_with_mcp_headers(&ctx.pool).await?;
+pub async fn seal_stored(data: &Data, access: &Access) -> ServiceResult<usize> {
+    let rows = crate::store::bounds::agents_with_mcp_headers(&data.pool).await?;
     let mut changed = 0;
     for (id, team, servers) in rows {
-        let sealed = seal(&ctx.secrets, team, &servers);
+        let sealed = seal(&access.secrets, team, &servers);
         if sealed != servers {
-            crate::store::bounds::set_mcp_servers(&ctx.pool, id, &sealed).await?;
+            crate::store::bounds::set_mcp_servers(&data.pool, id, &sealed).await?;
             changed += 1;
         }
     }

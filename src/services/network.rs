@@ -14,7 +14,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::audit::{self, Action, Entry};
-use super::{ServiceContext, ServiceError, ServiceResult, within_deadline};
+use super::{Data, ServiceError, ServiceResult, within_deadline};
 use crate::auth::{Operation, Principal};
 use crate::config::EgressSettings;
 use crate::domain::{TeamId, UserId};
@@ -143,28 +143,28 @@ impl EgressPolicy {
 /// The allow list of an agent of `team` running `provider`, for its egress endpoint.
 #[tracing::instrument(name = "services::network::agent_allow_list", skip_all, fields(team_id = %team))]
 pub async fn agent_allow_list(
-    ctx: &ServiceContext,
+    data: &Data,
     policy: &EgressPolicy,
     team: Uuid,
     provider: &str,
 ) -> ServiceResult<AllowList> {
-    Ok(policy.effective(provider, &team_entries(ctx, team).await?))
+    Ok(policy.effective(provider, &team_entries(data, team).await?))
 }
 
 /// The allow list of a workspace's setup or teardown commands in `team`, for the
 /// endpoint of their run.
 #[tracing::instrument(name = "services::network::commands_allow_list", skip_all, fields(team_id = %team))]
 pub async fn commands_allow_list(
-    ctx: &ServiceContext,
+    data: &Data,
     policy: &EgressPolicy,
     team: Uuid,
 ) -> ServiceResult<AllowList> {
-    Ok(policy.for_commands(&team_entries(ctx, team).await?))
+    Ok(policy.for_commands(&team_entries(data, team).await?))
 }
 
 /// The entries the team's owners set, as they are now.
-async fn team_entries(ctx: &ServiceContext, team: Uuid) -> ServiceResult<Vec<String>> {
-    Ok(store::team_network::get(&ctx.pool, team)
+async fn team_entries(data: &Data, team: Uuid) -> ServiceResult<Vec<String>> {
+    Ok(store::team_network::get(&data.pool, team)
         .await?
         .map(|r| r.allow)
         .unwrap_or_default())
@@ -211,14 +211,14 @@ impl From<Option<store::team_network::TeamNetworkRow>> for TeamNetwork {
 
 /// The team exists and the caller may do `op` in it.
 async fn team_for(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     team: TeamId,
     op: Operation,
 ) -> ServiceResult<Uuid> {
     // Visibility first: a team the caller cannot see is missing, whatever `op` needs.
     principal.authorize_in(team.uuid(), Operation::ReadTeam, "team")?;
-    if store::identity::team_name(&ctx.pool, team.uuid())
+    if store::identity::team_name(&data.pool, team.uuid())
         .await?
         .is_none()
     {
@@ -230,13 +230,9 @@ async fn team_for(
 
 /// The team's entries (any member of the team, viewers too).
 #[tracing::instrument(name = "services::network::get", skip_all, fields(team_id = %team))]
-pub async fn get(
-    ctx: &ServiceContext,
-    principal: &Principal,
-    team: TeamId,
-) -> ServiceResult<TeamNetwork> {
-    let team = team_for(ctx, principal, team, Operation::ReadTeam).await?;
-    Ok(store::team_network::get(&ctx.pool, team).await?.into())
+pub async fn get(data: &Data, principal: &Principal, team: TeamId) -> ServiceResult<TeamNetwork> {
+    let team = team_for(data, principal, team, Operation::ReadTeam).await?;
+    Ok(store::team_network::get(&data.pool, team).await?.into())
 }
 
 /// Check entries as a team sets them: each parses, at most `MAX_TEAM_ENTRIES`; the
@@ -273,15 +269,15 @@ pub fn check_entries(raw: &[String]) -> ServiceResult<Vec<String>> {
 /// Replace the team's entries (owners), audited in the same transaction.
 #[tracing::instrument(name = "services::network::put", skip_all, fields(team_id = %team))]
 pub async fn put(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     team: TeamId,
     body: &PutTeamNetwork,
 ) -> ServiceResult<TeamNetwork> {
-    let team = team_for(ctx, principal, team, Operation::ManageTeam).await?;
+    let team = team_for(data, principal, team, Operation::ManageTeam).await?;
     let allow = check_entries(&body.allow)?;
-    let row = within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    let row = within_deadline(data, async {
+        let mut tx = data.pool.pool().begin().await?;
         let row = store::team_network::set(&mut *tx, team, &allow, principal.user_id).await?;
         audit::record_in(
             &mut *tx,

@@ -14,7 +14,9 @@ use utoipa::ToSchema;
 use serde_json::json;
 
 use super::audit::{self, Action, Entry};
-use super::{ServiceContext, ServiceError, ServiceResult, within_deadline};
+use super::{
+    Access, Data, Repositories, ServiceContext, ServiceError, ServiceResult, within_deadline,
+};
 use crate::auth::{AuthError, Operation, Principal};
 use crate::domain::{ProjectId, SecretValue, TeamId};
 use crate::forge::ForgeKind;
@@ -125,12 +127,12 @@ pub async fn create(
     };
     principal.authorize_in(team, Operation::ManageTeam, "team")?;
     // An admin may name any team id: one that does not exist is a missing resource.
-    let Some(team_name) = store::identity::team_name(&ctx.pool, team).await? else {
+    let Some(team_name) = store::identity::team_name(&ctx.data.pool, team).await? else {
         return Err(ServiceError::NotFound("team"));
     };
     super::bounds::check_count(
-        store::bounds::live_projects(&ctx.pool, team).await?,
-        ctx.limits.max_projects_per_team,
+        store::bounds::live_projects(&ctx.data.pool, team).await?,
+        ctx.fleet.limits.max_projects_per_team,
         "limits.max_projects_per_team",
     )?;
     let id = ProjectId::new();
@@ -163,7 +165,7 @@ pub async fn create(
                 }
             }
             let repo = local_repo(ctx, principal, team, &team_name, path).await?;
-            if store::projects::name_taken(&ctx.pool, team, body.name.trim()).await? {
+            if store::projects::name_taken(&ctx.data.pool, team, body.name.trim()).await? {
                 return Err(ServiceError::ProjectNameTaken);
             }
             let row = record(
@@ -188,7 +190,7 @@ pub async fn create(
         }
         (None, Some(url)) => {
             let url = check_git_url(url)?;
-            let forge = check_forge(body, &url, ctx.projects.allow_private_remotes)?;
+            let forge = check_forge(body, &url, ctx.repos.projects.allow_private_remotes)?;
             if let Some(name) = &body.credential_secret
                 && !crate::config::valid_env_name(name)
             {
@@ -197,26 +199,26 @@ pub async fn create(
                     "must be the name of a secret of the project's team",
                 ));
             }
-            let pinned = pin_host(ctx, &url)
+            let pinned = pin_host(&ctx.repos, &url)
                 .await
                 .map_err(|m| ServiceError::invalid("git_url", m))?;
             let credential = match &body.credential_secret {
                 Some(name) => Some(
-                    credential(ctx, team, name)
+                    credential(&ctx.data, &ctx.access, team, name)
                         .await?
                         .map_err(|m| ServiceError::invalid("credential_secret", m))?,
                 ),
                 None => None,
             };
-            if store::projects::name_taken(&ctx.pool, team, body.name.trim()).await? {
+            if store::projects::name_taken(&ctx.data.pool, team, body.name.trim()).await? {
                 return Err(ServiceError::ProjectNameTaken);
             }
-            let dest = clone_path(ctx, id);
+            let dest = clone_path(&ctx.repos, id);
             let remote = git::Remote {
                 url: url.as_str(),
                 pinned,
                 credential: credential.as_ref(),
-                timeout: Duration::from_secs(ctx.projects.clone_timeout_s),
+                timeout: Duration::from_secs(ctx.repos.projects.clone_timeout_s),
             };
             let default_branch = git::clone_bare(&remote, &dest).await.map_err(|e| {
                 ServiceError::invalid("git_url", format!("could not clone: {}", git_message(e)))
@@ -256,8 +258,8 @@ async fn record(
     principal: &Principal,
     new: store::projects::NewProject<'_>,
 ) -> ServiceResult<store::projects::ProjectRow> {
-    within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    within_deadline(&ctx.data, async {
+        let mut tx = ctx.data.pool.pool().begin().await?;
         let row = store::projects::insert(&mut *tx, new).await?;
         audit::record_in(
             &mut *tx,
@@ -314,6 +316,7 @@ async fn local_repo(
     let team_id = TeamId::from(team).to_string();
     let written = lexical(path);
     let roots: Vec<&Path> = ctx
+        .repos
         .projects
         .local_roots
         .iter()
@@ -355,7 +358,7 @@ async fn local_repo(
     if !repo.toplevel.starts_with(&real_root) {
         return Err(not_a_repo());
     }
-    if store::projects::path_used_elsewhere(&ctx.pool, team, &repo.toplevel.to_string_lossy())
+    if store::projects::path_used_elsewhere(&ctx.data.pool, team, &repo.toplevel.to_string_lossy())
         .await?
     {
         return Err(ServiceError::RepoInUse);
@@ -509,8 +512,8 @@ pub(crate) type Pin = Option<(String, u16, Vec<SocketAddr>)>;
 /// The addresses `url`'s host resolves to, refused when any is internal (unless
 /// `projects.allow_private_remotes`); pinned for git so a later answer cannot differ.
 #[tracing::instrument(name = "services::projects::pin_host", skip_all)]
-pub(crate) async fn pin_host(ctx: &ServiceContext, url: &url::Url) -> Result<Pin, String> {
-    let allow = ctx.projects.allow_private_remotes;
+pub(crate) async fn pin_host(repos: &Repositories, url: &url::Url) -> Result<Pin, String> {
+    let allow = repos.projects.allow_private_remotes;
     let port = url.port_or_known_default().unwrap_or(443);
     let refused = || {
         "the remote's host is a loopback, private or link-local address; such remotes \
@@ -545,12 +548,13 @@ pub(crate) async fn pin_host(ctx: &ServiceContext, url: &url::Url) -> Result<Pin
 /// The value of the team's secret `name`; `Err` with why it cannot be used.
 #[tracing::instrument(name = "services::projects::credential", skip_all, fields(team_id = %team))]
 pub(crate) async fn credential(
-    ctx: &ServiceContext,
+    data: &Data,
+    access: &Access,
     team: uuid::Uuid,
     name: &str,
 ) -> ServiceResult<Result<SecretValue, String>> {
     let names = [name.to_owned()];
-    let opened = super::secrets::open_many(ctx, team, &names).await?;
+    let opened = super::secrets::open_many(data, access, team, &names).await?;
     Ok(match opened.into_iter().next() {
         Some((_, value)) => value,
         None => Err(format!("the team has no secret named {name}")),
@@ -558,9 +562,10 @@ pub(crate) async fn credential(
 }
 
 /// Where the clone of project `id` lives.
-fn clone_path(ctx: &ServiceContext, id: ProjectId) -> PathBuf {
-    ctx.projects
-        .storage(&ctx.data_dir)
+fn clone_path(repos: &Repositories, id: ProjectId) -> PathBuf {
+    repos
+        .projects
+        .storage(&repos.data_dir)
         .join(format!("{id}.git"))
 }
 
@@ -605,10 +610,10 @@ pub(crate) async fn remote_access(
         ServiceError::RemoteUnavailable(format!("the project's remote cannot be reached: {m}"))
     };
     let url = url::Url::parse(raw).map_err(|e| unavailable(e.to_string()))?;
-    let pinned = pin_host(ctx, &url).await.map_err(unavailable)?;
+    let pinned = pin_host(&ctx.repos, &url).await.map_err(unavailable)?;
     let credential = match &project.credential_secret {
         Some(name) => Some(
-            credential(ctx, project.team_id, name)
+            credential(&ctx.data, &ctx.access, project.team_id, name)
                 .await?
                 .map_err(unavailable)?,
         ),
@@ -631,7 +636,7 @@ pub(crate) async fn refresh(
     let Some(access) = remote_access(ctx, project).await? else {
         return Ok(());
     };
-    let remote = access.remote(Duration::from_secs(ctx.projects.fetch_timeout_s));
+    let remote = access.remote(Duration::from_secs(ctx.repos.projects.fetch_timeout_s));
     git::fetch(&remote, Path::new(&project.repo_path))
         .await
         .map_err(|e| {
@@ -645,7 +650,7 @@ pub(crate) async fn refresh(
 /// A page of the projects of the caller's teams, after `after`.
 #[tracing::instrument(name = "services::projects::list", skip_all)]
 pub async fn list(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     after: Option<ProjectId>,
     limit: i64,
@@ -653,47 +658,44 @@ pub async fn list(
     principal.authorize(Operation::ReadTeam)?;
     let teams = principal.visible_teams();
     let rows =
-        store::projects::list(&ctx.pool, teams.as_deref(), after.map(|p| p.uuid()), limit).await?;
+        store::projects::list(&data.pool, teams.as_deref(), after.map(|p| p.uuid()), limit).await?;
     Ok(rows.into_iter().map(Project::from).collect())
 }
 
 #[tracing::instrument(name = "services::projects::get", skip_all, fields(project_id = %id))]
-pub async fn get(
-    ctx: &ServiceContext,
-    principal: &Principal,
-    id: ProjectId,
-) -> ServiceResult<Project> {
-    Ok(find(ctx, principal, id).await?.into())
+pub async fn get(data: &Data, principal: &Principal, id: ProjectId) -> ServiceResult<Project> {
+    Ok(find(data, principal, id).await?.into())
 }
 
 /// The project's row, when the caller may see it.
 #[tracing::instrument(name = "services::projects::find", skip_all, fields(project_id = %id))]
 pub(crate) async fn find(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     id: ProjectId,
 ) -> ServiceResult<store::projects::ProjectRow> {
     principal.authorize(Operation::ReadTeam)?;
     let teams = principal.visible_teams();
-    store::projects::get(&ctx.pool, id.uuid(), teams.as_deref())
+    store::projects::get(&data.pool, id.uuid(), teams.as_deref())
         .await?
         .ok_or(ServiceError::NotFound("project"))
 }
 
 #[tracing::instrument(name = "services::projects::delete", skip_all, fields(project_id = %id))]
 pub async fn delete(
-    ctx: &ServiceContext,
+    data: &Data,
+    repos: &Repositories,
     principal: &Principal,
     id: ProjectId,
 ) -> ServiceResult<()> {
     principal.authorize(Operation::ManageTeam)?;
-    let row = find(ctx, principal, id).await?;
+    let row = find(data, principal, id).await?;
     principal.authorize_in(row.team_id, Operation::ManageTeam, "project")?;
-    if store::workspaces::active_count_for_project(&ctx.pool, row.id).await? > 0 {
+    if store::workspaces::active_count_for_project(&data.pool, row.id).await? > 0 {
         return Err(ServiceError::ProjectHasWorkspaces);
     }
-    within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    within_deadline(data, async {
+        let mut tx = data.pool.pool().begin().await?;
         store::projects::mark_deleted(&mut *tx, row.id).await?;
         audit::record_in(
             &mut *tx,
@@ -708,7 +710,7 @@ pub async fn delete(
     .await?;
     // The clone of a `git_url` project is the server's own: it goes with the project.
     if row.git_url.is_some() {
-        let clone = clone_path(ctx, id);
+        let clone = clone_path(repos, id);
         if Path::new(&row.repo_path) == clone {
             let _ = tokio::fs::remove_dir_all(&clone).await;
         }

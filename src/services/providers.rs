@@ -92,7 +92,7 @@ pub async fn list(
         }
         None => principal.default_team(),
     };
-    let registry = ctx.agents.registry();
+    let registry = ctx.fleet.agents.registry();
     // Every secret any provider takes, opened once.
     let mut wanted: Vec<String> = registry
         .all()
@@ -101,23 +101,24 @@ pub async fn list(
     wanted.sort();
     wanted.dedup();
     let opened = match team {
-        Some(team) => super::secrets::open_many(ctx, team, &wanted).await?,
+        Some(team) => super::secrets::open_many(&ctx.data, &ctx.access, team, &wanted).await?,
         None => Default::default(),
     };
     // Keys are added outside only where the egress proxy stands between agents and the
     // network.
-    let not_brokered = (!ctx.agents.uses_egress()).then(|| match ctx.agents.sandbox() {
-        Some(s) if s.status().confines() => format!(
-            "the sandbox's network is `{}`: only `proxy` puts agentry's egress proxy, which \
+    let not_brokered =
+        (!ctx.fleet.agents.uses_egress()).then(|| match ctx.fleet.agents.sandbox() {
+            Some(s) if s.status().confines() => format!(
+                "the sandbox's network is `{}`: only `proxy` puts agentry's egress proxy, which \
              adds keys, between the CLI and its model API",
-            network_name(s.status().network)
-        ),
-        _ => "agents are not sandboxed here, so nothing stands between the CLI and its \
+                network_name(s.status().network)
+            ),
+            _ => "agents are not sandboxed here, so nothing stands between the CLI and its \
               model API"
-            .to_owned(),
-    });
+                .to_owned(),
+        });
     // The same sandbox confines every provider's agents.
-    let sandbox = match ctx.agents.sandbox().map(|s| s.status()) {
+    let sandbox = match ctx.fleet.agents.sandbox().map(|s| s.status()) {
         Some(s) if s.mode == SandboxMode::Off => SandboxState::Off,
         Some(s) if s.confines() => SandboxState::Enforced,
         _ => SandboxState::Unavailable,
@@ -162,7 +163,7 @@ pub async fn list(
     }
     Ok(ProviderList {
         items,
-        sandbox: ctx.agents.sandbox().map(|s| s.status().clone()),
+        sandbox: ctx.fleet.agents.sandbox().map(|s| s.status().clone()),
     })
 }
 
@@ -187,7 +188,7 @@ pub async fn models(
     let scope = match workspace {
         None => CatalogScope::Global,
         Some(w) => {
-            let ws = super::workspaces::find(ctx, principal, w).await?;
+            let ws = super::workspaces::find(&ctx.data, principal, w).await?;
             if ws.archived_at.is_some() {
                 return Err(ServiceError::WorkspaceArchived(
                     "the workspace is archived; its files are gone",
@@ -199,6 +200,7 @@ pub async fn models(
     // A provider that cannot run (its CLI is not installed, no credentials) has no
     // catalog to probe: say why, as creating an agent on it does.
     let provider = ctx
+        .fleet
         .agents
         .registry()
         .get(id)
@@ -210,10 +212,10 @@ pub async fn models(
         });
     }
     // Nor has a provider the caller's team has not set its secrets for (as in `list`).
-    let names = ctx.agents.registry().team_secrets(id);
+    let names = ctx.fleet.agents.registry().team_secrets(id);
     if !names.is_empty() {
         let opened = match principal.default_team() {
-            Some(team) => super::secrets::open_many(ctx, team, names).await?,
+            Some(team) => super::secrets::open_many(&ctx.data, &ctx.access, team, names).await?,
             None => Default::default(),
         };
         if let Err(reason) = super::secrets::env_of(names, &opened) {
@@ -227,12 +229,13 @@ pub async fn models(
     // gets `limits.catalog_refreshes_per_minute` of them; past it the cached catalog is
     // answered, as without `refresh`.
     let refresh = refresh
-        && ctx.bounds.refresh_allowed(
+        && ctx.fleet.bounds.refresh_allowed(
             principal
                 .default_team()
                 .unwrap_or_else(|| super::bounds::principal_key(principal)),
         );
     let items = ctx
+        .fleet
         .agents
         .models(id, &scope, refresh)
         .await

@@ -136,13 +136,13 @@ impl MessageState {
 
 /// The limits are in force (one of them is set).
 pub(crate) fn limited(ctx: &ServiceContext) -> bool {
-    ctx.limits.max_running_turns > 0 || ctx.limits.max_running_turns_per_team > 0
+    ctx.fleet.limits.max_running_turns > 0 || ctx.fleet.limits.max_running_turns_per_team > 0
 }
 
 /// The limit a new turn of `team` would exceed, given the turns running.
 fn over_limit(ctx: &ServiceContext, running: (i64, i64)) -> Option<(&'static str, i64)> {
     let (all, team) = running;
-    let l = &ctx.limits;
+    let l = &ctx.fleet.limits;
     if l.max_running_turns > 0 && all >= l.max_running_turns {
         return Some(("limits.max_running_turns", l.max_running_turns));
     }
@@ -185,14 +185,14 @@ where
         return start.await.map(Admission::Started);
     }
     // A prompt that will wait is told so at once, without opening its agent.
-    let waiting = store::queue::capacity_waiting(&ctx.pool).await?;
-    let running = store::queue::running_turns(&ctx.pool, team).await?;
+    let waiting = store::queue::capacity_waiting(&ctx.data.pool).await?;
+    let running = store::queue::running_turns(&ctx.data.pool, team).await?;
     if let Some(full) = room(ctx, waiting, running) {
         return Ok(full);
     }
     open.await?;
-    let _turn = ctx.queue.admission.lock().await;
-    let mut tx = ctx.pool.pool().begin().await?;
+    let _turn = ctx.governance.queue.admission.lock().await;
+    let mut tx = ctx.data.pool.pool().begin().await?;
     store::queue::lock_admissions(&mut tx).await?;
     let waiting = store::queue::capacity_waiting(&mut *tx).await?;
     let running = store::queue::running_turns(&mut *tx, team).await?;
@@ -226,7 +226,7 @@ fn room<T>(
 /// How many messages of agent `id` wait.
 #[tracing::instrument(name = "services::queue::waiting", skip_all, fields(agent_id = %id))]
 pub async fn waiting(ctx: &ServiceContext, id: AgentId) -> ServiceResult<i64> {
-    Ok(store::queue::waiting_count(&ctx.pool, id.uuid()).await?)
+    Ok(store::queue::waiting_count(&ctx.data.pool, id.uuid()).await?)
 }
 
 /// Queue a prompt for agent `id` of `team`, sent by `principal`; it is announced on the
@@ -244,7 +244,7 @@ pub async fn enqueue(
     let mid = MessageId::new();
     tracing::Span::current().record("message_id", tracing::field::display(mid));
     store::queue::insert(
-        &ctx.pool,
+        &ctx.data.pool,
         &store::queue::NewMessage {
             id: mid.uuid(),
             agent_id: id.uuid(),
@@ -269,7 +269,7 @@ pub async fn enqueue(
     if reason == WaitReason::Capacity
         && let Some(place) = agent_queue(ctx, id).await?
         && place.waiting_for == "capacity"
-        && let Some(agent) = store::agents::get(&ctx.pool, id.uuid(), None).await?
+        && let Some(agent) = store::agents::get(&ctx.data.pool, id.uuid(), None).await?
     {
         data["position"] = json!(place.position);
         team_events.push(NewTeamEvent {
@@ -281,7 +281,8 @@ pub async fn enqueue(
                 "position": place.position}),
         });
     }
-    ctx.writer
+    ctx.data
+        .writer
         .append_committed(
             vec![NewEvent {
                 agent_id: id,
@@ -293,7 +294,7 @@ pub async fn enqueue(
         )
         .await?;
     let position = position_of(ctx, id, mid).await?.unwrap_or(1);
-    ctx.queue.queued.notify_one();
+    ctx.governance.queue.queued.notify_one();
     Ok((mid, position))
 }
 
@@ -302,7 +303,7 @@ async fn position_of(
     id: AgentId,
     mid: MessageId,
 ) -> ServiceResult<Option<i64>> {
-    let rows = store::queue::list(&ctx.pool, id.uuid(), Some("queued")).await?;
+    let rows = store::queue::list(&ctx.data.pool, id.uuid(), Some("queued")).await?;
     Ok(rows
         .iter()
         .position(|r| r.id == mid.uuid())
@@ -315,7 +316,8 @@ async fn record(
     kind: EventKind,
     data: serde_json::Value,
 ) -> ServiceResult<()> {
-    ctx.writer
+    ctx.data
+        .writer
         .append_committed(
             vec![NewEvent {
                 agent_id: id,
@@ -338,8 +340,9 @@ pub async fn list(
     id: AgentId,
     state: Option<MessageState>,
 ) -> ServiceResult<QueuedMessageList> {
-    super::agents::authorize_read(ctx, principal, id).await?;
-    let rows = store::queue::list(&ctx.pool, id.uuid(), state.map(MessageState::as_str)).await?;
+    super::agents::authorize_read(&ctx.data, principal, id).await?;
+    let rows =
+        store::queue::list(&ctx.data.pool, id.uuid(), state.map(MessageState::as_str)).await?;
     let mut next = 0;
     let items = rows
         .into_iter()
@@ -363,7 +366,7 @@ pub async fn cancel(
     mid: MessageId,
 ) -> ServiceResult<()> {
     super::agents::authorize_drive(ctx, principal, id).await?;
-    if store::queue::cancel(&ctx.pool, id.uuid(), mid.uuid()).await? {
+    if store::queue::cancel(&ctx.data.pool, id.uuid(), mid.uuid()).await? {
         record(
             ctx,
             id,
@@ -373,7 +376,7 @@ pub async fn cancel(
         .await?;
         return Ok(());
     }
-    match store::queue::get(&ctx.pool, id.uuid(), mid.uuid()).await? {
+    match store::queue::get(&ctx.data.pool, id.uuid(), mid.uuid()).await? {
         None => Err(ServiceError::NotFound("message")),
         Some(m) => Err(ServiceError::MessageNotQueued(m.state)),
     }
@@ -382,7 +385,7 @@ pub async fn cancel(
 /// Cancel every waiting message of agent `id` (it is being archived).
 #[tracing::instrument(name = "services::queue::cancel_all", skip_all, fields(agent_id = %id))]
 pub async fn cancel_all(ctx: &ServiceContext, id: AgentId) -> ServiceResult<()> {
-    for mid in store::queue::cancel_all(&ctx.pool, id.uuid()).await? {
+    for mid in store::queue::cancel_all(&ctx.data.pool, id.uuid()).await? {
         record(
             ctx,
             id,
@@ -410,7 +413,7 @@ pub struct AgentQueue {
 /// Agent `id`'s place in the queue, when any of its messages waits.
 #[tracing::instrument(name = "services::queue::agent_queue", skip_all, fields(agent_id = %id))]
 pub async fn agent_queue(ctx: &ServiceContext, id: AgentId) -> ServiceResult<Option<AgentQueue>> {
-    if store::queue::waiting_count(&ctx.pool, id.uuid()).await? == 0 {
+    if store::queue::waiting_count(&ctx.data.pool, id.uuid()).await? == 0 {
         return Ok(None);
     }
     Ok(places(ctx).await?.remove(&id.uuid()))
@@ -422,7 +425,7 @@ pub async fn agent_queue(ctx: &ServiceContext, id: AgentId) -> ServiceResult<Opt
 pub async fn places(
     ctx: &ServiceContext,
 ) -> ServiceResult<std::collections::HashMap<Uuid, AgentQueue>> {
-    let heads = store::queue::heads(&ctx.pool).await?;
+    let heads = store::queue::heads(&ctx.data.pool).await?;
     let mut position = 0;
     let mut places = std::collections::HashMap::with_capacity(heads.len());
     for h in heads {
@@ -496,8 +499,8 @@ pub async fn show(ctx: &ServiceContext, principal: &Principal) -> ServiceResult<
     principal.authorize(Operation::ReadTeam)?;
     let teams = principal.visible_teams();
     let sees = |t: Uuid| teams.as_ref().is_none_or(|ts| ts.contains(&t));
-    let heads = store::queue::heads(&ctx.pool).await?;
-    let by_team = store::queue::running_by_team(&ctx.pool).await?;
+    let heads = store::queue::heads(&ctx.data.pool).await?;
+    let by_team = store::queue::running_by_team(&ctx.data.pool).await?;
     let total: i64 = by_team.iter().map(|(_, n)| n).sum();
     let mut running_of: std::collections::HashMap<Uuid, i64> = by_team.iter().copied().collect();
     let mut all = total;
@@ -549,8 +552,8 @@ pub async fn show(ctx: &ServiceContext, principal: &Principal) -> ServiceResult<
         } else {
             teams_running.iter().map(|t| t.running).sum()
         },
-        max_running_turns: ctx.limits.max_running_turns,
-        max_running_turns_per_team: ctx.limits.max_running_turns_per_team,
+        max_running_turns: ctx.fleet.limits.max_running_turns,
+        max_running_turns_per_team: ctx.fleet.limits.max_running_turns_per_team,
         teams: teams_running,
         items,
     })
@@ -583,11 +586,11 @@ fn sender(m: &MessageRow) -> Principal {
 #[tracing::instrument(name = "services::queue::dispatch", level = "debug", skip_all)]
 pub async fn dispatch(ctx: &ServiceContext) -> ServiceResult<usize> {
     let mut started = 0;
-    let me = ctx.agents.replica();
-    let heads = store::queue::heads(&ctx.pool).await?;
+    let me = ctx.fleet.agents.replica();
+    let heads = store::queue::heads(&ctx.data.pool).await?;
     let mut full_teams: Vec<Uuid> = Vec::new();
     for h in heads {
-        if ctx.agents.is_shutting_down() || *ctx.shutdown.borrow() {
+        if ctx.fleet.agents.is_shutting_down() || *ctx.lifecycle.shutdown.borrow() {
             break;
         }
         if h.agent_busy || h.owner.as_deref().is_some_and(|o| o != me) {
@@ -620,14 +623,14 @@ enum Step {
 async fn start_head(ctx: &ServiceContext, h: &HeadRow) -> ServiceResult<Step> {
     let id = AgentId::from(h.agent_id);
     if limited(ctx) {
-        let running = store::queue::running_turns(&ctx.pool, h.team_id).await?;
+        let running = store::queue::running_turns(&ctx.data.pool, h.team_id).await?;
         if let Some((limit, _)) = over_limit(ctx, running) {
             return Ok(Step::Full(limit));
         }
     }
     // Its agent's session is opened (when closed) before the admission's lock and the
     // message's row are taken: only the turn's start is made under them.
-    let Some(m) = store::queue::get(&ctx.pool, h.agent_id, h.id).await? else {
+    let Some(m) = store::queue::get(&ctx.data.pool, h.agent_id, h.id).await? else {
         return Ok(Step::Skipped);
     };
     if m.state != "queued" {
@@ -640,7 +643,7 @@ async fn start_head(ctx: &ServiceContext, h: &HeadRow) -> ServiceResult<Step> {
             ) => Ok(Step::Skipped),
             e @ (ServiceError::StoreUnavailable | ServiceError::Store(_)) => Err(e),
             e => {
-                let mut tx = ctx.pool.pool().begin().await?;
+                let mut tx = ctx.data.pool.pool().begin().await?;
                 if let Some(m) = store::queue::claim(&mut tx, h.id).await? {
                     fail(ctx, tx, &m, &e.to_string()).await?;
                 }
@@ -649,10 +652,10 @@ async fn start_head(ctx: &ServiceContext, h: &HeadRow) -> ServiceResult<Step> {
         };
     }
     let _turn = match limited(ctx) {
-        true => Some(ctx.queue.admission.lock().await),
+        true => Some(ctx.governance.queue.admission.lock().await),
         false => None,
     };
-    let mut tx = ctx.pool.pool().begin().await?;
+    let mut tx = ctx.data.pool.pool().begin().await?;
     if limited(ctx) {
         store::queue::lock_admissions(&mut tx).await?;
         let running = store::queue::running_turns(&mut *tx, h.team_id).await?;
@@ -685,7 +688,7 @@ async fn start_head(ctx: &ServiceContext, h: &HeadRow) -> ServiceResult<Step> {
             )
             .await?;
             super::agents::audit_prompt(
-                ctx,
+                &ctx.data,
                 &principal,
                 team,
                 id,
@@ -733,10 +736,10 @@ pub async fn run(ctx: ServiceContext) {
             tracing::warn!(error = %e, "could not look at the queue; retrying");
         }
         tokio::select! {
-            _ = ctx.agents.turn_ended() => {}
-            _ = ctx.queue.queued.notified() => {}
+            _ = ctx.fleet.agents.turn_ended() => {}
+            _ = ctx.governance.queue.queued.notified() => {}
             _ = tokio::time::sleep(SWEEP) => {}
-            _ = ctx.stopping() => return,
+            _ = ctx.lifecycle.stopping() => return,
         }
     }
 }

@@ -20,7 +20,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::audit::{self, Action, Entry};
-use super::{ServiceContext, ServiceError, ServiceResult};
+use super::{Access, Data, ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{Operation, Principal};
 use crate::config::valid_env_name;
 use crate::domain::{SecretEnv, SecretValue, TeamId, UserId};
@@ -65,13 +65,13 @@ impl From<store::secrets::SecretMetaRow> for SecretInfo {
 /// The team exists and the caller may do `op` in it (another team's id is a missing
 /// team, for an admin too when no such team exists).
 async fn team_for(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     team: TeamId,
     op: Operation,
 ) -> ServiceResult<Uuid> {
     principal.authorize_in(team.uuid(), op, "team")?;
-    if store::identity::team_name(&ctx.pool, team.uuid())
+    if store::identity::team_name(&data.pool, team.uuid())
         .await?
         .is_none()
     {
@@ -95,13 +95,14 @@ fn check_name(name: &str) -> ServiceResult<()> {
 /// Set a secret (owners). `true` in the answer when it did not exist before.
 #[tracing::instrument(name = "services::secrets::put", skip_all, fields(team_id = %team))]
 pub async fn put(
-    ctx: &ServiceContext,
+    data: &Data,
+    access: &Access,
     principal: &Principal,
     team: TeamId,
     name: &str,
     body: &PutSecret,
 ) -> ServiceResult<(SecretInfo, bool)> {
-    let team = team_for(ctx, principal, team, Operation::ManageTeam).await?;
+    let team = team_for(data, principal, team, Operation::ManageTeam).await?;
     check_name(name)?;
     let value = body.value.expose();
     if value.is_empty() {
@@ -113,9 +114,9 @@ pub async fn put(
             format!("must be at most {MAX_VALUE_BYTES} bytes"),
         ));
     }
-    let sealed = ctx.secrets.seal(team, name, &body.value);
+    let sealed = access.secrets.seal(team, name, &body.value);
     let (row, created) = store::secrets::upsert(
-        &ctx.pool,
+        &data.pool,
         &store::secrets::NewSealed {
             team_id: team,
             name,
@@ -129,7 +130,7 @@ pub async fn put(
     tracing::info!(team_id = %TeamId::from(team), name, created, key_id = %sealed.key_id, "team secret set");
     // The name only: the value never goes into the audit log.
     audit::record(
-        ctx,
+        data,
         principal,
         Entry::new(Action::SecretSet, Some(team), "secret", name)
             .details(json!({"created": created})),
@@ -141,32 +142,32 @@ pub async fn put(
 /// The names of the team's secrets and when they changed (every member of the team).
 #[tracing::instrument(name = "services::secrets::list", skip_all, fields(team_id = %team))]
 pub async fn list(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     team: TeamId,
     after: Option<&str>,
     limit: i64,
 ) -> ServiceResult<Vec<SecretInfo>> {
-    let team = team_for(ctx, principal, team, Operation::ReadTeam).await?;
-    let rows = store::secrets::list(&ctx.pool, team, after, limit).await?;
+    let team = team_for(data, principal, team, Operation::ReadTeam).await?;
+    let rows = store::secrets::list(&data.pool, team, after, limit).await?;
     Ok(rows.into_iter().map(SecretInfo::from).collect())
 }
 
 /// Delete a secret (owners). A name that is not set is a missing secret.
 #[tracing::instrument(name = "services::secrets::delete", skip_all, fields(team_id = %team))]
 pub async fn delete(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     team: TeamId,
     name: &str,
 ) -> ServiceResult<()> {
-    let team = team_for(ctx, principal, team, Operation::ManageTeam).await?;
-    if !valid_env_name(name) || !store::secrets::delete(&ctx.pool, team, name).await? {
+    let team = team_for(data, principal, team, Operation::ManageTeam).await?;
+    if !valid_env_name(name) || !store::secrets::delete(&data.pool, team, name).await? {
         return Err(ServiceError::NotFound("secret"));
     }
     tracing::info!(team_id = %TeamId::from(team), name, "team secret deleted");
     audit::record(
-        ctx,
+        data,
         principal,
         Entry::new(Action::SecretDelete, Some(team), "secret", name),
     )
@@ -177,7 +178,8 @@ pub async fn delete(
 /// The team's secrets among `names`, each opened or with the reason it cannot be used.
 #[tracing::instrument(name = "services::secrets::open_many", skip_all, fields(team_id = %team))]
 pub(crate) async fn open_many(
-    ctx: &ServiceContext,
+    data: &Data,
+    access: &Access,
     team: Uuid,
     names: &[String],
 ) -> ServiceResult<BTreeMap<String, Result<SecretValue, String>>> {
@@ -185,13 +187,13 @@ pub(crate) async fn open_many(
     if names.is_empty() {
         return Ok(out);
     }
-    for row in store::secrets::sealed(&ctx.pool, team, names).await? {
+    for row in store::secrets::sealed(&data.pool, team, names).await? {
         let sealed = Sealed {
             key_id: row.key_id,
             nonce: row.nonce,
             ciphertext: row.ciphertext,
         };
-        let opened = ctx.secrets.open(team, &row.name, &sealed).map_err(|e| {
+        let opened = access.secrets.open(team, &row.name, &sealed).map_err(|e| {
             tracing::warn!(team_id = %TeamId::from(team), name = %row.name, key_id = %sealed.key_id,
                 error = %e, "a team secret cannot be decrypted");
             format!("team secret {} cannot be decrypted: {e}", row.name)
@@ -228,11 +230,11 @@ pub(crate) async fn launch_env(
     provider: &str,
     team: Uuid,
 ) -> ServiceResult<Result<SecretEnv, String>> {
-    let names = ctx.agents.registry().team_secrets(provider);
+    let names = ctx.fleet.agents.registry().team_secrets(provider);
     if names.is_empty() {
         return Ok(Ok(SecretEnv::new()));
     }
-    let opened = open_many(ctx, team, names).await?;
+    let opened = open_many(&ctx.data, &ctx.access, team, names).await?;
     Ok(env_of(names, &opened))
 }
 

@@ -187,7 +187,7 @@ pub async fn run_setup(
     target: &Target,
     scripts: RepoScripts,
 ) -> ServiceResult<Option<store::workspaces::WorkspaceRow>> {
-    let timeout = Duration::from_secs(ctx.workspaces.setup_timeout_s);
+    let timeout = Duration::from_secs(ctx.repos.workspaces.setup_timeout_s);
     let outcome = match scripts {
         _ if !scripts.has_setup() => return Ok(None),
         RepoScripts::None => return Ok(None),
@@ -203,8 +203,8 @@ pub async fn run_setup(
     };
     // The workspace is complete now: `workspace.create.after` is queued with its outcome,
     // in the same transaction.
-    let row = super::within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    let row = super::within_deadline(&ctx.data, async {
+        let mut tx = ctx.data.pool.pool().begin().await?;
         let row = store::workspaces::finish_setup(
             &mut *tx,
             target.workspace_id.uuid(),
@@ -218,7 +218,7 @@ pub async fn run_setup(
         };
         tx.commit().await?;
         if queued > 0 {
-            super::hooks::queued(ctx);
+            ctx.hooks.queued();
         }
         Ok(row)
     })
@@ -247,7 +247,7 @@ pub async fn run_teardown(ctx: &ServiceContext, target: &Target, repo: &Path) {
         }
         _ => return,
     };
-    let timeout = Duration::from_secs(ctx.workspaces.teardown_timeout_s);
+    let timeout = Duration::from_secs(ctx.repos.workspaces.teardown_timeout_s);
     let outcome = run(ctx, target, Phase::Teardown, &scripts.teardown, timeout).await;
     let status = if outcome.succeeded {
         "succeeded"
@@ -263,7 +263,7 @@ pub async fn fail_interrupted(ctx: &ServiceContext, replica: &str) -> ServiceRes
     let note = "\n[agentry] the server stopped while setup was running\n";
     // These workspaces are complete now (setup failed): `workspace.create.after` is queued
     // for each, in the same transaction.
-    let mut tx = ctx.pool.pool().begin().await?;
+    let mut tx = ctx.data.pool.pool().begin().await?;
     let rows = store::workspaces::fail_interrupted_setups(&mut *tx, replica, note).await?;
     let mut queued = 0;
     for row in &rows {
@@ -271,7 +271,7 @@ pub async fn fail_interrupted(ctx: &ServiceContext, replica: &str) -> ServiceRes
     }
     tx.commit().await?;
     if queued > 0 {
-        super::hooks::queued(ctx);
+        ctx.hooks.queued();
     }
     for row in rows {
         let target = Target {
@@ -298,7 +298,7 @@ async fn announce(ctx: &ServiceContext, target: &Target, phase: Phase, status: &
         kind: phase.event_kind(),
         data: json!({"workspace_id": target.workspace_id, "status": status, "output": output}),
     };
-    if let Err(e) = super::announce(ctx, event).await {
+    if let Err(e) = super::announce(&ctx.data, event).await {
         tracing::warn!(workspace = %target.workspace_id, error = %e, "could not announce {} progress", phase.name());
     }
 }
@@ -375,8 +375,8 @@ async fn run(
         .as_ref()
         .map(|e| crate::sandbox::NetworkPlan::from(e.net.clone()));
     let deadline = Instant::now() + timeout;
-    let ledger = ctx.agents.ledger().clone();
-    let sandbox = ctx.agents.sandbox().cloned();
+    let ledger = ctx.fleet.agents.ledger().clone();
+    let sandbox = ctx.fleet.agents.sandbox().cloned();
     let commands = commands.to_vec();
     let target_env = environment(target);
     let cwd = target.path.clone();
@@ -447,12 +447,13 @@ async fn open_endpoint(
     ctx: &ServiceContext,
     target: &Target,
 ) -> Result<Option<CommandsEndpoint>, String> {
-    let Some(egress) = ctx.agents.egress() else {
+    let Some(egress) = ctx.fleet.agents.egress() else {
         return Ok(None);
     };
-    let allow = super::network::commands_allow_list(ctx, &ctx.egress_policy, target.team_id)
-        .await
-        .map_err(|e| format!("could not read the team's network allow list: {e}"))?;
+    let allow =
+        super::network::commands_allow_list(&ctx.data, &ctx.fleet.egress_policy, target.team_id)
+            .await
+            .map_err(|e| format!("could not read the team's network allow list: {e}"))?;
     egress
         .open_for_commands(allow)
         .map(Some)
@@ -502,7 +503,7 @@ async fn record_denial(
             "reason": reason.as_str(),
         }),
     };
-    if let Err(e) = super::announce(ctx, event).await {
+    if let Err(e) = super::announce(&ctx.data, event).await {
         tracing::warn!(workspace = %target.workspace_id, error = %e, "could not announce a refused connection");
     }
 }

@@ -42,8 +42,11 @@ pub async fn open_agent(
     principal: &Principal,
     id: AgentId,
 ) -> ServiceResult<AgentStream> {
-    super::agents::authorize_read(ctx, principal, id).await?;
-    let slot = ctx.bounds.stream(super::bounds::principal_key(principal))?;
+    super::agents::authorize_read(&ctx.data, principal, id).await?;
+    let slot = ctx
+        .fleet
+        .bounds
+        .stream(super::bounds::principal_key(principal))?;
     Ok(AgentStream {
         ctx: ctx.clone(),
         id,
@@ -60,22 +63,23 @@ impl AgentStream {
     /// committed in between is missed.
     /// Count a reader that fell behind the bus and catches up from the database.
     pub fn fell_behind(&self) {
-        self.ctx.bus.resyncs.inc();
+        self.ctx.data.bus.resyncs.inc();
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Published>> {
-        self.ctx.bus.subscribe(self.id)
+        self.ctx.data.bus.subscribe(self.id)
     }
 
     /// Up to `limit` committed events after `seq`, oldest first.
     pub async fn after(&self, seq: i64, limit: i64) -> ServiceResult<Vec<AgentEvent>> {
-        let rows = store::events::page_after(&self.ctx.pool, self.id.uuid(), seq, limit).await?;
+        let rows =
+            store::events::page_after(&self.ctx.data.pool, self.id.uuid(), seq, limit).await?;
         Ok(rows.into_iter().map(|r| r.into_event()).collect())
     }
 
     /// Resolves once the server starts shutting down.
     pub async fn stopping(&self) {
-        self.ctx.stopping().await
+        self.ctx.lifecycle.stopping().await
     }
 
     /// The guard of this stream: it resolves when its caller may no longer read the agent.
@@ -103,12 +107,15 @@ pub async fn open_team(
 ) -> ServiceResult<TeamStream> {
     principal.authorize(Operation::ReadTeam)?;
     if let Some(p) = project {
-        super::projects::find(ctx, principal, p).await?;
+        super::projects::find(&ctx.data, principal, p).await?;
     }
     if let Some(w) = workspace {
-        super::workspaces::find(ctx, principal, w).await?;
+        super::workspaces::find(&ctx.data, principal, w).await?;
     }
-    let slot = ctx.bounds.stream(super::bounds::principal_key(principal))?;
+    let slot = ctx
+        .fleet
+        .bounds
+        .stream(super::bounds::principal_key(principal))?;
     Ok(TeamStream {
         _slot: slot,
         ctx: ctx.clone(),
@@ -129,25 +136,25 @@ impl TeamStream {
     /// Live activity of every team; filter it with `admits`.
     /// Count a reader that fell behind the bus and catches up from the database.
     pub fn fell_behind(&self) {
-        self.ctx.bus.resyncs.inc();
+        self.ctx.data.bus.resyncs.inc();
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<TeamActivity>> {
-        self.ctx.bus.subscribe_team()
+        self.ctx.data.bus.subscribe_team()
     }
 
     /// Up to `limit` committed activities of the caller's teams after `id`, oldest first;
     /// filter them with `admits`.
     pub async fn after(&self, id: i64, limit: i64) -> ServiceResult<Vec<TeamActivity>> {
         let rows =
-            store::events::team_events_after(&self.ctx.pool, self.teams.as_deref(), id, limit)
+            store::events::team_events_after(&self.ctx.data.pool, self.teams.as_deref(), id, limit)
                 .await?;
         Ok(rows.into_iter().map(TeamActivity::from).collect())
     }
 
     /// Resolves once the server starts shutting down.
     pub async fn stopping(&self) {
-        self.ctx.stopping().await
+        self.ctx.lifecycle.stopping().await
     }
 
     /// The guard of this stream: it resolves when its caller may no longer see one of the
@@ -222,14 +229,14 @@ const SPREAD_MS: u64 = 250;
 
 impl Guard {
     fn new(ctx: &ServiceContext, covered: Covered, recheck: Recheck) -> Self {
-        let mut changes = ctx.tokens.changes();
+        let mut changes = ctx.access.tokens.changes();
         changes.mark_unchanged();
         Self {
             ctx: ctx.clone(),
             covered,
             recheck,
             changes,
-            floor: ctx.revalidate,
+            floor: ctx.access.revalidate,
         }
     }
 
@@ -290,7 +297,9 @@ impl Guard {
                         ))),
                     },
                 }),
-            Covered::Agent(id) => super::agents::authorize_read(&self.ctx, &principal, *id).await,
+            Covered::Agent(id) => {
+                super::agents::authorize_read(&self.ctx.data, &principal, *id).await
+            }
         };
         match result {
             Ok(()) => None,

@@ -10,7 +10,7 @@ use serde_json::json;
 use utoipa::ToSchema;
 
 use super::audit::{self, Action, Entry};
-use super::{ServiceContext, ServiceError, ServiceResult, within_deadline};
+use super::{Access, Data, ServiceError, ServiceResult, within_deadline};
 use crate::auth::{AuthError, Operation, Principal, Role};
 use crate::domain::{TeamId, UserId};
 use crate::store;
@@ -120,7 +120,8 @@ fn team(principal: &Principal, r: store::teams::TeamRow) -> Team {
 /// teams are reserved (409 `team_name_reserved`).
 #[tracing::instrument(name = "services::teams::create", skip_all)]
 pub async fn create(
-    ctx: &ServiceContext,
+    data: &Data,
+    access: &Access,
     principal: &Principal,
     body: &CreateTeam,
 ) -> ServiceResult<Team> {
@@ -131,15 +132,15 @@ pub async fn create(
     let name = body.name.trim();
     super::projects::validate_name("name", name)?;
     // A team people make never becomes a mapped team; its name cannot pose as one.
-    if let Some(idp) = &ctx.oidc
+    if let Some(idp) = &access.oidc
         && crate::auth::oidc::reserved_team_names(idp.settings())
             .any(|r| r.eq_ignore_ascii_case(name))
     {
         return Err(ServiceError::TeamNameReserved);
     }
     let id = TeamId::new().uuid();
-    within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    within_deadline(data, async {
+        let mut tx = data.pool.pool().begin().await?;
         if !store::teams::insert(&mut *tx, id, name).await? {
             return Err(ServiceError::TeamNameTaken);
         }
@@ -153,11 +154,11 @@ pub async fn create(
         .await?;
         tx.commit().await?;
         // This replica forgets the principals it holds now, not at the notification.
-        ctx.tokens.forget_all();
+        access.tokens.forget_all();
         Ok(())
     })
     .await?;
-    let row = store::teams::get(&ctx.pool, id)
+    let row = store::teams::get(&data.pool, id)
         .await?
         .ok_or(ServiceError::NotFound("team"))?;
     Ok(Team {
@@ -169,7 +170,7 @@ pub async fn create(
 /// A page of the caller's teams (a server admin: every team), with the caller's role.
 #[tracing::instrument(name = "services::teams::list", skip_all)]
 pub async fn list(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     after: Option<TeamId>,
     limit: i64,
@@ -177,20 +178,20 @@ pub async fn list(
     principal.authorize(Operation::ReadSelf)?;
     let teams = principal.visible_teams();
     let rows =
-        store::teams::list(&ctx.pool, teams.as_deref(), after.map(|t| t.uuid()), limit).await?;
+        store::teams::list(&data.pool, teams.as_deref(), after.map(|t| t.uuid()), limit).await?;
     Ok(rows.into_iter().map(|r| team(principal, r)).collect())
 }
 
 /// The team's row, when the caller may do `op` in it.
 async fn find(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     id: TeamId,
     op: Operation,
 ) -> ServiceResult<store::teams::TeamRow> {
     // Visibility first: a team the caller cannot see is missing, whatever `op` needs.
     principal.authorize_in(id.uuid(), Operation::ReadTeam, "team")?;
-    let row = store::teams::get(&ctx.pool, id.uuid())
+    let row = store::teams::get(&data.pool, id.uuid())
         .await?
         .ok_or(ServiceError::NotFound("team"))?;
     principal.authorize_in(row.id, op, "team")?;
@@ -198,13 +199,9 @@ async fn find(
 }
 
 #[tracing::instrument(name = "services::teams::get", skip_all, fields(team_id = %id))]
-pub async fn get(
-    ctx: &ServiceContext,
-    principal: &Principal,
-    id: TeamId,
-) -> ServiceResult<TeamDetail> {
-    let row = find(ctx, principal, id, Operation::ReadTeam).await?;
-    let mut members = store::teams::members(&ctx.pool, row.id, None, MEMBERS_SHOWN + 1).await?;
+pub async fn get(data: &Data, principal: &Principal, id: TeamId) -> ServiceResult<TeamDetail> {
+    let row = find(data, principal, id, Operation::ReadTeam).await?;
+    let mut members = store::teams::members(&data.pool, row.id, None, MEMBERS_SHOWN + 1).await?;
     let more_members = members.len() as i64 > MEMBERS_SHOWN;
     members.truncate(MEMBERS_SHOWN as usize);
     let t = team(principal, row);
@@ -223,14 +220,14 @@ pub async fn get(
 /// audited as `team.sandbox` in the same transaction. The answer is the team.
 #[tracing::instrument(name = "services::teams::set_sandbox", skip_all, fields(team_id = %id))]
 pub async fn set_sandbox(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     id: TeamId,
     body: &TeamSandbox,
 ) -> ServiceResult<Team> {
-    find(ctx, principal, id, Operation::ManageTeam).await?;
-    let row = within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    find(data, principal, id, Operation::ManageTeam).await?;
+    let row = within_deadline(data, async {
+        let mut tx = data.pool.pool().begin().await?;
         let row = store::teams::set_require_sandbox(&mut *tx, id.uuid(), body.require_sandbox)
             .await?
             .ok_or(ServiceError::NotFound("team"))?;
@@ -264,14 +261,14 @@ pub struct TeamAgentryMcp {
 /// audited as `team.agentry_mcp`.
 #[tracing::instrument(name = "services::teams::set_agentry_mcp", skip_all, fields(team_id = %id))]
 pub async fn set_agentry_mcp(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     id: TeamId,
     body: &TeamAgentryMcp,
 ) -> ServiceResult<TeamAgentryMcp> {
-    find(ctx, principal, id, Operation::ManageTeam).await?;
-    let on = within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    find(data, principal, id, Operation::ManageTeam).await?;
+    let on = within_deadline(data, async {
+        let mut tx = data.pool.pool().begin().await?;
         let on = store::teams::set_agentry_mcp(&mut *tx, id.uuid(), body.agentry_mcp)
             .await?
             .ok_or(ServiceError::NotFound("team"))?;
@@ -292,27 +289,27 @@ pub async fn set_agentry_mcp(
 /// Whether the team's agents are given agentry's own MCP server (any member).
 #[tracing::instrument(name = "services::teams::agentry_mcp", skip_all, fields(team_id = %id))]
 pub async fn agentry_mcp(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     id: TeamId,
 ) -> ServiceResult<TeamAgentryMcp> {
-    find(ctx, principal, id, Operation::ReadTeam).await?;
+    find(data, principal, id, Operation::ReadTeam).await?;
     Ok(TeamAgentryMcp {
-        agentry_mcp: store::teams::agentry_mcp(&ctx.pool, id.uuid()).await?,
+        agentry_mcp: store::teams::agentry_mcp(&data.pool, id.uuid()).await?,
     })
 }
 
 /// A page of the team's members, by user id.
 #[tracing::instrument(name = "services::teams::members", skip_all, fields(team_id = %id))]
 pub async fn members(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     id: TeamId,
     after: Option<UserId>,
     limit: i64,
 ) -> ServiceResult<Vec<Member>> {
-    let row = find(ctx, principal, id, Operation::ReadTeam).await?;
-    let rows = store::teams::members(&ctx.pool, row.id, after.map(|u| u.uuid()), limit).await?;
+    let row = find(data, principal, id, Operation::ReadTeam).await?;
+    let rows = store::teams::members(&data.pool, row.id, after.map(|u| u.uuid()), limit).await?;
     Ok(rows.into_iter().map(member).collect())
 }
 
@@ -320,22 +317,23 @@ pub async fn members(
 /// last owner is refused.
 #[tracing::instrument(name = "services::teams::set_member", skip_all, fields(team_id = %id, user_id = %user))]
 pub async fn set_member(
-    ctx: &ServiceContext,
+    data: &Data,
+    access: &Access,
     principal: &Principal,
     id: TeamId,
     user: UserId,
     role: Role,
 ) -> ServiceResult<MemberChange> {
-    let row = find(ctx, principal, id, Operation::ManageTeam).await?;
-    if store::teams::get_user(&ctx.pool, user.uuid())
+    let row = find(data, principal, id, Operation::ManageTeam).await?;
+    if store::teams::get_user(&data.pool, user.uuid())
         .await?
         .is_none()
     {
         return Err(ServiceError::NotFound("user"));
     }
     let team_id = row.id;
-    let added = within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    let added = within_deadline(data, async {
+        let mut tx = data.pool.pool().begin().await?;
         if !store::teams::lock(&mut tx, team_id).await? {
             return Err(ServiceError::NotFound("team"));
         }
@@ -358,11 +356,11 @@ pub async fn set_member(
         audit::record_in(&mut *tx, principal, &entry).await?;
         tx.commit().await?;
         // This replica forgets the principals it holds now, not at the notification.
-        ctx.tokens.forget_all();
+        access.tokens.forget_all();
         Ok(added)
     })
     .await?;
-    let m = store::teams::member(&ctx.pool, team_id, user.uuid())
+    let m = store::teams::member(&data.pool, team_id, user.uuid())
         .await?
         .map(member)
         .ok_or(ServiceError::NotFound("member"))?;
@@ -377,7 +375,8 @@ pub async fn set_member(
 /// stays.
 #[tracing::instrument(name = "services::teams::remove_member", skip_all, fields(team_id = %id, user_id = %user))]
 pub async fn remove_member(
-    ctx: &ServiceContext,
+    data: &Data,
+    access: &Access,
     principal: &Principal,
     id: TeamId,
     user: UserId,
@@ -390,10 +389,10 @@ pub async fn remove_member(
     };
     // Leaving changes something too: the token's scopes must allow what the route needs.
     principal.allow(Operation::ManageTeam.access())?;
-    let row = find(ctx, principal, id, op).await?;
+    let row = find(data, principal, id, op).await?;
     let team_id = row.id;
-    within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    within_deadline(data, async {
+        let mut tx = data.pool.pool().begin().await?;
         if !store::teams::lock(&mut tx, team_id).await? {
             return Err(ServiceError::NotFound("team"));
         }
@@ -415,7 +414,7 @@ pub async fn remove_member(
         .await?;
         tx.commit().await?;
         // This replica forgets the principals it holds now, not at the notification.
-        ctx.tokens.forget_all();
+        access.tokens.forget_all();
         Ok(())
     })
     .await

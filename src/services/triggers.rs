@@ -460,7 +460,7 @@ fn check_text(field: &'static str, text: &str) -> ServiceResult<()> {
 
 /// Checks a spec against its kind: each kind takes only its own fields.
 fn check_spec(ctx: &ServiceContext, kind: TriggerKind, spec: &mut Spec) -> ServiceResult<()> {
-    if ctx.agents.registry().get(&spec.provider).is_none() {
+    if ctx.fleet.agents.registry().get(&spec.provider).is_none() {
         return Err(ServiceError::UnknownProvider(spec.provider.clone()));
     }
     for (field, v) in [("model", &spec.model), ("mode", &spec.mode)] {
@@ -575,7 +575,8 @@ fn open_secret(ctx: &ServiceContext, row: &TriggerRow) -> Result<SecretValue, St
         nonce: nonce.clone(),
         ciphertext: ciphertext.clone(),
     };
-    ctx.secrets
+    ctx.access
+        .secrets
         .open(row.team_id, &seal_name(row.id), &sealed)
         .map_err(|e| format!("its secret cannot be decrypted: {e}"))
 }
@@ -628,7 +629,7 @@ pub async fn create(
     body: &CreateTrigger,
 ) -> ServiceResult<Trigger> {
     principal.authorize(Operation::ManageTeam)?;
-    let project = super::projects::find(ctx, principal, body.project_id).await?;
+    let project = super::projects::find(&ctx.data, principal, body.project_id).await?;
     principal.authorize_in(project.team_id, Operation::ManageTeam, "project")?;
     // A trigger acts as the person who created it, with their role: a team service
     // token or an agent's token acts with less than its person, so it may not.
@@ -653,7 +654,7 @@ pub async fn create(
     let id = Uuid::now_v7();
     let secret = (body.kind != TriggerKind::Cron).then(new_secret);
     let sealed = secret.as_ref().map(|s| {
-        ctx.secrets.seal(
+        ctx.access.secrets.seal(
             project.team_id,
             &seal_name(id),
             &SecretValue::new(s.clone()),
@@ -661,7 +662,7 @@ pub async fn create(
     });
     let spec_json = serde_json::to_value(&spec).map_err(|e| ServiceError::Unexpected(e.into()))?;
     let row = store::triggers::insert(
-        &ctx.pool,
+        &ctx.data.pool,
         &store::triggers::NewTrigger {
             id,
             team_id: project.team_id,
@@ -684,7 +685,7 @@ pub async fn create(
     )
     .await?;
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(
             Action::TriggerCreate,
@@ -708,7 +709,7 @@ async fn load(
 ) -> ServiceResult<TriggerRow> {
     principal.authorize(op)?;
     let teams = principal.visible_teams();
-    let row = store::triggers::get(&ctx.pool, id.uuid(), teams.as_deref())
+    let row = store::triggers::get(&ctx.data.pool, id.uuid(), teams.as_deref())
         .await?
         .ok_or(ServiceError::NotFound("trigger"))?;
     principal.authorize_in(row.team_id, op, "trigger")?;
@@ -736,8 +737,13 @@ pub async fn list(
             .filter(|t| principal.service_team.is_none_or(|s| s == *t))
             .collect::<Vec<_>>()
     });
-    let rows =
-        store::triggers::list(&ctx.pool, teams.as_deref(), after.map(|a| a.uuid()), limit).await?;
+    let rows = store::triggers::list(
+        &ctx.data.pool,
+        teams.as_deref(),
+        after.map(|a| a.uuid()),
+        limit,
+    )
+    .await?;
     rows.iter().map(|r| view(ctx, r, None)).collect()
 }
 
@@ -783,7 +789,7 @@ pub async fn update(
     check_spec(ctx, kind, &mut spec)?;
     let spec_json = serde_json::to_value(&spec).map_err(|e| ServiceError::Unexpected(e.into()))?;
     let updated = store::triggers::update(
-        &ctx.pool,
+        &ctx.data.pool,
         row.id,
         &store::triggers::TriggerChange {
             name: body.name.as_deref().unwrap_or(&row.name),
@@ -812,7 +818,7 @@ pub async fn update(
     .filter_map(|(f, set)| set.then_some(f))
     .collect();
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::TriggerUpdate, Some(row.team_id), "trigger", id)
             .details(json!({"changed": changed, "enabled": updated.enabled})),
@@ -827,11 +833,11 @@ pub async fn delete(
     id: TriggerId,
 ) -> ServiceResult<()> {
     let row = load(ctx, principal, id, Operation::ManageTeam).await?;
-    if !store::triggers::delete(&ctx.pool, row.id).await? {
+    if !store::triggers::delete(&ctx.data.pool, row.id).await? {
         return Err(ServiceError::NotFound("trigger"));
     }
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::TriggerDelete, Some(row.team_id), "trigger", id)
             .details(json!({"name": row.name, "kind": row.kind})),
@@ -848,7 +854,7 @@ pub async fn runs(
 ) -> ServiceResult<Vec<TriggerRun>> {
     let row = load(ctx, principal, id, Operation::ReadTeam).await?;
     Ok(
-        store::triggers::runs(&ctx.pool, row.id, before.map(|b| b.uuid()), limit)
+        store::triggers::runs(&ctx.data.pool, row.id, before.map(|b| b.uuid()), limit)
             .await?
             .into_iter()
             .map(TriggerRun::from)
@@ -865,10 +871,10 @@ async fn acting_as(
     row: &TriggerRow,
     run: Uuid,
 ) -> ServiceResult<Result<Principal, String>> {
-    let Some(user) = store::identity::get_user(&ctx.pool, row.created_by).await? else {
+    let Some(user) = store::identity::get_user(&ctx.data.pool, row.created_by).await? else {
         return Ok(Err("the trigger's creator no longer exists".into()));
     };
-    let teams: Vec<Membership> = store::identity::memberships(&ctx.pool, user.id)
+    let teams: Vec<Membership> = store::identity::memberships(&ctx.data.pool, user.id)
         .await?
         .into_iter()
         .filter(|m| m.team_id == row.team_id)
@@ -1008,11 +1014,13 @@ async fn agent_for(
     target: &Target,
 ) -> ServiceResult<Result<(Uuid, Uuid, i64), String>> {
     let found = match target {
-        Target::Number(n) => store::triggers::agent_of_pull_request(&ctx.pool, row.project_id, *n)
-            .await?
-            .map(|(w, a)| (w, a, *n)),
+        Target::Number(n) => {
+            store::triggers::agent_of_pull_request(&ctx.data.pool, row.project_id, *n)
+                .await?
+                .map(|(w, a)| (w, a, *n))
+        }
         Target::Branch(b) => {
-            store::triggers::agent_of_pushed_branch(&ctx.pool, row.project_id, b).await?
+            store::triggers::agent_of_pushed_branch(&ctx.data.pool, row.project_id, b).await?
         }
     };
     let what = match target {
@@ -1089,7 +1097,7 @@ async fn act(
     };
     if done.outcome != "ignored" {
         audit::record(
-            ctx,
+            &ctx.data,
             &principal,
             Entry::new(
                 Action::TriggerRun,
@@ -1117,7 +1125,7 @@ async fn job_logs(
     if jobs.is_empty() {
         return None;
     }
-    let project = store::projects::get(&ctx.pool, row.project_id, None)
+    let project = store::projects::get(&ctx.data.pool, row.project_id, None)
         .await
         .ok()
         .flatten()?;
@@ -1142,7 +1150,7 @@ async fn workflow_logs(
     run: i64,
     max: usize,
 ) -> Option<String> {
-    let project = store::projects::get(&ctx.pool, row.project_id, None)
+    let project = store::projects::get(&ctx.data.pool, row.project_id, None)
         .await
         .ok()
         .flatten()?;
@@ -1182,7 +1190,7 @@ async fn finish(
     done: &Done,
 ) -> ServiceResult<Option<RunRow>> {
     Ok(store::triggers::finish(
-        &ctx.pool,
+        &ctx.data.pool,
         run,
         attempt,
         done.outcome,
@@ -1210,7 +1218,7 @@ async fn follow(
     let mut changed = Vec::new();
     for number in news.numbers.iter().take(20) {
         if store::workspace_remotes::follow_pull_request(
-            &ctx.pool,
+            &ctx.data.pool,
             row.project_id,
             *number,
             news.state,
@@ -1262,7 +1270,7 @@ pub async fn receive(
     id: TriggerId,
     d: Delivery<'_>,
 ) -> ServiceResult<(bool, TriggerRun)> {
-    let row = store::triggers::get(&ctx.pool, id.uuid(), None)
+    let row = store::triggers::get(&ctx.data.pool, id.uuid(), None)
         .await?
         .ok_or(ServiceError::NotFound("trigger"))?;
     let Some(forge) = TriggerKind::parse(&row.kind).and_then(TriggerKind::forge) else {
@@ -1292,7 +1300,7 @@ pub async fn receive(
         }
         None => format!("sha256:{}", hex::encode(Sha256::digest(d.body))),
     };
-    if let Some(first) = store::triggers::by_delivery(&ctx.pool, row.id, &delivery_id).await? {
+    if let Some(first) = store::triggers::by_delivery(&ctx.data.pool, row.id, &delivery_id).await? {
         return Ok((true, first.into()));
     }
     let body: Option<Value> = serde_json::from_slice(d.body).ok();
@@ -1337,7 +1345,7 @@ pub async fn receive(
         })?),
     };
     let claimed = store::triggers::claim(
-        &ctx.pool,
+        &ctx.data.pool,
         &store::triggers::NewRun {
             id: run,
             trigger_id: row.id,
@@ -1354,7 +1362,7 @@ pub async fn receive(
     .await?;
     let Some(claimed) = claimed else {
         // The same delivery arrived at the same time: the other one acts.
-        let first = store::triggers::by_delivery(&ctx.pool, row.id, &delivery_id)
+        let first = store::triggers::by_delivery(&ctx.data.pool, row.id, &delivery_id)
             .await?
             .ok_or(ServiceError::NotFound("trigger run"))?;
         return Ok((true, first.into()));
@@ -1395,11 +1403,11 @@ pub async fn run_worker(ctx: ServiceContext) {
         .div_f64(3.0)
         .min(Duration::from_secs(10));
     let mut running = tokio::task::JoinSet::new();
-    while !*ctx.shutdown.borrow() {
+    while !*ctx.lifecycle.shutdown.borrow() {
         while running.len() < triggers.settings.max_concurrent_runs {
-            match store::triggers::take_unfinished(&ctx.pool, lease as i64).await {
+            match store::triggers::take_unfinished(&ctx.data.pool, lease as i64).await {
                 Ok(Some(run)) => {
-                    running.spawn_on(attend(ctx.clone(), run), &ctx.runtime);
+                    running.spawn_on(attend(ctx.clone(), run), &ctx.lifecycle.runtime);
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -1412,7 +1420,7 @@ pub async fn run_worker(ctx: ServiceContext) {
             () = triggers.wake.notified() => {}
             Some(_) = running.join_next(), if !running.is_empty() => {}
             () = tokio::time::sleep(look_every) => {}
-            () = ctx.stopping() => break,
+            () = ctx.lifecycle.stopping() => break,
         }
     }
     while running.join_next().await.is_some() {}
@@ -1427,7 +1435,7 @@ async fn attend(ctx: ServiceContext, run: RunRow) {
     let renew = async {
         loop {
             tokio::time::sleep(Duration::from_secs(lease).div_f64(3.0)).await;
-            match store::triggers::renew(&ctx.pool, id, attempt, lease as i64).await {
+            match store::triggers::renew(&ctx.data.pool, id, attempt, lease as i64).await {
                 Ok(true) => {}
                 Ok(false) => return,
                 Err(e) => {
@@ -1445,7 +1453,7 @@ async fn attend(ctx: ServiceContext, run: RunRow) {
                 finish(&ctx, id, attempt, &Done::failed(format!(
                     "gave up after {attempt} attempts: {e}"))).await.map(|_| ())
             } else {
-                store::triggers::release(&ctx.pool, id, attempt).await.map_err(Into::into)
+                store::triggers::release(&ctx.data.pool, id, attempt).await.map_err(Into::into)
             };
             if let Err(e) = given_up {
                 tracing::warn!(run_id = %TriggerRunId::from(id), error = %e,
@@ -1456,8 +1464,8 @@ async fn attend(ctx: ServiceContext, run: RunRow) {
             tracing::warn!(run_id = %TriggerRunId::from(id),
                 "the lease of a trigger run was lost; another worker acts on it");
         }
-        () = ctx.stopping() => {
-            if let Err(e) = store::triggers::release(&ctx.pool, id, attempt).await {
+        () = ctx.lifecycle.stopping() => {
+            if let Err(e) = store::triggers::release(&ctx.data.pool, id, attempt).await {
                 tracing::warn!(run_id = %TriggerRunId::from(id), error = %e,
                     "a trigger run cut short by the shutdown could not be given back; it is taken again once its lease lapses");
             }
@@ -1485,7 +1493,7 @@ async fn perform(ctx: &ServiceContext, run: RunRow) -> ServiceResult<()> {
             return Ok(());
         }
     };
-    let Some(row) = store::triggers::get(&ctx.pool, run.trigger_id, None).await? else {
+    let Some(row) = store::triggers::get(&ctx.data.pool, run.trigger_id, None).await? else {
         // Deleted meanwhile: its runs went with it.
         return Ok(());
     };
@@ -1506,8 +1514,8 @@ async fn perform(ctx: &ServiceContext, run: RunRow) -> ServiceResult<()> {
 /// Runs the due slots of every enabled cron trigger at `now`.
 async fn tick(ctx: &ServiceContext, now: DateTime<Utc>) -> ServiceResult<()> {
     let late_after = chrono::Duration::seconds(ctx.triggers.settings.missed_after_s as i64);
-    for row in store::triggers::enabled_schedules(&ctx.pool).await? {
-        if *ctx.shutdown.borrow() {
+    for row in store::triggers::enabled_schedules(&ctx.data.pool).await? {
+        if *ctx.lifecycle.shutdown.borrow() {
             break;
         }
         if let Err(e) = slot(ctx, &row, now, late_after).await {
@@ -1563,7 +1571,7 @@ async fn slot(
     // The scheduler acts on its slot itself, under a lease: should this replica die
     // meanwhile, a worker takes the run once the lease lapses.
     let claimed = store::triggers::claim(
-        &ctx.pool,
+        &ctx.data.pool,
         &store::triggers::NewRun {
             id: run,
             trigger_id: row.id,
@@ -1587,7 +1595,7 @@ async fn slot(
         }
         finish(ctx, run, claimed.attempt, &done).await?;
     }
-    store::triggers::advance_slot(&ctx.pool, row.id, latest).await?;
+    store::triggers::advance_slot(&ctx.data.pool, row.id, latest).await?;
     Ok(())
 }
 
@@ -1609,7 +1617,7 @@ pub async fn run_scheduler(ctx: ServiceContext) {
         match &mut manual {
             Some(rx) => tokio::select! {
                 changed = rx.changed() => if changed.is_err() { return },
-                _ = ctx.stopping() => return,
+                _ = ctx.lifecycle.stopping() => return,
             },
             None => {
                 // Just past the next whole minute, when slots fall due.
@@ -1618,7 +1626,7 @@ pub async fn run_scheduler(ctx: ServiceContext) {
                 let wait = Duration::from_millis(60_000 - into_minute.min(59_999) + 250);
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
-                    _ = ctx.stopping() => return,
+                    _ = ctx.lifecycle.stopping() => return,
                 }
             }
         }

@@ -15,7 +15,7 @@ use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use super::hooks::{self, Subject};
-use super::{ServiceContext, ServiceError, ServiceResult};
+use super::{Data, Governance, ServiceContext, ServiceError, ServiceResult};
 use crate::auth::{Operation, Principal};
 use crate::config::{Price, UsageSettings};
 use crate::domain::{AgentId, HookEvent, ProjectId, TeamId, TokenId, UserId, WorkspaceId};
@@ -195,7 +195,7 @@ fn instant(field: &'static str, raw: &str) -> ServiceResult<DateTime<Utc>> {
 /// The team a request names, checked: members (any role) see it, admins any team, anyone
 /// else finds it missing.
 async fn visible_team(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     team: Option<TeamId>,
 ) -> ServiceResult<Uuid> {
@@ -206,7 +206,7 @@ async fn visible_team(
             .ok_or_else(|| ServiceError::invalid("team_id", "required: you are in no team"))?,
     };
     principal.authorize_in(team, Operation::ReadTeam, "team")?;
-    store::teams::get(&ctx.pool, team)
+    store::teams::get(&data.pool, team)
         .await?
         .ok_or(ServiceError::NotFound("team"))?;
     Ok(team)
@@ -214,11 +214,11 @@ async fn visible_team(
 
 #[tracing::instrument(name = "services::usage::report", skip_all)]
 pub async fn report(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     q: &UsageQuery,
 ) -> ServiceResult<UsageReport> {
-    let team = visible_team(ctx, principal, q.team_id).await?;
+    let team = visible_team(data, principal, q.team_id).await?;
     let now = Utc::now();
     let from = match &q.from {
         Some(raw) => instant("from", raw)?,
@@ -240,9 +240,9 @@ pub async fn report(
             format!("one of {}", GROUPS.join(", ")),
         ));
     }
-    let totals = store::usage::team_totals(&ctx.pool, team, from, to).await?;
+    let totals = store::usage::team_totals(&data.pool, team, from, to).await?;
     let groups = match &q.group_by {
-        Some(g) => store::usage::team_groups(&ctx.pool, team, from, to, g)
+        Some(g) => store::usage::team_groups(&data.pool, team, from, to, g)
             .await?
             .into_iter()
             .map(|row| UsageGroup {
@@ -321,12 +321,13 @@ pub struct BudgetLimits {
 }
 
 async fn budget_view(
-    ctx: &ServiceContext,
+    data: &Data,
+    governance: &Governance,
     team: Uuid,
     row: Option<BudgetRow>,
 ) -> ServiceResult<Budget> {
     let (start, next) = month_of(Utc::now());
-    let used = store::usage::team_totals(&ctx.pool, team, start, next).await?;
+    let used = store::usage::team_totals(&data.pool, team, start, next).await?;
     Ok(Budget {
         team_id: team.into(),
         period: row.as_ref().map(|r| r.period.clone()),
@@ -337,34 +338,36 @@ async fn budget_view(
         used_cost_usd: used.cost_usd,
         used_tokens: used.input_tokens + used.output_tokens,
         limits: BudgetLimits {
-            max_cost_usd: ctx.usage.settings.max_team_cost_usd,
-            max_tokens: ctx.usage.settings.max_team_tokens,
+            max_cost_usd: governance.usage.settings.max_team_cost_usd,
+            max_tokens: governance.usage.settings.max_team_tokens,
         },
     })
 }
 
 #[tracing::instrument(name = "services::usage::get_budget", skip_all, fields(team_id = %team))]
 pub async fn get_budget(
-    ctx: &ServiceContext,
+    data: &Data,
+    governance: &Governance,
     principal: &Principal,
     team: TeamId,
 ) -> ServiceResult<Budget> {
-    let team = visible_team(ctx, principal, Some(team)).await?;
-    let row = store::usage::team_budget(&ctx.pool, team).await?;
-    budget_view(ctx, team, row).await
+    let team = visible_team(data, principal, Some(team)).await?;
+    let row = store::usage::team_budget(&data.pool, team).await?;
+    budget_view(data, governance, team, row).await
 }
 
 /// Set a team's budget: its owners within the settings' limits, admins any.
 #[tracing::instrument(name = "services::usage::put_budget", skip_all, fields(team_id = %team))]
 pub async fn put_budget(
-    ctx: &ServiceContext,
+    data: &Data,
+    governance: &Governance,
     principal: &Principal,
     team: TeamId,
     body: &PutBudget,
 ) -> ServiceResult<Budget> {
-    let team = visible_team(ctx, principal, Some(team)).await?;
+    let team = visible_team(data, principal, Some(team)).await?;
     principal.authorize_in(team, Operation::ManageTeam, "team")?;
-    ledger_on(ctx, "period")?;
+    ledger_on(governance, "period")?;
     if body.period != "month" {
         return Err(ServiceError::invalid("period", "only `month` is supported"));
     }
@@ -382,7 +385,7 @@ pub async fn put_budget(
         .transpose()
         .map_err(|_| ServiceError::invalid("max_tokens", "too large"))?;
     if !principal.is_server_admin() {
-        let limits = &ctx.usage.settings;
+        let limits = &governance.usage.settings;
         if let (Some(max), Some(want)) = (limits.max_team_cost_usd, body.max_cost_usd)
             && want > max
         {
@@ -413,11 +416,16 @@ pub async fn put_budget(
             ));
         }
     }
-    let row =
-        store::usage::put_team_budget(&ctx.pool, team, &body.period, body.max_cost_usd, max_tokens)
-            .await?;
+    let row = store::usage::put_team_budget(
+        &data.pool,
+        team,
+        &body.period,
+        body.max_cost_usd,
+        max_tokens,
+    )
+    .await?;
     super::audit::record(
-        ctx,
+        data,
         principal,
         super::audit::Entry::new(
             super::audit::Action::BudgetSet,
@@ -428,7 +436,7 @@ pub async fn put_budget(
         .details(json!({"period": body.period, "max_cost_usd": body.max_cost_usd, "max_tokens": body.max_tokens})),
     )
     .await?;
-    budget_view(ctx, team, Some(row)).await
+    budget_view(data, governance, team, Some(row)).await
 }
 
 /// A team budget that is out now, if any.
@@ -456,12 +464,12 @@ fn team_exhausted(budget: &BudgetRow, used: &Sums, resets_at: DateTime<Utc>) -> 
 
 /// Refuse new work for a team whose budget is out (429 `budget_exhausted`).
 #[tracing::instrument(name = "services::usage::admit_team", skip_all, fields(team_id = %team))]
-pub async fn admit_team(ctx: &ServiceContext, team: Uuid) -> ServiceResult<()> {
-    let Some(budget) = store::usage::team_budget(&ctx.pool, team).await? else {
+pub async fn admit_team(data: &Data, team: Uuid) -> ServiceResult<()> {
+    let Some(budget) = store::usage::team_budget(&data.pool, team).await? else {
         return Ok(());
     };
     let (start, next) = month_of(Utc::now());
-    let used = store::usage::team_totals(&ctx.pool, team, start, next).await?;
+    let used = store::usage::team_totals(&data.pool, team, start, next).await?;
     match team_exhausted(&budget, &used, next) {
         Some(x) => Err(ServiceError::BudgetExhausted(Box::new(x))),
         None => Ok(()),
@@ -484,8 +492,8 @@ pub struct AgentCaps {
 
 /// Budgets hold only with the ledger on (`usage.ledger`): with it off, setting one is
 /// refused rather than kept and not enforced.
-pub fn ledger_on(ctx: &ServiceContext, field: &'static str) -> ServiceResult<()> {
-    if ctx.usage.settings.ledger {
+pub fn ledger_on(governance: &Governance, field: &'static str) -> ServiceResult<()> {
+    if governance.usage.settings.ledger {
         Ok(())
     } else {
         Err(ServiceError::invalid(
@@ -544,14 +552,11 @@ pub struct WorkspaceBudget {
     pub used_wall_time_s: f64,
 }
 
-async fn workspace_budget_view(
-    ctx: &ServiceContext,
-    workspace: Uuid,
-) -> ServiceResult<WorkspaceBudget> {
-    let caps = store::usage::workspace_caps(&ctx.pool, workspace)
+async fn workspace_budget_view(data: &Data, workspace: Uuid) -> ServiceResult<WorkspaceBudget> {
+    let caps = store::usage::workspace_caps(&data.pool, workspace)
         .await?
         .unwrap_or_default();
-    let used = store::usage::workspace_totals(&ctx.pool, workspace).await?;
+    let used = store::usage::workspace_totals(&data.pool, workspace).await?;
     Ok(WorkspaceBudget {
         workspace_id: workspace.into(),
         max_cost_usd: caps.max_cost_usd,
@@ -565,28 +570,29 @@ async fn workspace_budget_view(
 
 /// A workspace's caps and use: anyone who sees the workspace.
 pub async fn get_workspace_budget(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     id: WorkspaceId,
 ) -> ServiceResult<WorkspaceBudget> {
-    let ws = super::workspaces::find(ctx, principal, id).await?;
-    workspace_budget_view(ctx, ws.id).await
+    let ws = super::workspaces::find(data, principal, id).await?;
+    workspace_budget_view(data, ws.id).await
 }
 
 /// Set (or, with every field left out, lift) a workspace's caps: the team's owners.
 pub async fn put_workspace_budget(
-    ctx: &ServiceContext,
+    data: &Data,
+    governance: &Governance,
     principal: &Principal,
     id: WorkspaceId,
     body: &AgentCaps,
 ) -> ServiceResult<WorkspaceBudget> {
-    let ws = super::workspaces::find(ctx, principal, id).await?;
+    let ws = super::workspaces::find(data, principal, id).await?;
     principal.authorize_in(ws.team_id, Operation::ManageTeam, "workspace")?;
-    ledger_on(ctx, "max_cost_usd")?;
+    ledger_on(governance, "max_cost_usd")?;
     let caps = body.checked_as(["max_cost_usd", "max_turns", "max_wall_time_s"])?;
-    store::usage::set_workspace_caps(&ctx.pool, ws.id, &caps).await?;
+    store::usage::set_workspace_caps(&data.pool, ws.id, &caps).await?;
     super::audit::record(
-        ctx,
+        data,
         principal,
         super::audit::Entry::new(
             super::audit::Action::BudgetSet,
@@ -600,17 +606,21 @@ pub async fn put_workspace_budget(
         ),
     )
     .await?;
-    workspace_budget_view(ctx, ws.id).await
+    workspace_budget_view(data, ws.id).await
 }
 
 /// Refuse new agents in a workspace whose caps are out (429 `budget_exhausted`).
-pub async fn admit_workspace(ctx: &ServiceContext, workspace: Uuid) -> ServiceResult<()> {
-    let Some(caps) = store::usage::workspace_caps(&ctx.pool, workspace).await? else {
+pub async fn admit_workspace(
+    data: &Data,
+    governance: &Governance,
+    workspace: Uuid,
+) -> ServiceResult<()> {
+    let Some(caps) = store::usage::workspace_caps(&data.pool, workspace).await? else {
         return Ok(());
     };
-    let used = store::usage::workspace_totals(&ctx.pool, workspace).await?;
+    let used = store::usage::workspace_totals(&data.pool, workspace).await?;
     let mut probe = Meter {
-        book: ctx.usage.clone(),
+        book: governance.usage.clone(),
         provider: String::new(),
         model: None,
         team: None,
@@ -644,8 +654,8 @@ impl Metering {
     pub fn new(ctx: &ServiceContext) -> Arc<Self> {
         Arc::new(Self {
             ctx: MeteringContext {
-                pool: ctx.pool.clone(),
-                usage: ctx.usage.clone(),
+                pool: ctx.data.pool.clone(),
+                usage: ctx.governance.usage.clone(),
                 hooks: ctx.hooks.clone(),
             },
         })

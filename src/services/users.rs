@@ -8,7 +8,7 @@ use serde_json::json;
 use utoipa::ToSchema;
 
 use super::audit::{self, Action, Entry};
-use super::{ServiceContext, ServiceError, ServiceResult, within_deadline};
+use super::{Data, ServiceError, ServiceResult, within_deadline};
 use crate::auth::{AuthError, Operation, Principal};
 use crate::domain::UserId;
 use crate::store;
@@ -61,18 +61,14 @@ fn check_email(email: &str) -> ServiceResult<()> {
 
 /// A new local user (server admins only). The email is unique.
 #[tracing::instrument(name = "services::users::create", skip_all)]
-pub async fn create(
-    ctx: &ServiceContext,
-    principal: &Principal,
-    body: &CreateUser,
-) -> ServiceResult<User> {
+pub async fn create(data: &Data, principal: &Principal, body: &CreateUser) -> ServiceResult<User> {
     principal.authorize(Operation::AdministerServer)?;
     let email = body.email.trim();
     check_email(email)?;
     super::projects::validate_name("name", &body.name)?;
     let id = UserId::new();
-    let row = within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    let row = within_deadline(data, async {
+        let mut tx = data.pool.pool().begin().await?;
         let row = store::teams::insert_user(&mut *tx, id.uuid(), email, body.name.trim())
             .await?
             .ok_or(ServiceError::UserEmailTaken)?;
@@ -93,7 +89,7 @@ pub async fn create(
 /// finds one by exact email, to add them.
 #[tracing::instrument(name = "services::users::list", skip_all)]
 pub async fn list(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     email: Option<&str>,
     after: Option<UserId>,
@@ -106,7 +102,7 @@ pub async fn list(
         );
     }
     let rows = store::teams::list_users(
-        &ctx.pool,
+        &data.pool,
         email.map(str::trim),
         after.map(|u| u.uuid()),
         limit,

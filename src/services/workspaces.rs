@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 
 use super::audit::{self, Action, Entry};
 use super::hooks::{self, Answering, Subject};
-use super::{ServiceContext, ServiceError, ServiceResult, setup};
+use super::{Data, ServiceContext, ServiceError, ServiceResult, setup};
 use crate::auth::{Operation, Principal};
 use crate::domain::{HookEvent, ProjectId, WorkspaceId};
 use crate::events::NewTeamEvent;
@@ -198,7 +198,7 @@ pub async fn create(
     body: &CreateWorkspace,
 ) -> ServiceResult<Workspace> {
     principal.authorize(Operation::DriveAgents)?;
-    let project = super::projects::find(ctx, principal, body.project_id).await?;
+    let project = super::projects::find(&ctx.data, principal, body.project_id).await?;
     principal.authorize_in(project.team_id, Operation::DriveAgents, "project")?;
     // An agent's token makes workspaces only in its agent's project.
     if principal.agent.is_some_and(|a| a.project_id != project.id) {
@@ -229,7 +229,7 @@ pub async fn create(
     let (body, project) = if replaced.project_id == body.project_id {
         (&replaced, project)
     } else {
-        let p = super::projects::find(ctx, principal, replaced.project_id).await?;
+        let p = super::projects::find(&ctx.data, principal, replaced.project_id).await?;
         principal.authorize_in(p.team_id, Operation::DriveAgents, "project")?;
         (&replaced, p)
     };
@@ -237,8 +237,8 @@ pub async fn create(
         super::projects::validate_name("title", t)?;
     }
     super::bounds::check_count(
-        store::bounds::live_workspaces(&ctx.pool, project.team_id).await?,
-        ctx.limits.max_workspaces_per_team,
+        store::bounds::live_workspaces(&ctx.data.pool, project.team_id).await?,
+        ctx.fleet.limits.max_workspaces_per_team,
         "limits.max_workspaces_per_team",
     )?;
     let cloned = project.git_url.is_some();
@@ -293,8 +293,9 @@ pub async fn create(
             let access = super::projects::remote_access(ctx, &project)
                 .await?
                 .ok_or(ServiceError::NoRemote("the project has no remote"))?;
-            let remote =
-                access.remote(std::time::Duration::from_secs(ctx.projects.fetch_timeout_s));
+            let remote = access.remote(std::time::Duration::from_secs(
+                ctx.repos.projects.fetch_timeout_s,
+            ));
             match git::fetch_ref(&remote, &repo, pull_ref).await {
                 Ok(commit) => Ok(commit),
                 Err(GitError::UnknownRevision(_)) => {
@@ -406,7 +407,7 @@ pub async fn create(
                     base_ref: Some(&made.base_ref),
                     base_commit: Some(&made.base_commit),
                     created_by: principal.user_id,
-                    setup_replica: runs_setup.then_some(ctx.agents.ledger().replica.as_str()),
+                    setup_replica: runs_setup.then_some(ctx.fleet.agents.ledger().replica.as_str()),
                 },
                 !runs_setup,
                 source_row,
@@ -429,10 +430,10 @@ pub async fn create(
         branch: row.branch.clone(),
         base_commit: row.base_commit.clone(),
     };
-    let remote_row = store::workspace_remotes::get(&ctx.pool, id.uuid()).await?;
+    let remote_row = store::workspace_remotes::get(&ctx.data.pool, id.uuid()).await?;
     let mut ws = Workspace::from(row).with_remote(remote_row.clone());
     super::announce(
-        ctx,
+        &ctx.data,
         NewTeamEvent {
             team_id: project.team_id,
             project_id: Some(project.id),
@@ -443,7 +444,7 @@ pub async fn create(
     )
     .await?;
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::WorkspaceCreate, Some(project.team_id), "workspace", ws.id).details(
             json!({"project_id": ws.project_id, "kind": ws.kind, "branch": ws.branch, "base_commit": ws.base_commit}),
@@ -455,6 +456,7 @@ pub async fn create(
         // own task, and the request waits for it.
         let task_ctx = ctx.clone();
         let run = ctx
+            .lifecycle
             .runtime
             .spawn(async move { setup::run_setup(&task_ctx, &target, scripts).await });
         let finished = run.await.map_err(|e| {
@@ -475,8 +477,8 @@ async fn insert(
     complete: bool,
     source: Option<(i64, &str)>,
 ) -> ServiceResult<store::workspaces::WorkspaceRow> {
-    let (row, queued) = super::within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    let (row, queued) = super::within_deadline(&ctx.data, async {
+        let mut tx = ctx.data.pool.pool().begin().await?;
         let row = store::workspaces::insert(&mut *tx, new).await?;
         if let Some((number, source_ref)) = source {
             store::workspace_remotes::insert_source(&mut *tx, row.id, number, source_ref).await?;
@@ -491,7 +493,7 @@ async fn insert(
     })
     .await?;
     if queued > 0 {
-        hooks::queued(ctx);
+        ctx.hooks.queued();
     }
     Ok(row)
 }
@@ -600,7 +602,7 @@ async fn add_one(
 }
 
 fn worktrees_root(ctx: &ServiceContext) -> PathBuf {
-    ctx.data_dir.join("worktrees")
+    ctx.repos.data_dir.join("worktrees")
 }
 
 /// A destination a hook chose: absolute, under `<data_dir>/worktrees`, no `..`, and
@@ -668,7 +670,7 @@ async fn add_worktree(
             let path = root.join(&dir);
             if path.exists()
                 || store::workspaces::path_or_branch_taken(
-                    &ctx.pool,
+                    &ctx.data.pool,
                     project.id,
                     &path.to_string_lossy(),
                     None,
@@ -709,7 +711,7 @@ async fn add_worktree(
         let path = root.join(&name);
         if path.exists()
             || store::workspaces::path_or_branch_taken(
-                &ctx.pool,
+                &ctx.data.pool,
                 project.id,
                 &path.to_string_lossy(),
                 Some(&branch),
@@ -749,7 +751,7 @@ async fn add_worktree(
 /// A page of the workspaces of the caller's teams (optionally of one project).
 #[tracing::instrument(name = "services::workspaces::list", skip_all, fields(project_id = ?project))]
 pub async fn list(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     project: Option<ProjectId>,
     include_archived: bool,
@@ -759,11 +761,11 @@ pub async fn list(
     principal.authorize(Operation::ReadTeam)?;
     // A project filter names a project: one the caller cannot see is missing.
     if let Some(p) = project {
-        super::projects::find(ctx, principal, p).await?;
+        super::projects::find(data, principal, p).await?;
     }
     let teams = principal.visible_teams();
     let rows = store::workspaces::list(
-        &ctx.pool,
+        &data.pool,
         teams.as_deref(),
         project.map(|p| p.uuid()),
         include_archived,
@@ -773,7 +775,7 @@ pub async fn list(
     .await?;
     let ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.id).collect();
     let mut remotes: std::collections::HashMap<uuid::Uuid, _> =
-        store::workspace_remotes::get_many(&ctx.pool, &ids)
+        store::workspace_remotes::get_many(&data.pool, &ids)
             .await?
             .into_iter()
             .map(|r| (r.workspace_id, r))
@@ -795,7 +797,7 @@ pub async fn get(
     principal: &Principal,
     id: WorkspaceId,
 ) -> ServiceResult<Workspace> {
-    let row = find(ctx, principal, id).await?;
+    let row = find(&ctx.data, principal, id).await?;
     let remote = super::ci::refresh_pull_request(ctx, &row).await?;
     Ok(Workspace::from(row).with_remote(remote))
 }
@@ -803,30 +805,26 @@ pub async fn get(
 /// The workspace's row, when the caller may see it.
 #[tracing::instrument(name = "services::workspaces::find", skip_all, fields(workspace_id = %id))]
 pub(crate) async fn find(
-    ctx: &ServiceContext,
+    data: &Data,
     principal: &Principal,
     id: WorkspaceId,
 ) -> ServiceResult<store::workspaces::WorkspaceRow> {
     principal.authorize(Operation::ReadTeam)?;
     let teams = principal.visible_teams();
-    store::workspaces::get(&ctx.pool, id.uuid(), teams.as_deref())
+    store::workspaces::get(&data.pool, id.uuid(), teams.as_deref())
         .await?
         .ok_or(ServiceError::NotFound("workspace"))
 }
 
 #[tracing::instrument(name = "services::workspaces::diff", skip_all, fields(workspace_id = %id))]
-pub async fn diff(
-    ctx: &ServiceContext,
-    principal: &Principal,
-    id: WorkspaceId,
-) -> ServiceResult<git::Diff> {
-    let ws = find(ctx, principal, id).await?;
+pub async fn diff(data: &Data, principal: &Principal, id: WorkspaceId) -> ServiceResult<git::Diff> {
+    let ws = find(data, principal, id).await?;
     if ws.archived_at.is_some() {
         return Err(ServiceError::WorkspaceArchived(
             "the workspace is archived; its files are gone",
         ));
     }
-    let project = store::projects::get(&ctx.pool, ws.project_id, None)
+    let project = store::projects::get(&data.pool, ws.project_id, None)
         .await?
         .ok_or(ServiceError::NotFound("project"))?;
     let base = ws.base_commit.clone().unwrap_or_else(|| "HEAD".into());
@@ -840,18 +838,19 @@ pub async fn archive(
     id: WorkspaceId,
 ) -> ServiceResult<Workspace> {
     principal.authorize(Operation::DriveAgents)?;
-    let ws = find(ctx, principal, id).await?;
+    let ws = find(&ctx.data, principal, id).await?;
     principal.authorize_in(ws.team_id, Operation::DriveAgents, "workspace")?;
     if ws.archived_at.is_some() {
         return Ok(ws.into());
     }
-    for agent in store::agents::ids_in_workspace(&ctx.pool, ws.id).await? {
-        ctx.agents
+    for agent in store::agents::ids_in_workspace(&ctx.data.pool, ws.id).await? {
+        ctx.fleet
+            .agents
             .close(agent.into(), "the workspace was archived")
             .await;
     }
     if ws.kind == "worktree" {
-        let project = store::projects::get(&ctx.pool, ws.project_id, None)
+        let project = store::projects::get(&ctx.data.pool, ws.project_id, None)
             .await?
             .ok_or(ServiceError::NotFound("project"))?;
         let target = setup::Target {
@@ -868,8 +867,8 @@ pub async fn archive(
         git::worktree_remove(Path::new(&project.repo_path), Path::new(&ws.path)).await?;
     }
     // `workspace.archive.after` is queued in the archive's own transaction.
-    let (row, queued) = super::within_deadline(ctx, async {
-        let mut tx = ctx.pool.pool().begin().await?;
+    let (row, queued) = super::within_deadline(&ctx.data, async {
+        let mut tx = ctx.data.pool.pool().begin().await?;
         let row = store::workspaces::mark_archived(&mut *tx, ws.id)
             .await?
             .ok_or(ServiceError::NotFound("workspace"))?;
@@ -889,10 +888,10 @@ pub async fn archive(
     })
     .await?;
     if queued > 0 {
-        hooks::queued(ctx);
+        ctx.hooks.queued();
     }
     super::announce(
-        ctx,
+        &ctx.data,
         NewTeamEvent {
             team_id: row.team_id,
             project_id: Some(row.project_id),
@@ -903,7 +902,7 @@ pub async fn archive(
     )
     .await?;
     audit::record(
-        ctx,
+        &ctx.data,
         principal,
         Entry::new(Action::WorkspaceArchive, Some(row.team_id), "workspace", id)
             .details(json!({"project_id": ProjectId::from(row.project_id)})),

@@ -183,7 +183,7 @@ async fn launch(
         .or_else(|| app.bootstrap_token().map(str::to_owned))
         .expect("a token");
     let base = format!("http://127.0.0.1:{}", app.port());
-    let writer = app.state().services.writer.clone();
+    let writer = app.state().services.data.writer.clone();
     let egress = app.state().egress.clone();
     let triggers = app.state().services.triggers.clone();
     let (stop_tx, stop_rx) = oneshot::channel();
