@@ -89,6 +89,15 @@ async fn uses_cgroups(app: &TestApp) -> bool {
         .starts_with("cgroup")
 }
 
+/// What the test checks holds only with cgroups: a host without them (an ordinary user
+/// with no delegated cgroup) fails it, saying so, rather than passing it unrun.
+async fn require_cgroups(app: &TestApp) {
+    assert!(
+        uses_cgroups(app).await,
+        "this test needs cgroups (run as root, or with a delegated cgroup v2 subtree); /readyz says the limits are rlimits only"
+    );
+}
+
 #[tokio::test]
 async fn a_memory_hog_is_stopped_alone_and_its_agent_can_go_on() {
     let app = app_with_limits().await;
@@ -166,9 +175,7 @@ async fn a_memory_hog_is_stopped_alone_and_its_agent_can_go_on() {
 #[tokio::test]
 async fn a_fork_bomb_is_stopped_at_the_process_limit() {
     let app = app_with_limits().await;
-    if !uses_cgroups(&app).await {
-        return;
-    }
+    require_cgroups(&app).await;
     let repo = git_repo();
     let project = app.project(repo.path()).await;
     let bomb = app.agent_in_new_workspace(&project, EXEC).await;
@@ -232,9 +239,7 @@ async fn a_fork_bomb_is_stopped_at_the_process_limit() {
 #[tokio::test]
 async fn cgroups_no_process_holds_are_ended_and_removed_at_boot() {
     let app = app_with_limits().await;
-    if !uses_cgroups(&app).await {
-        return;
-    }
+    require_cgroups(&app).await;
     let repo = git_repo();
     let project = app.project(repo.path()).await;
     let agent = app.agent_in_new_workspace(&project, EXEC).await;
