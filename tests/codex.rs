@@ -696,4 +696,9 @@ async fn a_stdio_mcp_servers_env_reaches_it_and_no_command_line() {
         !shell_env.contains("AGENTRY_MCP_HEADER_TOKEN_"),
         "a shell command of the agent sees the agentry MCP server's token"
     );
+    // Nor the variable of the model key (the key itself where it is not brokered).
+    assert!(
+        !shell_env.lines().any(|l| l.starts_with("OPENAI_API_KEY=")),
+        "a shell command of the agent sees the model key's variable"
+    );
 }

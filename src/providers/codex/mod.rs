@@ -130,6 +130,17 @@ impl CodexProvider {
             || self.cfg.child_var(var).is_some()
     }
 
+    /// The variables the CLI may read its model key from: its own two, and the `env_key`
+    /// of a model provider the args define. Its shell commands never see them, whether
+    /// they hold the key (not brokered) or the placeholder.
+    fn credential_vars(&self) -> Vec<String> {
+        let mut vars = vec!["OPENAI_API_KEY".to_owned(), "CODEX_API_KEY".to_owned()];
+        if let Some(key) = custom_model_provider(&self.cfg.args).and_then(|p| p.env_key) {
+            vars.push(key);
+        }
+        vars
+    }
+
     /// Start the CLI in `cwd` with the agent's MCP servers and initialize it.
     async fn launch(
         &self,
@@ -142,7 +153,8 @@ impl CodexProvider {
             "--disable".to_owned(),
             "plugins".to_owned(),
         ];
-        let (overrides, mcp_env) = mcp_overrides(mcp_servers, |var| self.gives(var))?;
+        let (overrides, mcp_env) =
+            mcp_overrides(mcp_servers, |var| self.gives(var), &self.credential_vars())?;
         protocol.extend(overrides);
         let mut command = self.cfg.command(&protocol, cwd)?;
         command.secret_env = mcp_env;
@@ -571,10 +583,12 @@ const HEADER_VAR_PREFIX: &str = "AGENTRY_MCP_HEADER_TOKEN_";
 /// stdio servers' `env`. None of these values is on the command line, which every local
 /// user can read. A stdio server's variable travels under its own name, which must not be
 /// one the CLI itself is given (`taken`), nor have another value for another server.
-/// None of these variables reaches the CLI's shell commands.
+/// None of these variables reaches the CLI's shell commands, nor do `credentials` (the
+/// variables of the CLI's model key).
 fn mcp_overrides(
     servers: &BTreeMap<String, Value>,
     taken: impl Fn(&str) -> bool,
+    credentials: &[String],
 ) -> Result<(Vec<String>, crate::domain::SecretEnv), ProviderError> {
     fn quoted(s: &str) -> String {
         toml::Value::String(s.to_owned()).to_string()
@@ -667,9 +681,15 @@ fn mcp_overrides(
             }
         }
     }
-    // Codex's shell commands inherit its environment: these are the MCP servers' alone.
-    if !env.is_empty() {
-        let names: Vec<String> = env.keys().map(|var| quoted(var)).collect();
+    // Codex's shell commands inherit its environment: the MCP servers' variables and the
+    // model key's are the CLI's alone.
+    let mut names: Vec<String> = Vec::new();
+    for var in credentials.iter().chain(env.keys()) {
+        if !names.contains(&quoted(var)) {
+            names.push(quoted(var));
+        }
+    }
+    if !names.is_empty() {
         out.push("-c".to_owned());
         out.push(format!(
             "shell_environment_policy.exclude=[{}]",

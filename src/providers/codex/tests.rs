@@ -52,7 +52,7 @@ fn mcp_servers_become_config_overrides() {
         "agentry": {"type": "http", "url": "http://127.0.0.1:2/mcp", "headers": {"Authorization": "Bearer agt_secret"}},
     }))
     .unwrap();
-    let (args, env) = mcp_overrides(&servers, |_| false).unwrap();
+    let (args, env) = mcp_overrides(&servers, |_| false, &["OPENAI_API_KEY".into()]).unwrap();
     // Header and `env` values are in the environment, by name on the command line.
     assert!(
         !args
@@ -83,30 +83,33 @@ fn mcp_servers_become_config_overrides() {
             "-c",
             r#"mcp_servers.web.env_http_headers={ "X-K" = "AGENTRY_MCP_HEADER_TOKEN_1" }"#,
             "-c",
-            r#"shell_environment_policy.exclude=["AGENTRY_MCP_HEADER_TOKEN_0", "AGENTRY_MCP_HEADER_TOKEN_1", "TOKEN"]"#,
+            r#"shell_environment_policy.exclude=["OPENAI_API_KEY", "AGENTRY_MCP_HEADER_TOKEN_0", "AGENTRY_MCP_HEADER_TOKEN_1", "TOKEN"]"#,
         ]
     );
     let bad: BTreeMap<String, Value> =
         serde_json::from_value(json!({"a.b": {"command": "x"}})).unwrap();
-    assert!(mcp_overrides(&bad, |_| false).is_err());
+    assert!(mcp_overrides(&bad, |_| false, &[]).is_err());
     // A variable the CLI is given, or one two servers give different values, cannot
     // travel in the CLI's environment.
     let taken = |var: &str| var == "PATH";
     let path: BTreeMap<String, Value> =
         serde_json::from_value(json!({"a": {"command": "x", "env": {"PATH": "/opt"}}})).unwrap();
-    assert!(mcp_overrides(&path, taken).is_err());
+    assert!(mcp_overrides(&path, taken, &[]).is_err());
     let clash: BTreeMap<String, Value> = serde_json::from_value(json!({
         "a": {"command": "x", "env": {"K": "1"}},
         "b": {"command": "y", "env": {"K": "2"}},
     }))
     .unwrap();
-    assert!(mcp_overrides(&clash, taken).is_err());
+    assert!(mcp_overrides(&clash, taken, &[]).is_err());
     let shared: BTreeMap<String, Value> = serde_json::from_value(json!({
         "a": {"command": "x", "env": {"K": "1"}},
         "b": {"command": "y", "env": {"K": "1"}},
     }))
     .unwrap();
-    assert_eq!(mcp_overrides(&shared, taken).unwrap().1["K"].expose(), "1");
+    assert_eq!(
+        mcp_overrides(&shared, taken, &[]).unwrap().1["K"].expose(),
+        "1"
+    );
 }
 
 #[test]
