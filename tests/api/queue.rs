@@ -10,17 +10,23 @@ use crate::helpers::*;
 
 /// Read the agent's events until `n` turns completed; every event read.
 async fn until_turns(app: &TestApp, agent: &str, n: usize) -> Vec<SseEvent> {
+    until_counts(app, agent, &[("turn_completed", n)]).await
+}
+
+/// The agent's timeline from the start until it holds at least as many events of each
+/// kind as `want` says.
+async fn until_counts(app: &TestApp, agent: &str, want: &[(&str, usize)]) -> Vec<SseEvent> {
     let mut sse = app.events(agent, None).await;
-    let mut seen = Vec::new();
-    let mut done = 0;
-    while done < n {
+    let mut seen: Vec<SseEvent> = Vec::new();
+    let short = |seen: &[SseEvent]| {
+        want.iter()
+            .any(|(kind, n)| seen.iter().filter(|e| e.event == *kind).count() < *n)
+    };
+    while short(&seen) {
         let ev = sse
             .next(Duration::from_secs(60))
             .await
-            .unwrap_or_else(|| panic!("{n} turns of {agent}; saw {:?}", kinds(&seen)));
-        if ev.event == "turn_completed" {
-            done += 1;
-        }
+            .unwrap_or_else(|| panic!("{want:?} of {agent}; saw {:?}", kinds(&seen)));
         seen.push(ev);
     }
     seen
@@ -116,7 +122,9 @@ async fn follow_ups_wait_for_the_turn_run_in_order_and_cancel_cleanly() {
         200,
     )
     .await;
-    let events = until_turns(&app, &id, 3).await;
+    // A message's `message_dequeued` names the turn it started, so it is written once
+    // that turn has started: a short turn can end before it.
+    let events = until_counts(&app, &id, &[("turn_completed", 3), ("message_dequeued", 3)]).await;
     assert_eq!(
         user_texts(&events),
         ["/ask hold on?", "first follow-up", "third follow-up"]
