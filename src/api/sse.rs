@@ -186,7 +186,7 @@ fn frame(out: &mut String, id: i64, kind: &str, json: &str) {
 #[utoipa::path(tag = "streams", security(("bearer" = [])), params(("id" = String, Path), StreamQuery,
     ("Last-Event-ID" = Option<String>, Header, description = "Resume after this seq")),
     responses((status = 200, content_type = "text/event-stream",
-        description = "`id: <seq>`, `event: <kind>`, `data: <event JSON>` per event; `: ping` comments",
+        description = "`id: <seq>`, `event: <kind>`, `data: <event JSON>` per event; one `: live` comment once the replay is done; `: ping` comments",
         example = "retry: 3000\n\nid: 1\nevent: status\ndata: {\"seq\":1,\"agent_id\":\"agt_…\",\"turn_id\":null,\"at\":\"2026-11-30T12:00:00Z\",\"kind\":\"status\",\"data\":{\"status\":\"starting\"}}\n\n"),
         (status = 404, body = Problem)))]
 #[get("/agents/{id}/events")]
@@ -341,7 +341,7 @@ pub struct TeamStreamQuery {
 #[utoipa::path(tag = "streams", security(("bearer" = [])), params(TeamStreamQuery,
     ("Last-Event-ID" = Option<String>, Header, description = "Resume after this id")),
     responses((status = 200, content_type = "text/event-stream",
-        description = "`id: <n>`, `event: <kind>`, `data: {\"id\", \"kind\", \"at\", \"data\"}`",
+        description = "`id: <n>`, `event: <kind>`, `data: {\"id\", \"kind\", \"at\", \"data\"}`; one `: live` comment once the replay is done; `: ping` comments",
         example = "id: 12\nevent: agent_status\ndata: {\"id\":12,\"kind\":\"agent_status\",\"at\":\"2026-11-30T12:00:00Z\",\"data\":{\"agent_id\":\"agt_…\",\"status\":\"running\"}}\n\n")))]
 #[get("/events")]
 async fn team_events(
