@@ -126,6 +126,8 @@ function link(path, text) {
 function show(...nodes) {
   const main = document.getElementById("main");
   main.replaceChildren(...nodes.filter((n) => n !== null && n !== undefined && n !== false));
+  // A new page has not caught up with any stream yet.
+  delete main.dataset.live;
 }
 
 function failure(e) {
@@ -372,9 +374,13 @@ async function homePage(signal) {
     order();
     applyFilter();
   };
+  // Until the stream's replay is done (`: live`), changed agents are only noted: the list
+  // just fetched is current, so the replay ends in one fetch, not a row rebuilt per event.
+  // `data-live` on #main says the list has caught up with the stream.
+  let live = false;
   const touch = (id) => {
     dirty.add(id);
-    if (!flushing) {
+    if (live && !flushing) {
       flushing = new Promise((r) => setTimeout(r, 150)).then(flush).catch(() => { /* the next change fetches again */ }).finally(() => { flushing = null; if (dirty.size) touch([...dirty][0]); });
     }
   };
@@ -382,7 +388,12 @@ async function homePage(signal) {
     const d = ev.data || {};
     if (ev.kind === "agent_created" && !rows.has(d.agent_id)) touch(d.agent_id);
     else if ((ev.kind === "agent_status" || ev.kind === "permission_requested" || ev.kind === "permission_resolved") && rows.has(d.agent_id)) touch(d.agent_id);
-  }, () => {}, signal);
+  }, () => {}, signal, () => {
+    if (live) return;
+    live = true;
+    const caughtUp = () => { if (!signal.aborted) main().dataset.live = "true"; };
+    if (dirty.size) flush().catch(() => {}).finally(caughtUp); else caughtUp();
+  });
 }
 
 // ---------------------------------------------------------------------------------------

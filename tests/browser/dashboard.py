@@ -145,7 +145,9 @@ def main():
         expect(page.locator(f'tr[data-agent="{AGENT}"]')).to_be_visible()
         page.screenshot(path=f"{SHOTS}/home.png", full_page=True)
 
-        # Open the agent: its status is visible as text.
+        # Open the agent: its status is visible as text. (Once the list has caught up with
+        # the team stream, its rows stay put.)
+        expect(page.locator("#main")).to_have_attribute("data-live", "true")
         page.locator(f'tr[data-agent="{AGENT}"] a').click()
         expect(page).to_have_url(f"{site}/agents/{AGENT}")
         expect(page.get_by_role("status")).to_have_text("idle")
