@@ -174,6 +174,9 @@ impl Application {
         );
         let limit_host = crate::process::limits::LimitHost::detect(&replica);
         tracing::info!("limits: {}", limit_host.describe());
+        // The `agentry` executable: this one, unless the server is embedded in another
+        // program that names it. Its `agentry-sandbox` launches children and runs the
+        // sandboxes' bridge.
         let agentry_exe = match &settings.bridge_program {
             Some(p) => Some(p.clone()),
             None => std::env::current_exe().ok(),
@@ -217,10 +220,8 @@ impl Application {
                 ..EgressLimits::default()
             },
         );
-        // The bridge that runs first in each sandbox is this executable (`Egress`'s
-        // default) unless the server is embedded in another program that names `agentry`.
-        let egress = match &settings.bridge_program {
-            Some(p) => egress.with_bridge_program(p.clone()),
+        let egress = match agentry_exe {
+            Some(p) => egress.with_bridge_program(p),
             None => egress,
         };
         let agents = AgentManager::new(

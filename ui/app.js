@@ -256,14 +256,13 @@ async function watchAttention(me) {
   follow("/v1/events", 0, (_id, ev) => {
     const d = ev.data || {};
     if (!d.agent_id) return;
-    const fresh = live;
     if (ev.kind === "permission_requested") {
       attention.waiting.add(d.agent_id);
-      if (fresh) tellAbout(d.agent_id, "asks for permission");
+      if (live) tellAbout(d.agent_id, "asks for permission");
     } else if (ev.kind === "agent_status") {
       if (d.status === "waiting_permission") attention.waiting.add(d.agent_id);
       else attention.waiting.delete(d.agent_id);
-      if (fresh && d.status === "error") tellAbout(d.agent_id, "failed");
+      if (live && d.status === "error") tellAbout(d.agent_id, "failed");
     } else if (ev.kind === "agent_archived") {
       attention.waiting.delete(d.agent_id);
     } else return;
