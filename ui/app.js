@@ -1422,7 +1422,10 @@ async function teamPage(me, asked) {
     };
     const rows = list.map((h) => {
       const enabled = el("input", { type: "checkbox", checked: h.enabled, disabled: h.source === "settings", "aria-label": `Enabled ${h.name}`, onchange: async (e) => {
+        // Disabled until the server has it, so a reload or a second click never races the save.
+        e.target.disabled = true;
         try { await api("PATCH", `/v1/hooks/${h.id}`, { enabled: e.target.checked }); } catch (x) { e.target.checked = !e.target.checked; e.target.after(failure(x)); }
+        e.target.disabled = false;
       } });
       return el("tr", { "data-hook": h.id },
         el("td", {}, h.name, h.source === "settings" ? el("span", { class: "muted" }, " (settings file)") : null),

@@ -341,6 +341,8 @@ def run(p, hooks, pages):
     shown.get_by_role("button", name="Refresh deliveries").click()
     expect(shown.locator(f'tr[data-delivery="{delivery}"]')).to_contain_text("delivered")
     hooks_box.get_by_label("Enabled policy").uncheck()
+    # The box stays disabled until the server has the change; a reload before that would race it.
+    expect(hooks_box.get_by_label("Enabled policy")).to_be_enabled()
 
     # Reloaded: neither secret is anywhere on the page, the token's prefix is.
     page.reload()
