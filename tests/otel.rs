@@ -495,7 +495,8 @@ fn spans_of_requests_turns_processes_and_commits_reach_an_otlp_receiver() {
     let process = find("process", &|s| {
         s.name == "process" && attr(s, "pid") == pid.to_string()
     });
-    assert_eq!(attr(process, "program"), "agentry");
+    // The `mock` provider runs `agentry-mock`, installed beside `agentry` by the build.
+    assert_eq!(attr(process, "program"), "agentry-mock");
     assert_eq!(attr(process, "agent_id"), agent_id);
     assert!(
         process.attrs.contains_key("exit_code") || process.attrs.contains_key("signal"),

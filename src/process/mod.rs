@@ -438,7 +438,12 @@ pub fn spawn(spec: &CommandSpec) -> Result<ManagedChild, ProcessError> {
 /// `agentry-sandbox` installed beside the `agentry` executable, if it is: it runs the
 /// egress bridge inside sandboxes and launches children that need setup before exec.
 pub fn sandbox_helper(agentry: &Path) -> Option<PathBuf> {
-    let helper = agentry.with_file_name("agentry-sandbox");
+    companion(agentry, "agentry-sandbox")
+}
+
+/// The executable `name` installed beside the `agentry` executable, if it is.
+pub fn companion(agentry: &Path, name: &str) -> Option<PathBuf> {
+    let helper = agentry.with_file_name(name);
     helper.is_file().then_some(helper)
 }
 

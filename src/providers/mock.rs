@@ -1,5 +1,5 @@
 //! The built-in `mock` provider: a scripted ACP agent run as a real subprocess
-//! (`agentry mock-agent`), driven by the prompt text (see CONTRACT.md), and the provider
+//! (`agentry-mock`, or `agentry mock-agent`), driven by the prompt text (see CONTRACT.md), and the provider
 //! configuration that runs it through the ACP adapter.
 
 use std::collections::HashMap;
@@ -46,15 +46,21 @@ pub const LOAD_MAX_INTERVAL_MS: u64 = 60_000;
 /// Longest a paced `/load` may run (events × interval), in milliseconds: ten minutes.
 pub const LOAD_MAX_DURATION_MS: u64 = 10 * 60 * 1000;
 
-/// The `mock` provider: the ACP adapter running `<agentry_exe> mock-agent`.
+/// The `mock` provider: the ACP adapter running `agentry-mock` when it is installed beside
+/// `agentry_exe` (the same agent in a small executable: each start maps a few megabytes
+/// rather than the whole server), else `<agentry_exe> mock-agent`.
 pub fn mock_provider(agentry_exe: PathBuf) -> AcpProvider {
-    AcpProvider::new(AcpProviderConfig {
-        id: "mock".to_owned(),
-        label: "Mock agent".to_owned(),
-        command: vec![
+    let command = match crate::process::companion(&agentry_exe, "agentry-mock") {
+        Some(small) => vec![small.to_string_lossy().into_owned()],
+        None => vec![
             agentry_exe.to_string_lossy().into_owned(),
             "mock-agent".to_owned(),
         ],
+    };
+    AcpProvider::new(AcpProviderConfig {
+        id: "mock".to_owned(),
+        label: "Mock agent".to_owned(),
+        command,
         env: Default::default(),
         pass_env: Vec::new(),
         modes: MODES
@@ -1273,5 +1279,21 @@ mod tests {
         );
         assert_eq!(parse_load_chunk("12@x "), None);
         assert_eq!(parse_load_chunk("12"), None);
+    }
+
+    #[test]
+    fn the_small_executable_runs_the_mock_when_it_is_beside_agentry() {
+        let dir = tempfile::tempdir().unwrap();
+        let agentry = dir.path().join("agentry");
+        std::fs::write(&agentry, "").unwrap();
+        let command = |p: &AcpProvider| p.config().command.clone();
+        let alone = vec![agentry.display().to_string(), "mock-agent".to_owned()];
+        assert_eq!(command(&mock_provider(agentry.clone())), alone);
+        let small = dir.path().join("agentry-mock");
+        std::fs::write(&small, "").unwrap();
+        assert_eq!(
+            command(&mock_provider(agentry)),
+            vec![small.display().to_string()]
+        );
     }
 }

@@ -85,8 +85,9 @@ impl ProviderRegistry {
         Self::default()
     }
 
-    /// `mock` unless disabled (`<exe> mock-agent`, where `exe` is the first word of its
-    /// `command`, else this executable), plus every enabled `extends = "acp"` table.
+    /// `mock` unless disabled (`agentry-mock` beside `exe`, else `<exe> mock-agent`, where
+    /// `exe` is the first word of its `command`, else this executable), plus every enabled
+    /// `extends = "acp"` table.
     pub fn from_settings(
         providers: &BTreeMap<String, ProviderSettings>,
     ) -> Result<Self, RegistryError> {
