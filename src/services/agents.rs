@@ -671,7 +671,9 @@ pub async fn create(
     check_team_sandbox(ctx, team).await?;
     // `agent.create.before` may change the saved configuration (not where the agent
     // works) and add launch environment; the result is checked like the caller's own.
-    let replaced = create_hooks(ctx, principal, body, team, project).await?;
+    // The team's hooks, read once for the three events a create calls or queues.
+    let team_hooks = hooks::TeamHooks::load(&ctx.data, team).await?;
+    let replaced = create_hooks(ctx, principal, body, (team, project), &team_hooks).await?;
     let (body, create_env) = (&replaced.0, replaced.1);
     let provider = check_create(ctx, body).await?;
     check_confinement(ctx, provider.as_ref(), body.mode.as_deref())?;
@@ -705,6 +707,8 @@ pub async fn create(
         OpenSubject {
             agent: id,
             team,
+            team_name: &team_name,
+            team_hooks: Some(&team_hooks),
             project,
             labels: &body.labels,
             saved_mcp: &stored_mcp,
@@ -733,8 +737,9 @@ pub async fn create(
         return Err(ServiceError::WorkspaceArchived("the workspace is archived"));
     }
     super::usage::admit_workspace(&ctx.data, &ctx.governance, workspace.id).await?;
-    // `agent.create.after` is queued in the transaction that creates the agent.
-    let queued = super::within_deadline(&ctx.data, async {
+    // `agent.create.after` is queued in the transaction that creates the agent, which
+    // returns the row as committed: nothing changes it before the start below.
+    let (queued, row) = super::within_deadline(&ctx.data, async {
         let mut tx = ctx.data.pool.pool().begin().await?;
         store::agents::insert(
             &mut *tx,
@@ -784,12 +789,13 @@ pub async fn create(
                 team: created.team_id,
                 project: Some(created.project_id),
                 labels: Some(&created.labels),
+                among: Some(&team_hooks),
             },
             json!({"agent": to_agent(ctx, created.clone())}),
         )
         .await?;
         tx.commit().await?;
-        Ok(queued)
+        Ok((queued, created))
     })
     .await?;
     if queued > 0 {
@@ -821,7 +827,6 @@ pub async fn create(
         })),
     )
     .await?;
-    let row = reload_row(&ctx.data, id).await?;
     secret_env.extend(launch.env);
     let mut agent_ctx = context(&row, secret_env);
     agent_ctx.mcp_servers = launch.mcp_servers;
@@ -915,8 +920,8 @@ async fn create_hooks(
     ctx: &ServiceContext,
     principal: &Principal,
     body: &CreateAgent,
-    team: uuid::Uuid,
-    project: uuid::Uuid,
+    (team, project): (uuid::Uuid, uuid::Uuid),
+    team_hooks: &hooks::TeamHooks,
 ) -> ServiceResult<(CreateAgent, Value)> {
     let mut config = hook_config(body)?;
     if let Some(m) = config.as_object_mut() {
@@ -957,6 +962,7 @@ async fn create_hooks(
             team,
             project: Some(project),
             labels: Some(&body.labels),
+            among: Some(team_hooks),
         },
         "request",
         json!({"config": config, "env": {}}),
@@ -975,6 +981,9 @@ async fn create_hooks(
 struct OpenSubject<'a> {
     agent: AgentId,
     team: uuid::Uuid,
+    team_name: &'a str,
+    /// The team's hooks, when the caller read them already.
+    team_hooks: Option<&'a hooks::TeamHooks>,
     project: uuid::Uuid,
     labels: &'a Value,
     /// The agent's MCP servers as stored (credentials sealed).
@@ -999,7 +1008,7 @@ async fn open_hooks(
 ) -> ServiceResult<Launch> {
     let saved = super::mcp::open(&ctx.access.secrets, subject.team, subject.saved_mcp)?;
     let saved = &saved;
-    let team_name = team_name(&ctx.data, subject.team).await?;
+    let team_name = subject.team_name;
     let settings = &ctx.fleet.bounds.mcp;
     let check = |previous: &Value, new: &Value| {
         hooks::only_changed(previous, new, &["env", "mcp_servers"])?;
@@ -1008,7 +1017,7 @@ async fn open_hooks(
         // What a hook adds follows the caller's rules: no commands, only the servers of
         // the settings this team may use, remote ones by allowed URL.
         super::mcp::check(settings, &mcp).map_err(|e| e.to_string())?;
-        super::mcp::check_team(settings, &team_name, &mcp).map_err(|e| e.to_string())?;
+        super::mcp::check_team(settings, team_name, &mcp).map_err(|e| e.to_string())?;
         if let Some(m) = mcp.as_object()
             && let Some(name) = m.keys().find(|k| saved.get(k.as_str()).is_some())
         {
@@ -1028,6 +1037,7 @@ async fn open_hooks(
             team: subject.team,
             project: Some(subject.project),
             labels: Some(subject.labels),
+            among: subject.team_hooks,
         },
         "request",
         json!({"agent_id": subject.agent, "env": env, "mcp_servers": {}}),
@@ -1042,7 +1052,7 @@ async fn open_hooks(
     super::mcp::check_addresses(settings, &Value::Object(mcp_servers.clone())).await?;
     Ok(Launch {
         env: hooks::env_of(&request),
-        mcp_servers: super::mcp::resolve(settings, &team_name, &Value::Object(mcp_servers))?,
+        mcp_servers: super::mcp::resolve(settings, team_name, &Value::Object(mcp_servers))?,
     })
 }
 
@@ -1336,12 +1346,15 @@ async fn launch_context(
     // and what `agent.open.before` hooks add for this launch.
     let mut secret_env = team_env(ctx, &row.provider, row.team_id).await?;
     let mut agent_ctx = if ctx.fleet.agents.snapshot(id).is_none() {
+        let team_name = team_name(&ctx.data, row.team_id).await?;
         let launch = open_hooks(
             ctx,
             principal,
             OpenSubject {
                 agent: id,
                 team: row.team_id,
+                team_name: &team_name,
+                team_hooks: None,
                 project: row.project_id,
                 labels: &row.labels,
                 saved_mcp: &row.mcp_servers,
@@ -1553,6 +1566,7 @@ async fn archive_one(
                     team: archived.team_id,
                     project: Some(archived.project_id),
                     labels: Some(&archived.labels.clone()),
+                    among: None,
                 },
                 json!({"agent": to_agent(ctx, archived), "archived_at": archived_at}),
             )

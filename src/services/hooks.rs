@@ -692,6 +692,29 @@ pub(crate) struct Subject<'a> {
     pub project: Option<Uuid>,
     /// The agent's labels, for agent events (a hook with labels only hears agents).
     pub labels: Option<&'a Value>,
+    /// The team's hooks, when the operation read them already (one that calls or queues
+    /// several events reads them once); else they are read for this event.
+    pub among: Option<&'a TeamHooks>,
+}
+
+/// The enabled hooks that concern one team, of every event, as read once.
+#[derive(Debug)]
+pub(crate) struct TeamHooks(Vec<CallableHook>);
+
+impl TeamHooks {
+    pub(crate) async fn load(data: &super::Data, team: Uuid) -> ServiceResult<Self> {
+        Ok(Self(store::hooks::for_team(&data.pool, team).await?))
+    }
+
+    /// Those of `event` that concern `subject`, in calling order.
+    fn of(&self, event: HookEvent, subject: &Subject<'_>) -> Vec<CallableHook> {
+        self.0
+            .iter()
+            .filter(|h| h.hook.events.iter().any(|e| e == event.as_str()))
+            .filter(|h| matches(&h.hook, subject))
+            .cloned()
+            .collect()
+    }
 }
 
 fn matches(hook: &HookRow, subject: &Subject<'_>) -> bool {
@@ -713,6 +736,9 @@ async fn hooks_for(
     event: HookEvent,
     subject: &Subject<'_>,
 ) -> ServiceResult<Vec<CallableHook>> {
+    if let Some(known) = subject.among {
+        return Ok(known.of(event, subject));
+    }
     let all = store::hooks::for_event(&ctx.data.pool, event.as_str(), subject.team).await?;
     Ok(all
         .into_iter()
@@ -744,11 +770,14 @@ pub(crate) async fn queue(
     subject: Subject<'_>,
     payload: Value,
 ) -> ServiceResult<usize> {
-    let all = store::hooks::for_event(&mut *conn, event.as_str(), subject.team).await?;
-    let hooks: Vec<CallableHook> = all
-        .into_iter()
-        .filter(|h| matches(&h.hook, &subject))
-        .collect();
+    let hooks: Vec<CallableHook> = match subject.among {
+        Some(known) => known.of(event, &subject),
+        None => store::hooks::for_event(&mut *conn, event.as_str(), subject.team)
+            .await?
+            .into_iter()
+            .filter(|h| matches(&h.hook, &subject))
+            .collect(),
+    };
     for h in &hooks {
         let id = Uuid::now_v7();
         let body = body_of(id, event, subject.team, payload.clone());
@@ -857,6 +886,7 @@ async fn moment(
         team,
         project: Some(project),
         labels: Some(&labels),
+        among: None,
     };
     let agent = super::agents::to_agent(ctx, row);
     let payload = match m {

@@ -185,8 +185,7 @@ where
         return start.await.map(Admission::Started);
     }
     // A prompt that will wait is told so at once, without opening its agent.
-    let waiting = store::queue::capacity_waiting(&ctx.data.pool).await?;
-    let running = store::queue::running_turns(&ctx.data.pool, team).await?;
+    let (waiting, running) = store::queue::admission_state(&ctx.data.pool, team).await?;
     if let Some(full) = room(ctx, waiting, running) {
         return Ok(full);
     }
@@ -194,8 +193,7 @@ where
     let _turn = ctx.governance.queue.admission.lock().await;
     let mut tx = ctx.data.pool.pool().begin().await?;
     store::queue::lock_admissions(&mut tx).await?;
-    let waiting = store::queue::capacity_waiting(&mut *tx).await?;
-    let running = store::queue::running_turns(&mut *tx, team).await?;
+    let (waiting, running) = store::queue::admission_state(&mut *tx, team).await?;
     if let Some(full) = room(ctx, waiting, running) {
         return Ok(full);
     }

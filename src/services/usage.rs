@@ -671,7 +671,8 @@ impl Metering {
             costs: Vec::new(),
             wall: None,
         };
-        if let Some(budget) = store::usage::team_budget(&ctx.pool, s.team).await? {
+        let limits = store::usage::turn_limits(&ctx.pool, s.team, s.agent.uuid()).await?;
+        if let Some(budget) = limits.team {
             let (start, next) = month_of(Utc::now());
             let used = store::usage::team_totals(&ctx.pool, s.team, start, next).await?;
             if let Some(x) = team_exhausted(&budget, &used, next) {
@@ -679,15 +680,13 @@ impl Metering {
             }
             meter.team = Some((budget, used, next));
         }
-        if let Some(caps) = store::usage::agent_caps(&ctx.pool, s.agent.uuid()).await? {
+        if let Some(caps) = limits.agent {
             let used = store::usage::agent_totals(&ctx.pool, s.agent.uuid()).await?;
             if let Some(x) = meter.cap(CapScope::Agent, &caps, &used) {
                 return Ok(Err(x));
             }
         }
-        if let Some((workspace, caps)) =
-            store::usage::agent_workspace_caps(&ctx.pool, s.agent.uuid()).await?
-        {
+        if let Some((workspace, caps)) = limits.workspace {
             let used = store::usage::workspace_totals(&ctx.pool, workspace).await?;
             if let Some(x) = meter.cap(CapScope::Workspace, &caps, &used) {
                 return Ok(Err(x));
@@ -722,7 +721,7 @@ impl Metering {
             },
         )
         .await?;
-        let Some(team) = written else {
+        let Some((team, budgeted)) = written else {
             return Ok(());
         };
         let team_label = TeamId::from(team).to_string();
@@ -740,6 +739,9 @@ impl Metering {
             .cost_micro_usd
             .with(&[&team_label, &s.provider])
             .add((cost * MICRO_USD).round() as u64);
+        if !budgeted {
+            return Ok(());
+        }
         self.thresholds(team, ended.ended_at).await
     }
 
@@ -777,6 +779,7 @@ impl Metering {
                             team,
                             project: None,
                             labels: None,
+                            among: None,
                         },
                         json!({
                             "budget": name,

@@ -205,6 +205,21 @@ pub async fn for_event(
     .await
 }
 
+/// The enabled hooks that concern `team`, of every event, in `for_event`'s order.
+pub async fn for_team(
+    db: impl PgExecutor<'_>,
+    team: Uuid,
+) -> Result<Vec<CallableHook>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {HOOK_COLUMNS}, key_id, nonce, ciphertext FROM hooks
+         WHERE enabled AND (team_id IS NULL OR team_id = $1)
+         ORDER BY team_id IS NOT NULL, settings_position NULLS LAST, created_at, id"
+    )))
+    .bind(team)
+    .fetch_all(db)
+    .await
+}
+
 /// Of the moments `(id, agent, event)`, the ids of those some enabled hook of the
 /// agent's team (or a server-wide one) listens for: one query for a whole batch, where
 /// the answer is usually none.

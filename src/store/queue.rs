@@ -222,13 +222,21 @@ pub async fn mark_failed(
     Ok(())
 }
 
-/// Whether anything waits for capacity (a new prompt then waits behind it).
-pub async fn capacity_waiting(db: impl PgExecutor<'_>) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM queued_messages WHERE state = 'queued' AND reason = 'capacity')",
+/// What an admission reads, in one statement: whether anything waits for capacity (a new
+/// prompt then waits behind it), and the turns running as `running_turns` counts them.
+pub async fn admission_state(
+    db: impl PgExecutor<'_>,
+    team: Uuid,
+) -> Result<(bool, (i64, i64)), sqlx::Error> {
+    let (waiting, all, own): (bool, i64, i64) = sqlx::query_as(
+        "SELECT EXISTS (SELECT 1 FROM queued_messages WHERE state = 'queued' AND reason = 'capacity'),
+                count(*), count(*) FILTER (WHERE team_id = $1) FROM agents
+          WHERE last_turn_id IS NOT NULL AND last_turn_outcome IS NULL AND archived_at IS NULL",
     )
+    .bind(team)
     .fetch_one(db)
-    .await
+    .await?;
+    Ok((waiting, (all, own)))
 }
 
 /// Hold the admission lock until the transaction ends.

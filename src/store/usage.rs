@@ -22,13 +22,13 @@ pub struct NewTurnUsage<'a> {
 }
 
 /// Store a turn's usage once: a turn already in the ledger is left as it is. Returns the
-/// team the row was written for, or `None` when it was already there (or the agent is
-/// unknown).
+/// team the row was written for and whether that team has a budget, or `None` when it was
+/// already there (or the agent is unknown).
 pub async fn insert_turn(
     db: impl PgExecutor<'_>,
     u: &NewTurnUsage<'_>,
-) -> Result<Option<Uuid>, sqlx::Error> {
-    sqlx::query_scalar(
+) -> Result<Option<(Uuid, bool)>, sqlx::Error> {
+    sqlx::query_as(
         "INSERT INTO usage_ledger (turn_id, team_id, agent_id, workspace_id, project_id, created_by,
                                    service_token_id, parent_agent_id, provider, model, input_tokens,
                                    output_tokens, cached_input_tokens, cost_usd, cost_source, wall_ms,
@@ -39,7 +39,8 @@ pub async fn insert_turn(
            LEFT JOIN agent_service_tokens st ON st.agent_id = a.id
           WHERE a.id = $2
          ON CONFLICT (turn_id) DO NOTHING
-         RETURNING team_id",
+         RETURNING team_id,
+                   EXISTS (SELECT 1 FROM team_budgets b WHERE b.team_id = usage_ledger.team_id)",
     )
     .bind(u.turn_id)
     .bind(u.agent_id)
@@ -262,16 +263,6 @@ pub async fn set_agent_caps(
     Ok(())
 }
 
-pub async fn agent_caps(
-    db: impl PgExecutor<'_>,
-    agent: Uuid,
-) -> Result<Option<CapsRow>, sqlx::Error> {
-    sqlx::query_as("SELECT max_cost_usd, max_turns, max_wall_s FROM agent_caps WHERE agent_id = $1")
-        .bind(agent)
-        .fetch_optional(db)
-        .await
-}
-
 /// Record that `team` was told of `budget` reaching `percent` in the period starting at
 /// `period_start`: true the first time only.
 pub async fn first_notice(
@@ -338,24 +329,80 @@ pub async fn workspace_caps(
     .await
 }
 
-/// The caps of the workspace agent `agent` works in, with that workspace's id.
-pub async fn agent_workspace_caps(
+/// Every limit a turn of `agent` (of `team`) starts under, read in one statement: the
+/// team's budget, the agent's caps, and the caps of its workspace with that workspace's id.
+pub async fn turn_limits(
     db: impl PgExecutor<'_>,
+    team: Uuid,
     agent: Uuid,
-) -> Result<Option<(Uuid, CapsRow)>, sqlx::Error> {
+) -> Result<TurnLimits, sqlx::Error> {
     #[derive(FromRow)]
     struct Row {
-        workspace_id: Uuid,
-        #[sqlx(flatten)]
-        caps: CapsRow,
+        team_id: Option<Uuid>,
+        period: Option<String>,
+        team_cost_usd: Option<f64>,
+        team_tokens: Option<i64>,
+        team_updated_at: Option<DateTime<Utc>>,
+        agent_caps: bool,
+        agent_cost_usd: Option<f64>,
+        agent_turns: Option<i64>,
+        agent_wall_s: Option<i64>,
+        workspace_id: Option<Uuid>,
+        workspace_cost_usd: Option<f64>,
+        workspace_turns: Option<i64>,
+        workspace_wall_s: Option<i64>,
     }
-    let row: Option<Row> = sqlx::query_as(
-        "SELECT c.workspace_id, c.max_cost_usd, c.max_turns, c.max_wall_s
-           FROM agents a JOIN workspace_caps c ON c.workspace_id = a.workspace_id
-          WHERE a.id = $1",
+    let r: Row = sqlx::query_as(
+        "SELECT b.team_id, b.period, b.max_cost_usd AS team_cost_usd, b.max_tokens AS team_tokens,
+                b.updated_at AS team_updated_at,
+                ac.agent_id IS NOT NULL AS agent_caps, ac.max_cost_usd AS agent_cost_usd,
+                ac.max_turns AS agent_turns, ac.max_wall_s AS agent_wall_s,
+                wc.workspace_id, wc.max_cost_usd AS workspace_cost_usd,
+                wc.max_turns AS workspace_turns, wc.max_wall_s AS workspace_wall_s
+           FROM (SELECT 1) AS one
+           LEFT JOIN team_budgets b ON b.team_id = $1
+           LEFT JOIN agent_caps ac ON ac.agent_id = $2
+           LEFT JOIN agents a ON a.id = $2
+           LEFT JOIN workspace_caps wc ON wc.workspace_id = a.workspace_id",
     )
+    .bind(team)
     .bind(agent)
-    .fetch_optional(db)
+    .fetch_one(db)
     .await?;
-    Ok(row.map(|r| (r.workspace_id, r.caps)))
+    Ok(TurnLimits {
+        team: match (r.team_id, r.period, r.team_updated_at) {
+            (Some(team_id), Some(period), Some(updated_at)) => Some(BudgetRow {
+                team_id,
+                period,
+                max_cost_usd: r.team_cost_usd,
+                max_tokens: r.team_tokens,
+                updated_at,
+            }),
+            _ => None,
+        },
+        agent: r.agent_caps.then_some(CapsRow {
+            max_cost_usd: r.agent_cost_usd,
+            max_turns: r.agent_turns,
+            max_wall_s: r.agent_wall_s,
+        }),
+        workspace: r.workspace_id.map(|id| {
+            (
+                id,
+                CapsRow {
+                    max_cost_usd: r.workspace_cost_usd,
+                    max_turns: r.workspace_turns,
+                    max_wall_s: r.workspace_wall_s,
+                },
+            )
+        }),
+    })
+}
+
+/// What `turn_limits` reads.
+#[derive(Debug, Default)]
+pub struct TurnLimits {
+    pub team: Option<BudgetRow>,
+    pub agent: Option<CapsRow>,
+    /// The caps of the agent's workspace, with that workspace's id.
+    pub workspace: Option<(Uuid, CapsRow)>,
 }
