@@ -58,7 +58,7 @@ pub async fn open_database(
                 .expose()
                 .parse()
                 .context("invalid setting `database.url`")?;
-            let pool = store::connect(opts, settings.database.max_connections)
+            let pool = store::connect(opts, settings.database.pool_size())
                 .await
                 .context("cannot connect to the database at `database.url`")?;
             Ok((pool, None))
@@ -73,11 +73,8 @@ pub async fn open_database(
             })
             .await?;
             pg.ensure_database("agentry").await?;
-            let pool = store::connect(
-                pg.connect_options("agentry"),
-                settings.database.max_connections,
-            )
-            .await?;
+            let pool = store::connect(pg.connect_options("agentry"), settings.database.pool_size())
+                .await?;
             Ok((pool, Some(pg)))
         }
     }
@@ -171,6 +168,10 @@ impl Application {
             max_running_turns = settings.limits.max_running_turns,
             max_running_turns_per_team = settings.limits.max_running_turns_per_team,
             "running-turn limits (0: none)"
+        );
+        tracing::info!(
+            max_connections = settings.database.pool_size(),
+            "database pool"
         );
         let limit_host = crate::process::limits::LimitHost::detect(&replica);
         tracing::info!("limits: {}", limit_host.describe());

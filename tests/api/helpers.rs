@@ -74,7 +74,7 @@ pub fn settings(data_dir: &Path) -> Settings {
             ..Default::default()
         },
     );
-    s.database.max_connections = 10;
+    s.database.max_connections = Some(10);
     // The server runs inside the test binary: its sandboxes' egress bridge is `agentry`.
     s.bridge_program = Some(env!("CARGO_BIN_EXE_agentry").into());
     // Stopping does not wait for running turns (tests that drain set it).
