@@ -30,6 +30,25 @@ use crate::services::{
 };
 use crate::store;
 
+/// How the binary's allocator gives memory it holds free back to the system; set once by
+/// `main`, which chose the allocator. Without it (tests, other embedders) nothing is done.
+static RELEASE_FREED: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Sets how [`release_freed`] gives free memory back; the first call wins.
+pub fn on_release_freed(release: fn()) {
+    let _ = RELEASE_FREED.set(release);
+}
+
+/// Gives back what the calling thread has just freed. Called where the server drops a
+/// lot at once that it will not need again: each HTTP worker's route table is built with
+/// the whole OpenAPI description of its routes, which is then dropped. An allocator keeps
+/// such pages for the thread until it allocates again, and an idle worker never does.
+fn release_freed() {
+    if let Some(release) = RELEASE_FREED.get() {
+        release();
+    }
+}
+
 pub struct Application {
     port: u16,
     server: actix_web::dev::Server,
@@ -381,15 +400,18 @@ impl Application {
         let data = state.clone();
         let max_body = settings.limits.max_body_bytes;
         let server = HttpServer::new(move || {
-            let (app, _) = App::new()
+            let (app, description) = App::new()
                 .into_utoipa_app()
                 .openapi(api::docs::base())
                 .app_data(data.clone())
                 .configure(|cfg| api::configure(cfg, max_body))
                 .split_for_parts();
+            drop(description);
+            release_freed();
             app.wrap(actix_web::middleware::from_fn(api::metrics::record))
                 .wrap(actix_web::middleware::from_fn(api::middleware::catch_panic))
                 .wrap(actix_web::middleware::from_fn(api::middleware::request_id))
+                .route("/openapi.json", web::get().to(api::docs::served_document))
                 .service(api::docs::swagger())
                 .configure(api::ui::configure)
                 .configure(api::mcp::configure)

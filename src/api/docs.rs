@@ -5,11 +5,11 @@
 use std::sync::OnceLock;
 
 use actix_web::http::{Method, StatusCode, header};
-use actix_web::{App, HttpRequest, HttpResponse};
+use actix_web::{App, HttpRequest, HttpResponse, web};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{Components, InfoBuilder, OpenApi, OpenApiBuilder};
 use utoipa_actix_web::AppExt;
-use utoipa_swagger_ui::SwaggerUi;
+use utoipa_swagger_ui::{Config, SwaggerUi};
 
 use super::error::ApiError;
 
@@ -64,8 +64,23 @@ pub fn document_json() -> String {
     s
 }
 
+/// `/openapi.json`: the document as JSON, serialised on the first request and kept.
+pub async fn served_document() -> HttpResponse {
+    static BYTES: OnceLock<web::Bytes> = OnceLock::new();
+    let body = BYTES.get_or_init(|| {
+        serde_json::to_vec(document())
+            .expect("the OpenAPI document serialises")
+            .into()
+    });
+    HttpResponse::Ok()
+        .content_type(header::ContentType::json())
+        .body(body.clone())
+}
+
+/// The Swagger UI, pointed at `/openapi.json`. It holds no copy of the document: each
+/// worker would keep one, and the document is built only when someone asks for it.
 pub fn swagger() -> SwaggerUi {
-    SwaggerUi::new("/docs/{_:.*}").url("/openapi.json", document().clone())
+    SwaggerUi::new("/docs/{_:.*}").config(Config::new(["/openapi.json"]))
 }
 
 pub async fn redirect_to_ui() -> HttpResponse {

@@ -184,6 +184,19 @@ async fn health_docs_and_providers() {
         ui.text().await.unwrap().contains("swagger"),
         "the UI is served from the binary"
     );
+    let init = app
+        .client
+        .get(app.url("/docs/swagger-initializer.js"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        init.contains("\"/openapi.json\""),
+        "the UI loads the served document: {init}"
+    );
     let mock = app.provider("mock").await;
     assert_eq!(mock["available"], true);
     assert!(
