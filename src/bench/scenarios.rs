@@ -11,8 +11,8 @@ use tokio::sync::watch;
 
 use super::client::Api;
 use super::server::{
-    CpuReading, CpuShares, Memory, ServerProcess, StealSampler, descendants, own_command,
-    process_pss_kib, stolen_by_second, tree_cpu,
+    CpuReading, CpuShares, Memory, ServerProcess, StealSampler, agent_processes, process_pss_kib,
+    stolen_by_second, tree_cpu,
 };
 use super::stream::{self, Subscription, Until};
 use super::verify::{self, Seen};
@@ -544,15 +544,14 @@ pub async fn fanout(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     let opening = Instant::now();
     let agents = api.open_agents(&ws, plan.agents, 32).await?;
     let opened_in = opening.elapsed();
-    let ours = own_command(server.pid());
-    let mocks: Vec<u32> = descendants(server.pid())
+    let mocks: Vec<u32> = agent_processes(server.pid())
         .into_iter()
-        .filter(|(_, comm)| *comm == ours)
         .map(|(pid, _)| pid)
         .collect();
     let mock_pss: u64 = mocks.iter().map(|p| process_pss_kib(*p)).sum();
     println!(
-        "  {} agents open in {:.1} s: {} mock processes, {:.0} MB PSS together",
+        "  {} agents open in {:.1} s: {} processes for them (mock agents, sandboxes, bridges), \
+         {:.0} MB PSS together",
         agents.len(),
         opened_in.as_secs_f64(),
         mocks.len(),

@@ -523,12 +523,14 @@ fn clock_ticks() -> f64 {
     if hz > 0 { hz as f64 } else { 100.0 }
 }
 
-/// The command name of the server: its mock agents run the same binary, whatever its
-/// file is called.
-pub fn own_command(server_pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{server_pid}/comm"))
-        .map(|c| c.trim().to_owned())
-        .unwrap_or_else(|_| "agentry".to_owned())
+/// The processes the server started for its agents: everything below it but PostgreSQL
+/// (the mock agents, whichever executable runs them, and their sandboxes and egress
+/// bridges), with their command names.
+pub fn agent_processes(server_pid: u32) -> Vec<(u32, String)> {
+    descendants(server_pid)
+        .into_iter()
+        .filter(|(_, comm)| comm != "postgres")
+        .collect()
 }
 
 /// Every process below `pid` (children, their children, …) with its command name.
@@ -574,12 +576,11 @@ impl CpuReading {
             bench: process_cpu(std::process::id()),
             ..Self::default()
         };
-        let ours = own_command(server_pid);
         for (pid, comm) in descendants(server_pid) {
-            if comm == ours {
-                r.agents += process_cpu(pid);
-            } else if comm == "postgres" {
+            if comm == "postgres" {
                 r.postgres += process_cpu(pid);
+            } else {
+                r.agents += process_cpu(pid);
             }
         }
         r.machine = machine_cpu();
@@ -634,7 +635,7 @@ impl std::fmt::Display for CpuShares {
         write!(
             f,
             "CPU (share of all cores): busy {:.0} % = server {:.0} % + PostgreSQL {:.0} % + \
-             mock agents {:.0} % + bench clients {:.0} % + interrupts {:.0} % + stolen by the \
+             mock agents and their sandboxes {:.0} % + bench clients {:.0} % + interrupts {:.0} % + stolen by the \
              hypervisor {:.0} % + other {:.0} %",
             self.busy,
             self.server,
