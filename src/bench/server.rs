@@ -635,8 +635,8 @@ impl std::fmt::Display for CpuShares {
         write!(
             f,
             "CPU (share of all cores): busy {:.0} % = server {:.0} % + PostgreSQL {:.0} % + \
-             mock agents and their sandboxes {:.0} % + bench clients {:.0} % + interrupts {:.0} % + stolen by the \
-             hypervisor {:.0} % + other {:.0} %",
+             mock agents and their sandboxes {:.0} % + bench clients {:.0} % + interrupts \
+             {:.0} % + stolen by the hypervisor {:.0} % + other {:.0} %",
             self.busy,
             self.server,
             self.postgres,
