@@ -41,11 +41,14 @@ pub fn configure(cfg: &mut ServiceConfig) {
 }
 
 /// Open an agent in a workspace (or a new worktree), optionally with a first prompt.
+/// 429 when the team or the workspace has spent its budget (`budget_exhausted`) or a
+/// count limit is reached (`limit_reached`, and the child-agent limits).
 #[utoipa::path(tag = "agents", security(("bearer" = [])),
     params(("Idempotency-Key" = Option<String>, Header, description = "Retry-safe creation")),
     request_body = CreateAgent,
     responses((status = 201, body = Agent), (status = 200, description = "Replayed", body = Agent),
-        (status = 404, body = Problem), (status = 409, body = Problem), (status = 422, body = Problem)))]
+        (status = 404, body = Problem), (status = 409, body = Problem), (status = 422, body = Problem),
+        (status = 429, body = Problem)))]
 #[post("/agents")]
 async fn create_agent(
     state: web::Data<AppState>,

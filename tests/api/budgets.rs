@@ -128,6 +128,14 @@ async fn a_budget_crossed_mid_turn_interrupts_the_turn_and_refuses_new_work() {
         )
         .await;
     assert_eq!(refused["code"], "budget_exhausted", "{refused}");
+    // Both refusals are in the contract.
+    let doc = app.get_ok("/openapi.json").await;
+    for (path, method) in [("/v1/agents", "post"), ("/v1/agents/{id}/messages", "post")] {
+        assert!(
+            doc["paths"][path][method]["responses"]["429"].is_object(),
+            "{method} {path} documents 429"
+        );
+    }
 
     // Raising the budget lets work start again.
     expect_status(
