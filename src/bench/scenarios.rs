@@ -544,10 +544,7 @@ pub async fn fanout(args: &BenchArgs) -> anyhow::Result<Vec<Figure>> {
     let opening = Instant::now();
     let agents = api.open_agents(&ws, plan.agents, 32).await?;
     let opened_in = opening.elapsed();
-    let mocks: Vec<u32> = agent_processes(server.pid())
-        .into_iter()
-        .map(|(pid, _)| pid)
-        .collect();
+    let mocks = agent_processes(server.pid());
     let mock_pss: u64 = mocks.iter().map(|p| process_pss_kib(*p)).sum();
     println!(
         "  {} agents open in {:.1} s: {} processes for them (mock agents, sandboxes, bridges), \

@@ -525,11 +525,12 @@ fn clock_ticks() -> f64 {
 
 /// The processes the server started for its agents: everything below it but PostgreSQL
 /// (the mock agents, whichever executable runs them, and their sandboxes and egress
-/// bridges), with their command names.
-pub fn agent_processes(server_pid: u32) -> Vec<(u32, String)> {
+/// bridges).
+pub fn agent_processes(server_pid: u32) -> Vec<u32> {
     descendants(server_pid)
         .into_iter()
         .filter(|(_, comm)| comm != "postgres")
+        .map(|(pid, _)| pid)
         .collect()
 }
 
